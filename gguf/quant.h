@@ -1,0 +1,34 @@
+// Quantized weight formats: conversion between float32 and every supported
+// ggml block type, bit-exact with llama.cpp's reference (de)quantizers.
+//
+// Contract: n must be a multiple of the type's block size; src/dst are rows of
+// n elements ([n] float32 on one side, ggml_row_bytes(type, n) bytes on the
+// other). Returns 0, or VERR_UNSUPPORTED / VERR_RANGE with a message.
+#ifndef VELA_GGUF_QUANT_H
+#define VELA_GGUF_QUANT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf/types.h"
+#include "gguf/verr.h"
+
+float quant_fp16_to_f32(uint16_t h);
+uint16_t quant_f32_to_fp16(float f);   // round to nearest even, as the F16C instruction
+float quant_bf16_to_f32(uint16_t h);
+uint16_t quant_f32_to_bf16(float f);   // round to nearest even; NaN stays NaN
+
+bool quant_can_dequantize(enum ggml_type type);
+bool quant_can_quantize(enum ggml_type type);
+
+int quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n,
+                         struct verr *err);
+int quant_quantize_row(enum ggml_type type, const float *src, void *dst, int64_t n,
+                       struct verr *err);
+
+// Dot product of one stored row with a float32 vector, accumulated in float32
+// over the dequantized values (the CPU reference's matmul inner loop).
+// Precondition: quant_can_dequantize(type), n a multiple of the block size.
+float quant_dot_row(enum ggml_type type, const void *row, const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,179 @@
+// The backend interface: the table of operations the one forward pass in
+// host/ is written against. The CPU backend (host/backend_cpu.c) is the
+// float32 reference that defines "correct"; the CUDA backend (cuda/)
+// implements the same ops with fused kernels and is tested against it.
+//
+// Contract for every op:
+// - pointers are backend memory (host memory for CPU, device memory for CUDA),
+//   obtained from be->ops->alloc; shapes are given next to each pointer, the
+//   last index varying fastest;
+// - ops are asynchronous on the backend's stream; be->ops->sync waits;
+// - an op returns 0 or a negative VERR_* code and fills be->err.
+#ifndef VELA_HOST_BACKEND_H
+#define VELA_HOST_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/types.h"
+#include "gguf/verr.h"
+
+enum rope_mode {
+    ROPE_MODE_NORMAL = 0, // rotates pairs (2i, 2i+1): llama
+    ROPE_MODE_NEOX = 2,   // rotates pairs (i, i + n_rot/2): qwen2, phi3, gemma, falcon, gptneox
+};
+
+// RoPE with the YaRN ramp, llama.cpp's semantics (shared/seeds/001_*):
+//   theta_extrap = pos * freq_base^(-2i/n_rot) / freq_factor[i]
+//   theta_interp = freq_scale * theta_extrap
+//   ext_factor == 0: theta = theta_interp, mscale = attn_factor
+//   else: mix = ramp(corr_dims, i) * ext_factor,
+//         theta = theta_interp * (1 - mix) + theta_extrap * mix,
+//         mscale = attn_factor * (1 + 0.1 ln(1/freq_scale))
+//   corr_dims from n_rot, n_ctx_orig, freq_base, beta_fast, beta_slow.
+// Only the first n_rot dims of each head rotate; the rest are copied.
+struct rope_params {
+    enum rope_mode mode;
+    int n_rot;                 // even, <= head_dim
+    int n_ctx_orig;            // the trained context (YaRN)
+    float freq_base;
+    float freq_scale;          // 1 / linear scale factor
+    float ext_factor;          // 0 disables the YaRN ramp
+    float attn_factor;
+    float beta_fast;
+    float beta_slow;
+    const float *freq_factors; // backend memory [n_rot/2], or NULL
+};
+
+// A weight matrix as stored in the GGUF file: n_out rows of n_in elements
+// (ggml ne0 = n_in), each row ggml_row_bytes(type, n_in) bytes.
+struct backend_weight {
+    const void *data;          // backend memory [n_out][row_bytes(type, n_in)]
+    enum ggml_type type;
+    int64_t n_in;
+    int64_t n_out;
+};
+
+// Attention over the KV cache for a batch of query tokens, with the mask
+// built from cell positions and sequence sets: query t may attend to cell c
+// iff seq q_seq[t] is in cell c's set and cell_pos[c] <= q_pos[t] (and
+// cell_pos[c] >= 0). Heads are grouped (GQA): query head h reads KV head
+// h / (n_head / n_head_kv). Softmax scale `scale` (1/sqrt(head_dim)).
+// A query row with no visible cell produces zeros.
+struct attn_args {
+    float *out;                // [n_tok][n_head][head_dim_v]
+    const float *q;            // [n_tok][n_head][head_dim]
+    const void *k;             // [n_ctx][n_head_kv][head_dim] of type kv_type_k (one layer)
+    const void *v;             // [n_ctx][n_head_kv][head_dim_v] of type kv_type_v (one layer)
+    enum ggml_type type_k;     // F16 or F32
+    enum ggml_type type_v;     // F16 or F32
+    const int32_t *cell_pos;   // [n_kv] position of each cell, -1 when empty
+    const uint64_t *cell_seq;  // [n_kv][seq_words] bit s set when the cell holds sequence s
+    int seq_words;
+    const int32_t *q_pos;      // [n_tok]
+    const int32_t *q_seq;      // [n_tok]
+    int n_tok;
+    int n_kv;                  // cells 0..n_kv-1 are considered
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int head_dim_v;
+    float scale;
+};
+
+struct backend;
+
+struct backend_ops {
+    const char *name; // "cpu", "cuda"
+
+    // memory
+    int (*alloc)(struct backend *be, size_t bytes, void **out);
+    void (*free)(struct backend *be, void *ptr);
+    int (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
+    int (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
+    int (*memset_zero)(struct backend *be, void *dst, size_t bytes);
+    int (*sync)(struct backend *be);
+
+    // out[t][:] = dequantized row tokens[t] of `table`.
+    int (*embed)(struct backend *be, float *out /* [n_tok][table->n_in] */,
+                 const struct backend_weight *table, const int32_t *tokens /* [n_tok] */,
+                 int n_tok);
+
+    // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; out may alias x.
+    int (*rms_norm)(struct backend *be, float *out /* [n_rows][n] */,
+                    const float *x /* [n_rows][n] */, const float *w /* [n] */, int n_rows,
+                    int n, float eps);
+
+    // out[t][o] = sum_i W[o][i] * x[t][i] (+ bias[o]); out must not alias x.
+    int (*matmul)(struct backend *be, float *out /* [n_tok][w->n_out] */,
+                  const struct backend_weight *w, const float *x /* [n_tok][w->n_in] */,
+                  const float *bias /* [w->n_out] or NULL */, int n_tok);
+
+    // Rotates every head of x in place to position pos[t], scaled by mscale.
+    int (*rope)(struct backend *be, float *x /* [n_tok][n_head][head_dim] */,
+                const int32_t *pos /* [n_tok] */, int n_tok, int n_head, int head_dim,
+                const struct rope_params *rp);
+
+    // Fused: rotates k to pos[t] (as rope) and stores k and v of token t into
+    // cache cell cells[t] of one layer, converting to the cache types. k is
+    // left rotated in place.
+    int (*rope_kv_store)(struct backend *be, float *k /* [n_tok][n_head_kv][head_dim] */,
+                         const float *v /* [n_tok][n_head_kv][head_dim_v] */,
+                         void *k_cache /* [n_ctx][n_head_kv][head_dim] */, enum ggml_type type_k,
+                         void *v_cache /* [n_ctx][n_head_kv][head_dim_v] */, enum ggml_type type_v,
+                         const int32_t *pos /* [n_tok] */, const int32_t *cells /* [n_tok] */,
+                         int n_tok, int n_head_kv, int head_dim, int head_dim_v,
+                         const struct rope_params *rp);
+
+    int (*attention)(struct backend *be, const struct attn_args *a);
+
+    // The pending KV shift, one call over all layers: every cell c with
+    // delta[c] != 0 has its K rows rotated by delta[c] positions with rp's
+    // frequencies. A pure rotation: attn_factor / YaRN mscale are NOT applied
+    // (K already carries them from when it was stored).
+    int (*kv_shift)(struct backend *be, void *k_cache /* [n_layer][n_ctx][n_head_kv][head_dim] */,
+                    enum ggml_type type_k, const int32_t *delta /* [n_ctx] */, int n_layer,
+                    int n_ctx, int n_head_kv, int head_dim, const struct rope_params *rp);
+
+    // out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
+    int (*swiglu)(struct backend *be, float *out /* [n] */, const float *gate /* [n] */,
+                  const float *up /* [n] */, int64_t n);
+
+    // x[i] += y[i]
+    int (*add)(struct backend *be, float *x /* [n] */, const float *y /* [n] */, int64_t n);
+
+    // out[r] = x[rows[r]]: gathers the rows that want logits.
+    int (*get_rows)(struct backend *be, float *out /* [n_out_rows][n] */,
+                    const float *x /* [*][n] */, const int32_t *rows /* [n_out_rows] */,
+                    int n_out_rows, int n);
+
+    // out[r] = index of the largest logit of row r (lowest index on ties).
+    int (*argmax)(struct backend *be, int32_t *out /* [n_rows] */,
+                  const float *logits /* [n_rows][n_vocab] */, int n_rows, int n_vocab);
+
+    void (*destroy)(struct backend *be);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    struct verr err;   // last error of an op
+    int n_threads;     // CPU backend
+    int device;        // CUDA backend: device ordinal
+    void *impl;        // backend-private state
+};
+
+// Creates the CPU reference backend with n_threads worker threads (<= 0: all cores).
+int backend_cpu_create(struct backend **out, int n_threads, struct verr *err);
+// Creates the CUDA backend on `device`. Returns VERR_UNSUPPORTED when vela was
+// built without CUDA and VERR_NOTFOUND when no such GPU is present.
+int backend_cuda_create(struct backend **out, int device, struct verr *err);
+// Number of CUDA devices usable now (0 without CUDA or without a GPU).
+int backend_cuda_device_count(void);
+void backend_destroy(struct backend *be);
+
+// The YaRN correction dims {lo, hi} (floor/ceil, clamped to [0, n_rot-1]).
+void rope_yarn_corr_dims(int n_rot, int n_ctx_orig, float freq_base, float beta_fast,
+                         float beta_slow, float dims[2]);
+
+#endif

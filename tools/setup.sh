@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what vela needs to build and test on Debian/Ubuntu, when missing.
+# The CUDA toolkit itself is expected to be installed already (nvcc on PATH
+# or under /usr/local/cuda); without it vela builds the CPU backend alone.
+set -euo pipefail
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v cc >/dev/null || need+=(build-essential)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v git >/dev/null || need+=(git)
+[ -e /usr/include/criterion/criterion.h ] || need+=(libcriterion-dev)
+[ -e /usr/include/cjson/cJSON.h ] || need+=(libcjson-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  echo "setup: installing ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: add /usr/local/cuda/bin to PATH to build the CUDA backend" >&2
+fi
