@@ -157,8 +157,11 @@ struct gguf_writer;
 struct gguf_writer *gguf_writer_new(void);
 void gguf_writer_free(struct gguf_writer *w);
 
-// Setting a key that is already set replaces its value. Strings and arrays
-// are copied.
+// Setting a key that is already set replaces its value (keeping its place in
+// the key order). Strings and arrays are copied. These calls have no verr
+// argument: the first failure (NULL or empty key, bad alignment, arrays
+// nested more than 8 deep, out of memory) is remembered and makes
+// gguf_writer_save / gguf_writer_begin fail with its message.
 int gguf_writer_set_u8(struct gguf_writer *w, const char *key, uint8_t v);
 int gguf_writer_set_i8(struct gguf_writer *w, const char *key, int8_t v);
 int gguf_writer_set_u16(struct gguf_writer *w, const char *key, uint16_t v);
@@ -176,12 +179,17 @@ int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_vtype 
                         const void *data, uint64_t n);
 int gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, const char *const *v,
                             uint64_t n);
-// Copies any value (including nested arrays) read from another file.
+// Copies any value (including nested arrays) read from another file. Note
+// that llama.cpp's C reader refuses arrays of arrays (gguf-py and vela read
+// them), so files meant for llama.cpp should not use them.
 int gguf_writer_set_value(struct gguf_writer *w, const char *key, const struct gguf_value *v);
 // general.alignment (power of two); also written as the key.
 int gguf_writer_set_alignment(struct gguf_writer *w, uint32_t alignment);
 
-// Declares a tensor; `data` may be NULL when it will be streamed.
+// Declares a tensor; `data` may be NULL when it will be streamed. Names are
+// 1..63 bytes (ggml's limit), dims 0..4 (0: a scalar), each ne > 0, ne[0] a
+// multiple of the type's block size. Offsets are assigned in declaration
+// order, each tensor padded to the alignment, as llama.cpp requires.
 int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum ggml_type type,
                            uint32_t n_dims, const int64_t *ne, const void *data,
                            struct verr *err);
@@ -190,7 +198,11 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum ggml_ty
 int gguf_writer_save(struct gguf_writer *w, const char *path, struct verr *err);
 
 // Streaming: begin writes header, metadata and tensor infos; then each
-// tensor's data in declaration order; finish pads, flushes and closes.
+// tensor's data in declaration order (one call per tensor, or several chunks
+// that add up to its size); finish pads, flushes and closes. Writing more
+// bytes than the current tensor declares, or finishing before every tensor
+// is complete, fails and removes the partial file, as does freeing the
+// writer mid-stream.
 int gguf_writer_begin(struct gguf_writer *w, const char *path, struct verr *err);
 int gguf_writer_write_tensor_data(struct gguf_writer *w, const void *data, size_t nbytes,
                                   struct verr *err);
