@@ -4,6 +4,14 @@
 // Contract: n must be a multiple of the type's block size; src/dst are rows of
 // n elements ([n] float32 on one side, ggml_row_bytes(type, n) bytes on the
 // other). Returns 0, or VERR_UNSUPPORTED / VERR_RANGE with a message.
+//
+// Quantizing (quant_can_quantize): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+// bit-exact with ggml's quantize_row_*_ref; Q4_K, Q5_K, Q6_K with vela's own
+// least-squares scale search (see quant.c). Block types refuse non-finite
+// input and |x| large enough to overflow an f16 scale (VERR_RANGE); F16/BF16
+// store inf/NaN as they are and F16 overflows to inf.
+// Dequantizing (quant_can_dequantize): the above plus Q2_K, Q3_K, IQ4_NL,
+// bit-exact with ggml's dequantize_row_*.
 #ifndef VELA_GGUF_QUANT_H
 #define VELA_GGUF_QUANT_H
 
@@ -29,6 +37,13 @@ int quant_quantize_row(enum ggml_type type, const float *src, void *dst, int64_t
 // Dot product of one stored row with a float32 vector, accumulated in float32
 // over the dequantized values (the CPU reference's matmul inner loop).
 // Precondition: quant_can_dequantize(type), n a multiple of the block size.
+// (Added: a call that breaks the precondition returns NaN rather than abort.)
 float quant_dot_row(enum ggml_type type, const void *row, const float *x, int64_t n);
+
+// Added: checks a stored row (n elements) before it is used: F32/F16/BF16
+// elements and every block's f16 scale fields must be finite (as llama.cpp's
+// ggml_validate_row_data). Returns 0, VERR_FORMAT naming the element or block,
+// or VERR_UNSUPPORTED / VERR_RANGE as the row functions.
+int quant_validate_row(enum ggml_type type, const void *src, int64_t n, struct verr *err);
 
 #endif
