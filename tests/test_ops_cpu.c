@@ -1,0 +1,736 @@
+// The CPU reference backend (host/backend_cpu.c), op by op: against values
+// computed by hand, against naive implementations written here (random
+// inputs, odd sizes), and 1 thread against 3 (must be bit-identical).
+// RoPE, rope_kv_store and kv_shift are in tests/test_rope.c.
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf/quant.h"
+#include "host/backend.h"
+#include "host/threadpool.h"
+
+// ---------------------------------------------------------------------------
+// helpers
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static void rng_seed(uint64_t s) {
+    rng = s * 0x9e3779b97f4a7c15ull + 1;
+}
+
+// Uniform in [-1, 1).
+static float frand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static int irand(int lo, int hi) { // [lo, hi]
+    float u = (frand() + 1.0f) * 0.5f;
+    int v = lo + (int)(u * (float)(hi - lo + 1));
+    return v > hi ? hi : v;
+}
+
+static struct backend *mk_backend(int n_threads) {
+    struct backend *be = NULL;
+    struct verr err = {0};
+    int rc = backend_cpu_create(&be, n_threads, &err);
+    cr_assert_eq(rc, 0, "backend_cpu_create: %s", err.msg);
+    cr_assert_not_null(be);
+    return be;
+}
+
+static float *frand_array(size_t n, float amp) {
+    float *x = malloc(n * sizeof *x);
+    cr_assert_not_null(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = amp * frand();
+    return x;
+}
+
+// ---------------------------------------------------------------------------
+// lifecycle, memory, thread pool
+
+Test(cpu, create_and_memory) {
+    struct backend *be = mk_backend(0);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cr_expect_eq(be->n_threads, online < 1 ? 1 : online, "n_threads <= 0 means online CPUs");
+    cr_expect_str_eq(be->ops->name, "cpu");
+    const size_t sizes[] = {0, 1, 63, 64, 65, 1000, 1 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        void *p = NULL;
+        cr_assert_eq(be->ops->alloc(be, sizes[i], &p), 0, "%s", be->err.msg);
+        cr_assert_not_null(p);
+        cr_expect_eq((uintptr_t)p % 64, 0, "alloc(%zu) not 64-byte aligned", sizes[i]);
+        if (sizes[i] >= 64) {
+            unsigned char src[64], back[64];
+            for (int b = 0; b < 64; b++)
+                src[b] = (unsigned char)(b * 7 + 1);
+            cr_expect_eq(be->ops->upload(be, p, src, 64), 0);
+            cr_expect_eq(be->ops->sync(be), 0);
+            cr_expect_eq(be->ops->download(be, back, p, 64), 0);
+            cr_expect_arr_eq(back, src, 64);
+            cr_expect_eq(be->ops->memset_zero(be, p, 64), 0);
+            cr_expect_eq(be->ops->download(be, back, p, 64), 0);
+            for (int b = 0; b < 64; b++)
+                cr_expect_eq(back[b], 0);
+        }
+        be->ops->free(be, p);
+    }
+    void *p = (void *)1;
+    cr_expect_eq(be->ops->alloc(be, SIZE_MAX - 8, &p), VERR_NOMEM);
+    cr_expect_null(p);
+    cr_expect_eq(be->ops->upload(be, NULL, "x", 1), VERR_RANGE);
+    backend_destroy(be);
+}
+
+struct cover_ctx {
+    _Atomic int *hits;
+    int size;
+    _Atomic int bad_thread;
+};
+
+static void cover_fn(void *ctx, int64_t b, int64_t e, int thread) {
+    struct cover_ctx *c = ctx;
+    if (thread < 0 || thread >= c->size)
+        atomic_store(&c->bad_thread, 1);
+    for (int64_t i = b; i < e; i++)
+        atomic_fetch_add(&c->hits[i], 1);
+}
+
+// Every index of [0, n) runs exactly once, thread ids stay below the pool
+// size, whatever n, grain and thread count.
+Test(cpu, threadpool_covers_range_once) {
+    const int threads[] = {1, 2, 3, 8};
+    const int64_t ns[] = {0, 1, 7, 1000, 100003};
+    const int64_t grains[] = {0, 1, 7, 1000};
+    for (size_t ti = 0; ti < 4; ti++) {
+        struct threadpool *tp = NULL;
+        struct verr err = {0};
+        cr_assert_eq(threadpool_create(&tp, threads[ti], &err), 0, "%s", err.msg);
+        cr_expect_eq(threadpool_size(tp), threads[ti]);
+        for (size_t ni = 0; ni < 5; ni++)
+            for (size_t gi = 0; gi < 4; gi++) {
+                const int64_t n = ns[ni];
+                struct cover_ctx c;
+                c.hits = calloc((size_t)n + 1, sizeof(_Atomic int));
+                c.size = threads[ti];
+                atomic_init(&c.bad_thread, 0);
+                for (int rep = 0; rep < 3; rep++)
+                    threadpool_parallel_for(tp, n, grains[gi], cover_fn, &c);
+                for (int64_t i = 0; i < n; i++)
+                    if (atomic_load(&c.hits[i]) != 3) {
+                        cr_expect_fail("threads %d n %lld grain %lld: index %lld ran %d times",
+                                       threads[ti], (long long)n, (long long)grains[gi],
+                                       (long long)i, atomic_load(&c.hits[i]) / 3);
+                        break;
+                    }
+                cr_expect_eq(atomic_load(&c.bad_thread), 0);
+                free((void *)c.hits);
+            }
+        threadpool_free(tp);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// rms_norm
+
+Test(cpu, rms_norm_hand) {
+    struct backend *be = mk_backend(1);
+    // x = [1, 7]: mean(x^2) = 25, 1/sqrt(25) = 0.2; times w = [2, 0.5]: [0.4, 0.7].
+    // eps 24 sits inside the sqrt: 1/sqrt(25 + 24) = 1/7: [2/7, 0.5].
+    const float x[2] = {1, 7}, w[2] = {2, 0.5f};
+    float y[2];
+    cr_assert_eq(be->ops->rms_norm(be, y, x, w, 1, 2, 0.0f), 0);
+    cr_expect_float_eq(y[0], 0.4f, 1e-7f);
+    cr_expect_float_eq(y[1], 0.7f, 1e-7f);
+    cr_assert_eq(be->ops->rms_norm(be, y, x, w, 1, 2, 24.0f), 0);
+    cr_expect_float_eq(y[0], 2.0f / 7.0f, 1e-7f);
+    cr_expect_float_eq(y[1], 0.5f, 1e-7f);
+    cr_expect_eq(be->ops->rms_norm(be, y, x, w, 1, 0, 0.0f), VERR_RANGE);
+    backend_destroy(be);
+}
+
+// Against out = x * w / sqrt(mean(x^2) + eps) in double, in place (out == x)
+// and not. Float error: the double sum of squares rounded to float, then
+// + eps, sqrtf, 1/s, x*s and *w: six roundings of half an ulp, < 4e-7
+// relative; tol 1e-6 relative.
+Test(cpu, rms_norm_random) {
+    const int ns[] = {3, 33, 257, 4096};
+    struct backend *b1 = mk_backend(1), *b3 = mk_backend(3);
+    double worst = 0;
+    for (size_t k = 0; k < 4; k++) {
+        const int n = ns[k], rows = 5;
+        rng_seed(10 + k);
+        float *x = frand_array((size_t)rows * n, 3.0f), *w = frand_array((size_t)n, 2.0f);
+        float *y1 = malloc(sizeof(float) * rows * n), *y3 = malloc(sizeof(float) * rows * n);
+        cr_assert_eq(b1->ops->rms_norm(b1, y1, x, w, rows, n, 1e-5f), 0);
+        memcpy(y3, x, sizeof(float) * rows * n);
+        cr_assert_eq(b3->ops->rms_norm(b3, y3, y3, w, rows, n, 1e-5f), 0, "aliased");
+        cr_expect_arr_eq(y1, y3, sizeof(float) * rows * n, "n %d: 1 vs 3 threads / alias", n);
+        for (int r = 0; r < rows; r++) {
+            double ss = 0;
+            for (int i = 0; i < n; i++)
+                ss += (double)x[r * n + i] * x[r * n + i];
+            const double inv = 1.0 / sqrt(ss / n + 1e-5);
+            for (int i = 0; i < n; i++) {
+                const double want = x[r * n + i] * inv * w[i];
+                const double e = fabs(y1[r * n + i] - want) / fmax(fabs(want), 1e-30);
+                worst = fmax(worst, e);
+                cr_expect(e <= 1e-6, "n %d r %d i %d: %.9g vs %.9g", n, r, i,
+                          (double)y1[r * n + i], want);
+            }
+        }
+        free(x);
+        free(w);
+        free(y1);
+        free(y3);
+    }
+    cr_log_info("rms_norm vs naive: worst relative error %.3g (tol 1e-6)", worst);
+    backend_destroy(b1);
+    backend_destroy(b3);
+}
+
+// ---------------------------------------------------------------------------
+// swiglu, add, get_rows, argmax
+
+Test(cpu, swiglu_hand_and_random) {
+    struct backend *be = mk_backend(3);
+    // silu(0) = 0; silu(ln 3) = ln3 / (1 + 1/3) = 0.75 ln 3; silu(-ln 3) =
+    // -ln3 / (1 + 3) = -0.25 ln 3. Extremes: expf overflows to inf at -1000
+    // (silu -> -0), underflows to 0 at +1000 (silu -> 1000); never NaN.
+    const float l3 = logf(3.0f);
+    const float g[5] = {0, l3, -l3, -1000.0f, 1000.0f}, u[5] = {5, 2, 2, 3, 0.5f};
+    float y[5];
+    cr_assert_eq(be->ops->swiglu(be, y, g, u, 5), 0);
+    cr_expect_float_eq(y[0], 0.0f, 1e-7f);
+    cr_expect_float_eq(y[1], 1.5f * l3, 1e-6f);
+    cr_expect_float_eq(y[2], -0.5f * l3, 1e-6f);
+    cr_expect(y[3] == 0.0f, "silu(-1000) * 3 = %g", (double)y[3]);
+    cr_expect_float_eq(y[4], 500.0f, 1e-4f);
+
+    // Random, n = 100003 (several chunks, odd tail), out aliasing gate.
+    // expf is within 1 ulp; with the division and product the result is within
+    // a few ulps: tol 1e-6 relative (+1e-30 for zeros).
+    enum { N = 100003 };
+    rng_seed(3);
+    float *gg = frand_array(N, 8.0f), *uu = frand_array(N, 2.0f), *out = malloc(N * sizeof *out);
+    memcpy(out, gg, N * sizeof *out);
+    cr_assert_eq(be->ops->swiglu(be, out, out, uu, N), 0);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        const double want = gg[i] / (1.0 + exp(-(double)gg[i])) * uu[i];
+        const double e = fabs(out[i] - want) / fmax(fabs(want), 1e-30);
+        worst = fmax(worst, e);
+        if (e > 1e-6) {
+            cr_expect_fail("swiglu %d: %.9g vs %.9g", i, (double)out[i], want);
+            break;
+        }
+    }
+    cr_log_info("swiglu vs naive: worst relative error %.3g (tol 1e-6)", worst);
+    free(gg);
+    free(uu);
+    free(out);
+    backend_destroy(be);
+}
+
+Test(cpu, add_get_rows) {
+    struct backend *be = mk_backend(3);
+    float x[3] = {1, 2, 3};
+    const float y[3] = {0.5f, -2, 10};
+    cr_assert_eq(be->ops->add(be, x, y, 3), 0);
+    const float want[3] = {1.5f, 0, 13};
+    cr_expect_arr_eq(x, want, sizeof x);
+
+    // Random n = 200001: float addition is exact to the same float as a + b.
+    enum { N = 200001 };
+    rng_seed(4);
+    float *a = frand_array(N, 1), *b = frand_array(N, 1), *c = malloc(N * sizeof *c);
+    memcpy(c, a, N * sizeof *c);
+    cr_assert_eq(be->ops->add(be, c, b, N), 0);
+    for (int i = 0; i < N; i++)
+        if (c[i] != a[i] + b[i]) {
+            cr_expect_fail("add %d", i);
+            break;
+        }
+    free(a);
+    free(b);
+    free(c);
+
+    // get_rows: rows 2, 0, 2 of a 3 x 2 matrix.
+    const float m[6] = {1, 2, 3, 4, 5, 6};
+    const int32_t rows[3] = {2, 0, 2};
+    float g[6];
+    cr_assert_eq(be->ops->get_rows(be, g, m, rows, 3, 2), 0);
+    const float gw[6] = {5, 6, 1, 2, 5, 6};
+    cr_expect_arr_eq(g, gw, sizeof g);
+    const int32_t bad = -1;
+    cr_expect_eq(be->ops->get_rows(be, g, m, &bad, 1, 2), VERR_RANGE);
+    backend_destroy(be);
+}
+
+Test(cpu, argmax) {
+    struct backend *be = mk_backend(3);
+    // Row 0: tie between 1 and 3 -> 1 (lowest). Row 1: all -inf -> 0.
+    // Row 2: NaN never wins -> 2. Row 3: max at the last index.
+    const float l[4][4] = {
+        {0, 5, -1, 5},
+        {-INFINITY, -INFINITY, -INFINITY, -INFINITY},
+        {NAN, 1, 3, 3},
+        {-3, -2, -1, -0.5f},
+    };
+    int32_t out[4];
+    cr_assert_eq(be->ops->argmax(be, out, &l[0][0], 4, 4), 0);
+    cr_expect_eq(out[0], 1);
+    cr_expect_eq(out[1], 0);
+    cr_expect_eq(out[2], 2);
+    cr_expect_eq(out[3], 3);
+
+    // Random rows of 257 with planted duplicates of the maximum.
+    enum { R = 9, V = 257 };
+    rng_seed(5);
+    float *x = frand_array(R * V, 1);
+    for (int r = 0; r < R; r++) {
+        x[r * V + (r * 31) % V] = 2.0f;
+        x[r * V + (r * 31 + 17) % V] = 2.0f;
+    }
+    int32_t got[R];
+    cr_assert_eq(be->ops->argmax(be, got, x, R, V), 0);
+    for (int r = 0; r < R; r++) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (x[r * V + i] > x[r * V + best])
+                best = i;
+        cr_expect_eq(got[r], best, "row %d", r);
+    }
+    free(x);
+    backend_destroy(be);
+}
+
+// ---------------------------------------------------------------------------
+// embed
+
+Test(cpu, embed) {
+    struct backend *be = mk_backend(2);
+    // F32 table of 3 rows x 2.
+    const float t32[6] = {1, 2, 3, 4, 5, 6};
+    struct backend_weight w = {t32, GGML_TYPE_F32, 2, 3};
+    const int32_t toks[3] = {2, 0, 2};
+    float out[6];
+    cr_assert_eq(be->ops->embed(be, out, &w, toks, 3), 0, "%s", be->err.msg);
+    const float want[6] = {5, 6, 1, 2, 5, 6};
+    cr_expect_arr_eq(out, want, sizeof out);
+
+    // F16 table: 0x3E00 = 1.5, 0xC000 = -2, 0x3400 = 0.25, 0x0000 = 0.
+    const uint16_t t16[4] = {0x3E00, 0xC000, 0x3400, 0x0000};
+    struct backend_weight w16 = {t16, GGML_TYPE_F16, 2, 2};
+    const int32_t tk2[2] = {1, 0};
+    cr_assert_eq(be->ops->embed(be, out, &w16, tk2, 2), 0, "%s", be->err.msg);
+    const float want16[4] = {0.25f, 0, 1.5f, -2};
+    cr_expect_arr_eq(out, want16, sizeof want16);
+
+    // Q8_0 (n_in 64): each row is exactly quant_dequantize_row of that row.
+    enum { NI = 64, NO = 5 };
+    const size_t rb = ggml_row_bytes(GGML_TYPE_Q8_0, NI);
+    unsigned char *q = malloc(rb * NO);
+    rng_seed(6);
+    for (int r = 0; r < NO; r++) {
+        float row[NI];
+        for (int i = 0; i < NI; i++)
+            row[i] = frand();
+        cr_assert_eq(quant_quantize_row(GGML_TYPE_Q8_0, row, q + rb * r, NI, NULL), 0);
+    }
+    struct backend_weight wq = {q, GGML_TYPE_Q8_0, NI, NO};
+    const int32_t tq[3] = {4, 1, 4};
+    float eq[3 * NI], ref[NI];
+    cr_assert_eq(be->ops->embed(be, eq, &wq, tq, 3), 0, "%s", be->err.msg);
+    for (int t = 0; t < 3; t++) {
+        cr_assert_eq(quant_dequantize_row(GGML_TYPE_Q8_0, q + rb * tq[t], ref, NI, NULL), 0);
+        cr_expect_arr_eq(eq + t * NI, ref, sizeof ref, "token %d", t);
+    }
+    const int32_t oob = NO;
+    cr_expect_eq(be->ops->embed(be, eq, &wq, &oob, 1), VERR_RANGE);
+    cr_expect(strstr(be->err.msg, "token") != NULL, "%s", be->err.msg);
+    free(q);
+    backend_destroy(be);
+}
+
+// ---------------------------------------------------------------------------
+// matmul
+
+Test(cpu, matmul_hand) {
+    struct backend *be = mk_backend(1);
+    // W = [[1,2,3],[4,5,6]], x0 = [1,0,-1], x1 = [.5,.5,.5], bias [10, 20]:
+    // x0: [1-3+10, 4-6+20] = [8, 18]; x1: [3+10, 7.5+20] = [13, 27.5].
+    const float W[6] = {1, 2, 3, 4, 5, 6}, x[6] = {1, 0, -1, 0.5f, 0.5f, 0.5f};
+    const float bias[2] = {10, 20};
+    struct backend_weight w = {W, GGML_TYPE_F32, 3, 2};
+    float y[4];
+    cr_assert_eq(be->ops->matmul(be, y, &w, x, bias, 2), 0, "%s", be->err.msg);
+    const float want[4] = {8, 18, 13, 27.5f};
+    cr_expect_arr_eq(y, want, sizeof y);
+    cr_assert_eq(be->ops->matmul(be, y, &w, x, NULL, 1), 0);
+    cr_expect_eq(y[0], -2.0f);
+    cr_expect_eq(y[1], -2.0f);
+
+    // One hand-built Q8_0 block: d = 0.5 (f16 0x3800), q_i = i - 16 for
+    // i = 0..31; x = ones: 0.5 * sum(i - 16) = 0.5 * (496 - 512) = -8.
+    unsigned char blk[34];
+    blk[0] = 0x00;
+    blk[1] = 0x38;
+    for (int i = 0; i < 32; i++)
+        blk[2 + i] = (unsigned char)(int8_t)(i - 16);
+    float ones[64];
+    for (int i = 0; i < 64; i++)
+        ones[i] = 1.0f;
+    struct backend_weight wq = {blk, GGML_TYPE_Q8_0, 32, 1};
+    cr_assert_eq(be->ops->matmul(be, y, &wq, ones, NULL, 1), 0, "%s", be->err.msg);
+    cr_expect_eq(y[0], -8.0f);
+    cr_assert_eq(be->ops->matmul(be, y, &wq, ones, NULL, 2), 0, "%s", be->err.msg);
+    cr_expect_eq(y[0], -8.0f);
+    cr_expect_eq(y[1], -8.0f);
+
+    // Refusals: an unsupported type, n_in not a multiple of the block.
+    struct backend_weight bad = {blk, GGML_TYPE_IQ2_XXS, 256, 1};
+    cr_expect_eq(be->ops->matmul(be, y, &bad, ones, NULL, 1), VERR_UNSUPPORTED);
+    struct backend_weight odd = {blk, GGML_TYPE_Q8_0, 33, 1};
+    cr_expect_eq(be->ops->matmul(be, y, &odd, ones, NULL, 1), VERR_RANGE);
+    backend_destroy(be);
+}
+
+// Random weights quantized with quant_quantize_row, against a naive double
+// matmul over quant_dequantize_row's values. The float dot (quant_dot_row:
+// 16 running sums over chunks of 256, chunks added in double) carries at
+// most ~21 float roundings per term's share, < 2e-6 * sum|w x|; tol
+// 1e-5 * (sum|w x| + |bias|). Also: n_tok = 1 and n_tok > 1 take different
+// paths (quant_dot_row on the stored row vs a dequantized block); they must
+// agree bit for bit, as must 1 and 3 threads.
+Test(cpu, matmul_random_vs_naive) {
+    const struct {
+        enum ggml_type type;
+        int n_in;
+    } types[] = {
+        {GGML_TYPE_F32, 257}, {GGML_TYPE_F16, 33},  {GGML_TYPE_BF16, 3},
+        {GGML_TYPE_Q8_0, 96}, {GGML_TYPE_Q4_0, 288}, {GGML_TYPE_Q5_1, 64},
+        {GGML_TYPE_Q4_K, 256}, {GGML_TYPE_Q6_K, 512},
+    };
+    const int n_outs[] = {3, 33, 257};
+    const int n_toks[] = {1, 3, 7};
+    struct backend *b1 = mk_backend(1), *b3 = mk_backend(3);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const enum ggml_type type = types[ti].type;
+        const int n_in = types[ti].n_in;
+        double worst = 0;
+        for (size_t oi = 0; oi < 3; oi++) {
+            const int n_out = n_outs[oi];
+            rng_seed(100 + ti * 10 + oi);
+            const size_t rb = ggml_row_bytes(type, n_in);
+            unsigned char *wq = malloc(rb * n_out);
+            float *wd = malloc(sizeof(float) * n_in * n_out);
+            for (int o = 0; o < n_out; o++) {
+                float row[512];
+                for (int i = 0; i < n_in; i++)
+                    row[i] = frand();
+                cr_assert_eq(quant_quantize_row(type, row, wq + rb * o, n_in, NULL), 0);
+                cr_assert_eq(quant_dequantize_row(type, wq + rb * o, wd + (size_t)o * n_in, n_in,
+                                                  NULL),
+                             0);
+            }
+            float *bias = frand_array((size_t)n_out, 1);
+            struct backend_weight w = {wq, type, n_in, n_out};
+            float *single = malloc(sizeof(float) * 7 * n_out);
+            for (size_t ki = 0; ki < 3; ki++) {
+                const int n_tok = n_toks[ki];
+                float *x = frand_array((size_t)n_tok * n_in, 2);
+                float *y1 = malloc(sizeof(float) * n_tok * n_out);
+                float *y3 = malloc(sizeof(float) * n_tok * n_out);
+                const float *bb = ki == 1 ? NULL : bias; // with and without bias
+                cr_assert_eq(b1->ops->matmul(b1, y1, &w, x, bb, n_tok), 0, "%s", b1->err.msg);
+                cr_assert_eq(b3->ops->matmul(b3, y3, &w, x, bb, n_tok), 0, "%s", b3->err.msg);
+                cr_expect_arr_eq(y1, y3, sizeof(float) * n_tok * n_out,
+                                 "%s %dx%d n_tok %d: 1 vs 3 threads differ",
+                                 ggml_type_name(type), n_out, n_in, n_tok);
+                for (int t = 0; t < n_tok; t++) {
+                    cr_assert_eq(b3->ops->matmul(b3, single, &w, x + (size_t)t * n_in, bb, 1), 0);
+                    cr_expect_arr_eq(single, y1 + (size_t)t * n_out, sizeof(float) * n_out,
+                                     "%s %dx%d: token %d of %d differs from it alone",
+                                     ggml_type_name(type), n_out, n_in, t, n_tok);
+                    for (int o = 0; o < n_out; o++) {
+                        double s = bb ? bb[o] : 0, sa = bb ? fabs(bb[o]) : 0;
+                        for (int i = 0; i < n_in; i++) {
+                            const double p = (double)wd[(size_t)o * n_in + i] * x[t * n_in + i];
+                            s += p;
+                            sa += fabs(p);
+                        }
+                        const double e = fabs(y1[t * n_out + o] - s);
+                        worst = fmax(worst, e / sa);
+                        cr_expect(e <= 1e-5 * sa, "%s %dx%d t%d o%d: %.9g vs %.9g (sum|wx| %g)",
+                                  ggml_type_name(type), n_out, n_in, t, o,
+                                  (double)y1[t * n_out + o], s, sa);
+                    }
+                }
+                free(x);
+                free(y1);
+                free(y3);
+            }
+            free(single);
+            free(bias);
+            free(wq);
+            free(wd);
+        }
+        cr_log_info("matmul %s vs naive: worst |error| / sum|w x| = %.3g (tol 1e-5)",
+                    ggml_type_name(type), worst);
+    }
+    backend_destroy(b1);
+    backend_destroy(b3);
+}
+
+// ---------------------------------------------------------------------------
+// attention
+
+static void set_seq(uint64_t *cell_seq, int seq_words, int c, int s) {
+    cell_seq[(size_t)c * seq_words + s / 64] |= 1ull << (s % 64);
+}
+
+// One head, head_dim 2, scale 1. q = [1, 0]; k0 = [0, 0], k1 = [ln 3, 0]:
+// scores 0 and ln 3, softmax 1/4 and 3/4; v0 = [1, 0], v1 = [0, 1]:
+// out = [0.25, 0.75]. Then the mask, cell by cell.
+Test(cpu, attention_hand) {
+    struct backend *be = mk_backend(1);
+    const float l3 = logf(3.0f);
+    float q[2] = {1, 0}, k[6] = {0, 0, l3, 0, 100, 0}, v[6] = {1, 0, 0, 1, 9, 9};
+    int32_t cell_pos[3] = {0, 1, 2};
+    uint64_t cell_seq[3] = {1, 1, 0}; // cell 2 holds no sequence
+    int32_t q_pos = 5, q_seq = 0;
+    float out[2];
+    struct attn_args a = {
+        .out = out, .q = q, .k = k, .v = v, .type_k = GGML_TYPE_F32, .type_v = GGML_TYPE_F32,
+        .cell_pos = cell_pos, .cell_seq = cell_seq, .seq_words = 1, .q_pos = &q_pos,
+        .q_seq = &q_seq, .n_tok = 1, .n_kv = 3, .n_head = 1, .n_head_kv = 1, .head_dim = 2,
+        .head_dim_v = 2, .scale = 1.0f,
+    };
+    cr_assert_eq(be->ops->attention(be, &a), 0, "%s", be->err.msg);
+    cr_expect_float_eq(out[0], 0.25f, 1e-6f);
+    cr_expect_float_eq(out[1], 0.75f, 1e-6f);
+
+    // scale 0.5: scores 0 and ln(3)/2 -> weights 1 : sqrt 3.
+    a.scale = 0.5f;
+    cr_assert_eq(be->ops->attention(be, &a), 0);
+    const float s3 = sqrtf(3.0f);
+    cr_expect_float_eq(out[0], 1.0f / (1.0f + s3), 1e-6f);
+    cr_expect_float_eq(out[1], s3 / (1.0f + s3), 1e-6f);
+    a.scale = 1.0f;
+
+    // q_pos 0: cell 1 (pos 1) is in the future -> only v0.
+    q_pos = 0;
+    cr_assert_eq(be->ops->attention(be, &a), 0);
+    cr_expect_float_eq(out[0], 1.0f, 1e-6f);
+    cr_expect_float_eq(out[1], 0.0f, 1e-6f);
+    // cell 0 empty (pos -1) and q_pos 0: nothing visible -> zeros.
+    cell_pos[0] = -1;
+    out[0] = out[1] = 42;
+    cr_assert_eq(be->ops->attention(be, &a), 0);
+    cr_expect_eq(out[0], 0.0f);
+    cr_expect_eq(out[1], 0.0f);
+    // Another sequence sees none of these cells -> zeros.
+    cell_pos[0] = 0;
+    q_pos = 5;
+    q_seq = 1;
+    out[0] = out[1] = 42;
+    cr_assert_eq(be->ops->attention(be, &a), 0);
+    cr_expect_eq(out[0], 0.0f);
+    cr_expect_eq(out[1], 0.0f);
+    // Cell 1 joins sequence 1 as well (as seq_cp does): only v1.
+    cell_seq[1] |= 2;
+    cr_assert_eq(be->ops->attention(be, &a), 0);
+    cr_expect_float_eq(out[0], 0.0f, 1e-6f);
+    cr_expect_float_eq(out[1], 1.0f, 1e-6f);
+    // Sequence out of range of seq_words * 64.
+    q_seq = 64;
+    cr_expect_eq(be->ops->attention(be, &a), VERR_RANGE);
+    backend_destroy(be);
+}
+
+// GQA by hand: 4 query heads over 2 KV heads, one cell; a single visible cell
+// gets weight 1, so query head h returns V of KV head h / 2.
+Test(cpu, attention_gqa_hand) {
+    struct backend *be = mk_backend(1);
+    float q[4 * 2] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float k[2 * 2] = {1, 1, 1, 1};
+    float v[2 * 3] = {1, 2, 3, -1, -2, -3}; // KV head 0, KV head 1
+    int32_t cell_pos = 0, q_pos = 0, q_seq = 3;
+    uint64_t cell_seq = 1u << 3;
+    float out[4 * 3];
+    struct attn_args a = {
+        .out = out, .q = q, .k = k, .v = v, .type_k = GGML_TYPE_F32, .type_v = GGML_TYPE_F32,
+        .cell_pos = &cell_pos, .cell_seq = &cell_seq, .seq_words = 1, .q_pos = &q_pos,
+        .q_seq = &q_seq, .n_tok = 1, .n_kv = 1, .n_head = 4, .n_head_kv = 2, .head_dim = 2,
+        .head_dim_v = 3, .scale = 0.7f,
+    };
+    cr_assert_eq(be->ops->attention(be, &a), 0, "%s", be->err.msg);
+    const float want[12] = {1, 2, 3, 1, 2, 3, -1, -2, -3, -1, -2, -3};
+    for (int i = 0; i < 12; i++)
+        cr_expect_float_eq(out[i], want[i], 1e-6f, "out[%d] = %g", i, (double)out[i]);
+    a.n_head_kv = 3;
+    cr_expect_eq(be->ops->attention(be, &a), VERR_RANGE, "4 heads over 3 KV heads");
+    backend_destroy(be);
+}
+
+// The plain definition in double: visible cells, scores, max-subtracted
+// softmax, weighted sum of V; no visible cell -> zeros.
+static void naive_attention(double *out, const struct attn_args *a) {
+    const int group = a->n_head / a->n_head_kv;
+    double *sc = malloc(sizeof(double) * (a->n_kv + 1));
+    for (int t = 0; t < a->n_tok; t++)
+        for (int h = 0; h < a->n_head; h++) {
+            const int hk = h / group;
+            const float *q = a->q + ((size_t)t * a->n_head + h) * a->head_dim;
+            double *o = out + ((size_t)t * a->n_head + h) * a->head_dim_v;
+            double mx = -INFINITY;
+            for (int c = 0; c < a->n_kv; c++) {
+                const int s = a->q_seq[t];
+                const bool vis = a->cell_pos[c] >= 0 && a->cell_pos[c] <= a->q_pos[t] &&
+                                 ((a->cell_seq[(size_t)c * a->seq_words + s / 64] >> (s % 64)) & 1);
+                sc[c] = NAN;
+                if (!vis)
+                    continue;
+                double d = 0;
+                for (int i = 0; i < a->head_dim; i++) {
+                    const size_t off = ((size_t)c * a->n_head_kv + hk) * a->head_dim + i;
+                    const double kv = a->type_k == GGML_TYPE_F16
+                                          ? quant_fp16_to_f32(((const uint16_t *)a->k)[off])
+                                          : ((const float *)a->k)[off];
+                    d += q[i] * kv;
+                }
+                sc[c] = d * a->scale;
+                mx = fmax(mx, sc[c]);
+            }
+            double sum = 0;
+            for (int i = 0; i < a->head_dim_v; i++)
+                o[i] = 0;
+            for (int c = 0; c < a->n_kv; c++) {
+                if (isnan(sc[c]))
+                    continue;
+                const double w = exp(sc[c] - mx);
+                sum += w;
+                for (int i = 0; i < a->head_dim_v; i++) {
+                    const size_t off = ((size_t)c * a->n_head_kv + hk) * a->head_dim_v + i;
+                    const double vv = a->type_v == GGML_TYPE_F16
+                                          ? quant_fp16_to_f32(((const uint16_t *)a->v)[off])
+                                          : ((const float *)a->v)[off];
+                    o[i] += w * vv;
+                }
+            }
+            if (sum > 0)
+                for (int i = 0; i < a->head_dim_v; i++)
+                    o[i] /= sum;
+        }
+    free(sc);
+}
+
+// Masked attention against the naive one: 257 cells of three sequences (0, 1
+// and 70, so the second bitset word is used), some cells shared by two
+// sequences, ~15% empty; GQA 6 heads over 2; head_dim 33, head_dim_v 17;
+// queries that see many cells, one, and none. F32 and F16 caches.
+// Tolerance: the float score of 33 products (|q k| <= 4) is within ~5 float
+// roundings * sum|q k| * scale ≈ 7e-6; that moves softmax weights by the same
+// relative amount, and the float sums over <= 257 cells add ~1e-5 relative on
+// outputs bounded by max|v| = 1: tol 5e-5 absolute. The naive code reads the
+// same F16-decoded values, so F16 needs no more.
+Test(cpu, attention_mask_random_vs_naive) {
+    enum { NKV = 257, T = 7, H = 6, HKV = 2, D = 33, DV = 17, SW = 2 };
+    struct backend *b1 = mk_backend(1), *b3 = mk_backend(3);
+    for (int f16 = 0; f16 < 2; f16++) {
+        rng_seed(900 + f16);
+        const enum ggml_type tk = f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+        float *q = frand_array((size_t)T * H * D, 2.0f);
+        float *kf = frand_array((size_t)NKV * HKV * D, 2.0f);
+        float *vf = frand_array((size_t)NKV * HKV * DV, 1.0f);
+        void *k = kf, *v = vf;
+        uint16_t *kh = NULL, *vh = NULL;
+        if (f16) {
+            kh = malloc(sizeof(uint16_t) * NKV * HKV * D);
+            vh = malloc(sizeof(uint16_t) * NKV * HKV * DV);
+            for (int i = 0; i < NKV * HKV * D; i++)
+                kh[i] = quant_f32_to_fp16(kf[i]);
+            for (int i = 0; i < NKV * HKV * DV; i++)
+                vh[i] = quant_f32_to_fp16(vf[i]);
+            k = kh;
+            v = vh;
+        }
+        int32_t cell_pos[NKV];
+        uint64_t cell_seq[NKV * SW];
+        memset(cell_seq, 0, sizeof cell_seq);
+        const int seqs[3] = {0, 1, 70};
+        for (int c = 0; c < NKV; c++) {
+            if (irand(0, 99) < 15) {
+                cell_pos[c] = -1;
+                continue;
+            }
+            cell_pos[c] = irand(0, 300);
+            set_seq(cell_seq, SW, c, seqs[irand(0, 2)]);
+            if (irand(0, 9) == 0)
+                set_seq(cell_seq, SW, c, seqs[irand(0, 2)]); // shared cell
+        }
+        // (seq, pos): sees many / many / some / only pos-0 cells of seq 1 /
+        // nothing (pos below every cell) / nothing (unused sequence) / many.
+        const int32_t q_seq[T] = {0, 1, 70, 1, 0, 5, 70};
+        int32_t q_pos[T] = {150, 300, 10, 0, -1, 200, 1000};
+        // Make sure query 3 sees exactly the cells of seq 1 at pos 0: plant one.
+        cell_pos[11] = 0;
+        memset(&cell_seq[11 * SW], 0, sizeof(uint64_t) * SW);
+        set_seq(cell_seq, SW, 11, 1);
+        float *o1 = malloc(sizeof(float) * T * H * DV), *o3 = malloc(sizeof(float) * T * H * DV);
+        double *want = malloc(sizeof(double) * T * H * DV);
+        struct attn_args a = {
+            .out = o1, .q = q, .k = k, .v = v, .type_k = tk, .type_v = tk,
+            .cell_pos = cell_pos, .cell_seq = cell_seq, .seq_words = SW, .q_pos = q_pos,
+            .q_seq = q_seq, .n_tok = T, .n_kv = NKV, .n_head = H, .n_head_kv = HKV,
+            .head_dim = D, .head_dim_v = DV, .scale = 1.0f / sqrtf((float)D),
+        };
+        cr_assert_eq(b1->ops->attention(b1, &a), 0, "%s", b1->err.msg);
+        a.out = o3;
+        cr_assert_eq(b3->ops->attention(b3, &a), 0, "%s", b3->err.msg);
+        cr_expect_arr_eq(o1, o3, sizeof(float) * T * H * DV, "f16 %d: 1 vs 3 threads differ",
+                         f16);
+        naive_attention(want, &a);
+        double worst = 0;
+        for (int i = 0; i < T * H * DV; i++) {
+            const double e = fabs(o1[i] - want[i]);
+            worst = fmax(worst, e);
+            cr_expect(e <= 5e-5, "%s t%d h%d d%d: %.9g vs %.9g", f16 ? "f16" : "f32",
+                      i / (H * DV), (i / DV) % H, i % DV, (double)o1[i], want[i]);
+        }
+        for (int t = 4; t <= 5; t++)
+            for (int i = 0; i < H * DV; i++)
+                cr_expect_eq(o1[t * H * DV + i], 0.0f, "query %d sees nothing: zeros", t);
+        cr_log_info("attention %s (mask, GQA) vs naive: worst |error| %.3g (tol 5e-5)",
+                    f16 ? "f16" : "f32", worst);
+
+        // Stress: scores up to ~1300 (scale 10); the max-subtracted softmax
+        // must stay finite and every output a convex mix of V (|out| <= 1).
+        a.scale = 10.0f;
+        a.out = o1;
+        cr_assert_eq(b3->ops->attention(b3, &a), 0);
+        for (int i = 0; i < T * H * DV; i++)
+            cr_expect(isfinite(o1[i]) && fabsf(o1[i]) <= 1.0f + 1e-5f, "stress out[%d] = %g", i,
+                      (double)o1[i]);
+        free(q);
+        free(kf);
+        free(vf);
+        free(kh);
+        free(vh);
+        free(o1);
+        free(o3);
+        free(want);
+    }
+    backend_destroy(b1);
+    backend_destroy(b3);
+}
