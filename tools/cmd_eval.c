@@ -1,11 +1,271 @@
-// Placeholder until the subcommand lands; it fails loudly rather than pretend.
+// vela eval: evaluate tokens as one sequence and write the logits of every
+// position (raw little-endian float32, n_tokens x n_vocab, row-major).
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "host/args.h"
+#include "host/engine.h"
 #include "tools/cmds.h"
 
+static void usage(FILE *out) {
+    fprintf(out, "usage: vela eval -m MODEL (--tokens 1,2,3 | -p TEXT | -f FILE) [options]\n\n"
+                 "Evaluates the tokens as one sequence from position 0, in batches of -b, and\n"
+                 "writes the logits of every position as raw little-endian float32\n"
+                 "(n_tokens x n_vocab, row-major) to --logits-out.\n\n"
+                 "input and output:\n"
+                 "  --tokens LIST             comma-separated token ids\n"
+                 "  -p, --prompt TEXT         text, tokenized with BOS as the model asks\n"
+                 "  -f, --file FILE           text from a file\n"
+                 "  --logits-out FILE         where the logits go (default: not written)\n"
+                 "  -h, --help                this help\n"
+                 "  (-c defaults to the number of tokens)\n");
+    args_help_model(out);
+}
+
+// Parses "1,2,3" (spaces allowed around ids). Returns 0 or an error message in err.
+static int parse_tokens(const char *s, int32_t **out, int *n_out, struct verr *err) {
+    int cap = 16, n = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    const char *p = s;
+    while (v) {
+        while (*p == ' ')
+            p++;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < INT32_MIN || x > INT32_MAX) {
+            free(v);
+            return verr_set(err, VERR_RANGE, "--tokens: '%s' is not a list of token ids", s);
+        }
+        if (n == cap) {
+            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+            if (!nv)
+                break;
+            v = nv;
+        }
+        v[n++] = (int32_t)x;
+        p = end;
+        while (*p == ' ')
+            p++;
+        if (*p == '\0')
+            break;
+        if (*p != ',') {
+            free(v);
+            return verr_set(err, VERR_RANGE, "--tokens: '%s' is not a list of token ids", s);
+        }
+        p++;
+    }
+    if (!v)
+        return verr_set(err, VERR_NOMEM, "out of memory");
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (len + 1 >= cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0)
+            break;
+    }
+    fclose(f);
+    if (!buf)
+        return NULL;
+    buf[len] = '\0';
+    *len_out = len;
+    return buf;
+}
+
+struct eval_out {
+    FILE *f;
+    int n_vocab;
+    float *last; // [n_vocab] logits of the last position seen
+};
+
+static int write_rows(void *user, int first_pos, int n, const float *logits) {
+    struct eval_out *o = user;
+    (void)first_pos;
+    // The host is little-endian (x86-64, aarch64), so the floats go out as they are.
+    if (o->f && fwrite(logits, sizeof(float) * (size_t)o->n_vocab, (size_t)n, o->f) != (size_t)n)
+        return 1;
+    memcpy(o->last, logits + (size_t)(n - 1) * o->n_vocab, sizeof(float) * (size_t)o->n_vocab);
+    return 0;
+}
+
 int cmd_eval(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "vela eval: not implemented yet\n");
-    return 1;
+    struct args_model am;
+    args_model_default(&am);
+    const char *tokens_arg = NULL, *prompt_arg = NULL, *prompt_file = NULL, *logits_out = NULL;
+    struct verr err = {0};
+    for (int i = 1; i < argc;) {
+        const char *arg = argv[i];
+        int rc;
+        if (args_is(arg, "-h", "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if ((rc = args_parse_model(&am, argc, argv, &i, &err)) != 0) {
+            if (rc < 0) {
+                fprintf(stderr, "vela eval: %s\n", err.msg);
+                return 2;
+            }
+            continue;
+        }
+        if (args_is(arg, "--tokens", NULL))
+            rc = args_value_str(argc, argv, &i, &tokens_arg, &err);
+        else if (args_is(arg, "-p", "--prompt"))
+            rc = args_value_str(argc, argv, &i, &prompt_arg, &err);
+        else if (args_is(arg, "-f", "--file"))
+            rc = args_value_str(argc, argv, &i, &prompt_file, &err);
+        else if (args_is(arg, "--logits-out", NULL))
+            rc = args_value_str(argc, argv, &i, &logits_out, &err);
+        else {
+            fprintf(stderr, "vela eval: unknown option '%s' (see 'vela eval --help')\n", arg);
+            return 2;
+        }
+        if (rc) {
+            fprintf(stderr, "vela eval: %s\n", err.msg);
+            return 2;
+        }
+    }
+    if (!am.model_path) {
+        fprintf(stderr,
+                "vela eval: no model given: pass -m MODEL.gguf (a synthetic test model can be "
+                "written with 'vela mkmodel')\n");
+        return 2;
+    }
+    if (!!tokens_arg + !!prompt_arg + !!prompt_file != 1) {
+        fprintf(stderr, "vela eval: give exactly one of --tokens, -p, -f\n");
+        return 2;
+    }
+    int32_t *tokens = NULL;
+    int n_tok = 0;
+    if (tokens_arg && parse_tokens(tokens_arg, &tokens, &n_tok, &err)) {
+        fprintf(stderr, "vela eval: %s\n", err.msg);
+        return 2;
+    }
+
+    int status = 1;
+    char *text = NULL;
+    size_t text_len = 0;
+    struct engine *e = NULL;
+    struct eval_out out = {0};
+    if (prompt_file) {
+        text = read_file(prompt_file, &text_len);
+        if (!text) {
+            fprintf(stderr, "vela eval: cannot read '%s'\n", prompt_file);
+            goto done;
+        }
+    } else if (prompt_arg) {
+        text = strdup(prompt_arg);
+        text_len = strlen(prompt_arg);
+    }
+
+    // The context is sized for the tokens unless -c says otherwise; with text
+    // the count is known only after the tokenizer is loaded, so the context is
+    // opened in a second step.
+    struct engine_open_params op = {.n_seq_max = 1, .n_outputs_max = 0, .need_tokenizer = !!text};
+    op.n_ctx = am.n_ctx > 0 ? am.n_ctx : (n_tok > 0 ? n_tok : 1);
+    op.n_outputs_max = am.n_batch < op.n_ctx ? am.n_batch : op.n_ctx;
+    if (engine_open(&e, &am, &op, &err)) {
+        fprintf(stderr, "vela eval: %s\n", err.msg);
+        goto done;
+    }
+    if (text) {
+        if (tokenizer_encode_alloc(e->tok, text, text_len, true, true, &tokens, &n_tok, &err)) {
+            fprintf(stderr, "vela eval: tokenizing: %s\n", err.msg);
+            goto done;
+        }
+        if (n_tok == 0) {
+            fprintf(stderr, "vela eval: the text gives no tokens\n");
+            goto done;
+        }
+        if (am.n_ctx == 0 && n_tok != e->fc.cfg.n_ctx) {
+            // reopen the forward context with room for exactly these tokens
+            struct forward_config cfg = e->fc.cfg;
+            forward_free(&e->fc);
+            cfg.n_ctx = n_tok;
+            cfg.n_batch = am.n_batch < n_tok ? am.n_batch : n_tok;
+            cfg.n_outputs_max = cfg.n_batch;
+            if (forward_init(&e->fc, e->m, &cfg, &err)) {
+                fprintf(stderr, "vela eval: %s\n", err.msg);
+                goto done;
+            }
+        }
+    }
+    const int V = e->m->hp.n_vocab;
+    for (int t = 0; t < n_tok; t++)
+        if (tokens[t] < 0 || tokens[t] >= V) {
+            fprintf(stderr, "vela eval: token id %d is out of range (n_vocab %d)\n", tokens[t], V);
+            goto done;
+        }
+    if (am.verbose) {
+        char desc[2048];
+        engine_describe(e, desc, sizeof desc);
+        fprintf(stderr, "%s\n", desc);
+    }
+    out.n_vocab = V;
+    out.last = malloc(sizeof(float) * (size_t)V);
+    if (!out.last) {
+        fprintf(stderr, "vela eval: out of memory\n");
+        goto done;
+    }
+    if (logits_out && !(out.f = fopen(logits_out, "wb"))) {
+        fprintf(stderr, "vela eval: cannot open '%s' for writing: %s\n", logits_out,
+                strerror(errno));
+        goto done;
+    }
+    double t_ms = 0;
+    if (engine_eval(e, tokens, n_tok, write_rows, &out, &t_ms, &err)) {
+        fprintf(stderr, "vela eval: %s\n", err.msg);
+        goto done;
+    }
+    if (out.f) {
+        int bad = fclose(out.f) != 0;
+        out.f = NULL;
+        if (bad) {
+            fprintf(stderr, "vela eval: writing '%s' failed\n", logits_out);
+            goto done;
+        }
+    }
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (out.last[v] > out.last[best])
+            best = v;
+    const char *piece = "";
+    size_t plen = 0;
+    if (e->tok && best < tokenizer_n_vocab(e->tok))
+        tokenizer_piece(e->tok, best, true, &piece, &plen, NULL);
+    printf("n_tokens: %d\nn_vocab: %d\ntop1_last: %d (logit %.6f, piece '%.*s')\n"
+           "time: %.2f ms (%.2f tokens/s, %s)\n",
+           n_tok, V, best, out.last[best], (int)plen, piece, t_ms,
+           t_ms > 0 ? 1e3 * n_tok / t_ms : 0.0, e->be->ops->name);
+    if (logits_out)
+        printf("logits: %s (%d x %d float32)\n", logits_out, n_tok, V);
+    status = 0;
+done:
+    if (out.f)
+        fclose(out.f);
+    free(out.last);
+    free(tokens);
+    free(text);
+    engine_close(e);
+    return status;
 }

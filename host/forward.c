@@ -1,0 +1,320 @@
+// The forward pass over the backend op table (see forward.h).
+#include "host/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rope_overrides_default(struct rope_overrides *o) {
+    o->scaling = ROPE_SCALING_UNSPECIFIED;
+    o->freq_base = 0.0f;
+    o->freq_scale = 0.0f;
+    o->yarn_orig_ctx = 0;
+    o->yarn_ext_factor = -1.0f;
+    o->yarn_attn_factor = 1.0f;
+    o->yarn_beta_fast = 32.0f;
+    o->yarn_beta_slow = 1.0f;
+}
+
+void forward_rope_resolve(const struct model *m, const struct rope_overrides *o,
+                          struct rope_params *rp) {
+    const struct model_hparams *hp = &m->hp;
+    memset(rp, 0, sizeof *rp);
+    rp->mode = hp->rope_mode;
+    rp->n_rot = hp->n_rot;
+    rp->n_ctx_orig = o->yarn_orig_ctx != 0 ? o->yarn_orig_ctx : hp->n_ctx_orig_yarn;
+    rp->freq_base = o->freq_base != 0.0f ? o->freq_base : hp->rope_freq_base;
+    rp->freq_scale = o->freq_scale != 0.0f ? o->freq_scale : hp->rope_freq_scale;
+    int scaling = o->scaling != ROPE_SCALING_UNSPECIFIED ? o->scaling : (int)hp->rope_scaling;
+    if (scaling == ROPE_SCALING_NONE)
+        rp->freq_scale = 1.0f; // llama.cpp: never scale when the type is none
+    rp->ext_factor = o->yarn_ext_factor >= 0.0f ? o->yarn_ext_factor
+                                                : (scaling == ROPE_SCALING_YARN ? 1.0f : 0.0f);
+    rp->attn_factor = o->yarn_attn_factor * hp->rope_attn_factor;
+    rp->beta_fast = o->yarn_beta_fast;
+    rp->beta_slow = o->yarn_beta_slow;
+    rp->freq_factors = m->rope_freqs;
+}
+
+void forward_config_default(struct forward_config *c) {
+    memset(c, 0, sizeof *c);
+    c->n_ctx = 4096;
+    c->n_batch = 512;
+    c->n_outputs_max = 0;
+    c->n_seq_max = 1;
+    c->type_k = GGML_TYPE_F16;
+    c->type_v = GGML_TYPE_F16;
+    rope_overrides_default(&c->rope);
+}
+
+static int scratch_alloc(struct forward_ctx *fc, size_t bytes, void **out, const char *what,
+                         struct verr *err) {
+    struct backend *be = fc->be;
+    int rc = be->ops->alloc(be, bytes ? bytes : 1, out);
+    if (rc)
+        return verr_set(err, rc, "forward: allocating %s (%zu bytes): %s", what, bytes,
+                        be->err.msg);
+    return 0;
+}
+
+int forward_init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg,
+                 struct verr *err) {
+    memset(fc, 0, sizeof *fc);
+    const struct model_hparams *hp = &m->hp;
+    fc->m = m;
+    fc->be = m->be;
+    fc->cfg = *cfg;
+    if (fc->cfg.n_seq_max <= 0)
+        fc->cfg.n_seq_max = 1;
+    if (fc->cfg.n_outputs_max <= 0 || fc->cfg.n_outputs_max > cfg->n_batch)
+        fc->cfg.n_outputs_max = cfg->n_batch;
+    if (cfg->n_ctx < 1 || cfg->n_batch < 1)
+        return verr_set(err, VERR_RANGE, "forward: n_ctx %d and n_batch %d must be >= 1",
+                        cfg->n_ctx, cfg->n_batch);
+    if ((cfg->type_k != GGML_TYPE_F16 && cfg->type_k != GGML_TYPE_F32) ||
+        (cfg->type_v != GGML_TYPE_F16 && cfg->type_v != GGML_TYPE_F32))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: KV cache types must be f16 or f32 (got %s, %s)",
+                        ggml_type_name(cfg->type_k), ggml_type_name(cfg->type_v));
+    forward_rope_resolve(m, &cfg->rope, &fc->rope);
+    if (!(fc->rope.freq_scale > 0) || !(fc->rope.freq_base > 0) || fc->rope.n_ctx_orig <= 0)
+        return verr_set(err, VERR_RANGE,
+                        "rope: freq_base %g and freq_scale %g must be > 0, original context %d "
+                        "must be > 0",
+                        fc->rope.freq_base, fc->rope.freq_scale, fc->rope.n_ctx_orig);
+    fc->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+
+    struct kv_config kc = {
+        .n_ctx = cfg->n_ctx,
+        .n_layer = hp->n_layer,
+        .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .head_dim_v = hp->head_dim_v,
+        .type_k = cfg->type_k,
+        .type_v = cfg->type_v,
+        .n_seq_max = fc->cfg.n_seq_max,
+    };
+    int rc = kv_init(&fc->kv, &kc, fc->be, err);
+    if (rc)
+        return rc;
+
+    const size_t nb = (size_t)cfg->n_batch, no = (size_t)fc->cfg.n_outputs_max;
+    const size_t f = sizeof(float);
+    const size_t n_q = (size_t)hp->n_head * hp->head_dim;
+    const size_t n_k = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t n_v = (size_t)hp->n_head_kv * hp->head_dim_v;
+    const size_t n_o = (size_t)hp->n_head * hp->head_dim_v;
+    struct {
+        void **p;
+        size_t bytes;
+        const char *what;
+    } bufs[] = {
+        {(void **)&fc->x, nb * hp->n_embd * f, "x"},
+        {(void **)&fc->xn, nb * hp->n_embd * f, "xn"},
+        {(void **)&fc->q, nb * n_q * f, "q"},
+        {(void **)&fc->k, nb * n_k * f, "k"},
+        {(void **)&fc->v, nb * n_v * f, "v"},
+        {(void **)&fc->attn, nb * n_o * f, "attn"},
+        {(void **)&fc->proj, nb * hp->n_embd * f, "proj"},
+        {(void **)&fc->gate, nb * hp->n_ff * f, "gate"},
+        {(void **)&fc->up, nb * hp->n_ff * f, "up"},
+        {(void **)&fc->xo, no * hp->n_embd * f, "xo"},
+        {(void **)&fc->logits, no * hp->n_vocab * f, "logits"},
+        {(void **)&fc->d_tok, nb * sizeof(int32_t), "tokens"},
+        {(void **)&fc->d_pos, nb * sizeof(int32_t), "positions"},
+        {(void **)&fc->d_seq, nb * sizeof(int32_t), "seq ids"},
+        {(void **)&fc->d_cells, nb * sizeof(int32_t), "cells"},
+        {(void **)&fc->d_rows, no * sizeof(int32_t), "rows"},
+        {(void **)&fc->d_argmax, no * sizeof(int32_t), "argmax"},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if ((rc = scratch_alloc(fc, bufs[i].bytes, bufs[i].p, bufs[i].what, err)))
+            goto fail;
+    fc->out_batch_idx = malloc(no * sizeof(int32_t));
+    fc->h_logits = malloc(no * (size_t)hp->n_vocab * f);
+    fc->h_argmax = malloc(no * sizeof(int32_t));
+    fc->h_cells = malloc(nb * sizeof(int32_t));
+    fc->h_rows = malloc(no * sizeof(int32_t));
+    if (!fc->out_batch_idx || !fc->h_logits || !fc->h_argmax || !fc->h_cells || !fc->h_rows) {
+        rc = verr_set(err, VERR_NOMEM, "forward: out of host memory (logits for %zu rows)", no);
+        goto fail;
+    }
+    return 0;
+fail:
+    forward_free(fc);
+    return rc;
+}
+
+void forward_free(struct forward_ctx *fc) {
+    if (!fc->be)
+        return;
+    void *dev[] = {fc->x,     fc->xn,    fc->q,       fc->k,      fc->v,       fc->attn,
+                   fc->proj,  fc->gate,  fc->up,      fc->xo,     fc->logits,  fc->d_tok,
+                   fc->d_pos, fc->d_seq, fc->d_cells, fc->d_rows, fc->d_argmax};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i])
+            fc->be->ops->free(fc->be, dev[i]);
+    kv_free(&fc->kv);
+    free(fc->out_batch_idx);
+    free(fc->h_logits);
+    free(fc->h_argmax);
+    free(fc->h_cells);
+    free(fc->h_rows);
+    memset(fc, 0, sizeof *fc);
+}
+
+// Every op's failure is reported with the op, the layer and the backend's message.
+#define OP(what, call)                                                                             \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_) {                                                                                 \
+            if (il >= 0)                                                                           \
+                return verr_set(err, rc_, "forward: layer %d: %s: %s", il, what, be->err.msg);     \
+            return verr_set(err, rc_, "forward: %s: %s", what, be->err.msg);                       \
+        }                                                                                          \
+    } while (0)
+
+static int decode(struct forward_ctx *fc, const struct forward_batch *b, bool argmax_only,
+                  bool *claimed, struct verr *err) {
+    const struct model *m = fc->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = fc->be;
+    const int n_tok = b->n_tok;
+    fc->n_out = 0;
+    if (n_tok < 1 || n_tok > fc->cfg.n_batch)
+        return verr_set(err, VERR_RANGE, "forward: batch of %d tokens (must be 1..%d)", n_tok,
+                        fc->cfg.n_batch);
+    for (int t = 0; t < n_tok; t++) {
+        if (b->token[t] < 0 || b->token[t] >= hp->n_vocab)
+            return verr_set(err, VERR_RANGE, "token id %d is out of range (n_vocab %d)",
+                            b->token[t], hp->n_vocab);
+        if (b->pos[t] < 0)
+            return verr_set(err, VERR_RANGE, "forward: token %d: negative position %d", t,
+                            b->pos[t]);
+    }
+    int n_out = 0;
+    for (int t = 0; t < n_tok; t++) {
+        bool want = b->logits ? b->logits[t] != 0 : t == n_tok - 1;
+        if (!want)
+            continue;
+        if (n_out == fc->cfg.n_outputs_max)
+            return verr_set(err, VERR_RANGE, "forward: more than %d rows want logits in one batch",
+                            fc->cfg.n_outputs_max);
+        fc->h_rows[n_out] = t;
+        fc->out_batch_idx[n_out] = t;
+        n_out++;
+    }
+
+    int rc = kv_find_slot(&fc->kv, b->pos, b->seq, n_tok, fc->h_cells, err);
+    if (rc)
+        return rc;
+    *claimed = true;
+    if ((rc = kv_prepare(&fc->kv, &fc->rope, err)))
+        return rc;
+    const int n_kv = kv_n_kv(&fc->kv);
+
+    int il = -1; // for OP's message: -1 = outside the layers
+    const size_t i32 = sizeof(int32_t);
+    OP("upload tokens", be->ops->upload(be, fc->d_tok, b->token, (size_t)n_tok * i32));
+    OP("upload positions", be->ops->upload(be, fc->d_pos, b->pos, (size_t)n_tok * i32));
+    OP("upload seq ids", be->ops->upload(be, fc->d_seq, b->seq, (size_t)n_tok * i32));
+    OP("upload cells", be->ops->upload(be, fc->d_cells, fc->h_cells, (size_t)n_tok * i32));
+    if (n_out > 0)
+        OP("upload rows", be->ops->upload(be, fc->d_rows, fc->h_rows, (size_t)n_out * i32));
+
+    const int n_embd = hp->n_embd;
+    const int64_t n_x = (int64_t)n_tok * n_embd;
+    OP("embed", be->ops->embed(be, fc->x, &m->tok_embd, fc->d_tok, n_tok));
+
+    for (il = 0; il < hp->n_layer; il++) {
+        const struct model_layer *L = &m->layers[il];
+        // attention
+        OP("attn_norm",
+           be->ops->rms_norm(be, fc->xn, fc->x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
+        OP("attn_q", be->ops->matmul(be, fc->q, &L->wq, fc->xn, L->bq, n_tok));
+        OP("attn_k", be->ops->matmul(be, fc->k, &L->wk, fc->xn, L->bk, n_tok));
+        OP("attn_v", be->ops->matmul(be, fc->v, &L->wv, fc->xn, L->bv, n_tok));
+        OP("rope q",
+           be->ops->rope(be, fc->q, fc->d_pos, n_tok, hp->n_head, hp->head_dim, &fc->rope));
+        OP("rope + kv store",
+           be->ops->rope_kv_store(be, fc->k, fc->v, kv_layer_k(&fc->kv, il), fc->kv.cfg.type_k,
+                                  kv_layer_v(&fc->kv, il), fc->kv.cfg.type_v, fc->d_pos,
+                                  fc->d_cells, n_tok, hp->n_head_kv, hp->head_dim, hp->head_dim_v,
+                                  &fc->rope));
+        struct attn_args a = {
+            .out = fc->attn,
+            .q = fc->q,
+            .k = kv_layer_k(&fc->kv, il),
+            .v = kv_layer_v(&fc->kv, il),
+            .type_k = fc->kv.cfg.type_k,
+            .type_v = fc->kv.cfg.type_v,
+            .cell_pos = fc->kv.d_cell_pos,
+            .cell_seq = fc->kv.d_cell_seq,
+            .seq_words = fc->kv.seq_words,
+            .q_pos = fc->d_pos,
+            .q_seq = fc->d_seq,
+            .n_tok = n_tok,
+            .n_kv = n_kv,
+            .n_head = hp->n_head,
+            .n_head_kv = hp->n_head_kv,
+            .head_dim = hp->head_dim,
+            .head_dim_v = hp->head_dim_v,
+            .scale = fc->attn_scale,
+        };
+        OP("attention", be->ops->attention(be, &a));
+        OP("attn_output", be->ops->matmul(be, fc->proj, &L->wo, fc->attn, NULL, n_tok));
+        OP("residual", be->ops->add(be, fc->x, fc->proj, n_x));
+        // feed-forward
+        OP("ffn_norm",
+           be->ops->rms_norm(be, fc->xn, fc->x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
+        OP("ffn_gate", be->ops->matmul(be, fc->gate, &L->w_gate, fc->xn, NULL, n_tok));
+        OP("ffn_up", be->ops->matmul(be, fc->up, &L->w_up, fc->xn, NULL, n_tok));
+        OP("swiglu", be->ops->swiglu(be, fc->gate, fc->gate, fc->up, (int64_t)n_tok * hp->n_ff));
+        OP("ffn_down", be->ops->matmul(be, fc->proj, &L->w_down, fc->gate, NULL, n_tok));
+        OP("residual", be->ops->add(be, fc->x, fc->proj, n_x));
+    }
+    il = -1;
+
+    fc->n_out = n_out;
+    if (n_out > 0) {
+        OP("get_rows", be->ops->get_rows(be, fc->xo, fc->x, fc->d_rows, n_out, n_embd));
+        OP("output_norm",
+           be->ops->rms_norm(be, fc->xo, fc->xo, m->output_norm, n_out, n_embd, hp->norm_eps));
+        OP("output", be->ops->matmul(be, fc->logits, &m->output, fc->xo, NULL, n_out));
+        if (argmax_only) {
+            OP("argmax", be->ops->argmax(be, fc->d_argmax, fc->logits, n_out, hp->n_vocab));
+            OP("download argmax",
+               be->ops->download(be, fc->h_argmax, fc->d_argmax, (size_t)n_out * i32));
+        } else {
+            OP("download logits",
+               be->ops->download(be, fc->h_logits, fc->logits,
+                                 (size_t)n_out * (size_t)hp->n_vocab * sizeof(float)));
+        }
+    }
+    OP("sync", be->ops->sync(be));
+    return 0;
+}
+
+#undef OP
+
+// A decode that fails after claiming cells gives them back, so the cache
+// holds no cell whose K/V were never written.
+static int decode_or_undo(struct forward_ctx *fc, const struct forward_batch *b, bool argmax_only,
+                          struct verr *err) {
+    bool claimed = false;
+    int rc = decode(fc, b, argmax_only, &claimed, err);
+    if (rc && claimed)
+        for (int t = 0; t < b->n_tok; t++)
+            kv_seq_rm(&fc->kv, b->seq[t], b->pos[t], b->pos[t] + 1, NULL);
+    if (rc)
+        fc->n_out = 0;
+    return rc;
+}
+
+int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err) {
+    return decode_or_undo(fc, b, false, err);
+}
+
+int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err) {
+    return decode_or_undo(fc, b, true, err);
+}

@@ -1,0 +1,121 @@
+// The one forward pass, written against struct backend_ops: a batch of
+// (token, pos, seq_id, wants_logits) entries goes through
+//   embed -> [rms_norm -> q,k,v (+bias) -> rope(q) -> rope_kv_store(k, v)
+//             -> attention over the KV cache -> out proj -> +residual
+//             -> rms_norm -> gate, up -> swiglu -> down -> +residual] x n_layer
+//   -> rows that want logits -> final norm -> lm head
+// and leaves the logits (or only their argmax) on the host.
+//
+// Contract: scratch buffers are sized for n_batch tokens and n_outputs_max
+// output rows when the context is created and never reallocated; a batch
+// larger than that is refused (callers split prompts into chunks of
+// n_batch). The KV cache belongs to the context; callers may run sequence
+// ops on fc->kv between decodes (they take effect at the next decode).
+#ifndef VELA_HOST_FORWARD_H
+#define VELA_HOST_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf/verr.h"
+#include "host/backend.h"
+#include "host/model.h"
+#include "kv/kv.h"
+
+// RoPE settings from the command line, with llama.cpp's "not set" values;
+// forward_rope_resolve merges them with the model's hparams as llama.cpp's
+// context creation does.
+struct rope_overrides {
+    int scaling;            // --rope-scaling; ROPE_SCALING_UNSPECIFIED: the model's
+    float freq_base;        // --rope-freq-base; 0: the model's
+    float freq_scale;       // --rope-freq-scale (or 1/--rope-scale); 0: the model's
+    int yarn_orig_ctx;      // --yarn-orig-ctx; 0: the model's
+    float yarn_ext_factor;  // --yarn-ext-factor; < 0: 1 for yarn, else 0
+    float yarn_attn_factor; // --yarn-attn-factor (1); multiplied by the model's attn_factor
+    float yarn_beta_fast;   // --yarn-beta-fast (32)
+    float yarn_beta_slow;   // --yarn-beta-slow (1)
+};
+
+void rope_overrides_default(struct rope_overrides *o);
+// Fills rp for model m; rp->freq_factors = m->rope_freqs.
+void forward_rope_resolve(const struct model *m, const struct rope_overrides *o,
+                          struct rope_params *rp);
+
+struct forward_config {
+    int n_ctx;             // KV cells, >= 1
+    int n_batch;           // most tokens per forward_decode, >= 1
+    int n_outputs_max;     // most rows wanting logits per decode; 0: n_batch
+    int n_seq_max;         // sequence ids 0..n_seq_max-1; 0: 1
+    enum ggml_type type_k; // F16 (default) or F32
+    enum ggml_type type_v;
+    struct rope_overrides rope;
+};
+
+void forward_config_default(struct forward_config *c);
+
+struct forward_batch {
+    int n_tok;
+    const int32_t *token; // [n_tok]
+    const int32_t *pos;   // [n_tok]
+    const int32_t *seq;   // [n_tok]
+    const int8_t *logits; // [n_tok] non-zero: this entry wants logits; NULL: the last only
+};
+
+struct forward_ctx {
+    const struct model *m;
+    struct backend *be; // the model's
+    struct forward_config cfg;
+    struct rope_params rope;
+    float attn_scale; // 1/sqrt(head_dim)
+    struct kv_cache kv;
+
+    // backend scratch, sized once for n_batch tokens / n_out output rows
+    float *x;          // [n_batch][n_embd] residual stream
+    float *xn;         // [n_batch][n_embd] normed input of a sub-block
+    float *q;          // [n_batch][n_head*head_dim]
+    float *k;          // [n_batch][n_head_kv*head_dim]
+    float *v;          // [n_batch][n_head_kv*head_dim_v]
+    float *attn;       // [n_batch][n_head*head_dim_v]
+    float *proj;       // [n_batch][n_embd] out proj / down proj result
+    float *gate;       // [n_batch][n_ff]
+    float *up;         // [n_batch][n_ff]
+    float *xo;         // [n_out][n_embd] rows that want logits
+    float *logits;     // [n_out][n_vocab]
+    int32_t *d_tok;    // [n_batch]
+    int32_t *d_pos;    // [n_batch]
+    int32_t *d_seq;    // [n_batch]
+    int32_t *d_cells;  // [n_batch]
+    int32_t *d_rows;   // [n_out]
+    int32_t *d_argmax; // [n_out]
+
+    // host results of the last decode
+    int n_out;              // rows that wanted logits
+    int32_t *out_batch_idx; // [n_out] batch index of output row r
+    float *h_logits;        // [n_out][n_vocab] (forward_decode)
+    int32_t *h_argmax;      // [n_out] (forward_decode_argmax)
+    int32_t *h_cells;       // [n_batch] scratch
+    int32_t *h_rows;        // [n_out] scratch
+};
+
+int forward_init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg,
+                 struct verr *err);
+void forward_free(struct forward_ctx *fc);
+
+// Runs the batch; afterwards forward_logits(fc, r) is the logits row of the
+// r-th entry (in batch order) that wanted logits. Errors: VERR_RANGE (a token
+// id outside the vocabulary, a negative position, a bad seq id, n_tok outside
+// [1, n_batch], too many outputs), VERR_FULL (no room in the KV cache), or
+// the backend's error.
+int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err);
+// As forward_decode, but only the argmax of each output row is computed on
+// the backend and downloaded: forward_argmax(fc, r).
+int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err);
+
+static inline const float *forward_logits(const struct forward_ctx *fc, int r) {
+    return fc->h_logits + (size_t)r * (size_t)fc->m->hp.n_vocab;
+}
+static inline int32_t forward_argmax(const struct forward_ctx *fc, int r) {
+    return fc->h_argmax[r];
+}
+
+#endif

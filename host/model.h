@@ -1,0 +1,106 @@
+// The model: hyperparameters read from GGUF metadata (llama.cpp's key names
+// and defaults) and the tensor map (llama.cpp's tensor names, ggml shapes),
+// with every weight uploaded into backend memory.
+//
+// Contract: model_load checks every tensor the architecture needs before it
+// allocates anything on the backend; a missing or mis-shaped tensor, an
+// unknown architecture or an unsupported weight type is refused with a
+// message naming the tensor (or key) and what was expected. After a
+// successful load the model no longer refers to the GGUF file.
+#ifndef VELA_HOST_MODEL_H
+#define VELA_HOST_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/gguf.h"
+#include "gguf/verr.h"
+#include "host/backend.h"
+
+enum model_arch {
+    MODEL_ARCH_LLAMA = 0, // Llama 2/3, Mistral, TinyLlama: normal RoPE
+    MODEL_ARCH_QWEN2 = 1, // NeoX RoPE, Q/K/V biases
+};
+
+enum rope_scaling_type {
+    ROPE_SCALING_UNSPECIFIED = -1, // CLI only: take the model's
+    ROPE_SCALING_NONE = 0,
+    ROPE_SCALING_LINEAR = 1,
+    ROPE_SCALING_YARN = 2,
+};
+
+// "llama", "qwen2".
+const char *model_arch_name(enum model_arch arch);
+// "none", "linear", "yarn"; -1 (ROPE_SCALING_UNSPECIFIED) when unknown.
+int rope_scaling_from_name(const char *name);
+const char *rope_scaling_name(enum rope_scaling_type t);
+
+struct model_hparams {
+    enum model_arch arch;
+    int n_ctx_train; // {arch}.context_length
+    int n_embd;      // {arch}.embedding_length
+    int n_layer;     // {arch}.block_count
+    int n_ff;        // {arch}.feed_forward_length
+    int n_head;      // {arch}.attention.head_count
+    int n_head_kv;   // {arch}.attention.head_count_kv (default n_head)
+    int head_dim;    // {arch}.attention.key_length (default n_embd / n_head)
+    int head_dim_v;  // {arch}.attention.value_length (default n_embd / n_head)
+    int n_rot;       // {arch}.rope.dimension_count (default head_dim)
+    int n_vocab;     // token_embd.weight ne[1]
+    float norm_eps;  // {arch}.attention.layer_norm_rms_epsilon
+    enum rope_mode rope_mode;
+    float rope_freq_base;  // {arch}.rope.freq_base (default 10000)
+    float rope_freq_scale; // 1 / {arch}.rope.scaling.factor (or rope.scale_linear); 1 when absent
+    enum rope_scaling_type rope_scaling; // {arch}.rope.scaling.type (default linear, as llama.cpp)
+    int n_ctx_orig_yarn;    // {arch}.rope.scaling.original_context_length (default n_ctx_train)
+    float rope_attn_factor; // {arch}.rope.scaling.attn_factor (default 1)
+    bool has_bias_qkv;      // qwen2
+};
+
+// Reads and checks the hyperparameters only (no tensor data is touched, but
+// token_embd.weight must exist for n_vocab). `f->path` names the file in messages.
+int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, struct verr *err);
+
+struct model_layer {
+    float *attn_norm;             // [n_embd] F32
+    struct backend_weight wq;     // [n_head*head_dim][n_embd]
+    struct backend_weight wk;     // [n_head_kv*head_dim][n_embd]
+    struct backend_weight wv;     // [n_head_kv*head_dim_v][n_embd]
+    struct backend_weight wo;     // [n_embd][n_head*head_dim_v]
+    float *bq;                    // [n_head*head_dim] F32 or NULL
+    float *bk;                    // [n_head_kv*head_dim] F32 or NULL
+    float *bv;                    // [n_head_kv*head_dim_v] F32 or NULL
+    float *ffn_norm;              // [n_embd] F32
+    struct backend_weight w_gate; // [n_ff][n_embd]
+    struct backend_weight w_up;   // [n_ff][n_embd]
+    struct backend_weight w_down; // [n_embd][n_ff]
+};
+
+struct model {
+    struct model_hparams hp;
+    char *name;                     // general.name, or the file's base name
+    struct backend *be;             // not owned
+    struct backend_weight tok_embd; // [n_vocab][n_embd]
+    struct backend_weight output;   // [n_vocab][n_embd]; same data as tok_embd when tied
+    bool output_tied;
+    float *output_norm;         // [n_embd] F32
+    float *rope_freqs;          // [n_rot/2] F32 or NULL
+    struct model_layer *layers; // [n_layer]
+    enum ggml_type weight_type; // type of most matmul weights (for display)
+    size_t n_bytes;             // backend memory holding the weights
+    int64_t n_params;
+
+    // backend allocations owned by the model
+    void **allocs; // [n_allocs]
+    int n_allocs;
+    int cap_allocs;
+};
+
+// Loads the model from an open GGUF file into `be`'s memory.
+int model_load(struct model **out, const struct gguf_file *f, struct backend *be, struct verr *err);
+// Opens `path`, loads, closes the file.
+int model_load_file(struct model **out, const char *path, struct backend *be, struct verr *err);
+void model_free(struct model *m);
+
+#endif

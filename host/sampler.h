@@ -1,0 +1,94 @@
+// The sampler: llama.cpp's default chain
+//   penalties -> top_k -> top_p -> min_p -> temp -> dist
+// over one row of logits, with a small seeded PRNG (xoshiro256**) so that a
+// given seed always gives the same tokens for the same logits.
+//
+// temp <= 0 is greedy: penalties are still applied, then the largest logit
+// wins (lowest id on ties). The individual steps are exported so tests can
+// check each against hand-computed distributions.
+#ifndef VELA_HOST_SAMPLER_H
+#define VELA_HOST_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/verr.h"
+
+#define SAMPLER_SEED_RANDOM 0xFFFFFFFFu // llama.cpp's LLAMA_DEFAULT_SEED: pick one at random
+
+struct sampler_params {
+    float temp;              // 0.8; <= 0: greedy
+    int top_k;               // 40; <= 0: off
+    float top_p;             // 0.95; >= 1: off
+    float min_p;             // 0.05; <= 0: off
+    float repeat_penalty;    // 1.0 (off)
+    int repeat_last_n;       // 64; 0: off, -1: the whole context (the caller passes n_ctx)
+    float presence_penalty;  // 0.0
+    float frequency_penalty; // 0.0
+    uint32_t seed;           // SAMPLER_SEED_RANDOM
+};
+
+void sampler_params_default(struct sampler_params *p);
+
+// A candidate token. `p` is valid after sampler_softmax.
+struct sampler_cand {
+    int32_t id;
+    float logit;
+    float p;
+};
+
+struct sampler_cands {
+    struct sampler_cand *data; // [size]
+    size_t size;
+    bool sorted; // by logit, descending
+};
+
+// The steps of the chain, in llama.cpp's semantics. All keep at least one
+// candidate (min_keep).
+//
+// penalties: for each candidate whose id occurs count > 0 times in
+// last[0..n_last): logit = logit <= 0 ? logit * repeat : logit / repeat;
+// logit -= count * freq + presence.
+void sampler_apply_penalties(struct sampler_cands *c, const int32_t *last, int n_last, float repeat,
+                             float freq, float presence);
+// Keeps the k largest (sorted). k <= 0 keeps all.
+void sampler_apply_top_k(struct sampler_cands *c, int k);
+// Softmax, then keeps the smallest prefix whose probability sum is >= p.
+void sampler_apply_top_p(struct sampler_cands *c, float p, size_t min_keep);
+// Keeps candidates whose logit >= max_logit + ln(p), i.e. probability >= p * max probability.
+void sampler_apply_min_p(struct sampler_cands *c, float p, size_t min_keep);
+// logit /= t (t > 0).
+void sampler_apply_temp(struct sampler_cands *c, float t);
+// Sorts descending (if not yet) and fills p with the softmax of the logits.
+void sampler_softmax(struct sampler_cands *c);
+
+// xoshiro256** seeded through splitmix64.
+struct sampler_rng {
+    uint64_t s[4];
+};
+void sampler_rng_seed(struct sampler_rng *r, uint64_t seed);
+uint64_t sampler_rng_next(struct sampler_rng *r);
+// Uniform in [0, 1).
+double sampler_rng_uniform(struct sampler_rng *r);
+
+// Softmax, then draws one candidate with probability p. Returns its id.
+int32_t sampler_dist(struct sampler_cands *c, struct sampler_rng *r);
+
+struct sampler;
+
+int sampler_create(struct sampler **out, const struct sampler_params *p, int n_vocab,
+                   struct verr *err);
+void sampler_free(struct sampler *s);
+// The seed actually used (the random one when SAMPLER_SEED_RANDOM was asked for).
+uint32_t sampler_seed(const struct sampler *s);
+// Adds a token to the penalty history (prompt tokens too, as llama.cpp does).
+void sampler_accept(struct sampler *s, int32_t token);
+// Clears the history and re-seeds the RNG with the same seed.
+void sampler_reset(struct sampler *s);
+// Samples the next token from logits [n_vocab] (not modified).
+int32_t sampler_sample(struct sampler *s, const float *logits);
+// "penalties(last_n=64, repeat=1.000, ...) -> top_k(40) -> ..." for --verbose.
+void sampler_describe(const struct sampler *s, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,336 @@
+// `vela run` and `vela eval` end to end through the built binary (VELA_BIN,
+// set by ctest): flags, errors and exit codes, streaming output, and eval's
+// logits file against the float64 reference of tests/tiny_model.h.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "host/backend.h"
+#include "tiny_model.h"
+
+static char model_path[128];
+static struct tiny_cfg model_cfg;
+static struct tiny_weights model_w;
+
+static const char *vela_bin(void) {
+    const char *b = getenv("VELA_BIN");
+    return b ? b : "./vela";
+}
+
+// Runs `vela ARGS`, capturing stdout and stderr (NUL-terminated, malloc'd).
+static int run_vela(const char *args, char **out, char **errs) {
+    char o[64], e[64];
+    tiny_temp_path(o, sizeof o, "out");
+    tiny_temp_path(e, sizeof e, "err");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", vela_bin(), args, o, e);
+    int st = system(cmd);
+    size_t n;
+    *out = NULL;
+    *errs = NULL;
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(k ? e : o, "rb");
+        char *buf = calloc(1, 1 << 20);
+        n = f ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+        buf[n] = '\0';
+        if (f)
+            fclose(f);
+        *(k ? errs : out) = buf;
+    }
+    unlink(o);
+    unlink(e);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void setup_model(void) {
+    tiny_cfg_default(&model_cfg, "llama");
+    model_cfg.vocab = true;
+    model_cfg.n_vocab = 300; // 3 specials + 256 bytes + 41 pieces
+    model_cfg.n_ctx_train = 64;
+    tiny_temp_path(model_path, sizeof model_path, "cli");
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&model_cfg, model_path, &model_w, &err), 0, "%s", err.msg);
+}
+
+static void teardown_model(void) {
+    tiny_weights_free(&model_w);
+    unlink(model_path);
+}
+
+TestSuite(cli, .init = setup_model, .fini = teardown_model);
+
+Test(cli, run_help_lists_flags) {
+    char *out, *err;
+    cr_assert_eq(run_vela("run --help", &out, &err), 0);
+    const char *flags[] = {"-m,",
+                           "--prompt",
+                           "--file",
+                           "--n-predict",
+                           "--ctx-size",
+                           "--batch-size",
+                           "--backend",
+                           "--threads",
+                           "--temp",
+                           "--top-k",
+                           "--top-p",
+                           "--min-p",
+                           "--repeat-penalty",
+                           "--repeat-last-n",
+                           "--presence-penalty",
+                           "--frequency-penalty",
+                           "--seed",
+                           "--rope-scaling",
+                           "--rope-scale",
+                           "--rope-freq-base",
+                           "--rope-freq-scale",
+                           "--yarn-orig-ctx",
+                           "--yarn-ext-factor",
+                           "--yarn-attn-factor",
+                           "--yarn-beta-fast",
+                           "--yarn-beta-slow",
+                           "--cache-type-k",
+                           "--cache-type-v",
+                           "--no-display-prompt",
+                           "--verbose",
+                           "--parallel",
+                           "--grp-attn-n",
+                           "--grp-attn-w",
+                           "--keep",
+                           "--context-shift"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        cr_expect(strstr(out, flags[i]), "run --help does not mention %s", flags[i]);
+    free(out);
+    free(err);
+    cr_assert_eq(run_vela("eval --help", &out, &err), 0);
+    cr_expect(strstr(out, "--tokens") && strstr(out, "--logits-out") &&
+              strstr(out, "--rope-scaling"));
+    free(out);
+    free(err);
+}
+
+Test(cli, usage_errors) {
+    char *out, *err, args[512];
+    cr_expect_eq(run_vela("run --bogus", &out, &err), 2);
+    cr_expect(strstr(err, "unknown option '--bogus'"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s --temp abc", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 2);
+    cr_expect(strstr(err, "--temp: 'abc' is not a number"), "%s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(run_vela("run -m x.gguf -n", &out, &err), 2);
+    cr_expect(strstr(err, "-n: missing value"), "%s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(run_vela("run -p hi", &out, &err), 2);
+    cr_expect(strstr(err, "vela mkmodel"), "no -m should suggest vela mkmodel: %s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(run_vela("eval -m x.gguf --tokens 1,a", &out, &err), 2);
+    cr_expect(strstr(err, "--tokens"), "%s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(run_vela("run -m x.gguf --rope-scaling cubic", &out, &err), 2);
+    cr_expect(strstr(err, "--rope-scaling: 'cubic'"), "%s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(run_vela("run -m x.gguf --cache-type-k q4_0", &out, &err), 2);
+    free(out);
+    free(err);
+}
+
+Test(cli, run_generates_deterministically) {
+    char *out1, *err1, *out2, *err2, args[512];
+    snprintf(args, sizeof args,
+             "run -m %s -p 'hello world' -n 12 --seed 7 --temp 1.0 --backend cpu -t 1", model_path);
+    cr_assert_eq(run_vela(args, &out1, &err1), 0, "%s", err1);
+    cr_assert_eq(run_vela(args, &out2, &err2), 0, "%s", err2);
+    cr_expect(!strncmp(out1, "hello world", 11), "the prompt is displayed first: %s", out1);
+    cr_expect_str_eq(out1, out2, "same seed, same text");
+    cr_expect(strstr(err1, "load time") && strstr(err1, "prompt eval") &&
+                  strstr(err1, "generation") && strstr(err1, "tokens/s"),
+              "%s", err1);
+    cr_expect(strstr(err1, "sampler seed: 7"), "%s", err1);
+    cr_expect(strstr(err1, "/    12 tokens"), "12 tokens generated: %s", err1);
+    free(out1);
+    free(err1);
+    free(out2);
+    free(err2);
+
+    snprintf(args, sizeof args, "run -m %s -p 'hello' -n 4 --temp 0 --no-display-prompt -b 2",
+             model_path);
+    cr_assert_eq(run_vela(args, &out1, &err1), 0, "%s", err1);
+    cr_expect(strncmp(out1, "hello", 5), "--no-display-prompt: %s", out1);
+    free(out1);
+    free(err1);
+}
+
+Test(cli, run_parallel_and_context_full) {
+    char *out, *err, args[512];
+    snprintf(args, sizeof args, "run -m %s -p 'ab' -n 5 --parallel 3 --seed 1", model_path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "[sequence 0]") && strstr(out, "[sequence 2]"), "%s", out);
+    cr_expect(strstr(err, "/    15 tokens"), "3 x 5 tokens: %s", err);
+    free(out);
+    free(err);
+    // -c 16 and no -n: runs until the context is full, then says so
+    snprintf(args, sizeof args, "run -m %s -p 'ab' -c 16 --temp 0 --repeat-penalty 1.1",
+             model_path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "context full"), "%s", err);
+    free(out);
+    free(err);
+    // --context-shift keeps going past the context
+    snprintf(args, sizeof args, "run -m %s -p 'ab' -c 16 -n 40 --context-shift --keep 1 --temp 0",
+             model_path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    // (greedy may still meet </s> before -n 40; the shifts are what is checked)
+    cr_expect(strstr(err, "context shifts:"), "%s", err);
+    free(out);
+    free(err);
+    // self-extend: positions grouped by 2 in windows of 8
+    snprintf(args, sizeof args, "run -m %s -p 'abcdefghij' -c 48 -n 20 -gan 2 -gaw 8 --temp 0 -v",
+             model_path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "div"), "self-extend rounds are logged with -v: %s", err);
+    free(out);
+    free(err);
+}
+
+Test(cli, run_errors) {
+    char *out, *err, args[512];
+    snprintf(args, sizeof args, "run -m %s -c 8 -p 'a long prompt that does not fit'", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 1);
+    cr_expect(strstr(err, "prompt is too long (") && strstr(err, "tokens, max 4)"), "%s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(run_vela("run -m /nonexistent/model.gguf -p hi", &out, &err), 1);
+    cr_expect(strstr(err, "/nonexistent/model.gguf"), "%s", err);
+    free(out);
+    free(err);
+    if (backend_cuda_device_count() == 0) {
+        snprintf(args, sizeof args, "run -m %s -p hi --backend cuda", model_path);
+        cr_expect_eq(run_vela(args, &out, &err), 1);
+        cr_expect(strstr(err, "cuda") || strstr(err, "CUDA"), "%s", err);
+        free(out);
+        free(err);
+    }
+}
+
+Test(cli, model_errors) {
+    struct tiny_cfg c;
+    struct tiny_weights w;
+    char path[128], args[512], *out, *err;
+    struct verr verr = {0};
+    tiny_temp_path(path, sizeof path, "bad");
+
+    tiny_cfg_default(&c, "mamba");
+    cr_assert_eq(tiny_write(&c, path, &w, &verr), 0, "%s", verr.msg);
+    tiny_weights_free(&w);
+    snprintf(args, sizeof args, "eval -m %s --tokens 1,2", path);
+    cr_expect_eq(run_vela(args, &out, &err), 1);
+    cr_expect(strstr(err, "unknown model architecture: 'mamba'"), "%s", err);
+    free(out);
+    free(err);
+
+    tiny_cfg_default(&c, "qwen2");
+    c.skip_tensor = "blk.0.attn_q.bias";
+    cr_assert_eq(tiny_write(&c, path, &w, &verr), 0, "%s", verr.msg);
+    tiny_weights_free(&w);
+    cr_expect_eq(run_vela(args, &out, &err), 1);
+    cr_expect(strstr(err, "missing tensor 'blk.0.attn_q.bias'"), "%s", err);
+    free(out);
+    free(err);
+
+    tiny_cfg_default(&c, "llama");
+    c.bad_tensor = "blk.1.attn_v.weight";
+    c.bad_ne1 = 48;
+    cr_assert_eq(tiny_write(&c, path, &w, &verr), 0, "%s", verr.msg);
+    tiny_weights_free(&w);
+    cr_expect_eq(run_vela(args, &out, &err), 1);
+    cr_expect(strstr(err, "blk.1.attn_v.weight: expected shape [64, 32], found [64, 48]"), "%s",
+              err);
+    free(out);
+    free(err);
+    unlink(path);
+}
+
+// eval's logits file against the float64 reference. Tolerances as in
+// test_forward.c: 3e-3 (f16 KV cache, the default) and 1e-5 (f32), relative
+// to the largest |logit|.
+static void check_eval(const char *extra, double tol) {
+    const int n = 13, V = model_cfg.n_vocab;
+    int32_t tok[13], pos[13];
+    char list[256] = "";
+    for (int t = 0; t < n; t++) {
+        tok[t] = (t * 37 + 5) % V;
+        pos[t] = t;
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", t ? "," : "", tok[t]);
+    }
+    char lpath[128], args[1024], *out, *err;
+    tiny_temp_path(lpath, sizeof lpath, "logits");
+    snprintf(args, sizeof args, "eval -m %s --tokens %s -b 5 --logits-out %s %s", model_path, list,
+             lpath, extra);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "n_tokens: 13") && strstr(out, "n_vocab: 300"), "%s", out);
+    struct stat sb;
+    cr_assert_eq(stat(lpath, &sb), 0);
+    cr_assert_eq((size_t)sb.st_size, sizeof(float) * n * V);
+    float *got = malloc(sizeof(float) * n * V);
+    FILE *f = fopen(lpath, "rb");
+    cr_assert_eq(fread(got, sizeof(float), (size_t)n * V, f), (size_t)n * V);
+    fclose(f);
+    double *ref = malloc(sizeof(double) * n * V);
+    struct tiny_rope r = {
+        0, model_cfg.n_rot, model_cfg.n_ctx_train, model_cfg.freq_base, 1, 0, 1, 32, 1, NULL};
+    tiny_reference(&model_cfg, &model_w, &r, tok, pos, n, ref);
+    double scale = 1, worst = 0;
+    int best = 0;
+    for (int i = 0; i < n * V; i++) {
+        scale = fmax(scale, fabs(ref[i]));
+        worst = fmax(worst, fabs(got[i] - ref[i]));
+    }
+    for (int v = 1; v < V; v++)
+        if (ref[(size_t)(n - 1) * V + v] > ref[(size_t)(n - 1) * V + best])
+            best = v;
+    char want[64];
+    snprintf(want, sizeof want, "top1_last: %d ", best);
+    cr_expect(strstr(out, want), "expected '%s' in %s", want, out);
+    printf("vela eval %-40s worst relative logit error %.3g\n", extra, worst / scale);
+    cr_expect_lt(worst / scale, tol, "%s: worst relative error %g", extra, worst / scale);
+    free(got);
+    free(ref);
+    free(out);
+    free(err);
+    unlink(lpath);
+}
+
+Test(cli, eval_logits_match_reference) {
+    check_eval("", 3e-3);
+    check_eval("--cache-type-k f32 --cache-type-v f32 -t 2", 1e-5);
+}
+
+Test(cli, eval_prompt_and_errors) {
+    char *out, *err, args[512];
+    snprintf(args, sizeof args, "eval -m %s -p 'hello there'", model_path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    // BOS + 11 byte tokens (the pieces of this vocabulary are "\xe2\x96\x81" + 2 letters)
+    cr_expect(strstr(out, "n_tokens: "), "%s", out);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "eval -m %s --tokens 1,2,999", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 1);
+    cr_expect(strstr(err, "token id 999 is out of range (n_vocab 300)"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "eval -m %s --tokens 1,2,3 -c 2", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 1);
+    cr_expect(strstr(err, "3 tokens do not fit in the context of 2"), "%s", err);
+    free(out);
+    free(err);
+}
