@@ -1,0 +1,913 @@
+// mkmodel: synthetic GGUF models (see mkmodel.h for the contract).
+//
+// Writing is a pipeline: the tensor data of the whole file is cut into jobs
+// (a run of rows of one tensor, about MK_CHUNK_BYTES each) numbered in file
+// order. Workers claim jobs in order, generate their rows into one of
+// n_slots buffers and mark them ready; the calling thread writes ready jobs
+// strictly in order and frees their slots. A worker may run at most n_slots
+// jobs ahead of the writer, so memory stays at n_slots chunks.
+//
+// Every row draws its numbers from its own generator, seeded from (seed,
+// tensor index, row index), so the bytes do not depend on which thread made
+// which row.
+#include "host/mkmodel.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf/gguf.h"
+#include "gguf/quant.h"
+#include "host/mkmodel_vocab.h"
+
+#define MK_CHUNK_BYTES ((size_t)4 << 20)
+#define MK_MAX_DIM (1 << 20)     // any one dimension
+#define MK_MAX_LAYERS 4096
+#define MK_MAX_THREADS 64
+
+// --- defaults and presets ------------------------------------------------------
+
+void mkmodel_config_default(struct mkmodel_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->arch = MKMODEL_ARCH_LLAMA;
+    cfg->n_embd = 256;
+    cfg->n_layer = 4;
+    cfg->n_head = 8;
+    cfg->n_head_kv = 4;
+    cfg->n_ff = 768;
+    cfg->n_ctx = 2048;
+    cfg->type = GGML_TYPE_F32;
+    cfg->type_embd = cfg->type_output = cfg->type_attn = cfg->type_ffn = -1;
+    cfg->mix = MKMODEL_MIX_NONE;
+    cfg->rope_scaling = MKMODEL_ROPE_SCALING_NONE;
+    cfg->rope_scale = 1.0f;
+    cfg->seed = 42;
+}
+
+struct preset {
+    const char *name;
+    const char *summary;
+    enum mkmodel_arch arch;
+    int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    enum ggml_type type;
+    float rope_freq_base;
+    bool tied;
+};
+
+static const struct preset presets[] = {
+    {"tiny", "llama, 256 x 4 layers, 8/4 heads, ff 768, generated vocab, F32 (runs instantly on a CPU)",
+     MKMODEL_ARCH_LLAMA, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 10000.0f, false},
+    {"cpu-100m", "llama, 768 x 12 layers, 12/4 heads, ff 2048, vocab 16384, F32 (~100M parameters)",
+     MKMODEL_ARCH_LLAMA, 768, 12, 12, 4, 2048, 16384, 2048, GGML_TYPE_F32, 10000.0f, false},
+    {"qwen2-0.5b", "qwen2, 896 x 24 layers, 14/2 heads, ff 4864, vocab 151936, ctx 32768, tied, F16",
+     MKMODEL_ARCH_QWEN2, 896, 24, 14, 2, 4864, 151936, 32768, GGML_TYPE_F16, 1000000.0f, true},
+    {"llama2-7b", "llama, 4096 x 32 layers, 32/32 heads, ff 11008, vocab 32000, ctx 4096, Q4_0",
+     MKMODEL_ARCH_LLAMA, 4096, 32, 32, 32, 11008, 32000, 4096, GGML_TYPE_Q4_0, 10000.0f, false},
+    {"llama3-8b", "llama, 4096 x 32 layers, 32/8 heads, ff 14336, vocab 128256, ctx 8192, rope base 500000, Q4_0",
+     MKMODEL_ARCH_LLAMA, 4096, 32, 32, 8, 14336, 128256, 8192, GGML_TYPE_Q4_0, 500000.0f, false},
+};
+#define N_PRESETS (sizeof presets / sizeof presets[0])
+
+const struct mkmodel_preset_info *mkmodel_presets(void) {
+    static struct mkmodel_preset_info info[N_PRESETS + 1];
+    for (size_t i = 0; i < N_PRESETS; i++)
+        info[i] = (struct mkmodel_preset_info){presets[i].name, presets[i].summary};
+    info[N_PRESETS] = (struct mkmodel_preset_info){NULL, NULL};
+    return info;
+}
+
+int mkmodel_preset(struct mkmodel_config *cfg, const char *name, struct verr *err) {
+    for (size_t i = 0; i < N_PRESETS; i++) {
+        const struct preset *p = &presets[i];
+        if (strcmp(p->name, name) != 0)
+            continue;
+        cfg->arch = p->arch;
+        snprintf(cfg->name, sizeof cfg->name, "vela-synthetic-%s", p->name);
+        cfg->n_embd = p->n_embd;
+        cfg->n_layer = p->n_layer;
+        cfg->n_head = p->n_head;
+        cfg->n_head_kv = p->n_head_kv;
+        cfg->n_ff = p->n_ff;
+        cfg->n_vocab = p->n_vocab;
+        cfg->n_ctx = p->n_ctx;
+        cfg->head_dim = 0;
+        cfg->n_rot = 0;
+        cfg->norm_eps = 0;
+        cfg->type = p->type;
+        cfg->rope_freq_base = p->rope_freq_base;
+        cfg->tied = p->tied;
+        return 0;
+    }
+    char list[256] = "";
+    for (size_t i = 0; i < N_PRESETS; i++) {
+        strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+        strncat(list, presets[i].name, sizeof list - strlen(list) - 1);
+    }
+    return verr_set(err, VERR_NOTFOUND, "--preset %s: unknown preset (known: %s)", name, list);
+}
+
+int mkmodel_vocab_base_size(void) {
+    return mkvocab_base_size();
+}
+
+int mkmodel_file_type(enum ggml_type type, enum mkmodel_mix mix) {
+    if (mix == MKMODEL_MIX_Q4_K_M)
+        return 15; // LLAMA_FTYPE_MOSTLY_Q4_K_M
+    switch (type) {
+    case GGML_TYPE_F32: return 0;  // LLAMA_FTYPE_ALL_F32
+    case GGML_TYPE_F16: return 1;  // LLAMA_FTYPE_MOSTLY_F16
+    case GGML_TYPE_Q4_0: return 2;
+    case GGML_TYPE_Q4_1: return 3;
+    case GGML_TYPE_Q8_0: return 7;
+    case GGML_TYPE_Q5_0: return 8;
+    case GGML_TYPE_Q5_1: return 9;
+    case GGML_TYPE_Q2_K: return 10;
+    case GGML_TYPE_Q3_K: return 11; // Q3_K_S: all Q3_K
+    case GGML_TYPE_Q4_K: return 14; // Q4_K_S: all Q4_K
+    case GGML_TYPE_Q5_K: return 16; // Q5_K_S: all Q5_K
+    case GGML_TYPE_Q6_K: return 18;
+    case GGML_TYPE_IQ4_NL: return 25;
+    case GGML_TYPE_IQ4_XS: return 30;
+    case GGML_TYPE_BF16: return 32;
+    default: return -1;
+    }
+}
+
+// --- resolving and checking a config -------------------------------------------
+
+static const char *arch_name(enum mkmodel_arch a) {
+    return a == MKMODEL_ARCH_QWEN2 ? "qwen2" : "llama";
+}
+
+static void mk_note(const struct mkmodel_config *cfg, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void mk_note(const struct mkmodel_config *cfg, const char *fmt, ...) {
+    if (!cfg->log)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    cfg->log(cfg->cb_ctx, buf);
+}
+
+static bool type_writable(int t) {
+    if (t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16)
+        return true;
+    const struct ggml_type_info *ti = ggml_type_get((uint32_t)t);
+    return ti && ti->quantized && quant_can_quantize((enum ggml_type)t);
+}
+
+static int check_type(int t, bool optional, const char *flag, struct verr *err) {
+    if (optional && t < 0)
+        return 0;
+    if (t < 0 || !type_writable(t))
+        return verr_set(err, VERR_UNSUPPORTED, "%s %s: not a weight type vela can write", flag,
+                        t < 0 ? "(none)" : ggml_type_name((uint32_t)t));
+    return 0;
+}
+
+static int check_dim(int v, int lo, int hi, const char *flag, struct verr *err) {
+    if (v < lo || v > hi)
+        return verr_set(err, VERR_RANGE, "%s %d: must be between %d and %d", flag, v, lo, hi);
+    return 0;
+}
+
+// Size of the tokens array of a vocabulary file.
+static int vocab_file_size(const char *path, int *n_out, struct verr *err) {
+    struct gguf_file *f;
+    if (gguf_open(&f, path, err))
+        return verr_wrap(err, "--vocab");
+    const struct gguf_array *a;
+    int rc = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, &a, err);
+    if (rc == 0 && (a->n == 0 || a->n > MK_MAX_DIM))
+        rc = verr_set(err, VERR_RANGE, "%s: tokenizer.ggml.tokens has %llu tokens", path,
+                      (unsigned long long)a->n);
+    if (rc == 0)
+        *n_out = (int)a->n;
+    gguf_close(f);
+    return rc ? verr_wrap(err, "--vocab") : 0;
+}
+
+int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out,
+                    struct verr *err) {
+    struct mkmodel_config c = *cfg;
+    int rc;
+    if (c.arch != MKMODEL_ARCH_LLAMA && c.arch != MKMODEL_ARCH_QWEN2)
+        return verr_set(err, VERR_RANGE, "--arch: unknown architecture id %d", (int)c.arch);
+    if ((rc = check_dim(c.n_embd, 1, MK_MAX_DIM, "--n-embd", err)) ||
+        (rc = check_dim(c.n_layer, 1, MK_MAX_LAYERS, "--n-layer", err)) ||
+        (rc = check_dim(c.n_head, 1, MK_MAX_DIM, "--n-head", err)) ||
+        (rc = check_dim(c.n_ff, 1, MK_MAX_DIM, "--n-ff", err)) ||
+        (rc = check_dim(c.n_ctx, 1, 1 << 30, "--ctx", err)))
+        return rc;
+    if (c.n_head_kv == 0)
+        c.n_head_kv = c.n_head;
+    if ((rc = check_dim(c.n_head_kv, 1, c.n_head, "--n-head-kv", err)))
+        return rc;
+    if (c.n_head % c.n_head_kv != 0)
+        return verr_set(err, VERR_RANGE, "--n-head-kv %d does not divide --n-head %d",
+                        c.n_head_kv, c.n_head);
+    if (c.head_dim == 0) {
+        if (c.n_embd % c.n_head != 0)
+            return verr_set(err, VERR_RANGE,
+                            "--n-head %d does not divide --n-embd %d (give --head-dim)",
+                            c.n_head, c.n_embd);
+        c.head_dim = c.n_embd / c.n_head;
+    }
+    if ((rc = check_dim(c.head_dim, 1, MK_MAX_DIM, "--head-dim", err)))
+        return rc;
+    if ((int64_t)c.n_head * c.head_dim > MK_MAX_DIM)
+        return verr_set(err, VERR_RANGE, "--n-head %d x --head-dim %d: more than %d", c.n_head,
+                        c.head_dim, MK_MAX_DIM);
+    if (c.n_rot == 0)
+        c.n_rot = c.head_dim;
+    if (c.n_rot < 0 || c.n_rot % 2 != 0)
+        return verr_set(err, VERR_RANGE, "--n-rot %d: must be even and positive", c.n_rot);
+    if (c.n_rot > c.head_dim)
+        return verr_set(err, VERR_RANGE, "--n-rot %d: larger than the head dimension %d",
+                        c.n_rot, c.head_dim);
+    if (c.norm_eps == 0)
+        c.norm_eps = c.arch == MKMODEL_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+    if (!(c.norm_eps > 0 && c.norm_eps < 1))
+        return verr_set(err, VERR_RANGE, "--norm-eps %g: must be in (0, 1)", (double)c.norm_eps);
+    if (c.rope_freq_base == 0)
+        c.rope_freq_base = c.arch == MKMODEL_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
+    if (!(c.rope_freq_base > 1 && isfinite(c.rope_freq_base)))
+        return verr_set(err, VERR_RANGE, "--rope-freq-base %g: must be a finite number > 1",
+                        (double)c.rope_freq_base);
+    if (c.rope_scaling != MKMODEL_ROPE_SCALING_NONE &&
+        c.rope_scaling != MKMODEL_ROPE_SCALING_LINEAR && c.rope_scaling != MKMODEL_ROPE_SCALING_YARN)
+        return verr_set(err, VERR_RANGE, "--rope-scaling: unknown type id %d", (int)c.rope_scaling);
+    if (!(c.rope_scale > 0 && c.rope_scale <= 1024))
+        return verr_set(err, VERR_RANGE, "--rope-scale %g: must be in (0, 1024]",
+                        (double)c.rope_scale);
+    if (c.yarn_orig_ctx == 0)
+        c.yarn_orig_ctx = c.n_ctx;
+    if ((rc = check_dim(c.yarn_orig_ctx, 1, 1 << 30, "--yarn-orig-ctx", err)))
+        return rc;
+    if (c.rope_freqs_factor == 0)
+        c.rope_freqs_factor = 8.0f;
+    if (!(c.rope_freqs_factor >= 1 && c.rope_freqs_factor <= 1024))
+        return verr_set(err, VERR_RANGE, "--rope-freqs-factor %g: must be in [1, 1024]",
+                        (double)c.rope_freqs_factor);
+    if (c.rope_freqs_orig_ctx == 0)
+        c.rope_freqs_orig_ctx = 8192;
+    if ((rc = check_dim(c.rope_freqs_orig_ctx, 1, 1 << 30, "--rope-freqs-orig-ctx", err)))
+        return rc;
+
+    if (c.mix != MKMODEL_MIX_NONE && c.mix != MKMODEL_MIX_Q4_K_M)
+        return verr_set(err, VERR_RANGE, "--mix: unknown mix id %d", (int)c.mix);
+    if (c.mix == MKMODEL_MIX_Q4_K_M) {
+        c.type = GGML_TYPE_Q4_K;
+        if (!type_writable(GGML_TYPE_Q4_K) || !type_writable(GGML_TYPE_Q6_K))
+            return verr_set(err, VERR_UNSUPPORTED, "--mix q4_k_m: needs the Q4_K and Q6_K quantizers");
+    }
+    if ((rc = check_type((int)c.type, false, "--type", err)) ||
+        (rc = check_type(c.type_embd, true, "--type-embd", err)) ||
+        (rc = check_type(c.type_output, true, "--type-output", err)) ||
+        (rc = check_type(c.type_attn, true, "--type-attn", err)) ||
+        (rc = check_type(c.type_ffn, true, "--type-ffn", err)))
+        return rc;
+
+    if (c.vocab_path) {
+        int n = 0;
+        if ((rc = vocab_file_size(c.vocab_path, &n, err)))
+            return rc;
+        c.n_vocab = n;
+    } else {
+        int base = mkvocab_base_size();
+        if (base < 0)
+            return verr_set(err, VERR_NOMEM, "out of memory building the vocabulary");
+        if (c.n_vocab == 0)
+            c.n_vocab = base;
+        if ((rc = check_dim(c.n_vocab, 1, MK_MAX_DIM, "--n-vocab", err)))
+            return rc;
+        if (c.n_vocab < base)
+            return verr_set(err, VERR_RANGE,
+                            "--n-vocab %d: smaller than the generated vocabulary (%d tokens); "
+                            "give at least %d or --vocab FILE",
+                            c.n_vocab, base, base);
+    }
+    if (c.n_threads < 0 || c.n_threads > MK_MAX_THREADS)
+        return verr_set(err, VERR_RANGE, "--threads %d: must be between 0 and %d", c.n_threads,
+                        MK_MAX_THREADS);
+    if (c.n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        c.n_threads = n < 2 ? 2 : n > MK_MAX_THREADS ? MK_MAX_THREADS : (int)n;
+    }
+    if (c.name[0] == '\0')
+        snprintf(c.name, sizeof c.name, "vela-synthetic-%s", arch_name(c.arch));
+    *out = c;
+    return 0;
+}
+
+// --- the tensor plan --------------------------------------------------------------
+
+enum mk_class {
+    MK_EMBD,
+    MK_OUTPUT,
+    MK_ATTN_Q,
+    MK_ATTN_K,
+    MK_ATTN_V,
+    MK_ATTN_O,
+    MK_FFN_GATE,
+    MK_FFN_UP,
+    MK_FFN_DOWN,
+    MK_NORM,
+    MK_BIAS,
+    MK_ROPE_FREQS,
+};
+
+struct mk_tensor {
+    char name[64];
+    enum mk_class cls;
+    enum ggml_type type;
+    uint32_t n_dims;
+    int64_t ne[2];     // ne[0]: row length; ne[1]: rows (1 for vectors)
+    float mean, std;   // of the generated values
+    size_t row_bytes;
+    uint64_t nbytes;
+};
+
+// llama.cpp's choice of layers that get more bits in the _M mixes.
+static bool use_more_bits(int i_layer, int n_layer) {
+    return i_layer < n_layer / 8 || i_layer >= 7 * n_layer / 8 || (i_layer - n_layer / 8) % 3 == 2;
+}
+
+// The type llama.cpp's quantize falls back to when `t`'s block size does not
+// divide the row length.
+static enum ggml_type type_fallback(enum ggml_type t, int64_t ne0) {
+    const struct ggml_type_info *ti = ggml_type_get(t);
+    if (!ti->quantized || ne0 % ti->block_size == 0)
+        return t;
+    enum ggml_type f;
+    switch (t) {
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K: f = GGML_TYPE_Q4_0; break;
+    case GGML_TYPE_Q4_K: f = GGML_TYPE_Q5_0; break;
+    case GGML_TYPE_Q5_K: f = GGML_TYPE_Q5_1; break;
+    case GGML_TYPE_Q6_K: f = GGML_TYPE_Q8_0; break;
+    case GGML_TYPE_IQ4_XS: f = GGML_TYPE_IQ4_NL; break;
+    default: f = GGML_TYPE_F16; break;
+    }
+    if (f != GGML_TYPE_F16 && (ne0 % ggml_type_get(f)->block_size != 0 || !type_writable(f)))
+        f = GGML_TYPE_F16;
+    return f;
+}
+
+// Type fallbacks seen while planning, reported once per (row length, from, to).
+struct mk_fallback {
+    int64_t ne0;
+    enum ggml_type from, to;
+    int count;
+    char first[64];
+};
+#define MK_MAX_FALLBACKS 32
+
+struct mk_plan_notes {
+    struct mk_fallback fb[MK_MAX_FALLBACKS];
+    int n;
+};
+
+static void note_fallback(struct mk_plan_notes *pn, int64_t ne0, enum ggml_type from,
+                          enum ggml_type to, const char *name) {
+    for (int i = 0; i < pn->n; i++)
+        if (pn->fb[i].ne0 == ne0 && pn->fb[i].from == from && pn->fb[i].to == to) {
+            pn->fb[i].count++;
+            return;
+        }
+    if (pn->n == MK_MAX_FALLBACKS)
+        return;
+    struct mk_fallback *f = &pn->fb[pn->n++];
+    f->ne0 = ne0;
+    f->from = from;
+    f->to = to;
+    f->count = 1;
+    snprintf(f->first, sizeof f->first, "%s", name);
+}
+
+static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan_notes *pn,
+                                  enum mk_class cls, int layer, int64_t ne0, const char *name) {
+    int over = -1;
+    switch (cls) {
+    case MK_EMBD:
+        over = c->type_embd >= 0 ? c->type_embd : c->tied ? c->type_output : -1;
+        break;
+    case MK_OUTPUT: over = c->type_output; break;
+    case MK_ATTN_Q:
+    case MK_ATTN_K:
+    case MK_ATTN_V:
+    case MK_ATTN_O: over = c->type_attn; break;
+    case MK_FFN_GATE:
+    case MK_FFN_UP:
+    case MK_FFN_DOWN: over = c->type_ffn; break;
+    default: return GGML_TYPE_F32; // norms, biases, rope factors
+    }
+    enum ggml_type t = c->type;
+    if (over >= 0) {
+        t = (enum ggml_type)over;
+    } else if (c->mix == MKMODEL_MIX_Q4_K_M) {
+        // llama.cpp quantizes the output head (and token_embd when tied,
+        // since it doubles as the head) with Q6_K, or Q8_0 when 256 does not
+        // divide the row length.
+        if (cls == MK_OUTPUT || (cls == MK_EMBD && c->tied))
+            t = ne0 % 256 == 0 ? GGML_TYPE_Q6_K : GGML_TYPE_Q8_0;
+        else if ((cls == MK_ATTN_V || cls == MK_FFN_DOWN) && use_more_bits(layer, c->n_layer))
+            t = GGML_TYPE_Q6_K;
+    }
+    enum ggml_type f = type_fallback(t, ne0);
+    if (f != t)
+        note_fallback(pn, ne0, t, f, name);
+    return f;
+}
+
+static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c,
+                     struct mk_plan_notes *pn, enum mk_class cls, int layer, const char *name, int64_t ne0, int64_t ne1,
+                     float mean, float std) {
+    struct mk_tensor *x = &t[(*n)++];
+    memset(x, 0, sizeof *x);
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->cls = cls;
+    x->n_dims = ne1 > 0 ? 2 : 1;
+    x->ne[0] = ne0;
+    x->ne[1] = ne1 > 0 ? ne1 : 1;
+    x->mean = mean;
+    x->std = std;
+    x->type = choose_type(c, pn, cls, layer, ne0, name);
+    x->row_bytes = ggml_row_bytes(x->type, ne0);
+    x->nbytes = (uint64_t)x->row_bytes * (uint64_t)x->ne[1];
+}
+
+// The tensors of a resolved config in file order; *out is malloc'd.
+static int plan_build(const struct mkmodel_config *c, struct mk_tensor **out, int *n_out,
+                      struct verr *err) {
+    int per_layer = c->arch == MKMODEL_ARCH_QWEN2 ? 12 : 9;
+    int cap = 4 + per_layer * c->n_layer;
+    struct mk_tensor *t = malloc(sizeof *t * (size_t)cap);
+    if (!t)
+        return verr_set(err, VERR_NOMEM, "out of memory planning %d tensors", cap);
+    int n = 0;
+    struct mk_plan_notes pn = {.n = 0};
+    const int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff;
+    const int64_t QD = (int64_t)c->n_head * c->head_dim, KD = (int64_t)c->n_head_kv * c->head_dim;
+    const float sE = 1.0f / sqrtf((float)E);
+    plan_add(t, &n, c, &pn, MK_EMBD, 0, "token_embd.weight", E, V, 0, 1.0f);
+    if (c->rope_freqs)
+        plan_add(t, &n, c, &pn, MK_ROPE_FREQS, 0, "rope_freqs.weight", c->n_rot / 2, 0, 0, 0);
+    for (int l = 0; l < c->n_layer; l++) {
+        char nm[64];
+#define LNAME(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
+        plan_add(t, &n, c, &pn, MK_NORM, l, LNAME("attn_norm.weight"), E, 0, 1.0f, 0.1f);
+        plan_add(t, &n, c, &pn, MK_ATTN_Q, l, LNAME("attn_q.weight"), E, QD, 0, sE);
+        if (c->arch == MKMODEL_ARCH_QWEN2)
+            plan_add(t, &n, c, &pn, MK_BIAS, l, LNAME("attn_q.bias"), QD, 0, 0, 0.5f);
+        plan_add(t, &n, c, &pn, MK_ATTN_K, l, LNAME("attn_k.weight"), E, KD, 0, sE);
+        if (c->arch == MKMODEL_ARCH_QWEN2)
+            plan_add(t, &n, c, &pn, MK_BIAS, l, LNAME("attn_k.bias"), KD, 0, 0, 0.5f);
+        plan_add(t, &n, c, &pn, MK_ATTN_V, l, LNAME("attn_v.weight"), E, KD, 0, sE);
+        if (c->arch == MKMODEL_ARCH_QWEN2)
+            plan_add(t, &n, c, &pn, MK_BIAS, l, LNAME("attn_v.bias"), KD, 0, 0, 0.5f);
+        plan_add(t, &n, c, &pn, MK_ATTN_O, l, LNAME("attn_output.weight"), QD, E, 0,
+                 1.0f / sqrtf((float)QD));
+        plan_add(t, &n, c, &pn, MK_NORM, l, LNAME("ffn_norm.weight"), E, 0, 1.0f, 0.1f);
+        plan_add(t, &n, c, &pn, MK_FFN_GATE, l, LNAME("ffn_gate.weight"), E, F, 0, sE);
+        plan_add(t, &n, c, &pn, MK_FFN_UP, l, LNAME("ffn_up.weight"), E, F, 0, sE);
+        plan_add(t, &n, c, &pn, MK_FFN_DOWN, l, LNAME("ffn_down.weight"), F, E, 0,
+                 1.0f / sqrtf((float)F));
+#undef LNAME
+    }
+    // Tied: the head is token_embd itself, whose row t has a large dot
+    // product with itself; weights of both signs in the final norm cancel
+    // that in expectation (else greedy decoding repeats the input token) and
+    // their size sets the logit spread (~2), as output.weight does untied.
+    if (c->tied)
+        plan_add(t, &n, c, &pn, MK_NORM, 0, "output_norm.weight", E, 0, 0.0f, 2.0f * sE);
+    else
+        plan_add(t, &n, c, &pn, MK_NORM, 0, "output_norm.weight", E, 0, 1.0f, 0.1f);
+    if (!c->tied)
+        plan_add(t, &n, c, &pn, MK_OUTPUT, 0, "output.weight", E, V, 0, 2.0f * sE);
+    for (int i = 0; i < pn.n; i++) {
+        const struct mk_fallback *f = &pn.fb[i];
+        if (f->count == 1)
+            mk_note(c, "%s: row length %lld is not a multiple of %u (the %s block); using %s",
+                    f->first, (long long)f->ne0, ggml_type_get(f->from)->block_size,
+                    ggml_type_name(f->from), ggml_type_name(f->to));
+        else
+            mk_note(c,
+                    "%d tensors (%s, ...): row length %lld is not a multiple of %u (the %s "
+                    "block); using %s",
+                    f->count, f->first, (long long)f->ne0, ggml_type_get(f->from)->block_size,
+                    ggml_type_name(f->from), ggml_type_name(f->to));
+    }
+    *out = t;
+    *n_out = n;
+    return 0;
+}
+
+int64_t mkmodel_count_params(const struct mkmodel_config *c) {
+    const int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff;
+    const int64_t QD = (int64_t)c->n_head * c->head_dim, KD = (int64_t)c->n_head_kv * c->head_dim;
+    int64_t layer = 2 * E + E * QD + 2 * E * KD + QD * E + 3 * E * F;
+    if (c->arch == MKMODEL_ARCH_QWEN2)
+        layer += QD + 2 * KD;
+    return E * V * (c->tied ? 1 : 2) + E + (c->rope_freqs ? c->n_rot / 2 : 0) + c->n_layer * layer;
+}
+
+// --- random numbers ------------------------------------------------------------
+
+static inline uint64_t mix64(uint64_t z) { // splitmix64's finalizer
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// wyrand: one 64-bit state, one 64x64->128 multiply per draw.
+static inline uint64_t rng_next(uint64_t *s) {
+    *s += 0xa0761d6478bd642full;
+    __uint128_t m = (__uint128_t)*s * (*s ^ 0xe7037ed1a0b428dbull);
+    return (uint64_t)(m >> 64) ^ (uint64_t)m;
+}
+
+// Approximately N(0, 1): Irwin-Hall sum of the four 16-bit fields of one
+// draw (mean 4 * 32767.5, variance 4 * (65536^2 - 1) / 12), standardized.
+// Tails stop at +-3.46; good enough for weights and cheap (no log, no table).
+static inline float rng_normal(uint64_t *s) {
+    uint64_t x = rng_next(s);
+    uint64_t p = (x & 0x0000FFFF0000FFFFull) + ((x >> 16) & 0x0000FFFF0000FFFFull);
+    uint32_t sum = (uint32_t)p + (uint32_t)(p >> 32);
+    return ((float)sum - 131070.0f) * (1.0f / 37837.22f);
+}
+
+// Llama 3.1's per-dimension frequency factors (as llama.cpp's converter
+// computes them for rope_freqs.weight): 1 for short wavelengths, `factor`
+// for long ones, a smooth blend between.
+static void rope_freqs_row(const struct mkmodel_config *c, float *dst) {
+    const double low_freq_factor = 1.0, high_freq_factor = 4.0;
+    const double old_ctx = c->rope_freqs_orig_ctx, factor = c->rope_freqs_factor;
+    const double low_wavelen = old_ctx / low_freq_factor, high_wavelen = old_ctx / high_freq_factor;
+    for (int i = 0; i < c->n_rot / 2; i++) {
+        double freq = 1.0 / pow(c->rope_freq_base, (2.0 * i) / c->n_rot);
+        double wavelen = 2.0 * M_PI / freq;
+        double f;
+        if (wavelen < high_wavelen)
+            f = 1.0;
+        else if (wavelen > low_wavelen)
+            f = factor;
+        else {
+            double smooth = (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+            f = 1.0 / ((1.0 - smooth) / factor + smooth);
+        }
+        dst[i] = (float)f;
+    }
+}
+
+// --- the pipeline --------------------------------------------------------------------
+
+struct mk_job {
+    int tensor;
+    int64_t row0, row1;
+    size_t nbytes;
+};
+
+struct mk_pipe {
+    const struct mkmodel_config *cfg;
+    const struct mk_tensor *tensors;
+    const struct mk_job *jobs;
+    int64_t n_jobs;
+    int n_slots;
+    uint8_t **slot;      // [n_slots][slot_bytes]
+    int64_t *slot_job;   // [n_slots] job whose data the slot holds when ready, else -1
+    int64_t next_job;    // next job a worker claims
+    int64_t n_written;   // jobs the writer has finished
+    int64_t max_ne0;
+    bool abort;
+    struct verr err;     // first worker error
+    pthread_mutex_t mu;
+    pthread_cond_t ready;  // a slot became ready
+    pthread_cond_t free_;  // the writer freed a slot (or abort)
+};
+
+static int gen_rows(const struct mkmodel_config *c, const struct mk_tensor *t, int ti,
+                    int64_t r0, int64_t r1, float *buf, uint8_t *dst, struct verr *err) {
+    const int64_t n = t->ne[0];
+    for (int64_t r = r0; r < r1; r++, dst += t->row_bytes) {
+        if (t->cls == MK_ROPE_FREQS) {
+            rope_freqs_row(c, buf);
+        } else {
+            uint64_t s = mix64(c->seed ^ mix64(((uint64_t)ti << 40) ^ (uint64_t)r ^ 0x5bd1e995ull));
+            const float mean = t->mean, std = t->std;
+            for (int64_t i = 0; i < n; i++)
+                buf[i] = mean + std * rng_normal(&s);
+        }
+        switch (t->type) {
+        case GGML_TYPE_F32: memcpy(dst, buf, (size_t)n * sizeof(float)); break;
+        case GGML_TYPE_F16:
+            for (int64_t i = 0; i < n; i++) {
+                uint16_t h = quant_f32_to_fp16(buf[i]);
+                memcpy(dst + 2 * i, &h, 2);
+            }
+            break;
+        case GGML_TYPE_BF16:
+            for (int64_t i = 0; i < n; i++) {
+                uint16_t h = quant_f32_to_bf16(buf[i]);
+                memcpy(dst + 2 * i, &h, 2);
+            }
+            break;
+        default:
+            if (quant_quantize_row(t->type, buf, dst, n, err))
+                return verr_wrap(err, "%s row %lld", t->name, (long long)r);
+        }
+    }
+    return 0;
+}
+
+static void *worker_main(void *arg) {
+    struct mk_pipe *p = arg;
+    float *buf = malloc(sizeof(float) * (size_t)p->max_ne0);
+    struct verr err = {0};
+    pthread_mutex_lock(&p->mu);
+    if (!buf && !p->abort) {
+        p->abort = true;
+        verr_set(&p->err, VERR_NOMEM, "out of memory for a row buffer");
+        pthread_cond_broadcast(&p->ready);
+        pthread_cond_broadcast(&p->free_);
+    }
+    for (;;) {
+        while (!p->abort && p->next_job < p->n_jobs && p->next_job - p->n_written >= p->n_slots)
+            pthread_cond_wait(&p->free_, &p->mu);
+        if (p->abort || p->next_job >= p->n_jobs)
+            break;
+        int64_t j = p->next_job++;
+        pthread_mutex_unlock(&p->mu);
+        const struct mk_job *job = &p->jobs[j];
+        int s = (int)(j % p->n_slots);
+        int rc = gen_rows(p->cfg, &p->tensors[job->tensor], job->tensor, job->row0, job->row1,
+                          buf, p->slot[s], &err);
+        pthread_mutex_lock(&p->mu);
+        if (rc) {
+            if (!p->abort)
+                p->err = err;
+            p->abort = true;
+            pthread_cond_broadcast(&p->free_);
+        } else {
+            p->slot_job[s] = j;
+        }
+        pthread_cond_broadcast(&p->ready);
+    }
+    pthread_mutex_unlock(&p->mu);
+    free(buf);
+    return NULL;
+}
+
+static void pipe_abort(struct mk_pipe *p) {
+    pthread_mutex_lock(&p->mu);
+    p->abort = true;
+    pthread_cond_broadcast(&p->free_);
+    pthread_cond_broadcast(&p->ready);
+    pthread_mutex_unlock(&p->mu);
+}
+
+// Generates every tensor's data and streams it into `w` (after
+// gguf_writer_begin), in declaration order.
+static int pipe_run(const struct mkmodel_config *c, const struct mk_tensor *t, int n_tensors,
+                    struct gguf_writer *w, struct verr *err) {
+    int64_t n_jobs = 0, max_ne0 = 1;
+    size_t slot_bytes = 1;
+    uint64_t total = 0;
+    for (int i = 0; i < n_tensors; i++) {
+        int64_t per = (int64_t)(MK_CHUNK_BYTES / t[i].row_bytes);
+        if (per < 1)
+            per = 1;
+        n_jobs += (t[i].ne[1] + per - 1) / per;
+        if (t[i].ne[0] > max_ne0)
+            max_ne0 = t[i].ne[0];
+        size_t b = (size_t)(per < t[i].ne[1] ? per : t[i].ne[1]) * t[i].row_bytes;
+        if (b > slot_bytes)
+            slot_bytes = b;
+        total += t[i].nbytes;
+    }
+    struct mk_job *jobs = malloc(sizeof *jobs * (size_t)n_jobs);
+    if (!jobs)
+        return verr_set(err, VERR_NOMEM, "out of memory for %lld jobs", (long long)n_jobs);
+    int64_t j = 0;
+    for (int i = 0; i < n_tensors; i++) {
+        int64_t per = (int64_t)(MK_CHUNK_BYTES / t[i].row_bytes);
+        if (per < 1)
+            per = 1;
+        for (int64_t r = 0; r < t[i].ne[1]; r += per) {
+            int64_t r1 = r + per < t[i].ne[1] ? r + per : t[i].ne[1];
+            jobs[j++] = (struct mk_job){i, r, r1, (size_t)(r1 - r) * t[i].row_bytes};
+        }
+    }
+
+    int n_workers = c->n_threads;
+    struct mk_pipe p;
+    memset(&p, 0, sizeof p);
+    p.cfg = c;
+    p.tensors = t;
+    p.jobs = jobs;
+    p.n_jobs = n_jobs;
+    p.n_slots = 2 * n_workers + 2;
+    p.max_ne0 = max_ne0;
+    p.slot = calloc((size_t)p.n_slots, sizeof *p.slot);
+    p.slot_job = malloc(sizeof *p.slot_job * (size_t)p.n_slots);
+    pthread_t *th = calloc((size_t)n_workers, sizeof *th);
+    int rc = 0;
+    if (!p.slot || !p.slot_job || !th)
+        rc = verr_set(err, VERR_NOMEM, "out of memory for the write pipeline");
+    for (int s = 0; rc == 0 && s < p.n_slots; s++) {
+        p.slot_job[s] = -1;
+        if (!(p.slot[s] = malloc(slot_bytes)))
+            rc = verr_set(err, VERR_NOMEM, "out of memory for %d buffers of %zu bytes", p.n_slots,
+                          slot_bytes);
+    }
+    if (rc) {
+        if (p.slot)
+            for (int s = 0; s < p.n_slots; s++)
+                free(p.slot[s]);
+        free(p.slot);
+        free(p.slot_job);
+        free(th);
+        free(jobs);
+        return rc;
+    }
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.ready, NULL);
+    pthread_cond_init(&p.free_, NULL);
+    int started = 0;
+    for (; started < n_workers; started++)
+        if (pthread_create(&th[started], NULL, worker_main, &p) != 0)
+            break;
+    if (started == 0)
+        rc = verr_set(err, VERR_NOMEM, "cannot start a worker thread");
+
+    uint64_t done = 0;
+    for (int64_t k = 0; rc == 0 && k < n_jobs; k++) {
+        int s = (int)(k % p.n_slots);
+        pthread_mutex_lock(&p.mu);
+        while (!p.abort && p.slot_job[s] != k)
+            pthread_cond_wait(&p.ready, &p.mu);
+        bool failed = p.abort;
+        pthread_mutex_unlock(&p.mu);
+        if (failed) {
+            rc = p.err.code ? p.err.code : VERR_IO;
+            if (err)
+                *err = p.err;
+            break;
+        }
+        rc = gguf_writer_write_tensor_data(w, p.slot[s], jobs[k].nbytes, err);
+        if (rc) {
+            pipe_abort(&p);
+            break;
+        }
+        done += jobs[k].nbytes;
+        pthread_mutex_lock(&p.mu);
+        p.slot_job[s] = -1;
+        p.n_written = k + 1;
+        pthread_cond_broadcast(&p.free_);
+        pthread_mutex_unlock(&p.mu);
+        if (c->progress && (k + 1 == n_jobs || jobs[k + 1].tensor != jobs[k].tensor ||
+                            (k & 15) == 15))
+            c->progress(c->cb_ctx, done, total);
+    }
+    if (rc)
+        pipe_abort(&p);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_cond_destroy(&p.free_);
+    pthread_cond_destroy(&p.ready);
+    pthread_mutex_destroy(&p.mu);
+    for (int s = 0; s < p.n_slots; s++)
+        free(p.slot[s]);
+    free(p.slot);
+    free(p.slot_job);
+    free(th);
+    free(jobs);
+    return rc;
+}
+
+// --- metadata -------------------------------------------------------------------------
+
+static int set_tokenizer_generated(struct gguf_writer *w, int n_vocab, struct verr *err) {
+    struct mkvocab v;
+    if (mkvocab_generate(&v, n_vocab))
+        return verr_set(err, VERR_NOMEM, "out of memory building the vocabulary");
+    int rc = 0;
+    rc |= gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    rc |= gguf_writer_set_str(w, "tokenizer.ggml.pre", "default");
+    rc |= gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tokens,
+                                  (uint64_t)v.n_tokens);
+    rc |= gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, v.token_type,
+                              (uint64_t)v.n_tokens);
+    rc |= gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v.merges,
+                                  (uint64_t)v.n_merges);
+    rc |= gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v.bos_id);
+    rc |= gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v.eos_id);
+    rc |= gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    rc |= gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+    mkvocab_free(&v);
+    if (rc)
+        return verr_set(err, VERR_NOMEM, "cannot set the tokenizer metadata");
+    return 0;
+}
+
+static int set_tokenizer_copied(struct gguf_writer *w, const char *path, struct verr *err) {
+    struct gguf_file *f;
+    if (gguf_open(&f, path, err))
+        return verr_wrap(err, "--vocab");
+    int rc = 0;
+    for (uint64_t i = 0; i < f->n_kv && rc == 0; i++)
+        if (!strncmp(f->kv[i].key, "tokenizer.", 10) &&
+            gguf_writer_set_value(w, f->kv[i].key, &f->kv[i].val))
+            rc = verr_set(err, VERR_NOMEM, "--vocab %s: cannot copy key '%s'", path, f->kv[i].key);
+    gguf_close(f);
+    return rc;
+}
+
+static int set_metadata(struct gguf_writer *w, const struct mkmodel_config *c, bool quantized,
+                        struct verr *err) {
+    const char *a = arch_name(c->arch);
+    char k[128];
+    int rc = 0;
+#define KEY(s) (snprintf(k, sizeof k, "%s.%s", a, s), k)
+    rc |= gguf_writer_set_str(w, "general.architecture", a);
+    rc |= gguf_writer_set_str(w, "general.name", c->name);
+    int ft = mkmodel_file_type(c->type, c->mix);
+    if (ft >= 0)
+        rc |= gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft);
+    if (quantized)
+        rc |= gguf_writer_set_u32(w, "general.quantization_version", 2);
+    rc |= gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)c->n_vocab);
+    rc |= gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)c->n_ctx);
+    rc |= gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)c->n_embd);
+    rc |= gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)c->n_layer);
+    rc |= gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)c->n_ff);
+    rc |= gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)c->n_head);
+    rc |= gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)c->n_head_kv);
+    if ((int64_t)c->head_dim * c->n_head != c->n_embd) {
+        rc |= gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
+        rc |= gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->head_dim);
+    }
+    rc |= gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
+    rc |= gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)c->n_rot);
+    rc |= gguf_writer_set_f32(w, KEY("rope.freq_base"), c->rope_freq_base);
+    if (c->rope_scaling != MKMODEL_ROPE_SCALING_NONE) {
+        rc |= gguf_writer_set_str(w, KEY("rope.scaling.type"),
+                                  c->rope_scaling == MKMODEL_ROPE_SCALING_YARN ? "yarn" : "linear");
+        rc |= gguf_writer_set_f32(w, KEY("rope.scaling.factor"), c->rope_scale);
+        if (c->rope_scaling == MKMODEL_ROPE_SCALING_YARN)
+            rc |= gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                                      (uint32_t)c->yarn_orig_ctx);
+    }
+#undef KEY
+    if (rc)
+        return verr_set(err, VERR_NOMEM, "cannot set the model metadata");
+    return c->vocab_path ? set_tokenizer_copied(w, c->vocab_path, err)
+                         : set_tokenizer_generated(w, c->n_vocab, err);
+}
+
+int mkmodel_write(const struct mkmodel_config *cfg, const char *path, struct verr *err) {
+    struct mkmodel_config c;
+    int rc = mkmodel_resolve(cfg, &c, err);
+    if (rc)
+        return rc;
+    if (c.vocab_path && cfg->n_vocab > 0 && cfg->n_vocab != c.n_vocab)
+        mk_note(&c, "--vocab %s has %d tokens; n_vocab %d is replaced by it", c.vocab_path,
+                c.n_vocab, cfg->n_vocab);
+    struct mk_tensor *t = NULL;
+    int n = 0;
+    if ((rc = plan_build(&c, &t, &n, err)))
+        return rc;
+    bool quantized = false;
+    for (int i = 0; i < n; i++)
+        quantized |= ggml_type_get(t[i].type)->quantized;
+
+    struct gguf_writer *w = gguf_writer_new();
+    if (!w) {
+        free(t);
+        return verr_set(err, VERR_NOMEM, "out of memory for the GGUF writer");
+    }
+    rc = set_metadata(w, &c, quantized, err);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = gguf_writer_add_tensor(w, t[i].name, t[i].type, t[i].n_dims, t[i].ne, NULL, err);
+    bool begun = false; // only a file this call created is removed on failure
+    if (rc == 0)
+        begun = (rc = gguf_writer_begin(w, path, err)) == 0;
+    if (rc == 0)
+        rc = pipe_run(&c, t, n, w, err);
+    if (rc == 0)
+        rc = gguf_writer_finish(w, err);
+    gguf_writer_free(w);
+    free(t);
+    if (rc && begun)
+        unlink(path);
+    if (rc)
+        verr_wrap(err, "%s", path);
+    return rc;
+}

@@ -1,0 +1,143 @@
+// mkmodel: synthetic GGUF models that llama.cpp and vela can load.
+//
+// A model is described by a `struct mkmodel_config` (shape, weight types,
+// RoPE metadata, tokenizer, seed) and written with mkmodel_write, which
+// streams every tensor to disk: rows are generated and quantized by worker
+// threads while one thread writes, so a 7B-shaped file never sits in memory.
+//
+// Contract:
+// - Metadata keys and tensor names, shapes (ggml order: ne[0] is the row
+//   length) and types follow llama.cpp exactly, for architectures `llama`
+//   (normal RoPE) and `qwen2` (NeoX RoPE, Q/K/V biases).
+// - The file's bytes depend only on the config (seed included), never on
+//   n_threads.
+// - Weights are seeded random numbers scaled so that activations stay finite
+//   through any number of layers and the logits have a spread of a few units:
+//   token_embd ~ N(0, 1), matrices ~ N(0, 1/n_in), output.weight ~ N(0, 4/n_embd)
+//   (logits ~ N(0, 2^2)), norm weights ~ N(1, 0.1^2), biases ~ N(0, 0.5^2).
+//   Tied models take output_norm.weight ~ N(0, 4/n_embd) instead: weights of
+//   both signs cancel the head's preference for the input token (a row of
+//   token_embd dotted with itself), which would make greedy decoding repeat it.
+// - A quantized type whose block size does not divide a tensor's row length
+//   falls back as llama.cpp's quantize does (Q4_K -> Q5_0, Q5_K -> Q5_1,
+//   Q6_K -> Q8_0, anything else or still not fitting -> F16); each fallback
+//   is reported through cfg->log.
+// - Validation errors name the `vela mkmodel` flag of the offending field
+//   (e.g. "--n-head-kv 3 does not divide --n-head 8").
+#ifndef VELA_HOST_MKMODEL_H
+#define VELA_HOST_MKMODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf/types.h"
+#include "gguf/verr.h"
+
+enum mkmodel_arch {
+    MKMODEL_ARCH_LLAMA = 0, // normal RoPE, no biases
+    MKMODEL_ARCH_QWEN2 = 1, // NeoX RoPE, Q/K/V biases
+};
+
+enum mkmodel_mix {
+    MKMODEL_MIX_NONE = 0,   // every matrix takes its class's type
+    MKMODEL_MIX_Q4_K_M = 1, // llama.cpp's Q4_K_M: Q4_K, with Q6_K for output.weight and for
+                            // attn_v / ffn_down in the layers llama.cpp's use_more_bits picks
+};
+
+enum mkmodel_rope_scaling {
+    MKMODEL_ROPE_SCALING_NONE = 0,
+    MKMODEL_ROPE_SCALING_LINEAR = 1,
+    MKMODEL_ROPE_SCALING_YARN = 2,
+};
+
+// Called with one line (no trailing newline) for every note worth showing to
+// a user: type fallbacks, the vocabulary size taken from --vocab.
+typedef void (*mkmodel_log_fn)(void *ctx, const char *msg);
+// Called by the writing thread after each tensor: bytes of tensor data written
+// so far and in total.
+typedef void (*mkmodel_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+// Fields whose comment says "0: ..." take a derived default when 0; the
+// flag of `vela mkmodel` that sets each field is given in brackets.
+struct mkmodel_config {
+    enum mkmodel_arch arch;   // [--arch]
+    char name[128];           // general.name [--name]; "": "vela-synthetic-<arch>"
+
+    int n_embd;               // [--n-embd]
+    int n_layer;              // [--n-layer]
+    int n_head;               // [--n-head]
+    int n_head_kv;            // [--n-head-kv] 0: n_head
+    int n_ff;                 // [--n-ff]
+    int n_vocab;              // [--n-vocab] 0: the tokenizer's size; ignored with vocab_path
+    int n_ctx;                // {arch}.context_length [--ctx]
+    int head_dim;             // [--head-dim] 0: n_embd / n_head
+    int n_rot;                // rope.dimension_count [--n-rot] 0: head_dim
+    float norm_eps;           // [--norm-eps] 0: 1e-5 (llama), 1e-6 (qwen2)
+
+    // Weight types. type_* < 0 means "same as type"; with a mix, `type` is
+    // ignored (the mix sets the base) but type_* still override.
+    enum ggml_type type;      // every matrix [--type]
+    int type_embd;            // token_embd.weight [--type-embd]
+    int type_output;          // output.weight [--type-output]
+    int type_attn;            // attn_q/k/v/output [--type-attn]
+    int type_ffn;             // ffn_gate/up/down [--type-ffn]
+    enum mkmodel_mix mix;     // [--mix]
+
+    float rope_freq_base;               // [--rope-freq-base] 0: 10000 (llama), 1000000 (qwen2)
+    enum mkmodel_rope_scaling rope_scaling; // [--rope-scaling]
+    float rope_scale;                   // rope.scaling.factor [--rope-scale] (linear / yarn)
+    int yarn_orig_ctx;                  // rope.scaling.original_context_length [--yarn-orig-ctx]
+                                        // 0: n_ctx (written for yarn only)
+    bool rope_freqs;                    // add rope_freqs.weight, Llama 3.1 factors [--rope-freqs]
+    float rope_freqs_factor;            // [--rope-freqs-factor] 0: 8
+    int rope_freqs_orig_ctx;            // [--rope-freqs-orig-ctx] 0: 8192
+
+    bool tied;                // no output.weight: the head reuses token_embd [--tied]
+    uint64_t seed;            // [--seed]
+    // Copy every tokenizer.* key from this GGUF file [--vocab]; NULL: a
+    // generated byte-level BPE vocabulary (gpt2 model) padded to n_vocab.
+    const char *vocab_path;
+
+    int n_threads;            // generating/quantizing workers [--threads] 0: online CPUs (>= 2)
+    mkmodel_log_fn log;       // may be NULL
+    mkmodel_progress_fn progress; // may be NULL
+    void *cb_ctx;             // passed to log and progress
+};
+
+// The `tiny` shape, F32, generated vocabulary, seed 42.
+void mkmodel_config_default(struct mkmodel_config *cfg);
+
+// Sets the shape, default weight type, RoPE base, tying and name of preset
+// `name` over `cfg` (other fields are kept, so set flags afterwards).
+// Returns VERR_NOTFOUND for an unknown name, with the list of presets.
+int mkmodel_preset(struct mkmodel_config *cfg, const char *name, struct verr *err);
+
+struct mkmodel_preset_info {
+    const char *name;
+    const char *summary;
+};
+// The presets, terminated by an entry whose name is NULL.
+const struct mkmodel_preset_info *mkmodel_presets(void);
+
+// Checks the config and fills every derived default (n_head_kv, head_dim,
+// n_rot, norm_eps, rope_freq_base, n_vocab, ...) into *out. Reads the
+// vocabulary file (when set) to learn n_vocab.
+int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out,
+                    struct verr *err);
+
+// Tokens in the generated vocabulary before padding: 256 byte tokens, the
+// merges learned from a built-in English sample, and the special tokens.
+int mkmodel_vocab_base_size(void);
+
+// llama.cpp's LLAMA_FTYPE id written as general.file_type for a base weight
+// type (0 all F32, 1 mostly F16, 2 Q4_0, 7 Q8_0, 15 Q4_K_M, ...), or -1.
+int mkmodel_file_type(enum ggml_type type, enum mkmodel_mix mix);
+
+// Number of weights (all tensors) the resolved config describes.
+int64_t mkmodel_count_params(const struct mkmodel_config *resolved);
+
+// Writes the model to `path` (replacing it). On failure the partial file is
+// removed and err says why.
+int mkmodel_write(const struct mkmodel_config *cfg, const char *path, struct verr *err);
+
+#endif
