@@ -1,0 +1,350 @@
+// Flash attention over the KV cache with online softmax: the n_tok x n_kv
+// score matrix never exists in global memory.
+//
+// Work decomposition. For KV head g the query rows are r = t * n_group + j
+// (token t, query head h = g * n_group + j), so the heads sharing a KV head
+// (GQA) read each K/V tile once and K/V are never copied per query head.
+// A block takes ATTN_ROWS consecutive rows of one KV head and walks the KV
+// cells in tiles of ATTN_BK = 32: the tile's K and V go to shared memory as
+// f32 (converted from the cache type), then each warp serves its rows:
+//   scores: lane l computes row . K[cell c0 + l] (K rows padded to D + 1
+//           floats so that the 32 lanes hit 32 different banks);
+//   softmax: the running max m and sum l of the row are updated with the
+//           tile's max (a warp reduction), old accumulators rescaled by
+//           exp(m_old - m_new);
+//   P.V: lane l owns output dims l, l + 32, ... (head_dim_v <= 256: up to 8
+//        accumulators), p_j broadcast with a shuffle.
+// Mask: row t sees cell c iff 0 <= cell_pos[c] <= q_pos[t] and bit q_seq[t]
+// of cell_seq[c] is set. A tile that no row of the block can see (every
+// cell empty or later than the block's largest q_pos) is skipped before K/V
+// are loaded: in causal prefill that is about half the tiles.
+// Split-K (decode, long context): when (row blocks x KV heads) cannot fill
+// the GPU, blockIdx.z splits the cells into n_split ranges; each writes its
+// unnormalized accumulators with (m, l) to scratch and attn_combine_kernel
+// merges them. A row with no visible cell gets zeros (l == 0).
+#include <limits.h>
+
+#include "cuda/cuda_common.cuh"
+
+#define ATTN_WARPS 4
+#define ATTN_ROWS_PER_WARP 4
+#define ATTN_ROWS (ATTN_WARPS * ATTN_ROWS_PER_WARP)
+#define ATTN_BK 32
+#define ATTN_DV_LANE (CUDA_ATTN_MAX_HEAD_DIM / VELA_WARP)
+#define ATTN_THREADS (ATTN_WARPS * VELA_WARP)
+// Split-K: at least this many cells per split, at most this many splits.
+#define ATTN_SPLIT_MIN_CELLS 256
+#define ATTN_MAX_SPLIT 64
+#define ATTN_COMBINE_THREADS 128
+
+static __device__ __forceinline__ float attn_load(const float *p) {
+    return *p;
+}
+static __device__ __forceinline__ float attn_load(const __half *p) {
+    return __half2float(*p);
+}
+
+template <typename KT, typename VT>
+__global__ static void __launch_bounds__(ATTN_THREADS)
+    attn_kernel(const struct cuda_attn a, int chunk, int n_split,
+                float *__restrict__ part_acc /* [n_tok*n_head][n_split][head_dim_v] */,
+                float *__restrict__ part_ml /* [n_tok*n_head][n_split][2] */) {
+    extern __shared__ float smem[];
+    const int D = a.head_dim, DV = a.head_dim_v;
+    float *sQ = smem;                       // [ATTN_ROWS][D], pre-scaled
+    float *sK = sQ + ATTN_ROWS * D;         // [ATTN_BK][D + 1]
+    float *sV = sK + ATTN_BK * (D + 1);     // [ATTN_BK][DV]
+    int *sPos = (int *)(sV + ATTN_BK * DV); // [ATTN_BK]
+    __shared__ int s_max_qpos;
+
+    const KT *kcache = (const KT *)a.k;
+    const VT *vcache = (const VT *)a.v;
+    const int tid = threadIdx.x, warp = tid / VELA_WARP, lane = tid % VELA_WARP;
+    const int g = blockIdx.y;
+    const int n_group = a.n_head / a.n_head_kv;
+    const int64_t n_rows = (int64_t)a.n_tok * n_group;
+    const int64_t row0 = (int64_t)blockIdx.x * ATTN_ROWS;
+    const int split = blockIdx.z;
+    const int c_begin = split * chunk;
+    const int c_end = min(a.n_kv, c_begin + chunk);
+
+    if (tid == 0)
+        s_max_qpos = INT_MIN;
+    for (int e = tid; e < ATTN_ROWS * D; e += ATTN_THREADS) {
+        const int r = e / D, d = e % D;
+        const int64_t gr = row0 + r;
+        float val = 0.0f;
+        if (gr < n_rows) {
+            const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
+            val = a.q[((size_t)t * a.n_head + h) * D + d] * a.scale;
+        }
+        sQ[e] = val;
+    }
+    __syncthreads();
+    if (tid < ATTN_ROWS && row0 + tid < n_rows)
+        atomicMax(&s_max_qpos, a.q_pos[(row0 + tid) / n_group]);
+
+    // Per-row state; row slot k of this warp is local row warp + k * ATTN_WARPS.
+    float m[ATTN_ROWS_PER_WARP], l[ATTN_ROWS_PER_WARP];
+    float acc[ATTN_ROWS_PER_WARP][ATTN_DV_LANE];
+    int qpos[ATTN_ROWS_PER_WARP], qseq[ATTN_ROWS_PER_WARP];
+#pragma unroll
+    for (int k = 0; k < ATTN_ROWS_PER_WARP; k++) {
+        const int64_t gr = row0 + warp + k * ATTN_WARPS;
+        const bool valid = gr < n_rows;
+        qpos[k] = valid ? a.q_pos[gr / n_group] : -1; // -1: the row sees nothing
+        qseq[k] = valid ? a.q_seq[gr / n_group] : -1;
+        if (qseq[k] < 0 || (qseq[k] >> 6) >= a.seq_words)
+            qpos[k] = -1; // a sequence id outside the bitset sees nothing
+        m[k] = -INFINITY;
+        l[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATTN_DV_LANE; i++)
+            acc[k][i] = 0.0f;
+    }
+
+    for (int c0 = c_begin; c0 < c_end; c0 += ATTN_BK) {
+        __syncthreads(); // the previous tile is consumed; s_max_qpos is final
+        int p = -1;
+        if (tid < ATTN_BK && c0 + tid < c_end)
+            p = a.cell_pos[c0 + tid];
+        if (tid < ATTN_BK)
+            sPos[tid] = p;
+        if (!__syncthreads_or(p >= 0 && p <= s_max_qpos))
+            continue; // block-uniform
+        for (int e = tid; e < ATTN_BK * D; e += ATTN_THREADS) {
+            const int j = e / D, d = e % D;
+            const int c = c0 + j;
+            sK[j * (D + 1) + d] =
+                c < c_end ? attn_load(kcache + ((size_t)c * a.n_head_kv + g) * D + d) : 0.0f;
+        }
+        for (int e = tid; e < ATTN_BK * DV; e += ATTN_THREADS) {
+            const int j = e / DV, d = e % DV;
+            const int c = c0 + j;
+            sV[e] = c < c_end ? attn_load(vcache + ((size_t)c * a.n_head_kv + g) * DV + d) : 0.0f;
+        }
+        __syncthreads();
+
+        const int c = c0 + lane;
+        const int cpos = sPos[lane];
+#pragma unroll
+        for (int k = 0; k < ATTN_ROWS_PER_WARP; k++) {
+            if (qpos[k] < 0)
+                continue; // warp-uniform: the row belongs to the whole warp
+            bool vis = cpos >= 0 && cpos <= qpos[k];
+            if (vis) {
+                const uint64_t word = a.cell_seq[(size_t)c * a.seq_words + (qseq[k] >> 6)];
+                vis = (word >> (qseq[k] & 63)) & 1u;
+            }
+            float s = -INFINITY;
+            if (vis) {
+                const float *qr = sQ + (warp + k * ATTN_WARPS) * D;
+                const float *kr = sK + lane * (D + 1);
+                float s0 = 0.0f, s1 = 0.0f;
+                int d = 0;
+                for (; d + 1 < D; d += 2) {
+                    s0 = fmaf(qr[d], kr[d], s0);
+                    s1 = fmaf(qr[d + 1], kr[d + 1], s1);
+                }
+                if (d < D)
+                    s0 = fmaf(qr[d], kr[d], s0);
+                s = s0 + s1;
+            }
+            const float tile_max = warp_max(s);
+            if (tile_max == -INFINITY)
+                continue; // warp-uniform: nothing visible in this tile
+            const float m_new = fmaxf(m[k], tile_max);
+            const float alpha = expf(m[k] - m_new); // 0 while m[k] is -inf
+            const float pj = vis ? expf(s - m_new) : 0.0f;
+            l[k] = l[k] * alpha + warp_sum(pj);
+#pragma unroll
+            for (int i = 0; i < ATTN_DV_LANE; i++)
+                acc[k][i] *= alpha;
+            for (int jj = 0; jj < ATTN_BK; jj++) {
+                const float pv = __shfl_sync(VELA_FULL_MASK, pj, jj);
+                if (pv == 0.0f)
+                    continue; // warp-uniform (broadcast value)
+                const float *vr = sV + jj * DV;
+#pragma unroll
+                for (int i = 0; i < ATTN_DV_LANE; i++) {
+                    const int d = lane + VELA_WARP * i;
+                    if (d < DV)
+                        acc[k][i] = fmaf(pv, vr[d], acc[k][i]);
+                }
+            }
+            m[k] = m_new;
+        }
+    }
+
+#pragma unroll
+    for (int k = 0; k < ATTN_ROWS_PER_WARP; k++) {
+        const int64_t gr = row0 + warp + k * ATTN_WARPS;
+        if (gr >= n_rows)
+            continue;
+        const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
+        const size_t th = (size_t)t * a.n_head + h;
+        if (n_split == 1) {
+            const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATTN_DV_LANE; i++) {
+                const int d = lane + VELA_WARP * i;
+                if (d < DV)
+                    a.out[th * DV + d] = acc[k][i] * inv;
+            }
+        } else {
+            const size_t ps = th * n_split + split;
+#pragma unroll
+            for (int i = 0; i < ATTN_DV_LANE; i++) {
+                const int d = lane + VELA_WARP * i;
+                if (d < DV)
+                    part_acc[ps * DV + d] = acc[k][i];
+            }
+            if (lane == 0) {
+                part_ml[ps * 2] = m[k];
+                part_ml[ps * 2 + 1] = l[k];
+            }
+        }
+    }
+}
+
+// One block per (token, head): merges the n_split partial results.
+__global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
+    attn_combine_kernel(float *__restrict__ out /* [n_tok*n_head][DV] */,
+                        const float *__restrict__ part_acc, const float *__restrict__ part_ml,
+                        int n_split, int DV) {
+    const size_t th = blockIdx.x;
+    const float *ml = part_ml + th * n_split * 2;
+    float mx = -INFINITY;
+    for (int s = 0; s < n_split; s++)
+        mx = fmaxf(mx, ml[2 * s]);
+    float sum = 0.0f;
+    if (mx != -INFINITY)
+        for (int s = 0; s < n_split; s++)
+            if (ml[2 * s] != -INFINITY)
+                sum += ml[2 * s + 1] * expf(ml[2 * s] - mx);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int d = threadIdx.x; d < DV; d += ATTN_COMBINE_THREADS) {
+        float o = 0.0f;
+        if (sum > 0.0f)
+            for (int s = 0; s < n_split; s++)
+                if (ml[2 * s] != -INFINITY)
+                    o += part_acc[(th * n_split + s) * DV + d] * expf(ml[2 * s] - mx);
+        out[th * DV + d] = o * inv;
+    }
+}
+
+struct attn_plan {
+    unsigned int row_blocks;
+    int n_split, chunk;
+    size_t smem;
+};
+
+// Deterministic in its arguments: cuda_attention_scratch_bytes and
+// cuda_attention_apply must agree on n_split.
+static struct attn_plan attn_make_plan(const struct cuda_attn *a, int sm_count) {
+    struct attn_plan p;
+    const int64_t n_rows = (int64_t)a->n_tok * (a->n_head / a->n_head_kv);
+    p.row_blocks = ceil_div_u(n_rows, ATTN_ROWS);
+    const int64_t blocks = (int64_t)p.row_blocks * a->n_head_kv;
+    const int64_t target = 2 * (int64_t)(sm_count > 0 ? sm_count : 1);
+    int64_t ns = 1;
+    if (blocks < target && a->n_kv >= 2 * ATTN_SPLIT_MIN_CELLS) {
+        ns = (target + blocks - 1) / blocks;
+        const int64_t by_kv = a->n_kv / ATTN_SPLIT_MIN_CELLS;
+        if (ns > by_kv)
+            ns = by_kv;
+        if (ns > ATTN_MAX_SPLIT)
+            ns = ATTN_MAX_SPLIT;
+    }
+    if (ns > 1) {
+        int64_t chunk = (a->n_kv + ns - 1) / ns;
+        chunk = (chunk + ATTN_BK - 1) / ATTN_BK * ATTN_BK;
+        p.chunk = (int)chunk;
+        p.n_split = (int)((a->n_kv + chunk - 1) / chunk);
+    } else {
+        p.chunk = a->n_kv > 0 ? a->n_kv : 1;
+        p.n_split = 1;
+    }
+    p.smem =
+        sizeof(float) * ((size_t)ATTN_ROWS * a->head_dim + (size_t)ATTN_BK * (a->head_dim + 1) +
+                         (size_t)ATTN_BK * a->head_dim_v) +
+        sizeof(int) * ATTN_BK;
+    return p;
+}
+
+static size_t attn_part_acc_bytes(const struct cuda_attn *a, int n_split) {
+    const size_t n = (size_t)a->n_tok * a->n_head * n_split * a->head_dim_v * sizeof(float);
+    return (n + 255) & ~(size_t)255;
+}
+
+extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_attn *a, int sm_count) {
+    if (a->n_tok <= 0 || a->n_head_kv <= 0 || a->n_head <= 0)
+        return 0;
+    const struct attn_plan p = attn_make_plan(a, sm_count);
+    if (p.n_split == 1)
+        return 0;
+    return attn_part_acc_bytes(a, p.n_split) +
+           (size_t)a->n_tok * a->n_head * p.n_split * 2 * sizeof(float);
+}
+
+template <typename KT, typename VT>
+static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, float *part_acc,
+                       float *part_ml, cudaStream_t stream, struct verr *err) {
+    if (p->smem > 48 * 1024)
+        VELA_CUDA_CALL(err, cudaFuncSetAttribute(attn_kernel<KT, VT>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)p->smem));
+    const dim3 grid(p->row_blocks, (unsigned int)a->n_head_kv, (unsigned int)p->n_split);
+    attn_kernel<KT, VT>
+        <<<grid, ATTN_THREADS, p->smem, stream>>>(*a, p->chunk, p->n_split, part_acc, part_ml);
+    VELA_CHECK_LAUNCH(err, "attn_kernel");
+    return VERR_OK;
+}
+
+extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, void *scratch,
+                                    size_t scratch_bytes, cudaStream_t stream, struct verr *err) {
+    if (a->n_tok <= 0 || a->n_head <= 0)
+        return VERR_OK;
+    if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv != 0)
+        return verr_set(err, VERR_RANGE, "attention: n_head %d is not a multiple of n_head_kv %d",
+                        a->n_head, a->n_head_kv);
+    if (a->head_dim < 1 || a->head_dim > CUDA_ATTN_MAX_HEAD_DIM || a->head_dim_v < 1 ||
+        a->head_dim_v > CUDA_ATTN_MAX_HEAD_DIM)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "attention: head dims %d/%d (the kernels take 1..%d)", a->head_dim,
+                        a->head_dim_v, CUDA_ATTN_MAX_HEAD_DIM);
+    if (a->seq_words < 1)
+        return verr_set(err, VERR_RANGE, "attention: seq_words %d < 1", a->seq_words);
+    const bool k16 = a->type_k == GGML_TYPE_F16, v16 = a->type_v == GGML_TYPE_F16;
+    if ((!k16 && a->type_k != GGML_TYPE_F32) || (!v16 && a->type_v != GGML_TYPE_F32))
+        return verr_set(err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
+                        ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+    const struct attn_plan p = attn_make_plan(a, sm_count);
+    if (p.row_blocks > INT_MAX || a->n_head_kv > 65535)
+        return verr_set(err, VERR_RANGE, "attention: grid of %u x %d blocks is too large",
+                        p.row_blocks, a->n_head_kv);
+    float *part_acc = nullptr, *part_ml = nullptr;
+    if (p.n_split > 1) {
+        const size_t need = cuda_attention_scratch_bytes(a, sm_count);
+        if (!scratch || scratch_bytes < need)
+            return verr_set(err, VERR_RANGE, "attention: scratch of %zu bytes < %zu needed",
+                            scratch_bytes, need);
+        part_acc = (float *)scratch;
+        part_ml = (float *)((char *)scratch + attn_part_acc_bytes(a, p.n_split));
+    }
+    int rc;
+    if (k16 && v16)
+        rc = attn_launch<__half, __half>(a, &p, part_acc, part_ml, stream, err);
+    else if (k16)
+        rc = attn_launch<__half, float>(a, &p, part_acc, part_ml, stream, err);
+    else if (v16)
+        rc = attn_launch<float, __half>(a, &p, part_acc, part_ml, stream, err);
+    else
+        rc = attn_launch<float, float>(a, &p, part_acc, part_ml, stream, err);
+    if (rc || p.n_split == 1)
+        return rc;
+    attn_combine_kernel<<<(unsigned int)((int64_t)a->n_tok * a->n_head), ATTN_COMBINE_THREADS, 0,
+                          stream>>>(a->out, part_acc, part_ml, p.n_split, a->head_dim_v);
+    VELA_CHECK_LAUNCH(err, "attn_combine_kernel");
+    return VERR_OK;
+}

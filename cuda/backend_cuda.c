@@ -1,0 +1,472 @@
+// The CUDA backend: struct backend_ops over the kernels of cuda/*.cu.
+//
+// One stream per backend; every op enqueues on it and returns (ops->sync
+// waits and reports faults raised inside kernels). Host-side argument checks
+// happen here, before anything is enqueued, so a bad call fails with a
+// message instead of a device fault. A single scratch buffer (stream-ordered
+// allocation, grown on demand) serves the GEMM path (f16 activations and
+// decoded weight slices) and split-K attention (partial results); ops run
+// one after another on the stream, so they never use it at the same time.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_ops.h"
+#include "host/backend.h"
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
+struct cuda_backend {
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *scratch; // device, stream-ordered (cudaMallocAsync)
+    size_t scratch_bytes;
+    int sm_count;
+};
+
+static struct cuda_backend *cb_of(struct backend *be) {
+    return (struct cuda_backend *)be->impl;
+}
+
+#define CU_CHECK(be, stmt)                                                                         \
+    do {                                                                                           \
+        cudaError_t e_ = (stmt);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return verr_set(&(be)->err, VERR_BACKEND, "%s: %s (%s:%d)", #stmt,                     \
+                            cudaGetErrorString(e_), __FILE__, __LINE__);                           \
+    } while (0)
+
+// Ops may be called from a thread whose current device is another GPU.
+#define CU_ENTER(be) CU_CHECK(be, cudaSetDevice((be)->device))
+
+// --- memory ------------------------------------------------------------------
+
+static int cu_alloc(struct backend *be, size_t bytes, void **out) {
+    *out = NULL;
+    CU_ENTER(be);
+    // A zero-byte request still gets a distinct, freeable pointer (as the CPU
+    // backend gives), so callers can treat NULL as "not allocated".
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError();
+        return verr_set(&be->err, e == cudaErrorMemoryAllocation ? VERR_NOMEM : VERR_BACKEND,
+                        "cudaMalloc(%zu bytes) on device %d: %s (%s:%d)", bytes, be->device,
+                        cudaGetErrorString(e), __FILE__, __LINE__);
+    }
+    return VERR_OK;
+}
+
+static void cu_free(struct backend *be, void *ptr) {
+    if (!ptr)
+        return;
+    if (cudaSetDevice(be->device) == cudaSuccess)
+        (void)cudaFree(ptr); // synchronizes: no enqueued op still uses ptr
+}
+
+// Returns once src has been read (kv/ reuses its arrays right away): a
+// pageable source is staged by the runtime before cudaMemcpyAsync returns;
+// a pinned one is copied by DMA later, so wait for it.
+static int cu_upload(struct backend *be, void *dst, const void *src, size_t bytes) {
+    CU_ENTER(be);
+    if (bytes == 0)
+        return VERR_OK;
+    struct cuda_backend *cb = cb_of(be);
+    CU_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
+    struct cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
+        (void)cudaGetLastError();
+        attr.type = cudaMemoryTypeUnregistered;
+    }
+    if (attr.type == cudaMemoryTypeHost)
+        CU_CHECK(be, cudaStreamSynchronize(cb->stream));
+    return VERR_OK;
+}
+
+static int cu_download(struct backend *be, void *dst, const void *src, size_t bytes) {
+    CU_ENTER(be);
+    if (bytes == 0)
+        return VERR_OK;
+    CU_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb_of(be)->stream));
+    return VERR_OK;
+}
+
+static int cu_memset_zero(struct backend *be, void *dst, size_t bytes) {
+    CU_ENTER(be);
+    if (bytes == 0)
+        return VERR_OK;
+    CU_CHECK(be, cudaMemsetAsync(dst, 0, bytes, cb_of(be)->stream));
+    return VERR_OK;
+}
+
+static int cu_sync(struct backend *be) {
+    CU_ENTER(be);
+    CU_CHECK(be, cudaStreamSynchronize(cb_of(be)->stream));
+    return VERR_OK;
+}
+
+// Grows the scratch buffer to at least `bytes` (stream-ordered: the old one is
+// released after every op already enqueued that uses it).
+static int cu_scratch_reserve(struct backend *be, size_t bytes) {
+    struct cuda_backend *cb = cb_of(be);
+    if (bytes <= cb->scratch_bytes)
+        return VERR_OK;
+    size_t want = bytes + bytes / 4;
+    want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    if (cb->scratch) {
+        CU_CHECK(be, cudaFreeAsync(cb->scratch, cb->stream));
+        cb->scratch = NULL;
+        cb->scratch_bytes = 0;
+    }
+    cudaError_t e = cudaMallocAsync(&cb->scratch, want, cb->stream);
+    if (e != cudaSuccess) {
+        cb->scratch = NULL;
+        (void)cudaGetLastError();
+        return verr_set(&be->err, e == cudaErrorMemoryAllocation ? VERR_NOMEM : VERR_BACKEND,
+                        "cudaMallocAsync(%zu bytes) for scratch: %s (%s:%d)", want,
+                        cudaGetErrorString(e), __FILE__, __LINE__);
+    }
+    cb->scratch_bytes = want;
+    return VERR_OK;
+}
+
+// --- argument checks -----------------------------------------------------------
+
+static bool cu_weight_type_ok(enum ggml_type t) {
+    switch (t) {
+    case GGML_TYPE_F32:
+    case GGML_TYPE_F16:
+    case GGML_TYPE_BF16:
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static int cu_check_weight(struct backend *be, const struct backend_weight *w, const char *what) {
+    if (!w || !w->data)
+        return verr_set(&be->err, VERR_RANGE, "%s: weight is NULL", what);
+    if (!cu_weight_type_ok(w->type))
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "%s: weight type %s is not supported by the "
+                        "CUDA backend",
+                        what, ggml_type_name(w->type));
+    if (w->n_in <= 0 || w->n_out <= 0 || ggml_row_bytes(w->type, w->n_in) == 0)
+        return verr_set(&be->err, VERR_RANGE,
+                        "%s: %s weight of %lld x %lld (n_in must be a "
+                        "positive multiple of the block size)",
+                        what, ggml_type_name(w->type), (long long)w->n_out, (long long)w->n_in);
+    return VERR_OK;
+}
+
+// The float steps of llama.cpp's ggml_rope_yarn_corr_dim (same as host/rope.c).
+static float cu_corr_dim(int n_rot, int n_ctx_orig, float n_turns, float base) {
+    return n_rot * logf(n_ctx_orig / (n_turns * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
+// rp -> device constants; magnitude == false: pure rotation (mscale 1).
+static int cu_rope_prepare(struct backend *be, struct cuda_rope *c, const struct rope_params *rp,
+                           int head_dim, bool magnitude, const char *what) {
+    if (!rp)
+        return verr_set(&be->err, VERR_RANGE, "%s: rope params are NULL", what);
+    if (rp->mode != ROPE_MODE_NORMAL && rp->mode != ROPE_MODE_NEOX)
+        return verr_set(&be->err, VERR_UNSUPPORTED, "%s: rope mode %d (0 normal, 2 NeoX)", what,
+                        (int)rp->mode);
+    if (rp->n_rot < 2 || rp->n_rot % 2 != 0 || rp->n_rot > head_dim)
+        return verr_set(&be->err, VERR_RANGE, "%s: n_rot %d must be even and in [2, %d]", what,
+                        rp->n_rot, head_dim);
+    if (!(rp->freq_base > 0.0f) || !(rp->freq_scale > 0.0f))
+        return verr_set(&be->err, VERR_RANGE, "%s: freq_base %g and freq_scale %g must be > 0",
+                        what, (double)rp->freq_base, (double)rp->freq_scale);
+    c->mode = (int)rp->mode;
+    c->n_rot = rp->n_rot;
+    c->theta_scale = powf(rp->freq_base, -2.0f / rp->n_rot);
+    c->freq_scale = rp->freq_scale;
+    c->ext_factor = rp->ext_factor;
+    const float start =
+        floorf(cu_corr_dim(rp->n_rot, rp->n_ctx_orig, rp->beta_fast, rp->freq_base));
+    const float end = ceilf(cu_corr_dim(rp->n_rot, rp->n_ctx_orig, rp->beta_slow, rp->freq_base));
+    c->corr_lo = 0 > start ? 0 : start;
+    c->corr_hi = (float)(rp->n_rot - 1) < end ? (float)(rp->n_rot - 1) : end;
+    float mscale = 1.0f;
+    if (magnitude) {
+        mscale = rp->attn_factor;
+        if (rp->ext_factor != 0.0f)
+            mscale *= 1.0f + 0.1f * logf(1.0f / rp->freq_scale);
+    }
+    c->mscale = mscale;
+    c->freq_factors = rp->freq_factors;
+    return VERR_OK;
+}
+
+static bool cu_cache_type_ok(enum ggml_type t) {
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
+}
+
+// --- ops -----------------------------------------------------------------------
+
+static int cu_embed(struct backend *be, float *out, const struct backend_weight *table,
+                    const int32_t *tokens, int n_tok) {
+    CU_ENTER(be);
+    int rc = cu_check_weight(be, table, "embed");
+    if (rc)
+        return rc;
+    return cuda_embed_rows(out, table->data, table->type, table->n_in, table->n_out, tokens, n_tok,
+                           cb_of(be)->stream, &be->err);
+}
+
+static int cu_rms_norm(struct backend *be, float *out, const float *x, const float *w, int n_rows,
+                       int n, float eps) {
+    CU_ENTER(be);
+    return cuda_rms_norm_apply(out, x, w, n_rows, n, eps, cb_of(be)->stream, &be->err);
+}
+
+static int cu_matmul(struct backend *be, float *out, const struct backend_weight *w, const float *x,
+                     const float *bias, int n_tok) {
+    CU_ENTER(be);
+    int rc = cu_check_weight(be, w, "matmul");
+    if (rc)
+        return rc;
+    if (n_tok <= 0)
+        return VERR_OK;
+    if ((const void *)out == (const void *)x)
+        return verr_set(&be->err, VERR_RANGE, "matmul: out must not alias x");
+    struct cuda_backend *cb = cb_of(be);
+    if (n_tok <= CUDA_MATVEC_MAX_TOK)
+        return cuda_matvec_apply(out, w->data, w->type, w->n_in, w->n_out, x, bias, n_tok,
+                                 cb->stream, &be->err);
+    rc = cu_scratch_reserve(be, cuda_matmul_scratch_bytes(w->type, w->n_in, w->n_out, n_tok));
+    if (rc)
+        return rc;
+    return cuda_matmul_apply(cb->cublas, out, w->data, w->type, w->n_in, w->n_out, x, bias, n_tok,
+                             cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
+}
+
+static int cu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, int n_head,
+                   int head_dim, const struct rope_params *rp) {
+    CU_ENTER(be);
+    struct cuda_rope c;
+    int rc = cu_rope_prepare(be, &c, rp, head_dim, true, "rope");
+    if (rc)
+        return rc;
+    return cuda_rope_apply(x, pos, n_tok, n_head, head_dim, &c, NULL, NULL, GGML_TYPE_F32, NULL,
+                           GGML_TYPE_F32, NULL, 0, cb_of(be)->stream, &be->err);
+}
+
+static int cu_rope_kv_store(struct backend *be, float *k, const float *v, void *k_cache,
+                            enum ggml_type type_k, void *v_cache, enum ggml_type type_v,
+                            const int32_t *pos, const int32_t *cells, int n_tok, int n_head_kv,
+                            int head_dim, int head_dim_v, const struct rope_params *rp) {
+    CU_ENTER(be);
+    if (!cu_cache_type_ok(type_k) || !cu_cache_type_ok(type_v))
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "rope_kv_store: cache types %s/%s (F16 or "
+                        "F32)",
+                        ggml_type_name(type_k), ggml_type_name(type_v));
+    if (!k_cache || !v_cache || !cells || !v)
+        return verr_set(&be->err, VERR_RANGE, "rope_kv_store: NULL cache, cells or v");
+    struct cuda_rope c;
+    int rc = cu_rope_prepare(be, &c, rp, head_dim, true, "rope_kv_store");
+    if (rc)
+        return rc;
+    return cuda_rope_apply(k, pos, n_tok, n_head_kv, head_dim, &c, v, k_cache, type_k, v_cache,
+                           type_v, cells, head_dim_v, cb_of(be)->stream, &be->err);
+}
+
+static int cu_attention(struct backend *be, const struct attn_args *a) {
+    CU_ENTER(be);
+    if (!cu_cache_type_ok(a->type_k) || !cu_cache_type_ok(a->type_v))
+        return verr_set(&be->err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
+                        ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+    if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv != 0)
+        return verr_set(&be->err, VERR_RANGE,
+                        "attention: n_head %d is not a multiple of n_head_kv %d", a->n_head,
+                        a->n_head_kv);
+    if (a->head_dim < 1 || a->head_dim > CUDA_ATTN_MAX_HEAD_DIM || a->head_dim_v < 1 ||
+        a->head_dim_v > CUDA_ATTN_MAX_HEAD_DIM)
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "attention: head dims %d/%d (the CUDA kernels take up to %d)", a->head_dim,
+                        a->head_dim_v, CUDA_ATTN_MAX_HEAD_DIM);
+    struct cuda_backend *cb = cb_of(be);
+    const struct cuda_attn ca = {
+        .out = a->out,
+        .q = a->q,
+        .k = a->k,
+        .v = a->v,
+        .type_k = a->type_k,
+        .type_v = a->type_v,
+        .cell_pos = a->cell_pos,
+        .cell_seq = a->cell_seq,
+        .seq_words = a->seq_words,
+        .q_pos = a->q_pos,
+        .q_seq = a->q_seq,
+        .n_tok = a->n_tok,
+        .n_kv = a->n_kv,
+        .n_head = a->n_head,
+        .n_head_kv = a->n_head_kv,
+        .head_dim = a->head_dim,
+        .head_dim_v = a->head_dim_v,
+        .scale = a->scale,
+    };
+    int rc = cu_scratch_reserve(be, cuda_attention_scratch_bytes(&ca, cb->sm_count));
+    if (rc)
+        return rc;
+    return cuda_attention_apply(&ca, cb->sm_count, cb->scratch, cb->scratch_bytes, cb->stream,
+                                &be->err);
+}
+
+static int cu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
+                       const int32_t *delta, int n_layer, int n_ctx, int n_head_kv, int head_dim,
+                       const struct rope_params *rp) {
+    CU_ENTER(be);
+    if (!cu_cache_type_ok(type_k))
+        return verr_set(&be->err, VERR_UNSUPPORTED, "kv_shift: cache type %s (F16 or F32)",
+                        ggml_type_name(type_k));
+    struct cuda_rope c;
+    int rc = cu_rope_prepare(be, &c, rp, head_dim, false, "kv_shift");
+    if (rc)
+        return rc;
+    return cuda_rope_shift_kv(k_cache, type_k, delta, n_layer, n_ctx, n_head_kv, head_dim, &c,
+                              cb_of(be)->stream, &be->err);
+}
+
+static int cu_swiglu(struct backend *be, float *out, const float *gate, const float *up,
+                     int64_t n) {
+    CU_ENTER(be);
+    return cuda_swiglu_apply(out, gate, up, n, cb_of(be)->stream, &be->err);
+}
+
+static int cu_add(struct backend *be, float *x, const float *y, int64_t n) {
+    CU_ENTER(be);
+    return cuda_add_apply(x, y, n, cb_of(be)->stream, &be->err);
+}
+
+static int cu_get_rows(struct backend *be, float *out, const float *x, const int32_t *rows,
+                       int n_out_rows, int n) {
+    CU_ENTER(be);
+    return cuda_get_rows(out, x, rows, n_out_rows, n, cb_of(be)->stream, &be->err);
+}
+
+static int cu_argmax(struct backend *be, int32_t *out, const float *logits, int n_rows,
+                     int n_vocab) {
+    CU_ENTER(be);
+    return cuda_argmax_rows(out, logits, n_rows, n_vocab, cb_of(be)->stream, &be->err);
+}
+
+static void cu_release(struct cuda_backend *cb) {
+    if (cb->stream)
+        (void)cudaStreamSynchronize(cb->stream);
+    if (cb->scratch)
+        (void)cudaFree(cb->scratch); // stream-ordered memory may be freed synchronously too
+    if (cb->cublas)
+        (void)cublasDestroy(cb->cublas);
+    if (cb->stream)
+        (void)cudaStreamDestroy(cb->stream);
+    (void)cudaGetLastError();
+    free(cb);
+}
+
+static void cu_destroy(struct backend *be) {
+    if (!be)
+        return;
+    if (be->impl) {
+        (void)cudaSetDevice(be->device);
+        cu_release(cb_of(be));
+    }
+    free(be);
+}
+
+static const struct backend_ops cuda_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .memset_zero = cu_memset_zero,
+    .sync = cu_sync,
+    .embed = cu_embed,
+    .rms_norm = cu_rms_norm,
+    .matmul = cu_matmul,
+    .rope = cu_rope,
+    .rope_kv_store = cu_rope_kv_store,
+    .attention = cu_attention,
+    .kv_shift = cu_kv_shift,
+    .swiglu = cu_swiglu,
+    .add = cu_add,
+    .get_rows = cu_get_rows,
+    .argmax = cu_argmax,
+    .destroy = cu_destroy,
+};
+
+// No driver, no GPU, or a driver older than the runtime: all mean "none
+// usable", reported as 0 without printing anything.
+int backend_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n > 0 ? n : 0;
+}
+
+int backend_cuda_create(struct backend **out, int device, struct verr *err) {
+    *out = NULL;
+    const int n = backend_cuda_device_count();
+    if (device < 0 || device >= n)
+        return verr_set(err, VERR_NOTFOUND, "CUDA device %d not found (%d usable device%s)", device,
+                        n, n == 1 ? "" : "s");
+    struct backend *be = calloc(1, sizeof *be);
+    struct cuda_backend *cb = calloc(1, sizeof *cb);
+    if (!be || !cb) {
+        free(be);
+        free(cb);
+        return verr_set(err, VERR_NOMEM, "CUDA backend: out of host memory");
+    }
+    const char *what = NULL;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        what = "cudaSetDevice";
+    if (!what && (e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess)
+        what = "cudaStreamCreateWithFlags";
+    if (!what && (e = cudaDeviceGetAttribute(&cb->sm_count, cudaDevAttrMultiProcessorCount,
+                                             device)) != cudaSuccess)
+        what = "cudaDeviceGetAttribute(MultiProcessorCount)";
+    if (what) {
+        int rc = verr_set(err, VERR_BACKEND, "CUDA device %d: %s: %s (%s:%d)", device, what,
+                          cudaGetErrorString(e), __FILE__, __LINE__);
+        cu_release(cb);
+        free(be);
+        return rc;
+    }
+    cublasStatus_t s = cublasCreate(&cb->cublas);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        cb->cublas = NULL;
+    else
+        s = cublasSetStream(cb->cublas, cb->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        int rc = verr_set(err, VERR_BACKEND, "CUDA device %d: cuBLAS setup: %s (%s:%d)", device,
+                          cublasGetStatusString(s), __FILE__, __LINE__);
+        cu_release(cb);
+        free(be);
+        return rc;
+    }
+    be->ops = &cuda_ops;
+    be->device = device;
+    be->impl = cb;
+    *out = be;
+    return VERR_OK;
+}

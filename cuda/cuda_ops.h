@@ -1,0 +1,152 @@
+// The boundary between the host (C11) and the CUDA kernels (CUDA C++): plain
+// C functions taking device pointers, sizes, a stream and an error report.
+//
+// Contract for every entry point:
+// - every pointer is device memory unless named otherwise; shapes are written
+//   next to each pointer, the last index varying fastest;
+// - work is enqueued on `stream` and the call returns without waiting;
+// - returns 0, or a negative VERR_* code with err filled (VERR_BACKEND names
+//   the failing CUDA/cuBLAS statement, its error string, file and line;
+//   VERR_RANGE / VERR_UNSUPPORTED for arguments the kernels cannot take).
+// Arguments are validated by cuda/backend_cuda.c before it calls in here;
+// the entry points re-check only what would make a kernel read out of bounds.
+#ifndef VELA_CUDA_OPS_H
+#define VELA_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "gguf/types.h"
+#include "gguf/verr.h"
+
+// Largest n_tok that matmul serves with the mat-vec kernels (weights read
+// once, dequantized in registers, f32 activations). Larger batches go through
+// a dense GEMM: F32 weights by an f32 cuBLAS GEMM, F16 weights by cuBLAS with
+// activations rounded to f16, BF16 with activations rounded to bf16, and the
+// quantized types by dequantizing slices of rows to f16 first.
+#define CUDA_MATVEC_MAX_TOK 8
+
+// Largest head_dim / head_dim_v the attention kernels take.
+#define CUDA_ATTN_MAX_HEAD_DIM 256
+
+// Rope constants derived on the host from struct rope_params, so that host
+// and device use bit-identical theta_scale, corr dims and mscale.
+struct cuda_rope {
+    int mode;          // enum rope_mode: 0 normal, 2 NeoX
+    int n_rot;         // even, <= head_dim
+    float theta_scale; // powf(freq_base, -2.0f / n_rot)
+    float freq_scale;
+    float ext_factor;
+    float corr_lo, corr_hi;
+    float mscale;              // 1 for a pure rotation (kv shift)
+    const float *freq_factors; // device [n_rot/2] or NULL
+};
+
+// --- norm.cu ---------------------------------------------------------------
+// out[r] = x[r] / sqrtf(mean(x[r]^2) + eps) * w; out may alias x.
+int cuda_rms_norm_apply(float *out /* [n_rows][n] */, const float *x /* [n_rows][n] */,
+                        const float *w /* [n] */, int n_rows, int n, float eps, cudaStream_t stream,
+                        struct verr *err);
+
+// --- rope.cu ---------------------------------------------------------------
+// Rotates x in place (k_cache/v_cache NULL), or, the fused KV store: rotates
+// x (= K) in place and writes token t's K and V into cache cell cells[t],
+// converted to the cache types (F32 or F16).
+int cuda_rope_apply(float *x /* [n_tok][n_head][head_dim] */, const int32_t *pos /* [n_tok] */,
+                    int n_tok, int n_head, int head_dim, const struct cuda_rope *c,
+                    const float *v /* [n_tok][n_head][head_dim_v] or NULL */,
+                    void *k_cache /* [n_ctx][n_head][head_dim] or NULL */, enum ggml_type type_k,
+                    void *v_cache /* [n_ctx][n_head][head_dim_v] or NULL */, enum ggml_type type_v,
+                    const int32_t *cells /* [n_tok] or NULL */, int head_dim_v, cudaStream_t stream,
+                    struct verr *err);
+
+// Rotates the K rows of every layer's cell c by delta[c] positions (cells with
+// delta 0 untouched), one launch for all layers.
+int cuda_rope_shift_kv(void *k_cache /* [n_layer][n_ctx][n_head_kv][head_dim] */,
+                       enum ggml_type type_k, const int32_t *delta /* [n_ctx] */, int n_layer,
+                       int n_ctx, int n_head_kv, int head_dim, const struct cuda_rope *c,
+                       cudaStream_t stream, struct verr *err);
+
+// --- attention.cu ----------------------------------------------------------
+struct cuda_attn {
+    float *out;     // [n_tok][n_head][head_dim_v]
+    const float *q; // [n_tok][n_head][head_dim]
+    const void *k;  // [n_ctx][n_head_kv][head_dim], F16 or F32
+    const void *v;  // [n_ctx][n_head_kv][head_dim_v], F16 or F32
+    enum ggml_type type_k, type_v;
+    const int32_t *cell_pos;  // [n_kv]
+    const uint64_t *cell_seq; // [n_kv][seq_words]
+    int seq_words;
+    const int32_t *q_pos; // [n_tok]
+    const int32_t *q_seq; // [n_tok]
+    int n_tok, n_kv, n_head, n_head_kv, head_dim, head_dim_v;
+    float scale;
+};
+
+// Scratch bytes the attention call with these sizes needs for its split-K
+// partial results (0 when it runs unsplit). sm_count: multiprocessors.
+size_t cuda_attention_scratch_bytes(const struct cuda_attn *a, int sm_count);
+// Flash attention with online softmax; splits the KV range across blocks when
+// there are too few (token, head) blocks to fill the GPU, using `scratch`.
+int cuda_attention_apply(const struct cuda_attn *a, int sm_count, void *scratch,
+                         size_t scratch_bytes, cudaStream_t stream, struct verr *err);
+
+// --- matvec.cu -------------------------------------------------------------
+// out[t][o] = sum_i W[o][i] * x[t][i] (+ bias[o]) for n_tok <= CUDA_MATVEC_MAX_TOK.
+// w: n_out rows of row_bytes; n_in a multiple of the type's block size.
+int cuda_matvec_apply(float *out /* [n_tok][n_out] */, const void *w, enum ggml_type type,
+                      int64_t n_in, int64_t n_out, const float *x /* [n_tok][n_in] */,
+                      const float *bias /* [n_out] or NULL */, int n_tok, cudaStream_t stream,
+                      struct verr *err);
+
+// --- matmul.cu -------------------------------------------------------------
+// Scratch bytes cuda_matmul_apply needs for these sizes.
+size_t cuda_matmul_scratch_bytes(enum ggml_type type, int64_t n_in, int64_t n_out, int n_tok);
+// The GEMM path of matmul (any n_tok); cublas must be bound to `stream`.
+int cuda_matmul_apply(cublasHandle_t cublas, float *out /* [n_tok][n_out] */, const void *w,
+                      enum ggml_type type, int64_t n_in, int64_t n_out,
+                      const float *x /* [n_tok][n_in] */, const float *bias /* [n_out] or NULL */,
+                      int n_tok, void *scratch, size_t scratch_bytes, cudaStream_t stream,
+                      struct verr *err);
+
+// --- elementwise.cu --------------------------------------------------------
+// out[t][:] = dequantized row tokens[t] of the table (a token outside
+// [0, n_rows) gives a row of zeros: tokens are checked on the host first).
+int cuda_embed_rows(float *out /* [n_tok][n_in] */, const void *table, enum ggml_type type,
+                    int64_t n_in, int64_t n_rows, const int32_t *tokens /* [n_tok] */, int n_tok,
+                    cudaStream_t stream, struct verr *err);
+// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
+int cuda_swiglu_apply(float *out, const float *gate, const float *up, int64_t n,
+                      cudaStream_t stream, struct verr *err);
+// x[i] += y[i]
+int cuda_add_apply(float *x, const float *y, int64_t n, cudaStream_t stream, struct verr *err);
+// out[r] = x[rows[r]]
+int cuda_get_rows(float *out /* [n_out_rows][n] */, const float *x /* [*][n] */,
+                  const int32_t *rows /* [n_out_rows] */, int n_out_rows, int n,
+                  cudaStream_t stream, struct verr *err);
+
+// --- sample.cu -------------------------------------------------------------
+// out[r] = index of the largest logit of row r, lowest index on ties (NaN
+// never wins; a row of NaN gives 0).
+int cuda_argmax_rows(int32_t *out /* [n_rows] */, const float *logits /* [n_rows][n_vocab] */,
+                     int n_rows, int n_vocab, cudaStream_t stream, struct verr *err);
+
+// --- dequant_host.cu ---------------------------------------------------------
+// The device decoders (dequant.cuh) run on the host over one row of n
+// elements: out must be bit-identical to gguf/quant.c's quant_dequantize_row.
+// row: host memory, aligned as a row of a 16-byte aligned matrix. For tests.
+int cuda_dequant_row_host(enum ggml_type type, const void *row, int64_t n, float *out,
+                          struct verr *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

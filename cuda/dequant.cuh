@@ -1,0 +1,339 @@
+// Device-side decoding of ggml weight blocks, shared by matvec.cu (dot in
+// registers), matmul.cu (dequantize to f16 for cuBLAS) and elementwise.cu
+// (embed). The layouts are llama.cpp's (see the table at the top of
+// gguf/quant.c, the host reference). Each value is computed with the same
+// float expression and roundings as gguf/quant.c's decoders: products and
+// sums go through mul_rn / add_rn / sub_rn (__fmul_rn etc. on the device), so
+// nvcc cannot fuse them into an FMA, which makes the decoded values
+// bit-identical to the host's. The decoders are __host__ __device__ so that
+// they can also be checked against gguf/quant.c on a machine without a GPU.
+//
+// Unit of work: a "sub-block" of 32 consecutive elements of a row. Every
+// quantized type supported here is a whole number of sub-blocks per block
+// (32-element blocks: one; 256-element K blocks: eight).
+//
+// Alignment contract (checked by the launchers): the weight base pointer is
+// 16-byte aligned. Then every block field read below with a 4-byte load is
+// 4-byte aligned (block sizes 20, 24, 144, 176 are multiples of 4) and every
+// 2-byte load is 2-byte aligned (block sizes 18, 22, 34, 210 are even).
+#ifndef VELA_CUDA_DEQUANT_CUH
+#define VELA_CUDA_DEQUANT_CUH
+
+#include <type_traits>
+
+#include "cuda/cuda_common.cuh"
+
+// #pragma unroll for code that is also compiled for the host (where the host
+// compiler would warn about an unknown pragma).
+#ifdef __CUDA_ARCH__
+#define VELA_UNROLL _Pragma("unroll")
+#else
+#define VELA_UNROLL
+#endif
+
+// Products and sums that must not be fused into an FMA. On the host side
+// (only used by checks that compile these decoders for the CPU) a plain
+// expression is used; host C++ is not contracted across statements here.
+static __host__ __device__ __forceinline__ float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    volatile float r = a * b;
+    return r;
+#endif
+}
+
+static __host__ __device__ __forceinline__ float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    volatile float r = a + b;
+    return r;
+#endif
+}
+
+static __host__ __device__ __forceinline__ float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    volatile float r = a - b;
+    return r;
+#endif
+}
+
+static __host__ __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p) {
+    return *(const uint16_t *)p;
+}
+
+static __host__ __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
+    return *(const uint32_t *)p;
+}
+
+// NW little-endian words of 4 bytes from a 2-byte aligned address.
+template <int NW>
+static __host__ __device__ __forceinline__ void ld_words_a2(const uint8_t *p, uint32_t *w) {
+VELA_UNROLL
+    for (int k = 0; k < NW; k++)
+        w[k] = ld_u16(p + 4 * k) | (ld_u16(p + 4 * k + 2) << 16);
+}
+
+template <int NW>
+static __host__ __device__ __forceinline__ void ld_words_a4(const uint8_t *p, uint32_t *w) {
+VELA_UNROLL
+    for (int k = 0; k < NW; k++)
+        w[k] = ld_u32(p + 4 * k);
+}
+
+// Byte k of a little-endian word array (k a compile-time constant after unrolling).
+static __host__ __device__ __forceinline__ int byte_at(const uint32_t *w, int k) {
+    return (int)((w[k >> 2] >> (8 * (k & 3))) & 0xffu);
+}
+
+// 6-bit scale and min j (0..7) of a Q4_K / Q5_K scales[12] field.
+static __host__ __device__ __forceinline__ void k4_scale_min(const uint32_t *s /* 3 words */, int j,
+                                                             int *sc, int *mn) {
+    if (j < 4) {
+        *sc = byte_at(s, j) & 63;
+        *mn = byte_at(s, j + 4) & 63;
+    } else {
+        *sc = (byte_at(s, j + 4) & 0x0f) | ((byte_at(s, j - 4) >> 6) << 4);
+        *mn = (byte_at(s, j + 4) >> 4) | ((byte_at(s, j) >> 6) << 4);
+    }
+}
+
+// Block geometry of the quantized types.
+template <int T> struct qtype;
+template <> struct qtype<GGML_TYPE_Q4_0> { static constexpr int block = 32, bytes = 18; };
+template <> struct qtype<GGML_TYPE_Q4_1> { static constexpr int block = 32, bytes = 20; };
+template <> struct qtype<GGML_TYPE_Q5_0> { static constexpr int block = 32, bytes = 22; };
+template <> struct qtype<GGML_TYPE_Q5_1> { static constexpr int block = 32, bytes = 24; };
+template <> struct qtype<GGML_TYPE_Q8_0> { static constexpr int block = 32, bytes = 34; };
+template <> struct qtype<GGML_TYPE_Q4_K> { static constexpr int block = 256, bytes = 144; };
+template <> struct qtype<GGML_TYPE_Q5_K> { static constexpr int block = 256, bytes = 176; };
+template <> struct qtype<GGML_TYPE_Q6_K> { static constexpr int block = 256, bytes = 210; };
+
+// Decodes sub-block sb (elements 32*sb .. 32*sb+31) of a row into v[32].
+template <int T>
+static __host__ __device__ __forceinline__ void dequant_sub32(const uint8_t *row, int64_t sb,
+                                                              float *v);
+
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q4_0>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + sb * 18;
+    const float d = f16_bits_to_f32((uint16_t)ld_u16(b));
+    uint32_t q[4];
+    ld_words_a2<4>(b + 2, q);
+VELA_UNROLL
+    for (int j = 0; j < 16; j++) {
+        const int x = byte_at(q, j);
+        v[j] = mul_rn((float)((x & 0x0f) - 8), d);
+        v[j + 16] = mul_rn((float)((x >> 4) - 8), d);
+    }
+}
+
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q4_1>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + sb * 20;
+    const uint32_t dm = ld_u32(b);
+    const float d = f16_bits_to_f32((uint16_t)(dm & 0xffffu));
+    const float m = f16_bits_to_f32((uint16_t)(dm >> 16));
+    uint32_t q[4];
+    ld_words_a4<4>(b + 4, q);
+VELA_UNROLL
+    for (int j = 0; j < 16; j++) {
+        const int x = byte_at(q, j);
+        v[j] = add_rn(mul_rn((float)(x & 0x0f), d), m);
+        v[j + 16] = add_rn(mul_rn((float)(x >> 4), d), m);
+    }
+}
+
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q5_0>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + sb * 22;
+    const float d = f16_bits_to_f32((uint16_t)ld_u16(b));
+    const uint32_t qh = ld_u16(b + 2) | (ld_u16(b + 4) << 16);
+    uint32_t q[4];
+    ld_words_a2<4>(b + 6, q);
+VELA_UNROLL
+    for (int j = 0; j < 16; j++) {
+        const int x = byte_at(q, j);
+        const int lo = (x & 0x0f) | (int)(((qh >> j) & 1u) << 4);
+        const int hi = (x >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
+        v[j] = mul_rn((float)(lo - 16), d);
+        v[j + 16] = mul_rn((float)(hi - 16), d);
+    }
+}
+
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q5_1>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + sb * 24;
+    const uint32_t dm = ld_u32(b);
+    const float d = f16_bits_to_f32((uint16_t)(dm & 0xffffu));
+    const float m = f16_bits_to_f32((uint16_t)(dm >> 16));
+    const uint32_t qh = ld_u32(b + 4);
+    uint32_t q[4];
+    ld_words_a4<4>(b + 8, q);
+VELA_UNROLL
+    for (int j = 0; j < 16; j++) {
+        const int x = byte_at(q, j);
+        const int lo = (x & 0x0f) | (int)(((qh >> j) & 1u) << 4);
+        const int hi = (x >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
+        v[j] = add_rn(mul_rn((float)lo, d), m);
+        v[j + 16] = add_rn(mul_rn((float)hi, d), m);
+    }
+}
+
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q8_0>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + sb * 34;
+    const float d = f16_bits_to_f32((uint16_t)ld_u16(b));
+    uint32_t q[8];
+    ld_words_a2<8>(b + 2, q);
+VELA_UNROLL
+    for (int j = 0; j < 32; j++)
+        v[j] = mul_rn((float)(int8_t)byte_at(q, j), d);
+}
+
+// Q4_K sub-block j of a super-block: group j; qs[32*(j/2) + l], low nibble
+// for even j, high for odd.
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q4_K>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + (sb >> 3) * 144;
+    const int j = (int)(sb & 7);
+    const uint32_t dm = ld_u32(b);
+    const float d = f16_bits_to_f32((uint16_t)(dm & 0xffffu));
+    const float dmin = f16_bits_to_f32((uint16_t)(dm >> 16));
+    uint32_t s[3];
+    ld_words_a4<3>(b + 4, s);
+    int sc, mn;
+    k4_scale_min(s, j, &sc, &mn);
+    const float d1 = mul_rn(d, (float)sc), m1 = mul_rn(dmin, (float)mn);
+    uint32_t q[8];
+    ld_words_a4<8>(b + 16 + 32 * (j >> 1), q);
+    const int shift = 4 * (j & 1);
+VELA_UNROLL
+    for (int l = 0; l < 32; l++)
+        v[l] = sub_rn(mul_rn(d1, (float)((byte_at(q, l) >> shift) & 0x0f)), m1);
+}
+
+// Q5_K: Q4_K plus qh[l] bit j as the fifth bit of element l of group j.
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q5_K>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + (sb >> 3) * 176;
+    const int j = (int)(sb & 7);
+    const uint32_t dm = ld_u32(b);
+    const float d = f16_bits_to_f32((uint16_t)(dm & 0xffffu));
+    const float dmin = f16_bits_to_f32((uint16_t)(dm >> 16));
+    uint32_t s[3];
+    ld_words_a4<3>(b + 4, s);
+    int sc, mn;
+    k4_scale_min(s, j, &sc, &mn);
+    const float d1 = mul_rn(d, (float)sc), m1 = mul_rn(dmin, (float)mn);
+    uint32_t h[8], q[8];
+    ld_words_a4<8>(b + 16, h);
+    ld_words_a4<8>(b + 48 + 32 * (j >> 1), q);
+    const int shift = 4 * (j & 1);
+VELA_UNROLL
+    for (int l = 0; l < 32; l++) {
+        const int x = ((byte_at(q, l) >> shift) & 0x0f) | (((byte_at(h, l) >> j) & 1) << 4);
+        v[l] = sub_rn(mul_rn(d1, (float)x), m1);
+    }
+}
+
+// Q6_K sub-block j: half n = j/4, quarter s = j%4: element l has its low 4
+// bits in ql[64n + 32(s&1) + l] (nibble s/2) and its top 2 bits at bit 2s of
+// qh[32n + l]; its int8 scale is scales[8n + 2s + l/16]; stored + 32.
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q6_K>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + (sb >> 3) * 210;
+    const int j = (int)(sb & 7);
+    const int n = j >> 2, s = j & 3;
+    const float d = f16_bits_to_f32((uint16_t)ld_u16(b + 208));
+    const uint32_t sc2 = ld_u16(b + 192 + 8 * n + 2 * s);
+    const float d_lo = mul_rn(d, (float)(int8_t)(sc2 & 0xffu));
+    const float d_hi = mul_rn(d, (float)(int8_t)(sc2 >> 8));
+    uint32_t ql[8], qh[8];
+    ld_words_a2<8>(b + 64 * n + 32 * (s & 1), ql);
+    ld_words_a2<8>(b + 128 + 32 * n, qh);
+    const int shift = 4 * (s >> 1);
+VELA_UNROLL
+    for (int l = 0; l < 32; l++) {
+        const int lo = (byte_at(ql, l) >> shift) & 0x0f;
+        const int x = (lo | (((byte_at(qh, l) >> (2 * s)) & 3) << 4)) - 32;
+        v[l] = mul_rn(l < 16 ? d_lo : d_hi, (float)x);
+    }
+}
+
+// Plain (unblocked) types: element i of a row.
+template <int T>
+static __host__ __device__ __forceinline__ float load_plain(const void *row, int64_t i);
+
+template <>
+__host__ __device__ __forceinline__ float load_plain<GGML_TYPE_F32>(const void *row, int64_t i) {
+    return ((const float *)row)[i];
+}
+
+template <>
+__host__ __device__ __forceinline__ float load_plain<GGML_TYPE_F16>(const void *row, int64_t i) {
+    return f16_bits_to_f32(((const uint16_t *)row)[i]);
+}
+
+template <>
+__host__ __device__ __forceinline__ float load_plain<GGML_TYPE_BF16>(const void *row, int64_t i) {
+    return bf16_bits_to_f32(((const uint16_t *)row)[i]);
+}
+
+// Calls F (a generic lambda returning int, taking std::integral_constant<int, T>)
+// with the compile-time type matching `type`; evaluates to F's result, or to
+// `unsupported` for a type that is not decoded here.
+#define VELA_DISPATCH_QTYPE(type, F, unsupported)                                                  \
+    ([&]() -> int {                                                                                \
+        switch (type) {                                                                            \
+        case GGML_TYPE_Q4_0:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q4_0>());                               \
+        case GGML_TYPE_Q4_1:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q4_1>());                               \
+        case GGML_TYPE_Q5_0:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q5_0>());                               \
+        case GGML_TYPE_Q5_1:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q5_1>());                               \
+        case GGML_TYPE_Q8_0:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q8_0>());                               \
+        case GGML_TYPE_Q4_K:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q4_K>());                               \
+        case GGML_TYPE_Q5_K:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q5_K>());                               \
+        case GGML_TYPE_Q6_K:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q6_K>());                               \
+        default:                                                                                   \
+            return (unsupported);                                                                  \
+        }                                                                                          \
+    }())
+
+#define VELA_DISPATCH_PLAIN(type, F, unsupported)                                                  \
+    ([&]() -> int {                                                                                \
+        switch (type) {                                                                            \
+        case GGML_TYPE_F32:                                                                        \
+            return F(std::integral_constant<int, GGML_TYPE_F32>());                                \
+        case GGML_TYPE_F16:                                                                        \
+            return F(std::integral_constant<int, GGML_TYPE_F16>());                                \
+        case GGML_TYPE_BF16:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_BF16>());                               \
+        default:                                                                                   \
+            return (unsupported);                                                                  \
+        }                                                                                          \
+    }())
+
+static inline bool vela_is_plain(enum ggml_type t) {
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
+}
+
+#endif

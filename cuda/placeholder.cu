@@ -1,1 +1,0 @@
-// Placeholder: the CUDA backend lands with the CUDA issue.

@@ -1,0 +1,210 @@
+// RoPE with the YaRN ramp (llama.cpp's semantics, host/rope.h), the fused
+// rotate-and-store into KV cache cells, and the KV shift over all layers.
+//
+// The angle of pair i is formed exactly as the CPU reference forms it: the
+// running product pos * theta_scale^i (i float multiplications, not powf),
+// divided by the frequency factor, then the YaRN mix. Products and sums that
+// the host evaluates without FMA use __fmul_rn/__fadd_rn here so nvcc cannot
+// contract them; theta_scale, the corr dims and mscale come from the host.
+// What remains different is cosf/sinf (CUDA's are within 2 ulp, glibc's
+// within 1), so results agree to a few float ulps of |x|.
+#include "cuda/cuda_common.cuh"
+
+#define ROPE_THREADS 64
+#define ROPE_SHIFT_THREADS 128
+
+static __device__ __forceinline__ float rope_ramp(float lo, float hi, int i) {
+    const float d = 0.001f > __fsub_rn(hi, lo) ? 0.001f : __fsub_rn(hi, lo);
+    const float y = __fsub_rn((float)i, lo) / d;
+    const float c = 0.0f > y ? 0.0f : y;
+    return __fsub_rn(1.0f, 1.0f < c ? 1.0f : c);
+}
+
+// cos/sin (times mscale) of pair i at position pos.
+static __device__ __forceinline__ void rope_cos_sin(const struct cuda_rope &c, float pos, int i,
+                                                    float *cs, float *sn) {
+    float theta = pos;
+    for (int j = 0; j < i; j++)
+        theta = __fmul_rn(theta, c.theta_scale);
+    const float theta_extrap = c.freq_factors ? theta / c.freq_factors[i] : theta;
+    const float theta_interp = __fmul_rn(c.freq_scale, theta_extrap);
+    float t = theta_interp;
+    if (c.ext_factor != 0.0f) {
+        const float mix = __fmul_rn(rope_ramp(c.corr_lo, c.corr_hi, i), c.ext_factor);
+        t = __fadd_rn(__fmul_rn(theta_interp, __fsub_rn(1.0f, mix)), __fmul_rn(theta_extrap, mix));
+    }
+    *cs = __fmul_rn(cosf(t), c.mscale);
+    *sn = __fmul_rn(sinf(t), c.mscale);
+}
+
+static __device__ __forceinline__ void rope_rotate(float x0, float x1, float cs, float sn,
+                                                   float *y0, float *y1) {
+    *y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+    *y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+}
+
+static __device__ __forceinline__ void store_as(float *p, float v) {
+    *p = v;
+}
+static __device__ __forceinline__ void store_as(__half *p, float v) {
+    *p = __float2half_rn(v);
+}
+static __device__ __forceinline__ float load_as(const float *p) {
+    return *p;
+}
+static __device__ __forceinline__ float load_as(const __half *p) {
+    return __half2float(*p);
+}
+
+// Element offsets of pair i inside a head.
+static __device__ __forceinline__ void rope_pair(int mode, int n_rot, int i, int *e0, int *e1) {
+    if (mode == 2) { // NeoX
+        *e0 = i;
+        *e1 = i + n_rot / 2;
+    } else {
+        *e0 = 2 * i;
+        *e1 = 2 * i + 1;
+    }
+}
+
+// One block per (token, head). STORE: also writes the rotated K row and the V
+// row into cache cell cells[t] (KT, VT: cache element types).
+template <bool STORE, typename KT, typename VT>
+__global__ static void __launch_bounds__(ROPE_THREADS)
+    rope_kernel(float *__restrict__ x /* [n_tok][n_head][head_dim] */,
+                const int32_t *__restrict__ pos /* [n_tok] */, int n_head, int head_dim,
+                const struct cuda_rope c, const float *__restrict__ v /* [n_tok][n_head][hdv] */,
+                KT *__restrict__ k_cache /* [n_ctx][n_head][head_dim] */,
+                VT *__restrict__ v_cache /* [n_ctx][n_head][hdv] */,
+                const int32_t *__restrict__ cells /* [n_tok] */, int head_dim_v) {
+    const int64_t th = blockIdx.x; // t * n_head + h
+    const int64_t t = th / n_head, h = th % n_head;
+    float *xh = x + (size_t)th * head_dim;
+    KT *kc = nullptr;
+    if (STORE)
+        kc = k_cache + ((size_t)cells[t] * n_head + h) * head_dim;
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < c.n_rot / 2; i += ROPE_THREADS) {
+        float cs, sn, y0, y1;
+        rope_cos_sin(c, p, i, &cs, &sn);
+        int e0, e1;
+        rope_pair(c.mode, c.n_rot, i, &e0, &e1);
+        rope_rotate(xh[e0], xh[e1], cs, sn, &y0, &y1);
+        xh[e0] = y0;
+        xh[e1] = y1;
+        if (STORE) {
+            store_as(kc + e0, y0);
+            store_as(kc + e1, y1);
+        }
+    }
+    if (STORE) {
+        for (int d = c.n_rot + threadIdx.x; d < head_dim; d += ROPE_THREADS)
+            store_as(kc + d, xh[d]);
+        const float *vh = v + (size_t)th * head_dim_v;
+        VT *vc = v_cache + ((size_t)cells[t] * n_head + h) * head_dim_v;
+        for (int d = threadIdx.x; d < head_dim_v; d += ROPE_THREADS)
+            store_as(vc + d, vh[d]);
+    }
+}
+
+// Grid (n_ctx, n_layer): the block of cell c rotates all heads of that cell in
+// one layer by delta[c] positions; blocks of cells with delta 0 exit at once.
+template <typename KT>
+__global__ static void __launch_bounds__(ROPE_SHIFT_THREADS)
+    rope_shift_kernel(KT *__restrict__ k_cache /* [n_layer][n_ctx][n_head_kv][head_dim] */,
+                      const int32_t *__restrict__ delta /* [n_ctx] */, int n_ctx, int n_head_kv,
+                      int head_dim, const struct cuda_rope c) {
+    const int cell = blockIdx.x;
+    const int dlt = delta[cell];
+    if (dlt == 0)
+        return;
+    KT *row = k_cache + ((size_t)blockIdx.y * n_ctx + cell) * (size_t)n_head_kv * head_dim;
+    const int n_pairs = c.n_rot / 2;
+    for (int idx = threadIdx.x; idx < n_head_kv * n_pairs; idx += ROPE_SHIFT_THREADS) {
+        const int h = idx / n_pairs, i = idx % n_pairs;
+        float cs, sn, y0, y1;
+        rope_cos_sin(c, (float)dlt, i, &cs, &sn);
+        int e0, e1;
+        rope_pair(c.mode, c.n_rot, i, &e0, &e1);
+        KT *kh = row + (size_t)h * head_dim;
+        rope_rotate(load_as(kh + e0), load_as(kh + e1), cs, sn, &y0, &y1);
+        store_as(kh + e0, y0);
+        store_as(kh + e1, y1);
+    }
+}
+
+template <typename KT, typename VT>
+static int rope_launch_store(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                             const struct cuda_rope *c, const float *v, void *k_cache,
+                             void *v_cache, const int32_t *cells, int head_dim_v,
+                             cudaStream_t stream, struct verr *err) {
+    rope_kernel<true, KT, VT><<<(unsigned int)((int64_t)n_tok * n_head), ROPE_THREADS, 0, stream>>>(
+        x, pos, n_head, head_dim, *c, v, (KT *)k_cache, (VT *)v_cache, cells, head_dim_v);
+    VELA_CHECK_LAUNCH(err, "rope_kernel<store>");
+    return VERR_OK;
+}
+
+static bool rope_cache_type_ok(enum ggml_type t) {
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
+}
+
+extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                               const struct cuda_rope *c, const float *v, void *k_cache,
+                               enum ggml_type type_k, void *v_cache, enum ggml_type type_v,
+                               const int32_t *cells, int head_dim_v, cudaStream_t stream,
+                               struct verr *err) {
+    if (n_tok <= 0 || n_head <= 0)
+        return VERR_OK;
+    if (c->n_rot < 2 || c->n_rot % 2 || c->n_rot > head_dim)
+        return verr_set(err, VERR_RANGE, "rope: n_rot %d must be even and in [2, %d]", c->n_rot,
+                        head_dim);
+    if (!k_cache) {
+        rope_kernel<false, float, float>
+            <<<(unsigned int)((int64_t)n_tok * n_head), ROPE_THREADS, 0, stream>>>(
+                x, pos, n_head, head_dim, *c, nullptr, nullptr, nullptr, nullptr, 0);
+        VELA_CHECK_LAUNCH(err, "rope_kernel");
+        return VERR_OK;
+    }
+    if (!rope_cache_type_ok(type_k) || !rope_cache_type_ok(type_v))
+        return verr_set(err, VERR_UNSUPPORTED, "rope_kv_store: cache types %s/%s (F16 or F32)",
+                        ggml_type_name(type_k), ggml_type_name(type_v));
+    const bool k16 = type_k == GGML_TYPE_F16, v16 = type_v == GGML_TYPE_F16;
+    if (k16 && v16)
+        return rope_launch_store<__half, __half>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
+                                                 v_cache, cells, head_dim_v, stream, err);
+    if (k16)
+        return rope_launch_store<__half, float>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
+                                                v_cache, cells, head_dim_v, stream, err);
+    if (v16)
+        return rope_launch_store<float, __half>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
+                                                v_cache, cells, head_dim_v, stream, err);
+    return rope_launch_store<float, float>(x, pos, n_tok, n_head, head_dim, c, v, k_cache, v_cache,
+                                           cells, head_dim_v, stream, err);
+}
+
+extern "C" int cuda_rope_shift_kv(void *k_cache, enum ggml_type type_k, const int32_t *delta,
+                                  int n_layer, int n_ctx, int n_head_kv, int head_dim,
+                                  const struct cuda_rope *c, cudaStream_t stream,
+                                  struct verr *err) {
+    if (n_layer <= 0 || n_ctx <= 0 || n_head_kv <= 0)
+        return VERR_OK;
+    if (n_layer > 65535)
+        return verr_set(err, VERR_RANGE, "kv_shift: %d layers (at most 65535)", n_layer);
+    if (c->n_rot < 2 || c->n_rot % 2 || c->n_rot > head_dim)
+        return verr_set(err, VERR_RANGE, "kv_shift: n_rot %d must be even and in [2, %d]", c->n_rot,
+                        head_dim);
+    const dim3 grid((unsigned int)n_ctx, (unsigned int)n_layer);
+    if (type_k == GGML_TYPE_F16) {
+        rope_shift_kernel<__half><<<grid, ROPE_SHIFT_THREADS, 0, stream>>>(
+            (__half *)k_cache, delta, n_ctx, n_head_kv, head_dim, *c);
+        VELA_CHECK_LAUNCH(err, "rope_shift_kernel<f16>");
+    } else if (type_k == GGML_TYPE_F32) {
+        rope_shift_kernel<float><<<grid, ROPE_SHIFT_THREADS, 0, stream>>>(
+            (float *)k_cache, delta, n_ctx, n_head_kv, head_dim, *c);
+        VELA_CHECK_LAUNCH(err, "rope_shift_kernel<f32>");
+    } else {
+        return verr_set(err, VERR_UNSUPPORTED, "kv_shift: cache type %s (F16 or F32)",
+                        ggml_type_name(type_k));
+    }
+    return VERR_OK;
+}

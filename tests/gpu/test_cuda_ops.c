@@ -1,0 +1,1234 @@
+// The CUDA backend against the CPU reference, op by op, through the op table
+// of host/backend.h: the same random inputs are uploaded to both backends,
+// the op runs on both, the results are downloaded and compared with a stated
+// tolerance; the worst error of every comparison is logged (cr_log_info).
+// Without a usable CUDA device every test skips itself (never passes).
+//
+// Shapes include odd sizes: plain types with n_in not a multiple of 32, rows
+// not a multiple of the kernels' tiles, head dims 64..256 including 80 and
+// 96, key and value head dims that differ, GQA groups of 1..8.
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_ops.h" // CUDA_MATVEC_MAX_TOK: which path a matmul takes
+#include "gguf/quant.h"
+#include "gguf/types.h"
+#include "host/backend.h"
+
+// ---------------------------------------------------------------------------
+// fixture and helpers
+
+static struct backend *cpu, *gpu;
+
+static void setup(void) {
+    cpu = gpu = NULL;
+    if (backend_cuda_device_count() == 0)
+        return; // every test skips
+    struct verr err = {0};
+    cr_assert_eq(backend_cpu_create(&cpu, 0, &err), 0, "backend_cpu_create: %s", err.msg);
+    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "backend_cuda_create: %s", err.msg);
+}
+
+static void teardown(void) {
+    backend_destroy(gpu);
+    backend_destroy(cpu);
+    gpu = cpu = NULL;
+}
+
+TestSuite(cuda, .init = setup, .fini = teardown, .timeout = 600);
+
+#define REQUIRE_GPU()                                                                              \
+    do {                                                                                           \
+        if (!gpu)                                                                                  \
+            cr_skip_test("no CUDA device present");                                                \
+    } while (0)
+
+#define OK(be, call) cr_assert_eq((call), 0, "%s: %s", (be)->ops->name, (be)->err.msg)
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t s) {
+    rng_state = s * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+}
+
+static uint64_t rng_u64(void) { // splitmix64
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double urand(void) {
+    return (double)(rng_u64() >> 11) / 9007199254740992.0;
+} // [0, 1)
+static float frand(float lo, float hi) {
+    return lo + (hi - lo) * (float)urand();
+}
+static int irand(int lo, int hi) {
+    return lo + (int)(rng_u64() % (uint64_t)(hi - lo + 1));
+}
+
+static float nrand(void) { // standard normal (Box-Muller)
+    double u = urand(), v = urand();
+    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+}
+
+static float *nrand_array(size_t n, float sigma) {
+    float *x = malloc(n * sizeof *x + 16);
+    cr_assert_not_null(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = sigma * nrand();
+    return x;
+}
+
+// One buffer on both backends holding the same bytes.
+struct dbuf {
+    void *c, *g;
+    size_t bytes;
+};
+
+static struct dbuf dbuf_new(const void *host, size_t bytes) {
+    struct dbuf b = {NULL, NULL, bytes};
+    OK(cpu, cpu->ops->alloc(cpu, bytes, &b.c));
+    OK(gpu, gpu->ops->alloc(gpu, bytes, &b.g));
+    if (host) {
+        OK(cpu, cpu->ops->upload(cpu, b.c, host, bytes));
+        OK(gpu, gpu->ops->upload(gpu, b.g, host, bytes));
+    } else {
+        OK(cpu, cpu->ops->memset_zero(cpu, b.c, bytes));
+        OK(gpu, gpu->ops->memset_zero(gpu, b.g, bytes));
+    }
+    return b;
+}
+
+static void dbuf_free(struct dbuf *b) {
+    cpu->ops->free(cpu, b->c);
+    gpu->ops->free(gpu, b->g);
+    b->c = b->g = NULL;
+}
+
+// Waits for both backends and downloads b into fresh host arrays.
+static void dbuf_get(const struct dbuf *b, void **hc, void **hg) {
+    OK(cpu, cpu->ops->sync(cpu));
+    OK(gpu, gpu->ops->sync(gpu));
+    *hc = malloc(b->bytes + 1);
+    *hg = malloc(b->bytes + 1);
+    cr_assert(*hc && *hg);
+    OK(cpu, cpu->ops->download(cpu, *hc, b->c, b->bytes));
+    OK(gpu, gpu->ops->download(gpu, *hg, b->g, b->bytes));
+    OK(gpu, gpu->ops->sync(gpu));
+}
+
+// |got - ref| <= tol[i] (tol != NULL) or atol + rtol * |ref|, NaN only where
+// the reference is NaN. Logs the worst error; returns the number of failures.
+static int check_close(const char *what, const float *ref, const float *got, size_t n,
+                       const float *tol, double atol, double rtol) {
+    double worst = 0.0, worst_ratio = 0.0;
+    size_t worst_i = 0;
+    int fails = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double r = ref[i], g = got[i];
+        const double t = tol ? (double)tol[i] : atol + rtol * fabs(r);
+        double e;
+        if (isnan(r) || isnan(g))
+            e = isnan(r) && isnan(g) ? 0.0 : INFINITY;
+        else if (isinf(r) || isinf(g))
+            e = r == g ? 0.0 : INFINITY;
+        else
+            e = fabs(g - r);
+        if (e > worst) {
+            worst = e;
+            worst_i = i;
+        }
+        if (t > 0 && e / t > worst_ratio)
+            worst_ratio = e / t;
+        if (e > t) {
+            if (fails < 5)
+                cr_log_error("%s: element %zu: cuda %.9g, cpu %.9g, |err| %.3g > tol %.3g", what, i,
+                             g, r, e, t);
+            fails++;
+        }
+    }
+    cr_log_info("%s: worst |err| %.3g at %zu (cpu %.9g, cuda %.9g), worst err/tol %.3g", what,
+                worst, worst_i, n ? ref[worst_i] : 0.0, n ? got[worst_i] : 0.0, worst_ratio);
+    cr_expect_eq(fails, 0, "%s: %d of %zu elements outside the tolerance", what, fails, n);
+    return fails;
+}
+
+// ---------------------------------------------------------------------------
+// random weights of every type
+//
+// Quantized blocks are random bytes (every quant and sub-scale bit pattern
+// occurs) whose f16 scale fields are then overwritten with finite values of
+// a sensible size, so that dequantized weights are O(0.1..1): within f16
+// range for the GEMM path and far from overflow.
+
+static void put_f16(uint8_t *p, float v) {
+    const uint16_t h = quant_f32_to_fp16(v);
+    p[0] = (uint8_t)(h & 0xff);
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static float signed_in(float lo, float hi) {
+    const float m = frand(lo, hi);
+    return (rng_u64() & 1) ? -m : m;
+}
+
+static void *make_weight(enum ggml_type type, int64_t n_in, int64_t n_out) {
+    const size_t rb = ggml_row_bytes(type, n_in);
+    cr_assert_gt(rb, 0, "%s n_in %lld", ggml_type_name(type), (long long)n_in);
+    const size_t total = rb * (size_t)n_out;
+    uint8_t *w = malloc(total + 16);
+    cr_assert_not_null(w);
+    for (size_t i = 0; i < total; i++)
+        w[i] = (uint8_t)rng_u64();
+    const struct ggml_type_info *ti = ggml_type_get(type);
+    const size_t nb = total / ti->block_bytes;
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *p = w + b * ti->block_bytes;
+        switch (type) {
+        case GGML_TYPE_F32: {
+            const float v = 0.5f * nrand();
+            memcpy(p, &v, 4);
+            break;
+        }
+        case GGML_TYPE_F16:
+            put_f16(p, 0.5f * nrand());
+            break;
+        case GGML_TYPE_BF16: {
+            const uint16_t h = quant_f32_to_bf16(0.5f * nrand());
+            p[0] = (uint8_t)(h & 0xff);
+            p[1] = (uint8_t)(h >> 8);
+            break;
+        }
+        case GGML_TYPE_Q4_0:
+            put_f16(p, signed_in(0.01f, 0.1f));
+            break;
+        case GGML_TYPE_Q5_0:
+            put_f16(p, signed_in(0.005f, 0.05f));
+            break;
+        case GGML_TYPE_Q8_0:
+            put_f16(p, signed_in(0.0005f, 0.005f));
+            break;
+        case GGML_TYPE_Q4_1:
+            put_f16(p, signed_in(0.01f, 0.1f));
+            put_f16(p + 2, frand(-0.5f, 0.5f));
+            break;
+        case GGML_TYPE_Q5_1:
+            put_f16(p, signed_in(0.005f, 0.05f));
+            put_f16(p + 2, frand(-0.5f, 0.5f));
+            break;
+        case GGML_TYPE_Q4_K:
+            put_f16(p, frand(0.0005f, 0.002f));
+            put_f16(p + 2, frand(0.0005f, 0.002f));
+            break;
+        case GGML_TYPE_Q5_K:
+            put_f16(p, frand(0.0002f, 0.001f));
+            put_f16(p + 2, frand(0.0002f, 0.001f));
+            break;
+        case GGML_TYPE_Q6_K:
+            put_f16(p + 208, signed_in(0.00005f, 0.0002f));
+            break;
+        default:
+            cr_assert_fail("no generator for %s", ggml_type_name(type));
+        }
+    }
+    return w;
+}
+
+// The host reference decoder (gguf/quant.c): [n_out][n_in] floats.
+static float *dequant_all(enum ggml_type type, const void *w, int64_t n_in, int64_t n_out) {
+    float *d = malloc((size_t)n_in * (size_t)n_out * sizeof *d);
+    cr_assert_not_null(d);
+    const size_t rb = ggml_row_bytes(type, n_in);
+    struct verr err = {0};
+    for (int64_t o = 0; o < n_out; o++)
+        cr_assert_eq(quant_dequantize_row(type, (const uint8_t *)w + (size_t)o * rb,
+                                          d + (size_t)o * n_in, n_in, &err),
+                     0, "%s", err.msg);
+    return d;
+}
+
+static const enum ggml_type all_weight_types[] = {
+    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+};
+#define N_WEIGHT_TYPES (sizeof all_weight_types / sizeof all_weight_types[0])
+
+// ---------------------------------------------------------------------------
+// memory
+
+Test(cuda, memory_roundtrip) {
+    REQUIRE_GPU();
+    cr_expect_str_eq(gpu->ops->name, "cuda");
+    const size_t sizes[] = {0, 1, 3, 255, 4097, (size_t)3 << 20};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const size_t n = sizes[s];
+        void *p = NULL;
+        OK(gpu, gpu->ops->alloc(gpu, n, &p));
+        cr_assert_not_null(p, "alloc(%zu) gave NULL", n);
+        if (n) {
+            uint8_t *src = malloc(n), *back = malloc(n);
+            for (size_t i = 0; i < n; i++)
+                src[i] = (uint8_t)(i * 131 + 7);
+            OK(gpu, gpu->ops->upload(gpu, p, src, n));
+            memset(src, 0xee, n); // upload must have read src when it returned
+            OK(gpu, gpu->ops->download(gpu, back, p, n));
+            OK(gpu, gpu->ops->sync(gpu));
+            for (size_t i = 0; i < n; i++)
+                if (back[i] != (uint8_t)(i * 131 + 7)) {
+                    cr_expect_fail("alloc(%zu): byte %zu came back %u", n, i, back[i]);
+                    break;
+                }
+            OK(gpu, gpu->ops->memset_zero(gpu, p, n));
+            OK(gpu, gpu->ops->download(gpu, back, p, n));
+            OK(gpu, gpu->ops->sync(gpu));
+            for (size_t i = 0; i < n; i++)
+                if (back[i]) {
+                    cr_expect_fail("memset_zero(%zu): byte %zu is %u", n, i, back[i]);
+                    break;
+                }
+            free(src);
+            free(back);
+        }
+        gpu->ops->free(gpu, p);
+    }
+    cr_expect_gt(backend_cuda_device_count(), 0);
+    struct backend *none = NULL;
+    struct verr err = {0};
+    cr_expect_eq(backend_cuda_create(&none, 1 << 20, &err), VERR_NOTFOUND);
+    cr_expect_null(none);
+}
+
+// ---------------------------------------------------------------------------
+// embed: the decoders must be bit-identical to gguf/quant.c
+
+Test(cuda, embed_all_types_bit_exact) {
+    REQUIRE_GPU();
+    rng_seed(1);
+    for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
+        const enum ggml_type type = all_weight_types[ti];
+        const int bs = (int)ggml_type_get(type)->block_size;
+        const int64_t n_ins_plain[] = {1, 37, 4099};
+        const int64_t n_ins_q32[] = {32, 4096 + 32};
+        const int64_t n_ins_k[] = {256, 2560};
+        const int64_t *n_ins = bs == 1 ? n_ins_plain : bs == 32 ? n_ins_q32 : n_ins_k;
+        const int n_cases = bs == 1 ? 3 : 2;
+        for (int ci = 0; ci < n_cases; ci++) {
+            const int64_t n_in = n_ins[ci], n_rows = 50;
+            const int n_tok = 13;
+            void *w = make_weight(type, n_in, n_rows);
+            int32_t tokens[13];
+            for (int t = 0; t < n_tok; t++)
+                tokens[t] = irand(0, (int)n_rows - 1);
+            tokens[0] = 0;
+            tokens[1] = (int32_t)n_rows - 1;
+            tokens[2] = tokens[3]; // a repeat
+            struct dbuf bw = dbuf_new(w, ggml_row_bytes(type, n_in) * n_rows);
+            struct dbuf bt = dbuf_new(tokens, sizeof tokens);
+            struct dbuf bo = dbuf_new(NULL, (size_t)n_tok * n_in * sizeof(float));
+            const struct backend_weight wc = {bw.c, type, n_in, n_rows};
+            const struct backend_weight wg = {bw.g, type, n_in, n_rows};
+            OK(cpu, cpu->ops->embed(cpu, bo.c, &wc, bt.c, n_tok));
+            OK(gpu, gpu->ops->embed(gpu, bo.g, &wg, bt.g, n_tok));
+            float *rc, *rg;
+            dbuf_get(&bo, (void **)&rc, (void **)&rg);
+            char what[96];
+            snprintf(what, sizeof what, "embed %s n_in %lld", ggml_type_name(type),
+                     (long long)n_in);
+            // Tolerance 0: both sides evaluate the same float expressions with
+            // the same roundings (no FMA contraction, exact f16/bf16 widening).
+            check_close(what, rc, rg, (size_t)n_tok * n_in, NULL, 0.0, 0.0);
+            free(rc);
+            free(rg);
+            dbuf_free(&bw);
+            dbuf_free(&bt);
+            dbuf_free(&bo);
+            free(w);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// matmul: mat-vec path (n_tok <= CUDA_MATVEC_MAX_TOK) and GEMM path
+
+struct mm_case {
+    int64_t n_in, n_out;
+    int n_tok;
+    bool bias;
+    bool x_offset; // x one float past an aligned address (unvectorized mat-vec)
+};
+
+static void run_matmul_case(enum ggml_type type, const struct mm_case *mc) {
+    const int64_t n_in = mc->n_in, n_out = mc->n_out;
+    const int n_tok = mc->n_tok;
+    const size_t rb = ggml_row_bytes(type, n_in);
+    void *w = make_weight(type, n_in, n_out);
+    float *x = nrand_array((size_t)n_tok * n_in + 1, 1.0f);
+    float *bias = nrand_array((size_t)n_out, 1.0f);
+    struct dbuf bw = dbuf_new(w, rb * n_out);
+    struct dbuf bx = dbuf_new(x, ((size_t)n_tok * n_in + 1) * sizeof(float));
+    struct dbuf bb = dbuf_new(bias, (size_t)n_out * sizeof(float));
+    struct dbuf bo = dbuf_new(NULL, (size_t)n_tok * n_out * sizeof(float));
+    const int xo = mc->x_offset ? 1 : 0;
+    const struct backend_weight wc = {bw.c, type, n_in, n_out};
+    const struct backend_weight wg = {bw.g, type, n_in, n_out};
+    OK(cpu,
+       cpu->ops->matmul(cpu, bo.c, &wc, (const float *)bx.c + xo, mc->bias ? bb.c : NULL, n_tok));
+    OK(gpu,
+       gpu->ops->matmul(gpu, bo.g, &wg, (const float *)bx.g + xo, mc->bias ? bb.g : NULL, n_tok));
+    float *rc, *rg;
+    dbuf_get(&bo, (void **)&rc, (void **)&rg);
+
+    // Tolerance per output, relative to mag = sum_i |W[o][i] x[t][i]| (the
+    // condition of the dot product):
+    //  - f32 accumulation on both sides in different orders: rounding errors
+    //    behave as a random walk of ~sqrt(n) steps of 2^-24 relative to mag;
+    //    8 sigma: 8 sqrt(n_in) 2^-24 mag;
+    //  - GEMM with f16 operands (quantized weights decoded to f16, F16 weights
+    //    as stored; activations rounded to f16): each product is off by at most
+    //    2^-11 (activation) + 2^-11 (weight) relative: 2^-10 mag on top;
+    //  - GEMM with bf16 activations (BF16 weights): 2^-9 per product, 2^-8 mag
+    //    with a factor 2 margin.
+    // A decoding or layout error changes outputs by O(mag / sqrt(n_in)) or
+    // more, far above these bounds; bit-level decoding is checked exactly by
+    // embed_all_types_bit_exact.
+    const bool gemm = n_tok > CUDA_MATVEC_MAX_TOK;
+    double rel = 0.0;
+    if (gemm && type == GGML_TYPE_BF16)
+        rel = 1.0 / 256;
+    else if (gemm && type != GGML_TYPE_F32)
+        rel = 1.0 / 1024;
+    float *wd = dequant_all(type, w, n_in, n_out);
+    float *tol = malloc((size_t)n_tok * n_out * sizeof *tol);
+    const double walk = 8.0 * sqrt((double)n_in) / 16777216.0;
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + xo + (size_t)t * n_in;
+        for (int64_t o = 0; o < n_out; o++) {
+            const float *wr = wd + (size_t)o * n_in;
+            double mag = 0.0;
+            for (int64_t i = 0; i < n_in; i++)
+                mag += fabs((double)wr[i] * xt[i]);
+            if (mc->bias)
+                mag += fabs(bias[o]);
+            tol[(size_t)t * n_out + o] = (float)((walk + rel) * mag + 1e-6);
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof what, "matmul %s %s n_in %lld n_out %lld n_tok %d%s%s",
+             gemm ? "gemm" : "matvec", ggml_type_name(type), (long long)n_in, (long long)n_out,
+             n_tok, mc->bias ? " +bias" : "", mc->x_offset ? " x+1" : "");
+    check_close(what, rc, rg, (size_t)n_tok * n_out, tol, 0, 0);
+    free(tol);
+    free(wd);
+    free(rc);
+    free(rg);
+    dbuf_free(&bw);
+    dbuf_free(&bx);
+    dbuf_free(&bb);
+    dbuf_free(&bo);
+    free(w);
+    free(x);
+    free(bias);
+}
+
+static void run_matmul_type(enum ggml_type type) {
+    const int bs = (int)ggml_type_get(type)->block_size;
+    static const struct mm_case plain[] = {
+        {1, 3, 1, false, false},      {37, 5, 1, true, false},     {37, 67, 3, false, true},
+        {1000, 300, 8, true, false},  {1000, 300, 9, true, false}, {130, 513, 33, false, false},
+        {4099, 65, 1, false, false},  {4099, 65, 40, true, false}, {64, 1, 77, false, false},
+        {4096, 257, 2, false, false},
+    };
+    static const struct mm_case q32[] = {
+        {32, 1, 1, false, false},      {96, 67, 1, true, false},     {96, 67, 5, false, true},
+        {4096, 130, 1, false, false},  {4096, 130, 8, true, false},  {4096, 130, 9, true, false},
+        {1056, 300, 33, false, false}, {1184, 513, 77, true, false}, {11008, 40, 1, false, false},
+    };
+    static const struct mm_case qk[] = {
+        {256, 1, 1, false, false},    {768, 67, 1, true, false},    {768, 67, 7, false, true},
+        {4352, 130, 1, false, false}, {4352, 130, 9, true, false},  {2816, 300, 33, false, false},
+        {512, 1025, 64, true, false}, {14336, 20, 2, false, false},
+    };
+    const struct mm_case *cases = bs == 1 ? plain : bs == 32 ? q32 : qk;
+    const size_t n = bs == 1    ? sizeof plain / sizeof plain[0]
+                     : bs == 32 ? sizeof q32 / sizeof q32[0]
+                                : sizeof qk / sizeof qk[0];
+    for (size_t i = 0; i < n; i++)
+        run_matmul_case(type, &cases[i]);
+}
+
+Test(cuda, matmul_f32) {
+    REQUIRE_GPU();
+    rng_seed(10);
+    run_matmul_type(GGML_TYPE_F32);
+}
+Test(cuda, matmul_f16) {
+    REQUIRE_GPU();
+    rng_seed(11);
+    run_matmul_type(GGML_TYPE_F16);
+}
+Test(cuda, matmul_bf16) {
+    REQUIRE_GPU();
+    rng_seed(12);
+    run_matmul_type(GGML_TYPE_BF16);
+}
+Test(cuda, matmul_q8_0) {
+    REQUIRE_GPU();
+    rng_seed(13);
+    run_matmul_type(GGML_TYPE_Q8_0);
+}
+Test(cuda, matmul_q4_0) {
+    REQUIRE_GPU();
+    rng_seed(14);
+    run_matmul_type(GGML_TYPE_Q4_0);
+}
+Test(cuda, matmul_q4_1) {
+    REQUIRE_GPU();
+    rng_seed(15);
+    run_matmul_type(GGML_TYPE_Q4_1);
+}
+Test(cuda, matmul_q5_0) {
+    REQUIRE_GPU();
+    rng_seed(16);
+    run_matmul_type(GGML_TYPE_Q5_0);
+}
+Test(cuda, matmul_q5_1) {
+    REQUIRE_GPU();
+    rng_seed(17);
+    run_matmul_type(GGML_TYPE_Q5_1);
+}
+Test(cuda, matmul_q4_k) {
+    REQUIRE_GPU();
+    rng_seed(18);
+    run_matmul_type(GGML_TYPE_Q4_K);
+}
+Test(cuda, matmul_q5_k) {
+    REQUIRE_GPU();
+    rng_seed(19);
+    run_matmul_type(GGML_TYPE_Q5_K);
+}
+Test(cuda, matmul_q6_k) {
+    REQUIRE_GPU();
+    rng_seed(20);
+    run_matmul_type(GGML_TYPE_Q6_K);
+}
+
+// More rows than one decoded f16 slice of the GEMM path holds (64 Mi
+// elements): the second GEMM writes the columns after the first slice.
+Test(cuda, matmul_gemm_several_slices) {
+    REQUIRE_GPU();
+    rng_seed(21);
+    const struct mm_case mc = {4096, 16500, 9, true, false};
+    run_matmul_case(GGML_TYPE_Q4_0, &mc);
+}
+
+Test(cuda, matmul_rejects_what_it_cannot_do) {
+    REQUIRE_GPU();
+    void *p = NULL;
+    OK(gpu, gpu->ops->alloc(gpu, 1 << 16, &p));
+    const struct backend_weight q2k = {p, GGML_TYPE_Q2_K, 256, 4};
+    cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &q2k, (const float *)p + 1024, NULL, 1),
+                 VERR_UNSUPPORTED);
+    cr_log_info("Q2_K: %s", gpu->err.msg);
+    const struct backend_weight odd = {p, GGML_TYPE_Q4_0, 33, 4};
+    cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &odd, (const float *)p + 1024, NULL, 1),
+                 VERR_RANGE);
+    gpu->ops->free(gpu, p);
+}
+
+// ---------------------------------------------------------------------------
+// rms_norm
+
+Test(cuda, rms_norm) {
+    REQUIRE_GPU();
+    rng_seed(30);
+    const struct {
+        int rows, n;
+        float eps;
+        bool alias;
+    } cases[] = {
+        {1, 1, 1e-5f, false},    {3, 37, 1e-6f, false},   {5, 4096, 1e-5f, true},
+        {2, 5120, 1e-6f, false}, {7, 8191, 1e-5f, false}, {64, 896, 1e-6f, true},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int rows = cases[ci].rows, n = cases[ci].n;
+        float *x = nrand_array((size_t)rows * n, 2.0f);
+        float *w = nrand_array((size_t)n, 1.0f);
+        struct dbuf bx = dbuf_new(x, (size_t)rows * n * sizeof(float));
+        struct dbuf bw = dbuf_new(w, (size_t)n * sizeof(float));
+        struct dbuf bo = dbuf_new(NULL, (size_t)rows * n * sizeof(float));
+        struct dbuf *out = cases[ci].alias ? &bx : &bo;
+        OK(cpu, cpu->ops->rms_norm(cpu, out->c, bx.c, bw.c, rows, n, cases[ci].eps));
+        OK(gpu, gpu->ops->rms_norm(gpu, out->g, bx.g, bw.g, rows, n, cases[ci].eps));
+        float *rc, *rg;
+        dbuf_get(out, (void **)&rc, (void **)&rg);
+        char what[96];
+        snprintf(what, sizeof what, "rms_norm %d x %d%s", rows, n,
+                 cases[ci].alias ? " in place" : "");
+        // The sum of squares: double on the CPU, an f32 tree (n/256 sequential
+        // terms per thread, then 8 levels) on the GPU: relative error below
+        // (n/256 + 8) 2^-24, halved by the square root, plus 2 ulps for the
+        // products: 1e-5 relative covers n up to ~40000 with margin.
+        check_close(what, rc, rg, (size_t)rows * n, NULL, 1e-30, 1e-5);
+        free(rc);
+        free(rg);
+        dbuf_free(&bx);
+        dbuf_free(&bw);
+        dbuf_free(&bo);
+        free(x);
+        free(w);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// rope, rope_kv_store, kv_shift
+
+struct rope_case {
+    enum rope_mode mode;
+    int head_dim, n_rot, n_head, n_tok;
+    bool yarn, factors;
+};
+
+static const struct rope_case rope_cases[] = {
+    {ROPE_MODE_NORMAL, 64, 64, 1, 1, false, false},
+    {ROPE_MODE_NORMAL, 128, 128, 32, 7, false, false},
+    {ROPE_MODE_NEOX, 128, 128, 5, 33, false, false},
+    {ROPE_MODE_NORMAL, 128, 128, 8, 9, true, false},
+    {ROPE_MODE_NEOX, 64, 64, 14, 17, true, true},
+    {ROPE_MODE_NEOX, 80, 64, 3, 5, false, false}, // partial rotation: dims 64..79 copied
+    {ROPE_MODE_NORMAL, 96, 32, 6, 4, true, true},
+    {ROPE_MODE_NEOX, 256, 256, 4, 3, true, false},
+    {ROPE_MODE_NORMAL, 256, 128, 2, 40, false, true},
+};
+
+static struct rope_params rope_params_for(const struct rope_case *rc, const float *factors) {
+    struct rope_params rp = {
+        .mode = rc->mode,
+        .n_rot = rc->n_rot,
+        .n_ctx_orig = 4096,
+        .freq_base = 10000.0f,
+        .freq_scale = 1.0f,
+        .ext_factor = 0.0f,
+        .attn_factor = 1.0f,
+        .beta_fast = 32.0f,
+        .beta_slow = 1.0f,
+        .freq_factors = factors,
+    };
+    if (rc->yarn) {
+        rp.freq_base = 1000000.0f;
+        rp.freq_scale = 0.25f;
+        rp.ext_factor = 1.0f;
+        rp.attn_factor = 1.3f;
+    }
+    return rp;
+}
+
+static float rope_mscale(const struct rope_params *rp) {
+    return rp->ext_factor != 0.0f ? rp->attn_factor * (1.0f + 0.1f * logf(1.0f / rp->freq_scale))
+                                  : rp->attn_factor;
+}
+
+// Tolerance of a rotated element. The angles are bit-identical (the same
+// running product pos * theta_scale^i, no FMA, constants from the same host
+// arithmetic); only cosf/sinf differ: CUDA's are within 2 ulp, glibc's within
+// 1, so each of cos, sin is off by at most 3 * 2^-24 absolute (|cos|, |sin| <=
+// 1) times mscale. Then y = x0 cos - x1 sin is off by that times |x0| + |x1|
+// plus 2 ulps of the products: 2^-20 (|x0| + |x1|) mscale + 2^-22 |y|.
+static void rope_tolerance(float *tol, const float *x_before, const float *ref, int n_rows,
+                           int head_dim, int n_rot, enum rope_mode mode, float mscale) {
+    const int n_pairs = n_rot / 2;
+    for (int r = 0; r < n_rows; r++) {
+        const float *x = x_before + (size_t)r * head_dim;
+        float *t = tol + (size_t)r * head_dim;
+        for (int d = 0; d < head_dim; d++)
+            t[d] = 0.0f; // copied dims: exact
+        for (int i = 0; i < n_pairs; i++) {
+            const int e0 = mode == ROPE_MODE_NEOX ? i : 2 * i;
+            const int e1 = mode == ROPE_MODE_NEOX ? i + n_pairs : 2 * i + 1;
+            const float m = (fabsf(x[e0]) + fabsf(x[e1])) * fmaxf(mscale, 1.0f) / 1048576.0f;
+            t[e0] = m + fabsf(ref[(size_t)r * head_dim + e0]) / 4194304.0f;
+            t[e1] = m + fabsf(ref[(size_t)r * head_dim + e1]) / 4194304.0f;
+        }
+    }
+}
+
+static float *make_factors(int n) {
+    float *f = malloc((size_t)n * sizeof *f);
+    for (int i = 0; i < n; i++)
+        f[i] = frand(1.0f, 8.0f);
+    return f;
+}
+
+Test(cuda, rope) {
+    REQUIRE_GPU();
+    rng_seed(40);
+    for (size_t ci = 0; ci < sizeof rope_cases / sizeof rope_cases[0]; ci++) {
+        const struct rope_case *c = &rope_cases[ci];
+        const size_t n = (size_t)c->n_tok * c->n_head * c->head_dim;
+        float *x = nrand_array(n, 1.0f);
+        int32_t *pos = malloc((size_t)c->n_tok * sizeof *pos);
+        for (int t = 0; t < c->n_tok; t++)
+            pos[t] = t == 0 ? 0 : irand(0, 8191); // 0: the identity rotation
+        float *ff = make_factors(c->n_rot / 2);
+        struct dbuf bx = dbuf_new(x, n * sizeof(float));
+        struct dbuf bp = dbuf_new(pos, (size_t)c->n_tok * sizeof(int32_t));
+        struct dbuf bf = dbuf_new(ff, (size_t)(c->n_rot / 2) * sizeof(float));
+        const struct rope_params rpc = rope_params_for(c, c->factors ? bf.c : NULL);
+        const struct rope_params rpg = rope_params_for(c, c->factors ? bf.g : NULL);
+        OK(cpu, cpu->ops->rope(cpu, bx.c, bp.c, c->n_tok, c->n_head, c->head_dim, &rpc));
+        OK(gpu, gpu->ops->rope(gpu, bx.g, bp.g, c->n_tok, c->n_head, c->head_dim, &rpg));
+        float *rc, *rg;
+        dbuf_get(&bx, (void **)&rc, (void **)&rg);
+        float *tol = malloc(n * sizeof *tol);
+        rope_tolerance(tol, x, rc, c->n_tok * c->n_head, c->head_dim, c->n_rot, c->mode,
+                       rope_mscale(&rpc));
+        char what[128];
+        snprintf(what, sizeof what, "rope %s hd %d n_rot %d heads %d toks %d%s%s",
+                 c->mode == ROPE_MODE_NEOX ? "neox" : "normal", c->head_dim, c->n_rot, c->n_head,
+                 c->n_tok, c->yarn ? " yarn" : "", c->factors ? " factors" : "");
+        check_close(what, rc, rg, n, tol, 0, 0);
+        free(tol);
+        free(rc);
+        free(rg);
+        dbuf_free(&bx);
+        dbuf_free(&bp);
+        dbuf_free(&bf);
+        free(x);
+        free(pos);
+        free(ff);
+    }
+}
+
+// F16 cache contents as floats.
+static float *cache_as_f32(const void *data, enum ggml_type t, size_t n) {
+    float *f = malloc(n * sizeof *f + 4);
+    for (size_t i = 0; i < n; i++)
+        f[i] = t == GGML_TYPE_F32 ? ((const float *)data)[i]
+                                  : quant_fp16_to_f32(((const uint16_t *)data)[i]);
+    return f;
+}
+
+// An f16 store may round to the neighbouring f16 when the f32 values differ
+// by a few ulps: one f16 ulp (2^-10 relative, 2^-24 absolute for subnormals)
+// on top of the f32 tolerance.
+static void widen_tol_f16(float *tol, const float *ref, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        tol[i] += fabsf(ref[i]) / 1024.0f + 1.0f / 16777216.0f;
+}
+
+Test(cuda, rope_kv_store) {
+    REQUIRE_GPU();
+    rng_seed(50);
+    const enum ggml_type types[][2] = {{GGML_TYPE_F16, GGML_TYPE_F16},
+                                       {GGML_TYPE_F32, GGML_TYPE_F32},
+                                       {GGML_TYPE_F16, GGML_TYPE_F32}};
+    for (size_t ci = 0; ci < sizeof rope_cases / sizeof rope_cases[0]; ci++) {
+        for (size_t ti = 0; ti < 3; ti++) {
+            const struct rope_case *c = &rope_cases[ci];
+            const enum ggml_type tk = types[ti][0], tv = types[ti][1];
+            const int n_kv_heads = c->n_head, hd = c->head_dim;
+            const int hdv = ti == 2 ? hd / 2 + 8 : hd; // V head dim differs in one case
+            const int n_tok = c->n_tok, n_ctx = n_tok + 11;
+            const size_t nk = (size_t)n_tok * n_kv_heads * hd,
+                         nv = (size_t)n_tok * n_kv_heads * hdv;
+            float *k = nrand_array(nk, 1.0f), *v = nrand_array(nv, 1.0f);
+            int32_t *pos = malloc((size_t)n_tok * sizeof *pos);
+            int32_t *cells = malloc((size_t)n_ctx * sizeof *cells);
+            for (int i = 0; i < n_ctx; i++)
+                cells[i] = i;
+            for (int i = n_ctx - 1; i > 0; i--) { // distinct cells in random order
+                const int j = irand(0, i);
+                const int32_t s = cells[i];
+                cells[i] = cells[j];
+                cells[j] = s;
+            }
+            for (int t = 0; t < n_tok; t++)
+                pos[t] = irand(0, 5000);
+            float *ff = make_factors(c->n_rot / 2);
+            const size_t ek = tk == GGML_TYPE_F16 ? 2 : 4, ev = tv == GGML_TYPE_F16 ? 2 : 4;
+            const size_t kc_n = (size_t)n_ctx * n_kv_heads * hd,
+                         vc_n = (size_t)n_ctx * n_kv_heads * hdv;
+            struct dbuf bk = dbuf_new(k, nk * sizeof(float));
+            struct dbuf bv = dbuf_new(v, nv * sizeof(float));
+            struct dbuf bp = dbuf_new(pos, (size_t)n_tok * sizeof(int32_t));
+            struct dbuf bc = dbuf_new(cells, (size_t)n_tok * sizeof(int32_t));
+            struct dbuf bf = dbuf_new(ff, (size_t)(c->n_rot / 2) * sizeof(float));
+            struct dbuf bkc = dbuf_new(NULL, kc_n * ek);
+            struct dbuf bvc = dbuf_new(NULL, vc_n * ev);
+            const struct rope_params rpc = rope_params_for(c, c->factors ? bf.c : NULL);
+            const struct rope_params rpg = rope_params_for(c, c->factors ? bf.g : NULL);
+            OK(cpu, cpu->ops->rope_kv_store(cpu, bk.c, bv.c, bkc.c, tk, bvc.c, tv, bp.c, bc.c,
+                                            n_tok, n_kv_heads, hd, hdv, &rpc));
+            OK(gpu, gpu->ops->rope_kv_store(gpu, bk.g, bv.g, bkc.g, tk, bvc.g, tv, bp.g, bc.g,
+                                            n_tok, n_kv_heads, hd, hdv, &rpg));
+            char what[160];
+            const char *tag = ti == 0 ? "f16/f16" : ti == 1 ? "f32/f32" : "f16/f32 hdv";
+            float *rc, *rg;
+            // K rotated in place (f32).
+            dbuf_get(&bk, (void **)&rc, (void **)&rg);
+            float *tol = malloc(nk * sizeof *tol);
+            rope_tolerance(tol, k, rc, n_tok * n_kv_heads, hd, c->n_rot, c->mode,
+                           rope_mscale(&rpc));
+            snprintf(what, sizeof what, "rope_kv_store k case %zu %s", ci, tag);
+            check_close(what, rc, rg, nk, tol, 0, 0);
+            // The K cache: per cell, the tolerance of the token stored there.
+            void *kcc, *kcg;
+            dbuf_get(&bkc, &kcc, &kcg);
+            float *kfc = cache_as_f32(kcc, tk, kc_n), *kfg = cache_as_f32(kcg, tk, kc_n);
+            float *ktol = calloc(kc_n, sizeof *ktol);
+            const size_t row = (size_t)n_kv_heads * hd;
+            for (int t = 0; t < n_tok; t++)
+                memcpy(ktol + (size_t)cells[t] * row, tol + (size_t)t * row, row * sizeof(float));
+            if (tk == GGML_TYPE_F16)
+                widen_tol_f16(ktol, kfc, kc_n);
+            snprintf(what, sizeof what, "rope_kv_store k_cache case %zu %s", ci, tag);
+            check_close(what, kfc, kfg, kc_n, ktol, 0, 0);
+            // The V cache: a plain conversion, exact.
+            void *vcc, *vcg;
+            dbuf_get(&bvc, &vcc, &vcg);
+            float *vfc = cache_as_f32(vcc, tv, vc_n), *vfg = cache_as_f32(vcg, tv, vc_n);
+            snprintf(what, sizeof what, "rope_kv_store v_cache case %zu %s", ci, tag);
+            check_close(what, vfc, vfg, vc_n, NULL, 0.0, 0.0);
+            free(ktol);
+            free(kfc);
+            free(kfg);
+            free(vfc);
+            free(vfg);
+            free(kcc);
+            free(kcg);
+            free(vcc);
+            free(vcg);
+            free(tol);
+            free(rc);
+            free(rg);
+            dbuf_free(&bk);
+            dbuf_free(&bv);
+            dbuf_free(&bp);
+            dbuf_free(&bc);
+            dbuf_free(&bf);
+            dbuf_free(&bkc);
+            dbuf_free(&bvc);
+            free(k);
+            free(v);
+            free(pos);
+            free(cells);
+            free(ff);
+        }
+    }
+}
+
+Test(cuda, kv_shift) {
+    REQUIRE_GPU();
+    rng_seed(60);
+    for (size_t ci = 0; ci < sizeof rope_cases / sizeof rope_cases[0]; ci++) {
+        for (int f16 = 0; f16 < 2; f16++) {
+            const struct rope_case *c = &rope_cases[ci];
+            const enum ggml_type tk = f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+            const int n_layer = 3, n_ctx = 37 + (int)ci, n_kv_heads = c->n_head, hd = c->head_dim;
+            const size_t n = (size_t)n_layer * n_ctx * n_kv_heads * hd;
+            float *kf = nrand_array(n, 1.0f);
+            void *kraw = malloc(n * 4);
+            for (size_t i = 0; i < n; i++) {
+                if (f16)
+                    ((uint16_t *)kraw)[i] = quant_f32_to_fp16(kf[i]);
+                else
+                    ((float *)kraw)[i] = kf[i];
+            }
+            float *before = cache_as_f32(kraw, tk, n);
+            int32_t *delta = malloc((size_t)n_ctx * sizeof *delta);
+            for (int i = 0; i < n_ctx; i++)
+                delta[i] = (rng_u64() % 3 == 0) ? 0 : irand(-2000, 2000);
+            float *ff = make_factors(c->n_rot / 2);
+            struct dbuf bk = dbuf_new(kraw, n * (f16 ? 2 : 4));
+            struct dbuf bd = dbuf_new(delta, (size_t)n_ctx * sizeof(int32_t));
+            struct dbuf bf = dbuf_new(ff, (size_t)(c->n_rot / 2) * sizeof(float));
+            const struct rope_params rpc = rope_params_for(c, c->factors ? bf.c : NULL);
+            const struct rope_params rpg = rope_params_for(c, c->factors ? bf.g : NULL);
+            OK(cpu, cpu->ops->kv_shift(cpu, bk.c, tk, bd.c, n_layer, n_ctx, n_kv_heads, hd, &rpc));
+            OK(gpu, gpu->ops->kv_shift(gpu, bk.g, tk, bd.g, n_layer, n_ctx, n_kv_heads, hd, &rpg));
+            void *rc, *rg;
+            dbuf_get(&bk, &rc, &rg);
+            float *fc = cache_as_f32(rc, tk, n), *fg = cache_as_f32(rg, tk, n);
+            // A pure rotation (mscale 1): the rope tolerance with mscale 1,
+            // widened by one f16 ulp for an F16 cache; cells with delta 0 and
+            // the unrotated dims are exact.
+            float *tol = malloc(n * sizeof *tol);
+            rope_tolerance(tol, before, fc, n_layer * n_ctx * n_kv_heads, hd, c->n_rot, c->mode,
+                           1.0f);
+            if (f16)
+                widen_tol_f16(tol, fc, n);
+            for (int l = 0; l < n_layer; l++)
+                for (int cell = 0; cell < n_ctx; cell++)
+                    if (delta[cell] == 0)
+                        for (size_t i = 0; i < (size_t)n_kv_heads * hd; i++)
+                            tol[((size_t)l * n_ctx + cell) * n_kv_heads * hd + i] = 0.0f;
+            char what[128];
+            snprintf(what, sizeof what, "kv_shift case %zu %s", ci, f16 ? "f16" : "f32");
+            check_close(what, fc, fg, n, tol, 0, 0);
+            // Independent of the CPU: a rotation keeps each pair's norm (the
+            // shift must not apply attn_factor / YaRN mscale, here 1.3+).
+            if (!f16) {
+                const int np = c->n_rot / 2;
+                double worst = 0.0;
+                for (size_t r = 0; r < n / hd; r++)
+                    for (int i = 0; i < np; i++) {
+                        const int e0 = c->mode == ROPE_MODE_NEOX ? i : 2 * i;
+                        const int e1 = c->mode == ROPE_MODE_NEOX ? i + np : 2 * i + 1;
+                        const float *b = before + r * hd, *a = fg + r * hd;
+                        const double nb = hypot(b[e0], b[e1]), na = hypot(a[e0], a[e1]);
+                        const double e = fabs(na - nb) / (nb + 1e-6);
+                        if (e > worst)
+                            worst = e;
+                    }
+                cr_log_info("%s: worst relative change of a pair's norm %.3g", what, worst);
+                cr_expect_lt(worst, 1e-5, "%s: the shift changed magnitudes (%.3g)", what, worst);
+            }
+            free(tol);
+            free(fc);
+            free(fg);
+            free(rc);
+            free(rg);
+            free(before);
+            dbuf_free(&bk);
+            dbuf_free(&bd);
+            dbuf_free(&bf);
+            free(kf);
+            free(kraw);
+            free(delta);
+            free(ff);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// attention
+
+struct attn_case {
+    int n_tok, n_kv, n_head, n_head_kv, head_dim, head_dim_v;
+    enum ggml_type tk, tv;
+    bool causal; // cell c holds pos c of sequence 0; queries are the last n_tok positions
+    int n_seq;   // random layout: sequences 0..n_seq-1 (seq_words = ceil(n_seq/64))
+    const char *note;
+};
+
+static const struct attn_case attn_cases[] = {
+    {1, 1, 8, 8, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "one cell"},
+    {1, 100, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "decode gqa4"},
+    {1, 5000, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "decode split-k"},
+    {1, 3000, 4, 4, 256, 256, GGML_TYPE_F32, GGML_TYPE_F16, true, 1, "decode hd256 split-k"},
+    {2, 2000, 14, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 3, "decode gqa7 multi-seq"},
+    {3, 777, 6, 3, 80, 80, GGML_TYPE_F32, GGML_TYPE_F32, false, 2, "hd80"},
+    {33, 33, 8, 4, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "prefill causal"},
+    {64, 200, 12, 4, 96, 96, GGML_TYPE_F32, GGML_TYPE_F16, true, 1, "prefill hd96"},
+    {17, 300, 4, 1, 192, 128, GGML_TYPE_F16, GGML_TYPE_F16, false, 5, "mqa dk192 dv128"},
+    {128, 1500, 8, 8, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "prefill long"},
+    {40, 600, 16, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F32, false, 100, "seq ids >= 64"},
+    {5, 0, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "empty cache"},
+};
+
+static void *cache_from(const float *f, enum ggml_type t, size_t n) {
+    void *d = malloc(n * 4 + 4);
+    for (size_t i = 0; i < n; i++) {
+        if (t == GGML_TYPE_F16)
+            ((uint16_t *)d)[i] = quant_f32_to_fp16(f[i]);
+        else
+            ((float *)d)[i] = f[i];
+    }
+    return d;
+}
+
+Test(cuda, attention) {
+    REQUIRE_GPU();
+    rng_seed(70);
+    for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++) {
+        const struct attn_case *c = &attn_cases[ci];
+        const int n_tok = c->n_tok, n_kv = c->n_kv;
+        const int seq_words = (c->n_seq + 63) / 64;
+        const size_t nq = (size_t)n_tok * c->n_head * c->head_dim;
+        const size_t nk = (size_t)(n_kv > 0 ? n_kv : 1) * c->n_head_kv * c->head_dim;
+        const size_t nv = (size_t)(n_kv > 0 ? n_kv : 1) * c->n_head_kv * c->head_dim_v;
+        float *q = nrand_array(nq, 1.0f), *kf = nrand_array(nk, 1.0f), *vf = nrand_array(nv, 1.0f);
+        void *k = cache_from(kf, c->tk, nk), *v = cache_from(vf, c->tv, nv);
+        const int nc = n_kv > 0 ? n_kv : 1;
+        int32_t *cell_pos = malloc((size_t)nc * sizeof *cell_pos);
+        uint64_t *cell_seq = calloc((size_t)nc * seq_words, sizeof *cell_seq);
+        int32_t *q_pos = malloc((size_t)n_tok * sizeof *q_pos);
+        int32_t *q_seq = malloc((size_t)n_tok * sizeof *q_seq);
+        if (c->causal) {
+            for (int i = 0; i < n_kv; i++) {
+                cell_pos[i] = i;
+                cell_seq[(size_t)i * seq_words] = 1;
+            }
+            for (int t = 0; t < n_tok; t++) {
+                q_pos[t] = n_kv - n_tok + t; // may be negative: such rows see nothing
+                q_seq[t] = 0;
+            }
+        } else {
+            for (int i = 0; i < n_kv; i++) {
+                cell_pos[i] = (rng_u64() % 10 == 0) ? -1 : irand(0, 2 * n_kv);
+                if (cell_pos[i] < 0)
+                    continue;
+                const int s = irand(0, c->n_seq - 1);
+                cell_seq[(size_t)i * seq_words + s / 64] |= 1ull << (s % 64);
+                if (rng_u64() % 4 == 0) { // shared by a second sequence
+                    const int s2 = irand(0, c->n_seq - 1);
+                    cell_seq[(size_t)i * seq_words + s2 / 64] |= 1ull << (s2 % 64);
+                }
+            }
+            for (int t = 0; t < n_tok; t++) {
+                q_pos[t] = irand(0, 2 * n_kv);
+                q_seq[t] = irand(0, c->n_seq - 1);
+            }
+            // Rows that see nothing: a position before every cell, and (when
+            // the sequence ids allow) a sequence no cell holds.
+            q_pos[0] = -1;
+            if (n_tok > 2 && c->n_seq < 64 * seq_words)
+                q_seq[2] = c->n_seq;
+        }
+        struct dbuf bq = dbuf_new(q, nq * sizeof(float));
+        struct dbuf bk = dbuf_new(k, nk * (c->tk == GGML_TYPE_F16 ? 2 : 4));
+        struct dbuf bv = dbuf_new(v, nv * (c->tv == GGML_TYPE_F16 ? 2 : 4));
+        struct dbuf bcp = dbuf_new(cell_pos, (size_t)nc * sizeof(int32_t));
+        struct dbuf bcs = dbuf_new(cell_seq, (size_t)nc * seq_words * sizeof(uint64_t));
+        struct dbuf bqp = dbuf_new(q_pos, (size_t)n_tok * sizeof(int32_t));
+        struct dbuf bqs = dbuf_new(q_seq, (size_t)n_tok * sizeof(int32_t));
+        const size_t no = (size_t)n_tok * c->n_head * c->head_dim_v;
+        struct dbuf bo = dbuf_new(NULL, no * sizeof(float));
+        struct attn_args ac = {
+            .out = bo.c,
+            .q = bq.c,
+            .k = bk.c,
+            .v = bv.c,
+            .type_k = c->tk,
+            .type_v = c->tv,
+            .cell_pos = bcp.c,
+            .cell_seq = bcs.c,
+            .seq_words = seq_words,
+            .q_pos = bqp.c,
+            .q_seq = bqs.c,
+            .n_tok = n_tok,
+            .n_kv = n_kv,
+            .n_head = c->n_head,
+            .n_head_kv = c->n_head_kv,
+            .head_dim = c->head_dim,
+            .head_dim_v = c->head_dim_v,
+            .scale = 1.0f / sqrtf((float)c->head_dim),
+        };
+        struct attn_args ag = ac;
+        ag.out = bo.g;
+        ag.q = bq.g;
+        ag.k = bk.g;
+        ag.v = bv.g;
+        ag.cell_pos = bcp.g;
+        ag.cell_seq = bcs.g;
+        ag.q_pos = bqp.g;
+        ag.q_seq = bqs.g;
+        // Poison the GPU output: every element must be written.
+        float *nan = malloc(no * sizeof *nan + 4);
+        for (size_t i = 0; i < no; i++)
+            nan[i] = NAN;
+        OK(gpu, gpu->ops->upload(gpu, bo.g, nan, no * sizeof(float)));
+        OK(cpu, cpu->ops->attention(cpu, &ac));
+        OK(gpu, gpu->ops->attention(gpu, &ag));
+        float *rc, *rg;
+        dbuf_get(&bo, (void **)&rc, (void **)&rg);
+        // Both sides see the same f32 values (f16 caches widen exactly). The
+        // output is a convex combination of V rows, and moving one score s_c
+        // by delta moves it by at most 2 delta max|v|. Scores differ by up to
+        // ~1e-5 (dot products of <= 256 terms summed in other orders with
+        // |s| ~ 1..10, q pre-scaled instead of the dot, expf within 2 ulp):
+        // 3e-5 max|v|. The n_kv-term sums of weights and of weighted V rows
+        // add a random walk of sqrt(n_kv) roundings: 8 sqrt(n_kv) 2^-24 max|v|.
+        // A mask, GQA or split-merge error moves outputs by O(max|v| / #vis).
+        float vmax = 0.0f;
+        for (size_t i = 0; i < nv; i++) {
+            const float a = c->tv == GGML_TYPE_F16 ? fabsf(quant_fp16_to_f32(((uint16_t *)v)[i]))
+                                                   : fabsf(vf[i]);
+            if (a > vmax)
+                vmax = a;
+        }
+        const double atol = (3e-5 + 8.0 * sqrt((double)n_kv) / 16777216.0) * vmax;
+        char what[160];
+        snprintf(what, sizeof what, "attention %s: toks %d kv %d heads %d/%d hd %d/%d %s/%s",
+                 c->note, n_tok, n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v,
+                 ggml_type_name(c->tk), ggml_type_name(c->tv));
+        check_close(what, rc, rg, no, NULL, atol, 0.0);
+        free(nan);
+        free(rc);
+        free(rg);
+        dbuf_free(&bq);
+        dbuf_free(&bk);
+        dbuf_free(&bv);
+        dbuf_free(&bcp);
+        dbuf_free(&bcs);
+        dbuf_free(&bqp);
+        dbuf_free(&bqs);
+        dbuf_free(&bo);
+        free(q);
+        free(kf);
+        free(vf);
+        free(k);
+        free(v);
+        free(cell_pos);
+        free(cell_seq);
+        free(q_pos);
+        free(q_seq);
+    }
+}
+
+Test(cuda, attention_rejects_large_heads) {
+    REQUIRE_GPU();
+    struct attn_args a = {.n_tok = 1,
+                          .n_kv = 1,
+                          .n_head = 1,
+                          .n_head_kv = 1,
+                          .head_dim = CUDA_ATTN_MAX_HEAD_DIM + 64,
+                          .head_dim_v = 64,
+                          .type_k = GGML_TYPE_F16,
+                          .type_v = GGML_TYPE_F16,
+                          .seq_words = 1};
+    cr_expect_eq(gpu->ops->attention(gpu, &a), VERR_UNSUPPORTED);
+    cr_log_info("head_dim %d: %s", a.head_dim, gpu->err.msg);
+}
+
+// ---------------------------------------------------------------------------
+// elementwise, get_rows, argmax
+
+Test(cuda, swiglu_add) {
+    REQUIRE_GPU();
+    rng_seed(80);
+    const int64_t sizes[] = {1, 37, 14336, (1 << 20) + 3};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        for (int alias = 0; alias < 3; alias++) { // out separate, out = gate, out = up
+            const int64_t n = sizes[si];
+            float *g = nrand_array((size_t)n, 4.0f), *u = nrand_array((size_t)n, 1.0f);
+            if (n > 2) {
+                g[0] = -100.0f; // expf(100) is finite; silu ~ -0
+                g[1] = 100.0f;
+            }
+            struct dbuf bg = dbuf_new(g, (size_t)n * sizeof(float));
+            struct dbuf bu = dbuf_new(u, (size_t)n * sizeof(float));
+            struct dbuf bo = dbuf_new(NULL, (size_t)n * sizeof(float));
+            struct dbuf *out = alias == 0 ? &bo : alias == 1 ? &bg : &bu;
+            OK(cpu, cpu->ops->swiglu(cpu, out->c, bg.c, bu.c, n));
+            OK(gpu, gpu->ops->swiglu(gpu, out->g, bg.g, bu.g, n));
+            float *rc, *rg;
+            dbuf_get(out, (void **)&rc, (void **)&rg);
+            char what[64];
+            snprintf(what, sizeof what, "swiglu n %lld alias %d", (long long)n, alias);
+            // The same expression g / (1 + expf(-g)) * u; CUDA's expf is within
+            // 2 ulp, glibc's within 1: with the division and product, under
+            // 8 ulps: 2^-20 relative.
+            check_close(what, rc, rg, (size_t)n, NULL, 1e-30, 1.0 / 1048576);
+            free(rc);
+            free(rg);
+            dbuf_free(&bg);
+            dbuf_free(&bu);
+            dbuf_free(&bo);
+            free(g);
+            free(u);
+        }
+        const int64_t n = sizes[si];
+        float *x = nrand_array((size_t)n, 1.0f), *y = nrand_array((size_t)n, 1.0f);
+        struct dbuf bx = dbuf_new(x, (size_t)n * sizeof(float));
+        struct dbuf by = dbuf_new(y, (size_t)n * sizeof(float));
+        OK(cpu, cpu->ops->add(cpu, bx.c, by.c, n));
+        OK(gpu, gpu->ops->add(gpu, bx.g, by.g, n));
+        float *rc, *rg;
+        dbuf_get(&bx, (void **)&rc, (void **)&rg);
+        char what[64];
+        snprintf(what, sizeof what, "add n %lld", (long long)n);
+        check_close(what, rc, rg, (size_t)n, NULL, 0.0, 0.0); // one rounding, the same
+        free(rc);
+        free(rg);
+        dbuf_free(&bx);
+        dbuf_free(&by);
+        free(x);
+        free(y);
+    }
+}
+
+Test(cuda, get_rows) {
+    REQUIRE_GPU();
+    rng_seed(90);
+    const struct {
+        int n_src, n_out, n;
+    } cases[] = {{1, 1, 1}, {40, 7, 37}, {512, 33, 4096}, {9, 20, 5121}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int n_src = cases[ci].n_src, n_out = cases[ci].n_out, n = cases[ci].n;
+        float *x = nrand_array((size_t)n_src * n, 1.0f);
+        int32_t *rows = malloc((size_t)n_out * sizeof *rows);
+        for (int r = 0; r < n_out; r++)
+            rows[r] = irand(0, n_src - 1); // repeats allowed
+        rows[0] = n_src - 1;
+        struct dbuf bx = dbuf_new(x, (size_t)n_src * n * sizeof(float));
+        struct dbuf br = dbuf_new(rows, (size_t)n_out * sizeof(int32_t));
+        struct dbuf bo = dbuf_new(NULL, (size_t)n_out * n * sizeof(float));
+        OK(cpu, cpu->ops->get_rows(cpu, bo.c, bx.c, br.c, n_out, n));
+        OK(gpu, gpu->ops->get_rows(gpu, bo.g, bx.g, br.g, n_out, n));
+        float *rc, *rg;
+        dbuf_get(&bo, (void **)&rc, (void **)&rg);
+        char what[64];
+        snprintf(what, sizeof what, "get_rows %d of %d x %d", n_out, n_src, n);
+        check_close(what, rc, rg, (size_t)n_out * n, NULL, 0.0, 0.0); // a copy: exact
+        free(rc);
+        free(rg);
+        dbuf_free(&bx);
+        dbuf_free(&br);
+        dbuf_free(&bo);
+        free(x);
+        free(rows);
+    }
+}
+
+Test(cuda, argmax) {
+    REQUIRE_GPU();
+    rng_seed(100);
+    const struct {
+        int rows, vocab;
+    } cases[] = {{1, 1}, {3, 7}, {1, 32000}, {4, 151936}, {9, 50257}, {2, 255}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int rows = cases[ci].rows, vocab = cases[ci].vocab;
+        float *l = nrand_array((size_t)rows * vocab, 3.0f);
+        for (int r = 0; r < rows; r++) {
+            float *lr = l + (size_t)r * vocab;
+            const int kind = r % 4;
+            if (kind == 1) { // ties: the lowest index must win
+                const float top = 50.0f;
+                for (int k = 0; k < 5; k++)
+                    lr[irand(0, vocab - 1)] = top;
+            } else if (kind == 2) { // NaN never wins
+                for (int k = 0; k < 3; k++)
+                    lr[irand(0, vocab - 1)] = NAN;
+            } else if (kind == 3) { // all -inf: index 0
+                for (int i = 0; i < vocab; i++)
+                    lr[i] = -INFINITY;
+            }
+        }
+        struct dbuf bl = dbuf_new(l, (size_t)rows * vocab * sizeof(float));
+        struct dbuf bo = dbuf_new(NULL, (size_t)rows * sizeof(int32_t));
+        OK(cpu, cpu->ops->argmax(cpu, bo.c, bl.c, rows, vocab));
+        OK(gpu, gpu->ops->argmax(gpu, bo.g, bl.g, rows, vocab));
+        int32_t *rc, *rg;
+        dbuf_get(&bo, (void **)&rc, (void **)&rg);
+        int fails = 0;
+        for (int r = 0; r < rows; r++)
+            if (rc[r] != rg[r] && fails++ < 5)
+                cr_log_error("argmax %d x %d row %d: cuda %d, cpu %d", rows, vocab, r, rg[r],
+                             rc[r]);
+        cr_log_info("argmax %d x %d: %d of %d rows differ", rows, vocab, fails, rows);
+        cr_expect_eq(fails, 0, "argmax %d x %d: %d rows differ", rows, vocab, fails);
+        free(rc);
+        free(rg);
+        dbuf_free(&bl);
+        dbuf_free(&bo);
+        free(l);
+    }
+}
