@@ -67,7 +67,7 @@ static const char vocab_sample[] =
 #define MKVOCAB_MAX_MERGES 640
 
 static const char *const special_tokens[MKVOCAB_N_SPECIAL] = {"<|begin_of_text|>",
-                                                           "<|end_of_text|>"};
+                                                              "<|end_of_text|>"};
 
 // GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to
 // 256, 257, ... in byte order.
@@ -318,7 +318,8 @@ static int mkvocab_build_base(struct mkvocab *v, int *cap) {
         size_t np = 0;
         for (int i = 0; i < n_words; i++)
             for (int k = 0; k + 1 < words[i].n; k++)
-                pc[np++] = (struct pair_count){words[i].sym[k], words[i].sym[k + 1], words[i].count};
+                pc[np++] =
+                    (struct pair_count){words[i].sym[k], words[i].sym[k + 1], words[i].count};
         if (np == 0)
             break;
         qsort(pc, np, sizeof *pc, pair_cmp);

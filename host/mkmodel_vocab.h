@@ -11,10 +11,10 @@
 #define MKVOCAB_N_SPECIAL 2
 
 struct mkvocab {
-    char **tokens;        // [n_tokens] UTF-8 texts in GPT-2's byte mapping
-    int32_t *token_type;  // [n_tokens]
+    char **tokens;       // [n_tokens] UTF-8 texts in GPT-2's byte mapping
+    int32_t *token_type; // [n_tokens]
     int n_tokens;
-    char **merges;        // [n_merges] "left right"
+    char **merges; // [n_merges] "left right"
     int n_merges;
     int bos_id, eos_id;
 };

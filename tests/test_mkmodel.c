@@ -97,8 +97,7 @@ static void expect_str(const struct gguf_file *f, const char *key, const char *w
 }
 
 static const struct gguf_tensor_info *expect_tensor(const struct gguf_file *f, const char *name,
-                                                    int64_t ne0, int64_t ne1,
-                                                    enum ggml_type type) {
+                                                    int64_t ne0, int64_t ne1, enum ggml_type type) {
     const struct gguf_tensor_info *t = gguf_find_tensor(f, name);
     cr_assert_not_null(t, "tensor %s missing", name);
     cr_expect_eq(t->n_dims, ne1 > 0 ? 2u : 1u, "%s n_dims %u", name, t->n_dims);
@@ -189,10 +188,10 @@ Test(mkmodel, llama_default_layout, .init = setup_tmp, .fini = teardown_tmp) {
     struct verr err = {0};
     cr_assert_eq(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, &toks, &err), 0, "%s",
                  err.msg);
-    cr_assert_eq(gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, &types, &err), 0,
-                 "%s", err.msg);
-    cr_assert_eq(gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_VT_STRING, &merges, &err), 0,
-                 "%s", err.msg);
+    cr_assert_eq(gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, &types, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_VT_STRING, &merges, &err), 0, "%s",
+                 err.msg);
     cr_expect_eq(toks->n, (uint64_t)nv);
     cr_expect_eq(types->n, (uint64_t)nv);
     cr_expect_gt(merges->n, 100);
@@ -293,8 +292,7 @@ Test(mkmodel, qwen2_biases_head_dim, .init = setup_tmp, .fini = teardown_tmp) {
     // Tied: the final norm's weights have both signs (see mkmodel.h); 64
     // values, so a loose tolerance.
     tensor_stats(gguf_find_tensor(f, "output_norm.weight"), &m, &s);
-    cr_expect(fabs(m) < 0.12 && fabs(s - 2.0 / 8) < 0.08, "tied output_norm mean %g std %g", m,
-              s);
+    cr_expect(fabs(m) < 0.12 && fabs(s - 2.0 / 8) < 0.08, "tied output_norm mean %g std %g", m, s);
     struct model_hparams hp;
     struct verr err = {0};
     cr_assert_eq(model_read_hparams(f, &hp, &err), 0, "model_read_hparams: %s", err.msg);
@@ -313,8 +311,8 @@ Test(mkmodel, every_type_dequantizes, .init = setup_tmp, .fini = teardown_tmp) {
         enum ggml_type type;
         int file_type; // llama.cpp's LLAMA_FTYPE
     } types[] = {
-        {GGML_TYPE_F32, 0},  {GGML_TYPE_F16, 1},  {GGML_TYPE_BF16, 32}, {GGML_TYPE_Q8_0, 7},
-        {GGML_TYPE_Q4_0, 2}, {GGML_TYPE_Q4_1, 3}, {GGML_TYPE_Q5_0, 8},  {GGML_TYPE_Q5_1, 9},
+        {GGML_TYPE_F32, 0},   {GGML_TYPE_F16, 1},   {GGML_TYPE_BF16, 32}, {GGML_TYPE_Q8_0, 7},
+        {GGML_TYPE_Q4_0, 2},  {GGML_TYPE_Q4_1, 3},  {GGML_TYPE_Q5_0, 8},  {GGML_TYPE_Q5_1, 9},
         {GGML_TYPE_Q4_K, 14}, {GGML_TYPE_Q5_K, 16}, {GGML_TYPE_Q6_K, 18},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
@@ -350,8 +348,8 @@ Test(mkmodel, every_type_dequantizes, .init = setup_tmp, .fini = teardown_tmp) {
         // values, sampling noise over 65k values ~0.5%: 8% tolerance.
         double m, s;
         tensor_stats(gguf_find_tensor(f, "blk.0.attn_q.weight"), &m, &s);
-        cr_expect(fabs(s / (1.0 / 16) - 1) < 0.08, "%s attn_q std %g, want %g",
-                  ggml_type_name(t), s, 1.0 / 16);
+        cr_expect(fabs(s / (1.0 / 16) - 1) < 0.08, "%s attn_q std %g, want %g", ggml_type_name(t),
+                  s, 1.0 / 16);
         cr_expect(fabs(m) < 0.005, "%s attn_q mean %g", ggml_type_name(t), m);
         tensor_stats(gguf_find_tensor(f, "token_embd.weight"), &m, &s);
         cr_expect(fabs(s - 1) < 0.08, "%s token_embd std %g", ggml_type_name(t), s);
@@ -609,8 +607,7 @@ Test(mkmodel, vocab_copied_from_file, .init = setup_tmp, .fini = teardown_tmp) {
                               "%s[%llu]", kv->key, (unsigned long long)k);
             } else {
                 size_t es = gguf_vtype_size(kv->val.arr.type);
-                cr_expect(!memcmp(got->arr.data, kv->val.arr.data, es * got->arr.n), "%s",
-                          kv->key);
+                cr_expect(!memcmp(got->arr.data, kv->val.arr.data, es * got->arr.n), "%s", kv->key);
             }
         } else if (kv->val.type == GGUF_VT_STRING) {
             cr_expect(got->str.len == kv->val.str.len &&
@@ -659,7 +656,7 @@ static void fwd_load(struct fwd_model *m, const struct gguf_file *f) {
     m->output = gguf_find_tensor(f, "output.weight") ? load(f, "output.weight") : m->embd;
     float ***lists[] = {&m->attn_norm, &m->wq, &m->wk, &m->wv, &m->wo,
                         &m->ffn_norm,  &m->wg, &m->wu, &m->wd};
-    const char *names[] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+    const char *names[] = {"attn_norm", "attn_q",   "attn_k", "attn_v",  "attn_output",
                            "ffn_norm",  "ffn_gate", "ffn_up", "ffn_down"};
     for (int k = 0; k < 9; k++) {
         *lists[k] = calloc((size_t)m->L, sizeof(float *));
@@ -965,14 +962,44 @@ Test(mkmodel, tool_flags, .init = setup_tmp, .fini = teardown_tmp) {
         cr_skip_test("VELA_BIN not set");
     static char out[32768];
     cr_expect_eq(run_tool("--help", out, sizeof out), 0);
-    static const char *flags[] = {
-        "--output", "--preset", "--name", "--seed", "--threads", "--quiet", "--arch", "--n-embd",
-        "--n-layer", "--n-head", "--n-head-kv", "--n-ff", "--n-vocab", "--ctx", "--head-dim",
-        "--n-rot", "--norm-eps", "--tied", "--untied", "--type", "--type-embd", "--type-output",
-        "--type-attn", "--type-ffn", "--mix", "--rope-freq-base", "--rope-scaling",
-        "--rope-scale", "--yarn-orig-ctx", "--rope-freqs", "--rope-freqs-factor",
-        "--rope-freqs-orig-ctx", "--vocab", "tiny", "cpu-100m", "qwen2-0.5b", "llama2-7b",
-        "llama3-8b"};
+    static const char *flags[] = {"--output",
+                                  "--preset",
+                                  "--name",
+                                  "--seed",
+                                  "--threads",
+                                  "--quiet",
+                                  "--arch",
+                                  "--n-embd",
+                                  "--n-layer",
+                                  "--n-head",
+                                  "--n-head-kv",
+                                  "--n-ff",
+                                  "--n-vocab",
+                                  "--ctx",
+                                  "--head-dim",
+                                  "--n-rot",
+                                  "--norm-eps",
+                                  "--tied",
+                                  "--untied",
+                                  "--type",
+                                  "--type-embd",
+                                  "--type-output",
+                                  "--type-attn",
+                                  "--type-ffn",
+                                  "--mix",
+                                  "--rope-freq-base",
+                                  "--rope-scaling",
+                                  "--rope-scale",
+                                  "--yarn-orig-ctx",
+                                  "--rope-freqs",
+                                  "--rope-freqs-factor",
+                                  "--rope-freqs-orig-ctx",
+                                  "--vocab",
+                                  "tiny",
+                                  "cpu-100m",
+                                  "qwen2-0.5b",
+                                  "llama2-7b",
+                                  "llama3-8b"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         cr_expect(strstr(out, flags[i]) != NULL, "--help does not mention %s", flags[i]);
 
@@ -985,6 +1012,10 @@ Test(mkmodel, tool_flags, .init = setup_tmp, .fini = teardown_tmp) {
     cr_expect_eq(run_tool("--preset nope -o x.gguf", out, sizeof out), 2);
     cr_expect_eq(run_tool("--n-embd 64", out, sizeof out), 2, "no -o");
     cr_expect_eq(run_tool("--mix q4_k_m --type q8_0 -o x.gguf", out, sizeof out), 2);
+    cr_expect_eq(run_tool("--rope-scale 4 -o x.gguf", out, sizeof out), 2, "needs --rope-scaling");
+    cr_expect_eq(run_tool("--threads 999 -o x.gguf", out, sizeof out), 2);
+    cr_expect_eq(run_tool("--tied=1 -o x.gguf", out, sizeof out), 2);
+    cr_expect_eq(run_tool("-o", out, sizeof out), 2, "missing value");
     snprintf(args, sizeof args, "--n-head 7 -o %s", tmp_path("t.gguf"));
     cr_expect_eq(run_tool(args, out, sizeof out), 2);
     cr_expect(strstr(out, "--n-head") != NULL, "%s", out);
