@@ -1,0 +1,150 @@
+// The models, tokens and KV cache types of tests/test_llamacpp_agree.c,
+// shared with whatever regenerates tests/data/llamacpp/ (see the README
+// there). Each case is a `vela mkmodel` config given twice: as the flags of
+// the command line (`flags`, for people and for the README) and as overrides
+// of mkmodel_config_default (`lc_case_config`, for the test); the two write
+// byte-identical files.
+#ifndef VELA_TESTS_LLAMACPP_CASES_H
+#define VELA_TESTS_LLAMACPP_CASES_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf/types.h"
+#include "host/mkmodel.h"
+
+// Tokens evaluated as one sequence from position 0 (ids < 596, the size of
+// the generated vocabulary): tok[i] = (7919 * i + 13) % 596.
+#define LC_N_TOKENS 32
+// Positions whose logits are stored (every 8th, ending with the last).
+#define LC_N_ROWS 4
+static const int lc_rows[LC_N_ROWS] = {7, 15, 23, 31};
+
+static inline void lc_tokens(int32_t tok[LC_N_TOKENS]) {
+    for (int i = 0; i < LC_N_TOKENS; i++)
+        tok[i] = (int32_t)((7919 * i + 13) % 596);
+}
+
+// How llama.cpp computes the matrix products of a case's weights on the CPU,
+// which sets the tolerance class (see the test).
+enum lc_kind {
+    LC_EXACT_F32, // F32 weights and KV cache: float rounding only
+    LC_KV_F16,    // F16 KV cache: llama.cpp also rounds Q and the attention weights to F16
+    LC_W_F16,     // F16 weights: activations rounded to F16 before each product
+    LC_W_BF16,    // BF16 weights: activations rounded to BF16
+    LC_W_Q8,      // Q8_0/Q4_x/Q5_x weights: activations quantized to Q8_0/Q8_1
+    LC_W_QK,      // K-quant weights: activations quantized to Q8_K
+};
+
+struct lc_case {
+    const char *name;  // also the file name of the reference: <name>.bin
+    const char *flags; // the equivalent `vela mkmodel` flags (besides -o and -q)
+    enum lc_kind kind;
+    enum ggml_type kv;         // KV cache type of both engines
+    bool partial_rot_emulated; // llama.cpp refuses llama files with n_rot < head_dim, so it
+                               // was given a derived file (see the README)
+    // overrides of mkmodel_config_default (0: keep the default)
+    enum mkmodel_arch arch;
+    int n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, n_rot, n_ctx;
+    enum ggml_type type; // every matrix; omitted: 0, GGML_TYPE_F32
+    enum mkmodel_mix mix;
+    bool tied;
+    enum mkmodel_rope_scaling scaling;
+    float scale;
+    int yarn_orig_ctx;
+    bool rope_freqs;
+};
+
+// Small shapes: 2 layers; 128 wide for the F32 semantics cases, 256 wide
+// (and ff 512) for the weight-type cases so that every K-quant block fits.
+#define LC_SMALL(h, hkv) .n_embd = 128, .n_layer = 2, .n_head = h, .n_head_kv = hkv, .n_ff = 256
+#define LC_WIDE .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512
+#define LC_SMALL_FLAGS(h, hkv)                                                                     \
+    "--n-embd 128 --n-layer 2 --n-head " #h " --n-head-kv " #hkv " --n-ff 256"
+#define LC_WIDE_FLAGS "--n-embd 256 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 512"
+#define LC_YARN_FLAGS "--ctx 8192 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 2048"
+#define LC_YARN                                                                                    \
+    .n_ctx = 8192, .scaling = MKMODEL_ROPE_SCALING_YARN, .scale = 4, .yarn_orig_ctx = 2048
+
+static const struct lc_case lc_cases[] = {
+    // semantics, everything F32
+    {"llama_mha_f32", LC_SMALL_FLAGS(4, 4), LC_EXACT_F32, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_SMALL(4, 4)},
+    {"llama_gqa_f32", LC_SMALL_FLAGS(8, 2), LC_EXACT_F32, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_SMALL(8, 2)},
+    {"llama_gqa_f32_kvf16", LC_SMALL_FLAGS(8, 2), LC_KV_F16, GGML_TYPE_F16, false,
+     MKMODEL_ARCH_LLAMA, LC_SMALL(8, 2)},
+    {"llama_headdim64_f32", LC_SMALL_FLAGS(4, 2) " --head-dim 64", LC_EXACT_F32, GGML_TYPE_F32,
+     false, MKMODEL_ARCH_LLAMA, LC_SMALL(4, 2), .head_dim = 64},
+    {"llama_partial_rot_f32", LC_SMALL_FLAGS(4, 2) " --n-rot 16", LC_EXACT_F32, GGML_TYPE_F32, true,
+     MKMODEL_ARCH_LLAMA, LC_SMALL(4, 2), .n_rot = 16},
+    {"llama_linear_f32", LC_SMALL_FLAGS(4, 2) " --rope-scaling linear --rope-scale 2", LC_EXACT_F32,
+     GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA, LC_SMALL(4, 2),
+     .scaling = MKMODEL_ROPE_SCALING_LINEAR, .scale = 2},
+    {"llama_yarn_f32", LC_SMALL_FLAGS(4, 2) " " LC_YARN_FLAGS, LC_EXACT_F32, GGML_TYPE_F32, false,
+     MKMODEL_ARCH_LLAMA, LC_SMALL(4, 2), LC_YARN},
+    {"llama_rope_freqs_f32", LC_SMALL_FLAGS(4, 2) " --rope-freqs", LC_EXACT_F32, GGML_TYPE_F32,
+     false, MKMODEL_ARCH_LLAMA, LC_SMALL(4, 2), .rope_freqs = true},
+    {"llama_tied_f32", LC_SMALL_FLAGS(4, 2) " --tied", LC_EXACT_F32, GGML_TYPE_F32, false,
+     MKMODEL_ARCH_LLAMA, LC_SMALL(4, 2), .tied = true},
+    {"qwen2_f32", "--arch qwen2 " LC_SMALL_FLAGS(4, 2), LC_EXACT_F32, GGML_TYPE_F32, false,
+     MKMODEL_ARCH_QWEN2, LC_SMALL(4, 2)},
+    {"qwen2_yarn_f32", "--arch qwen2 " LC_SMALL_FLAGS(4, 2) " " LC_YARN_FLAGS, LC_EXACT_F32,
+     GGML_TYPE_F32, false, MKMODEL_ARCH_QWEN2, LC_SMALL(4, 2), LC_YARN},
+    {"qwen2_tied_f32_kvf16", "--arch qwen2 " LC_SMALL_FLAGS(4, 2) " --tied", LC_KV_F16,
+     GGML_TYPE_F16, false, MKMODEL_ARCH_QWEN2, LC_SMALL(4, 2), .tied = true},
+    // weight types (F32 KV cache)
+    {"llama_f16", LC_WIDE_FLAGS " --type f16", LC_W_F16, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_F16},
+    {"llama_bf16", LC_WIDE_FLAGS " --type bf16", LC_W_BF16, GGML_TYPE_F32, false,
+     MKMODEL_ARCH_LLAMA, LC_WIDE, .type = GGML_TYPE_BF16},
+    {"llama_q8_0", LC_WIDE_FLAGS " --type q8_0", LC_W_Q8, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_Q8_0},
+    {"llama_q4_0", LC_WIDE_FLAGS " --type q4_0", LC_W_Q8, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_Q4_0},
+    {"llama_q4_1", LC_WIDE_FLAGS " --type q4_1", LC_W_Q8, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_Q4_1},
+    {"llama_q5_0", LC_WIDE_FLAGS " --type q5_0", LC_W_Q8, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_Q5_0},
+    {"llama_q5_1", LC_WIDE_FLAGS " --type q5_1", LC_W_Q8, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_Q5_1},
+    {"llama_q4_k", LC_WIDE_FLAGS " --type q4_k", LC_W_QK, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_Q4_K},
+    {"llama_q5_k", LC_WIDE_FLAGS " --type q5_k", LC_W_QK, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_Q5_K},
+    {"llama_q6_k", LC_WIDE_FLAGS " --type q6_k", LC_W_QK, GGML_TYPE_F32, false, MKMODEL_ARCH_LLAMA,
+     LC_WIDE, .type = GGML_TYPE_Q6_K},
+    {"llama_q4_k_m", LC_WIDE_FLAGS " --mix q4_k_m", LC_W_QK, GGML_TYPE_F32, false,
+     MKMODEL_ARCH_LLAMA, LC_WIDE, .mix = MKMODEL_MIX_Q4_K_M},
+    {"qwen2_q4_0", "--arch qwen2 " LC_WIDE_FLAGS " --type q4_0", LC_W_Q8, GGML_TYPE_F32, false,
+     MKMODEL_ARCH_QWEN2, LC_WIDE, .type = GGML_TYPE_Q4_0},
+    {"qwen2_tied_q8_0", "--arch qwen2 " LC_WIDE_FLAGS " --tied --type q8_0", LC_W_Q8, GGML_TYPE_F32,
+     false, MKMODEL_ARCH_QWEN2, LC_WIDE, .type = GGML_TYPE_Q8_0, .tied = true},
+};
+#define LC_N_CASES ((int)(sizeof lc_cases / sizeof lc_cases[0]))
+
+// The mkmodel config of a case (seed 42, the generated vocabulary).
+static inline void lc_case_config(const struct lc_case *c, struct mkmodel_config *cfg) {
+    mkmodel_config_default(cfg);
+    cfg->arch = c->arch;
+    cfg->n_embd = c->n_embd;
+    cfg->n_layer = c->n_layer;
+    cfg->n_head = c->n_head;
+    cfg->n_head_kv = c->n_head_kv;
+    cfg->n_ff = c->n_ff;
+    cfg->head_dim = c->head_dim;
+    cfg->n_rot = c->n_rot;
+    if (c->n_ctx)
+        cfg->n_ctx = c->n_ctx;
+    cfg->type = c->type;
+    cfg->mix = c->mix;
+    cfg->tied = c->tied;
+    cfg->rope_scaling = c->scaling;
+    if (c->scale != 0)
+        cfg->rope_scale = c->scale;
+    cfg->yarn_orig_ctx = c->yarn_orig_ctx;
+    cfg->rope_freqs = c->rope_freqs;
+    cfg->n_threads = 2;
+}
+
+#endif
