@@ -329,6 +329,12 @@ int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out
     }
     if (c.name[0] == '\0')
         snprintf(c.name, sizeof c.name, "vela-synthetic-%s", arch_name(c.arch));
+    if (c.weights == MKMODEL_WEIGHTS_AUTO)
+        c.weights = mkmodel_count_params(&c) > MKMODEL_FAST_PARAMS ? MKMODEL_WEIGHTS_FAST
+                                                                   : MKMODEL_WEIGHTS_EXACT;
+    else if (c.weights != MKMODEL_WEIGHTS_EXACT && c.weights != MKMODEL_WEIGHTS_FAST)
+        return verr_set(err, VERR_RANGE, "--fast-weights/--exact-weights: unknown mode id %d",
+                        (int)c.weights);
     *out = c;
     return 0;
 }
@@ -357,6 +363,7 @@ struct mk_tensor {
     uint32_t n_dims;
     int64_t ne[2];   // ne[0]: row length; ne[1]: rows (1 for vectors)
     float mean, std; // of the generated values
+    bool fast;       // written by the fast path (a matrix, weights FAST)
     size_t row_bytes;
     uint64_t nbytes;
 };
@@ -472,6 +479,8 @@ static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan
     return f;
 }
 
+static bool fast_supported(enum ggml_type t);
+
 static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c,
                      struct mk_plan_notes *pn, enum mk_class cls, int layer, const char *name,
                      int64_t ne0, int64_t ne1, float mean, float std) {
@@ -485,6 +494,8 @@ static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c
     x->mean = mean;
     x->std = std;
     x->type = choose_type(c, pn, cls, layer, ne0, name);
+    x->fast = c->weights == MKMODEL_WEIGHTS_FAST && cls < MK_NORM && mean == 0.0f &&
+              fast_supported(x->type);
     x->row_bytes = ggml_row_bytes(x->type, ne0);
     x->nbytes = (uint64_t)x->row_bytes * (uint64_t)x->ne[1];
 }
@@ -613,6 +624,319 @@ static void rope_freqs_row(const struct mkmodel_config *c, float *dst) {
     }
 }
 
+// --- fast weights ---------------------------------------------------------------------
+//
+// Random but valid blocks, written without floats or a quantizer (see
+// mkmodel.h). Quant bits come straight from the generator; each type's level
+// distribution has a known variance `unit`, and the scales are set so that
+// the dequantized values have std `std`:
+//   Q8_0  q = +-m, m uniform 0..127 (sign-magnitude from one byte)
+//   Q4_0  nibble n, x = (n - 8) d, n == 0 (-8) becomes 8 (0): -7..7, 0 twice
+//   Q5_0  likewise, -15..15, 0 twice
+//   Q4_1  x = n d + m with m = -7.5 d;  Q5_1 m = -15.5 d
+//   Q4_K  x = d sc q - dmin m with dmin = 7.5 d, m = sc (sub-block mean 0),
+//         sc uniform 32..63;  Q5_K dmin = 15.5 d
+//   Q6_K  q - 32 in -31..31 (0 twice, as Q4_0), int8 scales +-(64..127)
+// so every type is symmetric or centred and its mean is 0 up to the f16
+// rounding of m / dmin (< 1e-3 std). Each block's scale is the base scale
+// times a gain from 16 levels over [0.75, 1.25]; Q4_0 / Q5_0 scales also take
+// a random sign (as ggml's quantizer's do). Tensors with a mean (norms) or a
+// type not listed never come here.
+
+#define FAST_TAB 4096 // levels of the normal table (12 bits per value)
+
+static float fast_normal[FAST_TAB]; // N(0, 1) quantiles, rescaled to rms exactly 1
+static pthread_once_t fast_once = PTHREAD_ONCE_INIT;
+
+static void fast_init(void) {
+    // Quantile (i + 0.5) / FAST_TAB by bisection on Phi(x) = erfc(-x / sqrt 2) / 2;
+    // the upper half mirrors the lower, so the table's mean is exactly 0.
+    double ss = 0;
+    for (int i = 0; i < FAST_TAB / 2; i++) {
+        double p = (i + 0.5) / FAST_TAB, lo = -10, hi = 0;
+        for (int it = 0; it < 64; it++) {
+            double mid = 0.5 * (lo + hi);
+            if (0.5 * erfc(-mid / M_SQRT2) < p)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        double x = 0.5 * (lo + hi);
+        fast_normal[i] = (float)x;
+        fast_normal[FAST_TAB - 1 - i] = (float)-x;
+        ss += 2 * x * x;
+    }
+    float r = (float)(1.0 / sqrt(ss / FAST_TAB));
+    for (int i = 0; i < FAST_TAB; i++)
+        fast_normal[i] *= r;
+}
+
+static bool fast_supported(enum ggml_type t) {
+    switch (t) {
+    case GGML_TYPE_F32:
+    case GGML_TYPE_F16:
+    case GGML_TYPE_BF16:
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+// Variance of levels -nmax..nmax where 0 is drawn twice as often (2 nmax + 2 codes).
+static double var_sym(int nmax) {
+    double s = 0;
+    for (int k = 1; k <= nmax; k++)
+        s += 2.0 * k * k;
+    return s / (2 * nmax + 2);
+}
+
+// Variance of n equally likely levels.
+static double var_uniform(int n) {
+    return ((double)n * n - 1) / 12;
+}
+
+// Mean square of the integers lo..hi.
+static double mean_sq(int lo, int hi) {
+    double s = 0;
+    for (int k = lo; k <= hi; k++)
+        s += (double)k * k;
+    return s / (hi - lo + 1);
+}
+
+// Block gain k (0..15) and the mean square of the 16 gains.
+static inline float fast_gain(unsigned k) {
+    return 0.75f + ((float)k + 0.5f) * (1.0f / 32.0f);
+}
+static double gain_ms(void) {
+    double s = 0;
+    for (unsigned k = 0; k < 16; k++)
+        s += (double)fast_gain(k) * fast_gain(k);
+    return s / 16;
+}
+
+// Variance of one dequantized value per unit of the block scale d (times the
+// sub-block scale's mean square for K-quants), before the gain.
+static double fast_unit_var(enum ggml_type t) {
+    switch (t) {
+    case GGML_TYPE_Q8_0:
+        return var_sym(127);
+    case GGML_TYPE_Q4_0:
+        return var_sym(7);
+    case GGML_TYPE_Q5_0:
+        return var_sym(15);
+    case GGML_TYPE_Q4_1:
+        return var_uniform(16);
+    case GGML_TYPE_Q5_1:
+        return var_uniform(32);
+    case GGML_TYPE_Q4_K:
+        return var_uniform(16) * mean_sq(32, 63);
+    case GGML_TYPE_Q5_K:
+        return var_uniform(32) * mean_sq(32, 63);
+    case GGML_TYPE_Q6_K:
+        return var_sym(31) * mean_sq(64, 127);
+    default:
+        return 1;
+    }
+}
+
+// The block scale before the gain that gives values of std `std`.
+static float fast_base(enum ggml_type t, float std) {
+    return (float)(std / sqrt(fast_unit_var(t) * gain_ms()));
+}
+
+static inline void put_f16(uint8_t *p, float v) {
+    uint16_t h = quant_f32_to_fp16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static inline void fill_rand(uint64_t *s, uint8_t *p, size_t n) {
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t x = rng_next(s);
+        memcpy(p, &x, 8);
+    }
+    if (n) {
+        uint64_t x = rng_next(s);
+        memcpy(p, &x, n);
+    }
+}
+
+// Nibble 0 -> 8 in each of the 16 nibbles of x (value -8 becomes 0).
+static inline uint64_t nib_zero_to_8(uint64_t x) {
+    uint64_t t = x | (x >> 1);
+    t |= t >> 2;
+    return x | ((~t & 0x1111111111111111ull) << 3);
+}
+
+static void nib_remap16(uint8_t *qs) { // 16 bytes of packed nibbles
+    for (int k = 0; k < 2; k++) {
+        uint64_t x;
+        memcpy(&x, qs + 8 * k, 8);
+        x = nib_zero_to_8(x);
+        memcpy(qs + 8 * k, &x, 8);
+    }
+}
+
+// Q5_0 / Q5_1 high bits: bit j of qh is the fifth bit of element j (low
+// nibble of qs[j]) and bit j + 16 that of element j + 16 (high nibble).
+// Sets the fifth bit of every element whose nibble is 0 (Q5_0: -16 -> 0).
+static void q5_remap(uint8_t *qh, const uint8_t *qs) {
+    uint32_t z = 0;
+    for (int j = 0; j < 16; j++) {
+        z |= (uint32_t)((qs[j] & 0x0f) == 0) << j;
+        z |= (uint32_t)((qs[j] >> 4) == 0) << (j + 16);
+    }
+    for (int k = 0; k < 4; k++)
+        qh[k] |= (uint8_t)(z >> (8 * k));
+}
+
+// The 12 scale bytes of Q4_K / Q5_K from 8 scales and 8 mins of 6 bits (the
+// inverse of quant.c's k4_scale_min).
+static void k4_pack(uint8_t *s, const uint8_t sc[8], const uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+        s[j + 4] = (uint8_t)(mn[j] | ((mn[j + 4] >> 4) << 6));
+        s[j + 8] = (uint8_t)((sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4));
+    }
+}
+
+// One row of n values of type t into dst, from generator *s. Block types:
+// base is fast_base(t, std); F32/F16/BF16: tab holds fast_table(t, std).
+static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const void *tab,
+                     uint8_t *dst) {
+    const struct ggml_type_info *ti = ggml_type_get(t);
+    const int64_t nb = ti->quantized ? n / ti->block_size : 0;
+    uint8_t *b = dst;
+    switch (t) {
+    case GGML_TYPE_F32:
+    case GGML_TYPE_F16:
+    case GGML_TYPE_BF16: {
+        // Five 12-bit table indices per draw.
+        const size_t es = t == GGML_TYPE_F32 ? 4 : 2;
+        const uint8_t *tb = tab;
+        int64_t i = 0;
+        for (; i + 5 <= n; i += 5) {
+            uint64_t x = rng_next(s);
+            for (int k = 0; k < 5; k++, x >>= 12)
+                memcpy(dst + es * (size_t)(i + k), tb + es * (x & (FAST_TAB - 1)), es);
+        }
+        for (uint64_t x = rng_next(s); i < n; i++, x >>= 12)
+            memcpy(dst + es * (size_t)i, tb + es * (x & (FAST_TAB - 1)), es);
+        break;
+    }
+    case GGML_TYPE_Q8_0:
+        for (int64_t i = 0; i < nb; i++, b += 34) {
+            uint64_t r = rng_next(s);
+            put_f16(b, base * fast_gain(r & 15));
+            fill_rand(s, b + 2, 32);
+            for (int j = 0; j < 32; j++) { // sign-magnitude: +-(low 7 bits)
+                uint8_t m = b[2 + j] & 0x7f, neg = (uint8_t)(b[2 + j] >> 7);
+                b[2 + j] = (uint8_t)((m ^ (uint8_t)(0u - neg)) + neg);
+            }
+        }
+        break;
+    case GGML_TYPE_Q4_0:
+        for (int64_t i = 0; i < nb; i++, b += 18) {
+            uint64_t r = rng_next(s);
+            put_f16(b, (r & 16 ? -base : base) * fast_gain(r & 15));
+            fill_rand(s, b + 2, 16);
+            nib_remap16(b + 2);
+        }
+        break;
+    case GGML_TYPE_Q4_1:
+        for (int64_t i = 0; i < nb; i++, b += 20) {
+            uint64_t r = rng_next(s);
+            const float d = quant_fp16_to_f32(quant_f32_to_fp16(base * fast_gain(r & 15)));
+            put_f16(b, d);
+            put_f16(b + 2, -7.5f * d);
+            fill_rand(s, b + 4, 16);
+        }
+        break;
+    case GGML_TYPE_Q5_0:
+        for (int64_t i = 0; i < nb; i++, b += 22) {
+            uint64_t r = rng_next(s);
+            put_f16(b, (r & 16 ? -base : base) * fast_gain(r & 15));
+            fill_rand(s, b + 2, 20);
+            q5_remap(b + 2, b + 6);
+        }
+        break;
+    case GGML_TYPE_Q5_1:
+        for (int64_t i = 0; i < nb; i++, b += 24) {
+            uint64_t r = rng_next(s);
+            const float d = quant_fp16_to_f32(quant_f32_to_fp16(base * fast_gain(r & 15)));
+            put_f16(b, d);
+            put_f16(b + 2, -15.5f * d);
+            fill_rand(s, b + 4, 20);
+        }
+        break;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: {
+        const bool q5 = t == GGML_TYPE_Q5_K;
+        const size_t bs = q5 ? 176 : 144;
+        for (int64_t i = 0; i < nb; i++, b += bs) {
+            uint64_t r = rng_next(s);
+            const float d = quant_fp16_to_f32(quant_f32_to_fp16(base * fast_gain(r & 15)));
+            put_f16(b, d);
+            put_f16(b + 2, (q5 ? 15.5f : 7.5f) * d);
+            uint8_t sc[8];
+            for (int j = 0; j < 8; j++)
+                sc[j] = (uint8_t)(32 + ((r >> (4 + 5 * j)) & 31));
+            k4_pack(b + 4, sc, sc); // m = sc: dmin m = (7.5 | 15.5) d sc, the level mean
+            fill_rand(s, b + 16, bs - 16);
+        }
+        break;
+    }
+    case GGML_TYPE_Q6_K:
+        for (int64_t i = 0; i < nb; i++, b += 210) {
+            fill_rand(s, b, 192); // ql[128], qh[64]
+            // Level 0 (-32) -> 32 (0): set the top bit of an all-zero 6-bit value.
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = b + 64 * h;
+                uint8_t *qh = b + 128 + 32 * h;
+                for (int sh = 0; sh < 4; sh++) {
+                    const uint8_t *qls = ql + 32 * (sh & 1);
+                    const int ls = 4 * (sh >> 1), hs = 2 * sh;
+                    for (int l = 0; l < 32; l++)
+                        if (((qls[l] >> ls) & 0x0f) == 0 && ((qh[l] >> hs) & 3) == 0)
+                            qh[l] |= (uint8_t)(2u << hs);
+                }
+            }
+            uint64_t r0 = rng_next(s), r1 = rng_next(s);
+            for (int j = 0; j < 16; j++) { // 7 bits each: magnitude 64..127, sign
+                unsigned v = (unsigned)((j < 8 ? r0 >> (7 * j) : r1 >> (7 * (j - 8))) & 127);
+                int sc = 64 + (int)(v & 63);
+                b[192 + j] = (uint8_t)(int8_t)(v & 64 ? -sc : sc);
+            }
+            put_f16(b + 208, base * fast_gain((unsigned)(r1 >> 60)));
+        }
+        break;
+    default:
+        break; // not fast_supported: never called
+    }
+}
+
+// The 4096 stored values of an F32/F16/BF16 tensor of std `std`.
+static void fast_table(enum ggml_type t, float std, void *tab) {
+    pthread_once(&fast_once, fast_init);
+    for (int k = 0; k < FAST_TAB; k++) {
+        float v = std * fast_normal[k];
+        if (t == GGML_TYPE_F32)
+            ((float *)tab)[k] = v;
+        else if (t == GGML_TYPE_F16)
+            ((uint16_t *)tab)[k] = quant_f32_to_fp16(v);
+        else
+            ((uint16_t *)tab)[k] = quant_f32_to_bf16(v);
+    }
+}
+
 // --- the pipeline --------------------------------------------------------------------
 
 struct mk_job {
@@ -639,14 +963,38 @@ struct mk_pipe {
     pthread_cond_t free_; // the writer freed a slot (or abort)
 };
 
+// A worker's buffers: a float row for the exact path, the fast path's
+// per-tensor constants (made again when the tensor changes).
+struct mk_gen {
+    float *buf; // [max_ne0]
+    int tensor; // whose base / tab these are; -1: none
+    float base;
+    union {
+        float f32[FAST_TAB];
+        uint16_t u16[FAST_TAB];
+    } tab; // fast_table of an F32 (f32) or F16/BF16 (u16) tensor
+};
+
 static int gen_rows(const struct mkmodel_config *c, const struct mk_tensor *t, int ti, int64_t r0,
-                    int64_t r1, float *buf, uint8_t *dst, struct verr *err) {
+                    int64_t r1, struct mk_gen *g, uint8_t *dst, struct verr *err) {
     const int64_t n = t->ne[0];
+    float *buf = g->buf;
+    if (t->fast && g->tensor != ti) {
+        g->tensor = ti;
+        if (ggml_type_get(t->type)->quantized)
+            g->base = fast_base(t->type, t->std);
+        else
+            fast_table(t->type, t->std, &g->tab);
+    }
     for (int64_t r = r0; r < r1; r++, dst += t->row_bytes) {
+        uint64_t s = mix64(c->seed ^ mix64(((uint64_t)ti << 40) ^ (uint64_t)r ^ 0x5bd1e995ull));
+        if (t->fast) {
+            fast_row(t->type, n, g->base, &s, &g->tab, dst);
+            continue;
+        }
         if (t->cls == MK_ROPE_FREQS) {
             rope_freqs_row(c, buf);
         } else {
-            uint64_t s = mix64(c->seed ^ mix64(((uint64_t)ti << 40) ^ (uint64_t)r ^ 0x5bd1e995ull));
             const float mean = t->mean, std = t->std;
             for (int64_t i = 0; i < n; i++)
                 buf[i] = mean + std * rng_normal(&s);
@@ -677,14 +1025,19 @@ static int gen_rows(const struct mkmodel_config *c, const struct mk_tensor *t, i
 
 static void *worker_main(void *arg) {
     struct mk_pipe *p = arg;
+    struct mk_gen *g = malloc(sizeof *g);
     float *buf = malloc(sizeof(float) * (size_t)p->max_ne0);
     struct verr err = {0};
     pthread_mutex_lock(&p->mu);
-    if (!buf && !p->abort) {
+    if ((!buf || !g) && !p->abort) {
         p->abort = true;
         verr_set(&p->err, VERR_NOMEM, "out of memory for a row buffer");
         pthread_cond_broadcast(&p->ready);
         pthread_cond_broadcast(&p->free_);
+    }
+    if (g) {
+        g->buf = buf;
+        g->tensor = -1;
     }
     for (;;) {
         while (!p->abort && p->next_job < p->n_jobs && p->next_job - p->n_written >= p->n_slots)
@@ -695,7 +1048,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
         const struct mk_job *job = &p->jobs[j];
         int s = (int)(j % p->n_slots);
-        int rc = gen_rows(p->cfg, &p->tensors[job->tensor], job->tensor, job->row0, job->row1, buf,
+        int rc = gen_rows(p->cfg, &p->tensors[job->tensor], job->tensor, job->row0, job->row1, g,
                           p->slot[s], &err);
         pthread_mutex_lock(&p->mu);
         if (rc) {
@@ -710,6 +1063,7 @@ static void *worker_main(void *arg) {
     }
     pthread_mutex_unlock(&p->mu);
     free(buf);
+    free(g);
     return NULL;
 }
 
@@ -929,11 +1283,24 @@ int mkmodel_write(const struct mkmodel_config *cfg, const char *path, struct ver
         mk_note(&c, "--vocab %s has %d tokens; n_vocab %d is replaced by it", c.vocab_path,
                 c.n_vocab, cfg->n_vocab);
     // Useful shapes for testing vela, but llama.cpp refuses them: its llama
-    // loader requires rope.dimension_count == head dim, and its qwen2 graph
-    // has no rope_freqs.weight (a tensor it does not use is an error).
+    // loader requires rope.dimension_count == head dim; its qwen2 graph
+    // asserts it (GGML_ASSERT(n_embd_head == n_rot): an abort, not an error),
+    // creates attn_q.weight as n_embd x n_embd (so head dim x n_head must be
+    // n_embd), and has no rope_freqs.weight (a tensor it does not use is an
+    // error).
     if (c.arch == MKMODEL_ARCH_LLAMA && c.n_rot != c.head_dim)
         mk_note(&c, "--n-rot %d != head dim %d: llama.cpp refuses such llama files", c.n_rot,
                 c.head_dim);
+    if (c.arch == MKMODEL_ARCH_QWEN2 && c.n_rot != c.head_dim)
+        mk_note(&c,
+                "--n-rot %d != head dim %d: llama.cpp's qwen2 graph asserts n_rot == head dim "
+                "and aborts on such files",
+                c.n_rot, c.head_dim);
+    if (c.arch == MKMODEL_ARCH_QWEN2 && (int64_t)c.head_dim * c.n_head != c.n_embd)
+        mk_note(&c,
+                "--head-dim %d x --n-head %d != --n-embd %d: llama.cpp refuses such qwen2 files "
+                "(it expects attn_q.weight to be n_embd x n_embd)",
+                c.head_dim, c.n_head, c.n_embd);
     if (c.arch == MKMODEL_ARCH_QWEN2 && c.rope_freqs)
         mk_note(&c, "--rope-freqs with qwen2: llama.cpp refuses the extra rope_freqs.weight");
     struct mk_tensor *t = NULL;

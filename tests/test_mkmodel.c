@@ -1,6 +1,6 @@
 // mkmodel: synthetic models read back with the GGUF reader (metadata keys,
 // tensor names / shapes / types as llama.cpp names them), weight statistics
-// after dequantization, determinism, llama.cpp's Q4_K_M mix and type
+// after dequantization (both weight paths), determinism, llama.cpp's Q4_K_M mix and type
 // fallbacks, the vocabulary copy, a naive forward pass (activations finite,
 // greedy generation not constant), error cases, and the `vela mkmodel` tool.
 #include <criterion/criterion.h>
@@ -304,6 +304,53 @@ Test(mkmodel, qwen2_biases_head_dim, .init = setup_tmp, .fini = teardown_tmp) {
     gguf_close(f);
 }
 
+struct notes {
+    int n;
+    char last[512];
+};
+
+static void collect_note(void *ctx, const char *msg) {
+    struct notes *ns = ctx;
+    ns->n++;
+    snprintf(ns->last, sizeof ns->last, "%s", msg);
+}
+
+// llama.cpp cannot load some shapes vela writes; each gets a note.
+Test(mkmodel, llamacpp_notes, .init = setup_tmp, .fini = teardown_tmp) {
+    struct mkmodel_config c;
+    struct notes ns;
+    struct {
+        enum mkmodel_arch arch;
+        int n_head, head_dim, n_rot;
+        const char *want; // in the note; NULL: no note
+    } cases[] = {
+        {MKMODEL_ARCH_LLAMA, 4, 0, 8, "--n-rot 8"},
+        {MKMODEL_ARCH_QWEN2, 4, 0, 8, "--n-rot 8"},
+        {MKMODEL_ARCH_QWEN2, 4, 32, 0, "--head-dim 32"},
+        {MKMODEL_ARCH_LLAMA, 4, 32, 0, NULL}, // llama.cpp reads key_length for llama
+        {MKMODEL_ARCH_QWEN2, 4, 0, 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        small_cfg(&c);
+        c.arch = cases[i].arch;
+        c.n_head = cases[i].n_head;
+        c.head_dim = cases[i].head_dim;
+        c.n_rot = cases[i].n_rot;
+        memset(&ns, 0, sizeof ns);
+        c.log = collect_note;
+        c.cb_ctx = &ns;
+        struct gguf_file *f = write_and_open(&c, "notes.gguf");
+        gguf_close(f);
+        if (cases[i].want) {
+            cr_expect_eq(ns.n, 1, "case %zu: %d notes", i, ns.n);
+            cr_expect(strstr(ns.last, cases[i].want) && strstr(ns.last, "llama.cpp"),
+                      "case %zu: note '%s'", i, ns.last);
+        } else {
+            cr_expect_eq(ns.n, 0, "case %zu: note '%s'", i, ns.last);
+        }
+    }
+}
+
 // --- weight types ------------------------------------------------------------------
 
 Test(mkmodel, every_type_dequantizes, .init = setup_tmp, .fini = teardown_tmp) {
@@ -377,17 +424,6 @@ Test(mkmodel, class_overrides, .init = setup_tmp, .fini = teardown_tmp) {
     expect_tensor(f, "blk.1.ffn_down.weight", 128, 64, GGML_TYPE_Q4_1);
     expect_tensor(f, "blk.1.ffn_norm.weight", 64, 0, GGML_TYPE_F32);
     gguf_close(f);
-}
-
-struct notes {
-    int n;
-    char last[512];
-};
-
-static void collect_note(void *ctx, const char *msg) {
-    struct notes *ns = ctx;
-    ns->n++;
-    snprintf(ns->last, sizeof ns->last, "%s", msg);
 }
 
 Test(mkmodel, fallback_types, .init = setup_tmp, .fini = teardown_tmp) {
@@ -472,6 +508,134 @@ Test(mkmodel, mix_q4_k_m, .init = setup_tmp, .fini = teardown_tmp) {
     expect_tensor(f, "token_embd.weight", 256, nv, GGML_TYPE_Q6_K);
     cr_expect_null(gguf_find_tensor(f, "output.weight"));
     gguf_close(f);
+}
+
+// --- fast weights ------------------------------------------------------------------
+
+// Every type the fast path writes.
+static const enum ggml_type fast_types[] = {
+    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+};
+
+// Tensor std within `band` (relative) of want, mean within 2% of want, every
+// row valid (quant_validate_row: finite scales) and every value finite.
+static void expect_fast_stats(const struct gguf_file *f, const char *name, double want, double band,
+                              enum ggml_type type) {
+    const struct gguf_tensor_info *t = gguf_find_tensor(f, name);
+    cr_assert_not_null(t, "%s", name);
+    cr_assert_eq(t->type, type, "%s is %s", name, ggml_type_name(t->type));
+    size_t rb = ggml_row_bytes(t->type, t->ne[0]);
+    struct verr err = {0};
+    for (int64_t r = 0; r < t->ne[1]; r++)
+        cr_assert_eq(quant_validate_row(t->type, (const uint8_t *)t->data + r * rb, t->ne[0], &err),
+                     0, "%s %s row %lld: %s", ggml_type_name(type), name, (long long)r, err.msg);
+    double m, s;
+    tensor_stats(t, &m, &s); // dequantizes with quant_dequantize_row, checks finiteness
+    cr_expect(fabs(s / want - 1) < band, "%s %s: std %g, want %g +- %g%%", ggml_type_name(type),
+              name, s, want, 100 * band);
+    cr_expect(fabs(m) < 0.02 * want, "%s %s: mean %g (std %g)", ggml_type_name(type), name, m,
+              want);
+}
+
+Test(mkmodel, fast_weights_std, .init = setup_tmp, .fini = teardown_tmp) {
+    // Every type, written by the fast path and read back through
+    // quant_dequantize_row: the std of each matrix within 4% of what the
+    // exact path targets (measured: < 1.5%; sampling noise of the per-block
+    // gains and K-quant sub-block scales over >= 65k values is ~1%), mean
+    // within 2% of the std. ffn_down's rows of 4096 (std 1/64) put the
+    // K-quant block scales among the f16 subnormals, as in a 7B model.
+    for (size_t i = 0; i < sizeof fast_types / sizeof fast_types[0]; i++) {
+        enum ggml_type t = fast_types[i];
+        struct mkmodel_config c;
+        small_cfg(&c);
+        c.n_embd = 256;
+        c.n_layer = 1;
+        c.n_head = 2;
+        c.n_head_kv = 1;
+        c.n_ff = 4096;
+        c.type = t;
+        c.weights = MKMODEL_WEIGHTS_FAST;
+        char name[64];
+        snprintf(name, sizeof name, "fast_%s.gguf", ggml_type_name(t));
+        struct gguf_file *f = write_and_open(&c, name);
+        const double band = 0.04;
+        expect_fast_stats(f, "token_embd.weight", 1.0, band, t);
+        expect_fast_stats(f, "blk.0.attn_q.weight", 1.0 / 16, band, t);
+        expect_fast_stats(f, "blk.0.attn_output.weight", 1.0 / 16, band, t);
+        expect_fast_stats(f, "blk.0.ffn_up.weight", 1.0 / 16, band, t);
+        expect_fast_stats(f, "blk.0.ffn_down.weight", 1.0 / 64, band, t);
+        expect_fast_stats(f, "output.weight", 2.0 / 16, band, t);
+        // Vectors keep the exact path: N(1, 0.1^2) norms.
+        double m, s;
+        tensor_stats(gguf_find_tensor(f, "blk.0.attn_norm.weight"), &m, &s);
+        cr_expect(fabs(m - 1) < 0.05 && s > 0.05 && s < 0.15, "attn_norm mean %g std %g", m, s);
+        gguf_close(f);
+    }
+}
+
+Test(mkmodel, fast_weights_deterministic, .init = setup_tmp, .fini = teardown_tmp) {
+    // Q4_K_M (Q4_K and Q6_K) with F16 embeddings and Q5_0 / Q8_0 matrices:
+    // same bytes for 1 and 5 threads, other bytes for another seed or the
+    // exact path.
+    struct mkmodel_config c;
+    small_cfg(&c);
+    c.n_embd = 256;
+    c.n_head = 2;
+    c.n_head_kv = 1;
+    c.n_ff = 512;
+    c.n_layer = 3;
+    c.mix = MKMODEL_MIX_Q4_K_M;
+    c.type_embd = GGML_TYPE_F16;
+    c.type_attn = GGML_TYPE_Q5_0;
+    c.weights = MKMODEL_WEIGHTS_FAST;
+    c.n_threads = 1;
+    struct verr err = {0};
+    cr_assert_eq(mkmodel_write(&c, tmp_path("a.gguf"), &err), 0, "%s", err.msg);
+    c.n_threads = 5;
+    cr_assert_eq(mkmodel_write(&c, tmp_path("b.gguf"), &err), 0, "%s", err.msg);
+    cr_expect(files_equal(tmp_path("a.gguf"), tmp_path("b.gguf")), "1 vs 5 threads");
+    c.n_threads = 2;
+    cr_assert_eq(mkmodel_write(&c, tmp_path("b.gguf"), &err), 0, "%s", err.msg);
+    cr_expect(files_equal(tmp_path("a.gguf"), tmp_path("b.gguf")), "1 vs 2 threads");
+    c.seed = 43;
+    cr_assert_eq(mkmodel_write(&c, tmp_path("c.gguf"), &err), 0, "%s", err.msg);
+    cr_expect(!files_equal(tmp_path("a.gguf"), tmp_path("c.gguf")), "another seed");
+    c.seed = 42;
+    c.weights = MKMODEL_WEIGHTS_EXACT;
+    cr_assert_eq(mkmodel_write(&c, tmp_path("d.gguf"), &err), 0, "%s", err.msg);
+    cr_expect(!files_equal(tmp_path("a.gguf"), tmp_path("d.gguf")), "exact path");
+}
+
+Test(mkmodel, fast_weights_default) {
+    // AUTO: exact up to 1e9 parameters (small models keep their bytes), fast above.
+    struct verr err = {0};
+    struct mkmodel_config c, r;
+    mkmodel_config_default(&c);
+    cr_expect_eq(c.weights, MKMODEL_WEIGHTS_AUTO);
+    cr_assert_eq(mkmodel_resolve(&c, &r, &err), 0, "%s", err.msg);
+    cr_expect_eq(r.weights, MKMODEL_WEIGHTS_EXACT, "tiny");
+    const char *exact[] = {"cpu-100m", "qwen2-0.5b"}, *fast[] = {"llama2-7b", "llama3-8b"};
+    for (int i = 0; i < 2; i++) {
+        mkmodel_config_default(&c);
+        cr_assert_eq(mkmodel_preset(&c, exact[i], &err), 0);
+        cr_assert_eq(mkmodel_resolve(&c, &r, &err), 0, "%s", err.msg);
+        cr_expect_eq(r.weights, MKMODEL_WEIGHTS_EXACT, "%s", exact[i]);
+        mkmodel_config_default(&c);
+        cr_assert_eq(mkmodel_preset(&c, fast[i], &err), 0);
+        cr_assert_eq(mkmodel_resolve(&c, &r, &err), 0, "%s", err.msg);
+        cr_expect_eq(r.weights, MKMODEL_WEIGHTS_FAST, "%s", fast[i]);
+        c.weights = MKMODEL_WEIGHTS_EXACT; // forced either way
+        cr_assert_eq(mkmodel_resolve(&c, &r, &err), 0, "%s", err.msg);
+        cr_expect_eq(r.weights, MKMODEL_WEIGHTS_EXACT, "%s --exact-weights", fast[i]);
+    }
+    mkmodel_config_default(&c);
+    c.weights = MKMODEL_WEIGHTS_FAST;
+    cr_assert_eq(mkmodel_resolve(&c, &r, &err), 0, "%s", err.msg);
+    cr_expect_eq(r.weights, MKMODEL_WEIGHTS_FAST, "tiny --fast-weights");
+    c.weights = (enum mkmodel_weights)7;
+    cr_expect_neq(mkmodel_resolve(&c, &r, &err), 0);
+    cr_expect(strstr(err.msg, "--fast-weights") != NULL, "%s", err.msg);
 }
 
 // --- rope metadata ---------------------------------------------------------------------
@@ -832,6 +996,16 @@ Test(mkmodel, forward_pass_is_sane, .init = setup_tmp, .fini = teardown_tmp) {
     c.n_layer = 32;
     c.type = GGML_TYPE_Q4_0;
     check_generation(&c, "fwd_deep.gguf");
+    // The same through the fast path, and a deep K-quant mix.
+    c.weights = MKMODEL_WEIGHTS_FAST;
+    check_generation(&c, "fwd_deep_fast.gguf");
+    small_cfg(&c);
+    c.n_embd = 256;
+    c.n_ff = 512;
+    c.n_layer = 16;
+    c.mix = MKMODEL_MIX_Q4_K_M;
+    c.weights = MKMODEL_WEIGHTS_FAST;
+    check_generation(&c, "fwd_q4_k_m_fast.gguf");
 }
 
 // --- presets and errors ----------------------------------------------------------------------
@@ -995,6 +1169,8 @@ Test(mkmodel, tool_flags, .init = setup_tmp, .fini = teardown_tmp) {
                                   "--rope-freqs-factor",
                                   "--rope-freqs-orig-ctx",
                                   "--vocab",
+                                  "--fast-weights",
+                                  "--exact-weights",
                                   "tiny",
                                   "cpu-100m",
                                   "qwen2-0.5b",
@@ -1044,4 +1220,15 @@ Test(mkmodel, tool_flags, .init = setup_tmp, .fini = teardown_tmp) {
     expect_tensor(f, "blk.0.attn_q.bias", 128, 0, GGML_TYPE_F32);
     cr_expect_null(gguf_find_tensor(f, "output.weight"));
     gguf_close(f);
+
+    // The summary names the weight path; the flags force it either way and
+    // take no value.
+    snprintf(args, sizeof args, "--fast-weights --type q4_k -o %s", tmp_path("fast.gguf"));
+    cr_expect_eq(run_tool(args, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "fast weights") != NULL, "%s", out);
+    snprintf(args, sizeof args, "--fast-weights --exact-weights --type q4_0 -o %s",
+             tmp_path("exact.gguf"));
+    cr_expect_eq(run_tool(args, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "exact weights") != NULL, "%s", out);
+    cr_expect_eq(run_tool("--fast-weights=1 -o x.gguf", out, sizeof out), 2);
 }

@@ -46,7 +46,7 @@ static void usage(FILE *out) {
         "  --head-dim N              head dimension (default n_embd / n_head); writes\n"
         "                            attention.key_length/value_length when it differs\n"
         "  --n-rot N                 rope.dimension_count, even, <= head dim (default head dim;\n"
-        "                            llama.cpp loads other values for qwen2 only)\n"
+        "                            llama.cpp refuses other values: vela only)\n"
         "  --norm-eps F              RMS norm epsilon (default 1e-5 llama, 1e-6 qwen2)\n"
         "  --tied                    no output.weight: the head reuses token_embd\n"
         "  --untied                  write output.weight (default; undoes a preset's --tied)\n"
@@ -62,6 +62,17 @@ static void usage(FILE *out) {
         "                            for attn_v / ffn_down in about half the layers\n"
         "  A row length the type's block does not divide falls back as llama.cpp's quantize\n"
         "  does (q4_k->q5_0, q5_k->q5_1, q6_k->q8_0, else f16), with a note.\n"
+        "\n"
+        "weight generation (matrices; norms and biases are always exact):\n"
+        "  --exact-weights           N(0, s^2) floats (s = 1/sqrt(n_in) for most matrices),\n"
+        "                            then quantized (ggml's reference quantizers for q8_0/q4_x/\n"
+        "                            q5_x, vela's least-squares search for K-quants: ~1 us per\n"
+        "                            weight, minutes for a 7B model); default up to 1e9 params\n"
+        "  --fast-weights            random but valid blocks written directly: quant bits from\n"
+        "                            the generator, scales set so that the values have mean 0\n"
+        "                            and the same std s; f32/f16/bf16 from a 4096-level normal\n"
+        "                            table (~1 ns per weight); default above 1e9 params\n"
+        "  The two give different bytes for the same seed; each is deterministic.\n"
         "\n"
         "rope:\n"
         "  --rope-freq-base F        rope.freq_base (default 10000 llama, 1000000 qwen2)\n"
@@ -257,10 +268,15 @@ int cmd_mkmodel(int argc, char **argv) {
         const char *f = flag;
 #define IS(name) (!strcmp(f, name))
         // Flags without a value.
-        if (IS("--tied") || IS("--untied") || IS("--rope-freqs") || IS("-q") || IS("--quiet")) {
+        if (IS("--tied") || IS("--untied") || IS("--rope-freqs") || IS("-q") || IS("--quiet") ||
+            IS("--fast-weights") || IS("--exact-weights")) {
             if (val)
                 return bad("%s takes no value", f);
-            if (IS("--tied"))
+            if (IS("--fast-weights"))
+                cfg.weights = MKMODEL_WEIGHTS_FAST;
+            else if (IS("--exact-weights"))
+                cfg.weights = MKMODEL_WEIGHTS_EXACT;
+            else if (IS("--tied"))
                 cfg.tied = true;
             else if (IS("--untied"))
                 cfg.tied = false;
@@ -428,10 +444,11 @@ int cmd_mkmodel(int argc, char **argv) {
         else
             snprintf(fsz, sizeof fsz, "%.2f MB", size / 1e6);
         printf("wrote %s: %s '%s', %d layers, n_embd %d, %d/%d heads (dim %d), n_ff %d, "
-               "n_vocab %d%s, %s, %s params, %s in %.2f s (%.0f MB/s, %d threads)\n",
+               "n_vocab %d%s, %s (%s weights), %s params, %s in %.2f s (%.0f MB/s, %d threads)\n",
                out, r.arch == MKMODEL_ARCH_QWEN2 ? "qwen2" : "llama", r.name, r.n_layer, r.n_embd,
                r.n_head, r.n_head_kv, r.head_dim, r.n_ff, r.n_vocab, r.tied ? ", tied" : "", types,
-               psz, fsz, dt, dt > 0 ? size / 1e6 / dt : 0.0, r.n_threads);
+               r.weights == MKMODEL_WEIGHTS_FAST ? "fast" : "exact", psz, fsz, dt,
+               dt > 0 ? size / 1e6 / dt : 0.0, r.n_threads);
     }
     return 0;
 }
