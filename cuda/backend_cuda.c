@@ -367,6 +367,48 @@ static int cu_argmax(struct backend *be, int32_t *out, const float *logits, int 
     return cuda_argmax_rows(out, logits, n_rows, n_vocab, cb_of(be)->stream, &be->err);
 }
 
+// min_p's logf is taken here, in C with the host's libm, as host/sampler.c
+// takes it: the threshold max + logf(min_p) is then the same float on both.
+static int cu_sample(struct backend *be, int32_t *out, const float *logits, int n_rows, int n_vocab,
+                     const struct sample_params *sp) {
+    CU_ENTER(be);
+    if (n_rows < 0 || n_vocab <= 0)
+        return verr_set(&be->err, VERR_RANGE, "sample: shape %d x %d", n_rows, n_vocab);
+    if (n_rows == 0)
+        return VERR_OK;
+    if (!out || !logits || !sp)
+        return verr_set(&be->err, VERR_RANGE, "sample: NULL pointer");
+    struct cuda_sample_row *rows = malloc((size_t)n_rows * sizeof *rows);
+    if (!rows)
+        return verr_set(&be->err, VERR_NOMEM, "sample: out of host memory");
+    int rc = VERR_OK;
+    for (int r = 0; r < n_rows && !rc; r++) {
+        const struct sample_params *p = &sp[r];
+        if (!(p->u >= 0.0 && p->u < 1.0))
+            rc = verr_set(&be->err, VERR_RANGE, "sample: row %d: u %g is not in [0, 1)", r, p->u);
+        rows[r] = (struct cuda_sample_row){
+            .temp = p->temp,
+            .top_p = p->top_p,
+            .min_p = p->min_p,
+            .log_min_p = p->min_p <= 0.0f ? 0.0f : logf(p->min_p),
+            .top_k = p->top_k,
+            .u = p->u,
+        };
+    }
+    size_t need = 0;
+    if (!rc)
+        rc = cuda_sample_scratch_bytes(n_rows, n_vocab, rows, &need, &be->err);
+    if (!rc)
+        rc = cu_scratch_reserve(be, need);
+    if (!rc) {
+        struct cuda_backend *cb = cb_of(be);
+        rc = cuda_sample_rows(out, logits, n_rows, n_vocab, rows, cb->scratch, cb->scratch_bytes,
+                              cb->stream, &be->err);
+    }
+    free(rows);
+    return rc;
+}
+
 static void cu_release(struct cuda_backend *cb) {
     if (cb->stream)
         (void)cudaStreamSynchronize(cb->stream);
@@ -409,8 +451,16 @@ static const struct backend_ops cuda_ops = {
     .add = cu_add,
     .get_rows = cu_get_rows,
     .argmax = cu_argmax,
+    .sample = cu_sample,
     .destroy = cu_destroy,
 };
+
+// For benchmarks (host/backend.h): the stream every op of `be` enqueues on.
+void *backend_cuda_stream(struct backend *be) {
+    if (!be || be->ops != &cuda_ops || !be->impl)
+        return NULL;
+    return (void *)cb_of(be)->stream;
+}
 
 // No driver, no GPU, or a driver older than the runtime: all mean "none
 // usable", reported as 0 without printing anything.

@@ -82,6 +82,18 @@ struct attn_args {
     float scale;
 };
 
+// One row of the sample op: host/sampler.h's chain after its penalties.
+// u is the row's uniform draw, taken on the host from the sequence's seeded
+// sampler (sampler_next_params), so the host sampler stays the one place with
+// RNG state and every backend picks the same token for the same logits and u.
+struct sample_params {
+    float temp;  // <= 0: greedy (u unused)
+    int top_k;   // <= 0: off
+    float top_p; // >= 1: off
+    float min_p; // <= 0: off
+    double u;    // [0, 1)
+};
+
 struct backend;
 
 struct backend_ops {
@@ -152,6 +164,14 @@ struct backend_ops {
     int (*argmax)(struct backend *be, int32_t *out /* [n_rows] */,
                   const float *logits /* [n_rows][n_vocab] */, int n_rows, int n_vocab);
 
+    // out[r] = the token sampler_chain (host/sampler.h) picks from row r with
+    // sp[r]: greedy, or top_k -> top_p -> min_p -> temp -> dist with the draw
+    // sp[r].u. No penalties: a caller that needs them samples on the host.
+    // sp is host memory, read before the call returns; each u in [0, 1).
+    int (*sample)(struct backend *be, int32_t *out /* [n_rows] */,
+                  const float *logits /* [n_rows][n_vocab] */, int n_rows, int n_vocab,
+                  const struct sample_params *sp /* [n_rows], host memory */);
+
     void (*destroy)(struct backend *be);
 };
 
@@ -171,6 +191,27 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err);
 // Number of CUDA devices usable now (0 without CUDA or without a GPU).
 int backend_cuda_device_count(void);
 void backend_destroy(struct backend *be);
+
+// What a benchmark reports about a CUDA device. Peak bandwidth is the
+// memory's double data rate: 2 x memory clock x bus width / 8.
+struct backend_device_info {
+    char name[256];         // "NVIDIA H200"
+    int driver_version;     // CUDA driver API version (12040 = 12.4)
+    int runtime_version;    // CUDA runtime vela was built with
+    int cc_major, cc_minor; // compute capability
+    int sm_count;
+    size_t mem_bytes;       // device memory
+    size_t l2_bytes;        // L2 cache
+    int mem_clock_khz;      // peak memory clock
+    int bus_width_bits;
+    double peak_bw_gbs;     // 0 when the device does not say
+};
+// Fills *out for CUDA device `device`. VERR_UNSUPPORTED without CUDA,
+// VERR_NOTFOUND when no such GPU is present.
+int backend_cuda_device_info(int device, struct backend_device_info *out, struct verr *err);
+// The cudaStream_t a CUDA backend enqueues its ops on (benchmarks time ops
+// with CUDA events on it); NULL for any other backend.
+void *backend_cuda_stream(struct backend *be);
 
 // The YaRN correction dims {lo, hi} (floor/ceil, clamped to [0, n_rot-1]).
 void rope_yarn_corr_dims(int n_rot, int n_ctx_orig, float freq_base, float beta_fast,

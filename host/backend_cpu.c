@@ -17,6 +17,7 @@
 #include "gguf/quant.h"
 #include "host/backend.h"
 #include "host/rope.h"
+#include "host/sampler.h"
 #include "host/threadpool.h"
 
 #define CPU_ALIGN 64
@@ -754,6 +755,50 @@ static int cpu_argmax(struct backend *be, int32_t *out, const float *logits, int
 }
 
 // ---------------------------------------------------------------------------
+// sample: host/sampler.c's chain, row by row, with the draws given
+
+struct sample_job {
+    int32_t *out;                   // [n_rows]
+    const float *logits;            // [n_rows][n_vocab]
+    int n_vocab;
+    const struct sample_params *sp; // [n_rows]
+    float **scratch;                // per thread [n_vocab] struct sampler_cand
+};
+
+static void sample_range(void *ctx, int64_t r0, int64_t r1, int thread) {
+    const struct sample_job *j = ctx;
+    struct sampler_cand *cd = (struct sampler_cand *)j->scratch[thread];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *l = j->logits + (size_t)r * j->n_vocab;
+        for (int i = 0; i < j->n_vocab; i++)
+            cd[i] = (struct sampler_cand){i, l[i], 0.0f};
+        struct sampler_cands c = {cd, (size_t)j->n_vocab, false};
+        const struct sample_params *p = &j->sp[r];
+        j->out[r] = sampler_chain(&c, p->temp, p->top_k, p->top_p, p->min_p, p->u);
+    }
+}
+
+static int cpu_sample(struct backend *be, int32_t *out, const float *logits, int n_rows,
+                      int n_vocab, const struct sample_params *sp) {
+    if (n_rows < 0 || n_vocab <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu sample: shape %d x %d", n_rows, n_vocab);
+    if (n_rows == 0)
+        return VERR_OK;
+    if (!out || !logits || !sp)
+        return verr_set(&be->err, VERR_RANGE, "cpu sample: NULL pointer");
+    for (int r = 0; r < n_rows; r++)
+        if (!(sp[r].u >= 0.0 && sp[r].u < 1.0))
+            return verr_set(&be->err, VERR_RANGE, "cpu sample: row %d: u %g is not in [0, 1)", r,
+                            sp[r].u);
+    int rc = cpu_scratch_reserve(be, (size_t)n_vocab * sizeof(struct sampler_cand), "cpu sample");
+    if (rc)
+        return rc;
+    struct sample_job j = {out, logits, n_vocab, sp, cpu_state_of(be)->scratch};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n_rows, 1, sample_range, &j);
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
 // lifecycle
 
 static void cpu_destroy(struct backend *be) {
@@ -790,6 +835,7 @@ static const struct backend_ops cpu_ops = {
     .add = cpu_add,
     .get_rows = cpu_get_rows,
     .argmax = cpu_argmax,
+    .sample = cpu_sample,
     .destroy = cpu_destroy,
 };
 

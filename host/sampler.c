@@ -1,6 +1,8 @@
 // Sampling chain with llama.cpp's semantics (src/llama-sampling.cpp).
 #include "host/sampler.h"
 
+#include "host/backend.h" // struct sample_params
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,8 +251,12 @@ double sampler_rng_uniform(struct sampler_rng *r) {
 }
 
 int32_t sampler_dist(struct sampler_cands *c, struct sampler_rng *r) {
+    return sampler_dist_u(c, sampler_rng_uniform(r));
+}
+
+int32_t sampler_dist_u(struct sampler_cands *c, double u) {
     sampler_softmax(c);
-    double u = sampler_rng_uniform(r), cum = 0;
+    double cum = 0;
     for (size_t i = 0; i < c->size; i++) {
         cum += c->data[i].p;
         if (u < cum)
@@ -360,18 +366,44 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
         s->window[i] = s->last[(start + i) % s->n_last];
     sampler_apply_penalties(&c, s->window, s->n_hist, s->p.repeat_penalty, s->p.frequency_penalty,
                             s->p.presence_penalty);
-    if (s->p.temp <= 0) {
+    // Greedy takes no draw: the random sequence advances only when sampling.
+    const double u = s->p.temp <= 0 ? 0.0 : sampler_rng_uniform(&s->rng);
+    return sampler_chain(&c, s->p.temp, s->p.top_k, s->p.top_p, s->p.min_p, u);
+}
+
+int32_t sampler_chain(struct sampler_cands *c, float temp, int top_k, float top_p, float min_p,
+                      double u) {
+    if (c->size == 0)
+        return 0;
+    if (temp <= 0) {
         size_t best = 0;
-        for (size_t i = 1; i < c.size; i++)
-            if (c.data[i].logit > c.data[best].logit)
+        for (size_t i = 1; i < c->size; i++)
+            if (c->data[i].logit > c->data[best].logit)
                 best = i;
-        return c.data[best].id;
+        return c->data[best].id;
     }
-    sampler_apply_top_k(&c, s->p.top_k);
-    sampler_apply_top_p(&c, s->p.top_p, 1);
-    sampler_apply_min_p(&c, s->p.min_p, 1);
-    sampler_apply_temp(&c, s->p.temp);
-    return sampler_dist(&c, &s->rng);
+    // The order of the candidates dist walks (what the CUDA op must
+    // reproduce): top_k or top_p sort by logit, and temp keeps that order; with
+    // both off, dist sorts the logits after temp, where dividing can make new
+    // ties that then go to the lower id.
+    sampler_apply_top_k(c, top_k);
+    sampler_apply_top_p(c, top_p, 1);
+    sampler_apply_min_p(c, min_p, 1);
+    sampler_apply_temp(c, temp);
+    return sampler_dist_u(c, u);
+}
+
+bool sampler_penalties_off(const struct sampler *s) {
+    return s->n_last == 0 || (s->p.repeat_penalty == 1.0f && s->p.frequency_penalty == 0.0f &&
+                              s->p.presence_penalty == 0.0f);
+}
+
+void sampler_next_params(struct sampler *s, struct sample_params *out) {
+    out->temp = s->p.temp;
+    out->top_k = s->p.top_k;
+    out->top_p = s->p.top_p;
+    out->min_p = s->p.min_p;
+    out->u = s->p.temp <= 0 ? 0.0 : sampler_rng_uniform(&s->rng);
 }
 
 void sampler_describe(const struct sampler *s, char *buf, size_t cap) {

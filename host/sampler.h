@@ -74,6 +74,19 @@ double sampler_rng_uniform(struct sampler_rng *r);
 
 // Softmax, then draws one candidate with probability p. Returns its id.
 int32_t sampler_dist(struct sampler_cands *c, struct sampler_rng *r);
+// sampler_dist with the uniform draw u in [0, 1) given: the first candidate
+// (in descending order) whose cumulative probability, summed in double,
+// exceeds u; the last one when rounding leaves the total at or below u.
+int32_t sampler_dist_u(struct sampler_cands *c, double u);
+
+// The chain after the penalties over one row of candidates, with the draw u
+// in [0, 1) given instead of taken from an RNG: temp <= 0 is greedy (the
+// largest logit, the first candidate on ties; u unused), else
+// top_k -> top_p -> min_p -> temp -> dist(u). Modifies c. sampler_sample is
+// the penalties followed by this with u from its RNG; a backend's sample op
+// (host/backend.h) must pick what this picks, row by row.
+int32_t sampler_chain(struct sampler_cands *c, float temp, int top_k, float top_p, float min_p,
+                      double u);
 
 struct sampler;
 
@@ -88,6 +101,18 @@ void sampler_accept(struct sampler *s, int32_t token);
 void sampler_reset(struct sampler *s);
 // Samples the next token from logits [n_vocab] (not modified).
 int32_t sampler_sample(struct sampler *s, const float *logits);
+
+// Sampling on the backend (ops->sample, host/backend.h) takes the chain's
+// parameters and one draw per row; the penalties stay on the host.
+struct sample_params;
+// True when s applies no penalty (the next token then depends only on the
+// logits and one draw), so its rows may be sampled by ops->sample.
+bool sampler_penalties_off(const struct sampler *s);
+// Fills *out with s's chain parameters and, unless greedy, takes the next
+// draw of its RNG into out->u (the draw sampler_sample would take; greedy
+// takes none and sets u = 0), so mixing sampler_sample and ops->sample steps
+// keeps one random sequence. Call sampler_accept with the token picked.
+void sampler_next_params(struct sampler *s, struct sample_params *out);
 // "penalties(last_n=64, repeat=1.000, ...) -> top_k(40) -> ..." for --verbose.
 void sampler_describe(const struct sampler *s, char *buf, size_t cap);
 
