@@ -1,11 +1,751 @@
-// Placeholder until the subcommand lands; it fails loudly rather than pretend.
+// vela bench: prompt processing and generation throughput, the way
+// llama-bench measures them.
+//
+// - ppN: N random tokens evaluated as one sequence from an empty cache, in
+//   batches of -b, only the last token of each batch wanting logits.
+// - tgN: N single-token decode steps from an empty cache (llama-bench's tg
+//   starts from an empty context too). With --parallel P (P > 1) each step is
+//   one batch of P tokens, one per sequence, and the figure is the aggregate
+//   P * N / time.
+// Each test runs once untimed (warm-up), then -r times; t/s is the mean and
+// sample standard deviation over the repetitions. Timing covers the decode
+// calls only (forward_decode ends with a backend sync); tokens are random
+// ids and nothing is sampled, as in llama-bench. By default the logits are
+// reduced to their argmax on the backend (what greedy generation in vela
+// does); --full-logits downloads every logits row, as llama.cpp's API does.
+//
+// Bandwidth: the bytes a run must read at least (every weight once per
+// forward pass, plus each query's visible K/V cells once per batch), times
+// runs per second. The fraction is of the GPU's peak (memory clock x bus
+// width); the CPU backend has no peak to report.
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include <cjson/cJSON.h>
+
+#include "gguf/gguf.h"
+#include "host/args.h"
+#include "host/backend.h"
+#include "host/forward.h"
+#include "host/model.h"
+#include "kv/kv.h"
 #include "tools/cmds.h"
 
+#ifndef VELA_COMMIT
+#define VELA_COMMIT "unknown"
+#endif
+
+#define BENCH_MAX_PARALLEL 16
+#define BENCH_PARALLEL_CAP 4096
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: vela bench -m MODEL [options]\n\n"
+            "Measures prompt processing (ppN) and generation (tgN) throughput in tokens/s,\n"
+            "as mean +- standard deviation over -r repetitions after one warm-up, and the\n"
+            "memory bandwidth that implies. Output: a markdown table, or JSON with --json.\n\n"
+            "tests:\n"
+            "  -p, --n-prompt N          prompt tokens per pp test; 0 skips it (default: 512)\n"
+            "  -n, --n-gen N             decode steps per tg test; 0 skips it (default: 128)\n"
+            "  --parallel N[,N...]       sequences decoding at once in the tg tests, one token\n"
+            "                            each per step (default: 1), e.g. 1,8,32,64,128,256\n"
+            "  -r, --repetitions N       timed repetitions of each test (default: 5)\n"
+            "  --full-logits             download every logits row to the host (llama.cpp's\n"
+            "                            behaviour) instead of only its argmax\n"
+            "  --json                    print JSON instead of the table\n"
+            "  -h, --help                this help\n"
+            "  (-b sets the pp batch size; the KV cache holds what each test needs, or -c\n"
+            "  cells when that is larger)\n\n");
+    args_help_model(out);
+}
+
+// --- statistics and formatting ----------------------------------------------------
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double mean_of(const double *v, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += v[i];
+    return n > 0 ? s / n : 0;
+}
+
+// Sample standard deviation (Bessel's correction, as llama-bench).
+static double stddev_of(const double *v, int n) {
+    if (n < 2)
+        return 0;
+    double m = mean_of(v, n), s = 0;
+    for (int i = 0; i < n; i++)
+        s += (v[i] - m) * (v[i] - m);
+    return sqrt(s / (n - 1));
+}
+
+// "1,8,32" -> values; VERR_RANGE naming --parallel otherwise.
+static int parse_parallel(const char *s, int *vals, int *n_vals, struct verr *err) {
+    int n = 0;
+    const char *p = s;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || (*end != ',' && *end != '\0'))
+            return verr_set(err, VERR_RANGE, "--parallel: '%s' is not a list of numbers", s);
+        if (v < 1 || v > BENCH_PARALLEL_CAP)
+            return verr_set(err, VERR_RANGE, "--parallel: %ld is out of range [1, %d]", v,
+                            BENCH_PARALLEL_CAP);
+        if (n == BENCH_MAX_PARALLEL)
+            return verr_set(err, VERR_RANGE, "--parallel: at most %d values", BENCH_MAX_PARALLEL);
+        vals[n++] = (int)v;
+        if (*end == '\0')
+            break;
+        p = end + 1;
+    }
+    *n_vals = n;
+    return 0;
+}
+
+// "7B", "124M": the size label llama.cpp puts after the architecture.
+static void size_label(int64_t n_params, char *buf, size_t cap) {
+    if (n_params >= 1000000000)
+        snprintf(buf, cap, "%.0fB", (double)n_params / 1e9);
+    else if (n_params >= 1000000)
+        snprintf(buf, cap, "%.0fM", (double)n_params / 1e6);
+    else
+        snprintf(buf, cap, "%.0fK", (double)n_params / 1e3);
+}
+
+static void upper(char *s) {
+    for (; *s; s++)
+        if (*s >= 'a' && *s <= 'z')
+            *s = (char)(*s - 'a' + 'A');
+}
+
+// llama.cpp's name for general.file_type (llama_model_ftype_name), so the
+// model column reads as llama-bench's; NULL for ids it has no name for here.
+static const char *ftype_name(uint32_t ftype) {
+    switch (ftype) {
+    case 0:
+        return "all F32";
+    case 1:
+        return "F16";
+    case 2:
+        return "Q4_0";
+    case 3:
+        return "Q4_1";
+    case 7:
+        return "Q8_0";
+    case 8:
+        return "Q5_0";
+    case 9:
+        return "Q5_1";
+    case 10:
+        return "Q2_K - Medium";
+    case 11:
+        return "Q3_K - Small";
+    case 12:
+        return "Q3_K - Medium";
+    case 13:
+        return "Q3_K - Large";
+    case 14:
+        return "Q4_K - Small";
+    case 15:
+        return "Q4_K - Medium";
+    case 16:
+        return "Q5_K - Small";
+    case 17:
+        return "Q5_K - Medium";
+    case 18:
+        return "Q6_K";
+    case 32:
+        return "BF16";
+    default:
+        return NULL;
+    }
+}
+
+static void cpu_name(char *buf, size_t cap) {
+    snprintf(buf, cap, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0)
+            continue;
+        const char *c = strchr(line, ':');
+        if (!c)
+            continue;
+        c++;
+        while (*c == ' ' || *c == '\t')
+            c++;
+        snprintf(buf, cap, "%s", c);
+        buf[strcspn(buf, "\n")] = '\0';
+        break;
+    }
+    fclose(f);
+}
+
+// --- tests ---------------------------------------------------------------------
+
+enum test_kind { TEST_PP, TEST_TG };
+
+struct test {
+    enum test_kind kind;
+    int n_tokens;   // -p for pp, -n for tg (steps)
+    int n_parallel; // tg: sequences; pp: 1
+    char name[48];  // "pp512", "tg128", "tg128 x32"
+    // results
+    double *samples_ts; // [reps]
+    double *samples_s;  // [reps] seconds per run
+    double tokens;      // tokens a run processes
+    double bytes;       // bytes a run reads at least
+    double flops;       // floating point operations of a run
+};
+
+// Bytes read by one forward pass over n_tok tokens, weights only: every
+// matrix and norm once, the embedding rows of the batch.
+static double weight_bytes(const struct model *m, int n_tok) {
+    const struct model_hparams *hp = &m->hp;
+    double b = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct model_layer *L = &m->layers[il];
+        const struct backend_weight *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                            &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            b += (double)ggml_row_bytes(w[i]->type, w[i]->n_in) * (double)w[i]->n_out;
+        b += 2.0 * hp->n_embd * sizeof(float); // attn_norm, ffn_norm
+        if (L->bq)
+            b += ((double)hp->n_head * hp->head_dim + 2.0 * hp->n_head_kv * hp->head_dim) *
+                 sizeof(float);
+    }
+    b += (double)ggml_row_bytes(m->output.type, m->output.n_in) * (double)m->output.n_out;
+    b += (double)hp->n_embd * sizeof(float); // output_norm
+    b += (double)n_tok * (double)ggml_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
+    return b;
+}
+
+// Multiply-adds of the matrices a token goes through (x2 = flops), without
+// the output head.
+static double layer_matmul_params(const struct model *m) {
+    double p = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct model_layer *L = &m->layers[il];
+        const struct backend_weight *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                            &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            p += (double)w[i]->n_in * (double)w[i]->n_out;
+    }
+    return p;
+}
+
+static size_t cache_elem_bytes(enum ggml_type t) {
+    return t == GGML_TYPE_F32 ? 4 : 2;
+}
+
+// The bytes and flops of a run, from the model's shapes (see the top).
+static void test_cost(struct test *t, const struct model *m, enum ggml_type type_k,
+                      enum ggml_type type_v, int n_batch) {
+    const struct model_hparams *hp = &m->hp;
+    // K and V of one cell, all layers
+    const double cell = (double)hp->n_layer * hp->n_head_kv *
+                        ((double)hp->head_dim * cache_elem_bytes(type_k) +
+                         (double)hp->head_dim_v * cache_elem_bytes(type_v));
+    // flops of one query against one cell, all layers (q.k and p.v)
+    const double attn = 2.0 * hp->n_layer * hp->n_head * ((double)hp->head_dim + hp->head_dim_v);
+    const double mm = 2.0 * layer_matmul_params(m);
+    const double head = 2.0 * (double)m->output.n_in * (double)m->output.n_out;
+    t->bytes = t->flops = 0;
+    if (t->kind == TEST_PP) {
+        const int p = t->n_tokens;
+        t->tokens = p;
+        for (int pos = 0; pos < p; pos += n_batch) {
+            const int n = p - pos < n_batch ? p - pos : n_batch;
+            t->bytes += weight_bytes(m, n) + (double)(pos + n) * cell;
+            t->flops += head; // the last token of each batch wants logits
+        }
+        // query at position i sees i + 1 cells
+        t->flops += mm * p + attn * ((double)p * (p + 1) / 2.0);
+    } else {
+        const int n = t->n_tokens, P = t->n_parallel;
+        t->tokens = (double)n * P;
+        // step s: every sequence sees s + 1 cells
+        const double visible = (double)n * (n + 1) / 2.0;
+        t->bytes = n * weight_bytes(m, P) + P * visible * cell;
+        t->flops = (mm + head) * t->tokens + attn * P * visible;
+    }
+}
+
+// xorshift64*: a fixed token stream per repetition.
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+struct runner {
+    struct forward_ctx fc;
+    bool full_logits;
+    int n_vocab;
+    int32_t *tok, *pos, *seq; // [n_batch]
+    int8_t *want;             // [n_batch]
+};
+
+static int decode(struct runner *r, int n, const int8_t *want, struct verr *err) {
+    const struct forward_batch b = {
+        .n_tok = n, .token = r->tok, .pos = r->pos, .seq = r->seq, .logits = want};
+    return r->full_logits ? forward_decode(&r->fc, &b, err)
+                          : forward_decode_argmax(&r->fc, &b, err);
+}
+
+// One run of test t from an empty cache; *secs: the time spent decoding.
+static int run_once(struct runner *r, const struct test *t, uint64_t seed, double *secs,
+                    struct verr *err) {
+    int rc = kv_clear(&r->fc.kv, err);
+    if (rc)
+        return rc;
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    const int V = r->n_vocab;
+    double elapsed = 0;
+    if (t->kind == TEST_PP) {
+        const int nb = r->fc.cfg.n_batch;
+        for (int p0 = 0; p0 < t->n_tokens; p0 += nb) {
+            const int n = t->n_tokens - p0 < nb ? t->n_tokens - p0 : nb;
+            for (int i = 0; i < n; i++) {
+                r->tok[i] = (int32_t)(rng_next(&s) % (uint64_t)V);
+                r->pos[i] = p0 + i;
+                r->seq[i] = 0;
+            }
+            double t0 = now_s();
+            rc = decode(r, n, NULL, err);
+            elapsed += now_s() - t0;
+            if (rc)
+                return rc;
+        }
+    } else {
+        const int P = t->n_parallel;
+        for (int step = 0; step < t->n_tokens; step++) {
+            for (int j = 0; j < P; j++) {
+                r->tok[j] = (int32_t)(rng_next(&s) % (uint64_t)V);
+                r->pos[j] = step;
+                r->seq[j] = j;
+                r->want[j] = 1;
+            }
+            double t0 = now_s();
+            rc = decode(r, P, r->want, err);
+            elapsed += now_s() - t0;
+            if (rc)
+                return rc;
+        }
+    }
+    *secs = elapsed;
+    return 0;
+}
+
+static int run_test(struct test *t, const struct model *m, const struct args_model *am, int reps,
+                    bool full_logits, bool verbose, struct verr *err) {
+    struct forward_config cfg;
+    args_forward_config(am, &m->hp, &cfg);
+    int need;
+    if (t->kind == TEST_PP) {
+        need = t->n_tokens;
+        cfg.n_batch = am->n_batch < t->n_tokens ? am->n_batch : t->n_tokens;
+        cfg.n_seq_max = 1;
+        cfg.n_outputs_max = 1;
+    } else {
+        need = t->n_tokens * t->n_parallel;
+        cfg.n_batch = t->n_parallel;
+        cfg.n_seq_max = t->n_parallel;
+        cfg.n_outputs_max = t->n_parallel;
+    }
+    cfg.n_ctx = am->n_ctx > need ? am->n_ctx : need;
+    test_cost(t, m, cfg.type_k, cfg.type_v, cfg.n_batch);
+
+    struct runner r = {.full_logits = full_logits, .n_vocab = m->hp.n_vocab};
+    int rc = forward_init(&r.fc, m, &cfg, err);
+    if (rc)
+        return verr_wrap(err, "%s", t->name);
+    const size_t nb = (size_t)cfg.n_batch;
+    r.tok = malloc(nb * sizeof *r.tok);
+    r.pos = malloc(nb * sizeof *r.pos);
+    r.seq = malloc(nb * sizeof *r.seq);
+    r.want = malloc(nb);
+    t->samples_ts = calloc((size_t)reps, sizeof *t->samples_ts);
+    t->samples_s = calloc((size_t)reps, sizeof *t->samples_s);
+    if (!r.tok || !r.pos || !r.seq || !r.want || !t->samples_ts || !t->samples_s) {
+        rc = verr_set(err, VERR_NOMEM, "out of host memory");
+        goto out;
+    }
+    double secs = 0;
+    if ((rc = run_once(&r, t, 0, &secs, err))) { // warm-up
+        verr_wrap(err, "%s: warm-up", t->name);
+        goto out;
+    }
+    if (verbose)
+        fprintf(stderr, "vela bench: %s: warm-up %.3f s\n", t->name, secs);
+    for (int i = 0; i < reps; i++) {
+        if ((rc = run_once(&r, t, (uint64_t)i + 1, &secs, err))) {
+            verr_wrap(err, "%s: repetition %d", t->name, i + 1);
+            goto out;
+        }
+        t->samples_s[i] = secs;
+        t->samples_ts[i] = secs > 0 ? t->tokens / secs : 0;
+        if (verbose)
+            fprintf(stderr, "vela bench: %s: repetition %d: %.3f s, %.2f t/s\n", t->name, i + 1,
+                    secs, t->samples_ts[i]);
+    }
+out:
+    free(r.tok);
+    free(r.pos);
+    free(r.seq);
+    free(r.want);
+    forward_free(&r.fc);
+    return rc;
+}
+
+// --- report --------------------------------------------------------------------------
+
+struct report {
+    const char *model_path;
+    const struct model *m;
+    char desc[160];      // "llama 7B Q4_0"
+    const char *ftype;   // llama.cpp's name of general.file_type, or NULL
+    const char *backend; // "cpu", "cuda"
+    int n_threads;
+    char device_name[256];
+    bool have_gpu;
+    struct backend_device_info gpu;
+    int n_batch;
+    enum ggml_type type_k, type_v;
+    int reps;
+    bool full_logits;
+    // tensor count per weight type in the file
+    int type_count[GGML_TYPE_COUNT];
+};
+
+static double test_mean_secs(const struct test *t, int reps) {
+    return mean_of(t->samples_s, reps);
+}
+
+static double test_bw_gbs(const struct test *t, int reps) {
+    double s = test_mean_secs(t, reps);
+    return s > 0 ? t->bytes / s / 1e9 : 0;
+}
+
+static void print_table_header(const struct report *rp) {
+    const bool cpu = !rp->have_gpu;
+    printf("| %-30s | %10s | %10s | %-10s |%s %-14s | %20s | %9s |%s\n", "model", "size", "params",
+           "backend", cpu ? "     threads |" : "", "test", "t/s", "GB/s",
+           cpu ? "" : " % peak BW |");
+    printf("| %.30s | %.10s: | %.10s: | %.10s |%s %.14s | %.20s: | %.9s: |%s\n",
+           "------------------------------", "---------", "---------", "----------",
+           cpu ? " ----------: |" : "", "--------------", "-------------------", "--------",
+           cpu ? "" : " --------: |");
+}
+
+static void print_table_row(const struct report *rp, const struct test *t) {
+    char size[32], params[32], ts[48], thr[32] = "", frac[32] = "";
+    const double bytes = (double)rp->m->n_bytes, np = (double)rp->m->n_params;
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(size, sizeof size, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else
+        snprintf(size, sizeof size, "%.2f MiB", bytes / (1024.0 * 1024));
+    if (np >= 1e9)
+        snprintf(params, sizeof params, "%.2f B", np / 1e9);
+    else
+        snprintf(params, sizeof params, "%.2f M", np / 1e6);
+    snprintf(ts, sizeof ts, "%.2f ± %.2f", mean_of(t->samples_ts, rp->reps),
+             stddev_of(t->samples_ts, rp->reps));
+    const double bw = test_bw_gbs(t, rp->reps);
+    if (!rp->have_gpu)
+        snprintf(thr, sizeof thr, " %11d |", rp->n_threads);
+    else if (rp->gpu.peak_bw_gbs > 0)
+        snprintf(frac, sizeof frac, " %8.1f%% |", 100.0 * bw / rp->gpu.peak_bw_gbs);
+    else
+        snprintf(frac, sizeof frac, " %9s |", "-");
+    // "±" is two bytes but one column: widen the field by one.
+    printf("| %-30s | %10s | %10s | %-10s |%s %-14s | %21s | %9.2f |%s\n", rp->desc, size, params,
+           rp->backend, thr, t->name, ts, bw, frac);
+    fflush(stdout);
+}
+
+static void iso_date(char *buf, size_t cap) {
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+static char *report_json(const struct report *rp, const struct test *tests, int n_tests) {
+    const struct model *m = rp->m;
+    const struct model_hparams *hp = &m->hp;
+    char date[32];
+    iso_date(date, sizeof date);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "commit", VELA_COMMIT);
+    cJSON_AddStringToObject(root, "date", date);
+    cJSON_AddStringToObject(root, "backend", rp->backend);
+
+    cJSON *dev = cJSON_AddObjectToObject(root, "device");
+    cJSON_AddStringToObject(dev, "name", rp->device_name);
+    if (rp->have_gpu) {
+        char v[32];
+        snprintf(v, sizeof v, "%d.%d", rp->gpu.driver_version / 1000,
+                 (rp->gpu.driver_version % 1000) / 10);
+        cJSON_AddStringToObject(dev, "driver", v);
+        snprintf(v, sizeof v, "%d.%d", rp->gpu.runtime_version / 1000,
+                 (rp->gpu.runtime_version % 1000) / 10);
+        cJSON_AddStringToObject(dev, "cuda_version", v);
+        snprintf(v, sizeof v, "%d.%d", rp->gpu.cc_major, rp->gpu.cc_minor);
+        cJSON_AddStringToObject(dev, "compute_capability", v);
+        cJSON_AddNumberToObject(dev, "sm_count", rp->gpu.sm_count);
+        cJSON_AddNumberToObject(dev, "mem_bytes", (double)rp->gpu.mem_bytes);
+        cJSON_AddNumberToObject(dev, "l2_bytes", (double)rp->gpu.l2_bytes);
+        if (rp->gpu.peak_bw_gbs > 0)
+            cJSON_AddNumberToObject(dev, "peak_bw_gbs", rp->gpu.peak_bw_gbs);
+        else
+            cJSON_AddNullToObject(dev, "peak_bw_gbs");
+    } else {
+        cJSON_AddNullToObject(dev, "driver");
+        cJSON_AddNullToObject(dev, "cuda_version");
+        cJSON_AddNumberToObject(dev, "n_cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+        cJSON_AddNullToObject(dev, "peak_bw_gbs");
+    }
+
+    cJSON *mo = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(mo, "path", rp->model_path);
+    cJSON_AddStringToObject(mo, "name", m->name ? m->name : "");
+    cJSON_AddStringToObject(mo, "desc", rp->desc);
+    cJSON_AddStringToObject(mo, "arch", model_arch_name(hp->arch));
+    cJSON_AddNumberToObject(mo, "size_bytes", (double)m->n_bytes);
+    cJSON_AddNumberToObject(mo, "n_params", (double)m->n_params);
+    cJSON_AddNumberToObject(mo, "n_embd", hp->n_embd);
+    cJSON_AddNumberToObject(mo, "n_layer", hp->n_layer);
+    cJSON_AddNumberToObject(mo, "n_head", hp->n_head);
+    cJSON_AddNumberToObject(mo, "n_head_kv", hp->n_head_kv);
+    cJSON_AddNumberToObject(mo, "head_dim", hp->head_dim);
+    cJSON_AddNumberToObject(mo, "n_ff", hp->n_ff);
+    cJSON_AddNumberToObject(mo, "n_vocab", hp->n_vocab);
+    cJSON_AddStringToObject(mo, "weight_type", ggml_type_name(m->weight_type));
+    if (rp->ftype)
+        cJSON_AddStringToObject(mo, "ftype", rp->ftype);
+    else
+        cJSON_AddNullToObject(mo, "ftype");
+    cJSON *wt = cJSON_AddObjectToObject(mo, "weight_types"); // type -> tensors of that type
+    for (int i = 0; i < GGML_TYPE_COUNT; i++)
+        if (rp->type_count[i] > 0)
+            cJSON_AddNumberToObject(wt, ggml_type_name((uint32_t)i), rp->type_count[i]);
+
+    cJSON *pa = cJSON_AddObjectToObject(root, "params");
+    cJSON_AddNumberToObject(pa, "n_batch", rp->n_batch);
+    cJSON_AddNumberToObject(pa, "n_threads", rp->have_gpu ? 0 : rp->n_threads);
+    cJSON_AddStringToObject(pa, "type_k", ggml_type_name(rp->type_k));
+    cJSON_AddStringToObject(pa, "type_v", ggml_type_name(rp->type_v));
+    cJSON_AddNumberToObject(pa, "repetitions", rp->reps);
+    cJSON_AddBoolToObject(pa, "full_logits", rp->full_logits);
+
+    cJSON *arr = cJSON_AddArrayToObject(root, "tests");
+    for (int i = 0; i < n_tests; i++) {
+        const struct test *t = &tests[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "test", t->name);
+        cJSON_AddStringToObject(o, "kind", t->kind == TEST_PP ? "pp" : "tg");
+        cJSON_AddNumberToObject(o, "n_prompt", t->kind == TEST_PP ? t->n_tokens : 0);
+        cJSON_AddNumberToObject(o, "n_gen", t->kind == TEST_TG ? t->n_tokens : 0);
+        cJSON_AddNumberToObject(o, "n_parallel", t->n_parallel);
+        cJSON_AddNumberToObject(o, "n_tokens", t->tokens);
+        cJSON_AddNumberToObject(o, "avg_ts", mean_of(t->samples_ts, rp->reps));
+        cJSON_AddNumberToObject(o, "stddev_ts", stddev_of(t->samples_ts, rp->reps));
+        cJSON_AddItemToObject(o, "samples_ts", cJSON_CreateDoubleArray(t->samples_ts, rp->reps));
+        cJSON_AddNumberToObject(o, "avg_ms", 1e3 * mean_of(t->samples_s, rp->reps));
+        cJSON_AddNumberToObject(o, "stddev_ms", 1e3 * stddev_of(t->samples_s, rp->reps));
+        cJSON_AddNumberToObject(o, "bytes_per_run", t->bytes);
+        const double bw = test_bw_gbs(t, rp->reps);
+        cJSON_AddNumberToObject(o, "bw_gbs", bw);
+        if (rp->have_gpu && rp->gpu.peak_bw_gbs > 0)
+            cJSON_AddNumberToObject(o, "bw_frac", bw / rp->gpu.peak_bw_gbs);
+        else
+            cJSON_AddNullToObject(o, "bw_frac");
+        const double s = test_mean_secs(t, rp->reps);
+        cJSON_AddNumberToObject(o, "tflops", s > 0 ? t->flops / s / 1e12 : 0);
+        cJSON_AddItemToArray(arr, o);
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+// --- the command -----------------------------------------------------------------------
+
 int cmd_bench(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "vela bench: not implemented yet\n");
-    return 1;
+    struct args_model am;
+    args_model_default(&am);
+    int n_prompt = 512, n_gen = 128, reps = 5;
+    int par[BENCH_MAX_PARALLEL] = {1}, n_par = 1;
+    bool json = false, full_logits = false;
+    struct verr err = {0};
+    for (int i = 1; i < argc;) {
+        const char *arg = argv[i];
+        int rc;
+        if (args_is(arg, "-h", "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if ((rc = args_parse_model(&am, argc, argv, &i, &err)) != 0) {
+            if (rc < 0) {
+                fprintf(stderr, "vela bench: %s\n", err.msg);
+                return 2;
+            }
+            continue;
+        }
+        if (args_is(arg, "-p", "--n-prompt"))
+            rc = args_value_int(argc, argv, &i, 0, 1L << 20, &n_prompt, &err);
+        else if (args_is(arg, "-n", "--n-gen"))
+            rc = args_value_int(argc, argv, &i, 0, 1L << 20, &n_gen, &err);
+        else if (args_is(arg, "-r", "--repetitions"))
+            rc = args_value_int(argc, argv, &i, 1, 100000, &reps, &err);
+        else if (args_is(arg, "--parallel", "-np")) {
+            const char *s = NULL;
+            rc = args_value_str(argc, argv, &i, &s, &err);
+            if (!rc)
+                rc = parse_parallel(s, par, &n_par, &err);
+        } else if (args_is(arg, "--json", NULL)) {
+            json = true;
+            i++;
+            rc = 0;
+        } else if (args_is(arg, "--full-logits", NULL)) {
+            full_logits = true;
+            i++;
+            rc = 0;
+        } else {
+            fprintf(stderr, "vela bench: unknown option '%s' (see 'vela bench --help')\n", arg);
+            return 2;
+        }
+        if (rc) {
+            fprintf(stderr, "vela bench: %s\n", err.msg);
+            return 2;
+        }
+    }
+    if (!am.model_path) {
+        fprintf(stderr, "vela bench: no model given (-m FILE)\n");
+        return 2;
+    }
+    if (n_prompt == 0 && n_gen == 0) {
+        fprintf(stderr, "vela bench: nothing to measure (-p 0 and -n 0)\n");
+        return 2;
+    }
+
+    // The tests, in llama-bench's order: pp first, then tg for each --parallel.
+    struct test tests[1 + BENCH_MAX_PARALLEL];
+    int n_tests = 0;
+    memset(tests, 0, sizeof tests);
+    if (n_prompt > 0) {
+        tests[n_tests] = (struct test){.kind = TEST_PP, .n_tokens = n_prompt, .n_parallel = 1};
+        snprintf(tests[n_tests].name, sizeof tests[n_tests].name, "pp%d", n_prompt);
+        n_tests++;
+    }
+    if (n_gen > 0)
+        for (int k = 0; k < n_par; k++) {
+            struct test *t = &tests[n_tests++];
+            *t = (struct test){.kind = TEST_TG, .n_tokens = n_gen, .n_parallel = par[k]};
+            if (par[k] == 1)
+                snprintf(t->name, sizeof t->name, "tg%d", n_gen);
+            else
+                snprintf(t->name, sizeof t->name, "tg%d x%d", n_gen, par[k]);
+        }
+
+    int status = 1;
+    struct gguf_file *f = NULL;
+    struct backend *be = NULL;
+    struct model *m = NULL;
+    struct report rp = {.model_path = am.model_path, .reps = reps, .full_logits = full_logits};
+    if (gguf_open(&f, am.model_path, &err)) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        goto out;
+    }
+    for (uint64_t k = 0; k < f->n_tensors; k++)
+        if ((unsigned)f->tensors[k].type < GGML_TYPE_COUNT)
+            rp.type_count[f->tensors[k].type]++;
+    uint32_t ftype = 0;
+    const char *ftype_str = NULL;
+    if (gguf_find_key(f, "general.file_type") >= 0 &&
+        gguf_get_u32(f, "general.file_type", &ftype, NULL) == 0)
+        ftype_str = ftype_name(ftype);
+    if (args_backend_create(&am, &be, &err)) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        goto out;
+    }
+    if (model_load(&m, f, be, &err)) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        goto out;
+    }
+    gguf_close(f);
+    f = NULL;
+
+    rp.m = m;
+    rp.ftype = ftype_str;
+    rp.backend = be->ops->name;
+    rp.n_threads = be->n_threads;
+    rp.n_batch = am.n_batch;
+    rp.type_k = am.type_k;
+    rp.type_v = am.type_v;
+    {
+        char sz[32], ty[32];
+        size_label(m->n_params, sz, sizeof sz);
+        snprintf(ty, sizeof ty, "%s", ftype_str ? ftype_str : ggml_type_name(m->weight_type));
+        if (!ftype_str)
+            upper(ty);
+        snprintf(rp.desc, sizeof rp.desc, "%s %s %s", model_arch_name(m->hp.arch), sz, ty);
+    }
+    if (!strcmp(be->ops->name, "cuda")) {
+        if (backend_cuda_device_info(be->device, &rp.gpu, &err)) {
+            fprintf(stderr, "vela bench: %s\n", err.msg);
+            goto out;
+        }
+        rp.have_gpu = true;
+        snprintf(rp.device_name, sizeof rp.device_name, "%s", rp.gpu.name);
+    } else {
+        cpu_name(rp.device_name, sizeof rp.device_name);
+    }
+
+    if (!json)
+        print_table_header(&rp);
+    for (int k = 0; k < n_tests; k++) {
+        if (run_test(&tests[k], m, &am, reps, full_logits, am.verbose, &err)) {
+            fprintf(stderr, "vela bench: %s\n", err.msg);
+            goto out;
+        }
+        if (!json)
+            print_table_row(&rp, &tests[k]);
+    }
+    if (json) {
+        char *text = report_json(&rp, tests, n_tests);
+        if (!text) {
+            fprintf(stderr, "vela bench: out of memory writing JSON\n");
+            goto out;
+        }
+        printf("%s\n", text);
+        cJSON_free(text);
+    } else {
+        printf("\nbuild: %s, device: %s\n", VELA_COMMIT, rp.device_name);
+    }
+    status = 0;
+out:
+    for (int k = 0; k < n_tests; k++) {
+        free(tests[k].samples_ts);
+        free(tests[k].samples_s);
+    }
+    model_free(m);
+    backend_destroy(be);
+    gguf_close(f);
+    return status;
 }

@@ -1,0 +1,297 @@
+#!/usr/bin/env bash
+# bench/run_gpu.sh: the one script a GPU session runs. It builds vela (CUDA),
+# writes the synthetic models, runs `vela bench` on each, runs
+# vela-bench-kernels, and, when a llama.cpp source or build dir is given,
+# llama-bench / llama-batched-bench on the same files; then it writes
+# SUMMARY.json and the raw results into the output dir.
+#
+# usage: bench/run_gpu.sh [--out DIR] [--llama-src DIR | --llama-build DIR]
+#                         [--models SPEC] [--reps N] [--arch SM] [--quick] [STAGE...]
+#   STAGE: build models vela kernels llama-build llama summary (default: all,
+#   in that order; llama-build and llama need --llama-src or --llama-build).
+#   Every stage can run on its own (each device command is limited to 10
+#   minutes): later stages read what earlier ones left under the work dir.
+#
+# Work dir (not committed, ignored by git): $ROOT/build-gpu-bench
+#   build/   vela's CUDA build        models/  the GGUF files
+#   llama/   llama.cpp's build        raw/     every raw output and log
+# Output dir (--out, default $WORK/out): at most 8 files, each small,
+# so that it can come back from a device machine whole:
+#   SUMMARY.json  vela.json  kernels.json  kernels.md  llamacpp.json  run.log
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+WORK=${VELA_BENCH_WORK:-$ROOT/build-gpu-bench}
+OUT=""
+ARCH=90
+REPS=5
+LLAMA_SRC=""
+LLAMA_BUILD=""
+QUICK=0
+# name:mkmodel flags, separated by ';'
+MODELS="llama2-7b-q4_0:--preset llama2-7b --type q4_0;\
+llama2-7b-q8_0:--preset llama2-7b --type q8_0;\
+llama2-7b-f16:--preset llama2-7b --type f16;\
+llama3-8b-q4_k_m:--preset llama3-8b --type q4_k_m;\
+qwen2-0.5b-f16:--preset qwen2-0.5b"
+PARALLEL_MODEL=${PARALLEL_MODEL:-llama3-8b-q4_k_m}
+PARALLEL=${PARALLEL:-1,8,32,64,128,256}
+N_PROMPT=${N_PROMPT:-512}
+N_GEN=${N_GEN:-128}
+# BACKEND=cpu and VELA_BENCH_BUILD=<a CPU build dir> dry-run the models, vela
+# and summary stages on a machine without a GPU (with small --models).
+BACKEND=${BACKEND:-cuda}
+# Flash attention on (vela's attention is a flash kernel). The flag spelling
+# is that of llama.cpp early 2025 (llama-bench -fa 0|1, batched-bench -fa);
+# newer releases take -fa on|off|auto: override these for them.
+LLAMA_BENCH_ARGS=${LLAMA_BENCH_ARGS:-"-ngl 99 -fa 1"}
+LLAMA_BATCHED_ARGS=${LLAMA_BATCHED_ARGS:-"-ngl 99 -fa"}
+# llama.cpp's commit: $LLAMACPP_COMMIT, else the file VELA_LLAMACPP_COMMIT in
+# the source dir, else git in the source dir, else llama-bench's build_commit.
+LLAMACPP_COMMIT=${LLAMACPP_COMMIT:-}
+
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+
+STAGES=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT=$2; shift 2 ;;
+    --llama-src) LLAMA_SRC=$(cd "$2" && pwd); shift 2 ;;
+    --llama-build) LLAMA_BUILD=$(cd "$2" && pwd); shift 2 ;;
+    --models) MODELS=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
+    --arch) ARCH=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    build|models|vela|kernels|llama-build|llama|summary) STAGES+=("$1"); shift ;;
+    *) echo "run_gpu.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(build models vela kernels llama-build llama summary)
+if [ "$QUICK" = 1 ]; then
+  # One model, fewer repetitions: the whole run in a few minutes.
+  MODELS="llama2-7b-q4_0:--preset llama2-7b --type q4_0"
+  PARALLEL_MODEL=llama2-7b-q4_0
+  PARALLEL=1,8,64
+  REPS=3
+fi
+
+BUILD=${VELA_BENCH_BUILD:-$WORK/build}
+MODELS_DIR=$WORK/models
+RAW=$WORK/raw
+[ -n "$OUT" ] || OUT=$WORK/out
+mkdir -p "$WORK" "$MODELS_DIR" "$RAW" "$OUT"
+if [ -z "$LLAMA_BUILD" ] && [ -n "$LLAMA_SRC" ]; then LLAMA_BUILD=$WORK/llama; fi
+NPROC=$(nproc 2>/dev/null || echo 4)
+
+log() { echo "[run_gpu $(date -u +%H:%M:%S)] $*" | tee -a "$RAW/run.log" >&2; }
+
+model_names() {
+  local IFS=';'
+  for spec in $MODELS; do
+    spec=${spec#"${spec%%[! ]*}"} # leading blanks
+    [ -n "$spec" ] && echo "${spec%%:*}"
+  done
+}
+model_flags() {
+  local IFS=';'
+  for spec in $MODELS; do
+    spec=${spec#"${spec%%[! ]*}"} # leading blanks
+    [ "${spec%%:*}" = "$1" ] && echo "${spec#*:}"
+  done
+}
+
+# What the build and summary stages need on the GPU machine, which cannot
+# reach the network: say what is missing instead of failing inside cmake.
+preflight() {
+  local missing=()
+  command -v cmake >/dev/null || missing+=(cmake)
+  command -v cc >/dev/null || missing+=("a C compiler")
+  command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || missing+=("nvcc (CUDA toolkit)")
+  [ -e /usr/include/cjson/cJSON.h ] || missing+=("cJSON (libcjson-dev)")
+  command -v python3 >/dev/null || log "build: python3 missing: the summary stage will fail"
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "build: missing: ${missing[*]} (bench/README.md: 'Dependencies on the GPU machine')"
+    exit 1
+  fi
+  command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+}
+
+stage_build() {
+  preflight
+  log "build: vela (CUDA, sm_$ARCH) in $BUILD"
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVELA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DVELA_TESTS=OFF >>"$RAW/build.log" 2>&1
+  cmake --build "$BUILD" -j "$NPROC" --target vela vela-bench-kernels >>"$RAW/build.log" 2>&1 \
+    || { tail -40 "$RAW/build.log" >&2; exit 1; }
+  "$BUILD/vela" --version | tee -a "$RAW/run.log"
+}
+
+stage_models() {
+  for name in $(model_names); do
+    local f=$MODELS_DIR/$name.gguf
+    if [ -s "$f" ]; then log "models: $name exists"; continue; fi
+    log "models: writing $name ($(model_flags "$name"))"
+    # shellcheck disable=SC2046
+    "$BUILD/vela" mkmodel $(model_flags "$name") -q -o "$f"
+  done
+  du -h "$MODELS_DIR"/*.gguf | tee -a "$RAW/run.log"
+}
+
+stage_vela() {
+  for name in $(model_names); do
+    log "vela: bench $name"
+    "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p "$N_PROMPT" \
+      -n "$N_GEN" -r "$REPS" --json >"$RAW/vela-$name.json" 2>>"$RAW/run.log" \
+      || log "vela: bench failed on $name"
+  done
+  if model_names | grep -qx "$PARALLEL_MODEL"; then
+    log "vela: bench $PARALLEL_MODEL --parallel $PARALLEL"
+    "$BUILD/vela" bench -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" --backend "$BACKEND" -p 0 \
+      -n "$N_GEN" -r 3 --parallel "$PARALLEL" --json \
+      >"$RAW/vela-$PARALLEL_MODEL-parallel.json" 2>>"$RAW/run.log" \
+      || log "vela: bench --parallel failed on $PARALLEL_MODEL"
+  fi
+}
+
+stage_kernels() {
+  log "kernels: vela-bench-kernels"
+  local extra=()
+  [ "$QUICK" = 1 ] && extra=(--quick)
+  "$BUILD/bench/vela-bench-kernels" "${extra[@]}" --json "$RAW/kernels.json" >"$RAW/kernels.md" \
+    2>>"$RAW/run.log" || log "kernels: some cases failed (see kernels.json)"
+}
+
+stage_llama_build() {
+  if [ -z "$LLAMA_SRC" ]; then log "llama-build: no --llama-src: skipped"; return; fi
+  if [ -x "$LLAMA_BUILD/bin/llama-bench" ] && [ -x "$LLAMA_BUILD/bin/llama-batched-bench" ]; then
+    log "llama-build: $LLAMA_BUILD is built"
+    return
+  fi
+  log "llama-build: llama.cpp (CUDA, sm_$ARCH) from $LLAMA_SRC into $LLAMA_BUILD"
+  cmake -S "$LLAMA_SRC" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON >>"$RAW/llama-build.log" 2>&1
+  cmake --build "$LLAMA_BUILD" -j "$NPROC" --target llama-bench llama-batched-bench \
+    >>"$RAW/llama-build.log" 2>&1 || { tail -40 "$RAW/llama-build.log" >&2; exit 1; }
+}
+
+stage_llama() {
+  if [ -z "$LLAMA_BUILD" ]; then log "llama: no --llama-src / --llama-build: skipped"; return; fi
+  local lb=$LLAMA_BUILD/bin/llama-bench bb=$LLAMA_BUILD/bin/llama-batched-bench
+  if [ ! -x "$lb" ]; then log "llama: $lb missing (run the llama-build stage)"; return; fi
+  if [ -n "$LLAMACPP_COMMIT" ]; then
+    echo "$LLAMACPP_COMMIT" >"$RAW/llamacpp-commit.txt"
+  elif [ -n "$LLAMA_SRC" ] && [ -s "$LLAMA_SRC/VELA_LLAMACPP_COMMIT" ]; then
+    cp "$LLAMA_SRC/VELA_LLAMACPP_COMMIT" "$RAW/llamacpp-commit.txt"
+  elif [ -n "$LLAMA_SRC" ]; then
+    git -C "$LLAMA_SRC" rev-parse HEAD >"$RAW/llamacpp-commit.txt" 2>/dev/null || true
+  fi
+  for name in $(model_names); do
+    log "llama: llama-bench $name"
+    # shellcheck disable=SC2086
+    "$lb" -m "$MODELS_DIR/$name.gguf" -p "$N_PROMPT" -n "$N_GEN" -r "$REPS" $LLAMA_BENCH_ARGS \
+      -o json >"$RAW/llamacpp-$name.json" 2>>"$RAW/llama-run.log" \
+      || log "llama: llama-bench failed on $name"
+  done
+  if model_names | grep -qx "$PARALLEL_MODEL" && [ -x "$bb" ]; then
+    local maxpl
+    maxpl=$(echo "$PARALLEL" | tr ',' '\n' | sort -n | tail -1)
+    log "llama: llama-batched-bench $PARALLEL_MODEL -npl $PARALLEL"
+    # pp 1: batched-bench needs a prompt token; each sequence then decodes N_GEN tokens
+    # shellcheck disable=SC2086
+    "$bb" -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" -c $((maxpl * (N_GEN + 1) + 256)) -b 2048 \
+      -ub 512 -npp 1 -ntg "$N_GEN" -npl "$PARALLEL" $LLAMA_BATCHED_ARGS --output-format jsonl \
+      >"$RAW/llamacpp-$PARALLEL_MODEL-parallel.jsonl" 2>>"$RAW/llama-run.log" \
+      || log "llama: llama-batched-bench failed"
+  fi
+}
+
+stage_summary() {
+  log "summary: $OUT"
+  local names
+  mapfile -t names < <(model_names)
+  python3 - "$RAW" "$OUT" "$PARALLEL_MODEL" "${names[@]}" <<'EOF'
+import glob, json, os, re, sys
+raw, out, par_model, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+vela, llama = {}, {}
+for n in names:
+    vela[n] = load(f"{raw}/vela-{n}.json")
+    llama[n] = load(f"{raw}/llamacpp-{n}.json")
+vela_par = load(f"{raw}/vela-{par_model}-parallel.json")
+llama_par = []
+try:
+    with open(f"{raw}/llamacpp-{par_model}-parallel.jsonl") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    llama_par.append(json.loads(line))
+                except ValueError:
+                    pass
+except OSError:
+    pass
+
+def llama_tps(n, test):
+    # llama-bench rows: n_prompt / n_gen tell pp from tg
+    for r in llama.get(n) or []:
+        if test["kind"] == "pp" and r.get("n_prompt") == test["n_prompt"] and r.get("n_gen") == 0:
+            return r.get("avg_ts")
+        if test["kind"] == "tg" and r.get("n_gen") == test["n_gen"] and r.get("n_prompt") == 0:
+            return r.get("avg_ts")
+    return None
+
+rows = []
+def add(n, t, ltps):
+    v = t.get("avg_ts")
+    rows.append({"model": n, "test": t["test"], "vela_tps": v, "llamacpp_tps": ltps,
+                 "ratio": (v / ltps) if (v and ltps) else None, "bw_frac": t.get("bw_frac")})
+
+for n in names:
+    for t in (vela[n] or {}).get("tests", []):
+        add(n, t, llama_tps(n, t))
+for t in (vela_par or {}).get("tests", []):
+    if t["n_parallel"] == 1 and any(r["model"] == par_model and r["test"] == t["test"] for r in rows):
+        continue
+    ltps = next((r.get("speed_tg") for r in llama_par
+                 if r.get("pl") == t["n_parallel"] and r.get("tg") == t["n_gen"]), None)
+    add(par_model, t, ltps)
+
+first = next((v for v in list(vela.values()) + [vela_par] if v), {}) or {}
+lc = None
+if os.path.exists(f"{raw}/llamacpp-commit.txt"):
+    lc = open(f"{raw}/llamacpp-commit.txt").read().strip() or None
+if lc is None:
+    lc = next((r.get("build_commit") for v in llama.values() for r in (v or [])), None)
+dev = first.get("device", {})
+summary = {"commit": first.get("commit"), "date": first.get("date"),
+           "device": dev.get("name"), "llamacpp_commit": lc, "rows": rows}
+with open(f"{out}/SUMMARY.json", "w") as f:
+    json.dump(summary, f, indent=1)
+with open(f"{out}/vela.json", "w") as f:
+    json.dump({"runs": [v for v in list(vela.values()) + [vela_par] if v]}, f, indent=1)
+with open(f"{out}/llamacpp.json", "w") as f:
+    json.dump({"commit": lc, "bench": llama, "batched": llama_par}, f, indent=1)
+for r in rows:
+    ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
+    lt = f"{r['llamacpp_tps']:.1f}" if r["llamacpp_tps"] else "-"
+    bw = f"{100 * r['bw_frac']:.0f}%" if r["bw_frac"] else "-"
+    print(f"{r['model']:<20} {r['test']:<12} vela {r['vela_tps'] or 0:>10.1f}  llama.cpp {lt:>10}  {ratio:>7}  bw {bw}")
+EOF
+  [ -f "$RAW/kernels.json" ] && cp "$RAW/kernels.json" "$OUT/kernels.json"
+  [ -f "$RAW/kernels.md" ] && cp "$RAW/kernels.md" "$OUT/kernels.md"
+  cp "$RAW/run.log" "$OUT/run.log"
+}
+
+for s in "${STAGES[@]}"; do
+  "stage_${s//-/_}"
+done
+log "done: ${STAGES[*]}"

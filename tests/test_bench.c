@@ -1,0 +1,230 @@
+// `vela bench` end to end through the built binary (VELA_BIN, set by ctest)
+// on a tiny model and the CPU backend, so the benchmark code runs in every CI
+// build: JSON that parses with sane fields, the table, flag errors and exit
+// codes. Numbers are not checked against anything but > 0: CI machines are
+// shared and slow.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "host/mkmodel.h"
+
+static char dir[256];
+static char model_path[300];
+
+static const char *vela_bin(void) {
+    const char *b = getenv("VELA_BIN");
+    return b ? b : "./vela";
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *buf = calloc(1, 1 << 20);
+    size_t n = f ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+// Runs `vela ARGS`, capturing stdout and stderr (NUL-terminated, malloc'd).
+static int run_vela(const char *args, char **out, char **errs) {
+    char o[300], e[300], cmd[4096];
+    snprintf(o, sizeof o, "%s/out", dir);
+    snprintf(e, sizeof e, "%s/err", dir);
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", vela_bin(), args, o, e);
+    int st = system(cmd);
+    *out = slurp(o);
+    *errs = slurp(e);
+    unlink(o);
+    unlink(e);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void setup(void) {
+    snprintf(dir, sizeof dir, "/tmp/vela_test_bench_%d", (int)getpid());
+    mkdir(dir, 0700);
+    snprintf(model_path, sizeof model_path, "%s/tiny.gguf", dir);
+    struct mkmodel_config c;
+    mkmodel_config_default(&c); // the tiny shape, F32: 256 x 4 layers, 8/4 heads
+    c.n_threads = 2;
+    struct verr err = {0};
+    cr_assert_eq(mkmodel_write(&c, model_path, &err), 0, "mkmodel_write: %s", err.msg);
+}
+
+static void teardown(void) {
+    unlink(model_path);
+    rmdir(dir);
+}
+
+TestSuite(bench, .init = setup, .fini = teardown, .timeout = 60);
+
+static double num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    cr_assert(cJSON_IsNumber(v), "field '%s' is missing or not a number", key);
+    return v->valuedouble;
+}
+
+static const char *str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    cr_assert(cJSON_IsString(v), "field '%s' is missing or not a string", key);
+    return v->valuestring;
+}
+
+static void check_test(const cJSON *t, const char *name, const char *kind, int n_parallel,
+                       double n_tokens, int reps) {
+    cr_assert_str_eq(str(t, "test"), name);
+    cr_assert_str_eq(str(t, "kind"), kind);
+    cr_assert_eq((int)num(t, "n_parallel"), n_parallel, "%s: n_parallel", name);
+    cr_assert_eq(num(t, "n_tokens"), n_tokens, "%s: n_tokens", name);
+    const double ts = num(t, "avg_ts");
+    cr_assert(ts > 0 && isfinite(ts), "%s: avg_ts %g", name, ts);
+    cr_assert(num(t, "stddev_ts") >= 0, "%s: stddev_ts", name);
+    cr_assert(num(t, "avg_ms") > 0, "%s: avg_ms", name);
+    cr_assert(num(t, "bytes_per_run") > 0, "%s: bytes_per_run", name);
+    cr_assert(num(t, "bw_gbs") > 0, "%s: bw_gbs", name);
+    cr_assert(num(t, "tflops") > 0, "%s: tflops", name);
+    // CPU: no peak bandwidth, so no fraction of it
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(t, "bw_frac")), "%s: bw_frac", name);
+    const cJSON *samples = cJSON_GetObjectItemCaseSensitive(t, "samples_ts");
+    cr_assert(cJSON_IsArray(samples));
+    cr_assert_eq(cJSON_GetArraySize(samples), reps, "%s: one sample per repetition", name);
+    double sum = 0;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, samples) {
+        cr_assert(cJSON_IsNumber(s) && s->valuedouble > 0);
+        sum += s->valuedouble;
+    }
+    // avg_ts is the mean of the samples (printed with 17 digits, so 1e-9 is plenty)
+    cr_assert(fabs(sum / reps - ts) <= 1e-9 * ts, "%s: avg_ts %g != mean of samples %g", name, ts,
+              sum / reps);
+}
+
+Test(bench, cpu_json) {
+    char args[1024], *out, *errs;
+    snprintf(args, sizeof args, "bench -m %s --backend cpu -p 16 -n 8 -r 2 --json", model_path);
+    int rc = run_vela(args, &out, &errs);
+    cr_assert_eq(rc, 0, "exit %d, stderr: %s", rc, errs);
+    cJSON *root = cJSON_Parse(out);
+    cr_assert_not_null(root, "stdout is not JSON: %s", out);
+    cr_assert_str_eq(str(root, "backend"), "cpu");
+    cr_assert(strlen(str(root, "commit")) > 0);
+    cr_assert_eq(strlen(str(root, "date")), 20, "ISO 8601 UTC date: %s", str(root, "date"));
+
+    const cJSON *dev = cJSON_GetObjectItemCaseSensitive(root, "device");
+    cr_assert(cJSON_IsObject(dev));
+    cr_assert(strlen(str(dev, "name")) > 0);
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(dev, "peak_bw_gbs")));
+
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    cr_assert(cJSON_IsObject(m));
+    cr_assert_eq((int)num(m, "n_embd"), 256);
+    cr_assert_eq((int)num(m, "n_layer"), 4);
+    cr_assert_eq((int)num(m, "n_head"), 8);
+    cr_assert_eq((int)num(m, "n_head_kv"), 4);
+    cr_assert_eq((int)num(m, "n_ff"), 768);
+    cr_assert(num(m, "n_vocab") > 0);
+    cr_assert(num(m, "n_params") > 3e6 && num(m, "n_params") < 4e6, "tiny has ~3.45M params");
+    cr_assert_str_eq(str(m, "weight_type"), "f32");
+    cr_assert_str_eq(str(m, "ftype"), "all F32"); // llama.cpp's name for general.file_type 0
+    const cJSON *wt = cJSON_GetObjectItemCaseSensitive(m, "weight_types");
+    cr_assert(cJSON_IsObject(wt));
+    cr_assert(num(wt, "f32") > 0);
+
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "params");
+    cr_assert_eq((int)num(p, "repetitions"), 2);
+    cr_assert(num(p, "n_threads") >= 1);
+
+    const cJSON *tests = cJSON_GetObjectItemCaseSensitive(root, "tests");
+    cr_assert(cJSON_IsArray(tests));
+    cr_assert_eq(cJSON_GetArraySize(tests), 2);
+    check_test(cJSON_GetArrayItem(tests, 0), "pp16", "pp", 1, 16, 2);
+    check_test(cJSON_GetArrayItem(tests, 1), "tg8", "tg", 1, 8, 2);
+    cr_assert_eq((int)num(cJSON_GetArrayItem(tests, 0), "n_prompt"), 16);
+    cr_assert_eq((int)num(cJSON_GetArrayItem(tests, 1), "n_gen"), 8);
+    cJSON_Delete(root);
+    free(out);
+    free(errs);
+}
+
+Test(bench, cpu_parallel_json) {
+    char args[1024], *out, *errs;
+    snprintf(args, sizeof args,
+             "bench -m %s --backend cpu -t 1 -p 0 -n 4 -r 1 --parallel 1,3 --full-logits --json",
+             model_path);
+    int rc = run_vela(args, &out, &errs);
+    cr_assert_eq(rc, 0, "exit %d, stderr: %s", rc, errs);
+    cJSON *root = cJSON_Parse(out);
+    cr_assert_not_null(root, "stdout is not JSON: %s", out);
+    const cJSON *tests = cJSON_GetObjectItemCaseSensitive(root, "tests");
+    cr_assert_eq(cJSON_GetArraySize(tests), 2, "-p 0 skips pp");
+    check_test(cJSON_GetArrayItem(tests, 0), "tg4", "tg", 1, 4, 1);
+    // 3 sequences x 4 steps
+    check_test(cJSON_GetArrayItem(tests, 1), "tg4 x3", "tg", 3, 12, 1);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "params");
+    cr_assert_eq((int)num(p, "n_threads"), 1);
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "full_logits")));
+    cJSON_Delete(root);
+    free(out);
+    free(errs);
+}
+
+Test(bench, cpu_table) {
+    char args[1024], *out, *errs;
+    snprintf(args, sizeof args, "bench -m %s --backend cpu -p 8 -n 4 -b 4 -r 1", model_path);
+    int rc = run_vela(args, &out, &errs);
+    cr_assert_eq(rc, 0, "exit %d, stderr: %s", rc, errs);
+    const char *want[] = {"| model",          "t/s", "threads", "| pp8 ", "| tg4 ",
+                          "llama 3M all F32", "cpu"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert_not_null(strstr(out, want[i]), "'%s' not in:\n%s", want[i], out);
+    free(out);
+    free(errs);
+}
+
+Test(bench, help) {
+    char *out, *errs;
+    cr_assert_eq(run_vela("bench --help", &out, &errs), 0);
+    const char *flags[] = {"-m,",           "--n-prompt", "--n-gen",   "--batch-size", "--parallel",
+                           "--repetitions", "--backend",  "--threads", "--json"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        cr_assert_not_null(strstr(out, flags[i]), "'%s' not in help", flags[i]);
+    free(out);
+    free(errs);
+}
+
+Test(bench, errors) {
+    char args[1024], *out, *errs;
+    const struct {
+        const char *fmt; // %s: the model path
+        int status;
+        const char *msg;
+    } cases[] = {
+        {"bench -m %s --bogus", 2, "unknown option"},
+        {"bench -m %s -p abc", 2, "-p"},
+        {"bench -m %s -r 0", 2, "-r"},
+        {"bench -m %s --parallel 1,x", 2, "--parallel"},
+        {"bench -m %s --parallel 0", 2, "--parallel"},
+        {"bench -m %s --backend tpu", 2, "--backend"},
+        {"bench -m %s -p 0 -n 0", 2, "nothing to measure"},
+        {"bench", 2, "no model"},
+        {"bench -m %s.missing --backend cpu", 1, "missing"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, cases[i].fmt, model_path);
+        int rc = run_vela(args, &out, &errs);
+        cr_assert_eq(rc, cases[i].status, "'%s': exit %d, want %d (stderr: %s)", args, rc,
+                     cases[i].status, errs);
+        cr_assert_not_null(strstr(errs, cases[i].msg), "'%s': stderr lacks '%s': %s", args,
+                           cases[i].msg, errs);
+        free(out);
+        free(errs);
+    }
+}
