@@ -1,5 +1,6 @@
 // Shared flag parsing for the model-running commands (see args.h).
 #include "host/args.h"
+#include "host/plan.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -82,8 +83,59 @@ static int cache_type(int argc, char **argv, int *i, enum ggml_type *out, struct
         return rc_ ? rc_ : 1;                                                                      \
     } while (0)
 
+// --- several devices (host/pipeline.h) ---
+static int parse_split_flags(struct args_model *a, int argc, char **argv, int *i,
+                             struct verr *err) {
+    const char *arg = argv[*i], *s = NULL;
+    if (args_is(arg, "--split-mode", "-sm")) {
+        int rc = args_value_str(argc, argv, i, &s, err);
+        if (rc)
+            return rc;
+        if (!strcmp(s, "layer"))
+            a->split_mode = ARGS_SPLIT_LAYER;
+        else if (!strcmp(s, "none"))
+            a->split_mode = ARGS_SPLIT_NONE;
+        else if (!strcmp(s, "row"))
+            a->split_mode = ARGS_SPLIT_ROW;
+        else
+            return verr_set(err, VERR_RANGE, "--split-mode: '%s' is not a split mode (layer, none)",
+                            s);
+        return 1;
+    }
+    if (args_is(arg, "--tensor-split", "-ts")) {
+        int rc = args_value_str(argc, argv, i, &s, err);
+        float v[PLAN_MAX_DEVICES];
+        int n = 0;
+        if (!rc)
+            rc = plan_parse_split(s, v, PLAN_MAX_DEVICES, &n, err);
+        if (rc)
+            return rc;
+        a->tensor_split = s;
+        return 1;
+    }
+    if (args_is(arg, "--devices", "-dev")) {
+        int rc = args_value_str(argc, argv, i, &s, err);
+        struct plan_device d[PLAN_MAX_DEVICES];
+        int n = 0;
+        if (!rc)
+            rc = plan_parse_devices(s, d, PLAN_MAX_DEVICES, &n, err);
+        if (rc)
+            return rc;
+        a->devices = s;
+        return 1;
+    }
+    if (args_is(arg, "--main-gpu", "-mg"))
+        DONE(args_value_int(argc, argv, i, 0, 1024, &a->device, err));
+    if (args_is(arg, "--ubatch-size", "-ub"))
+        DONE(args_value_int(argc, argv, i, 0, 1L << 20, &a->n_ubatch, err));
+    return 0;
+}
+
 int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct verr *err) {
     const char *arg = argv[*i];
+    int split_rc = parse_split_flags(a, argc, argv, i, err);
+    if (split_rc)
+        return split_rc;
     if (args_is(arg, "-m", "--model"))
         DONE(args_value_str(argc, argv, i, &a->model_path, err));
     if (args_is(arg, "--backend", NULL)) {
@@ -180,6 +232,16 @@ void args_help_model(FILE *out) {
             "  -ctk, --cache-type-k T    KV cache type for K: f32, f16 (default: f16)\n"
             "  -ctv, --cache-type-v T    KV cache type for V: f32, f16 (default: f16)\n"
             "  -v, --verbose             print model and context details\n"
+            "several devices (split by layers, see README):\n"
+            "  --devices LIST            devices of the stages: 0,1 / cuda0,cuda1 / cpu,cpu "
+            "(default: every GPU)\n"
+            "  -sm, --split-mode MODE    layer: contiguous layers per device (default); none: one "
+            "device\n"
+            "  -ts, --tensor-split A,B   proportions of layers per device (default: by free "
+            "memory)\n"
+            "  -mg, --main-gpu N         the device with --split-mode none (default: 0)\n"
+            "  -ub, --ubatch-size N      micro-batch tokens in flight between stages (default: "
+            "batch / stages)\n"
             "rope:\n"
             "  --rope-scaling none|linear|yarn  RoPE frequency scaling (default: the model's)\n"
             "  --rope-scale N            RoPE context scaling factor: sets freq scale to 1/N\n"

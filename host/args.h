@@ -41,6 +41,17 @@ struct args_model {
     enum ggml_type type_v;      // --cache-type-v f32|f16 (f16)
     struct rope_overrides rope; // --rope-* / --yarn-*
     bool verbose;               // --verbose, -v
+    // Several devices (host/pipeline.h), llama.cpp's flags. --main-gpu / -mg sets `device`.
+    int split_mode;           // --split-mode layer|none (ARGS_SPLIT_*; layer by default)
+    const char *tensor_split; // --tensor-split, -ts "3,1"; NULL: by free memory
+    const char *devices;      // --devices, -dev "0,1" / "cpu,cpu"; NULL: every GPU
+    int n_ubatch;             // --ubatch-size, -ub: pipeline micro-batch (0: auto)
+};
+
+enum args_split_mode {
+    ARGS_SPLIT_LAYER = 0, // contiguous layer ranges per device (the default)
+    ARGS_SPLIT_NONE = 1,  // everything on --main-gpu
+    ARGS_SPLIT_ROW = 2,   // llama.cpp's row split: refused
 };
 
 void args_model_default(struct args_model *a);

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "gguf/gguf.h"
+#include "host/pipeline.h"
 #include "kv/selfextend.h"
 
 double engine_now_ms(void) {
@@ -29,9 +30,9 @@ int engine_open(struct engine **out, const struct args_model *a, const struct en
     int rc = gguf_open(&f, a->model_path, err);
     if (rc)
         goto fail;
-    if ((rc = args_backend_create(a, &e->be, err)))
-        goto fail;
-    if ((rc = model_load(&e->m, f, e->be, err)))
+    // One backend, or stage 0 of a model split over --devices (the other
+    // stages belong to e->m, see host/pipeline.h).
+    if ((rc = pipeline_load(a, p->n_ctx, f, &e->be, &e->m, err)))
         goto fail;
     if (gguf_find_key(f, "tokenizer.ggml.model") >= 0) {
         if ((rc = tokenizer_load(&e->tok, f, err))) {
@@ -84,22 +85,11 @@ void engine_gen_params_default(struct engine_gen_params *g) {
     memset(g, 0, sizeof *g);
     g->n_predict = -1;
     g->n_parallel = 1;
-    g->ctx_shift = false;
+    g->ctx_shift = true;
     g->n_keep = 0;
     g->ga_n = 1;
     g->ga_w = 512;
     sampler_params_default(&g->sp);
-}
-
-struct note_ctx {
-    engine_event_fn cb;
-    void *user;
-};
-
-static void note_line(void *user, const char *line) {
-    struct note_ctx *n = user;
-    if (n->cb)
-        n->cb(n->user, ENGINE_EV_NOTE, 0, -1, line, strlen(line));
 }
 
 static int emit(engine_event_fn cb, void *user, enum engine_event ev, int seq, int32_t tok,
@@ -107,272 +97,506 @@ static int emit(engine_event_fn cb, void *user, enum engine_event ev, int seq, i
     return cb ? cb(user, ev, seq, tok, text, len) : 0;
 }
 
-int engine_generate(struct engine *e, const int32_t *prompt, int n_prompt,
-                    const struct engine_gen_params *g, engine_event_fn cb, void *user,
+// Routes kv_selfextend's log lines to the callback as notes of one sequence.
+struct note_ctx {
+    engine_event_fn cb;
+    void *user;
+    int seq;
+};
+
+static void note_line(void *user, const char *line) {
+    struct note_ctx *n = user;
+    emit(n->cb, n->user, ENGINE_EV_NOTE, n->seq, -1, line, strlen(line));
+}
+
+enum slot_state { SLOT_FREE, SLOT_PROMPT, SLOT_GEN };
+
+// One sequence being decoded. Its sequence id in the cache is its slot index.
+struct slot {
+    enum slot_state state;
+    int id; // index of its prompt
+    const int32_t *prompt;
+    int n_prompt;
+    int n_consumed; // prompt tokens decoded (or shared)
+    int32_t n_past; // position of the next token
+    int n_cells;    // cells holding this sequence
+    int n_keep;
+    int n_gen;
+    int32_t next; // the sampled token waiting to be decoded
+    int out_row;  // index in this step's batch of the row it samples from; -1: none
+    int32_t out_pos;
+    int share_from; // slot whose prompt cells it will share; -1: none
+    bool can_share; // no shift can ever move this sequence's prompt cells
+    bool started_now;
+    int32_t amax; // argmax of its row (greedy shortcut)
+    float *last;  // [n_vocab] its row (sampling)
+    struct sampler *smp;
+    struct tokenizer_stream *stream;
+    struct kv_selfextend se;
+    struct note_ctx note;
+};
+
+struct gen_run {
+    struct engine *e;
+    const struct engine_gen_params *g;
+    engine_event_fn cb;
+    void *user;
+    struct engine_stats *st;
+    int n_ctx_seq;
+    bool use_argmax;
+    uint32_t base_seed;
+    struct sampler_params sp;
+    struct slot *slots; // [n_parallel]
+    // the step batch: up to n_parallel * n_batch entries
+    int cap;
+    int32_t *tok, *pos, *seq;
+    int8_t *want;
+};
+
+static bool same_prompt(const struct slot *a, const struct slot *b) {
+    return a->n_prompt == b->n_prompt &&
+           (a->prompt == b->prompt ||
+            !memcmp(a->prompt, b->prompt, (size_t)a->n_prompt * sizeof *a->prompt));
+}
+
+static int slot_start(struct gen_run *r, int s, int id, const struct engine_prompt *p,
+                      struct verr *err) {
+    struct engine *e = r->e;
+    const struct engine_gen_params *g = r->g;
+    struct slot *sl = &r->slots[s];
+    float *last = sl->last;
+    memset(sl, 0, sizeof *sl);
+    sl->last = last;
+    sl->state = SLOT_PROMPT;
+    sl->id = id;
+    sl->prompt = p->tokens;
+    sl->n_prompt = p->n_tokens;
+    sl->out_row = -1;
+    sl->share_from = -1;
+    sl->next = -1;
+    sl->started_now = true;
+    // llama-cli's n_keep: -1 or more than the prompt keeps the prompt; else
+    // the BOS token is kept on top of what was asked.
+    sl->n_keep = g->n_keep;
+    if (sl->n_keep < 0 || sl->n_keep > sl->n_prompt)
+        sl->n_keep = sl->n_prompt;
+    else if (e->tok && tokenizer_bos(e->tok) >= 0 && sl->prompt[0] == tokenizer_bos(e->tok))
+        sl->n_keep += 1;
+    // Shared cells would move for every sharer on a shift of one of them
+    // (seq_add moves a cell for all its sequences), so only a sequence that
+    // can never shift shares.
+    sl->can_share =
+        g->ga_n == 1 && (!g->ctx_shift || g->n_predict == -2 ||
+                         (g->n_predict >= 0 && sl->n_prompt + g->n_predict < r->n_ctx_seq));
+    struct sampler_params sps = r->sp;
+    if (id > 0) {
+        sps.seed = r->base_seed + (uint32_t)id;
+        if (sps.seed == SAMPLER_SEED_RANDOM)
+            sps.seed = 0;
+    }
+    int rc = sampler_create(&sl->smp, &sps, e->m->hp.n_vocab, err);
+    if (rc)
+        return rc;
+    if (id == 0) {
+        r->base_seed = sampler_seed(sl->smp);
+        r->st->seed = r->base_seed;
+    }
+    for (int t = 0; t < sl->n_prompt; t++)
+        sampler_accept(sl->smp, sl->prompt[t]);
+    if (e->tok && (rc = tokenizer_stream_new(&sl->stream, e->tok, false, err)))
+        return rc;
+    sl->note = (struct note_ctx){r->cb, r->user, id};
+    if (g->ga_n != 1) {
+        if ((rc = kv_selfextend_init(&sl->se, &e->fc.kv, g->ga_n, g->ga_w, s, err)))
+            return rc;
+        sl->se.log = note_line;
+        sl->se.log_user = &sl->note;
+    }
+    if (sl->can_share)
+        for (int t = 0; t < s; t++) {
+            const struct slot *o = &r->slots[t];
+            if (o->state == SLOT_PROMPT && o->started_now && o->share_from < 0 && o->can_share &&
+                same_prompt(o, sl)) {
+                sl->share_from = t;
+                break;
+            }
+        }
+    return 0;
+}
+
+// Flushes the stream, frees the slot's cells and state, reports why it ended.
+static int slot_finish(struct gen_run *r, int s, const char *why, struct verr *err) {
+    struct slot *sl = &r->slots[s];
+    const char *txt;
+    size_t len = 0;
+    if (sl->stream) {
+        tokenizer_stream_flush(sl->stream, &txt, &len);
+        if (len)
+            emit(r->cb, r->user, ENGINE_EV_TOKEN, sl->id, -1, txt, len);
+    }
+    int rc = kv_seq_rm(&r->e->fc.kv, s, -1, -1, err);
+    sampler_free(sl->smp);
+    tokenizer_stream_free(sl->stream);
+    sl->smp = NULL;
+    sl->stream = NULL;
+    sl->state = SLOT_FREE;
+    r->st->n_seq++;
+    if (rc)
+        return rc;
+    emit(r->cb, r->user, ENGINE_EV_DONE, sl->id, sl->next, why, strlen(why));
+    return 0;
+}
+
+// Decodes entries [0, n) of the step batch in pieces of at most n_batch
+// tokens; a piece that finds no contiguous run of free cells is retried in
+// halves (llama.cpp's parallel example), down to single tokens, which always
+// fit since every sequence stays within its share of the cells. Each output
+// row is stored with the slot it belongs to.
+static int step_decode(struct gen_run *r, int n, struct verr *err) {
+    struct forward_ctx *fc = &r->e->fc;
+    const int V = r->e->m->hp.n_vocab, n_par = r->g->n_parallel;
+    int piece = fc->cfg.n_batch;
+    for (int i = 0; i < n;) {
+        int nb = n - i < piece ? n - i : piece;
+        struct forward_batch b = {nb, r->tok + i, r->pos + i, r->seq + i, r->want + i};
+        int rc = r->use_argmax ? forward_decode_argmax(fc, &b, err) : forward_decode(fc, &b, err);
+        if (rc == VERR_FULL && nb > 1) {
+            piece = nb / 2;
+            r->st->n_batch_splits++;
+            continue;
+        }
+        if (rc)
+            return rc;
+        for (int o = 0; o < fc->n_out; o++) {
+            int bi = i + fc->out_batch_idx[o];
+            int s = r->seq[bi];
+            if (s < 0 || s >= n_par || r->slots[s].out_row != bi)
+                continue;
+            if (r->use_argmax)
+                r->slots[s].amax = forward_argmax(fc, o);
+            else
+                memcpy(r->slots[s].last, forward_logits(fc, o), (size_t)V * sizeof(float));
+        }
+        i += nb;
+    }
+    return 0;
+}
+
+// samples: the prompts are copies of one (engine_generate), which the
+// messages then call "the prompt".
+static int check_params(const struct engine *e, const struct engine_prompt *prompts, int n_prompts,
+                        bool samples, const struct engine_gen_params *g, int n_ctx_seq,
+                        struct verr *err) {
+    const struct forward_ctx *fc = &e->fc;
+    const int n_par = g->n_parallel, V = e->m->hp.n_vocab;
+    if (n_prompts < 1)
+        return verr_set(err, VERR_RANGE, "no prompt");
+    if (n_par < 1 || n_par > fc->cfg.n_seq_max ||
+        fc->cfg.n_outputs_max < (n_par < fc->cfg.n_batch ? n_par : fc->cfg.n_batch))
+        return verr_set(err, VERR_RANGE,
+                        "--parallel %d: the context was opened for %d sequences (%d logits rows)",
+                        n_par, fc->cfg.n_seq_max, fc->cfg.n_outputs_max);
+    if (n_ctx_seq < 5)
+        return verr_set(err, VERR_RANGE,
+                        "a context of %d cells leaves %d per sequence for --parallel %d; each "
+                        "needs at least 5 (raise -c)",
+                        fc->cfg.n_ctx, n_ctx_seq, n_par);
+    if (g->n_predict < -2)
+        return verr_set(err, VERR_RANGE,
+                        "n_predict %d: -1 (until EOG) or -2 (until the context is "
+                        "full) or >= 0",
+                        g->n_predict);
+    if (g->ga_n != 1) {
+        struct kv_selfextend se;
+        int rc = kv_selfextend_init(&se, &fc->kv, g->ga_n, g->ga_w, 0, err);
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < n_prompts; i++) {
+        const struct engine_prompt *p = &prompts[i];
+        if (p->n_tokens < 1 || !p->tokens)
+            return verr_set(err, VERR_RANGE, "prompt %d is empty", i);
+        // llama-cli's limit: room for a few generated tokens after the prompt.
+        if (p->n_tokens > n_ctx_seq - 4) {
+            if (n_prompts == 1 || samples)
+                return verr_set(err, VERR_RANGE, "prompt is too long (%d tokens, max %d)",
+                                p->n_tokens, n_ctx_seq - 4);
+            return verr_set(err, VERR_RANGE, "prompt %d is too long (%d tokens, max %d)", i,
+                            p->n_tokens, n_ctx_seq - 4);
+        }
+        for (int t = 0; t < p->n_tokens; t++)
+            if (p->tokens[t] < 0 || p->tokens[t] >= V)
+                return samples || n_prompts == 1
+                           ? verr_set(err, VERR_RANGE, "token id %d is out of range (n_vocab %d)",
+                                      p->tokens[t], V)
+                           : verr_set(err, VERR_RANGE,
+                                      "prompt %d: token id %d is out of range (n_vocab %d)", i,
+                                      p->tokens[t], V);
+    }
+    return 0;
+}
+
+// Before the step's entry for a generating slot: room for one more token in
+// its share of the cells, by a context shift if allowed. Returns 1 when the
+// slot must end with "context full".
+static int make_room(struct gen_run *r, int s, struct verr *err) {
+    const struct engine_gen_params *g = r->g;
+    struct slot *sl = &r->slots[s];
+    // Without self-extend, llama-cli's rule: n_past + 1 >= n_ctx. Self-extend
+    // keeps positions low, so there the cells are what runs out.
+    bool full = g->ga_n == 1 ? sl->n_past + 1 >= r->n_ctx_seq : sl->n_cells + 1 > r->n_ctx_seq;
+    if (!full)
+        return 0;
+    if (g->ga_n != 1 || !g->ctx_shift || g->n_predict == -2)
+        return 1;
+    int32_t n_discard = 0;
+    int rc = kv_context_shift(&r->e->fc.kv, s, sl->n_keep, sl->n_past, &n_discard, err);
+    if (rc)
+        return rc;
+    if (n_discard <= 0)
+        return 1;
+    char line[160];
+    snprintf(line, sizeof line, "context shift: n_past = %d, n_keep = %d, n_discard = %d",
+             sl->n_past, sl->n_keep, n_discard);
+    sl->n_past -= n_discard;
+    sl->n_cells -= n_discard;
+    r->st->n_ctx_shifts++;
+    emit(r->cb, r->user, ENGINE_EV_SHIFT, sl->id, n_discard, line, strlen(line));
+    return sl->n_past + 1 >= r->n_ctx_seq ? 1 : 0;
+}
+
+static int generate(struct engine *e, const struct engine_prompt *prompts, int n_prompts,
+                    bool samples, const struct engine_gen_params *g, engine_event_fn cb, void *user,
                     struct engine_stats *st, struct verr *err) {
     memset(st, 0, sizeof *st);
     struct forward_ctx *fc = &e->fc;
-    const int n_ctx = fc->cfg.n_ctx, n_batch = fc->cfg.n_batch, V = e->m->hp.n_vocab;
+    const int n_batch = fc->cfg.n_batch, V = e->m->hp.n_vocab;
     const int n_par = g->n_parallel;
-    if (n_prompt < 1)
-        return verr_set(err, VERR_RANGE, "empty prompt");
-    if (n_prompt > n_ctx - 4)
-        return verr_set(err, VERR_RANGE, "prompt is too long (%d tokens, max %d)", n_prompt,
-                        n_ctx - 4);
-    if (n_par < 1 || n_par > fc->cfg.n_seq_max || n_par > fc->cfg.n_outputs_max)
-        return verr_set(err, VERR_RANGE, "--parallel %d: the context was opened for %d", n_par,
-                        fc->cfg.n_seq_max);
-    if (g->ga_n != 1 && n_par > 1)
-        return verr_set(err, VERR_UNSUPPORTED,
-                        "self-extend (--grp-attn-n) works on one sequence, not with --parallel");
-    if (g->ga_n != 1 && g->ctx_shift)
-        return verr_set(err, VERR_UNSUPPORTED,
-                        "self-extend (--grp-attn-n) and --context-shift exclude each other");
-    if (g->ctx_shift && n_par > 1)
-        return verr_set(err, VERR_UNSUPPORTED, "--context-shift works on one sequence only");
-
-    int rc = kv_clear(&fc->kv, err);
+    const int n_ctx_seq = n_par >= 1 ? fc->cfg.n_ctx / n_par : 0;
+    int rc = check_params(e, prompts, n_prompts, samples, g, n_ctx_seq, err);
     if (rc)
         return rc;
-    struct kv_selfextend se;
-    struct note_ctx nctx = {cb, user};
-    if (g->ga_n != 1) {
-        if ((rc = kv_selfextend_init(&se, &fc->kv, g->ga_n, g->ga_w, 0, err)))
-            return rc;
-        se.log = note_line;
-        se.log_user = &nctx;
-    }
 
-    // llama-cli's n_keep: -1 or more than the prompt keeps the prompt; the BOS
-    // token is always kept on top of what was asked.
-    int n_keep = g->n_keep;
-    if (n_keep < 0 || n_keep > n_prompt)
-        n_keep = n_prompt;
-    else if (e->tok && tokenizer_bos(e->tok) >= 0 && prompt[0] == tokenizer_bos(e->tok))
-        n_keep += 1;
-
-    struct sampler **smp = calloc((size_t)n_par, sizeof *smp);
-    struct tokenizer_stream **streams = calloc((size_t)n_par, sizeof *streams);
-    float *last = malloc((size_t)n_par * (size_t)V * sizeof *last); // [n_par][V]
-    int32_t *next = malloc((size_t)n_par * sizeof *next);
-    int32_t *amax = malloc((size_t)n_par * sizeof *amax);
-    int32_t *bt = malloc((size_t)n_par * sizeof *bt), *bp = malloc((size_t)n_par * sizeof *bp),
-            *bs = malloc((size_t)n_par * sizeof *bs);
-    int8_t *bl = malloc((size_t)n_par);
-    bool *live = calloc((size_t)n_par, sizeof *live);
-    int *n_gen = calloc((size_t)n_par, sizeof *n_gen);
-    int32_t *ptok = malloc((size_t)n_batch * sizeof *ptok),
-            *ppos = malloc((size_t)n_batch * sizeof *ppos),
-            *pseq = calloc((size_t)n_batch, sizeof *pseq);
-    int8_t *plog = calloc((size_t)n_batch, 1);
-    if (!smp || !streams || !last || !next || !amax || !bt || !bp || !bs || !bl || !live ||
-        !n_gen || !ptok || !ppos || !pseq || !plog) {
+    struct gen_run r = {.e = e, .g = g, .cb = cb, .user = user, .st = st, .n_ctx_seq = n_ctx_seq};
+    r.sp = g->sp;
+    if (r.sp.repeat_last_n < 0)
+        r.sp.repeat_last_n = n_ctx_seq;
+    // Plain greedy needs only the argmax, computed on the backend: the logits
+    // row (n_vocab floats per token) never has to come back to the host.
+    r.use_argmax = !g->on_logits && r.sp.temp <= 0 &&
+                   (r.sp.repeat_last_n == 0 ||
+                    (r.sp.repeat_penalty == 1.0f && r.sp.frequency_penalty == 0.0f &&
+                     r.sp.presence_penalty == 0.0f));
+    r.cap = n_par * n_batch;
+    r.slots = calloc((size_t)n_par, sizeof *r.slots);
+    r.tok = malloc((size_t)r.cap * sizeof *r.tok);
+    r.pos = malloc((size_t)r.cap * sizeof *r.pos);
+    r.seq = malloc((size_t)r.cap * sizeof *r.seq);
+    r.want = malloc((size_t)r.cap);
+    bool oom = !r.slots || !r.tok || !r.pos || !r.seq || !r.want;
+    for (int s = 0; s < n_par && !oom && !r.use_argmax; s++)
+        oom = !(r.slots[s].last = malloc((size_t)V * sizeof(float)));
+    if (oom) {
         rc = verr_set(err, VERR_NOMEM, "out of host memory");
         goto out;
     }
+    if ((rc = kv_clear(&fc->kv, err)))
+        goto out;
 
-    struct sampler_params sp = g->sp;
-    if (sp.repeat_last_n < 0)
-        sp.repeat_last_n = n_ctx;
-    // Plain greedy needs only the argmax, computed on the backend: the logits
-    // row (n_vocab floats per token) never has to come back to the host.
-    const bool use_argmax =
-        sp.temp <= 0 &&
-        (sp.repeat_last_n == 0 || (sp.repeat_penalty == 1.0f && sp.frequency_penalty == 0.0f &&
-                                   sp.presence_penalty == 0.0f));
-    // Sequence s samples with seed + s; a random seed is drawn once, by sequence 0.
-    uint32_t base_seed = sp.seed;
-    for (int s = 0; s < n_par; s++) {
-        struct sampler_params sps = sp;
-        if (s > 0) {
-            sps.seed = base_seed + (uint32_t)s;
-            if (sps.seed == SAMPLER_SEED_RANDOM)
-                sps.seed = 0;
-        }
-        if ((rc = sampler_create(&smp[s], &sps, V, err)))
-            goto out;
-        if (s == 0)
-            base_seed = sampler_seed(smp[0]);
-        for (int t = 0; t < n_prompt; t++)
-            sampler_accept(smp[s], prompt[t]);
-        if (e->tok && (rc = tokenizer_stream_new(&streams[s], e->tok, false, err)))
-            goto out;
-    }
-    st->seed = sampler_seed(smp[0]);
-
-    // --- prompt, in chunks of n_batch ----------------------------------------
-    int32_t n_past = 0;
-    double t0 = engine_now_ms();
-    for (int i = 0; i < n_prompt; i += n_batch) {
-        int nb = n_prompt - i < n_batch ? n_prompt - i : n_batch;
-        if (g->ga_n != 1 && (rc = kv_selfextend_apply(&se, &fc->kv, &n_past, err)))
-            goto out;
-        for (int t = 0; t < nb; t++) {
-            ptok[t] = prompt[i + t];
-            ppos[t] = n_past + t;
-            pseq[t] = 0;
-            plog[t] = i + t == n_prompt - 1;
-        }
-        struct forward_batch b = {nb, ptok, ppos, pseq, plog};
-        bool last_chunk = i + nb == n_prompt;
-        if ((rc = use_argmax && last_chunk ? forward_decode_argmax(fc, &b, err)
-                                           : forward_decode(fc, &b, err)))
-            goto out;
-        n_past += nb;
-    }
-    st->n_prompt = n_prompt;
-    st->t_prompt_ms = engine_now_ms() - t0;
-    for (int s = 0; s < n_par; s++) {
-        if (use_argmax)
-            amax[s] = forward_argmax(fc, 0);
-        else
-            memcpy(last + (size_t)s * V, forward_logits(fc, 0), (size_t)V * sizeof *last);
-        live[s] = g->n_predict != 0;
-        if (s > 0 && (rc = kv_seq_cp(&fc->kv, 0, s, -1, -1, err)))
-            goto out;
-    }
-
-    // --- generation ------------------------------------------------------------
-    double tg = engine_now_ms();
+    int next_prompt = 0, n_done = 0;
     bool stop = false;
-    while (!stop) {
-        int n_live = 0;
-        for (int s = 0; s < n_par; s++) {
-            if (!live[s])
+    double t_start = engine_now_ms();
+    while (n_done < n_prompts && !stop) {
+        // --- free slots take the next prompts --------------------------------
+        for (int s = 0; s < n_par; s++)
+            r.slots[s].started_now = false;
+        for (int s = 0; s < n_par && next_prompt < n_prompts; s++) {
+            if (r.slots[s].state != SLOT_FREE)
                 continue;
-            int32_t tok = use_argmax ? amax[s] : sampler_sample(smp[s], last + (size_t)s * V);
-            sampler_accept(smp[s], tok);
-            n_gen[s]++;
+            if ((rc = slot_start(&r, s, next_prompt, &prompts[next_prompt], err)))
+                goto out;
+            next_prompt++;
+        }
+
+        // --- the step batch: a token per generating slot, a chunk per prompt --
+        int n = 0, n_p = 0, n_g = 0;
+        for (int s = 0; s < n_par; s++) {
+            struct slot *sl = &r.slots[s];
+            sl->out_row = -1;
+            if (sl->state == SLOT_GEN) {
+                if ((rc = make_room(&r, s, err)) < 0)
+                    goto out;
+                if (rc == 1) {
+                    if ((rc = slot_finish(&r, s, "context full", err)))
+                        goto out;
+                    n_done++;
+                    continue;
+                }
+            } else if (sl->state != SLOT_PROMPT || sl->share_from >= 0) {
+                continue;
+            }
+            if (g->ga_n != 1 && (rc = kv_selfextend_apply(&sl->se, &fc->kv, &sl->n_past, err)))
+                goto out;
+            if (sl->state == SLOT_GEN) {
+                r.tok[n] = sl->next;
+                r.pos[n] = sl->n_past;
+                r.seq[n] = s;
+                r.want[n] = 1;
+                sl->out_row = n;
+                sl->out_pos = sl->n_past;
+                n++, n_g++;
+                sl->n_past++;
+                sl->n_cells++;
+            } else {
+                int nb = sl->n_prompt - sl->n_consumed;
+                if (nb > n_batch)
+                    nb = n_batch;
+                for (int t = 0; t < nb; t++) {
+                    r.tok[n + t] = sl->prompt[sl->n_consumed + t];
+                    r.pos[n + t] = sl->n_past + t;
+                    r.seq[n + t] = s;
+                    r.want[n + t] = 0;
+                }
+                sl->n_consumed += nb;
+                sl->n_past += nb;
+                sl->n_cells += nb;
+                if (sl->n_consumed == sl->n_prompt) {
+                    r.want[n + nb - 1] = 1;
+                    sl->out_row = n + nb - 1;
+                    sl->out_pos = sl->n_past - 1;
+                }
+                n += nb, n_p += nb;
+            }
+        }
+        if (n == 0)
+            continue; // every generating slot ended on a full context
+
+        double t0 = engine_now_ms();
+        if ((rc = step_decode(&r, n, err)))
+            goto out;
+        double t_dec = engine_now_ms() - t0;
+        st->t_prompt_ms += t_dec * n_p / n;
+        st->t_gen_ms += t_dec * n_g / n;
+        st->n_prompt += n_p;
+        if (n_g)
+            st->n_decode_gen++;
+
+        // --- samples that share a prompt read just now take its cells ----------
+        for (int s = 0; s < n_par; s++) {
+            struct slot *sl = &r.slots[s];
+            if (sl->state != SLOT_PROMPT || sl->share_from < 0)
+                continue;
+            const struct slot *src = &r.slots[sl->share_from];
+            if (src->out_row < 0 || src->state != SLOT_PROMPT)
+                continue; // its prompt is still being read
+            if ((rc = kv_seq_cp(&fc->kv, sl->share_from, s, -1, -1, err)))
+                goto out;
+            sl->n_consumed = src->n_consumed;
+            sl->n_past = src->n_past;
+            sl->n_cells = src->n_cells;
+            sl->out_row = src->out_row;
+            sl->out_pos = src->out_pos;
+            sl->amax = src->amax;
+            if (!r.use_argmax)
+                memcpy(sl->last, src->last, (size_t)V * sizeof(float));
+            sl->share_from = -1;
+        }
+
+        // --- sample ----------------------------------------------------------------
+        double ts = engine_now_ms();
+        for (int s = 0; s < n_par && !stop; s++) {
+            struct slot *sl = &r.slots[s];
+            if (sl->out_row < 0 || sl->state == SLOT_FREE)
+                continue;
+            sl->state = SLOT_GEN;
+            if (g->n_predict == 0) { // the prompt is read, nothing is sampled
+                if ((rc = slot_finish(&r, s, "n_predict", err)))
+                    goto out;
+                n_done++;
+                continue;
+            }
+            if (g->on_logits && g->on_logits(g->logits_user, sl->id, sl->out_pos, sl->last))
+                stop = true;
+            int32_t tok = r.use_argmax ? sl->amax : sampler_sample(sl->smp, sl->last);
+            sampler_accept(sl->smp, tok);
+            sl->n_gen++;
             st->n_gen++;
+            sl->next = tok;
             const char *txt = "";
             size_t len = 0;
-            if (streams[s] && tok < tokenizer_n_vocab(e->tok) &&
-                (rc = tokenizer_stream_push(streams[s], tok, &txt, &len, err)))
+            if (sl->stream && tok < tokenizer_n_vocab(e->tok) &&
+                (rc = tokenizer_stream_push(sl->stream, tok, &txt, &len, err)))
                 goto out;
-            if (emit(cb, user, ENGINE_EV_TOKEN, s, tok, txt, len))
+            if (emit(cb, user, ENGINE_EV_TOKEN, sl->id, tok, txt, len))
                 stop = true;
             const char *why = NULL;
-            if (e->tok && tokenizer_is_eog(e->tok, tok))
+            if (!g->ignore_eos && e->tok && tokenizer_is_eog(e->tok, tok))
                 why = "eog";
-            else if (g->n_predict >= 0 && n_gen[s] >= g->n_predict)
+            else if (g->n_predict >= 0 && sl->n_gen >= g->n_predict)
                 why = "n_predict";
             if (why) {
-                live[s] = false;
-                if (streams[s]) {
-                    tokenizer_stream_flush(streams[s], &txt, &len);
-                    if (len)
-                        emit(cb, user, ENGINE_EV_TOKEN, s, -1, txt, len);
-                }
-                emit(cb, user, ENGINE_EV_DONE, s, tok, why, strlen(why));
-                continue;
-            }
-            next[s] = tok;
-            n_live++;
-        }
-        if (stop || n_live == 0)
-            break;
-
-        // Room for one more token per live sequence. A single sequence without
-        // self-extend follows llama-cli: shift (or stop) once n_past + 1 reaches n_ctx.
-        bool full =
-            fc->kv.used + n_live > n_ctx || (g->ga_n == 1 && n_par == 1 && n_past + 1 >= n_ctx);
-        if (full && g->ctx_shift) {
-            int32_t n_discard = 0;
-            if ((rc = kv_context_shift(&fc->kv, 0, n_keep, n_past, &n_discard, err)))
-                goto out;
-            if (n_discard > 0) {
-                char line[160];
-                snprintf(line, sizeof line,
-                         "context shift: n_past = %d, n_keep = %d, n_discard = %d", n_past, n_keep,
-                         n_discard);
-                note_line(&nctx, line);
-                n_past -= n_discard;
-                st->n_ctx_shifts++;
-                full = fc->kv.used + n_live > n_ctx;
+                if ((rc = slot_finish(&r, s, why, err)))
+                    goto out;
+                n_done++;
             }
         }
-        if (full) {
-            for (int s = 0; s < n_par; s++) {
-                if (!live[s])
-                    continue;
-                live[s] = false;
-                const char *txt;
-                size_t len = 0;
-                if (streams[s]) {
-                    tokenizer_stream_flush(streams[s], &txt, &len);
-                    if (len)
-                        emit(cb, user, ENGINE_EV_TOKEN, s, -1, txt, len);
-                }
-                emit(cb, user, ENGINE_EV_DONE, s, next[s], "context full", 12);
-            }
-            break;
-        }
-        if (g->ga_n != 1 && (rc = kv_selfextend_apply(&se, &fc->kv, &n_past, err)))
-            goto out;
-        int nb = 0;
-        for (int s = 0; s < n_par; s++) {
-            if (!live[s])
-                continue;
-            bt[nb] = next[s];
-            bp[nb] = n_past;
-            bs[nb] = s;
-            bl[nb] = 1;
-            nb++;
-        }
-        struct forward_batch b = {nb, bt, bp, bs, bl};
-        if ((rc = use_argmax ? forward_decode_argmax(fc, &b, err) : forward_decode(fc, &b, err)))
-            goto out;
-        st->n_decode_gen++;
-        for (int r = 0; r < fc->n_out; r++) {
-            int s = bs[fc->out_batch_idx[r]];
-            if (use_argmax)
-                amax[s] = forward_argmax(fc, r);
-            else
-                memcpy(last + (size_t)s * V, forward_logits(fc, r), (size_t)V * sizeof *last);
-        }
-        n_past++;
+        st->t_gen_ms += engine_now_ms() - ts;
     }
-    // A stop requested by the callback still flushes what the streams hold.
-    for (int s = 0; s < n_par; s++) {
-        if (live[s] && streams[s]) {
-            const char *txt;
-            size_t len = 0;
-            tokenizer_stream_flush(streams[s], &txt, &len);
-            if (len)
-                emit(cb, user, ENGINE_EV_TOKEN, s, -1, txt, len);
-        }
-    }
-    st->t_gen_ms = engine_now_ms() - tg;
+    // A stop requested by a callback still flushes and ends every sequence.
+    for (int s = 0; s < n_par; s++)
+        if (r.slots[s].state != SLOT_FREE && (rc = slot_finish(&r, s, "stopped", err)))
+            goto out;
+    st->t_total_ms = engine_now_ms() - t_start;
     rc = 0;
 out:
-    for (int s = 0; s < n_par && smp; s++)
-        sampler_free(smp[s]);
-    for (int s = 0; s < n_par && streams; s++)
-        tokenizer_stream_free(streams[s]);
-    free(smp);
-    free(streams);
-    free(last);
-    free(next);
-    free(amax);
-    free(bt);
-    free(bp);
-    free(bs);
-    free(bl);
-    free(live);
-    free(n_gen);
-    free(ptok);
-    free(ppos);
-    free(pseq);
-    free(plog);
+    for (int s = 0; r.slots && s < n_par; s++) {
+        sampler_free(r.slots[s].smp);
+        tokenizer_stream_free(r.slots[s].stream);
+        free(r.slots[s].last);
+    }
+    free(r.slots);
+    free(r.tok);
+    free(r.pos);
+    free(r.seq);
+    free(r.want);
     return rc;
 }
 
-int engine_eval(struct engine *e, const int32_t *tokens, int n_tokens, engine_rows_fn rows,
-                void *user, double *t_ms, struct verr *err) {
+int engine_generate_batch(struct engine *e, const struct engine_prompt *prompts, int n_prompts,
+                          const struct engine_gen_params *g, engine_event_fn cb, void *user,
+                          struct engine_stats *st, struct verr *err) {
+    return generate(e, prompts, n_prompts, false, g, cb, user, st, err);
+}
+
+int engine_generate(struct engine *e, const int32_t *prompt, int n_prompt,
+                    const struct engine_gen_params *g, engine_event_fn cb, void *user,
+                    struct engine_stats *st, struct verr *err) {
+    int n = g->n_parallel > 0 ? g->n_parallel : 1;
+    if (n > KV_SEQ_MAX_LIMIT) {
+        memset(st, 0, sizeof *st);
+        return verr_set(err, VERR_RANGE, "--parallel %d is more than %d", n, KV_SEQ_MAX_LIMIT);
+    }
+    struct engine_prompt *ps = malloc((size_t)n * sizeof *ps);
+    if (!ps) {
+        memset(st, 0, sizeof *st);
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    }
+    for (int i = 0; i < n; i++)
+        ps[i] = (struct engine_prompt){prompt, n_prompt};
+    int rc = generate(e, ps, n, true, g, cb, user, st, err);
+    free(ps);
+    return rc;
+}
+
+int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,
+                   const struct engine_eval_params *p, engine_rows_fn rows, void *user,
+                   double *t_ms, struct verr *err) {
     struct forward_ctx *fc = &e->fc;
     const int n_ctx = fc->cfg.n_ctx, n_batch = fc->cfg.n_batch;
+    const int ga_n = p ? p->ga_n : 1, ga_w = p ? p->ga_w : 512;
     if (n_tokens < 1)
         return verr_set(err, VERR_RANGE, "no tokens to evaluate");
+    // Every token takes a cell, self-extend or not.
     if (n_tokens > n_ctx)
         return verr_set(err, VERR_RANGE, "%d tokens do not fit in the context of %d (-c)", n_tokens,
                         n_ctx);
@@ -385,8 +609,16 @@ int engine_eval(struct engine *e, const int32_t *tokens, int n_tokens, engine_ro
         if (tokens[t] < 0 || tokens[t] >= e->m->hp.n_vocab)
             return verr_set(err, VERR_RANGE, "token id %d is out of range (n_vocab %d)", tokens[t],
                             e->m->hp.n_vocab);
-    int rc = kv_clear(&fc->kv, err);
-    if (rc)
+    struct kv_selfextend se;
+    struct note_ctx note = {p ? p->cb : NULL, p ? p->user : NULL, 0};
+    int rc;
+    if (ga_n != 1) {
+        if ((rc = kv_selfextend_init(&se, &fc->kv, ga_n, ga_w, 0, err)))
+            return rc;
+        se.log = note_line;
+        se.log_user = &note;
+    }
+    if ((rc = kv_clear(&fc->kv, err)))
         return rc;
     int32_t *pos = malloc((size_t)n_batch * sizeof *pos),
             *seq = calloc((size_t)n_batch, sizeof *seq);
@@ -397,13 +629,17 @@ int engine_eval(struct engine *e, const int32_t *tokens, int n_tokens, engine_ro
     }
     memset(want, 1, (size_t)n_batch);
     double t0 = engine_now_ms(), spent_in_rows = 0;
+    int32_t n_past = 0;
     for (int i = 0; i < n_tokens; i += n_batch) {
         int nb = n_tokens - i < n_batch ? n_tokens - i : n_batch;
+        if (ga_n != 1 && (rc = kv_selfextend_apply(&se, &fc->kv, &n_past, err)))
+            goto out;
         for (int t = 0; t < nb; t++)
-            pos[t] = i + t;
+            pos[t] = n_past + t;
         struct forward_batch b = {nb, tokens + i, pos, seq, want};
         if ((rc = forward_decode(fc, &b, err)))
             goto out;
+        n_past += nb;
         double tr = engine_now_ms();
         if (rows && (rc = rows(user, i, nb, fc->h_logits))) {
             if (rc > 0)
@@ -420,6 +656,11 @@ out:
     free(seq);
     free(want);
     return rc;
+}
+
+int engine_eval(struct engine *e, const int32_t *tokens, int n_tokens, engine_rows_fn rows,
+                void *user, double *t_ms, struct verr *err) {
+    return engine_eval_ex(e, tokens, n_tokens, NULL, rows, user, t_ms, err);
 }
 
 void engine_describe(const struct engine *e, char *buf, size_t cap) {
@@ -450,4 +691,10 @@ void engine_describe(const struct engine *e, char *buf, size_t cap) {
                  (1024.0 * 1024.0),
              e->tok ? (tokenizer_get_type(e->tok) == TOKENIZER_SPM ? "spm (llama)" : "bpe (gpt2)")
                     : "none");
+    const char *plan = pipeline_describe(m); // NULL with one stage
+    if (plan) {
+        size_t n = strlen(buf);
+        if (n < cap)
+            snprintf(buf + n, cap - n, "\nsplit:\n%s", plan);
+    }
 }

@@ -2,6 +2,8 @@
 #include "host/forward.h"
 
 #include <math.h>
+
+#include "host/pipeline.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,9 +86,15 @@ int forward_init(struct forward_ctx *fc, const struct model *m, const struct for
                         fc->rope.freq_base, fc->rope.freq_scale, fc->rope.n_ctx_orig);
     fc->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
 
+    // A stage holds the cache of its own layers only.
+    const int n_layer_here = m->layer_end - m->layer_begin;
+    // The head's buffers live where logits are made (the last stage) and on
+    // the front of a pipeline, which receives them from the last stage when
+    // that runs in another process.
+    const bool has_head = m->layer_end == hp->n_layer || m->pipe;
     struct kv_config kc = {
         .n_ctx = cfg->n_ctx,
-        .n_layer = hp->n_layer,
+        .n_layer = n_layer_here,
         .n_head_kv = hp->n_head_kv,
         .head_dim = hp->head_dim,
         .head_dim_v = hp->head_dim_v,
@@ -118,8 +126,8 @@ int forward_init(struct forward_ctx *fc, const struct model *m, const struct for
         {(void **)&fc->proj, nb * hp->n_embd * f, "proj"},
         {(void **)&fc->gate, nb * hp->n_ff * f, "gate"},
         {(void **)&fc->up, nb * hp->n_ff * f, "up"},
-        {(void **)&fc->xo, no * hp->n_embd * f, "xo"},
-        {(void **)&fc->logits, no * hp->n_vocab * f, "logits"},
+        {(void **)&fc->xo, has_head ? no * hp->n_embd * f : 0, "xo"},
+        {(void **)&fc->logits, has_head ? no * hp->n_vocab * f : 0, "logits"},
         {(void **)&fc->d_tok, nb * sizeof(int32_t), "tokens"},
         {(void **)&fc->d_pos, nb * sizeof(int32_t), "positions"},
         {(void **)&fc->d_seq, nb * sizeof(int32_t), "seq ids"},
@@ -139,6 +147,8 @@ int forward_init(struct forward_ctx *fc, const struct model *m, const struct for
         rc = verr_set(err, VERR_NOMEM, "forward: out of host memory (logits for %zu rows)", no);
         goto fail;
     }
+    if (m->pipe && (rc = pipeline_ctx_init(&fc->pipe, m->pipe, fc, &fc->cfg, err)))
+        goto fail;
     return 0;
 fail:
     forward_free(fc);
@@ -148,6 +158,7 @@ fail:
 void forward_free(struct forward_ctx *fc) {
     if (!fc->be)
         return;
+    pipeline_ctx_free(fc->pipe);
     void *dev[] = {fc->x,     fc->xn,    fc->q,       fc->k,      fc->v,       fc->attn,
                    fc->proj,  fc->gate,  fc->up,      fc->xo,     fc->logits,  fc->d_tok,
                    fc->d_pos, fc->d_seq, fc->d_cells, fc->d_rows, fc->d_argmax};
@@ -178,7 +189,6 @@ static int decode(struct forward_ctx *fc, const struct forward_batch *b, bool ar
                   bool *claimed, struct verr *err) {
     const struct model *m = fc->m;
     const struct model_hparams *hp = &m->hp;
-    struct backend *be = fc->be;
     const int n_tok = b->n_tok;
     fc->n_out = 0;
     if (n_tok < 1 || n_tok > fc->cfg.n_batch)
@@ -209,50 +219,88 @@ static int decode(struct forward_ctx *fc, const struct forward_batch *b, bool ar
     if (rc)
         return rc;
     *claimed = true;
-    if ((rc = kv_prepare(&fc->kv, &fc->rope, err)))
+    if (fc->pipe) {
+        if ((rc = pipeline_decode(fc->pipe, b, n_out, argmax_only, err)))
+            return rc;
+        fc->n_out = n_out;
+        return 0;
+    }
+    if ((rc = forward_stage_upload(fc, b, fc->h_cells, fc->h_rows, n_out, err)) ||
+        (rc = forward_stage_embed(fc, 0, n_tok, err)) ||
+        (rc = forward_stage_layers(fc, 0, n_tok, err)))
         return rc;
-    const int n_kv = kv_n_kv(&fc->kv);
+    if (n_out > 0 && (rc = forward_stage_head(fc, 0, n_out, argmax_only, err)))
+        return rc;
+    if ((rc = forward_stage_download(fc, n_out, argmax_only, fc->h_logits, fc->h_argmax, err)))
+        return rc;
+    fc->n_out = n_out;
+    return 0;
+}
 
+int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
+                         const int32_t *cells, const int32_t *rows, int n_out, struct verr *err) {
+    struct backend *be = fc->be;
+    const int n_tok = b->n_tok;
     int il = -1; // for OP's message: -1 = outside the layers
+    int rc = kv_prepare(&fc->kv, &fc->rope, err);
+    if (rc)
+        return rc;
     const size_t i32 = sizeof(int32_t);
-    OP("upload tokens", be->ops->upload(be, fc->d_tok, b->token, (size_t)n_tok * i32));
+    if (fc->m->layer_begin == 0)
+        OP("upload tokens", be->ops->upload(be, fc->d_tok, b->token, (size_t)n_tok * i32));
     OP("upload positions", be->ops->upload(be, fc->d_pos, b->pos, (size_t)n_tok * i32));
     OP("upload seq ids", be->ops->upload(be, fc->d_seq, b->seq, (size_t)n_tok * i32));
-    OP("upload cells", be->ops->upload(be, fc->d_cells, fc->h_cells, (size_t)n_tok * i32));
-    if (n_out > 0)
-        OP("upload rows", be->ops->upload(be, fc->d_rows, fc->h_rows, (size_t)n_out * i32));
+    OP("upload cells", be->ops->upload(be, fc->d_cells, cells, (size_t)n_tok * i32));
+    if (n_out > 0 && fc->m->layer_end == fc->m->hp.n_layer)
+        OP("upload rows", be->ops->upload(be, fc->d_rows, rows, (size_t)n_out * i32));
+    return 0;
+}
 
+int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err) {
+    struct backend *be = fc->be;
+    const struct model *m = fc->m;
+    int il = -1;
+    OP("embed",
+       be->ops->embed(be, fc->x + (size_t)t0 * m->hp.n_embd, &m->tok_embd, fc->d_tok + t0, n));
+    return 0;
+}
+
+int forward_stage_layers(struct forward_ctx *fc, int t0, int n_tok, struct verr *err) {
+    const struct model *m = fc->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = fc->be;
+    const int n_kv = kv_n_kv(&fc->kv);
     const int n_embd = hp->n_embd;
     const int64_t n_x = (int64_t)n_tok * n_embd;
-    OP("embed", be->ops->embed(be, fc->x, &m->tok_embd, fc->d_tok, n_tok));
-
-    for (il = 0; il < hp->n_layer; il++) {
+    float *x = fc->x + (size_t)t0 * n_embd;                         // [n_tok][n_embd]
+    const int32_t *d_pos = fc->d_pos + t0, *d_seq = fc->d_seq + t0; // [n_tok]
+    const int32_t *d_cells = fc->d_cells + t0;                      // [n_tok]
+    for (int il = m->layer_begin; il < m->layer_end; il++) {
         const struct model_layer *L = &m->layers[il];
+        const int kl = il - m->layer_begin; // this stage's cache holds its layers only
         // attention
         OP("attn_norm",
-           be->ops->rms_norm(be, fc->xn, fc->x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
+           be->ops->rms_norm(be, fc->xn, x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
         OP("attn_q", be->ops->matmul(be, fc->q, &L->wq, fc->xn, L->bq, n_tok));
         OP("attn_k", be->ops->matmul(be, fc->k, &L->wk, fc->xn, L->bk, n_tok));
         OP("attn_v", be->ops->matmul(be, fc->v, &L->wv, fc->xn, L->bv, n_tok));
-        OP("rope q",
-           be->ops->rope(be, fc->q, fc->d_pos, n_tok, hp->n_head, hp->head_dim, &fc->rope));
+        OP("rope q", be->ops->rope(be, fc->q, d_pos, n_tok, hp->n_head, hp->head_dim, &fc->rope));
         OP("rope + kv store",
-           be->ops->rope_kv_store(be, fc->k, fc->v, kv_layer_k(&fc->kv, il), fc->kv.cfg.type_k,
-                                  kv_layer_v(&fc->kv, il), fc->kv.cfg.type_v, fc->d_pos,
-                                  fc->d_cells, n_tok, hp->n_head_kv, hp->head_dim, hp->head_dim_v,
-                                  &fc->rope));
+           be->ops->rope_kv_store(be, fc->k, fc->v, kv_layer_k(&fc->kv, kl), fc->kv.cfg.type_k,
+                                  kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v, d_pos, d_cells, n_tok,
+                                  hp->n_head_kv, hp->head_dim, hp->head_dim_v, &fc->rope));
         struct attn_args a = {
             .out = fc->attn,
             .q = fc->q,
-            .k = kv_layer_k(&fc->kv, il),
-            .v = kv_layer_v(&fc->kv, il),
+            .k = kv_layer_k(&fc->kv, kl),
+            .v = kv_layer_v(&fc->kv, kl),
             .type_k = fc->kv.cfg.type_k,
             .type_v = fc->kv.cfg.type_v,
             .cell_pos = fc->kv.d_cell_pos,
             .cell_seq = fc->kv.d_cell_seq,
             .seq_words = fc->kv.seq_words,
-            .q_pos = fc->d_pos,
-            .q_seq = fc->d_seq,
+            .q_pos = d_pos,
+            .q_seq = d_seq,
             .n_tok = n_tok,
             .n_kv = n_kv,
             .n_head = hp->n_head,
@@ -263,33 +311,46 @@ static int decode(struct forward_ctx *fc, const struct forward_batch *b, bool ar
         };
         OP("attention", be->ops->attention(be, &a));
         OP("attn_output", be->ops->matmul(be, fc->proj, &L->wo, fc->attn, NULL, n_tok));
-        OP("residual", be->ops->add(be, fc->x, fc->proj, n_x));
+        OP("residual", be->ops->add(be, x, fc->proj, n_x));
         // feed-forward
-        OP("ffn_norm",
-           be->ops->rms_norm(be, fc->xn, fc->x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
+        OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
         OP("ffn_gate", be->ops->matmul(be, fc->gate, &L->w_gate, fc->xn, NULL, n_tok));
         OP("ffn_up", be->ops->matmul(be, fc->up, &L->w_up, fc->xn, NULL, n_tok));
         OP("swiglu", be->ops->swiglu(be, fc->gate, fc->gate, fc->up, (int64_t)n_tok * hp->n_ff));
         OP("ffn_down", be->ops->matmul(be, fc->proj, &L->w_down, fc->gate, NULL, n_tok));
-        OP("residual", be->ops->add(be, fc->x, fc->proj, n_x));
+        OP("residual", be->ops->add(be, x, fc->proj, n_x));
     }
-    il = -1;
+    return 0;
+}
 
-    fc->n_out = n_out;
+int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only, struct verr *err) {
+    const struct model *m = fc->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = fc->be;
+    const int n_embd = hp->n_embd;
+    int il = -1;
+    float *xo = fc->xo + (size_t)r0 * n_embd;              // [nr][n_embd]
+    float *logits = fc->logits + (size_t)r0 * hp->n_vocab; // [nr][n_vocab]
+    OP("get_rows", be->ops->get_rows(be, xo, fc->x, fc->d_rows + r0, nr, n_embd));
+    OP("output_norm", be->ops->rms_norm(be, xo, xo, m->output_norm, nr, n_embd, hp->norm_eps));
+    OP("output", be->ops->matmul(be, logits, &m->output, xo, NULL, nr));
+    if (argmax_only)
+        OP("argmax", be->ops->argmax(be, fc->d_argmax + r0, logits, nr, hp->n_vocab));
+    return 0;
+}
+
+int forward_stage_download(struct forward_ctx *fc, int n_out, bool argmax_only, float *h_logits,
+                           int32_t *h_argmax, struct verr *err) {
+    struct backend *be = fc->be;
+    int il = -1;
     if (n_out > 0) {
-        OP("get_rows", be->ops->get_rows(be, fc->xo, fc->x, fc->d_rows, n_out, n_embd));
-        OP("output_norm",
-           be->ops->rms_norm(be, fc->xo, fc->xo, m->output_norm, n_out, n_embd, hp->norm_eps));
-        OP("output", be->ops->matmul(be, fc->logits, &m->output, fc->xo, NULL, n_out));
-        if (argmax_only) {
-            OP("argmax", be->ops->argmax(be, fc->d_argmax, fc->logits, n_out, hp->n_vocab));
+        if (argmax_only)
             OP("download argmax",
-               be->ops->download(be, fc->h_argmax, fc->d_argmax, (size_t)n_out * i32));
-        } else {
+               be->ops->download(be, h_argmax, fc->d_argmax, (size_t)n_out * sizeof(int32_t)));
+        else
             OP("download logits",
-               be->ops->download(be, fc->h_logits, fc->logits,
-                                 (size_t)n_out * (size_t)hp->n_vocab * sizeof(float)));
-        }
+               be->ops->download(be, h_logits, fc->logits,
+                                 (size_t)n_out * (size_t)fc->m->hp.n_vocab * sizeof(float)));
     }
     OP("sync", be->ops->sync(be));
     return 0;

@@ -95,6 +95,12 @@ struct forward_ctx {
     int32_t *h_argmax;      // [n_out] (forward_decode_argmax)
     int32_t *h_cells;       // [n_batch] scratch
     int32_t *h_rows;        // [n_out] scratch
+
+    // A model split into stages (m->pipe): this context is stage 0's and the
+    // front of the pipeline (the engine's KV operations go to fc->kv; every
+    // other stage's cache follows it at each decode); the other stages'
+    // contexts live here, owned. NULL for a model on one backend.
+    struct pipeline_ctx *pipe;
 };
 
 int forward_init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg,
@@ -110,6 +116,28 @@ int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct
 // As forward_decode, but only the argmax of each output row is computed on
 // the backend and downloaded: forward_argmax(fc, r).
 int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err);
+
+// --- one stage's part of a decode (host/pipeline.c drives these; a whole
+// model runs them back to back). Token ranges [t0, t0+n) index the batch;
+// the residual stream of token t is row t of fc->x, so micro-batches of one
+// decode never share rows and can be in flight on several stages at once.
+
+// kv_prepare on fc's cache (the pending shift, the mirrors), then uploads the
+// batch's tokens, positions, seq ids, cells [n_tok] and output rows [n_out]
+// (batch indices, ascending).
+int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
+                         const int32_t *cells, const int32_t *rows, int n_out, struct verr *err);
+// x rows [t0, t0+n) = embeddings of the batch's tokens (first stage only).
+int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err);
+// Runs fc's layers [m->layer_begin, m->layer_end) over x rows [t0, t0+n).
+int forward_stage_layers(struct forward_ctx *fc, int t0, int n, struct verr *err);
+// Output rows [r0, r0+nr) (last stage only): gathers their x rows, final norm,
+// LM head into logits rows [r0, r0+nr); with argmax_only their argmax too.
+int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only, struct verr *err);
+// Downloads n_out rows of logits (or their argmax) into the host arrays, then
+// waits for fc's backend.
+int forward_stage_download(struct forward_ctx *fc, int n_out, bool argmax_only, float *h_logits,
+                           int32_t *h_argmax, struct verr *err);
 
 static inline const float *forward_logits(const struct forward_ctx *fc, int r) {
     return fc->h_logits + (size_t)r * (size_t)fc->m->hp.n_vocab;

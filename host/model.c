@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gguf/quant.h"
+#include "host/pipeline.h"
 
 const char *model_arch_name(enum model_arch arch) {
     switch (arch) {
@@ -464,6 +465,12 @@ static int check_all(const struct gguf_file *f, const struct model_hparams *hp, 
 
 int model_load(struct model **out, const struct gguf_file *f, struct backend *be,
                struct verr *err) {
+    return model_load_layers(out, f, be, 0, -1, err);
+}
+
+// l1 < 0: every layer (model_load, before n_layer is known).
+int model_load_layers(struct model **out, const struct gguf_file *f, struct backend *be, int l0,
+                      int l1, struct verr *err) {
     *out = NULL;
     struct model *m = calloc(1, sizeof *m);
     if (!m)
@@ -472,6 +479,17 @@ int model_load(struct model **out, const struct gguf_file *f, struct backend *be
     int rc = model_read_hparams(f, &m->hp, err);
     if (rc || (rc = check_all(f, &m->hp, err)))
         goto fail;
+    if (l1 < 0)
+        l1 = m->hp.n_layer;
+    if (l0 < 0 || l0 >= l1 || l1 > m->hp.n_layer) {
+        rc = verr_set(err, VERR_RANGE, "model: layer range [%d, %d) outside the model's %d layers",
+                      l0, l1, m->hp.n_layer);
+        goto fail;
+    }
+    m->layer_begin = l0;
+    m->layer_end = l1;
+    const bool first = l0 == 0, last = l1 == m->hp.n_layer;
+    const bool tied = gguf_find_tensor(f, "output.weight") == NULL;
 
     char *name = NULL;
     if (gguf_get_str(f, "general.name", &name, NULL) == 0) {
@@ -492,22 +510,25 @@ int model_load(struct model **out, const struct gguf_file *f, struct backend *be
         rc = verr_set(err, VERR_NOMEM, "out of host memory");
         goto fail;
     }
-    if ((rc = load_weight(m, f, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err)))
+    m->output_tied = tied;
+    if ((first || (last && tied)) &&
+        (rc = load_weight(m, f, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err)))
         goto fail;
-    if (gguf_find_tensor(f, "output.weight")) {
-        if ((rc = load_weight(m, f, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)))
+    if (last) {
+        if (tied)
+            m->output = m->tok_embd;
+        else if ((rc =
+                      load_weight(m, f, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)))
             goto fail;
-    } else {
-        m->output = m->tok_embd;
-        m->output_tied = true;
+        if ((rc = load_vector(m, f, "output_norm.weight", hp->n_embd, false, &m->output_norm, err)))
+            goto fail;
     }
-    if ((rc = load_vector(m, f, "output_norm.weight", hp->n_embd, false, &m->output_norm, err)) ||
-        (rc = load_vector(m, f, "rope_freqs.weight", hp->n_rot / 2, true, &m->rope_freqs, err)))
+    if ((rc = load_vector(m, f, "rope_freqs.weight", hp->n_rot / 2, true, &m->rope_freqs, err)))
         goto fail;
-    for (int il = 0; il < hp->n_layer; il++)
+    for (int il = l0; il < l1; il++)
         if ((rc = load_layer(m, f, il, err)))
             goto fail;
-    m->weight_type = m->layers[0].w_up.type;
+    m->weight_type = m->layers[l0].w_up.type;
     if ((rc = be->ops->sync(be))) {
         rc = verr_set(err, rc, "uploading weights: %s", be->err.msg);
         goto fail;
@@ -517,6 +538,48 @@ int model_load(struct model **out, const struct gguf_file *f, struct backend *be
 fail:
     model_free(m);
     return rc;
+}
+
+// Bytes load_weight / load_vector would allocate for `name` (0 when absent).
+static size_t tensor_bytes(const struct gguf_file *f, const char *name, bool vector) {
+    const struct gguf_tensor_info *t = gguf_find_tensor(f, name);
+    if (!t)
+        return 0;
+    if (vector)
+        return (size_t)t->ne[0] * sizeof(float);
+    return ggml_row_bytes(t->type, t->ne[0]) * (size_t)t->ne[1];
+}
+
+int model_weight_bytes(const struct gguf_file *f, const struct model_hparams *hp,
+                       size_t *layer_bytes, size_t *embed_bytes, size_t *head_bytes,
+                       struct verr *err) {
+    int rc = check_all(f, hp, err);
+    if (rc)
+        return rc;
+    static const char *const mats[] = {"attn_q.weight",      "attn_k.weight",   "attn_v.weight",
+                                       "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+                                       "ffn_down.weight"};
+    static const char *const vecs[] = {"attn_norm.weight", "ffn_norm.weight", "attn_q.bias",
+                                       "attn_k.bias", "attn_v.bias"};
+    char name[96];
+    for (int il = 0; il < hp->n_layer; il++) {
+        size_t b = 0;
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s", il, mats[i]);
+            b += tensor_bytes(f, name, false);
+        }
+        for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s", il, vecs[i]);
+            b += tensor_bytes(f, name, true);
+        }
+        layer_bytes[il] = b;
+    }
+    const size_t rope = tensor_bytes(f, "rope_freqs.weight", true); // on every stage
+    *embed_bytes = tensor_bytes(f, "token_embd.weight", false) + rope;
+    size_t out = tensor_bytes(f, "output.weight", false);
+    *head_bytes = (out ? out : tensor_bytes(f, "token_embd.weight", false)) +
+                  tensor_bytes(f, "output_norm.weight", true) + rope;
+    return 0;
 }
 
 int model_load_file(struct model **out, const char *path, struct backend *be, struct verr *err) {
@@ -533,6 +596,7 @@ int model_load_file(struct model **out, const char *path, struct backend *be, st
 void model_free(struct model *m) {
     if (!m)
         return;
+    pipeline_free(m->pipe);
     for (int i = 0; i < m->n_allocs; i++)
         m->be->ops->free(m->be, m->allocs[i]);
     free(m->allocs);

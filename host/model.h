@@ -86,10 +86,20 @@ struct model {
     bool output_tied;
     float *output_norm;         // [n_embd] F32
     float *rope_freqs;          // [n_rot/2] F32 or NULL
-    struct model_layer *layers; // [n_layer]
+    struct model_layer *layers; // [n_layer]; only [layer_begin, layer_end) are loaded
     enum ggml_type weight_type; // type of most matmul weights (for display)
     size_t n_bytes;             // backend memory holding the weights
     int64_t n_params;
+
+    // A stage of a model split by layers (host/pipeline.h) holds layers
+    // [layer_begin, layer_end) only; tok_embd is loaded when layer_begin == 0
+    // (or on the last stage when the output is tied to it), output_norm and
+    // output when layer_end == n_layer. A whole model: 0 and n_layer.
+    int layer_begin, layer_end;
+    // Stage 0 of a split model owns the other stages (their backends and
+    // weights, the transport); forward_init on it builds every stage's
+    // context. NULL for a model on one backend.
+    struct pipeline *pipe;
 
     // backend allocations owned by the model
     void **allocs; // [n_allocs]
@@ -99,6 +109,17 @@ struct model {
 
 // Loads the model from an open GGUF file into `be`'s memory.
 int model_load(struct model **out, const struct gguf_file *f, struct backend *be, struct verr *err);
+// Loads layers [l0, l1) only (0 <= l0 < l1 <= n_layer), with the embedding
+// table when l0 == 0 and the output norm and head when l1 == n_layer (see
+// layer_begin above). Every tensor of the file is still checked.
+int model_load_layers(struct model **out, const struct gguf_file *f, struct backend *be, int l0,
+                      int l1, struct verr *err);
+// Backend bytes the weights will take, without loading anything: each
+// layer's (layer_bytes [n_layer]), the embedding table's and the head's
+// (output norm + output matrix, or the embedding table again when tied).
+int model_weight_bytes(const struct gguf_file *f, const struct model_hparams *hp,
+                       size_t *layer_bytes, size_t *embed_bytes, size_t *head_bytes,
+                       struct verr *err);
 // Opens `path`, loads, closes the file.
 int model_load_file(struct model **out, const char *path, struct backend *be, struct verr *err);
 void model_free(struct model *m);

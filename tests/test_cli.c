@@ -178,8 +178,9 @@ Test(cli, run_parallel_and_context_full) {
     cr_expect(strstr(err, "/    15 tokens"), "3 x 5 tokens: %s", err);
     free(out);
     free(err);
-    // -c 16 and no -n: runs until the context is full, then says so
-    snprintf(args, sizeof args, "run -m %s -p 'ab' -c 16 --temp 0 --repeat-penalty 1.1",
+    // -c 16, no -n and no context shift: runs until the context is full, then says so
+    snprintf(args, sizeof args,
+             "run -m %s -p 'ab' -c 16 --temp 0 --repeat-penalty 1.1 --no-context-shift",
              model_path);
     cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
     cr_expect(strstr(err, "context full"), "%s", err);

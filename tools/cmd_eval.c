@@ -1,5 +1,6 @@
 // vela eval: evaluate tokens as one sequence and write the logits of every
-// position (raw little-endian float32, n_tokens x n_vocab, row-major).
+// position (raw little-endian float32, n_tokens x n_vocab, row-major),
+// optionally with self-extend (--grp-attn-n/-w) regrouping the positions.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,11 @@ static void usage(FILE *out) {
                  "  -p, --prompt TEXT         text, tokenized with BOS as the model asks\n"
                  "  -f, --file FILE           text from a file\n"
                  "  --logits-out FILE         where the logits go (default: not written)\n"
+                 "  -gan, --grp-attn-n N      self-extend group factor, 1 = off (default: 1);\n"
+                 "                            positions are regrouped before each batch of -b\n"
+                 "                            tokens; -v prints its shift: / div: lines\n"
+                 "  -gaw, --grp-attn-w N      self-extend group width, a multiple of -gan "
+                 "(default: 512)\n"
                  "  -h, --help                this help\n"
                  "  (-c defaults to the number of tokens)\n");
     args_help_model(out);
@@ -109,11 +115,23 @@ static int write_rows(void *user, int first_pos, int n, const float *logits) {
     return 0;
 }
 
+// Self-extend's "shift:" / "div:" lines, with -v.
+static int on_note(void *user, enum engine_event ev, int seq, int32_t token, const char *text,
+                   size_t len) {
+    const struct args_model *am = user;
+    (void)seq;
+    (void)token;
+    if (ev == ENGINE_EV_NOTE && am->verbose)
+        fprintf(stderr, "vela: %.*s\n", (int)len, text);
+    return 0;
+}
+
 int cmd_eval(int argc, char **argv) {
     struct args_model am;
     args_model_default(&am);
     const char *tokens_arg = NULL, *prompt_arg = NULL, *prompt_file = NULL, *logits_out = NULL;
     struct verr err = {0};
+    struct engine_eval_params ep = {.ga_n = 1, .ga_w = 512, .cb = on_note, .user = &am};
     for (int i = 1; i < argc;) {
         const char *arg = argv[i];
         int rc;
@@ -136,6 +154,10 @@ int cmd_eval(int argc, char **argv) {
             rc = args_value_str(argc, argv, &i, &prompt_file, &err);
         else if (args_is(arg, "--logits-out", NULL))
             rc = args_value_str(argc, argv, &i, &logits_out, &err);
+        else if (args_is(arg, "-gan", "--grp-attn-n"))
+            rc = args_value_int(argc, argv, &i, 1, 1L << 20, &ep.ga_n, &err);
+        else if (args_is(arg, "-gaw", "--grp-attn-w"))
+            rc = args_value_int(argc, argv, &i, 1, 1L << 30, &ep.ga_w, &err);
         else {
             fprintf(stderr, "vela eval: unknown option '%s' (see 'vela eval --help')\n", arg);
             return 2;
@@ -149,6 +171,11 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr,
                 "vela eval: no model given: pass -m MODEL.gguf (a synthetic test model can be "
                 "written with 'vela mkmodel')\n");
+        return 2;
+    }
+    if (ep.ga_n != 1 && ep.ga_w % ep.ga_n != 0) {
+        fprintf(stderr, "vela eval: --grp-attn-w %d must be a multiple of --grp-attn-n %d\n",
+                ep.ga_w, ep.ga_n);
         return 2;
     }
     if (!!tokens_arg + !!prompt_arg + !!prompt_file != 1) {
@@ -233,7 +260,7 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     double t_ms = 0;
-    if (engine_eval(e, tokens, n_tok, write_rows, &out, &t_ms, &err)) {
+    if (engine_eval_ex(e, tokens, n_tok, &ep, write_rows, &out, &t_ms, &err)) {
         fprintf(stderr, "vela eval: %s\n", err.msg);
         goto done;
     }

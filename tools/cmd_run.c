@@ -1,5 +1,7 @@
 // vela run: generate text from a prompt, streaming it to stdout, with the
-// timings on stderr at the end (llama-cli's main loop).
+// timings on stderr at the end (llama-cli's main loop); with --parallel N
+// and a file of prompts, many sequences in one cache (llama.cpp's parallel
+// example).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,30 +10,51 @@
 #include "host/engine.h"
 #include "tools/cmds.h"
 
+// --parallel: the most sequences one run decodes together.
+#define RUN_PARALLEL_MAX 256
+
 static void usage(FILE *out) {
     fprintf(
         out,
-        "usage: vela run -m MODEL [-p PROMPT | -f FILE] [options]\n\n"
+        "usage: vela run -m MODEL [-p PROMPT | -f FILE] [options]\n"
+        "       vela run -m MODEL --parallel N -f PROMPTS_FILE [options]\n\n"
         "Generates text from a prompt and streams it to stdout; load time, prompt and\n"
-        "generation speed go to stderr at the end.\n\n"
+        "generation speed go to stderr at the end. With --parallel N and -f, every\n"
+        "line of the file is a prompt: up to N are decoded together in one KV cache\n"
+        "(the others wait for a free slot) and each text is printed with its index\n"
+        "when its sequence ends.\n\n"
         "prompt and generation:\n"
         "  -p, --prompt TEXT         prompt (escapes \\n \\t \\\\ \\xNN are processed; default: "
         "empty = BOS)\n"
-        "  -f, --file FILE           read the prompt from FILE (one trailing newline dropped)\n"
-        "  -n, --n-predict N         tokens to generate, -1 = until end of generation or a "
-        "full context (default: -1)\n"
+        "  -f, --file FILE           read the prompt from FILE (one trailing newline dropped);\n"
+        "                            with --parallel N > 1: one prompt per line (blank lines "
+        "skipped)\n"
+        "  -n, --n-predict N         tokens to generate per sequence, -1 = until end of "
+        "generation\n"
+        "                            (with context shift: without end), -2 = until the context "
+        "is full\n"
+        "                            (default: -1)\n"
+        "  --ignore-eos              do not stop at end-of-generation tokens\n"
         "  --no-display-prompt       do not print the prompt before the generated text\n"
         "  --no-escape               take -p literally\n"
-        "  -np, --parallel N         sample N sequences from the one prompt, sharing its KV "
-        "cells (default: 1)\n"
-        "  --context-shift           when the context is full, drop half of it after --keep "
-        "tokens and go on\n"
-        "  --no-context-shift        stop when the context is full (default)\n"
+        "  -np, --parallel N         sequences decoded together (1..%d, default: 1); -c is "
+        "shared,\n"
+        "                            each sequence gets -c / N cells. With -p: N samples of the "
+        "prompt\n"
+        "                            (sample i uses seed + i)\n"
+        "  --context-shift           when a sequence's context is full, keep --keep tokens, "
+        "drop half\n"
+        "                            of the rest and go on (default)\n"
+        "  --no-context-shift        stop with \"context full\" instead\n"
         "  --keep N                  tokens of the prompt kept on a context shift, -1 = all "
-        "(default: 0; BOS is always kept)\n"
-        "  -gan, --grp-attn-n N      self-extend group factor, 1 = off (default: 1)\n"
-        "  -gaw, --grp-attn-w N      self-extend group width (default: 512)\n"
-        "  -h, --help                this help\n");
+        "(default: 0;\n"
+        "                            BOS is kept on top of N)\n"
+        "  -gan, --grp-attn-n N      self-extend group factor, 1 = off (default: 1); turns the "
+        "context\n"
+        "                            shift off; -v prints its shift: / div: lines\n"
+        "  -gaw, --grp-attn-w N      self-extend group width, a multiple of -gan (default: 512)\n"
+        "  -h, --help                this help\n",
+        RUN_PARALLEL_MAX);
     args_help_model(out);
     args_help_sampler(out);
 }
@@ -129,21 +152,59 @@ static char *read_prompt_file(const char *path, size_t *len_out) {
     return buf;
 }
 
+// Splits text into its non-blank lines (a trailing '\r' dropped), in place.
+static int split_lines(char *text, char ***out, int *n_out) {
+    int n = 0, cap = 16;
+    char **v = malloc((size_t)cap * sizeof *v);
+    for (char *p = text; v && *p;) {
+        char *nl = strchr(p, '\n');
+        char *end = nl ? nl : p + strlen(p);
+        char *next = nl ? nl + 1 : end;
+        if (end > p && end[-1] == '\r')
+            end--;
+        *end = '\0';
+        bool blank = true;
+        for (const char *c = p; *c; c++)
+            if (*c != ' ' && *c != '\t')
+                blank = false;
+        if (!blank) {
+            if (n == cap) {
+                char **nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+                if (!nv) {
+                    free(v);
+                    return -1;
+                }
+                v = nv;
+            }
+            v[n++] = p;
+        }
+        p = next;
+    }
+    if (!v)
+        return -1;
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
 struct run_out {
-    int n_parallel;
-    char **texts; // [n_parallel] collected text when n_parallel > 1
-    size_t *lens;
-    size_t *caps;
-    const char **why;
+    bool stream; // one sequence: print tokens as they come
+    bool display_prompt;
+    int n_seq;
+    char **prompt_text;  // [n_seq] the prompt of each sequence (display)
+    char **texts;        // [n_seq] collected text (not streaming)
+    size_t *lens, *caps; // [n_seq]
+    const char **why;    // [n_seq] why it ended (static strings of the engine)
     bool verbose;
 };
 
 static int on_event(void *user, enum engine_event ev, int seq, int32_t token, const char *text,
                     size_t len) {
     struct run_out *o = user;
+    (void)token;
     switch (ev) {
     case ENGINE_EV_TOKEN:
-        if (o->n_parallel == 1) {
+        if (o->stream) {
             fwrite(text, 1, len, stdout);
             fflush(stdout);
         } else if (len) {
@@ -161,14 +222,28 @@ static int on_event(void *user, enum engine_event ev, int seq, int32_t token, co
         }
         break;
     case ENGINE_EV_DONE:
-        o->why[seq] = text; // static strings from the engine
+        o->why[seq] = text;
+        if (!o->stream) {
+            if (o->display_prompt)
+                printf("[sequence %d]\n%s%s\n", seq, o->prompt_text[seq],
+                       o->texts[seq] ? o->texts[seq] : "");
+            else
+                printf("[sequence %d] %s\n", seq, o->texts[seq] ? o->texts[seq] : "");
+            fflush(stdout);
+            free(o->texts[seq]);
+            o->texts[seq] = NULL;
+        }
         break;
     case ENGINE_EV_NOTE:
-        if (o->verbose)
-            fprintf(stderr, "vela: %.*s\n", (int)len, text);
+    case ENGINE_EV_SHIFT:
+        if (o->verbose) {
+            if (o->stream)
+                fprintf(stderr, "vela: %.*s\n", (int)len, text);
+            else
+                fprintf(stderr, "vela: [sequence %d] %.*s\n", seq, (int)len, text);
+        }
         break;
     }
-    (void)token;
     return 0;
 }
 
@@ -201,9 +276,9 @@ int cmd_run(int argc, char **argv) {
         else if (args_is(arg, "-f", "--file"))
             rc = args_value_str(argc, argv, &i, &prompt_file, &err);
         else if (args_is(arg, "-n", "--n-predict"))
-            rc = args_value_int(argc, argv, &i, -1, 1L << 30, &gp.n_predict, &err);
+            rc = args_value_int(argc, argv, &i, -2, 1L << 30, &gp.n_predict, &err);
         else if (args_is(arg, "-np", "--parallel"))
-            rc = args_value_int(argc, argv, &i, 1, 256, &gp.n_parallel, &err);
+            rc = args_value_int(argc, argv, &i, 1, RUN_PARALLEL_MAX, &gp.n_parallel, &err);
         else if (args_is(arg, "--keep", NULL))
             rc = args_value_int(argc, argv, &i, -1, 1L << 30, &gp.n_keep, &err);
         else if (args_is(arg, "-gan", "--grp-attn-n"))
@@ -214,6 +289,8 @@ int cmd_run(int argc, char **argv) {
             gp.ctx_shift = true, i++;
         else if (args_is(arg, "--no-context-shift", NULL))
             gp.ctx_shift = false, i++;
+        else if (args_is(arg, "--ignore-eos", NULL))
+            gp.ignore_eos = true, i++;
         else if (args_is(arg, "--no-display-prompt", NULL))
             display_prompt = false, i++;
         else if (args_is(arg, "--no-escape", NULL))
@@ -239,6 +316,13 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "vela run: give -p or -f, not both\n");
         return 2;
     }
+    if (gp.ga_n != 1 && gp.ga_w % gp.ga_n != 0) {
+        fprintf(stderr, "vela run: --grp-attn-w %d must be a multiple of --grp-attn-n %d\n",
+                gp.ga_w, gp.ga_n);
+        return 2;
+    }
+    // -f with --parallel N > 1 is a list of prompts, one per line.
+    const bool lines_mode = prompt_file && gp.n_parallel > 1;
 
     char *prompt = NULL;
     size_t prompt_len = 0;
@@ -261,8 +345,32 @@ int cmd_run(int argc, char **argv) {
 
     int status = 1;
     struct engine *e = NULL;
-    int32_t *tokens = NULL;
+    char **lines = NULL;
+    int n_lines = 0;
+    int32_t **toks = NULL; // [n_texts]
+    struct engine_prompt *prompts = NULL;
     struct run_out out = {0};
+    if (lines_mode) {
+        if (split_lines(prompt, &lines, &n_lines)) {
+            fprintf(stderr, "vela run: out of memory\n");
+            goto done;
+        }
+        if (n_lines == 0) {
+            fprintf(stderr, "vela run: '%s' has no prompt (one per line)\n", prompt_file);
+            goto done;
+        }
+    } else {
+        lines = malloc(sizeof *lines);
+        if (!lines) {
+            fprintf(stderr, "vela run: out of memory\n");
+            goto done;
+        }
+        lines[0] = prompt;
+        n_lines = 1;
+    }
+    // The sequences: one per line, or --parallel samples of the one prompt.
+    const int n_seq = lines_mode ? n_lines : gp.n_parallel;
+
     struct engine_open_params op = {
         .n_seq_max = gp.n_parallel, .n_outputs_max = gp.n_parallel, .need_tokenizer = true};
     if (engine_open(&e, &am, &op, &err)) {
@@ -274,79 +382,126 @@ int cmd_run(int argc, char **argv) {
         engine_describe(e, desc, sizeof desc);
         fprintf(stderr, "%s\n", desc);
     }
-    int n_tok = 0;
-    if (tokenizer_encode_alloc(e->tok, prompt, prompt_len, true, true, &tokens, &n_tok, &err)) {
-        fprintf(stderr, "vela run: tokenizing the prompt: %s\n", err.msg);
-        goto done;
-    }
-    if (n_tok == 0) {
-        // llama-cli: an empty prompt starts from BOS
-        int32_t bos = tokenizer_bos(e->tok);
-        if (bos < 0) {
-            fprintf(stderr, "vela run: the prompt is empty and the vocabulary has no BOS token\n");
-            goto done;
-        }
-        free(tokens);
-        tokens = malloc(sizeof *tokens);
-        tokens[0] = bos;
-        n_tok = 1;
-    }
-    const int n_ctx = e->fc.cfg.n_ctx;
-    if (n_tok > n_ctx - 4) {
-        fprintf(stderr, "vela run: prompt is too long (%d tokens, max %d)\n", n_tok, n_ctx - 4);
-        goto done;
-    }
-    out.n_parallel = gp.n_parallel;
-    out.verbose = am.verbose;
-    out.texts = calloc((size_t)gp.n_parallel, sizeof *out.texts);
-    out.lens = calloc((size_t)gp.n_parallel, sizeof *out.lens);
-    out.caps = calloc((size_t)gp.n_parallel, sizeof *out.caps);
-    out.why = calloc((size_t)gp.n_parallel, sizeof *out.why);
-    if (!out.texts || !out.lens || !out.caps || !out.why) {
+    toks = calloc((size_t)n_lines, sizeof *toks);
+    prompts = calloc((size_t)n_seq, sizeof *prompts);
+    out.prompt_text = calloc((size_t)n_seq, sizeof *out.prompt_text);
+    out.texts = calloc((size_t)n_seq, sizeof *out.texts);
+    out.lens = calloc((size_t)n_seq, sizeof *out.lens);
+    out.caps = calloc((size_t)n_seq, sizeof *out.caps);
+    out.why = calloc((size_t)n_seq, sizeof *out.why);
+    if (!toks || !prompts || !out.prompt_text || !out.texts || !out.lens || !out.caps || !out.why) {
         fprintf(stderr, "vela run: out of memory\n");
         goto done;
     }
-    if (am.verbose)
-        fprintf(stderr, "vela: prompt: %d tokens\n", n_tok);
-    if (display_prompt && gp.n_parallel == 1) {
+    for (int l = 0; l < n_lines; l++) {
+        int n_tok = 0;
+        if (tokenizer_encode_alloc(e->tok, lines[l], strlen(lines[l]), true, true, &toks[l], &n_tok,
+                                   &err)) {
+            if (lines_mode)
+                fprintf(stderr, "vela run: tokenizing prompt %d: %s\n", l, err.msg);
+            else
+                fprintf(stderr, "vela run: tokenizing the prompt: %s\n", err.msg);
+            goto done;
+        }
+        if (n_tok == 0) {
+            // llama-cli: an empty prompt starts from BOS
+            int32_t bos = tokenizer_bos(e->tok);
+            if (bos < 0) {
+                fprintf(stderr,
+                        "vela run: the prompt is empty and the vocabulary has no BOS token\n");
+                goto done;
+            }
+            free(toks[l]);
+            toks[l] = malloc(sizeof *toks[l]);
+            if (!toks[l]) {
+                fprintf(stderr, "vela run: out of memory\n");
+                goto done;
+            }
+            toks[l][0] = bos;
+            n_tok = 1;
+        }
+        prompts[l] = (struct engine_prompt){toks[l], n_tok};
+    }
+    for (int s = 0; s < n_seq; s++) {
+        if (!lines_mode)
+            prompts[s] = prompts[0];
+        out.prompt_text[s] = lines[lines_mode ? s : 0];
+    }
+    out.stream = n_seq == 1;
+    out.display_prompt = display_prompt;
+    out.n_seq = n_seq;
+    out.verbose = am.verbose;
+    if (am.verbose) {
+        int lo = prompts[0].n_tokens, hi = lo;
+        for (int s = 1; s < n_seq; s++) {
+            lo = prompts[s].n_tokens < lo ? prompts[s].n_tokens : lo;
+            hi = prompts[s].n_tokens > hi ? prompts[s].n_tokens : hi;
+        }
+        if (n_seq == 1)
+            fprintf(stderr, "vela: prompt: %d tokens\n", lo);
+        else
+            fprintf(stderr,
+                    "vela: %d sequences, %d at a time, prompts of %d..%d tokens, %d cells per "
+                    "sequence\n",
+                    n_seq, gp.n_parallel, lo, hi, e->fc.cfg.n_ctx / gp.n_parallel);
+    }
+    if (display_prompt && out.stream) {
         fwrite(prompt, 1, prompt_len, stdout);
         fflush(stdout);
     }
     struct engine_stats st;
-    int rc = engine_generate(e, tokens, n_tok, &gp, on_event, &out, &st, &err);
-    if (gp.n_parallel == 1)
+    int rc = engine_generate_batch(e, prompts, n_seq, &gp, on_event, &out, &st, &err);
+    if (out.stream)
         fputc('\n', stdout);
-    else
-        for (int s = 0; s < gp.n_parallel; s++)
-            printf("[sequence %d]%s%.*s%s\n", s, display_prompt ? "\n" : " ",
-                   display_prompt ? (int)prompt_len : 0, prompt, out.texts[s] ? out.texts[s] : "");
     fflush(stdout);
     if (rc) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         goto done;
     }
-    for (int s = 0; s < gp.n_parallel; s++)
-        if (out.why[s] && !strcmp(out.why[s], "context full"))
-            fprintf(stderr, "vela: sequence %d: context full (%d tokens)%s\n", s, n_ctx,
-                    gp.ctx_shift ? "" : "; --context-shift would go on");
+    const int n_ctx_seq = e->fc.cfg.n_ctx / gp.n_parallel;
+    for (int s = 0; s < n_seq; s++) {
+        if (!out.why[s] || strcmp(out.why[s], "context full"))
+            continue;
+        const char *how = gp.ga_n != 1    ? "; self-extend does not shift the context"
+                          : !gp.ctx_shift ? "; context shift is off (--no-context-shift)"
+                                          : "; -n -2 stops there";
+        if (n_seq == 1)
+            fprintf(stderr, "vela: context full (%d tokens)%s\n", n_ctx_seq, how);
+        else
+            fprintf(stderr, "vela: sequence %d: context full (%d cells per sequence)%s\n", s,
+                    n_ctx_seq, how);
+    }
     fprintf(stderr, "vela: sampler seed: %u\n", st.seed);
     fprintf(stderr, "vela: load time:   %10.2f ms\n", e->t_load_ms);
     fprintf(stderr, "vela: prompt eval: %10.2f ms / %5d tokens (%10.2f tokens/s)\n", st.t_prompt_ms,
             st.n_prompt, st.t_prompt_ms > 0 ? 1e3 * st.n_prompt / st.t_prompt_ms : 0.0);
     fprintf(stderr, "vela: generation:  %10.2f ms / %5d tokens (%10.2f tokens/s)\n", st.t_gen_ms,
             st.n_gen, st.t_gen_ms > 0 ? 1e3 * st.n_gen / st.t_gen_ms : 0.0);
+    if (n_seq > 1)
+        fprintf(stderr,
+                "vela: total:       %10.2f ms / %5d sequences, %d at a time: %d prompt + %d "
+                "generated tokens (%.2f generated tokens/s, %.2f tokens/s in all)\n",
+                st.t_total_ms, st.n_seq, gp.n_parallel, st.n_prompt, st.n_gen,
+                st.t_total_ms > 0 ? 1e3 * st.n_gen / st.t_total_ms : 0.0,
+                st.t_total_ms > 0 ? 1e3 * (st.n_prompt + st.n_gen) / st.t_total_ms : 0.0);
     if (st.n_ctx_shifts)
         fprintf(stderr, "vela: context shifts: %d\n", st.n_ctx_shifts);
     status = 0;
 done:
     if (out.texts)
-        for (int s = 0; s < out.n_parallel; s++)
+        for (int s = 0; s < out.n_seq; s++)
             free(out.texts[s]);
     free(out.texts);
+    free(out.prompt_text);
     free(out.lens);
     free(out.caps);
     free(out.why);
-    free(tokens);
+    if (toks)
+        for (int l = 0; l < n_lines; l++)
+            free(toks[l]);
+    free(toks);
+    free(prompts);
+    free(lines);
     free(prompt);
     engine_close(e);
     return status;

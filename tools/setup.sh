@@ -11,6 +11,7 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v git >/dev/null || need+=(git)
 [ -e /usr/include/criterion/criterion.h ] || need+=(libcriterion-dev)
 [ -e /usr/include/cjson/cJSON.h ] || need+=(libcjson-dev)
+command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin) # mpirun pipelines (host/mpi.c)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO=sudo

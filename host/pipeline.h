@@ -1,0 +1,139 @@
+// A model split by layers into stages (--split-mode layer, --devices,
+// --tensor-split): each stage holds a contiguous range of layers and their KV
+// cache on its own backend; the hidden state goes from stage to stage through
+// a transport (host/stage.h); embeddings run on the first stage, the final
+// norm and LM head on the last.
+//
+// How it plugs in: pipeline_load plans the split and loads every stage; it
+// returns stage 0's backend and model, and stage 0's model owns the others
+// (model->pipe, freed by model_free). forward_init on that model builds every
+// stage's forward context (fc->pipe); forward_decode then runs the batch
+// through the stages. The front context (stage 0's, the one callers hold)
+// keeps the KV bookkeeping every caller already uses: sequence ops, context
+// shift and self-extend act on fc->kv, and each decode first brings every
+// other stage's cache to the same cells (positions, deltas, sequence sets);
+// each stage then applies the pending K shift to its own layers.
+//
+// Pipelining: a decode's batch is cut into micro-batches (--ubatch-size,
+// default ceil(n_tok / n_stages)); micro-batch k+1 is enqueued on stage s
+// right after micro-batch k was handed to stage s+1. Backends and transports
+// that run asynchronously (CUDA streams, NCCL) overlap the stages; the CPU
+// runs them one after the other and gives the same results.
+//
+// One process drives every local stage. With mpirun (host/mpi.c) each
+// process holds one stage; rank 0 runs the engine and broadcasts each
+// decode's batch and KV bookkeeping to the others (struct pipeline_ctl).
+#ifndef VELA_HOST_PIPELINE_H
+#define VELA_HOST_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/gguf.h"
+#include "gguf/verr.h"
+#include "host/args.h"
+#include "host/backend.h"
+#include "host/forward.h"
+#include "host/model.h"
+#include "host/plan.h"
+#include "host/stage.h"
+
+// Control channel between the processes of a multi-process pipeline (MPI).
+struct pipeline_ctl {
+    int rank, n_ranks;
+    // Rank 0's bytes to every rank.
+    int (*bcast)(struct pipeline_ctl *c, void *buf, size_t bytes, struct verr *err);
+    // Every rank's value to every rank: out[r] = rank r's v.
+    int (*allgather)(struct pipeline_ctl *c, uint64_t v, uint64_t *out, struct verr *err);
+    void (*destroy)(struct pipeline_ctl *c);
+    void *impl;
+};
+
+struct pipeline_stage {
+    struct plan_device dev;
+    char name[32];      // "cpu", "cuda:1"
+    int l0, l1;         // layers [l0, l1)
+    struct backend *be; // NULL when the stage runs in another process
+    struct model *m;    // its layers (NULL when remote); stage 0's is the caller's
+    bool owned;         // be and m belong to the pipeline (every local stage but 0)
+};
+
+struct pipeline {
+    int n_stages;
+    struct pipeline_stage stage[PLAN_MAX_DEVICES];
+    struct plan plan;
+    char plan_text[4096]; // plan_format's lines, for --verbose and logs
+    struct transport *tp;
+    struct pipeline_ctl *ctl; // NULL in one process
+    int n_ubatch;             // micro-batch tokens; 0: ceil(n_tok / n_stages)
+
+    // Per-stage time (a hook for benchmarks): when `timing` is set, each
+    // stage's work is waited for right after it is enqueued and its wall time
+    // added to stage_ms[s] (this serialises the stages: measure, don't serve).
+    bool timing;
+    double stage_ms[PLAN_MAX_DEVICES];
+    double xfer_ms;
+    long n_decodes;
+};
+
+// Every stage's forward context for one front context (fc->pipe).
+struct pipeline_ctx {
+    struct pipeline *p;
+    int front;                                // the stage of the context that owns this
+    struct forward_ctx *fc[PLAN_MAX_DEVICES]; // [0]: the front (not owned); NULL: remote
+};
+
+// The devices the flags ask for (--devices, --split-mode, --main-gpu /
+// --device, --backend), checked to exist. *n == 1 means no split.
+int pipeline_resolve_devices(const struct args_model *a, struct plan_device *devs, int *n,
+                             struct verr *err);
+
+// Plans the split of f's model over devs (n >= 1) for a context of n_ctx
+// cells (0: from the flags) with the flags' batch, cache types and
+// --tensor-split, from each device's free memory (free_bytes NULL: asks the
+// devices; tests pass their own). Fills *out and its text.
+int pipeline_plan(const struct args_model *a, int n_ctx, const struct gguf_file *f,
+                  const struct plan_device *devs, int n, const size_t *free_bytes, struct plan *out,
+                  char *text, size_t text_cap, struct verr *err);
+
+// What engine_open calls in place of args_backend_create + model_load: with
+// one device, exactly those two; with several, plans, creates every stage's
+// backend, loads its layers and returns stage 0's backend (caller-owned, as
+// before) and model (owning the rest through (*m)->pipe). n_ctx as
+// pipeline_plan.
+int pipeline_load(const struct args_model *a, int n_ctx, const struct gguf_file *f,
+                  struct backend **be, struct model **m, struct verr *err);
+
+// Frees the stages the pipeline owns and the transport (model_free calls it).
+void pipeline_free(struct pipeline *p);
+
+// forward_init / forward_free of a front context on a split model.
+int pipeline_ctx_init(struct pipeline_ctx **out, struct pipeline *p, struct forward_ctx *front,
+                      const struct forward_config *cfg, struct verr *err);
+void pipeline_ctx_free(struct pipeline_ctx *pc);
+
+// The stages' part of forward_decode (after the front found the batch's
+// cells in front->h_cells and its output rows in front->h_rows): results in
+// front->h_logits / h_argmax.
+int pipeline_decode(struct pipeline_ctx *pc, const struct forward_batch *b, int n_out,
+                    bool argmax_only, struct verr *err);
+
+// Multi-process: a rank other than 0 serves decodes for its stage until rank
+// 0 frees the pipeline (host/mpi.c calls it).
+int pipeline_serve(struct pipeline_ctx *pc, struct verr *err);
+
+// The plan's text of a model loaded by pipeline_load, or NULL for a model on
+// one backend.
+const char *pipeline_describe(const struct model *m);
+
+// Brings dst's bookkeeping to src's for the cells src changed since its last
+// kv_prepare (and every cell after a clear); dst's K / V are untouched.
+void pipeline_kv_follow(struct kv_cache *dst, const struct kv_cache *src);
+// The same from arrays: cells [lo, hi) of pos, delta [hi-lo] and seq
+// [hi-lo][seq_words], then head, used and the pending-shift flag.
+void pipeline_kv_follow_range(struct kv_cache *dst, int lo, int hi, const int32_t *pos,
+                              const int32_t *delta, const uint64_t *seq, int head, int used,
+                              bool has_shift);
+
+#endif
