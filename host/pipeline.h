@@ -52,7 +52,7 @@ struct pipeline_ctl {
 
 struct pipeline_stage {
     struct plan_device dev;
-    char name[32];      // "cpu", "cuda:1"
+    char name[48];      // "cpu", "cuda:1", "rank2:cuda:0"
     int l0, l1;         // layers [l0, l1)
     struct backend *be; // NULL when the stage runs in another process
     struct model *m;    // its layers (NULL when remote); stage 0's is the caller's
