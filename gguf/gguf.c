@@ -727,15 +727,25 @@ static int range_error(const struct gguf_file *f, const char *key, const char *w
                     f->path, key, neg ? "-" : "", mag, gguf_vtype_name(v->type), want);
 }
 
-int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out, struct verr *err) {
-    const struct gguf_value *v;
-    bool neg;
-    uint64_t mag;
-    int rc = lookup(f, key, &v, err);
+// The integer value of `key` as sign and magnitude; VERR_TYPE naming `want`
+// when the value is not an integer.
+static int lookup_int(const struct gguf_file *f, const char *key, const char *want,
+                      const struct gguf_value **v, bool *neg, uint64_t *mag, struct verr *err) {
+    int rc = lookup(f, key, v, err);
     if (rc)
         return rc;
-    if (!value_int(v, &neg, &mag))
-        return type_error(f, key, "UINT32", v, err);
+    if (!value_int(*v, neg, mag))
+        return type_error(f, key, want, *v, err);
+    return 0;
+}
+
+int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out, struct verr *err) {
+    const struct gguf_value *v;
+    bool neg = false;
+    uint64_t mag = 0;
+    int rc = lookup_int(f, key, "UINT32", &v, &neg, &mag, err);
+    if (rc)
+        return rc;
     if (neg || mag > UINT32_MAX)
         return range_error(f, key, "UINT32", neg, mag, v, err);
     *out = (uint32_t)mag;
@@ -744,13 +754,11 @@ int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out, stru
 
 int gguf_get_i32(const struct gguf_file *f, const char *key, int32_t *out, struct verr *err) {
     const struct gguf_value *v;
-    bool neg;
-    uint64_t mag;
-    int rc = lookup(f, key, &v, err);
+    bool neg = false;
+    uint64_t mag = 0;
+    int rc = lookup_int(f, key, "INT32", &v, &neg, &mag, err);
     if (rc)
         return rc;
-    if (!value_int(v, &neg, &mag))
-        return type_error(f, key, "INT32", v, err);
     if (neg ? mag > (uint64_t)INT32_MAX + 1 : mag > INT32_MAX)
         return range_error(f, key, "INT32", neg, mag, v, err);
     *out = neg ? (int32_t)(-(int64_t)mag) : (int32_t)mag;
@@ -759,13 +767,11 @@ int gguf_get_i32(const struct gguf_file *f, const char *key, int32_t *out, struc
 
 int gguf_get_u64(const struct gguf_file *f, const char *key, uint64_t *out, struct verr *err) {
     const struct gguf_value *v;
-    bool neg;
-    uint64_t mag;
-    int rc = lookup(f, key, &v, err);
+    bool neg = false;
+    uint64_t mag = 0;
+    int rc = lookup_int(f, key, "UINT64", &v, &neg, &mag, err);
     if (rc)
         return rc;
-    if (!value_int(v, &neg, &mag))
-        return type_error(f, key, "UINT64", v, err);
     if (neg)
         return range_error(f, key, "UINT64", neg, mag, v, err);
     *out = mag;

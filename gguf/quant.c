@@ -873,6 +873,25 @@ bool quant_can_quantize(enum ggml_type type) {
     return o && o->quant;
 }
 
+bool quant_type_supported(enum ggml_type t) {
+    switch (t) {
+    case GGML_TYPE_F32:
+    case GGML_TYPE_F16:
+    case GGML_TYPE_BF16:
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
 // Checks type/n/pointers shared by the row entry points; on success sets *bs.
 // `what` names the operation in messages.
 static int check_row(enum ggml_type type, bool encode, const char *what, const void *a,

@@ -28,6 +28,9 @@ uint16_t quant_f32_to_bf16(float f);   // round to nearest even; NaN stays NaN
 
 bool quant_can_dequantize(enum ggml_type type);
 bool quant_can_quantize(enum ggml_type type);
+// The weight types vela runs (CPU reference and CUDA backend): F32, F16, BF16,
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. A subset of quant_can_dequantize.
+bool quant_type_supported(enum ggml_type type);
 
 int quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n,
                          struct verr *err);

@@ -479,8 +479,6 @@ static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan
     return f;
 }
 
-static bool fast_supported(enum ggml_type t);
-
 static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c,
                      struct mk_plan_notes *pn, enum mk_class cls, int layer, const char *name,
                      int64_t ne0, int64_t ne1, float mean, float std) {
@@ -494,8 +492,10 @@ static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c
     x->mean = mean;
     x->std = std;
     x->type = choose_type(c, pn, cls, layer, ne0, name);
+    // fast_row has a case for every type vela runs; a type added to
+    // quant_type_supported needs one there too.
     x->fast = c->weights == MKMODEL_WEIGHTS_FAST && cls < MK_NORM && mean == 0.0f &&
-              fast_supported(x->type);
+              quant_type_supported(x->type);
     x->row_bytes = ggml_row_bytes(x->type, ne0);
     x->nbytes = (uint64_t)x->row_bytes * (uint64_t)x->ne[1];
 }
@@ -671,25 +671,6 @@ static void fast_init(void) {
         fast_normal[i] *= r;
 }
 
-static bool fast_supported(enum ggml_type t) {
-    switch (t) {
-    case GGML_TYPE_F32:
-    case GGML_TYPE_F16:
-    case GGML_TYPE_BF16:
-    case GGML_TYPE_Q8_0:
-    case GGML_TYPE_Q4_0:
-    case GGML_TYPE_Q4_1:
-    case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1:
-    case GGML_TYPE_Q4_K:
-    case GGML_TYPE_Q5_K:
-    case GGML_TYPE_Q6_K:
-        return true;
-    default:
-        return false;
-    }
-}
-
 // Variance of levels -nmax..nmax where 0 is drawn twice as often (2 nmax + 2 codes).
 static double var_sym(int nmax) {
     double s = 0;
@@ -844,39 +825,33 @@ static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const
         }
         break;
     case GGML_TYPE_Q4_0:
-        for (int64_t i = 0; i < nb; i++, b += 18) {
+    case GGML_TYPE_Q5_0: {
+        const bool q5 = t == GGML_TYPE_Q5_0;
+        const size_t bs = q5 ? 22 : 18;
+        for (int64_t i = 0; i < nb; i++, b += bs) {
             uint64_t r = rng_next(s);
             put_f16(b, (r & 16 ? -base : base) * fast_gain(r & 15));
-            fill_rand(s, b + 2, 16);
-            nib_remap16(b + 2);
+            fill_rand(s, b + 2, bs - 2); // Q5_0: qh[4] then qs[16]
+            if (q5)
+                q5_remap(b + 2, b + 6);
+            else
+                nib_remap16(b + 2);
         }
         break;
+    }
     case GGML_TYPE_Q4_1:
-        for (int64_t i = 0; i < nb; i++, b += 20) {
+    case GGML_TYPE_Q5_1: {
+        const bool q5 = t == GGML_TYPE_Q5_1;
+        const size_t bs = q5 ? 24 : 20;
+        for (int64_t i = 0; i < nb; i++, b += bs) {
             uint64_t r = rng_next(s);
             const float d = quant_fp16_to_f32(quant_f32_to_fp16(base * fast_gain(r & 15)));
             put_f16(b, d);
-            put_f16(b + 2, -7.5f * d);
-            fill_rand(s, b + 4, 16);
+            put_f16(b + 2, (q5 ? -15.5f : -7.5f) * d);
+            fill_rand(s, b + 4, bs - 4);
         }
         break;
-    case GGML_TYPE_Q5_0:
-        for (int64_t i = 0; i < nb; i++, b += 22) {
-            uint64_t r = rng_next(s);
-            put_f16(b, (r & 16 ? -base : base) * fast_gain(r & 15));
-            fill_rand(s, b + 2, 20);
-            q5_remap(b + 2, b + 6);
-        }
-        break;
-    case GGML_TYPE_Q5_1:
-        for (int64_t i = 0; i < nb; i++, b += 24) {
-            uint64_t r = rng_next(s);
-            const float d = quant_fp16_to_f32(quant_f32_to_fp16(base * fast_gain(r & 15)));
-            put_f16(b, d);
-            put_f16(b + 2, -15.5f * d);
-            fill_rand(s, b + 4, 20);
-        }
-        break;
+    }
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K: {
         const bool q5 = t == GGML_TYPE_Q5_K;
@@ -919,7 +894,7 @@ static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const
         }
         break;
     default:
-        break; // not fast_supported: never called
+        break; // not quant_type_supported: never called
     }
 }
 

@@ -999,6 +999,41 @@ static int32_t make_symbols(struct scratch *s, size_t len) {
     return n;
 }
 
+// Queues the pair of symbols l, r for merging when the vocabulary allows it.
+typedef void (*try_bigram_fn)(const struct tokenizer *t, struct scratch *s, int32_t l, int32_t r);
+
+// The merge loop SentencePiece and BPE share: splits s->buf[0..len) into
+// symbols, queues every adjacent pair, then merges the best-ranked pair until
+// none is left. Returns false when there is nothing to emit (no symbols, or
+// out of memory: s->oom set); the merged symbols are then s->sym from 0 on.
+static bool merge_symbols(const struct tokenizer *t, struct scratch *s, size_t len,
+                          try_bigram_fn try_bigram) {
+    int32_t n = make_symbols(s, len);
+    if (s->oom || n == 0)
+        return false;
+    s->heap.n = 0;
+    for (int32_t i = 1; i < n; i++)
+        try_bigram(t, s, i - 1, i);
+    while (s->heap.n && !s->heap.oom) {
+        struct bigram bg = heap_pop(&s->heap);
+        struct symbol *a = &s->sym[bg.left], *b = &s->sym[bg.right];
+        if (a->n == 0 || b->n == 0 || a->n != bg.ln || b->n != bg.rn)
+            continue;
+        a->n += b->n;
+        b->n = 0;
+        a->next = b->next;
+        if (b->next >= 0)
+            s->sym[b->next].prev = bg.left;
+        try_bigram(t, s, a->prev, bg.left);
+        try_bigram(t, s, bg.left, a->next);
+    }
+    if (s->heap.oom) {
+        s->oom = true;
+        return false;
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------------------
 // SentencePiece
 
@@ -1015,29 +1050,8 @@ static void spm_try_bigram(const struct tokenizer *t, struct scratch *s, int32_t
 // Tokenizes s->buf[0..len) (spaces already escaped) into out.
 static void spm_tokenize(const struct tokenizer *t, struct scratch *s, size_t len,
                          struct ivec *out) {
-    int32_t n = make_symbols(s, len);
-    if (s->oom || n == 0)
+    if (!merge_symbols(t, s, len, spm_try_bigram))
         return;
-    s->heap.n = 0;
-    for (int32_t i = 1; i < n; i++)
-        spm_try_bigram(t, s, i - 1, i);
-    while (s->heap.n && !s->heap.oom) {
-        struct bigram bg = heap_pop(&s->heap);
-        struct symbol *a = &s->sym[bg.left], *b = &s->sym[bg.right];
-        if (a->n == 0 || b->n == 0 || a->n != bg.ln || b->n != bg.rn)
-            continue;
-        a->n += b->n;
-        b->n = 0;
-        a->next = b->next;
-        if (b->next >= 0)
-            s->sym[b->next].prev = bg.left;
-        spm_try_bigram(t, s, a->prev, bg.left);
-        spm_try_bigram(t, s, bg.left, a->next);
-    }
-    if (s->heap.oom) {
-        s->oom = true;
-        return;
-    }
     for (int32_t i = 0; i != -1; i = s->sym[i].next) {
         const struct symbol *y = &s->sym[i];
         int32_t id = tokenizer_find(t, s->buf + y->off, y->n);
@@ -1082,29 +1096,8 @@ static void bpe_word(const struct tokenizer *t, struct scratch *s, size_t len, s
         s->oom = true;
         return;
     }
-    int32_t n = make_symbols(s, len);
-    if (s->oom || n == 0)
+    if (!merge_symbols(t, s, len, bpe_try_bigram))
         return;
-    s->heap.n = 0;
-    for (int32_t i = 1; i < n; i++)
-        bpe_try_bigram(t, s, i - 1, i);
-    while (s->heap.n && !s->heap.oom) {
-        struct bigram bg = heap_pop(&s->heap);
-        struct symbol *a = &s->sym[bg.left], *b = &s->sym[bg.right];
-        if (a->n == 0 || b->n == 0 || a->n != bg.ln || b->n != bg.rn)
-            continue;
-        a->n += b->n;
-        b->n = 0;
-        a->next = b->next;
-        if (b->next >= 0)
-            s->sym[b->next].prev = bg.left;
-        bpe_try_bigram(t, s, a->prev, bg.left);
-        bpe_try_bigram(t, s, bg.left, a->next);
-    }
-    if (s->heap.oom) {
-        s->oom = true;
-        return;
-    }
     for (int32_t i = 0; i != -1; i = s->sym[i].next) {
         const struct symbol *y = &s->sym[i];
         int32_t id = tokenizer_find(t, s->buf + y->off, y->n);

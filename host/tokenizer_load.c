@@ -6,16 +6,21 @@
 #include "gguf/gguf.h"
 #include "host/tokenizer.h"
 
+// The result of a gguf_get_* for an optional key: an absent key is not an
+// error (0); another error's message e goes to err (which may be NULL).
+static int optional(int rc, const struct verr *e, struct verr *err) {
+    if (rc == VERR_NOTFOUND)
+        return 0;
+    if (rc && err)
+        *err = *e;
+    return rc;
+}
+
 // An optional string key: *out stays NULL when absent.
 static int opt_str(const struct gguf_file *f, const char *key, char **out, struct verr *err) {
     *out = NULL;
     struct verr e;
-    int rc = gguf_get_str(f, key, out, &e);
-    if (rc == VERR_NOTFOUND)
-        return 0;
-    if (rc && err)
-        *err = e;
-    return rc;
+    return optional(gguf_get_str(f, key, out, &e), &e, err);
 }
 
 // An optional token id: *out stays TOKENIZER_ID_UNSET when absent.
@@ -23,15 +28,9 @@ static int opt_id(const struct gguf_file *f, const char *key, int64_t *out, stru
     uint32_t v;
     struct verr e;
     int rc = gguf_get_u32(f, key, &v, &e);
-    if (rc == VERR_NOTFOUND)
-        return 0;
-    if (rc) {
-        if (err)
-            *err = e;
-        return rc;
-    }
-    *out = v;
-    return 0;
+    if (rc == 0)
+        *out = v;
+    return optional(rc, &e, err);
 }
 
 // An optional bool: *out stays -1 when absent.
@@ -39,15 +38,9 @@ static int opt_bool(const struct gguf_file *f, const char *key, int *out, struct
     bool v;
     struct verr e;
     int rc = gguf_get_bool(f, key, &v, &e);
-    if (rc == VERR_NOTFOUND)
-        return 0;
-    if (rc) {
-        if (err)
-            *err = e;
-        return rc;
-    }
-    *out = v;
-    return 0;
+    if (rc == 0)
+        *out = v;
+    return optional(rc, &e, err);
 }
 
 // An optional array: *out stays NULL when absent.
@@ -56,13 +49,9 @@ static int opt_arr(const struct gguf_file *f, const char *key, enum gguf_vtype e
     *out = NULL;
     struct verr e;
     int rc = gguf_get_arr(f, key, elem, out, &e);
-    if (rc == VERR_NOTFOUND) {
+    if (rc == VERR_NOTFOUND)
         *out = NULL;
-        return 0;
-    }
-    if (rc && err)
-        *err = e;
-    return rc;
+    return optional(rc, &e, err);
 }
 
 int tokenizer_load(struct tokenizer **out, const struct gguf_file *f, struct verr *err) {

@@ -14,38 +14,10 @@
 #include "gguf/quant.h"
 #include "host/backend.h"
 #include "host/threadpool.h"
+#include "tests/cpu_op_helpers.h"
 
 // ---------------------------------------------------------------------------
 // helpers
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static void rng_seed(uint64_t s) {
-    rng = s * 0x9e3779b97f4a7c15ull + 1;
-}
-
-// Uniform in [-1, 1).
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-static int irand(int lo, int hi) { // [lo, hi]
-    float u = (frand() + 1.0f) * 0.5f;
-    int v = lo + (int)(u * (float)(hi - lo + 1));
-    return v > hi ? hi : v;
-}
-
-static struct backend *mk_backend(int n_threads) {
-    struct backend *be = NULL;
-    struct verr err = {0};
-    int rc = backend_cpu_create(&be, n_threads, &err);
-    cr_assert_eq(rc, 0, "backend_cpu_create: %s", err.msg);
-    cr_assert_not_null(be);
-    return be;
-}
 
 static float *frand_array(size_t n, float amp) {
     float *x = malloc(n * sizeof *x);

@@ -35,6 +35,7 @@
 #include "host/model.h"
 #include "kv/kv.h"
 #include "tools/cmds.h"
+#include "tools/common.h"
 
 #ifndef VELA_COMMIT
 #define VELA_COMMIT "unknown"
@@ -595,18 +596,12 @@ int cmd_bench(int argc, char **argv) {
     struct verr err = {0};
     for (int i = 1; i < argc;) {
         const char *arg = argv[i];
-        int rc;
-        if (args_is(arg, "-h", "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if ((rc = args_parse_model(&am, argc, argv, &i, &err)) != 0) {
-            if (rc < 0) {
-                fprintf(stderr, "vela bench: %s\n", err.msg);
-                return 2;
-            }
+        int rc = 0;
+        enum tools_flag tf = tools_flag_shared("bench", usage, &am, NULL, argc, argv, &i, &rc);
+        if (tf == TOOLS_FLAG_EXIT)
+            return rc;
+        if (tf == TOOLS_FLAG_TAKEN)
             continue;
-        }
         if (args_is(arg, "-p", "--n-prompt"))
             rc = args_value_int(argc, argv, &i, 0, 1L << 20, &n_prompt, &err);
         else if (args_is(arg, "-n", "--n-gen"))
@@ -627,8 +622,7 @@ int cmd_bench(int argc, char **argv) {
             i++;
             rc = 0;
         } else {
-            fprintf(stderr, "vela bench: unknown option '%s' (see 'vela bench --help')\n", arg);
-            return 2;
+            return tools_unknown_option("bench", arg);
         }
         if (rc) {
             fprintf(stderr, "vela bench: %s\n", err.msg);

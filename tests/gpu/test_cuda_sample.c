@@ -29,6 +29,8 @@
 #include "cuda/cuda_ops.h" // CUDA_SAMPLE_MAX_K: which path a row takes
 #include "host/backend.h"
 #include "host/sampler.h"
+#include "tests/gpu/gpu_fixture.h"
+#include "tests/rng_splitmix.h"
 
 // u within TOL_U of a cumulative sum: the sums agree to a few 1e-7 (each
 // probability to 1-2 float ulps, the total to < 1 relative ulp); 1e-6 leaves
@@ -39,58 +41,7 @@
 // half an ulp of the sum per later addition: 1e-4 covers a thousand of them.
 #define TOL_P 1e-4
 
-static struct backend *cpu, *gpu;
-
-static void setup(void) {
-    cpu = gpu = NULL;
-    if (backend_cuda_device_count() == 0)
-        return; // every test skips
-    struct verr err = {0};
-    cr_assert_eq(backend_cpu_create(&cpu, 0, &err), 0, "backend_cpu_create: %s", err.msg);
-    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "backend_cuda_create: %s", err.msg);
-}
-
-static void teardown(void) {
-    backend_destroy(gpu);
-    backend_destroy(cpu);
-    gpu = cpu = NULL;
-}
-
 TestSuite(cuda_sample, .init = setup, .fini = teardown, .timeout = 900);
-
-#define REQUIRE_GPU()                                                                              \
-    do {                                                                                           \
-        if (!gpu)                                                                                  \
-            cr_skip_test("no CUDA device present");                                                \
-    } while (0)
-
-#define OK(be, call) cr_assert_eq((call), 0, "%s: %s", (be)->ops->name, (be)->err.msg)
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t s) {
-    rng_state = s * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-}
-
-static uint64_t rng_u64(void) { // splitmix64
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double urand(void) { // [0, 1)
-    return (double)(rng_u64() >> 11) / 9007199254740992.0;
-}
-
-static int irand(int lo, int hi) {
-    return lo + (int)(rng_u64() % (uint64_t)(hi - lo + 1));
-}
-
-static float nrand(void) { // standard normal (Box-Muller)
-    double u = urand(), v = urand();
-    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
-}
 
 // Normal logits of some scale; rounded to a grid (many exact ties, the order
 // then rests on ids); a tenth masked to -inf; a few integers only; one
