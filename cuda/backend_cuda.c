@@ -16,7 +16,9 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_ops.h"
+#include "gguf/quant.h"
 #include "host/backend.h"
+#include "host/stage.h"
 
 #ifndef M_PI
 #define M_PI 3.14159265358979323846
@@ -28,6 +30,10 @@ struct cuda_backend {
     void *scratch; // device, stream-ordered (cudaMallocAsync)
     size_t scratch_bytes;
     int sm_count;
+    // upload_async's slots: event k is recorded after the last copy of slot
+    // k (created on first use; recorded[k] false until then).
+    cudaEvent_t upload_ev[BACKEND_UPLOAD_SLOTS];
+    bool upload_recorded[BACKEND_UPLOAD_SLOTS];
 };
 
 static struct cuda_backend *cb_of(struct backend *be) {
@@ -111,6 +117,71 @@ static int cu_sync(struct backend *be) {
     return VERR_OK;
 }
 
+static int cu_mem_info(struct backend *be, size_t *free_bytes, size_t *total_bytes) {
+    return stage_cuda_mem_info(be->device, free_bytes, total_bytes, &be->err);
+}
+
+// Page-locked staging for upload_async: the DMA engine reads it while the
+// host fills the other buffer of the ring (host/model.c).
+static int cu_alloc_host_pinned(struct backend *be, size_t bytes, void **out) {
+    *out = NULL;
+    CU_ENTER(be);
+    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 256, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError();
+        return verr_set(&be->err, e == cudaErrorMemoryAllocation ? VERR_NOMEM : VERR_BACKEND,
+                        "cudaHostAlloc(%zu bytes): %s (%s:%d)", bytes, cudaGetErrorString(e),
+                        __FILE__, __LINE__);
+    }
+    return VERR_OK;
+}
+
+static void cu_free_host_pinned(struct backend *be, void *ptr) {
+    if (!ptr)
+        return;
+    (void)be;
+    (void)cudaFreeHost(ptr); // synchronizes with the device: no copy still reads ptr
+    (void)cudaGetLastError();
+}
+
+static int cu_upload_check_slot(struct backend *be, int slot) {
+    if (slot < 0 || slot >= BACKEND_UPLOAD_SLOTS)
+        return verr_set(&be->err, VERR_RANGE, "upload slot %d outside [0, %d)", slot,
+                        BACKEND_UPLOAD_SLOTS);
+    return VERR_OK;
+}
+
+// Contract (host/backend.h): returns without waiting; src must stay
+// untouched until upload_wait(slot).
+static int cu_upload_async(struct backend *be, void *dst, const void *src, size_t bytes, int slot) {
+    CU_ENTER(be);
+    int rc = cu_upload_check_slot(be, slot);
+    if (rc)
+        return rc;
+    if (bytes == 0)
+        return VERR_OK;
+    struct cuda_backend *cb = cb_of(be);
+    if (!cb->upload_ev[slot])
+        CU_CHECK(be, cudaEventCreateWithFlags(&cb->upload_ev[slot], cudaEventDisableTiming));
+    CU_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream));
+    CU_CHECK(be, cudaEventRecord(cb->upload_ev[slot], cb->stream));
+    cb->upload_recorded[slot] = true;
+    return VERR_OK;
+}
+
+static int cu_upload_wait(struct backend *be, int slot) {
+    CU_ENTER(be);
+    int rc = cu_upload_check_slot(be, slot);
+    if (rc)
+        return rc;
+    struct cuda_backend *cb = cb_of(be);
+    if (!cb->upload_recorded[slot])
+        return VERR_OK;
+    CU_CHECK(be, cudaEventSynchronize(cb->upload_ev[slot]));
+    return VERR_OK;
+}
+
 // Grows the scratch buffer to at least `bytes` (stream-ordered: the old one is
 // released after every op already enqueued that uses it).
 static int cu_scratch_reserve(struct backend *be, size_t bytes) {
@@ -138,29 +209,10 @@ static int cu_scratch_reserve(struct backend *be, size_t bytes) {
 
 // --- argument checks -----------------------------------------------------------
 
-static bool cu_weight_type_ok(enum ggml_type t) {
-    switch (t) {
-    case GGML_TYPE_F32:
-    case GGML_TYPE_F16:
-    case GGML_TYPE_BF16:
-    case GGML_TYPE_Q8_0:
-    case GGML_TYPE_Q4_0:
-    case GGML_TYPE_Q4_1:
-    case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1:
-    case GGML_TYPE_Q4_K:
-    case GGML_TYPE_Q5_K:
-    case GGML_TYPE_Q6_K:
-        return true;
-    default:
-        return false;
-    }
-}
-
 static int cu_check_weight(struct backend *be, const struct backend_weight *w, const char *what) {
     if (!w || !w->data)
         return verr_set(&be->err, VERR_RANGE, "%s: weight is NULL", what);
-    if (!cu_weight_type_ok(w->type))
+    if (!quant_type_supported(w->type))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "%s: weight type %s is not supported by the "
                         "CUDA backend",
@@ -414,6 +466,9 @@ static void cu_release(struct cuda_backend *cb) {
         (void)cudaStreamSynchronize(cb->stream);
     if (cb->scratch)
         (void)cudaFree(cb->scratch); // stream-ordered memory may be freed synchronously too
+    for (int k = 0; k < BACKEND_UPLOAD_SLOTS; k++)
+        if (cb->upload_ev[k])
+            (void)cudaEventDestroy(cb->upload_ev[k]);
     if (cb->cublas)
         (void)cublasDestroy(cb->cublas);
     if (cb->stream)
@@ -452,6 +507,11 @@ static const struct backend_ops cuda_ops = {
     .get_rows = cu_get_rows,
     .argmax = cu_argmax,
     .sample = cu_sample,
+    .mem_info = cu_mem_info,
+    .alloc_host_pinned = cu_alloc_host_pinned,
+    .free_host_pinned = cu_free_host_pinned,
+    .upload_async = cu_upload_async,
+    .upload_wait = cu_upload_wait,
     .destroy = cu_destroy,
 };
 

@@ -61,19 +61,35 @@ void args_model_default(struct args_model *a) {
     rope_overrides_default(&a->rope);
 }
 
-static int cache_type(int argc, char **argv, int *i, enum ggml_type *out, struct verr *err) {
-    const char *flag = argv[*i], *s = NULL;
+struct choice {
+    const char *name;
+    int value;
+};
+
+// The value of flag argv[*i] as one of n named choices; otherwise VERR_RANGE
+// "FLAG: 'VALUE' is not KIND" (`flag` is the name the message uses).
+static int value_choice(int argc, char **argv, int *i, const char *flag, const struct choice *c,
+                        int n, const char *kind, int *out, struct verr *err) {
+    const char *s = NULL;
     int rc = args_value_str(argc, argv, i, &s, err);
     if (rc)
         return rc;
-    if (!strcmp(s, "f16"))
-        *out = GGML_TYPE_F16;
-    else if (!strcmp(s, "f32"))
-        *out = GGML_TYPE_F32;
-    else
-        return verr_set(err, VERR_RANGE, "%s: '%s' is not a supported cache type (f32, f16)", flag,
-                        s);
-    return 0;
+    for (int k = 0; k < n; k++)
+        if (!strcmp(s, c[k].name)) {
+            *out = c[k].value;
+            return 0;
+        }
+    return verr_set(err, VERR_RANGE, "%s: '%s' is not %s", flag, s, kind);
+}
+
+static int cache_type(int argc, char **argv, int *i, enum ggml_type *out, struct verr *err) {
+    static const struct choice types[] = {{"f16", GGML_TYPE_F16}, {"f32", GGML_TYPE_F32}};
+    int v = 0;
+    int rc = value_choice(argc, argv, i, argv[*i], types, 2, "a supported cache type (f32, f16)",
+                          &v, err);
+    if (!rc)
+        *out = (enum ggml_type)v;
+    return rc;
 }
 
 // Returns 1 (consumed), 0 (not ours) or a negative error.
@@ -88,19 +104,11 @@ static int parse_split_flags(struct args_model *a, int argc, char **argv, int *i
                              struct verr *err) {
     const char *arg = argv[*i], *s = NULL;
     if (args_is(arg, "--split-mode", "-sm")) {
-        int rc = args_value_str(argc, argv, i, &s, err);
-        if (rc)
-            return rc;
-        if (!strcmp(s, "layer"))
-            a->split_mode = ARGS_SPLIT_LAYER;
-        else if (!strcmp(s, "none"))
-            a->split_mode = ARGS_SPLIT_NONE;
-        else if (!strcmp(s, "row"))
-            a->split_mode = ARGS_SPLIT_ROW;
-        else
-            return verr_set(err, VERR_RANGE, "--split-mode: '%s' is not a split mode (layer, none)",
-                            s);
-        return 1;
+        // "row" is parsed so that pipeline setup can refuse it by name.
+        static const struct choice modes[] = {
+            {"layer", ARGS_SPLIT_LAYER}, {"none", ARGS_SPLIT_NONE}, {"row", ARGS_SPLIT_ROW}};
+        DONE(value_choice(argc, argv, i, "--split-mode", modes, 3, "a split mode (layer, none)",
+                          &a->split_mode, err));
     }
     if (args_is(arg, "--tensor-split", "-ts")) {
         int rc = args_value_str(argc, argv, i, &s, err);
@@ -139,18 +147,14 @@ int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct
     if (args_is(arg, "-m", "--model"))
         DONE(args_value_str(argc, argv, i, &a->model_path, err));
     if (args_is(arg, "--backend", NULL)) {
-        const char *s = NULL;
-        int rc = args_value_str(argc, argv, i, &s, err);
+        static const struct choice backends[] = {
+            {"cpu", ARGS_BACKEND_CPU}, {"cuda", ARGS_BACKEND_CUDA}, {"auto", ARGS_BACKEND_AUTO}};
+        int v = 0;
+        int rc =
+            value_choice(argc, argv, i, "--backend", backends, 3, "a backend (cpu, cuda)", &v, err);
         if (rc)
             return rc;
-        if (!strcmp(s, "cpu"))
-            a->backend = ARGS_BACKEND_CPU;
-        else if (!strcmp(s, "cuda"))
-            a->backend = ARGS_BACKEND_CUDA;
-        else if (!strcmp(s, "auto"))
-            a->backend = ARGS_BACKEND_AUTO;
-        else
-            return verr_set(err, VERR_RANGE, "--backend: '%s' is not a backend (cpu, cuda)", s);
+        a->backend = (enum args_backend)v;
         return 1;
     }
     if (args_is(arg, "--device", NULL))
@@ -216,6 +220,11 @@ int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct
         *i += 1;
         return 1;
     }
+    if (args_is(arg, "--no-progress", NULL)) {
+        a->no_progress = true;
+        *i += 1;
+        return 1;
+    }
     return 0;
 }
 
@@ -232,6 +241,7 @@ void args_help_model(FILE *out) {
             "  -ctk, --cache-type-k T    KV cache type for K: f32, f16 (default: f16)\n"
             "  -ctv, --cache-type-v T    KV cache type for V: f32, f16 (default: f16)\n"
             "  -v, --verbose             print model and context details\n"
+            "  --no-progress             no progress bar while the weights load\n"
             "several devices (split by layers, see README):\n"
             "  --devices LIST            devices of the stages: 0,1 / cuda0,cuda1 / cpu,cpu "
             "(default: every GPU)\n"

@@ -41,6 +41,7 @@ struct args_model {
     enum ggml_type type_v;      // --cache-type-v f32|f16 (f16)
     struct rope_overrides rope; // --rope-* / --yarn-*
     bool verbose;               // --verbose, -v
+    bool no_progress;           // --no-progress: no load progress on stderr
     // Several devices (host/pipeline.h), llama.cpp's flags. --main-gpu / -mg sets `device`.
     int split_mode;           // --split-mode layer|none (ARGS_SPLIT_*; layer by default)
     const char *tensor_split; // --tensor-split, -ts "3,1"; NULL: by free memory

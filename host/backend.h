@@ -172,8 +172,30 @@ struct backend_ops {
                   const float *logits /* [n_rows][n_vocab] */, int n_rows, int n_vocab,
                   const struct sample_params *sp /* [n_rows], host memory */);
 
+    // --- optional (NULL where a backend has no use for them) -----------------
+
+    // Free and total memory of the device the backend allocates from (the
+    // CPU: the RAM the kernel reports available); SIZE_MAX when it cannot
+    // say. NULL: unknown too.
+    int (*mem_info)(struct backend *be, size_t *free_bytes, size_t *total_bytes);
+
+    // Bulk uploads (model loading) through caller-owned page-locked staging.
+    // alloc_host_pinned gives host memory the device can read by DMA;
+    // upload_async enqueues a copy of `bytes` from such memory to dst and
+    // returns without waiting for it; upload_wait(slot) returns once every
+    // upload_async issued with `slot` (0 <= slot < BACKEND_UPLOAD_SLOTS) has
+    // finished reading its source, so the caller may refill it. All four are
+    // set or all NULL; without them a loader uses ops->upload, which returns
+    // once its source is read.
+    int (*alloc_host_pinned)(struct backend *be, size_t bytes, void **out);
+    void (*free_host_pinned)(struct backend *be, void *ptr);
+    int (*upload_async)(struct backend *be, void *dst, const void *src, size_t bytes, int slot);
+    int (*upload_wait)(struct backend *be, int slot);
+
     void (*destroy)(struct backend *be);
 };
+
+#define BACKEND_UPLOAD_SLOTS 4
 
 struct backend {
     const struct backend_ops *ops;

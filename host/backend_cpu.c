@@ -18,6 +18,7 @@
 #include "host/backend.h"
 #include "host/rope.h"
 #include "host/sampler.h"
+#include "host/stage.h"
 #include "host/threadpool.h"
 
 #define CPU_ALIGN 64
@@ -167,6 +168,13 @@ static int cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes
 
 static int cpu_upload(struct backend *be, void *dst, const void *src, size_t bytes) {
     return cpu_copy(be, dst, src, bytes, "upload");
+}
+
+// What the kernel reports available (host/stage.c reads it for the split
+// plan too); PLAN_MEM_UNLIMITED when it cannot say.
+static int cpu_mem_info(struct backend *be, size_t *free_bytes, size_t *total_bytes) {
+    const struct plan_device d = {PLAN_DEVICE_CPU, 0};
+    return stage_device_memory(&d, free_bytes, total_bytes, &be->err);
 }
 
 static int cpu_download(struct backend *be, void *dst, const void *src, size_t bytes) {
@@ -836,6 +844,7 @@ static const struct backend_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .argmax = cpu_argmax,
     .sample = cpu_sample,
+    .mem_info = cpu_mem_info,
     .destroy = cpu_destroy,
 };
 

@@ -32,7 +32,9 @@ int engine_open(struct engine **out, const struct args_model *a, const struct en
         goto fail;
     // One backend, or stage 0 of a model split over --devices (the other
     // stages belong to e->m, see host/pipeline.h).
-    if ((rc = pipeline_load(a, p->n_ctx, f, &e->be, &e->m, err)))
+    const int n_seq = p->n_seq_max > 0 ? p->n_seq_max : 1;
+    if ((rc = pipeline_load_ex(a, p->n_ctx, p->n_outputs_max > 0 ? p->n_outputs_max : n_seq, f,
+                               p->progress, p->progress_user, &e->be, &e->m, err)))
         goto fail;
     if (gguf_find_key(f, "tokenizer.ggml.model") >= 0) {
         if ((rc = tokenizer_load(&e->tok, f, err))) {
@@ -128,7 +130,7 @@ struct slot {
     int share_from; // slot whose prompt cells it will share; -1: none
     bool can_share; // no shift can ever move this sequence's prompt cells
     bool started_now;
-    int32_t amax; // argmax of its row (greedy shortcut)
+    int32_t amax; // the token the backend picked from its row (argmax or sample op)
     float *last;  // [n_vocab] its row (sampling)
     struct sampler *smp;
     struct tokenizer_stream *stream;
@@ -144,6 +146,11 @@ struct gen_run {
     struct engine_stats *st;
     int n_ctx_seq;
     bool use_argmax;
+    // Sampling on the backend (ops->sample) is possible: temp > 0, nobody
+    // wants the logits. A step uses it when every active sequence's sampler
+    // has no penalties and no sequence waits to share a prompt's row.
+    bool dev_sample_ok;
+    struct sample_params *rows; // [n_parallel] this step's sample rows, in batch order
     uint32_t base_seed;
     struct sampler_params sp;
     struct slot *slots; // [n_parallel]
@@ -252,14 +259,21 @@ static int slot_finish(struct gen_run *r, int s, const char *why, struct verr *e
 // halves (llama.cpp's parallel example), down to single tokens, which always
 // fit since every sequence stays within its share of the cells. Each output
 // row is stored with the slot it belongs to.
-static int step_decode(struct gen_run *r, int n, struct verr *err) {
+//
+// use_sample: the rows are sampled on the backend with r->rows (one per row
+// that wants logits, drawn before the step); a retried piece passes the same
+// rows again, so no draw is taken twice.
+static int step_decode(struct gen_run *r, int n, bool use_sample, struct verr *err) {
     struct forward_ctx *fc = &r->e->fc;
     const int V = r->e->m->hp.n_vocab, n_par = r->g->n_parallel;
     int piece = fc->cfg.n_batch;
+    int o_base = 0; // output rows of the step before entry i
     for (int i = 0; i < n;) {
         int nb = n - i < piece ? n - i : piece;
         struct forward_batch b = {nb, r->tok + i, r->pos + i, r->seq + i, r->want + i};
-        int rc = r->use_argmax ? forward_decode_argmax(fc, &b, err) : forward_decode(fc, &b, err);
+        int rc = use_sample      ? forward_decode_sample(fc, &b, r->rows + o_base, err)
+                 : r->use_argmax ? forward_decode_argmax(fc, &b, err)
+                                 : forward_decode(fc, &b, err);
         if (rc == VERR_FULL && nb > 1) {
             piece = nb / 2;
             r->st->n_batch_splits++;
@@ -272,11 +286,12 @@ static int step_decode(struct gen_run *r, int n, struct verr *err) {
             int s = r->seq[bi];
             if (s < 0 || s >= n_par || r->slots[s].out_row != bi)
                 continue;
-            if (r->use_argmax)
+            if (r->use_argmax || use_sample)
                 r->slots[s].amax = forward_argmax(fc, o);
             else
                 memcpy(r->slots[s].last, forward_logits(fc, o), (size_t)V * sizeof(float));
         }
+        o_base += fc->n_out;
         i += nb;
     }
     return 0;
@@ -387,13 +402,15 @@ static int generate(struct engine *e, const struct engine_prompt *prompts, int n
                    (r.sp.repeat_last_n == 0 ||
                     (r.sp.repeat_penalty == 1.0f && r.sp.frequency_penalty == 0.0f &&
                      r.sp.presence_penalty == 0.0f));
+    r.dev_sample_ok = !g->on_logits && r.sp.temp > 0 && forward_can_sample(fc);
     r.cap = n_par * n_batch;
     r.slots = calloc((size_t)n_par, sizeof *r.slots);
+    r.rows = malloc((size_t)n_par * sizeof *r.rows);
     r.tok = malloc((size_t)r.cap * sizeof *r.tok);
     r.pos = malloc((size_t)r.cap * sizeof *r.pos);
     r.seq = malloc((size_t)r.cap * sizeof *r.seq);
     r.want = malloc((size_t)r.cap);
-    bool oom = !r.slots || !r.tok || !r.pos || !r.seq || !r.want;
+    bool oom = !r.slots || !r.rows || !r.tok || !r.pos || !r.seq || !r.want;
     for (int s = 0; s < n_par && !oom && !r.use_argmax; s++)
         oom = !(r.slots[s].last = malloc((size_t)V * sizeof(float)));
     if (oom) {
@@ -471,8 +488,21 @@ static int generate(struct engine *e, const struct engine_prompt *prompts, int n
         if (n == 0)
             continue; // every generating slot ended on a full context
 
+        // Sampling on the backend: each row's draw is taken now, once, from
+        // its sequence's sampler (the draw sampler_sample would take later).
+        bool use_sample = r.dev_sample_ok;
+        for (int s = 0; s < n_par && use_sample; s++) {
+            const struct slot *sl = &r.slots[s];
+            if (sl->state != SLOT_FREE && (sl->share_from >= 0 || !sampler_penalties_off(sl->smp)))
+                use_sample = false;
+        }
+        if (use_sample)
+            for (int bi = 0, o = 0; bi < n; bi++)
+                if (r.want[bi])
+                    sampler_next_params(r.slots[r.seq[bi]].smp, &r.rows[o++]);
+
         double t0 = engine_now_ms();
-        if ((rc = step_decode(&r, n, err)))
+        if ((rc = step_decode(&r, n, use_sample, err)))
             goto out;
         double t_dec = engine_now_ms() - t0;
         st->t_prompt_ms += t_dec * n_p / n;
@@ -517,7 +547,9 @@ static int generate(struct engine *e, const struct engine_prompt *prompts, int n
             }
             if (g->on_logits && g->on_logits(g->logits_user, sl->id, sl->out_pos, sl->last))
                 stop = true;
-            int32_t tok = r.use_argmax ? sl->amax : sampler_sample(sl->smp, sl->last);
+            const bool picked = r.use_argmax || use_sample;
+            int32_t tok = picked ? sl->amax : sampler_sample(sl->smp, sl->last);
+            st->n_gen_backend += picked;
             sampler_accept(sl->smp, tok);
             sl->n_gen++;
             st->n_gen++;
@@ -555,6 +587,7 @@ out:
         free(r.slots[s].last);
     }
     free(r.slots);
+    free(r.rows);
     free(r.tok);
     free(r.pos);
     free(r.seq);

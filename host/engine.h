@@ -28,6 +28,10 @@ struct engine_open_params {
     int n_outputs_max;   // rows wanting logits per decode (0: 1 per sequence)
     int n_ctx;           // 0: from the flags (args_resolve_ctx)
     bool need_tokenizer; // fail when the file has no tokenizer.ggml.* keys
+    // Optional: the weights' progress to the backend (host/model.h); the
+    // library never prints, tools/ draws the bar.
+    model_progress_fn progress;
+    void *progress_user;
 };
 
 struct engine {
@@ -70,7 +74,8 @@ struct engine_gen_params {
     struct sampler_params sp; // sequence i samples with seed sp.seed + i
     // Optional: called with the logits row each sampled token is drawn from,
     // before sampling (pos: the position of the token that produced the row).
-    // Setting it turns off the backend-side argmax shortcut of greedy sampling.
+    // Setting it turns off picking tokens on the backend (the argmax shortcut of
+    // greedy sampling, the sample op otherwise): every row comes to the host.
     int (*on_logits)(void *user, int seq, int32_t pos, const float *logits);
     void *logits_user;
 };
@@ -94,6 +99,8 @@ typedef int (*engine_event_fn)(void *user, enum engine_event ev, int seq, int32_
 struct engine_stats {
     int n_prompt;       // prompt tokens evaluated (a prompt shared by samples counts once)
     int n_gen;          // tokens sampled (all sequences)
+    int n_gen_backend;  // of those, picked on the backend (argmax or sample op) from rows
+                        // that never came to the host
     int n_decode_gen;   // decode steps that carried generated tokens
     int n_seq;          // sequences finished
     double t_prompt_ms; // decode time of prompt tokens (a step with both kinds is split

@@ -334,7 +334,9 @@ int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only,
     OP("get_rows", be->ops->get_rows(be, xo, fc->x, fc->d_rows + r0, nr, n_embd));
     OP("output_norm", be->ops->rms_norm(be, xo, xo, m->output_norm, nr, n_embd, hp->norm_eps));
     OP("output", be->ops->matmul(be, logits, &m->output, xo, NULL, nr));
-    if (argmax_only)
+    if (argmax_only && fc->sp)
+        OP("sample", be->ops->sample(be, fc->d_argmax + r0, logits, nr, hp->n_vocab, fc->sp + r0));
+    else if (argmax_only)
         OP("argmax", be->ops->argmax(be, fc->d_argmax + r0, logits, nr, hp->n_vocab));
     return 0;
 }
@@ -378,4 +380,21 @@ int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct
 
 int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err) {
     return decode_or_undo(fc, b, true, err);
+}
+
+bool forward_can_sample(const struct forward_ctx *fc) {
+    return !(fc->pipe && fc->pipe->p->ctl);
+}
+
+int forward_decode_sample(struct forward_ctx *fc, const struct forward_batch *b,
+                          const struct sample_params *sp, struct verr *err) {
+    if (!forward_can_sample(fc))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: sampling on the backend with the head in another process");
+    if (!sp)
+        return verr_set(err, VERR_RANGE, "forward: no sample rows");
+    fc->sp = sp;
+    int rc = decode_or_undo(fc, b, true, err);
+    fc->sp = NULL;
+    return rc;
 }

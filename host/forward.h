@@ -95,6 +95,9 @@ struct forward_ctx {
     int32_t *h_argmax;      // [n_out] (forward_decode_argmax)
     int32_t *h_cells;       // [n_batch] scratch
     int32_t *h_rows;        // [n_out] scratch
+    // forward_decode_sample's rows during its decode (host memory, [n_out]),
+    // read by the head stage (forward_stage_head); NULL otherwise.
+    const struct sample_params *sp;
 
     // A model split into stages (m->pipe): this context is stage 0's and the
     // front of the pipeline (the engine's KV operations go to fc->kv; every
@@ -116,6 +119,16 @@ int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct
 // As forward_decode, but only the argmax of each output row is computed on
 // the backend and downloaded: forward_argmax(fc, r).
 int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err);
+// As forward_decode_argmax, but output row r is sampled on the backend
+// (ops->sample) with sp[r] (host memory, one per row that wants logits, in
+// batch order): forward_argmax(fc, r) is the token picked. A retried decode
+// passes the same sp again (the draws in it were taken once). VERR_UNSUPPORTED
+// when the head runs in another process (forward_can_sample is false).
+int forward_decode_sample(struct forward_ctx *fc, const struct forward_batch *b,
+                          const struct sample_params *sp, struct verr *err);
+// Whether forward_decode_sample can run here: not when the last stage of a
+// split model is in another process (sample rows are not sent there).
+bool forward_can_sample(const struct forward_ctx *fc);
 
 // --- one stage's part of a decode (host/pipeline.c drives these; a whole
 // model runs them back to back). Token ranges [t0, t0+n) index the batch;
@@ -132,7 +145,8 @@ int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err)
 // Runs fc's layers [m->layer_begin, m->layer_end) over x rows [t0, t0+n).
 int forward_stage_layers(struct forward_ctx *fc, int t0, int n, struct verr *err);
 // Output rows [r0, r0+nr) (last stage only): gathers their x rows, final norm,
-// LM head into logits rows [r0, r0+nr); with argmax_only their argmax too.
+// LM head into logits rows [r0, r0+nr); with argmax_only their argmax too, or
+// the tokens ops->sample picks with fc->sp[r0..r0+nr) when fc->sp is set.
 int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only, struct verr *err);
 // Downloads n_out rows of logits (or their argmax) into the host arrays, then
 // waits for fc's backend.

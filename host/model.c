@@ -223,25 +223,6 @@ out:
 
 // --- tensors -------------------------------------------------------------------
 
-static bool weight_type_ok(enum ggml_type t) {
-    switch (t) {
-    case GGML_TYPE_F32:
-    case GGML_TYPE_F16:
-    case GGML_TYPE_BF16:
-    case GGML_TYPE_Q8_0:
-    case GGML_TYPE_Q4_0:
-    case GGML_TYPE_Q4_1:
-    case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1:
-    case GGML_TYPE_Q4_K:
-    case GGML_TYPE_Q5_K:
-    case GGML_TYPE_Q6_K:
-        return true;
-    default:
-        return false;
-    }
-}
-
 static void format_shape(char *buf, size_t cap, int n, const int64_t *ne) {
     size_t len = 0;
     len += (size_t)snprintf(buf + len, cap - len, "[");
@@ -297,35 +278,59 @@ static int model_track(struct model *m, void *p, struct verr *err) {
     return 0;
 }
 
-static int upload_bytes(struct model *m, const char *name, const void *src, size_t bytes,
-                        void **out, struct verr *err) {
-    struct backend *be = m->be;
-    void *p = NULL;
-    int rc = be->ops->alloc(be, bytes, &p);
-    if (rc)
-        return verr_set(err, rc, "%s: allocating %zu bytes on the %s backend: %s", name, bytes,
-                        be->ops->name, be->err.msg);
-    if ((rc = model_track(m, p, err))) {
-        be->ops->free(be, p);
-        return rc;
+// --- the load plan: every tensor's place in one backend allocation ------------
+
+// Each tensor's offset in the stage's one weight allocation is a multiple of
+// this: the quantized kernels read blocks with 16-byte vector loads, and 256
+// is what cudaMalloc itself guarantees.
+#define LOAD_ALIGN 256
+
+// One tensor to bring to the backend: a range of the weight allocation
+// filled from the mapped file, as is (matrices, F32 vectors) or converted to
+// F32 (F16 / BF16 vectors).
+struct load_item {
+    const uint8_t *src;      // in the mapped file
+    enum ggml_type src_type; // of a vector: F32, F16 or BF16
+    bool vector;
+    size_t off, bytes;  // range of the allocation
+    const void **wdata; // a matrix: where its backend pointer goes
+    float **vdata;      // a vector: where its backend pointer goes
+};
+
+struct load_plan {
+    struct load_item *items; // [n], by ascending offset
+    int n, cap;
+    size_t arena; // bytes of the allocation, padding included
+};
+
+static int plan_add(struct model *m, struct load_plan *lp, const struct load_item *it,
+                    struct verr *err) {
+    if (lp->n == lp->cap) {
+        int cap = lp->cap ? lp->cap * 2 : 64;
+        struct load_item *ni = realloc(lp->items, (size_t)cap * sizeof *ni);
+        if (!ni)
+            return verr_set(err, VERR_NOMEM, "out of host memory");
+        lp->items = ni;
+        lp->cap = cap;
     }
-    rc = be->ops->upload(be, p, src, bytes);
-    if (rc)
-        return verr_set(err, rc, "%s: upload: %s", name, be->err.msg);
-    m->n_bytes += bytes;
-    *out = p;
+    struct load_item *dst = &lp->items[lp->n++];
+    *dst = *it;
+    dst->off = (lp->arena + LOAD_ALIGN - 1) / LOAD_ALIGN * LOAD_ALIGN;
+    lp->arena = dst->off + dst->bytes;
+    m->n_bytes += dst->bytes;
     return 0;
 }
 
 // A matmul weight / embedding table of ggml shape [n_in, n_out].
-static int load_weight(struct model *m, const struct gguf_file *f, const char *name, int64_t n_in,
-                       int64_t n_out, struct backend_weight *w, struct verr *err) {
+static int load_weight(struct model *m, struct load_plan *lp, const struct gguf_file *f,
+                       const char *name, int64_t n_in, int64_t n_out, struct backend_weight *w,
+                       struct verr *err) {
     const struct gguf_tensor_info *t;
     int64_t want[2] = {n_in, n_out};
     int rc = tensor_check(f, name, 2, want, false, &t, err);
     if (rc)
         return rc;
-    if (!weight_type_ok(t->type))
+    if (!quant_type_supported(t->type))
         return verr_set(err, VERR_UNSUPPORTED,
                         "%s: weight type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, "
                         "q5_0, q5_1, q4_K, q5_K, q6_K)",
@@ -339,10 +344,10 @@ static int load_weight(struct model *m, const struct gguf_file *f, const char *n
     if (t->nbytes < bytes)
         return verr_set(err, VERR_FORMAT, "%s: %" PRIu64 " bytes of data, expected %zu", name,
                         t->nbytes, bytes);
-    void *p;
-    if ((rc = upload_bytes(m, name, t->data, bytes, &p, err)))
+    struct load_item it = {.src = t->data, .bytes = bytes, .wdata = &w->data};
+    if ((rc = plan_add(m, lp, &it, err)))
         return rc;
-    w->data = p;
+    w->data = NULL; // set when the allocation is made
     w->type = t->type;
     w->n_in = n_in;
     w->n_out = n_out;
@@ -352,8 +357,8 @@ static int load_weight(struct model *m, const struct gguf_file *f, const char *n
 
 // A vector of n floats (norm weights, biases, rope factors): stored as F32 on
 // the backend whatever the file holds (F32, F16 or BF16).
-static int load_vector(struct model *m, const struct gguf_file *f, const char *name, int64_t n,
-                       bool optional, float **out, struct verr *err) {
+static int load_vector(struct model *m, struct load_plan *lp, const struct gguf_file *f,
+                       const char *name, int64_t n, bool optional, float **out, struct verr *err) {
     *out = NULL;
     const struct gguf_tensor_info *t;
     int rc = tensor_check(f, name, 1, &n, optional, &t, err);
@@ -366,30 +371,19 @@ static int load_vector(struct model *m, const struct gguf_file *f, const char *n
     if (t->nbytes < esz * (size_t)n)
         return verr_set(err, VERR_FORMAT, "%s: %" PRIu64 " bytes of data, expected %zu", name,
                         t->nbytes, esz * (size_t)n);
-    float *host = malloc((size_t)n * sizeof *host);
-    if (!host)
-        return verr_set(err, VERR_NOMEM, "out of host memory");
-    const uint8_t *src = t->data;
-    for (int64_t i = 0; i < n; i++) {
-        if (t->type == GGML_TYPE_F32) {
-            memcpy(&host[i], src + 4 * i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            host[i] = t->type == GGML_TYPE_F16 ? quant_fp16_to_f32(h) : quant_bf16_to_f32(h);
-        }
-    }
-    void *p = NULL;
-    rc = upload_bytes(m, name, host, (size_t)n * sizeof *host, &p, err);
-    free(host);
-    if (rc)
+    struct load_item it = {.src = t->data,
+                           .src_type = t->type,
+                           .vector = true,
+                           .bytes = (size_t)n * sizeof(float),
+                           .vdata = out};
+    if ((rc = plan_add(m, lp, &it, err)))
         return rc;
     m->n_params += n;
-    *out = p;
     return 0;
 }
 
-static int load_layer(struct model *m, const struct gguf_file *f, int il, struct verr *err) {
+static int load_layer(struct model *m, struct load_plan *lp, const struct gguf_file *f, int il,
+                      struct verr *err) {
     const struct model_hparams *hp = &m->hp;
     struct model_layer *L = &m->layers[il];
     const int64_t n_embd = hp->n_embd, n_ff = hp->n_ff;
@@ -400,23 +394,23 @@ static int load_layer(struct model *m, const struct gguf_file *f, int il, struct
     char name[96];
     int rc;
 #define TN(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, il), name)
-    if ((rc = load_vector(m, f, TN("attn_norm.weight"), n_embd, false, &L->attn_norm, err)) ||
-        (rc = load_weight(m, f, TN("attn_q.weight"), n_embd, n_q, &L->wq, err)) ||
-        (rc = load_weight(m, f, TN("attn_k.weight"), n_embd, n_k, &L->wk, err)) ||
-        (rc = load_weight(m, f, TN("attn_v.weight"), n_embd, n_v, &L->wv, err)) ||
-        (rc = load_weight(m, f, TN("attn_output.weight"), n_o, n_embd, &L->wo, err)))
+    if ((rc = load_vector(m, lp, f, TN("attn_norm.weight"), n_embd, false, &L->attn_norm, err)) ||
+        (rc = load_weight(m, lp, f, TN("attn_q.weight"), n_embd, n_q, &L->wq, err)) ||
+        (rc = load_weight(m, lp, f, TN("attn_k.weight"), n_embd, n_k, &L->wk, err)) ||
+        (rc = load_weight(m, lp, f, TN("attn_v.weight"), n_embd, n_v, &L->wv, err)) ||
+        (rc = load_weight(m, lp, f, TN("attn_output.weight"), n_o, n_embd, &L->wo, err)))
         return rc;
     // qwen2 requires the biases; llama accepts them when present (some
     // conversions carry them), as llama.cpp does.
     bool opt = !hp->has_bias_qkv;
-    if ((rc = load_vector(m, f, TN("attn_q.bias"), n_q, opt, &L->bq, err)) ||
-        (rc = load_vector(m, f, TN("attn_k.bias"), n_k, opt, &L->bk, err)) ||
-        (rc = load_vector(m, f, TN("attn_v.bias"), n_v, opt, &L->bv, err)))
+    if ((rc = load_vector(m, lp, f, TN("attn_q.bias"), n_q, opt, &L->bq, err)) ||
+        (rc = load_vector(m, lp, f, TN("attn_k.bias"), n_k, opt, &L->bk, err)) ||
+        (rc = load_vector(m, lp, f, TN("attn_v.bias"), n_v, opt, &L->bv, err)))
         return rc;
-    if ((rc = load_vector(m, f, TN("ffn_norm.weight"), n_embd, false, &L->ffn_norm, err)) ||
-        (rc = load_weight(m, f, TN("ffn_gate.weight"), n_embd, n_ff, &L->w_gate, err)) ||
-        (rc = load_weight(m, f, TN("ffn_up.weight"), n_embd, n_ff, &L->w_up, err)) ||
-        (rc = load_weight(m, f, TN("ffn_down.weight"), n_ff, n_embd, &L->w_down, err)))
+    if ((rc = load_vector(m, lp, f, TN("ffn_norm.weight"), n_embd, false, &L->ffn_norm, err)) ||
+        (rc = load_weight(m, lp, f, TN("ffn_gate.weight"), n_embd, n_ff, &L->w_gate, err)) ||
+        (rc = load_weight(m, lp, f, TN("ffn_up.weight"), n_embd, n_ff, &L->w_up, err)) ||
+        (rc = load_weight(m, lp, f, TN("ffn_down.weight"), n_ff, n_embd, &L->w_down, err)))
         return rc;
 #undef TN
     return 0;
@@ -463,81 +457,321 @@ static int check_all(const struct gguf_file *f, const struct model_hparams *hp, 
     return 0;
 }
 
-int model_load(struct model **out, const struct gguf_file *f, struct backend *be,
-               struct verr *err) {
-    return model_load_layers(out, f, be, 0, -1, err);
+// --- moving the bytes ------------------------------------------------------------
+
+#define LOAD_STAGING_DEFAULT ((size_t)64 << 20)
+
+// Writes bytes [from, from + n) of item it's backend image to dst. A
+// converted vector's range is whole floats: item offsets and chunk bounds
+// are multiples of LOAD_ALIGN.
+static void item_read(const struct load_item *it, size_t from, size_t n, uint8_t *dst) {
+    if (!it->vector || it->src_type == GGML_TYPE_F32) {
+        memcpy(dst, it->src + from, n);
+        return;
+    }
+    const uint8_t *s = it->src + from / 2; // [n / 4] f16 or bf16
+    for (size_t i = 0; i < n / 4; i++) {
+        uint16_t h;
+        memcpy(&h, s + 2 * i, 2);
+        float v = it->src_type == GGML_TYPE_F16 ? quant_fp16_to_f32(h) : quant_bf16_to_f32(h);
+        memcpy(dst + 4 * i, &v, 4);
+    }
 }
 
-// l1 < 0: every layer (model_load, before n_layer is known).
-int model_load_layers(struct model **out, const struct gguf_file *f, struct backend *be, int l0,
-                      int l1, struct verr *err) {
-    *out = NULL;
-    struct model *m = calloc(1, sizeof *m);
-    if (!m)
-        return verr_set(err, VERR_NOMEM, "out of host memory");
-    m->be = be;
+// buf [hi - lo] = bytes [lo, hi) of the allocation's image (padding zeroed);
+// *cursor: the first item that may still overlap, advanced as chunks go by.
+static void plan_fill(const struct load_plan *lp, int *cursor, uint8_t *buf, size_t lo, size_t hi) {
+    int i = *cursor;
+    while (i < lp->n && lp->items[i].off + lp->items[i].bytes <= lo)
+        i++;
+    *cursor = i;
+    size_t p = lo;
+    for (; i < lp->n && lp->items[i].off < hi; i++) {
+        const struct load_item *it = &lp->items[i];
+        size_t a = it->off > lo ? it->off : lo;
+        size_t b = it->off + it->bytes < hi ? it->off + it->bytes : hi;
+        if (a > p)
+            memset(buf + (p - lo), 0, a - p);
+        item_read(it, a - it->off, b - a, buf + (a - lo));
+        p = b;
+    }
+    if (hi > p)
+        memset(buf + (p - lo), 0, hi - p);
+}
+
+static void report(const struct model_load_params *p, uint64_t done, uint64_t total) {
+    if (p->progress)
+        p->progress(p->progress_user, p->progress_base + done,
+                    p->progress_total ? p->progress_total : total);
+}
+
+// The pinned ring: chunk c of the allocation is filled from the mapped file
+// into staging buffer c % 2 while the copy of chunk c - 1 (the other buffer)
+// is in flight; before refilling a buffer, the copy that last read it is
+// waited for. The reads of the file (page faults on the mapping) thus
+// overlap the DMA. Returns 1 when pinned memory is not to be had (the
+// caller then uploads directly).
+static int stream_pinned(struct backend *be, const struct load_plan *lp, uint8_t *arena,
+                         const struct model_load_params *p, struct verr *err) {
+    size_t chunk = p->staging_bytes ? p->staging_bytes : LOAD_STAGING_DEFAULT;
+    chunk = (chunk + LOAD_ALIGN - 1) / LOAD_ALIGN * LOAD_ALIGN;
+    const size_t whole = (lp->arena + LOAD_ALIGN - 1) / LOAD_ALIGN * LOAD_ALIGN;
+    if (chunk > whole)
+        chunk = whole;
+    void *buf[2] = {NULL, NULL};
+    if (be->ops->alloc_host_pinned(be, chunk, &buf[0]) ||
+        be->ops->alloc_host_pinned(be, chunk, &buf[1])) {
+        if (buf[0])
+            be->ops->free_host_pinned(be, buf[0]);
+        return 1;
+    }
+    int rc = 0, cursor = 0;
+    bool issued[2] = {false, false};
+    for (size_t lo = 0, c = 0; lo < lp->arena && !rc; lo += chunk, c++) {
+        const int k = (int)(c % 2);
+        const size_t hi = lp->arena - lo < chunk ? lp->arena : lo + chunk;
+        if (issued[k] && (rc = be->ops->upload_wait(be, k))) {
+            rc = verr_set(err, rc, "loading weights: waiting for a copy: %s", be->err.msg);
+            break;
+        }
+        plan_fill(lp, &cursor, buf[k], lo, hi);
+        if ((rc = be->ops->upload_async(be, arena + lo, buf[k], hi - lo, k))) {
+            rc = verr_set(err, rc, "loading weights: copy of bytes %zu..%zu: %s", lo, hi,
+                          be->err.msg);
+            break;
+        }
+        issued[k] = true;
+        report(p, hi, lp->arena);
+    }
+    // Every copy must be done with its buffer before the buffer goes.
+    for (int k = 0; k < 2; k++)
+        if (issued[k] && be->ops->upload_wait(be, k) && !rc)
+            rc = verr_set(err, VERR_BACKEND, "loading weights: %s", be->err.msg);
+    be->ops->free_host_pinned(be, buf[0]);
+    be->ops->free_host_pinned(be, buf[1]);
+    return rc;
+}
+
+// Without pinned staging (the CPU backend, or no page-locked memory to be
+// had): ops->upload straight from the mapping (the CPU: one memcpy), in
+// pieces so that progress moves inside large tensors; converted vectors go
+// through a small host buffer.
+static int stream_direct(struct backend *be, const struct load_plan *lp, uint8_t *arena,
+                         const struct model_load_params *p, struct verr *err) {
+    size_t piece = p->staging_bytes ? p->staging_bytes : LOAD_STAGING_DEFAULT;
+    piece = (piece + LOAD_ALIGN - 1) / LOAD_ALIGN * LOAD_ALIGN;
+    uint8_t *tmp = NULL;
+    int rc = 0;
+    for (int i = 0; i < lp->n && !rc; i++) {
+        const struct load_item *it = &lp->items[i];
+        const bool convert = it->vector && it->src_type != GGML_TYPE_F32;
+        if (convert && !tmp && !(tmp = malloc(piece))) {
+            rc = verr_set(err, VERR_NOMEM, "out of host memory");
+            break;
+        }
+        for (size_t from = 0; from < it->bytes && !rc; from += piece) {
+            const size_t n = it->bytes - from < piece ? it->bytes - from : piece;
+            const uint8_t *src = it->src + from;
+            if (convert) {
+                item_read(it, from, n, tmp);
+                src = tmp;
+            }
+            if ((rc = be->ops->upload(be, arena + it->off + from, src, n))) {
+                rc = verr_set(err, rc, "loading weights: upload: %s", be->err.msg);
+                break;
+            }
+            report(p, it->off + from + n, lp->arena);
+        }
+    }
+    free(tmp);
+    return rc;
+}
+
+static size_t sat_add(size_t a, size_t b) {
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
+static double mib(size_t b) {
+    return (double)b / (1024.0 * 1024.0);
+}
+
+// Refuses, before the weights are allocated, a stage that will not fit in
+// what the backend says is free: weights + the caller's KV cache, scratch
+// and reserve.
+static int check_memory(struct backend *be, size_t weights, const struct model_load_params *p,
+                        struct verr *err) {
+    if (!be->ops->mem_info || p->skip_memory_check)
+        return 0;
+    size_t free_b = 0, total_b = 0;
+    int rc = be->ops->mem_info(be, &free_b, &total_b);
+    if (rc)
+        return verr_set(err, rc, "asking the %s backend for its free memory: %s", be->ops->name,
+                        be->err.msg);
+    if (free_b == SIZE_MAX)
+        return 0;
+    size_t need =
+        sat_add(sat_add(sat_add(weights, p->kv_bytes), p->scratch_bytes), p->reserve_bytes);
+    if (need <= free_b)
+        return 0;
+    char dev[48], reserve[48] = "";
+    if (!strcmp(be->ops->name, "cpu"))
+        snprintf(dev, sizeof dev, "the cpu backend");
+    else
+        snprintf(dev, sizeof dev, "device %s:%d", be->ops->name, be->device);
+    if (p->reserve_bytes)
+        snprintf(reserve, sizeof reserve, ", reserve %.1f MiB", mib(p->reserve_bytes));
+    return verr_set(err, VERR_NOMEM,
+                    "model needs %.1f MiB on %s (weights %.1f MiB, KV cache %.1f MiB, scratch "
+                    "%.1f MiB%s) but only %.1f MiB is free; try a smaller context (-c), a smaller "
+                    "quantization or more devices",
+                    mib(need), dev, mib(weights), mib(p->kv_bytes), mib(p->scratch_bytes), reserve,
+                    mib(free_b));
+}
+
+void model_load_params_default(struct model_load_params *p) {
+    memset(p, 0, sizeof *p);
+    p->l1 = -1;
+}
+
+// Reads the metadata, checks every tensor, and lays out layers [l0, l1) (l1
+// < 0: all) in m and lp without touching the backend.
+static int load_layout(struct model *m, struct load_plan *lp, const struct gguf_file *f, int l0,
+                       int l1, struct verr *err) {
     int rc = model_read_hparams(f, &m->hp, err);
     if (rc || (rc = check_all(f, &m->hp, err)))
-        goto fail;
+        return rc;
     if (l1 < 0)
         l1 = m->hp.n_layer;
-    if (l0 < 0 || l0 >= l1 || l1 > m->hp.n_layer) {
-        rc = verr_set(err, VERR_RANGE, "model: layer range [%d, %d) outside the model's %d layers",
-                      l0, l1, m->hp.n_layer);
-        goto fail;
-    }
+    if (l0 < 0 || l0 >= l1 || l1 > m->hp.n_layer)
+        return verr_set(err, VERR_RANGE,
+                        "model: layer range [%d, %d) outside the model's %d layers", l0, l1,
+                        m->hp.n_layer);
     m->layer_begin = l0;
     m->layer_end = l1;
     const bool first = l0 == 0, last = l1 == m->hp.n_layer;
     const bool tied = gguf_find_tensor(f, "output.weight") == NULL;
+    const struct model_hparams *hp = &m->hp;
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers)
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    m->output_tied = tied;
+    if ((first || (last && tied)) && (rc = load_weight(m, lp, f, "token_embd.weight", hp->n_embd,
+                                                       hp->n_vocab, &m->tok_embd, err)))
+        return rc;
+    if (last) {
+        if (!tied &&
+            (rc = load_weight(m, lp, f, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)))
+            return rc;
+        if ((rc = load_vector(m, lp, f, "output_norm.weight", hp->n_embd, false, &m->output_norm,
+                              err)))
+            return rc;
+    }
+    if ((rc = load_vector(m, lp, f, "rope_freqs.weight", hp->n_rot / 2, true, &m->rope_freqs, err)))
+        return rc;
+    for (int il = l0; il < l1; il++)
+        if ((rc = load_layer(m, lp, f, il, err)))
+            return rc;
+    m->weight_type = m->layers[l0].w_up.type;
+    return 0;
+}
+
+int model_load_bytes(const struct gguf_file *f, int l0, int l1, size_t *bytes, struct verr *err) {
+    *bytes = 0;
+    struct model m = {0};
+    struct load_plan lp = {0};
+    int rc = load_layout(&m, &lp, f, l0, l1, err);
+    if (!rc)
+        *bytes = lp.arena;
+    free(lp.items);
+    free(m.layers);
+    return rc;
+}
+
+int model_load_ex(struct model **out, const struct gguf_file *f, struct backend *be,
+                  const struct model_load_params *p, struct verr *err) {
+    *out = NULL;
+    struct model_load_params defaults;
+    if (!p) {
+        model_load_params_default(&defaults);
+        p = &defaults;
+    }
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    m->be = be;
+    struct load_plan lp = {0};
+    void *arena = NULL;
+    int rc = load_layout(m, &lp, f, p->l0, p->l1, err);
+    if (rc)
+        goto fail;
 
     char *name = NULL;
     if (gguf_get_str(f, "general.name", &name, NULL) == 0) {
         m->name = name;
     } else {
-        const char *p = f->path ? f->path : "model";
-        const char *slash = strrchr(p, '/');
-        m->name = strdup(slash ? slash + 1 : p);
+        const char *path = f->path ? f->path : "model";
+        const char *slash = strrchr(path, '/');
+        m->name = strdup(slash ? slash + 1 : path);
         if (!m->name) {
             rc = verr_set(err, VERR_NOMEM, "out of host memory");
             goto fail;
         }
     }
 
-    const struct model_hparams *hp = &m->hp;
-    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) {
-        rc = verr_set(err, VERR_NOMEM, "out of host memory");
+    if ((rc = check_memory(be, lp.arena, p, err)))
+        goto fail;
+    if ((rc = be->ops->alloc(be, lp.arena, &arena))) {
+        rc = verr_set(err, rc, "allocating %.1f MiB for the weights on the %s backend: %s",
+                      mib(lp.arena), be->ops->name, be->err.msg);
         goto fail;
     }
-    m->output_tied = tied;
-    if ((first || (last && tied)) &&
-        (rc = load_weight(m, f, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err)))
+    if ((rc = model_track(m, arena, err))) {
+        be->ops->free(be, arena);
         goto fail;
-    if (last) {
-        if (tied)
-            m->output = m->tok_embd;
-        else if ((rc =
-                      load_weight(m, f, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)))
-            goto fail;
-        if ((rc = load_vector(m, f, "output_norm.weight", hp->n_embd, false, &m->output_norm, err)))
-            goto fail;
     }
-    if ((rc = load_vector(m, f, "rope_freqs.weight", hp->n_rot / 2, true, &m->rope_freqs, err)))
+    for (int i = 0; i < lp.n; i++) {
+        void *ptr = (uint8_t *)arena + lp.items[i].off;
+        if (lp.items[i].vector)
+            *lp.items[i].vdata = ptr;
+        else
+            *lp.items[i].wdata = ptr;
+    }
+    if (m->output_tied && m->layer_end == m->hp.n_layer)
+        m->output = m->tok_embd;
+
+    report(p, 0, lp.arena);
+    const bool pinned = be->ops->upload_async && be->ops->upload_wait &&
+                        be->ops->alloc_host_pinned && be->ops->free_host_pinned;
+    rc = pinned ? stream_pinned(be, &lp, arena, p, err) : 1;
+    if (rc == 1)
+        rc = stream_direct(be, &lp, arena, p, err);
+    if (rc)
         goto fail;
-    for (int il = l0; il < l1; il++)
-        if ((rc = load_layer(m, f, il, err)))
-            goto fail;
-    m->weight_type = m->layers[l0].w_up.type;
     if ((rc = be->ops->sync(be))) {
         rc = verr_set(err, rc, "uploading weights: %s", be->err.msg);
         goto fail;
     }
+    free(lp.items);
     *out = m;
     return 0;
 fail:
+    free(lp.items);
     model_free(m);
     return rc;
+}
+
+int model_load(struct model **out, const struct gguf_file *f, struct backend *be,
+               struct verr *err) {
+    return model_load_ex(out, f, be, NULL, err);
+}
+
+int model_load_layers(struct model **out, const struct gguf_file *f, struct backend *be, int l0,
+                      int l1, struct verr *err) {
+    struct model_load_params p;
+    model_load_params_default(&p);
+    p.l0 = l0;
+    p.l1 = l1;
+    return model_load_ex(out, f, be, &p, err);
 }
 
 // Bytes load_weight / load_vector would allocate for `name` (0 when absent).

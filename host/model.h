@@ -88,7 +88,7 @@ struct model {
     float *rope_freqs;          // [n_rot/2] F32 or NULL
     struct model_layer *layers; // [n_layer]; only [layer_begin, layer_end) are loaded
     enum ggml_type weight_type; // type of most matmul weights (for display)
-    size_t n_bytes;             // backend memory holding the weights
+    size_t n_bytes;             // bytes of the weight tensors on the backend (no padding)
     int64_t n_params;
 
     // A stage of a model split by layers (host/pipeline.h) holds layers
@@ -101,13 +101,50 @@ struct model {
     // context. NULL for a model on one backend.
     struct pipeline *pipe;
 
-    // backend allocations owned by the model
+    // backend allocations owned by the model (model_load_ex: one, every weight)
     void **allocs; // [n_allocs]
     int n_allocs;
     int cap_allocs;
 };
 
-// Loads the model from an open GGUF file into `be`'s memory.
+// Progress of a load: `done` of `total` bytes have been handed to the
+// backend (monotonic; the last call has done == total).
+typedef void (*model_progress_fn)(void *user, uint64_t done, uint64_t total);
+
+// How model_load_ex loads. Weights of a stage go into one backend allocation
+// (each tensor at a 256-byte aligned offset), filled from the mapped file
+// through two page-locked staging buffers when the backend has async
+// uploads (ops->upload_async: the read of chunk i+1 overlaps the copy of
+// chunk i), with ops->upload straight from the mapping otherwise (the CPU).
+struct model_load_params {
+    int l0, l1; // layers [l0, l1); l1 < 0: all (the default: 0, -1)
+    // What the caller will allocate on the same backend after the weights
+    // (host/pipeline.c computes them with host/plan.c): the load is refused
+    // with VERR_NOMEM, before anything is allocated, when weights + these
+    // exceed the free memory ops->mem_info reports.
+    size_t kv_bytes;
+    size_t scratch_bytes;
+    size_t reserve_bytes;       // kept free: allocator slack, cuBLAS workspaces
+    bool skip_memory_check;     // trust the caller (a plan checked already)
+    size_t staging_bytes;       // each staging buffer / upload piece; 0: 64 MiB
+    model_progress_fn progress; // optional; called on the loading thread
+    void *progress_user;
+    // Several loads shown as one: progress gets progress_base + done of
+    // progress_total (0: the load's own total).
+    uint64_t progress_base;
+    uint64_t progress_total;
+};
+
+void model_load_params_default(struct model_load_params *p);
+
+// Loads the model from an open GGUF file into `be`'s memory (p NULL: the
+// defaults, every layer, no progress).
+int model_load_ex(struct model **out, const struct gguf_file *f, struct backend *be,
+                  const struct model_load_params *p, struct verr *err);
+// Backend bytes model_load_ex allocates for layers [l0, l1) (l1 < 0: all),
+// alignment padding included: the `total` its progress ends at.
+int model_load_bytes(const struct gguf_file *f, int l0, int l1, size_t *bytes, struct verr *err);
+// model_load_ex with the defaults.
 int model_load(struct model **out, const struct gguf_file *f, struct backend *be, struct verr *err);
 // Loads layers [l0, l1) only (0 <= l0 < l1 <= n_layer), with the embedding
 // table when l0 == 0 and the output norm and head when l1 == n_layer (see

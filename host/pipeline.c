@@ -71,9 +71,14 @@ int pipeline_resolve_devices(const struct args_model *a, struct plan_device *dev
 
 // --- the plan ----------------------------------------------------------------
 
-int pipeline_plan(const struct args_model *a, int n_ctx, const struct gguf_file *f,
-                  const struct plan_device *devs, int n, const size_t *free_bytes, struct plan *out,
-                  char *text, size_t text_cap, struct verr *err) {
+// Kept free on a GPU: cuBLAS workspaces, the backend's scratch, allocator slack.
+#define PIPELINE_CUDA_RESERVE ((size_t)256 << 20)
+
+// pipeline_plan for a context keeping n_outputs_max logits rows (0: n_batch).
+static int plan_sized(const struct args_model *a, int n_ctx, int n_outputs_max,
+                      const struct gguf_file *f, const struct plan_device *devs, int n,
+                      const size_t *free_bytes, struct plan *out, char *text, size_t text_cap,
+                      struct verr *err) {
     struct model_hparams hp;
     int rc = model_read_hparams(f, &hp, err);
     if (rc)
@@ -106,7 +111,8 @@ int pipeline_plan(const struct args_model *a, int n_ctx, const struct gguf_file 
     size_t scratch =
         nb * fl * (3 * (size_t)hp.n_embd + n_q + n_k + n_v + n_o + 2 * (size_t)hp.n_ff) +
         nb * 4 * sizeof(int32_t) + nc * (2 * sizeof(int32_t) + seq_words * 8);
-    size_t head_scratch = nb * fl * ((size_t)hp.n_embd + (size_t)hp.n_vocab) + nb * 2 * 4;
+    const size_t no = n_outputs_max > 0 && (size_t)n_outputs_max < nb ? (size_t)n_outputs_max : nb;
+    size_t head_scratch = no * fl * ((size_t)hp.n_embd + (size_t)hp.n_vocab) + no * 2 * 4;
 
     char names[PLAN_MAX_DEVICES][32];
     const char *name_ptr[PLAN_MAX_DEVICES];
@@ -150,7 +156,7 @@ int pipeline_plan(const struct args_model *a, int n_ctx, const struct gguf_file 
         .scratch_bytes = scratch,
         .head_scratch_bytes = head_scratch,
         // cuBLAS workspaces and allocator slack on a GPU.
-        .reserve_bytes = any_cuda ? (size_t)256 << 20 : 0,
+        .reserve_bytes = any_cuda ? PIPELINE_CUDA_RESERVE : 0,
         .n_devices = n,
         .device_names = name_ptr,
         .free_bytes = fr_shared,
@@ -163,6 +169,12 @@ int pipeline_plan(const struct args_model *a, int n_ctx, const struct gguf_file 
     if (text)
         plan_format(out, name_ptr, text, text_cap);
     return 0;
+}
+
+int pipeline_plan(const struct args_model *a, int n_ctx, const struct gguf_file *f,
+                  const struct plan_device *devs, int n, const size_t *free_bytes, struct plan *out,
+                  char *text, size_t text_cap, struct verr *err) {
+    return plan_sized(a, n_ctx, 0, f, devs, n, free_bytes, out, text, text_cap, err);
 }
 
 // --- loading -------------------------------------------------------------------
@@ -202,8 +214,41 @@ static int make_transport(struct pipeline *p, struct verr *err) {
     return rc;
 }
 
+int pipeline_load_budget(const struct args_model *a, int n_ctx, int n_outputs_max,
+                         const struct gguf_file *f, const struct plan_device *d,
+                         struct model_load_params *lp, struct verr *err) {
+    struct plan one;
+    const size_t unl = PLAN_MEM_UNLIMITED;
+    int rc = plan_sized(a, n_ctx, n_outputs_max, f, d, 1, &unl, &one, NULL, 0, err);
+    if (rc)
+        return rc;
+    lp->kv_bytes = one.stage[0].kv_bytes;
+    lp->scratch_bytes = one.stage[0].scratch_bytes;
+    lp->reserve_bytes = d->kind == PLAN_DEVICE_CUDA ? PIPELINE_CUDA_RESERVE : 0;
+    return 0;
+}
+
+// One device: the plan's byte accounting (weights come from the loader
+// itself) for the check against what the backend reports free.
+static int load_one(const struct args_model *a, int n_ctx, int n_outputs_max,
+                    const struct gguf_file *f, const struct plan_device *d,
+                    struct model_load_params *lp, struct backend *be, struct model **m,
+                    struct verr *err) {
+    int rc;
+    if (!lp->skip_memory_check &&
+        (rc = pipeline_load_budget(a, n_ctx, n_outputs_max, f, d, lp, err)))
+        return rc;
+    return model_load_ex(m, f, be, lp, err);
+}
+
 int pipeline_load(const struct args_model *a, int n_ctx, const struct gguf_file *f,
                   struct backend **be, struct model **m, struct verr *err) {
+    return pipeline_load_ex(a, n_ctx, 0, f, NULL, NULL, be, m, err);
+}
+
+int pipeline_load_ex(const struct args_model *a, int n_ctx, int n_outputs_max,
+                     const struct gguf_file *f, model_progress_fn progress, void *progress_user,
+                     struct backend **be, struct model **m, struct verr *err) {
     *be = NULL;
     *m = NULL;
     struct pipeline_ctl *ctl = NULL;
@@ -217,6 +262,10 @@ int pipeline_load(const struct args_model *a, int n_ctx, const struct gguf_file 
     int n = 0;
     if ((rc = pipeline_resolve_devices(a, devs, &n, err)))
         return rc;
+    struct model_load_params lp;
+    model_load_params_default(&lp);
+    lp.progress = progress;
+    lp.progress_user = progress_user;
     if (n == 1) {
         // One device: what engine_open always did.
         if (!a->devices)
@@ -225,7 +274,7 @@ int pipeline_load(const struct args_model *a, int n_ctx, const struct gguf_file 
             verr_wrap(err, "--devices");
         if (rc)
             return rc;
-        if ((rc = model_load(m, f, *be, err))) {
+        if ((rc = load_one(a, n_ctx, n_outputs_max, f, &devs[0], &lp, *be, m, err))) {
             backend_destroy(*be);
             *be = NULL;
         }
@@ -235,8 +284,8 @@ int pipeline_load(const struct args_model *a, int n_ctx, const struct gguf_file 
     struct pipeline *p = calloc(1, sizeof *p);
     if (!p)
         return verr_set(err, VERR_NOMEM, "out of host memory");
-    if ((rc = pipeline_plan(a, n_ctx, f, devs, n, NULL, &p->plan, p->plan_text, sizeof p->plan_text,
-                            err)))
+    if ((rc = plan_sized(a, n_ctx, n_outputs_max, f, devs, n, NULL, &p->plan, p->plan_text,
+                         sizeof p->plan_text, err)))
         goto fail;
     p->n_stages = p->plan.n_stages;
     p->n_ubatch = a->n_ubatch;
@@ -254,22 +303,36 @@ int pipeline_load(const struct args_model *a, int n_ctx, const struct gguf_file 
         free(p);
         if ((rc = create_backend(a, &d, be, err)))
             return rc;
-        if ((rc = model_load(m, f, *be, err))) {
+        lp.skip_memory_check = true; // the plan checked it
+        if ((rc = load_one(a, n_ctx, n_outputs_max, f, &d, &lp, *be, m, err))) {
             backend_destroy(*be);
             *be = NULL;
         }
         return rc;
     }
+    // Progress: every stage's bytes as one total; the plan checked memory.
+    size_t stage_bytes[PLAN_MAX_DEVICES];
+    uint64_t grand = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        if ((rc = model_load_bytes(f, p->stage[s].l0, p->stage[s].l1, &stage_bytes[s], err)))
+            goto fail;
+        grand += stage_bytes[s];
+    }
+    lp.skip_memory_check = true;
+    lp.progress_total = grand;
     for (int s = 0; s < p->n_stages; s++) {
         struct pipeline_stage *st = &p->stage[s];
         if ((rc = create_backend(a, &st->dev, &st->be, err))) {
             verr_wrap(err, "stage %d (%s)", s, st->name);
             goto fail;
         }
-        if ((rc = model_load_layers(&st->m, f, st->be, st->l0, st->l1, err))) {
+        lp.l0 = st->l0;
+        lp.l1 = st->l1;
+        if ((rc = model_load_ex(&st->m, f, st->be, &lp, err))) {
             verr_wrap(err, "stage %d (%s, layers %d-%d)", s, st->name, st->l0, st->l1 - 1);
             goto fail;
         }
+        lp.progress_base += stage_bytes[s];
     }
     if ((rc = make_transport(p, err)))
         goto fail;
@@ -501,16 +564,22 @@ int pipeline_decode(struct pipeline_ctx *pc, const struct forward_batch *b, int 
     if (!front)
         return verr_set(err, VERR_RANGE, "pipeline: decodes are driven by rank 0");
     for (int s = 1; s < p->n_stages; s++)
-        if (pc->fc[s])
+        if (pc->fc[s]) {
             pipeline_kv_follow(&pc->fc[s]->kv, &front->kv);
+            pc->fc[s]->sp = front->sp; // the head stage samples with the front's rows
+        }
     if (p->ctl) {
         int rc = pipeline_mpi_send_decode(p->ctl, b, front->h_cells, front->h_rows, n_out,
                                           argmax_only, &front->kv, err);
         if (rc)
             return rc;
     }
-    return run_stages(pc, b, front->h_cells, front->h_rows, n_out, argmax_only, front->h_logits,
-                      front->h_argmax, err);
+    int rc = run_stages(pc, b, front->h_cells, front->h_rows, n_out, argmax_only, front->h_logits,
+                        front->h_argmax, err);
+    for (int s = 1; s < p->n_stages; s++)
+        if (pc->fc[s])
+            pc->fc[s]->sp = NULL;
+    return rc;
 }
 
 int pipeline_serve(struct pipeline_ctx *pc, struct verr *err) {

@@ -104,6 +104,20 @@ int pipeline_plan(const struct args_model *a, int n_ctx, const struct gguf_file 
 // pipeline_plan.
 int pipeline_load(const struct args_model *a, int n_ctx, const struct gguf_file *f,
                   struct backend **be, struct model **m, struct verr *err);
+// pipeline_load with the load's progress (every stage's bytes as one total)
+// and, for one device, the check of weights + KV cache + scratch against the
+// backend's free memory before anything is allocated (a split is checked by
+// its plan). n_outputs_max: logits rows the context will keep (0: n_batch).
+int pipeline_load_ex(const struct args_model *a, int n_ctx, int n_outputs_max,
+                     const struct gguf_file *f, model_progress_fn progress, void *progress_user,
+                     struct backend **be, struct model **m, struct verr *err);
+// What pipeline_load_ex checks a one-device load against, from host/plan.c's
+// accounting for this context: lp's kv_bytes (n_ctx cells of every layer's K
+// and V), scratch_bytes (activations of n_batch tokens, n_outputs_max logits
+// rows, the cache's cell mirrors) and reserve_bytes (256 MiB on a GPU).
+int pipeline_load_budget(const struct args_model *a, int n_ctx, int n_outputs_max,
+                         const struct gguf_file *f, const struct plan_device *d,
+                         struct model_load_params *lp, struct verr *err);
 
 // Frees the stages the pipeline owns and the transport (model_free calls it).
 void pipeline_free(struct pipeline *p);

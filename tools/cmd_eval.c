@@ -9,6 +9,8 @@
 #include "host/args.h"
 #include "host/engine.h"
 #include "tools/cmds.h"
+#include "tools/progress.h"
+#include "tools/common.h"
 
 static void usage(FILE *out) {
     fprintf(out, "usage: vela eval -m MODEL (--tokens 1,2,3 | -p TEXT | -f FILE) [options]\n\n"
@@ -70,35 +72,6 @@ static int parse_tokens(const char *s, int32_t **out, int *n_out, struct verr *e
     return 0;
 }
 
-static char *read_file(const char *path, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (len + 1 >= cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, cap - len - 1, f);
-        len += n;
-        if (n == 0)
-            break;
-    }
-    fclose(f);
-    if (!buf)
-        return NULL;
-    buf[len] = '\0';
-    *len_out = len;
-    return buf;
-}
-
 struct eval_out {
     FILE *f;
     int n_vocab;
@@ -134,18 +107,12 @@ int cmd_eval(int argc, char **argv) {
     struct engine_eval_params ep = {.ga_n = 1, .ga_w = 512, .cb = on_note, .user = &am};
     for (int i = 1; i < argc;) {
         const char *arg = argv[i];
-        int rc;
-        if (args_is(arg, "-h", "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if ((rc = args_parse_model(&am, argc, argv, &i, &err)) != 0) {
-            if (rc < 0) {
-                fprintf(stderr, "vela eval: %s\n", err.msg);
-                return 2;
-            }
+        int rc = 0;
+        enum tools_flag tf = tools_flag_shared("eval", usage, &am, NULL, argc, argv, &i, &rc);
+        if (tf == TOOLS_FLAG_EXIT)
+            return rc;
+        if (tf == TOOLS_FLAG_TAKEN)
             continue;
-        }
         if (args_is(arg, "--tokens", NULL))
             rc = args_value_str(argc, argv, &i, &tokens_arg, &err);
         else if (args_is(arg, "-p", "--prompt"))
@@ -158,10 +125,8 @@ int cmd_eval(int argc, char **argv) {
             rc = args_value_int(argc, argv, &i, 1, 1L << 20, &ep.ga_n, &err);
         else if (args_is(arg, "-gaw", "--grp-attn-w"))
             rc = args_value_int(argc, argv, &i, 1, 1L << 30, &ep.ga_w, &err);
-        else {
-            fprintf(stderr, "vela eval: unknown option '%s' (see 'vela eval --help')\n", arg);
-            return 2;
-        }
+        else
+            return tools_unknown_option("eval", arg);
         if (rc) {
             fprintf(stderr, "vela eval: %s\n", err.msg);
             return 2;
@@ -195,7 +160,7 @@ int cmd_eval(int argc, char **argv) {
     struct engine *e = NULL;
     struct eval_out out = {0};
     if (prompt_file) {
-        text = read_file(prompt_file, &text_len);
+        text = tools_read_file(prompt_file, &text_len);
         if (!text) {
             fprintf(stderr, "vela eval: cannot read '%s'\n", prompt_file);
             goto done;
@@ -211,6 +176,10 @@ int cmd_eval(int argc, char **argv) {
     struct engine_open_params op = {.n_seq_max = 1, .n_outputs_max = 0, .need_tokenizer = !!text};
     op.n_ctx = am.n_ctx > 0 ? am.n_ctx : (n_tok > 0 ? n_tok : 1);
     op.n_outputs_max = am.n_batch < op.n_ctx ? am.n_batch : op.n_ctx;
+    struct load_progress lprog;
+    load_progress_init(&lprog, "vela eval", am.no_progress);
+    op.progress = load_progress_update;
+    op.progress_user = &lprog;
     if (engine_open(&e, &am, &op, &err)) {
         fprintf(stderr, "vela eval: %s\n", err.msg);
         goto done;

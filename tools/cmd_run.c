@@ -9,6 +9,8 @@
 #include "host/args.h"
 #include "host/engine.h"
 #include "tools/cmds.h"
+#include "tools/progress.h"
+#include "tools/common.h"
 
 // --parallel: the most sequences one run decodes together.
 #define RUN_PARALLEL_MAX 256
@@ -117,41 +119,6 @@ static void process_escapes(char *s) {
     *w = '\0';
 }
 
-// Reads a whole file into a NUL-terminated buffer; drops one trailing newline
-// as llama.cpp's -f does.
-static char *read_prompt_file(const char *path, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf)
-            break;
-        if (len + 1 >= cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, cap - len - 1, f);
-        len += n;
-        if (n == 0)
-            break;
-    }
-    fclose(f);
-    if (!buf)
-        return NULL;
-    if (len > 0 && buf[len - 1] == '\n')
-        len--;
-    buf[len] = '\0';
-    *len_out = len;
-    return buf;
-}
-
 // Splits text into its non-blank lines (a trailing '\r' dropped), in place.
 static int split_lines(char *text, char ***out, int *n_out) {
     int n = 0, cap = 16;
@@ -258,19 +225,12 @@ int cmd_run(int argc, char **argv) {
 
     for (int i = 1; i < argc;) {
         const char *arg = argv[i];
-        int rc;
-        if (args_is(arg, "-h", "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if ((rc = args_parse_model(&am, argc, argv, &i, &err)) != 0 ||
-            (rc = args_parse_sampler(&gp.sp, argc, argv, &i, &err)) != 0) {
-            if (rc < 0) {
-                fprintf(stderr, "vela run: %s\n", err.msg);
-                return 2;
-            }
+        int rc = 0;
+        enum tools_flag tf = tools_flag_shared("run", usage, &am, &gp.sp, argc, argv, &i, &rc);
+        if (tf == TOOLS_FLAG_EXIT)
+            return rc;
+        if (tf == TOOLS_FLAG_TAKEN)
             continue;
-        }
         if (args_is(arg, "-p", "--prompt"))
             rc = args_value_str(argc, argv, &i, &prompt_arg, &err);
         else if (args_is(arg, "-f", "--file"))
@@ -297,10 +257,8 @@ int cmd_run(int argc, char **argv) {
             escape = false, i++;
         else if (args_is(arg, "-e", "--escape"))
             escape = true, i++;
-        else {
-            fprintf(stderr, "vela run: unknown option '%s' (see 'vela run --help')\n", arg);
-            return 2;
-        }
+        else
+            return tools_unknown_option("run", arg);
         if (rc) {
             fprintf(stderr, "vela run: %s\n", err.msg);
             return 2;
@@ -327,11 +285,13 @@ int cmd_run(int argc, char **argv) {
     char *prompt = NULL;
     size_t prompt_len = 0;
     if (prompt_file) {
-        prompt = read_prompt_file(prompt_file, &prompt_len);
+        prompt = tools_read_file(prompt_file, &prompt_len);
         if (!prompt) {
             fprintf(stderr, "vela run: cannot read prompt file '%s'\n", prompt_file);
             return 1;
         }
+        if (prompt_len > 0 && prompt[prompt_len - 1] == '\n') // as llama.cpp's -f
+            prompt[--prompt_len] = '\0';
     } else {
         prompt = strdup(prompt_arg ? prompt_arg : "");
         if (prompt && escape)
@@ -373,6 +333,10 @@ int cmd_run(int argc, char **argv) {
 
     struct engine_open_params op = {
         .n_seq_max = gp.n_parallel, .n_outputs_max = gp.n_parallel, .need_tokenizer = true};
+    struct load_progress lprog;
+    load_progress_init(&lprog, "vela run", am.no_progress);
+    op.progress = load_progress_update;
+    op.progress_user = &lprog;
     if (engine_open(&e, &am, &op, &err)) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         goto done;

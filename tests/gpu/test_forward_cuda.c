@@ -20,6 +20,7 @@
 #include "host/backend.h"
 #include "host/forward.h"
 #include "host/model.h"
+#include "host/sampler.h"
 #include "tests/tiny_model.h"
 
 static void run_tokens(struct model *m, int n_batch, enum ggml_type kv, const int32_t *tok, int n,
@@ -165,4 +166,180 @@ Test(forward_cuda, k_quants) {
         c.wtype = types[i];
         compare_backends(&c, 2e-2, ggml_type_name(types[i]));
     }
+}
+
+// --- loading through the pinned ring, sampling in the head -------------------
+
+// Appends the byte range of the backend copy of one tensor: [off, off + n)
+// of the model's one weight allocation.
+struct ranges {
+    size_t off[256], n[256];
+    int count;
+};
+
+static void add_range(struct ranges *r, const struct model *m, const void *p, size_t n) {
+    if (!p)
+        return;
+    cr_assert_lt(r->count, 256);
+    r->off[r->count] = (size_t)((const uint8_t *)p - (const uint8_t *)m->allocs[0]);
+    r->n[r->count++] = n;
+}
+
+static size_t wbytes(const struct backend_weight *w) {
+    return ggml_row_bytes(w->type, w->n_in) * (size_t)w->n_out;
+}
+
+static void model_ranges(const struct model *m, struct ranges *r) {
+    const struct model_hparams *hp = &m->hp;
+    const size_t E = (size_t)hp->n_embd * 4;
+    r->count = 0;
+    add_range(r, m, m->tok_embd.data, wbytes(&m->tok_embd));
+    if (!m->output_tied)
+        add_range(r, m, m->output.data, wbytes(&m->output));
+    add_range(r, m, m->output_norm, E);
+    add_range(r, m, m->rope_freqs, (size_t)hp->n_rot / 2 * 4);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct model_layer *L = &m->layers[il];
+        add_range(r, m, L->attn_norm, E);
+        add_range(r, m, L->ffn_norm, E);
+        add_range(r, m, L->bq, (size_t)hp->n_head * hp->head_dim * 4);
+        add_range(r, m, L->bk, (size_t)hp->n_head_kv * hp->head_dim * 4);
+        add_range(r, m, L->bv, (size_t)hp->n_head_kv * hp->head_dim_v * 4);
+        const struct backend_weight *ws[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                             &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            add_range(r, m, ws[i]->data, wbytes(ws[i]));
+    }
+}
+
+static uint64_t last_done, last_total;
+static int n_progress;
+static void on_progress(void *user, uint64_t done, uint64_t total) {
+    cr_assert_geq(done, last_done, "progress went back");
+    last_done = done;
+    last_total = total;
+    n_progress++;
+}
+
+// The weights on the GPU (pinned staging, async copies, several chunks per
+// buffer) are byte for byte the CPU backend's (which test_model_load checks
+// against the file), at the same offsets.
+Test(forward_cuda, pinned_load_matches_cpu) {
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA device present");
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "qwen2");
+    c.wtype = GGML_TYPE_Q4_0;
+    c.f16_norms = true;
+    c.rope_freqs = true;
+    char path[128];
+    tiny_temp_path(path, sizeof path, "fwdcudaload");
+    struct tiny_weights w;
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&c, path, &w, &err), 0, "%s", err.msg);
+    struct gguf_file *f = NULL;
+    cr_assert_eq(gguf_open(&f, path, &err), 0, "%s", err.msg);
+    struct backend *cpu, *gpu;
+    cr_assert_eq(backend_cpu_create(&cpu, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s", err.msg);
+    struct model *mc;
+    cr_assert_eq(model_load(&mc, f, cpu, &err), 0, "%s", err.msg);
+    size_t total = 0;
+    cr_assert_eq(model_load_bytes(f, 0, -1, &total, &err), 0, "%s", err.msg);
+    static const size_t staging[] = {4096, 256, 0};
+    for (size_t si = 0; si < 3; si++) {
+        struct model_load_params p;
+        model_load_params_default(&p);
+        p.staging_bytes = staging[si];
+        p.progress = on_progress;
+        last_done = 0;
+        n_progress = 0;
+        struct model *mg;
+        cr_assert_eq(model_load_ex(&mg, f, gpu, &p, &err), 0, "%s", err.msg);
+        cr_assert_eq(last_done, total);
+        cr_assert_eq(last_total, total);
+        uint8_t *img = malloc(total);
+        cr_assert_eq(gpu->ops->download(gpu, img, mg->allocs[0], total), 0);
+        cr_assert_eq(gpu->ops->sync(gpu), 0);
+        struct ranges rc, rg;
+        model_ranges(mc, &rc);
+        model_ranges(mg, &rg);
+        cr_assert_eq(rc.count, rg.count);
+        for (int i = 0; i < rc.count; i++) {
+            cr_assert_eq(rc.off[i], rg.off[i]);
+            cr_assert_eq(rc.off[i] % 256, 0);
+            cr_assert(!memcmp(img + rg.off[i], (const uint8_t *)mc->allocs[0] + rc.off[i], rc.n[i]),
+                      "staging %zu: tensor %d at offset %zu differs", staging[si], i, rg.off[i]);
+        }
+        free(img);
+        model_free(mg);
+    }
+    model_free(mc);
+    backend_destroy(cpu);
+    backend_destroy(gpu);
+    gguf_close(f);
+    tiny_weights_free(&w);
+    unlink(path);
+}
+
+// forward_decode_sample on the GPU picks what the host chain picks from the
+// GPU's own logits (same batch, fresh context) with the same rows.
+Test(forward_cuda, decode_sample_matches_host_chain) {
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA device present");
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "llama");
+    char path[128];
+    tiny_temp_path(path, sizeof path, "fwdcudasample");
+    struct tiny_weights w;
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&c, path, &w, &err), 0, "%s", err.msg);
+    struct backend *gpu;
+    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s", err.msg);
+    struct model *m;
+    cr_assert_eq(model_load_file(&m, path, gpu, &err), 0, "%s", err.msg);
+    const int n = 12, V = c.n_vocab;
+    int32_t tok[12], pos[12], seq[12] = {0};
+    int8_t want[12];
+    struct sample_params sp[12];
+    for (int t = 0; t < n; t++) {
+        tok[t] = (t * 7 + 3) % V;
+        pos[t] = t;
+        want[t] = 1;
+        sp[t] = (struct sample_params){.temp = 0.5f + 0.1f * t,
+                                       .top_k = t % 3 ? 40 : 0,
+                                       .top_p = t % 2 ? 0.9f : 1.0f,
+                                       .min_p = t % 4 ? 0.05f : 0.0f,
+                                       .u = (t * 0.618) - (int)(t * 0.618)};
+    }
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    cfg.n_ctx = 64;
+    cfg.n_batch = n;
+    struct forward_batch b = {n, tok, pos, seq, want};
+    struct forward_ctx fc;
+    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
+    float *logits = malloc(sizeof(float) * n * V);
+    memcpy(logits, fc.h_logits, sizeof(float) * n * V);
+    forward_free(&fc);
+    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(forward_decode_sample(&fc, &b, sp, &err), 0, "%s", err.msg);
+    struct sampler_cand *cands = malloc(sizeof *cands * V);
+    for (int r = 0; r < n; r++) {
+        for (int v = 0; v < V; v++)
+            cands[v] = (struct sampler_cand){v, logits[(size_t)r * V + v], 0};
+        struct sampler_cands cc = {cands, (size_t)V, false};
+        int32_t want_tok =
+            sampler_chain(&cc, sp[r].temp, sp[r].top_k, sp[r].top_p, sp[r].min_p, sp[r].u);
+        cr_expect_eq(forward_argmax(&fc, r), want_tok, "row %d: %d on the GPU, %d on the host", r,
+                     forward_argmax(&fc, r), want_tok);
+    }
+    forward_free(&fc);
+    free(cands);
+    free(logits);
+    model_free(m);
+    backend_destroy(gpu);
+    tiny_weights_free(&w);
+    unlink(path);
 }

@@ -1,0 +1,48 @@
+// Load progress on stderr (see progress.h).
+#include "tools/progress.h"
+
+#include <stdio.h>
+#include <unistd.h>
+
+#define BAR_WIDTH 30
+
+void load_progress_init(struct load_progress *p, const char *prog, bool quiet) {
+    p->prog = prog;
+    p->quiet = quiet;
+    p->tty = isatty(STDERR_FILENO) != 0;
+    p->last = -1;
+}
+
+static double gib(uint64_t b) {
+    return (double)b / (double)(1u << 30);
+}
+
+void load_progress_update(void *user, uint64_t done, uint64_t total) {
+    struct load_progress *p = user;
+    if (p->quiet || total == 0)
+        return;
+    if (done > total)
+        done = total;
+    const int pct = (int)(done * 100 / total);
+    if (!p->tty) {
+        // Plain lines for logs: each quarter once, the end always.
+        const int q = pct / 25;
+        if (q == p->last || (q == 0 && done < total))
+            return;
+        p->last = q;
+        fprintf(stderr, "%s: loading %3d%% (%.1f/%.1f GiB)\n", p->prog, pct, gib(done), gib(total));
+        return;
+    }
+    if (pct == p->last && done < total)
+        return;
+    p->last = pct;
+    char bar[BAR_WIDTH + 1];
+    const int fill = (int)(done * BAR_WIDTH / total);
+    for (int i = 0; i < BAR_WIDTH; i++)
+        bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+    bar[BAR_WIDTH] = 0;
+    fprintf(stderr, "\rloading [%s] %3d%% %.1f/%.1f GiB", bar, pct, gib(done), gib(total));
+    if (done == total)
+        fprintf(stderr, "\n");
+    fflush(stderr);
+}
