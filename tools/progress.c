@@ -13,8 +13,12 @@ void load_progress_init(struct load_progress *p, const char *prog, bool quiet) {
     p->last = -1;
 }
 
-static double gib(uint64_t b) {
-    return (double)b / (double)(1u << 30);
+// "512.0/2048.0 MiB" below 1 GiB of total, "1.2/2.9 GiB" above.
+static void format_bytes(char *buf, size_t cap, uint64_t done, uint64_t total) {
+    const bool big = total >= (1ull << 30);
+    const double unit = big ? (double)(1ull << 30) : (double)(1ull << 20);
+    snprintf(buf, cap, "%.1f/%.1f %s", (double)done / unit, (double)total / unit,
+             big ? "GiB" : "MiB");
 }
 
 void load_progress_update(void *user, uint64_t done, uint64_t total) {
@@ -30,7 +34,9 @@ void load_progress_update(void *user, uint64_t done, uint64_t total) {
         if (q == p->last || (q == 0 && done < total))
             return;
         p->last = q;
-        fprintf(stderr, "%s: loading %3d%% (%.1f/%.1f GiB)\n", p->prog, pct, gib(done), gib(total));
+        char sz[64];
+        format_bytes(sz, sizeof sz, done, total);
+        fprintf(stderr, "%s: loading %3d%% (%s)\n", p->prog, pct, sz);
         return;
     }
     if (pct == p->last && done < total)
@@ -41,7 +47,9 @@ void load_progress_update(void *user, uint64_t done, uint64_t total) {
     for (int i = 0; i < BAR_WIDTH; i++)
         bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
     bar[BAR_WIDTH] = 0;
-    fprintf(stderr, "\rloading [%s] %3d%% %.1f/%.1f GiB", bar, pct, gib(done), gib(total));
+    char sz[64];
+    format_bytes(sz, sizeof sz, done, total);
+    fprintf(stderr, "\rloading [%s] %3d%% %s", bar, pct, sz);
     if (done == total)
         fprintf(stderr, "\n");
     fflush(stderr);

@@ -16,5 +16,5 @@ if [ -z "$model" ]; then
   model=build/tiny.gguf
   [ -f "$model" ] || ./build/vela mkmodel --preset tiny -o "$model"
 fi
-./build/vela gguf dump "$model" | head -n 40
+./build/vela gguf dump --no-tensors "$model"
 ./build/vela run -m "$model" -p "$prompt" -n 32
