@@ -22,6 +22,14 @@
 // the GPU, blockIdx.z splits the cells into n_split ranges; each writes its
 // unnormalized accumulators with (m, l) to scratch and attn_combine_kernel
 // merges them. A row with no visible cell gets zeros (l == 0).
+// The plan (chunk) is a function of round_up(n_kv, ATTN_SPLIT_MIN_CELLS), not
+// of n_kv: two calls whose n_kv round to the same value and whose extra cells
+// are empty walk the same tiles in the same order (extra splits find nothing
+// visible, m = -inf, and the combine skips them; a single split's acc / l
+// equals the combine of it with empty ones), so their outputs are
+// bit-identical. A decode step recorded in a CUDA graph with n_kv rounded up
+// (host/forward.c) relies on this.
+#include <atomic>
 #include <limits.h>
 
 #include "cuda/cuda_common.cuh"
@@ -33,7 +41,7 @@
 #define ATTN_DV_LANE (CUDA_ATTN_MAX_HEAD_DIM / VELA_WARP)
 #define ATTN_THREADS (ATTN_WARPS * VELA_WARP)
 // Split-K: at least this many cells per split, at most this many splits.
-#define ATTN_SPLIT_MIN_CELLS 256
+#define ATTN_SPLIT_MIN_CELLS CUDA_ATTN_PLAN_CELLS
 #define ATTN_MAX_SPLIT 64
 #define ATTN_COMBINE_THREADS 128
 
@@ -247,17 +255,20 @@ static struct attn_plan attn_make_plan(const struct cuda_attn *a, int sm_count) 
     p.row_blocks = ceil_div_u(n_rows, ATTN_ROWS);
     const int64_t blocks = (int64_t)p.row_blocks * a->n_head_kv;
     const int64_t target = 2 * (int64_t)(sm_count > 0 ? sm_count : 1);
+    // The plan's view of the window: n_kv rounded up (see the top comment).
+    const int64_t n_kv_plan =
+        ((int64_t)a->n_kv + ATTN_SPLIT_MIN_CELLS - 1) / ATTN_SPLIT_MIN_CELLS * ATTN_SPLIT_MIN_CELLS;
     int64_t ns = 1;
-    if (blocks < target && a->n_kv >= 2 * ATTN_SPLIT_MIN_CELLS) {
+    if (blocks < target && n_kv_plan >= 2 * ATTN_SPLIT_MIN_CELLS) {
         ns = (target + blocks - 1) / blocks;
-        const int64_t by_kv = a->n_kv / ATTN_SPLIT_MIN_CELLS;
+        const int64_t by_kv = n_kv_plan / ATTN_SPLIT_MIN_CELLS;
         if (ns > by_kv)
             ns = by_kv;
         if (ns > ATTN_MAX_SPLIT)
             ns = ATTN_MAX_SPLIT;
     }
     if (ns > 1) {
-        int64_t chunk = (a->n_kv + ns - 1) / ns;
+        int64_t chunk = (n_kv_plan + ns - 1) / ns;
         chunk = (chunk + ATTN_BK - 1) / ATTN_BK * ATTN_BK;
         p.chunk = (int)chunk;
         p.n_split = (int)((a->n_kv + chunk - 1) / chunk);
@@ -290,10 +301,31 @@ extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_attn *a, int sm
 template <typename KT, typename VT>
 static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, float *part_acc,
                        float *part_ml, cudaStream_t stream, struct verr *err) {
-    if (p->smem > 48 * 1024)
-        VELA_CUDA_CALL(err, cudaFuncSetAttribute(attn_kernel<KT, VT>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)p->smem));
+    // Raised once per device to the most any call can ask for, so a call
+    // recorded into a CUDA graph makes no attribute call (devices >= 64 set
+    // it every time).
+    static std::atomic<unsigned long long> raised{0};
+    if (p->smem > 48 * 1024) {
+        int dev = 0;
+        VELA_CUDA_CALL(err, cudaGetDevice(&dev));
+        const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
+        if (!bit || !(raised.load() & bit)) {
+            const size_t most = sizeof(float) * ((size_t)ATTN_ROWS * CUDA_ATTN_MAX_HEAD_DIM +
+                                                 (size_t)ATTN_BK * (CUDA_ATTN_MAX_HEAD_DIM + 1) +
+                                                 (size_t)ATTN_BK * CUDA_ATTN_MAX_HEAD_DIM) +
+                                sizeof(int) * ATTN_BK;
+            if (cudaFuncSetAttribute(attn_kernel<KT, VT>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)most) == cudaSuccess) {
+                raised.fetch_or(bit);
+            } else { // a GPU with less shared memory: ask for this call's need only
+                (void)cudaGetLastError();
+                VELA_CUDA_CALL(err, cudaFuncSetAttribute(
+                                        attn_kernel<KT, VT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p->smem));
+            }
+        }
+    }
     const dim3 grid(p->row_blocks, (unsigned int)a->n_head_kv, (unsigned int)p->n_split);
     attn_kernel<KT, VT>
         <<<grid, ATTN_THREADS, p->smem, stream>>>(*a, p->chunk, p->n_split, part_acc, part_ml);

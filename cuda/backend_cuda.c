@@ -29,6 +29,8 @@ struct cuda_backend {
     cublasHandle_t cublas;
     void *scratch; // device, stream-ordered (cudaMallocAsync)
     size_t scratch_bytes;
+    uint64_t scratch_gen; // bumped whenever scratch moves: graphs recorded before are stale
+    bool recording;       // between graph_begin and graph_end
     int sm_count;
     // upload_async's slots: event k is recorded after the last copy of slot
     // k (created on first use; recorded[k] false until then).
@@ -51,10 +53,29 @@ static struct cuda_backend *cb_of(struct backend *be) {
 // Ops may be called from a thread whose current device is another GPU.
 #define CU_ENTER(be) CU_CHECK(be, cudaSetDevice((be)->device))
 
+_Static_assert(CUDA_ATTN_PLAN_CELLS % BACKEND_KV_BUCKET == 0,
+               "a bucket of n_kv must not straddle two attention plans");
+
+// Ops that cannot be recorded into a graph (they synchronise, read host
+// memory when they run, or allocate) refuse while recording.
+static int cu_refuse_recording(struct backend *be, const char *what) {
+    if (!cb_of(be)->recording)
+        return VERR_OK;
+    return verr_set(&be->err, VERR_UNSUPPORTED, "%s cannot be recorded into a CUDA graph", what);
+}
+
+#define CU_NOT_RECORDING(be, what)                                                                 \
+    do {                                                                                           \
+        int rr_ = cu_refuse_recording((be), (what));                                               \
+        if (rr_)                                                                                   \
+            return rr_;                                                                            \
+    } while (0)
+
 // --- memory ------------------------------------------------------------------
 
 static int cu_alloc(struct backend *be, size_t bytes, void **out) {
     *out = NULL;
+    CU_NOT_RECORDING(be, "alloc");
     CU_ENTER(be);
     // A zero-byte request still gets a distinct, freeable pointer (as the CPU
     // backend gives), so callers can treat NULL as "not allocated".
@@ -80,6 +101,7 @@ static void cu_free(struct backend *be, void *ptr) {
 // pageable source is staged by the runtime before cudaMemcpyAsync returns;
 // a pinned one is copied by DMA later, so wait for it.
 static int cu_upload(struct backend *be, void *dst, const void *src, size_t bytes) {
+    CU_NOT_RECORDING(be, "upload");
     CU_ENTER(be);
     if (bytes == 0)
         return VERR_OK;
@@ -96,6 +118,7 @@ static int cu_upload(struct backend *be, void *dst, const void *src, size_t byte
 }
 
 static int cu_download(struct backend *be, void *dst, const void *src, size_t bytes) {
+    CU_NOT_RECORDING(be, "download");
     CU_ENTER(be);
     if (bytes == 0)
         return VERR_OK;
@@ -112,6 +135,7 @@ static int cu_memset_zero(struct backend *be, void *dst, size_t bytes) {
 }
 
 static int cu_sync(struct backend *be) {
+    CU_NOT_RECORDING(be, "sync");
     CU_ENTER(be);
     CU_CHECK(be, cudaStreamSynchronize(cb_of(be)->stream));
     return VERR_OK;
@@ -155,6 +179,7 @@ static int cu_upload_check_slot(struct backend *be, int slot) {
 // Contract (host/backend.h): returns without waiting; src must stay
 // untouched until upload_wait(slot).
 static int cu_upload_async(struct backend *be, void *dst, const void *src, size_t bytes, int slot) {
+    CU_NOT_RECORDING(be, "upload_async");
     CU_ENTER(be);
     int rc = cu_upload_check_slot(be, slot);
     if (rc)
@@ -171,6 +196,7 @@ static int cu_upload_async(struct backend *be, void *dst, const void *src, size_
 }
 
 static int cu_upload_wait(struct backend *be, int slot) {
+    CU_NOT_RECORDING(be, "upload_wait");
     CU_ENTER(be);
     int rc = cu_upload_check_slot(be, slot);
     if (rc)
@@ -183,11 +209,16 @@ static int cu_upload_wait(struct backend *be, int slot) {
 }
 
 // Grows the scratch buffer to at least `bytes` (stream-ordered: the old one is
-// released after every op already enqueued that uses it).
+// released after every op already enqueued that uses it). Graphs recorded
+// with the old buffer become stale (graph_current). While recording it
+// refuses to grow: the step runs eagerly once, which grows it, and the next
+// recording fits.
 static int cu_scratch_reserve(struct backend *be, size_t bytes) {
     struct cuda_backend *cb = cb_of(be);
     if (bytes <= cb->scratch_bytes)
         return VERR_OK;
+    CU_NOT_RECORDING(be, "growing the scratch");
+    cb->scratch_gen++;
     size_t want = bytes + bytes / 4;
     want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
     if (cb->scratch) {
@@ -423,6 +454,7 @@ static int cu_argmax(struct backend *be, int32_t *out, const float *logits, int 
 // takes it: the threshold max + logf(min_p) is then the same float on both.
 static int cu_sample(struct backend *be, int32_t *out, const float *logits, int n_rows, int n_vocab,
                      const struct sample_params *sp) {
+    CU_NOT_RECORDING(be, "sample (its rows are host memory)");
     CU_ENTER(be);
     if (n_rows < 0 || n_vocab <= 0)
         return verr_set(&be->err, VERR_RANGE, "sample: shape %d x %d", n_rows, n_vocab);
@@ -461,7 +493,103 @@ static int cu_sample(struct backend *be, int32_t *out, const float *logits, int 
     return rc;
 }
 
+// --- graphs --------------------------------------------------------------------
+
+struct cu_graph {
+    cudaGraphExec_t exec;
+    uint64_t scratch_gen; // cb->scratch_gen when recorded
+};
+
+// Thread-local capture mode: an unsafe call from this thread (cudaMalloc, a
+// synchronous copy) spoils the recording with an error instead of silently
+// synchronising; other threads (other stages' backends) are unaffected.
+static int cu_graph_begin(struct backend *be) {
+    CU_ENTER(be);
+    struct cuda_backend *cb = cb_of(be);
+    if (cb->recording)
+        return verr_set(&be->err, VERR_RANGE, "graph_begin: already recording");
+    CU_CHECK(be, cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
+    cb->recording = true;
+    return VERR_OK;
+}
+
+static int cu_graph_end(struct backend *be, void **exec) {
+    struct cuda_backend *cb = cb_of(be);
+    if (exec)
+        *exec = NULL;
+    if (!cb->recording)
+        return verr_set(&be->err, VERR_RANGE, "graph_end: not recording");
+    cb->recording = false;
+    (void)cudaSetDevice(be->device);
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
+    if (e != cudaSuccess || !graph) {
+        (void)cudaGetLastError(); // capture errors are not sticky; clear them
+        if (graph)
+            (void)cudaGraphDestroy(graph);
+        if (!exec)
+            return VERR_OK;
+        return verr_set(&be->err, VERR_BACKEND, "cudaStreamEndCapture: %s (%s:%d)",
+                        cudaGetErrorString(e), __FILE__, __LINE__);
+    }
+    if (!exec) {
+        (void)cudaGraphDestroy(graph);
+        return VERR_OK;
+    }
+    struct cu_graph *g = calloc(1, sizeof *g);
+    if (!g) {
+        (void)cudaGraphDestroy(graph);
+        return verr_set(&be->err, VERR_NOMEM, "graph_end: out of host memory");
+    }
+    e = cudaGraphInstantiate(&g->exec, graph, 0);
+    (void)cudaGraphDestroy(graph); // the exec keeps its own copy
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(g);
+        return verr_set(&be->err, VERR_BACKEND, "cudaGraphInstantiate: %s (%s:%d)",
+                        cudaGetErrorString(e), __FILE__, __LINE__);
+    }
+    g->scratch_gen = cb->scratch_gen;
+    *exec = g;
+    return VERR_OK;
+}
+
+static int cu_graph_launch(struct backend *be, void *exec) {
+    CU_NOT_RECORDING(be, "graph_launch");
+    CU_ENTER(be);
+    struct cu_graph *g = exec;
+    if (!g)
+        return verr_set(&be->err, VERR_RANGE, "graph_launch: NULL graph");
+    if (g->scratch_gen != cb_of(be)->scratch_gen)
+        return verr_set(&be->err, VERR_RANGE, "graph_launch: stale graph (the scratch moved)");
+    CU_CHECK(be, cudaGraphLaunch(g->exec, cb_of(be)->stream));
+    return VERR_OK;
+}
+
+static bool cu_graph_current(struct backend *be, const void *exec) {
+    const struct cu_graph *g = exec;
+    return g && g->scratch_gen == cb_of(be)->scratch_gen;
+}
+
+// A replay still in flight keeps running: cudaGraphExecDestroy defers the
+// release until it completes.
+static void cu_graph_destroy(struct backend *be, void *exec) {
+    struct cu_graph *g = exec;
+    if (!g)
+        return;
+    if (cudaSetDevice(be->device) == cudaSuccess)
+        (void)cudaGraphExecDestroy(g->exec);
+    (void)cudaGetLastError();
+    free(g);
+}
+
 static void cu_release(struct cuda_backend *cb) {
+    if (cb->recording) {
+        cudaGraph_t graph = NULL;
+        if (cudaStreamEndCapture(cb->stream, &graph) == cudaSuccess && graph)
+            (void)cudaGraphDestroy(graph);
+        cb->recording = false;
+    }
     if (cb->stream)
         (void)cudaStreamSynchronize(cb->stream);
     if (cb->scratch)
@@ -512,6 +640,11 @@ static const struct backend_ops cuda_ops = {
     .free_host_pinned = cu_free_host_pinned,
     .upload_async = cu_upload_async,
     .upload_wait = cu_upload_wait,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
+    .graph_launch = cu_graph_launch,
+    .graph_current = cu_graph_current,
+    .graph_destroy = cu_graph_destroy,
     .destroy = cu_destroy,
 };
 

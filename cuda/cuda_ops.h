@@ -36,6 +36,10 @@ extern "C" {
 // Largest head_dim / head_dim_v the attention kernels take.
 #define CUDA_ATTN_MAX_HEAD_DIM 256
 
+// The split-K plan of attention depends on n_kv only through
+// round_up(n_kv, CUDA_ATTN_PLAN_CELLS) (BACKEND_KV_BUCKET must divide it).
+#define CUDA_ATTN_PLAN_CELLS 256
+
 // Rope constants derived on the host from struct rope_params, so that host
 // and device use bit-identical theta_scale, corr dims and mscale.
 struct cuda_rope {

@@ -225,6 +225,11 @@ int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct
         *i += 1;
         return 1;
     }
+    if (args_is(arg, "--no-cuda-graph", NULL)) {
+        a->no_cuda_graph = true;
+        *i += 1;
+        return 1;
+    }
     return 0;
 }
 
@@ -242,6 +247,9 @@ void args_help_model(FILE *out) {
             "  -ctv, --cache-type-v T    KV cache type for V: f32, f16 (default: f16)\n"
             "  -v, --verbose             print model and context details\n"
             "  --no-progress             no progress bar while the weights load\n"
+            "  --no-cuda-graph           run decode steps op by op instead of replaying CUDA "
+            "graphs\n"
+            "                            (also VELA_NO_CUDA_GRAPH=1)\n"
             "several devices (split by layers, see README):\n"
             "  --devices LIST            devices of the stages: 0,1 / cuda0,cuda1 / cpu,cpu "
             "(default: every GPU)\n"
@@ -351,4 +359,5 @@ void args_forward_config(const struct args_model *a, const struct model_hparams 
     fc->type_k = a->type_k;
     fc->type_v = a->type_v;
     fc->rope = a->rope;
+    fc->no_graph = a->no_cuda_graph;
 }

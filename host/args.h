@@ -42,6 +42,7 @@ struct args_model {
     struct rope_overrides rope; // --rope-* / --yarn-*
     bool verbose;               // --verbose, -v
     bool no_progress;           // --no-progress: no load progress on stderr
+    bool no_cuda_graph;         // --no-cuda-graph (forward_config.no_graph)
     // Several devices (host/pipeline.h), llama.cpp's flags. --main-gpu / -mg sets `device`.
     int split_mode;           // --split-mode layer|none (ARGS_SPLIT_*; layer by default)
     const char *tensor_split; // --tensor-split, -ts "3,1"; NULL: by free memory

@@ -192,10 +192,39 @@ struct backend_ops {
     int (*upload_async)(struct backend *be, void *dst, const void *src, size_t bytes, int slot);
     int (*upload_wait)(struct backend *be, int slot);
 
+    // Graphs: record a sequence of ops once, replay it with one launch (CUDA
+    // graphs). All five set or all NULL (the CPU backend).
+    // - graph_begin: the ops this thread enqueues next are recorded, not run.
+    //   While recording, an op that would allocate, synchronise, grow the
+    //   scratch or read host memory at run time (upload, download, sync,
+    //   sample) fails with VERR_UNSUPPORTED and spoils the recording.
+    // - graph_end: stops recording (always call it after graph_begin, even
+    //   after a failed op). exec == NULL discards the recording; otherwise
+    //   *exec is the executable graph, or NULL with an error when the
+    //   recording was spoiled: the caller then runs the same ops eagerly.
+    // - graph_launch enqueues one replay. Every kernel argument (pointers,
+    //   sizes, n_kv) is frozen in the graph: what changes between replays must
+    //   be written to the same device addresses (ops->upload) before it.
+    // - graph_current: false once memory the graph uses was replaced (the
+    //   scratch grew after recording): destroy it and record again.
+    int (*graph_begin)(struct backend *be);
+    int (*graph_end)(struct backend *be, void **exec);
+    int (*graph_launch)(struct backend *be, void *exec);
+    bool (*graph_current)(struct backend *be, const void *exec);
+    void (*graph_destroy)(struct backend *be, void *exec);
+
     void (*destroy)(struct backend *be);
 };
 
 #define BACKEND_UPLOAD_SLOTS 4
+
+// Attention over n_kv cells, where cells past the last non-empty one are
+// empty: on a backend with graph ops the result is bit-identical for every
+// n_kv with the same round_up(n_kv, BACKEND_KV_BUCKET) (its split of the
+// cells among blocks depends on that only). A recorded decode step attends
+// over n_kv rounded up to this bucket, so one graph serves a whole bucket
+// and gives the same logits as an eager step.
+#define BACKEND_KV_BUCKET 256
 
 struct backend {
     const struct backend_ops *ops;

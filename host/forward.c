@@ -149,6 +149,9 @@ int forward_init(struct forward_ctx *fc, const struct model *m, const struct for
     }
     if (m->pipe && (rc = pipeline_ctx_init(&fc->pipe, m->pipe, fc, &fc->cfg, err)))
         goto fail;
+    const char *env = getenv("VELA_NO_CUDA_GRAPH");
+    const bool env_off = env && *env && strcmp(env, "0") != 0;
+    fc->graphs_on = fc->be->ops->graph_begin && !fc->cfg.no_graph && !env_off && !fc->pipe;
     return 0;
 fail:
     forward_free(fc);
@@ -158,6 +161,9 @@ fail:
 void forward_free(struct forward_ctx *fc) {
     if (!fc->be)
         return;
+    for (int i = 0; i < FORWARD_GRAPH_CACHE; i++)
+        if (fc->graphs[i].exec)
+            fc->be->ops->graph_destroy(fc->be, fc->graphs[i].exec);
     pipeline_ctx_free(fc->pipe);
     void *dev[] = {fc->x,     fc->xn,    fc->q,       fc->k,      fc->v,       fc->attn,
                    fc->proj,  fc->gate,  fc->up,      fc->xo,     fc->logits,  fc->d_tok,
@@ -184,6 +190,123 @@ void forward_free(struct forward_ctx *fc) {
             return verr_set(err, rc_, "forward: %s: %s", what, be->err.msg);                       \
         }                                                                                          \
     } while (0)
+
+static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err);
+
+// The device part of a one-stage decode step, after forward_stage_upload:
+// embed, the layers with attention over cells [0, n_kv), the head.
+static int decode_step_ops(struct forward_ctx *fc, int n_tok, int n_out, int n_kv, bool argmax_only,
+                           struct verr *err) {
+    int rc;
+    if ((rc = forward_stage_embed(fc, 0, n_tok, err)) ||
+        (rc = stage_layers(fc, 0, n_tok, n_kv, err)))
+        return rc;
+    if (n_out > 0 && (rc = forward_stage_head(fc, 0, n_out, argmax_only, err)))
+        return rc;
+    return 0;
+}
+
+// --- graphs ------------------------------------------------------------------
+//
+// A decode step of at most FORWARD_GRAPH_MAX_TOK tokens on a backend with
+// graph ops (CUDA), one stage, graphs not disabled (--no-cuda-graph,
+// VELA_NO_CUDA_GRAPH=1), goes like this:
+//   host, eager, before the replay (none of it recorded):
+//     the checks, kv_find_slot; kv_prepare (the pending K shift runs as an
+//     eager kernel, the changed cell mirrors are copied); tokens, positions,
+//     seq ids, cells and output rows are copied to their fixed device buffers
+//     fc->d_* (stream-ordered copies, nothing waits for the device);
+//   device, one graph launch:
+//     embed, every layer, final norm, LM head, and argmax when the caller
+//     wants ids only. Attention runs over n_kv rounded up to
+//     BACKEND_KV_BUCKET (capped at n_ctx): the cells past the used range are
+//     empty (pos -1 on the device too) and masked, and the backend's
+//     attention gives the same bits for every n_kv of a bucket, so the logits
+//     equal an eager step's;
+//   host, eager, after the launch:
+//     forward_decode_sample's sample op (its rows are host memory that
+//     changes every step, so its graph ends at the logits); the download of
+//     the ids or logits and the one synchronisation of the step, its end.
+// One graph per (n_tok, n_out, n_kv bucket, argmax or logits), recorded the
+// first time that shape is seen (the recording is then replayed for that
+// step too) and kept in fc->graphs, least recently used out. A recording an
+// op refuses (the scratch would grow, ...) is discarded and the step runs
+// eagerly with the same n_kv, which grows the scratch so that the next
+// recording fits; after FORWARD_GRAPH_FAIL_MAX failures in a row the context
+// stops recording. A graph whose scratch moved since it was recorded (a
+// larger batch grew it) is stale: destroyed and recorded again.
+#define FORWARD_GRAPH_FAIL_MAX 4
+
+static int graph_n_kv(const struct forward_ctx *fc) {
+    long n = kv_n_kv(&fc->kv);
+    n = (n + BACKEND_KV_BUCKET - 1) / BACKEND_KV_BUCKET * BACKEND_KV_BUCKET;
+    return n > fc->cfg.n_ctx ? fc->cfg.n_ctx : (int)n;
+}
+
+static void graph_drop(struct forward_ctx *fc, struct forward_graph *g) {
+    if (!g->exec)
+        return;
+    fc->be->ops->graph_destroy(fc->be, g->exec);
+    g->exec = NULL;
+    fc->graph_stats.live--;
+}
+
+static int decode_step_graph(struct forward_ctx *fc, int n_tok, int n_out, bool argmax_only,
+                             struct verr *err) {
+    struct backend *be = fc->be;
+    const int n_kv = graph_n_kv(fc);
+    const bool sample = argmax_only && fc->sp;
+    const bool g_argmax = argmax_only && !sample;
+    struct forward_graph *g = NULL, *victim = NULL;
+    for (int i = 0; i < FORWARD_GRAPH_CACHE && !g; i++) {
+        struct forward_graph *c = &fc->graphs[i];
+        if (c->exec && c->n_tok == n_tok && c->n_out == n_out && c->n_kv == n_kv &&
+            c->argmax == g_argmax)
+            g = c;
+        else if (!victim || (victim->exec && (!c->exec || c->last_use < victim->last_use)))
+            victim = c;
+    }
+    if (g && !be->ops->graph_current(be, g->exec)) {
+        graph_drop(fc, g);
+        victim = g;
+        g = NULL;
+    }
+    if (!g) {
+        if (fc->graph_fail_run >= FORWARD_GRAPH_FAIL_MAX) {
+            fc->graph_stats.eager++;
+            return decode_step_ops(fc, n_tok, n_out, n_kv, argmax_only, err);
+        }
+        void *exec = NULL;
+        int rc = be->ops->graph_begin(be);
+        if (!rc) {
+            struct verr rec_err = {0};
+            int rc_ops = decode_step_ops(fc, n_tok, n_out, n_kv, g_argmax, &rec_err);
+            rc = be->ops->graph_end(be, rc_ops ? NULL : &exec);
+            if (rc_ops)
+                rc = rc_ops;
+        }
+        if (rc || !exec) {
+            fc->graph_fail_run++;
+            fc->graph_stats.eager++;
+            return decode_step_ops(fc, n_tok, n_out, n_kv, argmax_only, err);
+        }
+        graph_drop(fc, victim);
+        g = victim;
+        *g = (struct forward_graph){
+            .exec = exec, .n_tok = n_tok, .n_out = n_out, .n_kv = n_kv, .argmax = g_argmax};
+        fc->graph_fail_run = 0;
+        fc->graph_stats.recorded++;
+        fc->graph_stats.live++;
+    }
+    g->last_use = ++fc->graph_tick;
+    int il = -1;
+    OP("graph launch", be->ops->graph_launch(be, g->exec));
+    fc->graph_stats.replays++;
+    if (sample && n_out > 0)
+        OP("sample",
+           be->ops->sample(be, fc->d_argmax, fc->logits, n_out, fc->m->hp.n_vocab, fc->sp));
+    return 0;
+}
 
 static int decode(struct forward_ctx *fc, const struct forward_batch *b, bool argmax_only,
                   bool *claimed, struct verr *err) {
@@ -225,13 +348,14 @@ static int decode(struct forward_ctx *fc, const struct forward_batch *b, bool ar
         fc->n_out = n_out;
         return 0;
     }
-    if ((rc = forward_stage_upload(fc, b, fc->h_cells, fc->h_rows, n_out, err)) ||
-        (rc = forward_stage_embed(fc, 0, n_tok, err)) ||
-        (rc = forward_stage_layers(fc, 0, n_tok, err)))
+    if ((rc = forward_stage_upload(fc, b, fc->h_cells, fc->h_rows, n_out, err)))
         return rc;
-    if (n_out > 0 && (rc = forward_stage_head(fc, 0, n_out, argmax_only, err)))
-        return rc;
-    if ((rc = forward_stage_download(fc, n_out, argmax_only, fc->h_logits, fc->h_argmax, err)))
+    if (fc->graphs_on && n_tok <= FORWARD_GRAPH_MAX_TOK)
+        rc = decode_step_graph(fc, n_tok, n_out, argmax_only, err);
+    else
+        rc = decode_step_ops(fc, n_tok, n_out, kv_n_kv(&fc->kv), argmax_only, err);
+    if (rc ||
+        (rc = forward_stage_download(fc, n_out, argmax_only, fc->h_logits, fc->h_argmax, err)))
         return rc;
     fc->n_out = n_out;
     return 0;
@@ -266,10 +390,14 @@ int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err)
 }
 
 int forward_stage_layers(struct forward_ctx *fc, int t0, int n_tok, struct verr *err) {
+    return stage_layers(fc, t0, n_tok, kv_n_kv(&fc->kv), err);
+}
+
+// forward_stage_layers with attention over cells [0, n_kv), n_kv >= kv_n_kv.
+static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err) {
     const struct model *m = fc->m;
     const struct model_hparams *hp = &m->hp;
     struct backend *be = fc->be;
-    const int n_kv = kv_n_kv(&fc->kv);
     const int n_embd = hp->n_embd;
     const int64_t n_x = (int64_t)n_tok * n_embd;
     float *x = fc->x + (size_t)t0 * n_embd;                         // [n_tok][n_embd]

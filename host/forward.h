@@ -49,6 +49,32 @@ struct forward_config {
     enum ggml_type type_k; // F16 (default) or F32
     enum ggml_type type_v;
     struct rope_overrides rope;
+    // --no-cuda-graph (or VELA_NO_CUDA_GRAPH=1 in the environment): never
+    // record decode steps into backend graphs (see forward.c, "graphs").
+    bool no_graph;
+};
+
+// Decode steps of at most this many tokens are recorded into backend graphs
+// (the mat-vec path of the CUDA backend) and replayed.
+#define FORWARD_GRAPH_MAX_TOK 8
+// Graphs kept per context (least recently used ones are destroyed).
+#define FORWARD_GRAPH_CACHE 32
+
+// One recorded decode step: n_tok tokens, n_out output rows, attention over
+// n_kv cells (a multiple of BACKEND_KV_BUCKET or n_ctx), the head ending in
+// argmax or in the logits.
+struct forward_graph {
+    void *exec; // the backend's; NULL: the slot is free
+    int n_tok, n_out, n_kv;
+    bool argmax;
+    uint64_t last_use;
+};
+
+struct forward_graph_stats {
+    int64_t recorded; // graphs recorded (evicted or stale ones included)
+    int64_t replays;  // steps run by replaying a graph
+    int64_t eager;    // graph-eligible steps run eagerly (recording failed)
+    int live;         // graphs held now (<= FORWARD_GRAPH_CACHE)
 };
 
 void forward_config_default(struct forward_config *c);
@@ -98,6 +124,13 @@ struct forward_ctx {
     // forward_decode_sample's rows during its decode (host memory, [n_out]),
     // read by the head stage (forward_stage_head); NULL otherwise.
     const struct sample_params *sp;
+
+    // Recorded decode steps (backend graph ops; see forward.c, "graphs").
+    bool graphs_on;      // the backend has graph ops and they were not disabled
+    int graph_fail_run;  // recordings failed in a row; graphs go off at a limit
+    uint64_t graph_tick; // LRU clock
+    struct forward_graph graphs[FORWARD_GRAPH_CACHE];
+    struct forward_graph_stats graph_stats;
 
     // A model split into stages (m->pipe): this context is stage 0's and the
     // front of the pipeline (the engine's KV operations go to fc->kv; every

@@ -406,3 +406,27 @@ Test(forward, bad_batches) {
     forward_free(&fc);
     fixture_close(&fx);
 }
+
+// The CPU backend has no graph ops: every step runs op by op, as before
+// graphs existed, and no graph is ever recorded.
+Test(forward, cpu_has_no_graphs) {
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "llama");
+    struct fixture fx;
+    fixture_open(&fx, &c);
+    cr_assert_null(fx.m->be->ops->graph_begin);
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    cfg.n_ctx = 32;
+    struct forward_ctx fc;
+    struct verr err = {0};
+    cr_assert_eq(forward_init(&fc, fx.m, &cfg, &err), 0, "%s", err.msg);
+    cr_expect(!fc.graphs_on);
+    int32_t tok = 5, pos = 0, seq = 0;
+    struct forward_batch b = {1, &tok, &pos, &seq, NULL};
+    cr_assert_eq(forward_decode_argmax(&fc, &b, &err), 0, "%s", err.msg);
+    cr_expect_eq(fc.graph_stats.recorded, 0);
+    cr_expect_eq(fc.graph_stats.replays, 0);
+    forward_free(&fc);
+    fixture_close(&fx);
+}

@@ -1,0 +1,229 @@
+// Decode steps recorded into CUDA graphs and replayed (host/forward.c,
+// "graphs") against the same steps run op by op: two sequences decoding
+// token by token (steps of 2 and 1 tokens) from short prompts across several
+// BACKEND_KV_BUCKET windows of n_kv, with a context shift of each sequence on
+// the way (a pending K shift applied eagerly before a replay, cells freed in
+// the middle of the window and reused). Logits, argmax ids and sampled ids
+// must be bit-identical with graphs on and off: the replayed kernels are the
+// eager ones with the same arguments except n_kv, and attention's result does
+// not depend on n_kv within a bucket (host/backend.h). Skips itself without a
+// CUDA device.
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/backend.h"
+#include "host/forward.h"
+#include "host/model.h"
+#include "tests/tiny_model.h"
+
+#define N_STEPS 480
+#define MAX_ROWS (N_STEPS * 2 + 2)
+
+enum mode { MODE_LOGITS, MODE_ARGMAX, MODE_SAMPLE };
+
+struct result {
+    float *logits; // [MAX_ROWS][n_vocab] (MODE_LOGITS)
+    int32_t *ids;  // [MAX_ROWS] (MODE_ARGMAX, MODE_SAMPLE)
+    int n_rows;
+    struct forward_graph_stats st;
+};
+
+static void decode_or_die(struct forward_ctx *fc, enum mode mode, const struct forward_batch *b,
+                          const struct sample_params *sp) {
+    struct verr err = {0};
+    int rc = mode == MODE_LOGITS   ? forward_decode(fc, b, &err)
+             : mode == MODE_ARGMAX ? forward_decode_argmax(fc, b, &err)
+                                   : forward_decode_sample(fc, b, sp, &err);
+    cr_assert_eq(rc, 0, "decode: %s", err.msg);
+}
+
+static void keep_outputs(struct forward_ctx *fc, enum mode mode, struct result *r) {
+    const int V = fc->m->hp.n_vocab;
+    for (int o = 0; o < fc->n_out; o++) {
+        cr_assert_lt(r->n_rows, MAX_ROWS);
+        if (mode == MODE_LOGITS)
+            memcpy(r->logits + (size_t)r->n_rows * V, forward_logits(fc, o), sizeof(float) * V);
+        else
+            r->ids[r->n_rows] = forward_argmax(fc, o);
+        r->n_rows++;
+    }
+}
+
+static void run_script(struct model *m, bool graphs, enum mode mode, struct result *r) {
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    cfg.n_ctx = 1024; // buckets of 256: four windows
+    cfg.n_batch = 64;
+    cfg.n_seq_max = 2;
+    cfg.no_graph = !graphs;
+    struct forward_ctx fc;
+    struct verr err = {0};
+    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(fc.graphs_on, graphs, "graphs_on %d", fc.graphs_on);
+    const int V = m->hp.n_vocab;
+    r->n_rows = 0;
+
+    // prompts (more than FORWARD_GRAPH_MAX_TOK tokens: always eager)
+    int32_t n_past[2] = {0, 0}, last[2] = {0, 0};
+    static const int plen[2] = {24, 40};
+    for (int s = 0; s < 2; s++) {
+        int32_t tok[64], pos[64], seq[64];
+        for (int t = 0; t < plen[s]; t++) {
+            tok[t] = (t * 11 + 3 + s * 17) % V;
+            pos[t] = t;
+            seq[t] = s;
+        }
+        struct forward_batch b = {plen[s], tok, pos, seq, NULL};
+        struct sample_params sp = {
+            .temp = 0.9f, .top_k = 20, .top_p = 0.95f, .min_p = 0.02f, .u = 0.5};
+        decode_or_die(&fc, mode, &b, &sp);
+        keep_outputs(&fc, mode, r);
+        last[s] = mode == MODE_LOGITS ? tok[plen[s] - 1] : forward_argmax(&fc, 0);
+        n_past[s] = plen[s];
+    }
+
+    for (int step = 0; step < N_STEPS; step++) {
+        if (step == 150 || step == 300) { // llama-cli's context shift, one sequence at a time
+            const int s = step == 150 ? 0 : 1;
+            int32_t discard = 0;
+            cr_assert_eq(kv_context_shift(&fc.kv, s, 4, n_past[s], &discard, &err), 0, "%s",
+                         err.msg);
+            n_past[s] -= discard;
+        }
+        int32_t tok[2], pos[2], seq[2];
+        int n = 0;
+        for (int s = 0; s < 2; s++) {
+            if (s == 0 && step % 7 == 3)
+                continue; // a step of seq 1 alone: another graph shape
+            tok[n] = mode == MODE_LOGITS ? (step * 7 + s * 13 + 5) % V : last[s];
+            pos[n] = n_past[s];
+            seq[n] = s;
+            n++;
+        }
+        const int8_t want[2] = {1, 1};
+        struct sample_params sp[2];
+        for (int i = 0; i < 2; i++)
+            sp[i] = (struct sample_params){.temp = 0.9f,
+                                           .top_k = 20,
+                                           .top_p = 0.95f,
+                                           .min_p = 0.02f,
+                                           .u = (double)((step * 37 + i * 11) % 97) / 97.0};
+        struct forward_batch b = {n, tok, pos, seq, want};
+        decode_or_die(&fc, mode, &b, sp);
+        keep_outputs(&fc, mode, r);
+        for (int i = 0; i < n; i++) {
+            if (mode != MODE_LOGITS)
+                last[seq[i]] = forward_argmax(&fc, i);
+            n_past[seq[i]]++;
+        }
+    }
+    cr_log_info("graphs %s, mode %d: n_kv %d at the end; %lld recorded, %lld replays, %lld eager "
+                "graph-eligible steps, %d live",
+                graphs ? "on" : "off", (int)mode, kv_n_kv(&fc.kv),
+                (long long)fc.graph_stats.recorded, (long long)fc.graph_stats.replays,
+                (long long)fc.graph_stats.eager, fc.graph_stats.live);
+    cr_assert_gt(kv_n_kv(&fc.kv), 2 * BACKEND_KV_BUCKET, "the script must cross several buckets");
+    r->st = fc.graph_stats;
+    forward_free(&fc);
+}
+
+static void compare_modes(enum mode mode) {
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA device present");
+    char path[128];
+    tiny_temp_path(path, sizeof path, "cugraph");
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "llama");
+    c.n_ctx_train = 1024;
+    struct tiny_weights w;
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&c, path, &w, &err), 0, "%s", err.msg);
+    struct backend *gpu;
+    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s", err.msg);
+    struct model *m;
+    cr_assert_eq(model_load_file(&m, path, gpu, &err), 0, "%s", err.msg);
+    const int V = m->hp.n_vocab;
+
+    struct result on = {0}, off = {0};
+    on.logits = malloc(sizeof(float) * MAX_ROWS * V);
+    off.logits = malloc(sizeof(float) * MAX_ROWS * V);
+    on.ids = malloc(sizeof(int32_t) * MAX_ROWS);
+    off.ids = malloc(sizeof(int32_t) * MAX_ROWS);
+    cr_assert(on.logits && off.logits && on.ids && off.ids);
+    run_script(m, false, mode, &off);
+    run_script(m, true, mode, &on);
+
+    cr_assert_eq(on.n_rows, off.n_rows);
+    // bit-identical: the same kernels on the same inputs (see the top comment)
+    for (int r = 0; r < on.n_rows; r++) {
+        if (mode == MODE_LOGITS)
+            cr_assert_eq(
+                memcmp(on.logits + (size_t)r * V, off.logits + (size_t)r * V, sizeof(float) * V), 0,
+                "logits row %d differ with graphs on and off", r);
+        else
+            cr_assert_eq(on.ids[r], off.ids[r], "row %d: id %d with graphs, %d without", r,
+                         on.ids[r], off.ids[r]);
+    }
+    cr_assert_eq(off.st.recorded, 0);
+    cr_assert_eq(off.st.replays, 0);
+    // most steps replay; the graphs are one per (shape, bucket) plus
+    // re-recordings after the scratch grew: a handful, never one per step
+    cr_assert_gt(on.st.replays, N_STEPS * 3 / 4, "%lld replays", (long long)on.st.replays);
+    cr_assert_leq(on.st.recorded, 24, "%lld graphs recorded", (long long)on.st.recorded);
+    cr_assert_leq(on.st.live, FORWARD_GRAPH_CACHE);
+
+    free(on.logits);
+    free(off.logits);
+    free(on.ids);
+    free(off.ids);
+    model_free(m);
+    backend_destroy(gpu);
+    tiny_weights_free(&w);
+    unlink(path);
+}
+
+Test(cuda_graph, logits_on_off_identical) {
+    compare_modes(MODE_LOGITS);
+}
+
+Test(cuda_graph, argmax_on_off_identical) {
+    compare_modes(MODE_ARGMAX);
+}
+
+Test(cuda_graph, sample_on_off_identical) {
+    compare_modes(MODE_SAMPLE);
+}
+
+Test(cuda_graph, env_turns_graphs_off) {
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA device present");
+    char path[128];
+    tiny_temp_path(path, sizeof path, "cugraphenv");
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "llama");
+    struct tiny_weights w;
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&c, path, &w, &err), 0, "%s", err.msg);
+    struct backend *gpu;
+    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s", err.msg);
+    struct model *m;
+    cr_assert_eq(model_load_file(&m, path, gpu, &err), 0, "%s", err.msg);
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    cfg.n_ctx = 64;
+    struct forward_ctx fc;
+    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
+    cr_expect(fc.graphs_on, "graphs are on by default on the CUDA backend");
+    forward_free(&fc);
+    setenv("VELA_NO_CUDA_GRAPH", "1", 1);
+    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
+    unsetenv("VELA_NO_CUDA_GRAPH");
+    cr_expect(!fc.graphs_on, "VELA_NO_CUDA_GRAPH=1 turns graphs off");
+    forward_free(&fc);
+    model_free(m);
+    backend_destroy(gpu);
+    tiny_weights_free(&w);
+    unlink(path);
+}
