@@ -1,0 +1,239 @@
+// vela CUDA emulator (tests/emu): force-included (-include) into every
+// cuda/*.cu after tests/emu/cu2cpp.py has rewritten its kernel launches into
+// emu_launch(...) calls, so the .cu compiles as host C++17. Kernels run on
+// the CPU: the threads of a block are cooperative fibers on one OS thread
+// (tests/emu/emu_runtime.cpp); __syncthreads and the warp intrinsics are
+// barriers that also check that every thread reaches the same one.
+#ifndef VELA_EMU_CUDA_EMU_H
+#define VELA_EMU_CUDA_EMU_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "cuda_runtime_api.h"
+#include "cuda_emu_types.h"
+
+// Device code is compiled as such: __CUDA_ARCH__ selects the device paths
+// (e.g. __fmul_rn in cuda/dequant.cuh), as nvcc's device pass would.
+#define __CUDA_ARCH__ 900
+#define __CUDACC__ 1
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __constant__ static
+#define __managed__
+// Static shared memory: one instance per kernel (blocks run one at a time),
+// in a section that the runtime fills with 0xff bytes (NaN floats, -1 ints)
+// before every block, so that reading shared memory no thread wrote this
+// block shows up instead of silently seeing the previous block's values.
+#define __shared__ static __attribute__((section("emu_shared"), aligned(16)))
+
+// --- builtin variables ----------------------------------------------------------
+extern __thread uint3 threadIdx;
+extern __thread uint3 blockIdx;
+extern __thread dim3 blockDim;
+extern __thread dim3 gridDim;
+static const int warpSize = 32;
+
+// --- block / warp operations (emu_runtime.cpp) ------------------------------------
+enum emu_op {
+    EMU_SYNC = 1,   // __syncthreads family
+    EMU_SYNC_OR,
+    EMU_SYNC_AND,
+    EMU_SYNC_COUNT,
+    EMU_W_SYNC = 16, // warp ops from here
+    EMU_W_SHFL,
+    EMU_W_SHFL_UP,
+    EMU_W_SHFL_DOWN,
+    EMU_W_SHFL_XOR,
+    EMU_W_BALLOT,
+    EMU_W_ANY,
+    EMU_W_ALL,
+    EMU_W_MATCH_ANY,
+};
+// Waits until every thread of the block (warp ops: every lane of `mask`)
+// arrives, returns this thread's result. `what` names the call in reports.
+uint64_t emu_barrier(int op, uint64_t val, int param, int width, unsigned mask, const char *what,
+                     const void *site);
+unsigned emu_activemask(void);
+void *emu_dynamic_smem(void);
+[[noreturn]] void emu_trap(const char *what);
+
+#define EMU_STR2(x) #x
+#define EMU_STR(x) EMU_STR2(x)
+#define EMU_SITE(op) op " at " __FILE__ ":" EMU_STR(__LINE__)
+// Block barriers name their call site: threads waiting at two different
+// __syncthreads of one kernel are reported as a divergent barrier.
+#define __syncthreads() (void)emu_barrier(EMU_SYNC, 0, 0, 0, 0, EMU_SITE("__syncthreads"), nullptr)
+#define __syncthreads_or(p) (int)emu_barrier(EMU_SYNC_OR, (p) != 0, 0, 0, 0, EMU_SITE("__syncthreads_or"), nullptr)
+#define __syncthreads_and(p) (int)emu_barrier(EMU_SYNC_AND, (p) != 0, 0, 0, 0, EMU_SITE("__syncthreads_and"), nullptr)
+#define __syncthreads_count(p) (int)emu_barrier(EMU_SYNC_COUNT, (p) != 0, 0, 0, 0, EMU_SITE("__syncthreads_count"), nullptr)
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)emu_barrier(EMU_W_SYNC, 0, 0, 32, mask, "__syncwarp", nullptr);
+}
+static inline unsigned __activemask(void) { return emu_activemask(); }
+static inline void __threadfence(void) {}
+static inline void __threadfence_block(void) {}
+static inline void __trap(void) { emu_trap("__trap"); }
+
+template <typename T> static inline uint64_t emu_bits(T v) {
+    static_assert(sizeof(T) <= 8, "warp shuffles of at most 8 bytes");
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof(T));
+    return b;
+}
+template <typename T> static inline T emu_from_bits(uint64_t b) {
+    T v;
+    memcpy(&v, &b, sizeof(T));
+    return v;
+}
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    return emu_from_bits<T>(emu_barrier(EMU_W_SHFL, emu_bits(v), src, width, mask, "__shfl_sync", nullptr));
+}
+template <typename T> static inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
+    return emu_from_bits<T>(emu_barrier(EMU_W_SHFL_UP, emu_bits(v), (int)d, width, mask, "__shfl_up_sync", nullptr));
+}
+template <typename T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+    return emu_from_bits<T>(emu_barrier(EMU_W_SHFL_DOWN, emu_bits(v), (int)d, width, mask, "__shfl_down_sync", nullptr));
+}
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
+    return emu_from_bits<T>(emu_barrier(EMU_W_SHFL_XOR, emu_bits(v), m, width, mask, "__shfl_xor_sync", nullptr));
+}
+static inline unsigned __ballot_sync(unsigned mask, int p) {
+    return (unsigned)emu_barrier(EMU_W_BALLOT, p != 0, 0, 32, mask, "__ballot_sync", nullptr);
+}
+static inline int __any_sync(unsigned mask, int p) {
+    return (int)emu_barrier(EMU_W_ANY, p != 0, 0, 32, mask, "__any_sync", nullptr);
+}
+static inline int __all_sync(unsigned mask, int p) {
+    return (int)emu_barrier(EMU_W_ALL, p != 0, 0, 32, mask, "__all_sync", nullptr);
+}
+template <typename T> static inline unsigned __match_any_sync(unsigned mask, T v) {
+    return (unsigned)emu_barrier(EMU_W_MATCH_ANY, emu_bits(v), 0, 32, mask, "__match_any_sync", nullptr);
+}
+
+// --- atomics (one OS thread runs every device thread: plain read-modify-write) ---
+template <typename T, typename U> static inline T atomicAdd(T *p, U v) { T o = *p; *p = (T)(o + (T)v); return o; }
+template <typename T, typename U> static inline T atomicSub(T *p, U v) { T o = *p; *p = (T)(o - (T)v); return o; }
+template <typename T, typename U> static inline T atomicMax(T *p, U v) { T o = *p; if ((T)v > o) *p = (T)v; return o; }
+template <typename T, typename U> static inline T atomicMin(T *p, U v) { T o = *p; if ((T)v < o) *p = (T)v; return o; }
+template <typename T, typename U> static inline T atomicExch(T *p, U v) { T o = *p; *p = (T)v; return o; }
+template <typename T, typename U> static inline T atomicOr(T *p, U v) { T o = *p; *p = (T)(o | (T)v); return o; }
+template <typename T, typename U> static inline T atomicAnd(T *p, U v) { T o = *p; *p = (T)(o & (T)v); return o; }
+template <typename T, typename U> static inline T atomicXor(T *p, U v) { T o = *p; *p = (T)(o ^ (T)v); return o; }
+template <typename T, typename U, typename V> static inline T atomicCAS(T *p, U cmp, V v) {
+    T o = *p; if (o == (T)cmp) *p = (T)v; return o;
+}
+#define atomicAdd_block atomicAdd
+#define atomicMax_block atomicMax
+#define atomicMin_block atomicMin
+
+// --- math intrinsics (the emulator is compiled with -ffp-contract=off) -----------
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+// glibc declares these names itself: macros, not functions.
+#define __expf(x) expf(x)
+#define __exp10f(x) exp10f(x)
+#define __logf(x) logf(x)
+#define __log2f(x) log2f(x)
+#define __sinf(x) sinf(x)
+#define __cosf(x) cosf(x)
+#define __tanf(x) tanf(x)
+#define __powf(a, b) powf(a, b)
+#define __sincosf(x, s, c) sincosf_emu(x, s, c)
+static inline void sincosf_emu(float x, float *s, float *c) { *s = sinf(x); *c = cosf(x); }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+static inline float __int2float_rn(int x) { return (float)x; }
+static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
+static inline int __float2int_rz(float x) { return (int)x; }
+static inline int __float2int_rd(float x) { return (int)floorf(x); }
+static inline unsigned int __float_as_uint(float x) { return emu_f2u(x); }
+static inline float __uint_as_float(unsigned int x) { return emu_u2f(x); }
+static inline int __float_as_int(float x) { return (int)emu_f2u(x); }
+static inline float __int_as_float(int x) { return emu_u2f((uint32_t)x); }
+static inline long long __double_as_longlong(double x) { long long r; memcpy(&r, &x, 8); return r; }
+static inline double __longlong_as_double(long long x) { double r; memcpy(&r, &x, 8); return r; }
+static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+static inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+static inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
+static inline unsigned int __brev(unsigned int x) {
+    x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+    x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+    x = ((x >> 4) & 0x0f0f0f0fu) | ((x & 0x0f0f0f0fu) << 4);
+    x = ((x >> 8) & 0x00ff00ffu) | ((x & 0x00ff00ffu) << 8);
+    return (x >> 16) | (x << 16);
+}
+static inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+    const uint64_t v = ((uint64_t)y << 32) | x;
+    unsigned int r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (unsigned int)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++)
+        c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
+template <typename T> static inline T __ldg(const T *p) { return *p; }
+template <typename T> static inline T __ldcs(const T *p) { return *p; }
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
+template <typename T> static inline void __stcs(T *p, T v) { *p = v; }
+template <typename A, typename B>
+static inline typename std::common_type<A, B>::type min(A a, B b) {
+    typedef typename std::common_type<A, B>::type C;
+    return (C)a < (C)b ? (C)a : (C)b;
+}
+template <typename A, typename B>
+static inline typename std::common_type<A, B>::type max(A a, B b) {
+    typedef typename std::common_type<A, B>::type C;
+    return (C)a > (C)b ? (C)a : (C)b;
+}
+static inline long long clock64(void) { return 0; }
+
+// --- launches ---------------------------------------------------------------------
+// Runs body once per thread of every block (or records it while `s` is being
+// captured into a graph); checks the launch configuration first, as the
+// driver does, and reports bad ones through cudaGetLastError.
+void emu_run_kernel(const char *name, const void *fn, dim3 grid, dim3 block, size_t shmem,
+                    cudaStream_t s, std::function<void()> body);
+
+template <typename... P, typename... A>
+static inline void emu_launch(const char *name, void (*k)(P...), dim3 grid, dim3 block,
+                              size_t shmem, cudaStream_t s, A &&...args) {
+    static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
+    auto params = std::make_shared<std::tuple<typename std::decay<P>::type...>>(
+        std::forward<A>(args)...);
+    emu_run_kernel(name, (const void *)k, grid, block, shmem, s,
+                   [k, params]() { std::apply(k, *params); });
+}
+
+#endif

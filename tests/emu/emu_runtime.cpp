@@ -1,0 +1,1112 @@
+// vela CUDA emulator (tests/emu): the CUDA runtime, cuBLAS's GemmEx and the
+// kernel scheduler on the host.
+//
+// Memory: device memory is host memory (cudaMalloc = aligned malloc); every
+// copy, memset and kernel runs synchronously when enqueued, so streams and
+// events are trivially ordered. Stream capture records those operations into
+// a graph that cudaGraphLaunch replays.
+//
+// Kernels: blocks run one after another; the threads of a block are fibers
+// on the calling OS thread (a hand-rolled x86-64 context switch, ucontext
+// elsewhere). A fiber runs until it reaches a barrier (__syncthreads*, a
+// warp intrinsic) or returns; when every fiber is parked the scheduler
+// releases complete barriers. What a GPU would hang on or leave undefined is
+// reported as a fault of the launch (kernel name, block, threads):
+//   - threads of a block waiting at different __syncthreads, or some waiting
+//     while others have returned (divergent barrier);
+//   - lanes of a warp at different warp intrinsics, with different masks, or
+//     a lane named in the mask that has returned or waits at __syncthreads;
+//   - writes past the dynamic shared memory size (a red zone checked after
+//     every block).
+// A fault makes the rest of the launch skip and is returned, sticky, by
+// every later synchronizing call (cudaStreamSynchronize, cudaMemcpy...), with
+// the report as its error string. VELA_EMU_ABORT=1 aborts at the fault.
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda_emu.h"
+#include "cublas_v2.h"
+
+__thread uint3 threadIdx;
+__thread uint3 blockIdx;
+__thread dim3 blockDim;
+__thread dim3 gridDim;
+
+// --- errors ------------------------------------------------------------------------
+
+static std::mutex g_mu; // one kernel at a time, whichever OS thread launches it
+static __thread cudaError_t t_last = cudaSuccess;
+static cudaError_t g_sticky = cudaSuccess;
+static char g_fault_msg[1024];
+
+static void set_last(cudaError_t e) {
+    if (e != cudaSuccess)
+        t_last = e;
+}
+
+static cudaError_t ret(cudaError_t e) {
+    set_last(e);
+    return e;
+}
+
+// A synchronizing call: reports a fault raised inside an earlier kernel.
+static cudaError_t sync_ret(void) {
+    if (g_sticky != cudaSuccess)
+        return ret(g_sticky);
+    return cudaSuccess;
+}
+
+extern "C" const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorNotSupported: return "operation not supported (emulator)";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorLaunchFailure: return g_fault_msg[0] ? g_fault_msg : "unspecified launch failure";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    default: return "unknown error";
+    }
+}
+extern "C" const char *cudaGetErrorName(cudaError_t e) {
+    return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmu";
+}
+extern "C" cudaError_t cudaGetLastError(void) {
+    cudaError_t e = t_last;
+    t_last = cudaSuccess;
+    return e != cudaSuccess ? e : g_sticky;
+}
+extern "C" cudaError_t cudaPeekAtLastError(void) {
+    return t_last != cudaSuccess ? t_last : g_sticky;
+}
+
+// --- device ------------------------------------------------------------------------
+
+static const size_t EMU_TOTAL_MEM = (size_t)141 << 30;
+static const int EMU_SM = 132;
+static const int EMU_SMEM_OPTIN = 232448; // 227 KiB, as on H100/H200
+static __thread int t_device = 0;
+
+static int emu_device_count(void) {
+    const char *e = getenv("VELA_EMU_DEVICES");
+    return e && *e ? atoi(e) : 1;
+}
+
+extern "C" cudaError_t cudaGetDeviceCount(int *n) {
+    *n = emu_device_count();
+    return *n > 0 ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+extern "C" cudaError_t cudaGetDevice(int *d) {
+    *d = t_device;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= emu_device_count())
+        return ret(cudaErrorInvalidDevice);
+    t_device = d;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+    if (d < 0 || d >= emu_device_count())
+        return ret(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "vela CUDA emulator (H200-like)");
+    p->totalGlobalMem = EMU_TOTAL_MEM;
+    p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlockOptin = EMU_SMEM_OPTIN;
+    p->sharedMemPerMultiprocessor = 233472;
+    p->regsPerBlock = 65536;
+    p->regsPerMultiprocessor = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 0x7fffffff;
+    p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+    p->clockRate = 1980000;
+    p->totalConstMem = 65536;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = EMU_SM;
+    p->l2CacheSize = 50 * 1024 * 1024;
+    p->memoryBusWidth = 6144;
+    p->memoryClockRate = 2619000;
+    p->maxThreadsPerMultiProcessor = 2048;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d) {
+    struct cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, d);
+    if (e)
+        return e;
+    switch (a) {
+    case cudaDevAttrMaxThreadsPerBlock: *v = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = (int)p.sharedMemPerBlock; break;
+    case cudaDevAttrWarpSize: *v = 32; break;
+    case cudaDevAttrClockRate: *v = p.clockRate; break;
+    case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; break;
+    case cudaDevAttrMemoryClockRate: *v = p.memoryClockRate; break;
+    case cudaDevAttrGlobalMemoryBusWidth: *v = p.memoryBusWidth; break;
+    case cudaDevAttrL2CacheSize: *v = p.l2CacheSize; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; break;
+    default: *v = 0; return ret(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaDriverGetVersion(int *v) { *v = 12040; return cudaSuccess; }
+extern "C" cudaError_t cudaRuntimeGetVersion(int *v) { *v = 12040; return cudaSuccess; }
+extern "C" cudaError_t cudaDeviceSynchronize(void) { return sync_ret(); }
+extern "C" cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+
+// --- memory --------------------------------------------------------------------------
+
+static std::map<const char *, size_t> g_dev, g_pinned; // base -> bytes
+static size_t g_dev_bytes;
+
+enum { EMU_NONE, EMU_DEV, EMU_PINNED };
+static int ptr_kind(const void *p, size_t n) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    const char *c = (const char *)p;
+    for (auto *m : {&g_dev, &g_pinned}) {
+        auto it = m->upper_bound(c);
+        if (it == m->begin())
+            continue;
+        --it;
+        if (c >= it->first && c + n <= it->first + it->second)
+            return m == &g_dev ? EMU_DEV : EMU_PINNED;
+    }
+    return EMU_NONE;
+}
+
+extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
+    *p = NULL;
+    if (bytes > EMU_TOTAL_MEM - g_dev_bytes)
+        return ret(cudaErrorMemoryAllocation);
+    void *q = NULL;
+    if (posix_memalign(&q, 256, bytes ? bytes : 1))
+        return ret(cudaErrorMemoryAllocation);
+    // Fresh device memory is not zero on a GPU either.
+    memset(q, 0xa5, bytes);
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_dev[(const char *)q] = bytes;
+    g_dev_bytes += bytes;
+    *p = q;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaFree(void *p) {
+    if (!p)
+        return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> lk(g_mu);
+        auto it = g_dev.find((const char *)p);
+        if (it == g_dev.end())
+            return ret(cudaErrorInvalidValue);
+        g_dev_bytes -= it->second;
+        g_dev.erase(it);
+    }
+    free(p);
+    return sync_ret();
+}
+
+// --- streams, capture and graphs ---------------------------------------------------------
+
+struct emu_graph {
+    std::vector<std::function<void()>> ops;
+};
+struct emu_graph_exec {
+    std::vector<std::function<void()>> ops;
+};
+struct emu_stream {
+    bool capturing = false;
+    bool invalid = false; // an unsafe call during capture
+    emu_graph *graph = nullptr;
+};
+struct emu_event {
+    int dummy;
+};
+static emu_stream g_default_stream;
+
+static emu_stream *stream_of(cudaStream_t s) {
+    if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread)
+        return &g_default_stream;
+    return s;
+}
+
+// Runs op now, or records it while s is capturing.
+static cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
+    emu_stream *st = stream_of(s);
+    if (st->capturing) {
+        st->graph->ops.push_back(std::move(op));
+        return cudaSuccess;
+    }
+    op();
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
+    if (stream_of(s)->capturing) {
+        stream_of(s)->invalid = true;
+        return ret(cudaErrorStreamCaptureUnsupported);
+    }
+    return cudaMalloc(p, bytes);
+}
+extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+    if (stream_of(s)->capturing) {
+        stream_of(s)->invalid = true;
+        return ret(cudaErrorStreamCaptureUnsupported);
+    }
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_dev.find((const char *)p);
+    if (it == g_dev.end())
+        return ret(cudaErrorInvalidValue);
+    g_dev_bytes -= it->second;
+    g_dev.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
+    (void)flags;
+    *p = NULL;
+    void *q = NULL;
+    if (posix_memalign(&q, 4096, bytes ? bytes : 1))
+        return ret(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_pinned[(const char *)q] = bytes;
+    *p = q;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+extern "C" cudaError_t cudaFreeHost(void *p) {
+    if (!p)
+        return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> lk(g_mu);
+        auto it = g_pinned.find((const char *)p);
+        if (it == g_pinned.end())
+            return ret(cudaErrorInvalidValue);
+        g_pinned.erase(it);
+    }
+    free(p);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned int flags) {
+    (void)flags;
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_pinned[(const char *)p] = bytes;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaHostUnregister(void *p) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_pinned.erase((const char *)p);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {
+    *total = EMU_TOTAL_MEM;
+    *fr = EMU_TOTAL_MEM - g_dev_bytes;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
+    memset(a, 0, sizeof *a);
+    const int k = ptr_kind(p, 1);
+    a->type = k == EMU_DEV ? cudaMemoryTypeDevice : k == EMU_PINNED ? cudaMemoryTypeHost
+                                                                    : cudaMemoryTypeUnregistered;
+    a->device = t_device;
+    a->devicePointer = k == EMU_DEV ? (void *)p : NULL;
+    a->hostPointer = k != EMU_DEV ? (void *)p : NULL;
+    return cudaSuccess;
+}
+
+// Copies check that the device side of the copy lies inside one allocation.
+static cudaError_t check_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind k) {
+    if (n == 0)
+        return cudaSuccess;
+    const bool dst_dev = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+    const bool src_dev = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+    if ((dst_dev && ptr_kind(dst, n) != EMU_DEV) || (src_dev && ptr_kind(src, n) != EMU_DEV)) {
+        fprintf(stderr, "vela-emu: cudaMemcpy of %zu bytes %p -> %p (kind %d) outside a device "
+                        "allocation\n", n, src, dst, (int)k);
+        return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind k) {
+    cudaError_t e = check_copy(dst, src, n, k);
+    if (e)
+        return ret(e);
+    if (g_sticky)
+        return sync_ret();
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                                       enum cudaMemcpyKind k, cudaStream_t s) {
+    cudaError_t e = check_copy(dst, src, n, k);
+    if (e)
+        return ret(e);
+    if (stream_of(s)->capturing && k != cudaMemcpyDeviceToDevice &&
+        ptr_kind(k == cudaMemcpyHostToDevice ? src : dst, n) != EMU_PINNED) {
+        // Pageable memory cannot be captured.
+        stream_of(s)->invalid = true;
+        return ret(cudaErrorStreamCaptureUnsupported);
+    }
+    return enqueue(s, [=]() { memmove(dst, src, n); });
+}
+extern "C" cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size_t n,
+                                           cudaStream_t s) {
+    (void)dd;
+    (void)sd;
+    return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s);
+}
+extern "C" cudaError_t cudaMemset(void *dst, int v, size_t n) {
+    if (n && ptr_kind(dst, n) != EMU_DEV)
+        return ret(cudaErrorInvalidValue);
+    memset(dst, v, n);
+    return sync_ret();
+}
+extern "C" cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
+    if (n && ptr_kind(dst, n) != EMU_DEV)
+        return ret(cudaErrorInvalidValue);
+    return enqueue(s, [=]() { memset(dst, v, n); });
+}
+
+extern "C" cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    *s = new emu_stream;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
+    (void)flags;
+    return cudaStreamCreate(s);
+}
+extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (s && s != cudaStreamLegacy && s != cudaStreamPerThread) {
+        delete s->graph;
+        delete s;
+    }
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (stream_of(s)->capturing) {
+        stream_of(s)->invalid = true;
+        return ret(cudaErrorStreamCaptureUnsupported);
+    }
+    return sync_ret();
+}
+extern "C" cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int f) {
+    (void)s;
+    (void)e;
+    (void)f;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = new emu_event();
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int f) {
+    (void)f;
+    return cudaEventCreate(e);
+}
+extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    (void)e;
+    (void)s;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    (void)e;
+    return sync_ret();
+}
+extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    (void)a;
+    (void)b;
+    *ms = 0.0f;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode m) {
+    (void)m;
+    emu_stream *st = stream_of(s);
+    if (st->capturing || st == &g_default_stream)
+        return ret(cudaErrorInvalidValue);
+    st->capturing = true;
+    st->invalid = false;
+    st->graph = new emu_graph;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    emu_stream *st = stream_of(s);
+    *g = NULL;
+    if (!st->capturing)
+        return ret(cudaErrorInvalidValue);
+    st->capturing = false;
+    emu_graph *gr = st->graph;
+    st->graph = nullptr;
+    if (st->invalid) {
+        delete gr;
+        return ret(cudaErrorStreamCaptureInvalidated);
+    }
+    *g = gr;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st) {
+    *st = stream_of(s)->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m) {
+    (void)m;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g,
+                                            unsigned long long f) {
+    (void)f;
+    if (!g)
+        return ret(cudaErrorInvalidValue);
+    *e = new emu_graph_exec{g->ops};
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g,
+                                                     unsigned long long f) {
+    return cudaGraphInstantiate(e, g, f);
+}
+extern "C" cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+    if (!e)
+        return ret(cudaErrorInvalidValue);
+    if (stream_of(s)->capturing) { // a graph launched into a capture: record its ops
+        for (auto &op : e->ops)
+            stream_of(s)->graph->ops.push_back(op);
+        return cudaSuccess;
+    }
+    for (auto &op : e->ops)
+        op();
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaGraphUpload(cudaGraphExec_t e, cudaStream_t s) {
+    (void)e;
+    (void)s;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+    delete e;
+    return cudaSuccess;
+}
+
+// --- kernels: fibers ---------------------------------------------------------------
+
+#define EMU_STACK (256 * 1024)
+#define EMU_MAX_THREADS 1024
+
+#if defined(__x86_64__)
+// emu_switch(&save_sp, new_sp): saves the callee-saved registers on the
+// current stack, stores its sp, loads new_sp and restores from there.
+extern "C" void emu_switch(void **save, void *to);
+asm(R"(
+    .text
+    .globl emu_switch
+    .type emu_switch,@function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch,.-emu_switch
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
+#define EMU_ASM_SWITCH 1
+#else
+#include <ucontext.h>
+#endif
+
+enum { F_READY, F_WAIT, F_DONE };
+
+struct fiber {
+#if EMU_ASM_SWITCH
+    void *sp;
+#else
+    ucontext_t uc;
+#endif
+    char *stack;
+    int state;
+    int op;
+    uint64_t val, result;
+    int param, width;
+    unsigned mask;
+    const char *what;
+    uint3 tid;
+};
+
+static fiber g_fib[EMU_MAX_THREADS];
+static char *g_stacks;
+static int g_nthreads, g_cur;
+#if EMU_ASM_SWITCH
+static void *g_sched_sp;
+#else
+static ucontext_t g_sched_uc;
+#endif
+static const std::function<void()> *g_body;
+static const char *g_kernel;
+static char *g_dyn_smem;
+static size_t g_dyn_bytes;
+static bool g_block_fault;
+
+extern "C" char __start_emu_shared[] __attribute__((weak));
+extern "C" char __stop_emu_shared[] __attribute__((weak));
+
+static void to_sched(void) {
+#if EMU_ASM_SWITCH
+    emu_switch(&g_fib[g_cur].sp, g_sched_sp);
+#else
+    swapcontext(&g_fib[g_cur].uc, &g_sched_uc);
+#endif
+}
+
+static void fiber_main(void) {
+    (*g_body)();
+    g_fib[g_cur].state = F_DONE;
+    to_sched();
+    abort(); // a finished fiber is never resumed
+}
+
+static void fiber_init(int i) {
+    fiber &f = g_fib[i];
+    f.stack = g_stacks + (size_t)i * (EMU_STACK + 4096) + 4096; // guard page below
+#if EMU_ASM_SWITCH
+    uint64_t *top = (uint64_t *)(f.stack + EMU_STACK);
+    *--top = 0;                        // fiber_main's return address (never used)
+    *--top = (uint64_t)&fiber_main;    // emu_switch returns here
+    for (int r = 0; r < 6; r++)
+        *--top = 0;                    // rbp rbx r12..r15
+    f.sp = top;
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack;
+    f.uc.uc_stack.ss_size = EMU_STACK;
+    f.uc.uc_link = NULL;
+    makecontext(&f.uc, fiber_main, 0);
+#endif
+    f.state = F_READY;
+    f.op = 0;
+}
+
+static void resume(int i) {
+    g_cur = i;
+    threadIdx = g_fib[i].tid;
+#if EMU_ASM_SWITCH
+    emu_switch(&g_sched_sp, g_fib[i].sp);
+#else
+    swapcontext(&g_sched_uc, &g_fib[i].uc);
+#endif
+}
+
+static void fault(const char *fmt, ...) {
+    if (g_block_fault)
+        return;
+    char msg[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(g_fault_msg, sizeof g_fault_msg, "emulated kernel fault in %s, block (%u,%u,%u): %s",
+             g_kernel, blockIdx.x, blockIdx.y, blockIdx.z, msg);
+    fprintf(stderr, "vela-emu: %s\n", g_fault_msg);
+    g_block_fault = true;
+    g_sticky = cudaErrorLaunchFailure;
+    const char *a = getenv("VELA_EMU_ABORT");
+    if (a && *a == '1')
+        abort();
+}
+
+extern "C++" [[noreturn]] void emu_trap(const char *what) {
+    fault("%s by thread (%u,%u,%u)", what, g_fib[g_cur].tid.x, g_fib[g_cur].tid.y,
+          g_fib[g_cur].tid.z);
+    g_fib[g_cur].state = F_DONE;
+    to_sched();
+    abort();
+}
+
+uint64_t emu_barrier(int op, uint64_t val, int param, int width, unsigned mask, const char *what,
+                     const void *site) {
+    (void)site;
+    fiber &f = g_fib[g_cur];
+    f.state = F_WAIT;
+    f.op = op;
+    f.val = val;
+    f.param = param;
+    f.width = width;
+    f.mask = mask;
+    f.what = what;
+    to_sched();
+    return g_fib[g_cur].result;
+}
+
+unsigned emu_activemask(void) {
+    const int base = g_cur & ~31;
+    unsigned m = 0;
+    for (int l = 0; l < 32 && base + l < g_nthreads; l++)
+        if (g_fib[base + l].state != F_DONE)
+            m |= 1u << l;
+    return m;
+}
+
+void *emu_dynamic_smem(void) { return g_dyn_smem; }
+
+static const char *state_name(const fiber &f) {
+    return f.state == F_DONE ? "returned" : f.state == F_READY ? "running" : f.what;
+}
+
+// Releases the warp barrier of warp w when complete; returns true if released.
+static bool resolve_warp(int w) {
+    const int base = w * 32, n = std::min(32, g_nthreads - base);
+    int first = -1;
+    for (int l = 0; l < n; l++)
+        if (g_fib[base + l].state == F_WAIT && g_fib[base + l].op >= EMU_W_SYNC) {
+            first = l;
+            break;
+        }
+    if (first < 0)
+        return false;
+    const fiber &f0 = g_fib[base + first];
+    const unsigned present = n == 32 ? 0xffffffffu : ((1u << n) - 1);
+    const unsigned mask = f0.mask & present;
+    if (!(f0.mask >> first & 1u)) {
+        fault("lane %d of warp %d calls %s with mask 0x%08x, which does not name it", first, w,
+              f0.what, f0.mask);
+        return false;
+    }
+    if ((f0.mask & ~present) != 0) {
+        fault("warp %d: %s with mask 0x%08x names lanes beyond the block (%d threads)", w,
+              f0.what, f0.mask, g_nthreads);
+        return false;
+    }
+    for (int l = 0; l < n; l++) {
+        if (!(mask >> l & 1u))
+            continue;
+        const fiber &f = g_fib[base + l];
+        if (f.state == F_WAIT && f.op == f0.op && f.mask == f0.mask && f.width == f0.width)
+            continue;
+        if (f.state == F_WAIT && f.op < EMU_W_SYNC) {
+            // lane l is parked at __syncthreads: a divergence (warp ops cannot
+            // complete before it arrives, and it cannot leave before they do)
+            fault("warp %d: lane %d waits in %s while lane %d waits in %s (divergent warp "
+                  "intrinsic)", w, l, f.what, first, f0.what);
+            return false;
+        }
+        if (f.state == F_DONE) {
+            fault("warp %d: lane %d has returned while lane %d waits in %s naming it in mask "
+                  "0x%08x", w, l, first, f0.what, f0.mask);
+            return false;
+        }
+        if (f.state == F_WAIT) {
+            fault("warp %d: lane %d in %s (mask 0x%08x, width %d) and lane %d in %s (mask 0x%08x, "
+                  "width %d)", w, first, f0.what, f0.mask, f0.width, l, f.what, f.mask, f.width);
+            return false;
+        }
+        return false; // still running (cannot happen after a full pass)
+    }
+    const int width = f0.width > 0 ? f0.width : 32;
+    if (f0.op >= EMU_W_SHFL && f0.op <= EMU_W_SHFL_XOR && (width & (width - 1)) != 0) {
+        fault("warp %d: %s with width %d (not a power of two)", w, f0.what, width);
+        return false;
+    }
+    unsigned ballot = 0;
+    for (int l = 0; l < n; l++)
+        if ((mask >> l & 1u) && g_fib[base + l].val)
+            ballot |= 1u << l;
+    for (int l = 0; l < n; l++) {
+        if (!(mask >> l & 1u))
+            continue;
+        fiber &f = g_fib[base + l];
+        const int seg = l & ~(width - 1);
+        int src = l;
+        switch (f0.op) {
+        case EMU_W_SHFL: src = seg + (f.param & (width - 1)); break;
+        case EMU_W_SHFL_UP: src = l - f.param >= seg ? l - f.param : l; break;
+        case EMU_W_SHFL_DOWN: src = l + f.param < seg + width ? l + f.param : l; break;
+        case EMU_W_SHFL_XOR: src = l ^ f.param; if (src >= seg + width) src = l; break;
+        default: break;
+        }
+        switch (f0.op) {
+        case EMU_W_SYNC: f.result = 0; break;
+        case EMU_W_SHFL:
+        case EMU_W_SHFL_UP:
+        case EMU_W_SHFL_DOWN:
+        case EMU_W_SHFL_XOR:
+            if (src >= n || !(mask >> src & 1u)) {
+                fault("warp %d: lane %d reads lane %d in %s, which is not in mask 0x%08x", w, l,
+                      src, f0.what, f0.mask);
+                return false;
+            }
+            f.result = g_fib[base + src].val;
+            break;
+        case EMU_W_BALLOT: f.result = ballot; break;
+        case EMU_W_ANY: f.result = ballot != 0; break;
+        case EMU_W_ALL: f.result = ballot == mask; break;
+        case EMU_W_MATCH_ANY: {
+            unsigned m = 0;
+            for (int j = 0; j < n; j++)
+                if ((mask >> j & 1u) && g_fib[base + j].val == f.val)
+                    m |= 1u << j;
+            f.result = m;
+            break;
+        }
+        }
+    }
+    for (int l = 0; l < n; l++)
+        if (mask >> l & 1u)
+            g_fib[base + l].state = F_READY;
+    return true;
+}
+
+static bool resolve_block(void) {
+    int first = -1, n_done = 0;
+    for (int i = 0; i < g_nthreads; i++) {
+        const fiber &f = g_fib[i];
+        if (f.state == F_DONE) {
+            n_done++;
+            continue;
+        }
+        if (f.state != F_WAIT || f.op >= EMU_W_SYNC)
+            return false;
+        if (first < 0)
+            first = i;
+    }
+    if (first < 0)
+        return false;
+    const fiber &f0 = g_fib[first];
+    for (int i = 0; i < g_nthreads; i++) {
+        const fiber &f = g_fib[i];
+        if (f.state == F_WAIT && (f.op != f0.op || strcmp(f.what, f0.what) != 0)) {
+            fault("divergent barrier: thread %d waits in %s, thread %d in %s", first, f0.what, i,
+                  f.what);
+            return false;
+        }
+    }
+    if (n_done) {
+        int d = 0;
+        while (g_fib[d].state != F_DONE)
+            d++;
+        fault("divergent barrier: %d of %d threads (first: thread %d) have returned while thread "
+              "%d waits in %s", n_done, g_nthreads, d, first, f0.what);
+        return false;
+    }
+    uint64_t cnt = 0;
+    for (int i = 0; i < g_nthreads; i++)
+        cnt += g_fib[i].val != 0;
+    uint64_t r = 0;
+    switch (f0.op) {
+    case EMU_SYNC_OR: r = cnt != 0; break;
+    case EMU_SYNC_AND: r = cnt == (uint64_t)g_nthreads; break;
+    case EMU_SYNC_COUNT: r = cnt; break;
+    default: break;
+    }
+    for (int i = 0; i < g_nthreads; i++) {
+        g_fib[i].result = r;
+        g_fib[i].state = F_READY;
+    }
+    return true;
+}
+
+static void report_stuck(void) {
+    std::string s;
+    for (int i = 0; i < g_nthreads && s.size() < 400; i++) {
+        if (g_fib[i].state == F_DONE)
+            continue;
+        char b[160];
+        snprintf(b, sizeof b, "%sthread %d in %s", s.empty() ? "" : "; ", i,
+                 state_name(g_fib[i]));
+        s += b;
+    }
+    fault("deadlock: no barrier can complete (%s)", s.c_str());
+}
+
+#define EMU_REDZONE 256
+
+static void run_block(void) {
+    const int n = g_nthreads;
+    const size_t sh_bytes = (size_t)(__stop_emu_shared - __start_emu_shared);
+    if (__start_emu_shared && sh_bytes)
+        memset(__start_emu_shared, 0xff, sh_bytes);
+    if (g_dyn_smem)
+        memset(g_dyn_smem, 0xff, g_dyn_bytes + EMU_REDZONE);
+    for (int i = 0; i < n; i++)
+        fiber_init(i);
+    // VELA_EMU_REVERSE=1 runs threads (and blocks) in descending order: a
+    // kernel whose result changes with the order has a race (a read of
+    // shared or global memory that another thread writes without a barrier
+    // in between, or a dependency between blocks).
+    static const bool rev = getenv("VELA_EMU_REVERSE") && *getenv("VELA_EMU_REVERSE") == '1';
+    for (;;) {
+        bool all_done = true;
+        for (int k = 0; k < n; k++) {
+            const int i = rev ? n - 1 - k : k;
+            if (g_fib[i].state == F_READY)
+                resume(i);
+            if (g_block_fault)
+                return;
+        }
+        for (int i = 0; i < n; i++)
+            all_done &= g_fib[i].state == F_DONE;
+        if (all_done)
+            break;
+        bool released = false;
+        for (int w = 0; w * 32 < n && !g_block_fault; w++)
+            released |= resolve_warp(w);
+        if (g_block_fault)
+            return;
+        if (!released)
+            released = resolve_block();
+        if (g_block_fault)
+            return;
+        if (!released) {
+            report_stuck();
+            return;
+        }
+    }
+    if (g_dyn_smem) {
+        for (size_t i = 0; i < EMU_REDZONE; i++)
+            if ((unsigned char)g_dyn_smem[g_dyn_bytes + i] != 0xff) {
+                fault("write past the end of dynamic shared memory (%zu bytes): byte +%zu",
+                      g_dyn_bytes, i);
+                return;
+            }
+    }
+}
+
+static std::map<const void *, int> g_fn_smem; // cudaFuncAttributeMaxDynamicSharedMemorySize
+
+extern "C" cudaError_t emu_func_set_attribute(const void *fn, enum cudaFuncAttribute a, int v) {
+    if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (v < 0 || v > EMU_SMEM_OPTIN)
+            return ret(cudaErrorInvalidValue);
+        std::lock_guard<std::mutex> lk(g_mu);
+        g_fn_smem[fn] = v;
+    }
+    return cudaSuccess;
+}
+
+static void run_kernel_now(const char *name, dim3 grid, dim3 block, size_t shmem,
+                           const std::function<void()> &body) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (!g_stacks) {
+        const size_t per = EMU_STACK + 4096;
+        g_stacks = (char *)mmap(NULL, per * EMU_MAX_THREADS, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (g_stacks == MAP_FAILED) {
+            perror("vela-emu: mmap of the fiber stacks");
+            abort();
+        }
+        for (int i = 0; i < EMU_MAX_THREADS; i++)
+            mprotect(g_stacks + (size_t)i * per, 4096, PROT_NONE);
+    }
+    g_kernel = name;
+    g_body = &body;
+    g_nthreads = (int)(block.x * block.y * block.z);
+    std::vector<char> dyn;
+    if (shmem) {
+        dyn.resize(shmem + EMU_REDZONE + 16);
+        g_dyn_smem = (char *)(((uintptr_t)dyn.data() + 15) & ~(uintptr_t)15);
+        g_dyn_bytes = shmem;
+    } else {
+        g_dyn_smem = NULL;
+        g_dyn_bytes = 0;
+    }
+    gridDim = grid;
+    blockDim = block;
+    for (int i = 0; i < g_nthreads; i++) {
+        g_fib[i].tid.x = (unsigned)i % block.x;
+        g_fib[i].tid.y = (unsigned)i / block.x % block.y;
+        g_fib[i].tid.z = (unsigned)i / (block.x * block.y);
+    }
+    g_block_fault = false;
+    static const bool rev = getenv("VELA_EMU_REVERSE") && *getenv("VELA_EMU_REVERSE") == '1';
+    for (unsigned z = 0; z < grid.z && !g_block_fault; z++)
+        for (unsigned y = 0; y < grid.y && !g_block_fault; y++)
+            for (unsigned x = 0; x < grid.x && !g_block_fault; x++) {
+                blockIdx.x = rev ? grid.x - 1 - x : x;
+                blockIdx.y = rev ? grid.y - 1 - y : y;
+                blockIdx.z = rev ? grid.z - 1 - z : z;
+                run_block();
+            }
+    g_dyn_smem = NULL;
+}
+
+void emu_run_kernel(const char *name, const void *fn, dim3 grid, dim3 block, size_t shmem,
+                    cudaStream_t s, std::function<void()> body) {
+    const uint64_t threads = (uint64_t)block.x * block.y * block.z;
+    if (threads == 0 || threads > EMU_MAX_THREADS || block.z > 64 || grid.x == 0 ||
+        grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+        fprintf(stderr, "vela-emu: %s: invalid launch configuration grid (%u,%u,%u) block "
+                        "(%u,%u,%u)\n", name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+        set_last(cudaErrorInvalidConfiguration);
+        return;
+    }
+    int allowed = 48 * 1024;
+    {
+        std::lock_guard<std::mutex> lk(g_mu);
+        auto it = g_fn_smem.find(fn);
+        if (it != g_fn_smem.end() && it->second > allowed)
+            allowed = it->second;
+    }
+    if (shmem > (size_t)allowed) {
+        fprintf(stderr, "vela-emu: %s: %zu bytes of dynamic shared memory, %d allowed (raise "
+                        "cudaFuncAttributeMaxDynamicSharedMemorySize)\n", name, shmem, allowed);
+        set_last(cudaErrorInvalidValue);
+        return;
+    }
+    static const char *trace = getenv("VELA_EMU_TRACE");
+    if (trace && *trace == '1')
+        fprintf(stderr, "vela-emu: launch %s grid (%u,%u,%u) block (%u,%u,%u) shmem %zu%s\n", name,
+                grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem,
+                stream_of(s)->capturing ? " (captured)" : "");
+    std::string nm = name;
+    enqueue(s, [nm, grid, block, shmem, body]() {
+        if (g_sticky)
+            return; // a faulted context runs nothing more
+        run_kernel_now(nm.c_str(), grid, block, shmem, body);
+    });
+}
+
+// --- cuBLAS ----------------------------------------------------------------------------
+
+struct emu_cublas {
+    cudaStream_t stream;
+};
+
+extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h) {
+    *h = new emu_cublas{NULL};
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) {
+    (void)h;
+    (void)m;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t b) {
+    (void)h;
+    (void)ws;
+    (void)b;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" const char *cublasGetStatusString(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    }
+}
+
+static double load_elem(const void *p, cudaDataType_t t, size_t i) {
+    switch (t) {
+    case CUDA_R_32F: return ((const float *)p)[i];
+    case CUDA_R_64F: return ((const double *)p)[i];
+    case CUDA_R_16F: return emu_f16_to_f32(((const uint16_t *)p)[i]);
+    case CUDA_R_16BF: return emu_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return NAN;
+    }
+}
+
+// Column-major C[m x n] = alpha op(A)[m x k] op(B)[k x n] + beta C, in double,
+// rounded once to f32: the exact result up to one rounding (cuBLAS's f32
+// accumulation is within the tests' stated tolerance of it).
+extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta,
+                                       cublasOperation_t tb, int m, int n, int k,
+                                       const void *alpha, const void *A, cudaDataType_t at,
+                                       int lda, const void *B, cudaDataType_t bt, int ldb,
+                                       const void *beta, void *C, cudaDataType_t ct, int ldc,
+                                       cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    (void)algo;
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (m < 0 || n < 0 || k < 0 || ct != CUDA_R_32F ||
+        (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC &&
+         compute != CUBLAS_COMPUTE_32F_FAST_TF32) ||
+        (at == CUDA_R_32F) != (bt == CUDA_R_32F))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (lda < std::max(1, ta == CUBLAS_OP_N ? m : k) || ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) ||
+        ldc < std::max(1, m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const size_t esz_a = at == CUDA_R_32F ? 4 : at == CUDA_R_64F ? 8 : 2;
+    const size_t esz_b = bt == CUDA_R_32F ? 4 : bt == CUDA_R_64F ? 8 : 2;
+    // The operands must lie inside device allocations.
+    const size_t a_elems = ta == CUBLAS_OP_N ? (size_t)lda * (k - 1) + m : (size_t)lda * (m - 1) + k;
+    const size_t b_elems = tb == CUBLAS_OP_N ? (size_t)ldb * (n - 1) + k : (size_t)ldb * (k - 1) + n;
+    if (m && n && k &&
+        (ptr_kind(A, a_elems * esz_a) != EMU_DEV || ptr_kind(B, b_elems * esz_b) != EMU_DEV ||
+         ptr_kind(C, ((size_t)ldc * (n - 1) + m) * 4) != EMU_DEV)) {
+        fprintf(stderr, "vela-emu: cublasGemmEx operand outside a device allocation\n");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const float al = *(const float *)alpha, be = *(const float *)beta;
+    enqueue(h->stream, [=]() {
+        if (g_sticky)
+            return;
+        std::vector<double> arow(k);
+        for (int i = 0; i < m; i++) {
+            for (int l = 0; l < k; l++)
+                arow[l] = load_elem(A, at, ta == CUBLAS_OP_N ? (size_t)l * lda + i
+                                                             : (size_t)i * lda + l);
+            for (int j = 0; j < n; j++) {
+                double s = 0.0;
+                if (tb == CUBLAS_OP_N) {
+                    for (int l = 0; l < k; l++)
+                        s += arow[l] * load_elem(B, bt, (size_t)j * ldb + l);
+                } else {
+                    for (int l = 0; l < k; l++)
+                        s += arow[l] * load_elem(B, bt, (size_t)l * ldb + j);
+                }
+                float *c = (float *)C + (size_t)j * ldc + i;
+                const double prev = be != 0.0f ? (double)*c * be : 0.0;
+                *c = (float)(al * s + prev);
+            }
+        }
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,1 @@
+#include "cublas_v2.h"

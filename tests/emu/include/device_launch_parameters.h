@@ -1,0 +1,1 @@
+// vela CUDA emulator: threadIdx & co. come from cuda_emu.h.

@@ -1,0 +1,161 @@
+// The emulator checks itself (ctest: test_emu_selftest): barriers and warp
+// intrinsics give CUDA's results, and the bugs it exists to catch are caught.
+// Compiled like cuda/*.cu: cu2cpp.py, then host C++ with cuda_emu.h.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime.h>
+
+static int g_fail = 0;
+#define EXPECT(c, ...)                                                                             \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            g_fail++;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+__global__ void reduce_kernel(const float *x, float *out, int n) {
+    __shared__ float part[8];
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        s += x[blockIdx.x * n + i];
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x % 32 == 0)
+        part[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; w++)
+            t += part[w];
+        out[blockIdx.x] = t;
+    }
+}
+
+__global__ void intrinsics_kernel(int *out) {
+    const int l = threadIdx.x;
+    out[l] = __shfl_up_sync(0xffffffffu, l, 3);
+    out[32 + l] = __shfl_down_sync(0xffffffffu, l, 5, 16);
+    out[64 + l] = __shfl_sync(0xffffffffu, l * 10, 7);
+    out[96 + l] = (int)__ballot_sync(0xffffffffu, l % 3 == 0);
+    out[128 + l] = __syncthreads_count(l < 10);
+    out[160 + l] = (int)__match_any_sync(0xffffffffu, l / 8);
+}
+
+__global__ void divergent_sync_kernel(int *out) {
+    if (threadIdx.x < 16) {
+        __syncthreads();
+        out[0] = 1;
+    } else {
+        __syncthreads();
+        out[1] = 1;
+    }
+}
+
+__global__ void early_exit_sync_kernel(int *out) {
+    if (threadIdx.x == 5)
+        return;
+    __syncthreads();
+    out[threadIdx.x] = 1;
+}
+
+__global__ void exited_lane_shfl_kernel(float *out) {
+    if (threadIdx.x == 31)
+        return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+__global__ void smem_overflow_kernel(int n) {
+    extern __shared__ float dyn[];
+    dyn[threadIdx.x + n] = 1.0f;
+}
+
+__global__ void uninit_smem_kernel(float *out) {
+    __shared__ float s[64];
+    if (threadIdx.x < 32)
+        s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x]; // 32..63 never written
+}
+
+static bool launch_faults(const char *what) {
+    cudaError_t e = cudaDeviceSynchronize();
+    const bool f = e != cudaSuccess;
+    if (f)
+        fprintf(stderr, "(expected) %s: %s\n", what, cudaGetErrorString(e));
+    return f;
+}
+
+// A fault is sticky, as on a GPU: the process is done after one.
+static int child(int which) {
+    int *d;
+    cudaMalloc((void **)&d, 256 * sizeof(int));
+    switch (which) {
+    case 0: divergent_sync_kernel<<<1, 32>>>(d); break;
+    case 1: early_exit_sync_kernel<<<1, 64>>>(d); break;
+    case 2: exited_lane_shfl_kernel<<<1, 32>>>((float *)d); break;
+    case 3: smem_overflow_kernel<<<1, 64, 64 * sizeof(float)>>>(8); break;
+    }
+    return launch_faults("fault") ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2)
+        return child(atoi(argv[1]));
+    const int rows = 3, n = 1000;
+    float *hx = (float *)malloc(sizeof(float) * rows * n), *dx, *dout, hout[3];
+    for (int i = 0; i < rows * n; i++)
+        hx[i] = (float)(i % 7);
+    cudaMalloc((void **)&dx, sizeof(float) * rows * n);
+    cudaMalloc((void **)&dout, sizeof(float) * 256);
+    cudaMemcpy(dx, hx, sizeof(float) * rows * n, cudaMemcpyHostToDevice);
+    reduce_kernel<<<rows, 256>>>(dx, dout, n);
+    cudaMemcpy(hout, dout, sizeof hout, cudaMemcpyDeviceToHost);
+    for (int r = 0; r < rows; r++) {
+        float ref = 0;
+        for (int i = 0; i < n; i++)
+            ref += hx[r * n + i];
+        EXPECT(hout[r] == ref, "reduce row %d: %g != %g", r, hout[r], ref);
+    }
+    int *di, hi[192];
+    cudaMalloc((void **)&di, sizeof hi);
+    intrinsics_kernel<<<1, 32>>>(di);
+    cudaMemcpy(hi, di, sizeof hi, cudaMemcpyDeviceToHost);
+    unsigned ballot = 0;
+    for (int l = 0; l < 32; l += 3)
+        ballot |= 1u << l;
+    for (int l = 0; l < 32; l++) {
+        EXPECT(hi[l] == (l >= 3 ? l - 3 : l), "shfl_up lane %d: %d", l, hi[l]);
+        EXPECT(hi[32 + l] == ((l % 16) + 5 < 16 ? l + 5 : l), "shfl_down w16 lane %d: %d", l, hi[32 + l]);
+        EXPECT(hi[64 + l] == 70, "shfl lane %d: %d", l, hi[64 + l]);
+        EXPECT((unsigned)hi[96 + l] == ballot, "ballot lane %d: %x", l, hi[96 + l]);
+        EXPECT(hi[128 + l] == 10, "syncthreads_count lane %d: %d", l, hi[128 + l]);
+        EXPECT((unsigned)hi[160 + l] == 0xffu << (8 * (l / 8)), "match_any lane %d: %x", l, hi[160 + l]);
+    }
+    float hs[64];
+    uninit_smem_kernel<<<1, 64>>>(dout);
+    cudaMemcpy(hs, dout, sizeof hs, cudaMemcpyDeviceToHost);
+    EXPECT(hs[0] == 1.0f && hs[40] != hs[40], "unwritten shared memory reads as NaN: %g", hs[40]);
+    EXPECT(cudaDeviceSynchronize() == cudaSuccess, "no fault so far");
+    // f16/bf16 conversions: round to nearest even, subnormals, overflow.
+    EXPECT(__half_as_ushort(__float2half_rn(1.0f + 1.0f / 2048)) == 0x3c00, "f16 tie to even");
+    EXPECT(__half_as_ushort(__float2half_rn(1.0f + 3.0f / 2048)) == 0x3c02, "f16 tie up to even");
+    EXPECT(__half_as_ushort(__float2half_rn(65519.0f)) == 0x7bff, "f16 65519");
+    EXPECT(__half_as_ushort(__float2half_rn(65520.0f)) == 0x7c00, "f16 65520 -> inf");
+    EXPECT(__half_as_ushort(__float2half_rn(5.9604645e-8f)) == 0x0001, "f16 min subnormal");
+    EXPECT(__half_as_ushort(__float2half_rn(2.9802322e-8f)) == 0x0000, "f16 2^-25 ties to 0");
+    EXPECT(__half2float(__ushort_as_half(0x8001)) == -5.9604645e-8f, "f16 -subnormal");
+    EXPECT(__bfloat16_as_ushort(__float2bfloat16_rn(1.00390625f)) == 0x3f80, "bf16 tie to even");
+    // Each bug in its own process (faults are sticky).
+    for (int k = 0; k < 4; k++) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "%s %d", argv[0], k);
+        const int rc = system(cmd);
+        EXPECT(rc == 0, "bug %d was not reported", k);
+    }
+    printf("%s\n", g_fail ? "selftest FAILED" : "selftest passed");
+    return g_fail != 0;
+}
