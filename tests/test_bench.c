@@ -2,7 +2,9 @@
 // on a tiny model and the CPU backend, so the benchmark code runs in every CI
 // build: JSON that parses with sane fields, the table, flag errors and exit
 // codes. Numbers are not checked against anything but > 0: CI machines are
-// shared and slow.
+// shared and slow. A layer split runs as two stages on the CPU (--devices
+// cpu,cpu): the layout must be the plan's, the per-stage figures must add
+// up, and --split-compare must report one ratio per test.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,7 +16,10 @@
 
 #include <cjson/cJSON.h>
 
+#include "gguf/gguf.h"
+#include "host/args.h"
 #include "host/mkmodel.h"
+#include "host/pipeline.h"
 
 static char dir[256];
 static char model_path[300];
@@ -149,6 +154,11 @@ Test(bench, cpu_json) {
     check_test(cJSON_GetArrayItem(tests, 1), "tg8", "tg", 1, 8, 2);
     cr_assert_eq((int)num(cJSON_GetArrayItem(tests, 0), "n_prompt"), 16);
     cr_assert_eq((int)num(cJSON_GetArrayItem(tests, 1), "n_gen"), 8);
+    // one device: no split anywhere
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(root, "split")));
+    cr_assert(
+        cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(tests, 0), "split")));
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(root, "scaling"), "no --split-compare");
     cJSON_Delete(root);
     free(out);
     free(errs);
@@ -189,11 +199,160 @@ Test(bench, cpu_table) {
     free(errs);
 }
 
+// The layer ranges the pipeline plans for `--devices cpu,cpu` on the tiny
+// model: both stages on one CPU see the same free memory, so the plan's
+// proportions are equal whatever that memory is.
+static void expected_plan(struct plan *pl) {
+    struct args_model a;
+    args_model_default(&a);
+    a.backend = ARGS_BACKEND_CPU;
+    a.devices = "cpu,cpu";
+    struct verr err = {0};
+    struct gguf_file *f = NULL;
+    cr_assert_eq(gguf_open(&f, model_path, &err), 0, "%s", err.msg);
+    struct plan_device devs[PLAN_MAX_DEVICES];
+    int n = 0;
+    cr_assert_eq(pipeline_resolve_devices(&a, devs, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, 2);
+    const size_t free_bytes[2] = {(size_t)1 << 30, (size_t)1 << 30};
+    cr_assert_eq(pipeline_plan(&a, 16, f, devs, n, free_bytes, pl, NULL, 0, &err), 0, "%s",
+                 err.msg);
+    gguf_close(f);
+    cr_assert_eq(pl->n_stages, 2);
+}
+
+static void check_stages(const cJSON *split, const struct plan *pl, bool timed, const char *what) {
+    cr_assert(cJSON_IsObject(split), "%s: no split object", what);
+    cr_assert_str_eq(str(split, "mode"), "layer");
+    const cJSON *stages = cJSON_GetObjectItemCaseSensitive(split, "stages");
+    cr_assert(cJSON_IsArray(stages));
+    cr_assert_eq(cJSON_GetArraySize(stages), pl->n_stages, "%s: stages", what);
+    double frac = 0;
+    for (int s = 0; s < pl->n_stages; s++) {
+        const cJSON *st = cJSON_GetArrayItem(stages, s);
+        cr_assert_str_eq(str(st, "device"), "cpu");
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(st, "layers");
+        cr_assert(cJSON_IsArray(l) && cJSON_GetArraySize(l) == 2, "%s: layers", what);
+        cr_assert_eq(cJSON_GetArrayItem(l, 0)->valueint, pl->stage[s].l0, "%s: stage %d", what, s);
+        cr_assert_eq(cJSON_GetArrayItem(l, 1)->valueint, pl->stage[s].l1, "%s: stage %d", what, s);
+        if (!timed)
+            continue;
+        const double ms = num(st, "ms");
+        cr_assert(ms > 0 && isfinite(ms), "%s: stage %d: ms %g", what, s, ms);
+        frac += num(st, "frac");
+    }
+    if (timed) {
+        // Each fraction is ms / the stages' sum: they add up to 1 but for rounding.
+        cr_assert(fabs(frac - 1.0) < 1e-9, "%s: fractions add up to %.12f", what, frac);
+        cr_assert(num(split, "xfer_ms") >= 0, "%s: xfer_ms", what);
+        cr_assert(num(split, "run_ms") > 0, "%s: run_ms", what);
+    }
+}
+
+Test(bench, cpu_split_json) {
+    struct plan pl;
+    expected_plan(&pl);
+    // the tiny model's 4 layers over two equal devices
+    cr_assert(pl.stage[0].l0 == 0 && pl.stage[0].l1 == 2 && pl.stage[1].l1 == 4);
+
+    char args[1024], *out, *errs;
+    snprintf(args, sizeof args,
+             "bench -m %s --backend cpu --devices cpu,cpu -p 16 -n 8 -r 2 --json", model_path);
+    int rc = run_vela(args, &out, &errs);
+    cr_assert_eq(rc, 0, "exit %d, stderr: %s", rc, errs);
+    cJSON *root = cJSON_Parse(out);
+    cr_assert_not_null(root, "stdout is not JSON: %s", out);
+    const cJSON *split = cJSON_GetObjectItemCaseSensitive(root, "split");
+    check_stages(split, &pl, false, "plan");
+    cr_assert_eq((int)num(split, "n_stages"), 2);
+    cr_assert(strlen(str(split, "transport")) > 0);
+    cr_assert_not_null(strstr(str(split, "stage_times"), "extra run"), "how stage times are taken");
+    // the whole model's size, not stage 0's
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    cr_assert(num(m, "n_params") > 3e6 && num(m, "n_params") < 4e6, "tiny has ~3.45M params");
+
+    const cJSON *tests = cJSON_GetObjectItemCaseSensitive(root, "tests");
+    cr_assert_eq(cJSON_GetArraySize(tests), 2);
+    // the timing run is not among the samples: still -r of them
+    check_test(cJSON_GetArrayItem(tests, 0), "pp16", "pp", 1, 16, 2);
+    check_test(cJSON_GetArrayItem(tests, 1), "tg8", "tg", 1, 8, 2);
+    for (int k = 0; k < 2; k++) {
+        const cJSON *t = cJSON_GetArrayItem(tests, k);
+        check_stages(cJSON_GetObjectItemCaseSensitive(t, "split"), &pl, true, str(t, "test"));
+    }
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(root, "scaling"), "no --split-compare");
+    cJSON_Delete(root);
+    free(out);
+    free(errs);
+}
+
+Test(bench, cpu_split_compare_json) {
+    char args[1024], *out, *errs;
+    snprintf(args, sizeof args,
+             "bench -m %s --backend cpu --devices cpu,cpu -p 8 -n 4 -r 1 --split-compare "
+             "--no-stage-times --json",
+             model_path);
+    int rc = run_vela(args, &out, &errs);
+    cr_assert_eq(rc, 0, "exit %d, stderr: %s", rc, errs);
+    cJSON *root = cJSON_Parse(out);
+    cr_assert_not_null(root, "stdout is not JSON: %s", out);
+    const cJSON *split = cJSON_GetObjectItemCaseSensitive(root, "split");
+    cr_assert(cJSON_IsObject(split));
+    cr_assert_str_eq(str(split, "stage_times"), "off");
+    const cJSON *tests = cJSON_GetObjectItemCaseSensitive(root, "tests");
+    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(root, "scaling");
+    cr_assert(cJSON_IsArray(scaling), "no scaling rows: %s", out);
+    cr_assert_eq(cJSON_GetArraySize(scaling), 2, "one row per test");
+    for (int k = 0; k < 2; k++) {
+        const cJSON *t = cJSON_GetArrayItem(tests, k), *r = cJSON_GetArrayItem(scaling, k);
+        cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(t, "split")),
+                  "--no-stage-times: no per-test stage times");
+        cr_assert_str_eq(str(r, "test"), str(t, "test"));
+        cr_assert_str_eq(str(r, "single_device"), "cpu");
+        cr_assert_eq((int)num(r, "n_stages"), 2);
+        const double one = num(r, "single_ts"), sp = num(r, "split_ts");
+        cr_assert(one > 0 && isfinite(one), "%s: single_ts %g", str(r, "test"), one);
+        // the split figure is the test's own t/s; the ratio is of the two as printed
+        cr_assert_eq(sp, num(t, "avg_ts"));
+        cr_assert(fabs(num(r, "ratio") - sp / one) <= 1e-9 * (sp / one), "%s: ratio",
+                  str(r, "test"));
+    }
+    cJSON_Delete(root);
+    free(out);
+    free(errs);
+}
+
+Test(bench, cpu_split_table) {
+    char args[1024], *out, *errs;
+    snprintf(args, sizeof args,
+             "bench -m %s --backend cpu --devices cpu,cpu -ub 2 -p 8 -n 4 -r 1 --split-compare",
+             model_path);
+    int rc = run_vela(args, &out, &errs);
+    cr_assert_eq(rc, 0, "exit %d, stderr: %s", rc, errs);
+    const char *want[] = {"| pp8 ",
+                          "| tg4 ",
+                          "split: --split-mode layer, 2 stages",
+                          "micro-batch 2 tokens",
+                          "stage 0: cpu",
+                          "stage 1: cpu",
+                          "serialising",
+                          " xfer |",
+                          "layers 0-1",
+                          "scaling: 2 stages vs one device (cpu",
+                          "ratio"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert_not_null(strstr(out, want[i]), "'%s' not in:\n%s", want[i], out);
+    free(out);
+    free(errs);
+}
+
 Test(bench, help) {
     char *out, *errs;
     cr_assert_eq(run_vela("bench --help", &out, &errs), 0);
-    const char *flags[] = {"-m,",           "--n-prompt", "--n-gen",   "--batch-size", "--parallel",
-                           "--repetitions", "--backend",  "--threads", "--json"};
+    const char *flags[] = {"-m,",           "--n-prompt",      "--n-gen",          "--batch-size",
+                           "--parallel",    "--repetitions",   "--backend",        "--threads",
+                           "--json",        "--split-compare", "--no-stage-times", "--devices",
+                           "--tensor-split"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         cr_assert_not_null(strstr(out, flags[i]), "'%s' not in help", flags[i]);
     free(out);
@@ -216,6 +375,15 @@ Test(bench, errors) {
         {"bench -m %s -p 0 -n 0", 2, "nothing to measure"},
         {"bench", 2, "no model"},
         {"bench -m %s.missing --backend cpu", 1, "missing"},
+        // split flags: the parser's, the device resolution's and the plan's
+        {"bench -m %s --backend cpu --split-mode diag", 2, "--split-mode"},
+        {"bench -m %s --backend cpu --split-mode row", 2, "--split-mode row is not supported"},
+        {"bench -m %s --backend cpu --devices gpu9", 2, "--devices"},
+        {"bench -m %s --backend cpu --devices cpu,cpu -ts 1,2,3", 2, "--tensor-split"},
+        {"bench -m %s --backend cpu --devices cpu,cpu --split-mode none -mg 2", 2, "--main-gpu"},
+        {"bench -m %s --backend cpu --devices cpu,cpu,cpu,cpu,cpu", 2, "5 stages"},
+        {"bench -m %s --backend cpu --split-compare", 2, "--split-compare needs"},
+        {"bench -m %s --backend cpu --devices cpu,cpu --split-compare -ts 1,0", 2, "one device"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(args, sizeof args, cases[i].fmt, model_path);

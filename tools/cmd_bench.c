@@ -18,6 +18,15 @@
 // forward pass, plus each query's visible K/V cells once per batch), times
 // runs per second. The fraction is of the GPU's peak (memory clock x bus
 // width); the CPU backend has no peak to report.
+//
+// Several devices (--devices, --tensor-split, --split-mode, -ub): the model
+// is loaded through the pipeline (host/pipeline.h) as `vela run` loads it.
+// When the plan has more than one stage, each test gets one more run after
+// the timed ones with the pipeline's timing hook on: it waits for each
+// stage's work in turn (serialising the stages), so its per-stage times say
+// where the time goes but are not throughput; t/s comes from the runs
+// without it. --split-compare first runs every test with --split-mode none
+// on the main device and reports split t/s / one-device t/s per test.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,9 +42,11 @@
 #include "host/backend.h"
 #include "host/forward.h"
 #include "host/model.h"
+#include "host/pipeline.h"
 #include "kv/kv.h"
 #include "tools/cmds.h"
 #include "tools/common.h"
+#include "tools/progress.h"
 
 #ifndef VELA_COMMIT
 #define VELA_COMMIT "unknown"
@@ -59,9 +70,16 @@ static void usage(FILE *out) {
             "  --full-logits             download every logits row to the host (llama.cpp's\n"
             "                            behaviour) instead of only its argmax\n"
             "  --json                    print JSON instead of the table\n"
+            "  --split-compare           run every test twice: on the main device alone\n"
+            "                            (--split-mode none) and split as the flags ask; print\n"
+            "                            the ratio split t/s / one-device t/s per test\n"
+            "  --no-stage-times          a split model: skip the extra run per test that\n"
+            "                            times each stage (it serialises the stages, so t/s\n"
+            "                            never comes from it)\n"
             "  -h, --help                this help\n"
             "  (-b sets the pp batch size; the KV cache holds what each test needs, or -c\n"
-            "  cells when that is larger)\n\n");
+            "  cells when that is larger; --devices, --tensor-split, --split-mode and -ub\n"
+            "  split the model by layers as 'vela run' does, see below)\n\n");
     args_help_model(out);
 }
 
@@ -210,15 +228,64 @@ struct test {
     double tokens;      // tokens a run processes
     double bytes;       // bytes a run reads at least
     double flops;       // floating point operations of a run
+    // A split model: the extra run with the timing hook on (see the top).
+    bool have_stages;
+    double stage_ms[PLAN_MAX_DEVICES]; // [n_stages] wall time of each stage's work
+    double xfer_ms;                    // hidden states between stages, results back
+    double timed_run_ms;               // that run's decode time (timing on)
+    // --split-compare: the same test with the model on one device.
+    bool have_single;
+    double single_ts, single_sd;
 };
+
+// A split model's layers live in its stages' models (m is stage 0's): the
+// one holding layer il, or the first / last layer (embedding / head).
+static const struct model *layer_model(const struct model *m, int il) {
+    if (!m->pipe)
+        return m;
+    for (int s = 0; s < m->pipe->n_stages; s++) {
+        const struct model *sm = m->pipe->stage[s].m;
+        if (sm && il >= sm->layer_begin && il < sm->layer_end)
+            return sm;
+    }
+    return m; // a stage in another process: its shapes are not here
+}
+
+static const struct model *head_model(const struct model *m) {
+    return layer_model(m, m->hp.n_layer - 1);
+}
+
+// Weight bytes and parameters of the whole model: every stage's, the
+// embedding table counted once where a tied head loads it again.
+static void model_totals(const struct model *m, double *bytes, double *params) {
+    if (!m->pipe) {
+        *bytes = (double)m->n_bytes;
+        *params = (double)m->n_params;
+        return;
+    }
+    *bytes = *params = 0;
+    for (int s = 0; s < m->pipe->n_stages; s++) {
+        const struct model *sm = m->pipe->stage[s].m;
+        if (!sm)
+            continue;
+        *bytes += (double)sm->n_bytes;
+        *params += (double)sm->n_params;
+        if (sm->output_tied && sm->layer_begin > 0 && sm->layer_end == sm->hp.n_layer) {
+            const struct backend_weight *w = &sm->tok_embd;
+            *bytes -= (double)ggml_row_bytes(w->type, w->n_in) * (double)w->n_out;
+            *params -= (double)w->n_in * (double)w->n_out;
+        }
+    }
+}
 
 // Bytes read by one forward pass over n_tok tokens, weights only: every
 // matrix and norm once, the embedding rows of the batch.
 static double weight_bytes(const struct model *m, int n_tok) {
     const struct model_hparams *hp = &m->hp;
+    const struct model *mh = head_model(m);
     double b = 0;
     for (int il = 0; il < hp->n_layer; il++) {
-        const struct model_layer *L = &m->layers[il];
+        const struct model_layer *L = &layer_model(m, il)->layers[il];
         const struct backend_weight *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
                                             &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
@@ -228,7 +295,7 @@ static double weight_bytes(const struct model *m, int n_tok) {
             b += ((double)hp->n_head * hp->head_dim + 2.0 * hp->n_head_kv * hp->head_dim) *
                  sizeof(float);
     }
-    b += (double)ggml_row_bytes(m->output.type, m->output.n_in) * (double)m->output.n_out;
+    b += (double)ggml_row_bytes(mh->output.type, mh->output.n_in) * (double)mh->output.n_out;
     b += (double)hp->n_embd * sizeof(float); // output_norm
     b += (double)n_tok * (double)ggml_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
     return b;
@@ -239,7 +306,7 @@ static double weight_bytes(const struct model *m, int n_tok) {
 static double layer_matmul_params(const struct model *m) {
     double p = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
-        const struct model_layer *L = &m->layers[il];
+        const struct model_layer *L = &layer_model(m, il)->layers[il];
         const struct backend_weight *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
                                             &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
@@ -263,7 +330,8 @@ static void test_cost(struct test *t, const struct model *m, enum ggml_type type
     // flops of one query against one cell, all layers (q.k and p.v)
     const double attn = 2.0 * hp->n_layer * hp->n_head * ((double)hp->head_dim + hp->head_dim_v);
     const double mm = 2.0 * layer_matmul_params(m);
-    const double head = 2.0 * (double)m->output.n_in * (double)m->output.n_out;
+    const struct model *mh = head_model(m);
+    const double head = 2.0 * (double)mh->output.n_in * (double)mh->output.n_out;
     t->bytes = t->flops = 0;
     if (t->kind == TEST_PP) {
         const int p = t->n_tokens;
@@ -353,7 +421,7 @@ static int run_once(struct runner *r, const struct test *t, uint64_t seed, doubl
 }
 
 static int run_test(struct test *t, const struct model *m, const struct args_model *am, int reps,
-                    bool full_logits, bool verbose, struct verr *err) {
+                    bool full_logits, bool stage_times, bool verbose, struct verr *err) {
     struct forward_config cfg;
     args_forward_config(am, &m->hp, &cfg);
     int need;
@@ -404,6 +472,28 @@ static int run_test(struct test *t, const struct model *m, const struct args_mod
             fprintf(stderr, "vela bench: %s: repetition %d: %.3f s, %.2f t/s\n", t->name, i + 1,
                     secs, t->samples_ts[i]);
     }
+    if (stage_times && m->pipe) {
+        // One more run, not among the samples: the hook syncs after each
+        // stage's work, which serialises the pipeline.
+        struct pipeline *p = m->pipe;
+        memset(p->stage_ms, 0, sizeof p->stage_ms);
+        p->xfer_ms = 0;
+        p->n_decodes = 0;
+        p->timing = true;
+        rc = run_once(&r, t, (uint64_t)reps + 1, &secs, err);
+        p->timing = false;
+        if (rc) {
+            verr_wrap(err, "%s: per-stage timing run", t->name);
+            goto out;
+        }
+        t->have_stages = true;
+        memcpy(t->stage_ms, p->stage_ms, sizeof t->stage_ms);
+        t->xfer_ms = p->xfer_ms;
+        t->timed_run_ms = 1e3 * secs;
+        if (verbose)
+            fprintf(stderr, "vela bench: %s: timing run: %.3f s, %ld decodes\n", t->name, secs,
+                    p->n_decodes);
+    }
 out:
     free(r.tok);
     free(r.pos);
@@ -424,7 +514,14 @@ struct report {
     int n_threads;
     char device_name[256];
     bool have_gpu;
-    struct backend_device_info gpu;
+    struct backend_device_info gpu; // stage 0's GPU
+    double peak_bw_gbs; // bw_frac's denominator: the GPU's, or a split's distinct GPUs' summed
+    double size_bytes, n_params; // the whole model (every stage)
+    const struct pipeline *pipe; // the split (NULL: one device)
+    const struct args_model *am; // the flags (split mode, devices)
+    bool split_compare;
+    bool no_stage_times;
+    char single_device[48]; // --split-compare: the one device ("cpu", "cuda:0")
     int n_batch;
     enum ggml_type type_k, type_v;
     int reps;
@@ -455,7 +552,7 @@ static void print_table_header(const struct report *rp) {
 
 static void print_table_row(const struct report *rp, const struct test *t) {
     char size[32], params[32], ts[48], thr[32] = "", frac[32] = "";
-    const double bytes = (double)rp->m->n_bytes, np = (double)rp->m->n_params;
+    const double bytes = rp->size_bytes, np = rp->n_params;
     if (bytes >= 1024.0 * 1024 * 1024)
         snprintf(size, sizeof size, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
     else
@@ -469,8 +566,8 @@ static void print_table_row(const struct report *rp, const struct test *t) {
     const double bw = test_bw_gbs(t, rp->reps);
     if (!rp->have_gpu)
         snprintf(thr, sizeof thr, " %11d |", rp->n_threads);
-    else if (rp->gpu.peak_bw_gbs > 0)
-        snprintf(frac, sizeof frac, " %8.1f%% |", 100.0 * bw / rp->gpu.peak_bw_gbs);
+    else if (rp->peak_bw_gbs > 0)
+        snprintf(frac, sizeof frac, " %8.1f%% |", 100.0 * bw / rp->peak_bw_gbs);
     else
         snprintf(frac, sizeof frac, " %9s |", "-");
     // "±" is two bytes but one column: widen the field by one.
@@ -479,11 +576,121 @@ static void print_table_row(const struct report *rp, const struct test *t) {
     fflush(stdout);
 }
 
+static const char *split_mode_name(int mode) {
+    return mode == ARGS_SPLIT_NONE ? "none" : mode == ARGS_SPLIT_ROW ? "row" : "layer";
+}
+
+static double stages_ms(const struct pipeline *p, const struct test *t) {
+    double sum = 0;
+    for (int s = 0; s < p->n_stages; s++)
+        sum += t->stage_ms[s];
+    return sum;
+}
+
+// The plan, then each test's per-stage time from its timing run.
+static void print_split(const struct report *rp, const struct test *tests, int n_tests) {
+    const struct pipeline *p = rp->pipe;
+    char ub[48];
+    if (p->n_ubatch > 0)
+        snprintf(ub, sizeof ub, "%d tokens", p->n_ubatch);
+    else
+        snprintf(ub, sizeof ub, "auto (batch / stages)");
+    printf("\nsplit: --split-mode layer, %d stages, micro-batch %s\n", p->n_stages, ub);
+    // plan_text: one line per stage, then the transport
+    for (const char *l = p->plan_text; *l;) {
+        const size_t n = strcspn(l, "\n");
+        printf("  %.*s\n", (int)n, l);
+        l += n + (l[n] == '\n');
+    }
+    if (rp->no_stage_times)
+        return;
+    printf("\nper-stage time: one extra run per test after the timed ones, with the timing hook\n"
+           "on; it waits for each stage in turn, serialising the pipeline, so these figures\n"
+           "attribute time and the t/s above (runs without the hook) are the throughput.\n\n");
+    printf("| %-14s | %5s | %-12s | %-9s | %10s | %6s |\n", "test", "stage", "device", "layers",
+           "ms/run", "%");
+    printf("| %.14s | ----: | %.12s | %.9s | %.10s: | %.6s: |\n", "--------------", "------------",
+           "---------", "---------", "-----");
+    for (int k = 0; k < n_tests; k++) {
+        const struct test *t = &tests[k];
+        if (!t->have_stages)
+            continue;
+        const double sum = stages_ms(p, t);
+        for (int s = 0; s < p->n_stages; s++) {
+            char layers[32];
+            snprintf(layers, sizeof layers, "%d-%d", p->stage[s].l0, p->stage[s].l1 - 1);
+            printf("| %-14s | %5d | %-12s | %-9s | %10.3f | %5.1f%% |\n", t->name, s,
+                   p->stage[s].name, layers, t->stage_ms[s],
+                   sum > 0 ? 100.0 * t->stage_ms[s] / sum : 0.0);
+        }
+        printf("| %-14s | %5s | %-12s | %-9s | %10.3f | %6s |\n", t->name, "xfer", "", "",
+               t->xfer_ms, "");
+    }
+}
+
+static void print_scaling(const struct report *rp, const struct test *tests, int n_tests) {
+    printf("\nscaling: %d stages vs one device (%s, --split-mode none); ratio = split t/s / "
+           "one-device t/s\n\n",
+           rp->pipe ? rp->pipe->n_stages : 1, rp->single_device);
+    printf("| %-14s | %20s | %20s | %7s |\n", "test", "1 device t/s", "split t/s", "ratio");
+    printf("| %.14s | %.20s: | %.20s: | %.7s: |\n", "--------------", "-------------------",
+           "-------------------", "------");
+    for (int k = 0; k < n_tests; k++) {
+        const struct test *t = &tests[k];
+        if (!t->have_single)
+            continue;
+        char a[48], b[48];
+        const double ts = mean_of(t->samples_ts, rp->reps);
+        snprintf(a, sizeof a, "%.2f ± %.2f", t->single_ts, t->single_sd);
+        snprintf(b, sizeof b, "%.2f ± %.2f", ts, stddev_of(t->samples_ts, rp->reps));
+        printf("| %-14s | %21s | %21s | %7.2f |\n", t->name, a, b,
+               t->single_ts > 0 ? ts / t->single_ts : 0.0);
+    }
+}
+
 static void iso_date(char *buf, size_t cap) {
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+// The plan (t NULL) or one test's per-stage times: {"mode", "stages":
+// [{"device", "layers": [l0, l1), "ms", "frac"}], "xfer_ms", ...}; frac is
+// of the stages' summed time, so the fractions add up to 1.
+static cJSON *split_json(const struct report *rp, const struct test *t) {
+    const struct pipeline *p = rp->pipe;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "mode", "layer");
+    cJSON_AddNumberToObject(o, "n_stages", p->n_stages);
+    if (!t) {
+        cJSON_AddStringToObject(o, "transport", p->tp ? p->tp->ops->name : "");
+        cJSON_AddNumberToObject(o, "n_ubatch", p->n_ubatch);
+        // How the per-test stage figures were taken (see the top of this file).
+        cJSON_AddStringToObject(o, "stage_times",
+                                !rp->no_stage_times
+                                    ? "one extra run per test after the timed ones, timing hook "
+                                      "on (serialises the stages); t/s excludes it"
+                                    : "off");
+    }
+    const double sum = t ? stages_ms(p, t) : 0;
+    cJSON *arr = cJSON_AddArrayToObject(o, "stages");
+    for (int s = 0; s < p->n_stages; s++) {
+        cJSON *st = cJSON_CreateObject();
+        cJSON_AddStringToObject(st, "device", p->stage[s].name);
+        const int l[2] = {p->stage[s].l0, p->stage[s].l1};
+        cJSON_AddItemToObject(st, "layers", cJSON_CreateIntArray(l, 2));
+        if (t) {
+            cJSON_AddNumberToObject(st, "ms", t->stage_ms[s]);
+            cJSON_AddNumberToObject(st, "frac", sum > 0 ? t->stage_ms[s] / sum : 0);
+        }
+        cJSON_AddItemToArray(arr, st);
+    }
+    if (t) {
+        cJSON_AddNumberToObject(o, "xfer_ms", t->xfer_ms);
+        cJSON_AddNumberToObject(o, "run_ms", t->timed_run_ms);
+    }
+    return o;
 }
 
 static char *report_json(const struct report *rp, const struct test *tests, int n_tests) {
@@ -527,8 +734,8 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
     cJSON_AddStringToObject(mo, "name", m->name ? m->name : "");
     cJSON_AddStringToObject(mo, "desc", rp->desc);
     cJSON_AddStringToObject(mo, "arch", model_arch_name(hp->arch));
-    cJSON_AddNumberToObject(mo, "size_bytes", (double)m->n_bytes);
-    cJSON_AddNumberToObject(mo, "n_params", (double)m->n_params);
+    cJSON_AddNumberToObject(mo, "size_bytes", rp->size_bytes);
+    cJSON_AddNumberToObject(mo, "n_params", rp->n_params);
     cJSON_AddNumberToObject(mo, "n_embd", hp->n_embd);
     cJSON_AddNumberToObject(mo, "n_layer", hp->n_layer);
     cJSON_AddNumberToObject(mo, "n_head", hp->n_head);
@@ -553,6 +760,20 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
     cJSON_AddStringToObject(pa, "type_v", ggml_type_name(rp->type_v));
     cJSON_AddNumberToObject(pa, "repetitions", rp->reps);
     cJSON_AddBoolToObject(pa, "full_logits", rp->full_logits);
+    cJSON_AddStringToObject(pa, "split_mode", split_mode_name(rp->am->split_mode));
+    if (rp->am->devices)
+        cJSON_AddStringToObject(pa, "devices", rp->am->devices);
+    else
+        cJSON_AddNullToObject(pa, "devices");
+    if (rp->am->tensor_split)
+        cJSON_AddStringToObject(pa, "tensor_split", rp->am->tensor_split);
+    else
+        cJSON_AddNullToObject(pa, "tensor_split");
+    cJSON_AddNumberToObject(pa, "n_ubatch", rp->am->n_ubatch);
+    if (rp->pipe)
+        cJSON_AddItemToObject(root, "split", split_json(rp, NULL));
+    else
+        cJSON_AddNullToObject(root, "split");
 
     cJSON *arr = cJSON_AddArrayToObject(root, "tests");
     for (int i = 0; i < n_tests; i++) {
@@ -572,13 +793,36 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
         cJSON_AddNumberToObject(o, "bytes_per_run", t->bytes);
         const double bw = test_bw_gbs(t, rp->reps);
         cJSON_AddNumberToObject(o, "bw_gbs", bw);
-        if (rp->have_gpu && rp->gpu.peak_bw_gbs > 0)
-            cJSON_AddNumberToObject(o, "bw_frac", bw / rp->gpu.peak_bw_gbs);
+        if (rp->have_gpu && rp->peak_bw_gbs > 0)
+            cJSON_AddNumberToObject(o, "bw_frac", bw / rp->peak_bw_gbs);
         else
             cJSON_AddNullToObject(o, "bw_frac");
         const double s = test_mean_secs(t, rp->reps);
         cJSON_AddNumberToObject(o, "tflops", s > 0 ? t->flops / s / 1e12 : 0);
+        if (rp->pipe && t->have_stages)
+            cJSON_AddItemToObject(o, "split", split_json(rp, t));
+        else
+            cJSON_AddNullToObject(o, "split");
         cJSON_AddItemToArray(arr, o);
+    }
+    if (rp->split_compare) {
+        cJSON *sc = cJSON_AddArrayToObject(root, "scaling");
+        for (int i = 0; i < n_tests; i++) {
+            const struct test *t = &tests[i];
+            if (!t->have_single)
+                continue;
+            const double ts = mean_of(t->samples_ts, rp->reps);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "test", t->name);
+            cJSON_AddStringToObject(o, "single_device", rp->single_device);
+            cJSON_AddNumberToObject(o, "single_ts", t->single_ts);
+            cJSON_AddNumberToObject(o, "single_stddev_ts", t->single_sd);
+            cJSON_AddNumberToObject(o, "n_stages", rp->pipe ? rp->pipe->n_stages : 1);
+            cJSON_AddNumberToObject(o, "split_ts", ts);
+            cJSON_AddNumberToObject(o, "split_stddev_ts", stddev_of(t->samples_ts, rp->reps));
+            cJSON_AddNumberToObject(o, "ratio", t->single_ts > 0 ? ts / t->single_ts : 0);
+            cJSON_AddItemToArray(sc, o);
+        }
     }
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
@@ -587,12 +831,48 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
 
 // --- the command -----------------------------------------------------------------------
 
+// Loads as `vela run` does (host/pipeline.h): one device with the memory
+// check, or the stages of a split; n_ctx / n_batch / n_out: the largest
+// context, batch and logits rows of the tests.
+static int bench_load(const struct args_model *a, const struct gguf_file *f, int n_ctx, int n_batch,
+                      int n_out, bool quiet, struct backend **be, struct model **m,
+                      struct verr *err) {
+    struct args_model al = *a;
+    al.n_batch = n_batch; // the plan's scratch: a tg test's batch is --parallel
+    struct load_progress lprog;
+    load_progress_init(&lprog, "vela bench", quiet || a->no_progress);
+    return pipeline_load_ex(&al, n_ctx, n_out, f, load_progress_update, &lprog, be, m, err);
+}
+
+// The peak bandwidth a split over GPUs can draw on: each distinct GPU's
+// once; 0 when a stage is not on a GPU (no peak), -1 on error.
+static double split_peak_bw(const struct pipeline *p, struct verr *err) {
+    double sum = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        const struct plan_device *d = &p->stage[s].dev;
+        if (d->kind != PLAN_DEVICE_CUDA)
+            return 0;
+        bool seen = false;
+        for (int t = 0; t < s; t++)
+            seen |= p->stage[t].dev.kind == d->kind && p->stage[t].dev.ordinal == d->ordinal;
+        if (seen)
+            continue;
+        struct backend_device_info info;
+        if (backend_cuda_device_info(d->ordinal, &info, err))
+            return -1;
+        if (info.peak_bw_gbs <= 0)
+            return 0;
+        sum += info.peak_bw_gbs;
+    }
+    return sum;
+}
+
 int cmd_bench(int argc, char **argv) {
     struct args_model am;
     args_model_default(&am);
     int n_prompt = 512, n_gen = 128, reps = 5;
     int par[BENCH_MAX_PARALLEL] = {1}, n_par = 1;
-    bool json = false, full_logits = false;
+    bool json = false, full_logits = false, split_compare = false, no_stage_times = false;
     struct verr err = {0};
     for (int i = 1; i < argc;) {
         const char *arg = argv[i];
@@ -619,6 +899,14 @@ int cmd_bench(int argc, char **argv) {
             rc = 0;
         } else if (args_is(arg, "--full-logits", NULL)) {
             full_logits = true;
+            i++;
+            rc = 0;
+        } else if (args_is(arg, "--split-compare", NULL)) {
+            split_compare = true;
+            i++;
+            rc = 0;
+        } else if (args_is(arg, "--no-stage-times", NULL)) {
+            no_stage_times = true;
             i++;
             rc = 0;
         } else {
@@ -657,6 +945,59 @@ int cmd_bench(int argc, char **argv) {
                 snprintf(t->name, sizeof t->name, "tg%d x%d", n_gen, par[k]);
         }
 
+    // Under mpirun the other ranks serve one forward context each
+    // (host/mpi.h) and bench makes one per test: refuse before they load.
+    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!np)
+        np = getenv("PMI_SIZE");
+    if (np && atoi(np) > 1) {
+        fprintf(stderr, "vela bench: does not run under mpirun; one process drives every stage "
+                        "(--devices 0,1,...)\n");
+        return 2;
+    }
+    // Split flags the parser cannot judge alone (--split-mode row, devices
+    // that do not exist, more proportions than devices) are flag errors too.
+    struct plan_device devs[PLAN_MAX_DEVICES];
+    int n_devs = 0;
+    if (pipeline_resolve_devices(&am, devs, &n_devs, &err)) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        return 2;
+    }
+    // --split-compare's other run: everything on the main device.
+    struct args_model am_one = am;
+    am_one.split_mode = ARGS_SPLIT_NONE;
+    am_one.tensor_split = NULL;
+    struct plan_device dev_one;
+    if (split_compare) {
+        int n_one = 0;
+        if (am.split_mode != ARGS_SPLIT_LAYER || n_devs < 2) {
+            fprintf(stderr, "vela bench: --split-compare needs a layer split over several devices "
+                            "(--devices 0,1, or cpu,cpu to try it on the CPU)\n");
+            return 2;
+        }
+        if (pipeline_resolve_devices(&am_one, &dev_one, &n_one, &err)) {
+            fprintf(stderr, "vela bench: --split-compare: %s\n", err.msg);
+            return 2;
+        }
+    }
+
+    // The tests' largest context, batch and logits rows: what the load's
+    // memory check (and a split's plan) must allow for.
+    int max_par = 1;
+    for (int k = 0; k < n_par; k++)
+        max_par = par[k] > max_par ? par[k] : max_par;
+    int load_ctx = am.n_ctx, load_batch = 1, load_out = 1;
+    if (n_prompt > 0) {
+        load_ctx = n_prompt > load_ctx ? n_prompt : load_ctx;
+        load_batch = am.n_batch < n_prompt ? am.n_batch : n_prompt;
+    }
+    if (n_gen > 0) {
+        const long need = (long)n_gen * max_par;
+        load_ctx = need > load_ctx ? (int)(need < (1L << 30) ? need : (1L << 30)) : load_ctx;
+        load_batch = max_par > load_batch ? max_par : load_batch;
+        load_out = max_par;
+    }
+
     int status = 1;
     struct gguf_file *f = NULL;
     struct backend *be = NULL;
@@ -674,18 +1015,75 @@ int cmd_bench(int argc, char **argv) {
     if (gguf_find_key(f, "general.file_type") >= 0 &&
         gguf_get_u32(f, "general.file_type", &ftype, NULL) == 0)
         ftype_str = ftype_name(ftype);
-    if (args_backend_create(&am, &be, &err)) {
-        fprintf(stderr, "vela bench: %s\n", err.msg);
-        goto out;
+    struct plan pl = {.n_stages = 1};
+    if (n_devs > 1) {
+        // The layout before any load, memory aside (the load checks it with
+        // the tests' exact sizes): more devices than layers and the like are
+        // flag errors.
+        size_t unlimited[PLAN_MAX_DEVICES];
+        for (int d = 0; d < n_devs; d++)
+            unlimited[d] = PLAN_MEM_UNLIMITED;
+        int rc = pipeline_plan(&am, load_ctx, f, devs, n_devs, unlimited, &pl, NULL, 0, &err);
+        if (rc) {
+            fprintf(stderr, "vela bench: %s\n", err.msg);
+            status = rc == VERR_RANGE ? 2 : 1;
+            goto out;
+        }
     }
-    if (model_load(&m, f, be, &err)) {
+    if (split_compare) {
+        // A plan of one stage (--tensor-split 1,0) has nothing to compare.
+        if (pl.n_stages < 2) {
+            fprintf(stderr, "vela bench: --split-compare: the plan puts every layer on one "
+                            "device (see --tensor-split)\n");
+            status = 2;
+            goto out;
+        }
+        // The one-device run first, then the split one (never both loaded).
+        plan_device_name(&dev_one, rp.single_device, sizeof rp.single_device);
+        if (bench_load(&am_one, f, load_ctx, load_batch, load_out, json, &be, &m, &err)) {
+            fprintf(stderr, "vela bench: --split-compare (%s): %s\n", rp.single_device, err.msg);
+            goto out;
+        }
+        for (int k = 0; k < n_tests; k++) {
+            struct test one = tests[k];
+            one.samples_ts = one.samples_s = NULL;
+            int rc = run_test(&one, m, &am_one, reps, full_logits, false, am.verbose, &err);
+            if (!rc) {
+                tests[k].have_single = true;
+                tests[k].single_ts = mean_of(one.samples_ts, reps);
+                tests[k].single_sd = stddev_of(one.samples_ts, reps);
+            }
+            free(one.samples_ts);
+            free(one.samples_s);
+            if (rc) {
+                fprintf(stderr, "vela bench: --split-compare (%s): %s\n", rp.single_device,
+                        err.msg);
+                goto out;
+            }
+            if (am.verbose)
+                fprintf(stderr, "vela bench: %s on %s alone: %.2f t/s\n", tests[k].name,
+                        rp.single_device, tests[k].single_ts);
+        }
+        model_free(m);
+        m = NULL;
+        backend_destroy(be);
+        be = NULL;
+    }
+    if (bench_load(&am, f, load_ctx, load_batch, load_out, json, &be, &m, &err)) {
         fprintf(stderr, "vela bench: %s\n", err.msg);
         goto out;
     }
     gguf_close(f);
     f = NULL;
+    if (am.verbose && m->pipe)
+        fprintf(stderr, "vela bench: split plan:\n%s", m->pipe->plan_text);
 
     rp.m = m;
+    rp.am = &am;
+    rp.pipe = m->pipe;
+    rp.split_compare = split_compare;
+    rp.no_stage_times = no_stage_times;
+    model_totals(m, &rp.size_bytes, &rp.n_params);
     rp.ftype = ftype_str;
     rp.backend = be->ops->name;
     rp.n_threads = be->n_threads;
@@ -694,7 +1092,7 @@ int cmd_bench(int argc, char **argv) {
     rp.type_v = am.type_v;
     {
         char sz[32], ty[32];
-        size_label(m->n_params, sz, sizeof sz);
+        size_label((int64_t)rp.n_params, sz, sizeof sz);
         snprintf(ty, sizeof ty, "%s", ftype_str ? ftype_str : ggml_type_name(m->weight_type));
         if (!ftype_str)
             upper(ty);
@@ -707,6 +1105,11 @@ int cmd_bench(int argc, char **argv) {
         }
         rp.have_gpu = true;
         snprintf(rp.device_name, sizeof rp.device_name, "%s", rp.gpu.name);
+        rp.peak_bw_gbs = rp.gpu.peak_bw_gbs;
+        if (m->pipe && (rp.peak_bw_gbs = split_peak_bw(m->pipe, &err)) < 0) {
+            fprintf(stderr, "vela bench: %s\n", err.msg);
+            goto out;
+        }
     } else {
         cpu_name(rp.device_name, sizeof rp.device_name);
     }
@@ -714,7 +1117,7 @@ int cmd_bench(int argc, char **argv) {
     if (!json)
         print_table_header(&rp);
     for (int k = 0; k < n_tests; k++) {
-        if (run_test(&tests[k], m, &am, reps, full_logits, am.verbose, &err)) {
+        if (run_test(&tests[k], m, &am, reps, full_logits, !no_stage_times, am.verbose, &err)) {
             fprintf(stderr, "vela bench: %s\n", err.msg);
             goto out;
         }
@@ -730,6 +1133,10 @@ int cmd_bench(int argc, char **argv) {
         printf("%s\n", text);
         cJSON_free(text);
     } else {
+        if (rp.pipe)
+            print_split(&rp, tests, n_tests);
+        if (split_compare)
+            print_scaling(&rp, tests, n_tests);
         printf("\nbuild: %s, device: %s\n", VELA_COMMIT, rp.device_name);
     }
     status = 0;
