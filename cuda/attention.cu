@@ -29,8 +29,14 @@
 // equals the combine of it with empty ones), so their outputs are
 // bit-identical. A decode step recorded in a CUDA graph with n_kv rounded up
 // (host/forward.c) relies on this.
+// Prefill (n_tok >= ATTN_TC_MIN_TOK, F16 K/V, head dims multiples of 16)
+// runs attn_tc_kernel on tensor cores instead: see its comment below. It
+// walks all tiles in one block per row tile (no split), so the rounding
+// argument above holds for it too (extra empty cells are skipped tiles or
+// zero weights).
 #include <atomic>
 #include <limits.h>
+#include <mma.h>
 
 #include "cuda/cuda_common.cuh"
 
@@ -241,6 +247,254 @@ __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
     }
 }
 
+// --- Prefill on tensor cores (WMMA m16n16k16, f16 in, f32 accumulate) ------------
+// For n_tok >= ATTN_TC_MIN_TOK with F16 K and V and head dims that are
+// multiples of 16. A block of ATTN_TC_WARPS warps takes ATTN_TC_ROWS = 64
+// consecutive rows of one KV head (rows r = t * n_group + j as above, so a
+// GQA group shares each K/V tile); warp w owns local rows 16w..16w+15.
+// Per KV tile of BK cells (shared memory, f16 as in the cache):
+//   S  = Q_w K^T  (Q: row-major A, K tile: column-major B), f32 -> sS;
+//   softmax: lanes 2i, 2i+1 own row i of the warp's 16 (BK/2 columns each):
+//            mask exactly as attn_kernel, running max m / sum l in f32,
+//            P = exp(S - m) rounded to f16 -> sP, l sums the rounded P (the
+//            weights P.V really uses), the row's O is rescaled in place;
+//   O += P V      (P: row-major A, V tile: row-major B) with O kept in f32
+//            in shared memory (sO), loaded into / stored from accumulator
+//            fragments: the online-softmax rescale is per row, which the
+//            unspecified fragment layout cannot express.
+// The n_tok x n_kv scores exist only as one BK-column tile in shared memory.
+// Tiles no row of the block can see are skipped before K/V are loaded, empty
+// cells and cells past n_kv are zero in the K/V tiles (P is 0 there, and
+// 0 * garbage could be NaN). Rows that see nothing get zeros (l == 0).
+// Precision: q * scale and P are rounded to f16 (relative 2^-11 each), K/V
+// are f16 already; dot products and sums are f32. Against an f32 reference
+// that is about 1e-3 of max|V| (tests/gpu/test_cuda_ops.c states the bound).
+// Unsplit (n_split 1): prefill has enough row blocks to fill the GPU.
+// BK = 64 when both head dims <= 96, else 32, keeping shared memory
+// (f16 Q/K/V tiles, f32 S and O, padded rows) within 99 KiB for head dims
+// <= 128 (sm_86/89 opt-in limit); head dim 256 needs 145 KiB (sm_80/90) and
+// falls back to attn_kernel on GPUs with less.
+#define ATTN_TC_WARPS 4
+#define ATTN_TC_ROWS (ATTN_TC_WARPS * 16)
+#define ATTN_TC_THREADS (ATTN_TC_WARPS * VELA_WARP)
+#define ATTN_TC_MIN_TOK 16
+// Row padding (elements) against bank conflicts; keeps ldm a multiple of 8
+// halves / 4 floats and every 16-row fragment pointer 32-byte aligned.
+#define ATTN_TC_PAD_H 8
+#define ATTN_TC_PAD_F 4
+
+struct attn_tc_layout {
+    int ldq, ldk, ldv, lds, ldp, ldo;             // leading dims (elements)
+    size_t q, k, v, s, p, o, pos, maxq, bytes;    // byte offsets
+};
+
+static __host__ __device__ __forceinline__ size_t attn_tc_align(size_t x) {
+    return (x + 127) & ~(size_t)127;
+}
+
+static __host__ __device__ __forceinline__ struct attn_tc_layout attn_tc_make_layout(int D, int DV,
+                                                                                    int BK) {
+    struct attn_tc_layout L;
+    L.ldq = D + ATTN_TC_PAD_H;
+    L.ldk = D + ATTN_TC_PAD_H;
+    L.ldv = DV + ATTN_TC_PAD_H;
+    L.lds = BK + ATTN_TC_PAD_F;
+    L.ldp = BK + ATTN_TC_PAD_H;
+    L.ldo = DV + ATTN_TC_PAD_F;
+    size_t off = 0;
+    L.q = off;    off = attn_tc_align(off + sizeof(__half) * ATTN_TC_ROWS * L.ldq); // [64][ldq]
+    L.k = off;    off = attn_tc_align(off + sizeof(__half) * BK * L.ldk);          // [BK][ldk]
+    L.v = off;    off = attn_tc_align(off + sizeof(__half) * BK * L.ldv);          // [BK][ldv]
+    L.s = off;    off = attn_tc_align(off + sizeof(float) * ATTN_TC_ROWS * L.lds); // [64][lds]
+    L.p = off;    off = attn_tc_align(off + sizeof(__half) * ATTN_TC_ROWS * L.ldp); // [64][ldp]
+    L.o = off;    off = attn_tc_align(off + sizeof(float) * ATTN_TC_ROWS * L.ldo); // [64][ldo]
+    L.pos = off;  off += sizeof(int) * BK;                                         // [BK]
+    L.maxq = off; off += sizeof(int);
+    L.bytes = off;
+    return L;
+}
+
+template <int BK>
+__global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const struct cuda_attn a) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char attn_tc_smem[];
+    const int D = a.head_dim, DV = a.head_dim_v;
+    const struct attn_tc_layout L = attn_tc_make_layout(D, DV, BK);
+    __half *sQ = (__half *)(attn_tc_smem + L.q); // [64][ldq], q * scale
+    __half *sK = (__half *)(attn_tc_smem + L.k); // [BK][ldk]
+    __half *sV = (__half *)(attn_tc_smem + L.v); // [BK][ldv]
+    float *sS = (float *)(attn_tc_smem + L.s);   // [64][lds]
+    __half *sP = (__half *)(attn_tc_smem + L.p); // [64][ldp]
+    float *sO = (float *)(attn_tc_smem + L.o);   // [64][ldo], unnormalized
+    int *sPos = (int *)(attn_tc_smem + L.pos);   // [BK]
+    int *sMaxQ = (int *)(attn_tc_smem + L.maxq);
+
+    const __half *kcache = (const __half *)a.k; // [n_kv][n_head_kv][D]
+    const __half *vcache = (const __half *)a.v; // [n_kv][n_head_kv][DV]
+    const int tid = threadIdx.x, warp = tid / VELA_WARP, lane = tid % VELA_WARP;
+    const int g = blockIdx.y;
+    const int n_group = a.n_head / a.n_head_kv;
+    const int64_t n_rows = (int64_t)a.n_tok * n_group;
+    const int64_t row0 = (int64_t)blockIdx.x * ATTN_TC_ROWS;
+
+    if (tid == 0)
+        *sMaxQ = INT_MIN;
+    for (int e = tid; e < ATTN_TC_ROWS * D; e += ATTN_TC_THREADS) {
+        const int r = e / D, d = e % D;
+        const int64_t gr = row0 + r;
+        float val = 0.0f;
+        if (gr < n_rows) {
+            const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
+            val = a.q[((size_t)t * a.n_head + h) * D + d] * a.scale;
+        }
+        sQ[r * L.ldq + d] = __float2half_rn(val);
+    }
+    // This lane's row (local lr) and half of the columns.
+    const int rr = lane >> 1, hf = lane & 1;
+    const int lr = warp * 16 + rr;
+    const int64_t gr = row0 + lr;
+    int qpos = -1, qseq = -1; // qpos -1: the row sees nothing
+    if (gr < n_rows) {
+        qpos = a.q_pos[gr / n_group];
+        qseq = a.q_seq[gr / n_group];
+        if (qseq < 0 || (qseq >> 6) >= a.seq_words)
+            qpos = -1;
+    }
+    float m = -INFINITY, l = 0.0f;
+    float *oRow = sO + lr * L.ldo; // [DV]
+    for (int d = hf; d < DV; d += 2)
+        oRow[d] = 0.0f;
+    __syncthreads(); // sMaxQ initialised
+    if (hf == 0 && gr < n_rows)
+        atomicMax(sMaxQ, a.q_pos[gr / n_group]);
+
+    for (int c0 = 0; c0 < a.n_kv; c0 += BK) {
+        __syncthreads(); // the previous tile is consumed; sMaxQ is final
+        int p = -1;
+        if (tid < BK && c0 + tid < a.n_kv)
+            p = a.cell_pos[c0 + tid];
+        if (tid < BK)
+            sPos[tid] = p;
+        if (!__syncthreads_or(p >= 0 && p <= *sMaxQ))
+            continue; // block-uniform
+        // 16-byte copies (8 halves); D, DV are multiples of 16 and the
+        // launcher checked the caches' alignment.
+        for (int e = tid; e < BK * (D / 8); e += ATTN_TC_THREADS) {
+            const int j = e / (D / 8), d = (e % (D / 8)) * 8;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (sPos[j] >= 0)
+                val = *(const uint4 *)(kcache + ((size_t)(c0 + j) * a.n_head_kv + g) * D + d);
+            *(uint4 *)(sK + j * L.ldk + d) = val;
+        }
+        for (int e = tid; e < BK * (DV / 8); e += ATTN_TC_THREADS) {
+            const int j = e / (DV / 8), d = (e % (DV / 8)) * 8;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (sPos[j] >= 0)
+                val = *(const uint4 *)(vcache + ((size_t)(c0 + j) * a.n_head_kv + g) * DV + d);
+            *(uint4 *)(sV + j * L.ldv + d) = val;
+        }
+        __syncthreads();
+
+        // S = Q_w K^T for the warp's 16 rows, BK columns.
+        {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_acc[BK / 16];
+#pragma unroll
+            for (int j = 0; j < BK / 16; j++)
+                wmma::fill_fragment(s_acc[j], 0.0f);
+            for (int kk = 0; kk < D; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq;
+                wmma::load_matrix_sync(fq, sQ + warp * 16 * L.ldq + kk, L.ldq);
+#pragma unroll
+                for (int j = 0; j < BK / 16; j++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
+                    wmma::load_matrix_sync(fk, sK + j * 16 * L.ldk + kk, L.ldk);
+                    wmma::mma_sync(s_acc[j], fq, fk, s_acc[j]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < BK / 16; j++)
+                wmma::store_matrix_sync(sS + warp * 16 * L.lds + j * 16, s_acc[j], L.lds,
+                                        wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        // Online softmax of row lr over columns hf*BK/2 .. +BK/2.
+        {
+            const float *sRow = sS + lr * L.lds;
+            __half *pRow = sP + lr * L.ldp;
+            const int j0 = hf * (BK / 2);
+            float mx = -INFINITY;
+            uint32_t vis_bits = 0; // bit j - j0: column j visible to the row (BK / 2 <= 32)
+            for (int j = j0; j < j0 + BK / 2; j++) {
+                const int cpos = sPos[j];
+                bool vis = qpos >= 0 && cpos >= 0 && cpos <= qpos;
+                if (vis) {
+                    const uint64_t word = a.cell_seq[(size_t)(c0 + j) * a.seq_words + (qseq >> 6)];
+                    vis = (word >> (qseq & 63)) & 1u;
+                }
+                if (vis) {
+                    mx = fmaxf(mx, sRow[j]);
+                    vis_bits |= 1u << (j - j0);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(VELA_FULL_MASK, mx, 1));
+            const float m_new = fmaxf(m, mx);
+            float alpha = 1.0f, sum = 0.0f;
+            if (m_new != -INFINITY) { // else: nothing visible yet, P is all 0
+                alpha = expf(m - m_new); // 0 while m is -inf
+                for (int j = j0; j < j0 + BK / 2; j++) {
+                    const bool vis = (vis_bits >> (j - j0)) & 1u;
+                    const __half ph = __float2half_rn(vis ? expf(sRow[j] - m_new) : 0.0f);
+                    pRow[j] = ph;
+                    sum += __half2float(ph);
+                }
+            } else {
+                for (int j = j0; j < j0 + BK / 2; j++)
+                    pRow[j] = __float2half_rn(0.0f);
+            }
+            sum += __shfl_xor_sync(VELA_FULL_MASK, sum, 1);
+            l = l * alpha + sum;
+            m = m_new;
+            if (alpha != 1.0f)
+                for (int d = hf; d < DV; d += 2)
+                    oRow[d] *= alpha;
+        }
+        __syncwarp();
+
+        // O_w += P_w V.
+        {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fp[BK / 16];
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                wmma::load_matrix_sync(fp[kk], sP + warp * 16 * L.ldp + kk * 16, L.ldp);
+            for (int n0 = 0; n0 < DV; n0 += 16) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_acc;
+                float *oTile = sO + warp * 16 * L.ldo + n0;
+                wmma::load_matrix_sync(o_acc, oTile, L.ldo, wmma::mem_row_major);
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fv;
+                    wmma::load_matrix_sync(fv, sV + kk * 16 * L.ldv + n0, L.ldv);
+                    wmma::mma_sync(o_acc, fp[kk], fv, o_acc);
+                }
+                wmma::store_matrix_sync(oTile, o_acc, L.ldo, wmma::mem_row_major);
+            }
+        }
+    }
+    __syncwarp(); // the warp's last store to sO before its lanes read their rows
+    if (gr < n_rows) {
+        const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
+        const size_t th = (size_t)t * a.n_head + h;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int d = hf; d < DV; d += 2)
+            a.out[th * DV + d] = oRow[d] * inv;
+    }
+#else
+    __trap(); // the launcher picks this kernel only on sm_70 and later
+#endif
+}
+
 struct attn_plan {
     unsigned int row_blocks;
     int n_split, chunk;
@@ -333,6 +587,47 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
     return VERR_OK;
 }
 
+// The tensor-core prefill's KV tile (32 or 64), or 0 when attn_kernel runs
+// this call: F32 caches, few tokens, head dims not multiples of 16, caches
+// not 16-byte aligned (the tile loads copy 8 halves at a time), pre-Volta
+// GPUs, or more shared memory than the GPU's opt-in limit.
+static int attn_tc_bk(const struct cuda_attn *a, int cc_major, int smem_optin) {
+    const int D = a->head_dim, DV = a->head_dim_v;
+    if (a->type_k != GGML_TYPE_F16 || a->type_v != GGML_TYPE_F16 || a->n_tok < ATTN_TC_MIN_TOK ||
+        cc_major < 7 || D % 16 != 0 || DV % 16 != 0 || (((uintptr_t)a->k | (uintptr_t)a->v) & 15))
+        return 0;
+    if (((int64_t)a->n_tok * (a->n_head / a->n_head_kv) + ATTN_TC_ROWS - 1) / ATTN_TC_ROWS > INT_MAX)
+        return 0;
+    const int bk = (D > DV ? D : DV) <= 96 ? 64 : 32;
+    return attn_tc_make_layout(D, DV, bk).bytes <= (size_t)smem_optin ? bk : 0;
+}
+
+template <int BK>
+static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin,
+                          cudaStream_t stream, struct verr *err) {
+    const size_t smem = attn_tc_make_layout(a->head_dim, a->head_dim_v, BK).bytes;
+    // Raised once per device (as attn_launch does, for CUDA graph capture) to
+    // the most any head dims ask for, capped by the device's opt-in limit.
+    static std::atomic<unsigned long long> raised{0};
+    if (smem > 48 * 1024) {
+        const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
+        if (!bit || !(raised.load() & bit)) {
+            size_t most = attn_tc_make_layout(CUDA_ATTN_MAX_HEAD_DIM, CUDA_ATTN_MAX_HEAD_DIM, BK).bytes;
+            if (most > (size_t)smem_optin)
+                most = (size_t)smem_optin;
+            VELA_CUDA_CALL(err, cudaFuncSetAttribute(attn_tc_kernel<BK>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     (int)most));
+            raised.fetch_or(bit);
+        }
+    }
+    const int64_t n_rows = (int64_t)a->n_tok * (a->n_head / a->n_head_kv);
+    const dim3 grid(ceil_div_u(n_rows, ATTN_TC_ROWS), (unsigned int)a->n_head_kv);
+    attn_tc_kernel<BK><<<grid, ATTN_TC_THREADS, smem, stream>>>(*a);
+    VELA_CHECK_LAUNCH(err, "attn_tc_kernel");
+    return VERR_OK;
+}
+
 extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, void *scratch,
                                     size_t scratch_bytes, cudaStream_t stream, struct verr *err) {
     if (a->n_tok <= 0 || a->n_head <= 0)
@@ -351,6 +646,18 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
     if ((!k16 && a->type_k != GGML_TYPE_F32) || (!v16 && a->type_v != GGML_TYPE_F32))
         return verr_set(err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
                         ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+    if (k16 && v16 && a->n_tok >= ATTN_TC_MIN_TOK) {
+        int dev = 0, cc_major = 0, smem_optin = 0;
+        VELA_CUDA_CALL(err, cudaGetDevice(&dev));
+        VELA_CUDA_CALL(err, cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+        VELA_CUDA_CALL(err, cudaDeviceGetAttribute(&smem_optin,
+                                                   cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        const int bk = attn_tc_bk(a, cc_major, smem_optin);
+        if (bk == 64)
+            return attn_tc_launch<64>(a, dev, smem_optin, stream, err);
+        if (bk == 32)
+            return attn_tc_launch<32>(a, dev, smem_optin, stream, err);
+    }
     const struct attn_plan p = attn_make_plan(a, sm_count);
     if (p.row_blocks > INT_MAX || a->n_head_kv > 65535)
         return verr_set(err, VERR_RANGE, "attention: grid of %u x %d blocks is too large",

@@ -20,7 +20,7 @@ int backend_cuda_device_info(int device, struct backend_device_info *out, struct
         return verr_set(err, VERR_BACKEND, "cudaGetDeviceProperties(%d): %s (%s:%d)", device,
                         cudaGetErrorString(e), __FILE__, __LINE__);
     }
-    strncpy(out->name, p.name, sizeof out->name - 1);
+    snprintf(out->name, sizeof out->name, "%.*s", (int)sizeof p.name, p.name);
     out->cc_major = p.major;
     out->cc_minor = p.minor;
     out->sm_count = p.multiProcessorCount;

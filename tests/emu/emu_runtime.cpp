@@ -940,8 +940,10 @@ static void run_kernel_now(const char *name, dim3 grid, dim3 block, size_t shmem
     g_nthreads = (int)(block.x * block.y * block.z);
     std::vector<char> dyn;
     if (shmem) {
-        dyn.resize(shmem + EMU_REDZONE + 16);
-        g_dyn_smem = (char *)(((uintptr_t)dyn.data() + 15) & ~(uintptr_t)15);
+        // 128-byte aligned like a GPU's dynamic shared memory (wmma pointers
+        // must be 32-byte aligned; kernels may rely on the base being so).
+        dyn.resize(shmem + EMU_REDZONE + 128);
+        g_dyn_smem = (char *)(((uintptr_t)dyn.data() + 127) & ~(uintptr_t)127);
         g_dyn_bytes = shmem;
     } else {
         g_dyn_smem = NULL;

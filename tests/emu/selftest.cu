@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <cuda_runtime.h>
+#include <mma.h>
 
 static int g_fail = 0;
 #define EXPECT(c, ...)                                                                             \
@@ -81,6 +82,58 @@ __global__ void uninit_smem_kernel(float *out) {
     out[threadIdx.x] = s[threadIdx.x]; // 32..63 never written
 }
 
+
+// wmma: warp w computes rows 16w..16w+15 of D = 2 * (A * B + C), 32 x 32 x 32,
+// A row-major, B row- or column-major (b_col), D's column tile 0 stored
+// row-major into d[32][32]'s left half and tile 1 column-major at d + 1024.
+using namespace nvcuda;
+__global__ void wmma_kernel(const __half *a, const __half *b, const float *c, float *d,
+                            int b_col) {
+    const int w = threadIdx.x / 32;
+    for (int n = 0; n < 2; n++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::load_matrix_sync(acc, c + w * 16 * 32 + n * 16, 32, wmma::mem_row_major);
+        for (int k = 0; k < 2; k++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+            wmma::load_matrix_sync(fa, a + w * 16 * 32 + k * 16, 32);
+            if (b_col) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, b + n * 16 * 32 + k * 16, 32);
+                wmma::mma_sync(acc, fa, fb, acc);
+            } else {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
+                wmma::load_matrix_sync(fb, b + k * 16 * 32 + n * 16, 32);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+        }
+        for (int i = 0; i < acc.num_elements; i++)
+            acc.x[i] *= 2.0f;
+        if (n == 0)
+            wmma::store_matrix_sync(d + w * 16 * 32, acc, 32, wmma::mem_row_major);
+        else
+            wmma::store_matrix_sync(d + 1024 + w * 16, acc, 32, wmma::mem_col_major);
+    }
+}
+
+// Lanes pass different pointers to a collective load.
+__global__ void wmma_divergent_ptr_kernel(const __half *a) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + (threadIdx.x % 2) * 16, 32);
+}
+
+// Half of the warp skips the mma.
+__global__ void wmma_half_warp_kernel(const __half *a, float *d) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, a, 16);
+    if (threadIdx.x < 16)
+        wmma::mma_sync(acc, fa, fb, acc);
+    wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+}
+
 static bool launch_faults(const char *what) {
     cudaError_t e = cudaDeviceSynchronize();
     const bool f = e != cudaSuccess;
@@ -98,6 +151,8 @@ static int child(int which) {
     case 1: early_exit_sync_kernel<<<1, 64>>>(d); break;
     case 2: exited_lane_shfl_kernel<<<1, 32>>>((float *)d); break;
     case 3: smem_overflow_kernel<<<1, 64, 64 * sizeof(float)>>>(8); break;
+    case 4: wmma_divergent_ptr_kernel<<<1, 32>>>((const __half *)d); break;
+    case 5: wmma_half_warp_kernel<<<1, 32>>>((const __half *)d, (float *)d); break;
     }
     return launch_faults("fault") ? 0 : 1;
 }
@@ -140,6 +195,47 @@ int main(int argc, char **argv) {
     cudaMemcpy(hs, dout, sizeof hs, cudaMemcpyDeviceToHost);
     EXPECT(hs[0] == 1.0f && hs[40] != hs[40], "unwritten shared memory reads as NaN: %g", hs[40]);
     EXPECT(cudaDeviceSynchronize() == cudaSuccess, "no fault so far");
+    // wmma: exact against the documented order (c, then k ascending, in float).
+    for (int b_col = 0; b_col < 2; b_col++) {
+        __half ha[1024], hb[1024];
+        float hc[1024], hd[2048], fa[1024], fb[1024]; // fb[k][n]
+        for (int i = 0; i < 1024; i++) {
+            ha[i] = __float2half_rn((float)((i * 37) % 23 - 11) / 7.0f);
+            hb[i] = __float2half_rn((float)((i * 53) % 19 - 9) / 5.0f);
+            hc[i] = (float)((i * 11) % 17 - 8) / 3.0f;
+            fa[i] = __half2float(ha[i]);
+        }
+        for (int k = 0; k < 32; k++)
+            for (int n = 0; n < 32; n++)
+                fb[k * 32 + n] = __half2float(hb[b_col ? n * 32 + k : k * 32 + n]);
+        __half *da, *db;
+        float *dc, *dd;
+        cudaMalloc((void **)&da, sizeof ha);
+        cudaMalloc((void **)&db, sizeof hb);
+        cudaMalloc((void **)&dc, sizeof hc);
+        cudaMalloc((void **)&dd, sizeof hd);
+        cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice);
+        cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice);
+        cudaMemcpy(dc, hc, sizeof hc, cudaMemcpyHostToDevice);
+        wmma_kernel<<<1, 64>>>(da, db, dc, dd, b_col);
+        cudaMemcpy(hd, dd, sizeof hd, cudaMemcpyDeviceToHost);
+        int bad = 0;
+        for (int r = 0; r < 32; r++)
+            for (int n = 0; n < 32; n++) {
+                float acc = hc[r * 32 + n];
+                for (int k = 0; k < 32; k++)
+                    acc += fa[r * 32 + k] * fb[k * 32 + n];
+                acc *= 2.0f;
+                const float got = n < 16 ? hd[r * 32 + n] : hd[1024 + (n - 16) * 32 + r];
+                bad += got != acc;
+            }
+        EXPECT(bad == 0, "wmma (B %s-major): %d of 1024 differ", b_col ? "col" : "row", bad);
+        cudaFree(da);
+        cudaFree(db);
+        cudaFree(dc);
+        cudaFree(dd);
+    }
+    EXPECT(cudaDeviceSynchronize() == cudaSuccess, "no fault after wmma");
     // f16/bf16 conversions: round to nearest even, subnormals, overflow.
     EXPECT(__half_as_ushort(__float2half_rn(1.0f + 1.0f / 2048)) == 0x3c00, "f16 tie to even");
     EXPECT(__half_as_ushort(__float2half_rn(1.0f + 3.0f / 2048)) == 0x3c02, "f16 tie up to even");
@@ -150,7 +246,7 @@ int main(int argc, char **argv) {
     EXPECT(__half2float(__ushort_as_half(0x8001)) == -5.9604645e-8f, "f16 -subnormal");
     EXPECT(__bfloat16_as_ushort(__float2bfloat16_rn(1.00390625f)) == 0x3f80, "bf16 tie to even");
     // Each bug in its own process (faults are sticky).
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) {
         char cmd[4096];
         snprintf(cmd, sizeof cmd, "%s %d", argv[0], k);
         const int rc = system(cmd);

@@ -871,6 +871,10 @@ struct attn_case {
     const char *note;
 };
 
+// Added to the f32 tolerance for cases that run on tensor cores (see
+// attn_check_case), relative to max|v|.
+#define ATTN_TC_REL_TOL 2e-3
+
 static const struct attn_case attn_cases[] = {
     {1, 1, 8, 8, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "one cell"},
     {1, 100, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "decode gqa4"},
@@ -897,11 +901,18 @@ static void *cache_from(const float *f, enum ggml_type t, size_t n) {
     return d;
 }
 
-Test(cuda, attention) {
-    REQUIRE_GPU();
-    rng_seed(70);
-    for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++) {
-        const struct attn_case *c = &attn_cases[ci];
+// The CUDA backend runs F16/F16 caches with >= 16 tokens and head dims that
+// are multiples of 16 on tensor cores (cuda/attention.cu, attn_tc_kernel):
+// q * scale and the softmax weights P are rounded to f16 there.
+static bool attn_case_on_tensor_cores(const struct attn_case *c) {
+    return c->tk == GGML_TYPE_F16 && c->tv == GGML_TYPE_F16 && c->n_tok >= 16 &&
+           c->head_dim % 16 == 0 && c->head_dim_v % 16 == 0;
+}
+
+// Runs one case on both backends and checks the outputs; returns the worst
+// error relative to max|v|.
+static double attn_check_case(const struct attn_case *c) {
+    {
         const int n_tok = c->n_tok, n_kv = c->n_kv;
         const int seq_words = (c->n_seq + 63) / 64;
         const size_t nq = (size_t)n_tok * c->n_head * c->head_dim;
@@ -1007,12 +1018,31 @@ Test(cuda, attention) {
             if (a > vmax)
                 vmax = a;
         }
-        const double atol = (3e-5 + 8.0 * sqrt((double)n_kv) / 16777216.0) * vmax;
+        double atol = (3e-5 + 8.0 * sqrt((double)n_kv) / 16777216.0) * vmax;
+        // Tensor cores: P rounded to f16 changes each weight by <= 2^-11
+        // relative, and l sums the rounded weights, so the output stays a
+        // convex combination, moved by <= 2 * 2^-11 max|v| ~ 1e-3 max|v| if
+        // every weight rounded the same way (independent roundings: ~1e-4).
+        // q * scale rounded to f16 (|dq| <= 2^-11 |q|) moves a score by
+        // about 2^-11 / sqrt(3) * sqrt(sum_d (q_d k_d scale)^2) ~ 3e-4 for
+        // unit normal q, k at any head dim (scale = 1/sqrt(D)); the output
+        // moves by <= 2 max|ds| max|v| only if a row's scores all move
+        // together, and by ~|ds| / sqrt(#vis) max|v| typically. Tolerance
+        // 2e-3 max|v| (observed worst under emulation: 1.7e-4 max|v|); a
+        // wrong mask moves outputs by O(max|v| / #vis), far more for the
+        // causal first rows and the sparse rows of the random layouts.
+        if (attn_case_on_tensor_cores(c))
+            atol += ATTN_TC_REL_TOL * vmax;
         char what[160];
         snprintf(what, sizeof what, "attention %s: toks %d kv %d heads %d/%d hd %d/%d %s/%s",
                  c->note, n_tok, n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v,
                  ggml_type_name(c->tk), ggml_type_name(c->tv));
         check_close(what, rc, rg, no, NULL, atol, 0.0);
+        double worst = 0.0;
+        for (size_t i = 0; i < no; i++)
+            if (fabs((double)rc[i] - rg[i]) > worst)
+                worst = fabs((double)rc[i] - rg[i]);
+        worst = vmax > 0.0f ? worst / vmax : worst;
         free(nan);
         free(rc);
         free(rg);
@@ -1033,7 +1063,45 @@ Test(cuda, attention) {
         free(cell_seq);
         free(q_pos);
         free(q_seq);
+        return worst;
     }
+}
+
+Test(cuda, attention) {
+    REQUIRE_GPU();
+    rng_seed(70);
+    for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++)
+        attn_check_case(&attn_cases[ci]);
+}
+
+// Prefill on tensor cores: odd token counts 16..200, n_kv to ~600, GQA and
+// MHA, causal and random two-sequence layouts (empty cells, cells shared by
+// both sequences, rows that see nothing), every supported head dim (the
+// kernel's KV tile is 64 cells for head dims <= 96, 32 above).
+static const struct attn_case attn_tc_cases[] = {
+    {16, 16, 4, 4, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd64 smallest"},
+    {77, 333, 8, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd64 gqa4 2 seqs"},
+    {200, 600, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd64 causal"},
+    {31, 129, 6, 6, 80, 80, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd80"},
+    {45, 250, 4, 1, 96, 96, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd96 mqa 2 seqs"},
+    {65, 200, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd128 gqa4 causal"},
+    {101, 555, 4, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd128 2 seqs"},
+    {19, 97, 2, 1, 256, 256, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd256 2 seqs"},
+    {37, 150, 2, 2, 256, 256, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd256 causal"},
+};
+
+Test(cuda, attention_prefill_tensor_cores) {
+    REQUIRE_GPU();
+    rng_seed(71);
+    double worst = 0.0;
+    for (size_t ci = 0; ci < sizeof attn_tc_cases / sizeof attn_tc_cases[0]; ci++) {
+        const double w = attn_check_case(&attn_tc_cases[ci]);
+        cr_log_info("%s: worst |cuda - cpu| = %.3g max|v|", attn_tc_cases[ci].note, w);
+        if (w > worst)
+            worst = w;
+    }
+    cr_log_info("tensor-core prefill: worst %.3g max|v| (tolerance %.3g)", worst,
+                ATTN_TC_REL_TOL);
 }
 
 Test(cuda, attention_rejects_large_heads) {

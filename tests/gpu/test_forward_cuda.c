@@ -11,6 +11,11 @@
 // - F16 / BF16 / quantized weights: 2e-2. Batches above CUDA_MATVEC_MAX_TOK
 //   round activations to f16 (bf16 for BF16 weights: 8 bits of mantissa,
 //   ~4e-3 relative per element) before the GEMM.
+// - With an F16 KV cache the 20-token prompt batch runs attention on tensor
+//   cores (cuda/attention.cu, attn_tc_kernel), which rounds q * scale and
+//   the softmax weights to f16: ~1e-3 of max|v| per attention output (the
+//   tolerance of tests/gpu/test_cuda_ops.c), which two layers carry to the
+//   logits as ~3e-4 (observed under emulation); that batch gets 1e-3.
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
@@ -89,7 +94,9 @@ static void compare_backends(const struct tiny_cfg *cfg, double tol, const char 
             }
             cr_log_info("%s: %s KV, batch %d: cuda vs cpu worst relative logit error %.3g", label,
                         ggml_type_name(kt), batches[bi], worst / scale);
-            cr_expect_lt(worst / scale, tol, "%s: %s KV, batch %d: worst relative error %g", label,
+            const double tol_b =
+                kt == GGML_TYPE_F16 && batches[bi] >= n ? fmax(tol, 1e-3) : tol; // tensor cores
+            cr_expect_lt(worst / scale, tol_b, "%s: %s KV, batch %d: worst relative error %g", label,
                          ggml_type_name(kt), batches[bi], worst / scale);
         }
         // argmax on the device agrees with the CPU wherever the top two
