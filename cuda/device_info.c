@@ -1,6 +1,7 @@
 // backend_cuda_device_info: what benchmarks report about a GPU (host/backend.h).
 // The memory clock comes from cudaDeviceGetAttribute: CUDA 13 dropped
 // memoryClockRate from cudaDeviceProp.
+#include <stdio.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
