@@ -55,6 +55,25 @@ static char *write_model(struct tiny_cfg *cfg, struct tiny_weights *w, const cha
     return path;
 }
 
+// A tiny llama with a SentencePiece vocabulary of 300 tokens; n_layer 0: the
+// default depth.
+static char *vocab_model(struct tiny_weights *w, int n_layer, const char *tag) {
+    struct tiny_cfg cfg;
+    tiny_cfg_default(&cfg, "llama");
+    if (n_layer)
+        cfg.n_layer = n_layer;
+    cfg.vocab = true;
+    cfg.n_vocab = 300;
+    return write_model(&cfg, w, tag);
+}
+
+// Undoes write_model.
+static void remove_model(struct tiny_weights *w, char *path) {
+    tiny_weights_free(w);
+    unlink(path);
+    free(path);
+}
+
 // n_par sequences; logits rows per decode: n_par, or n_batch when n_par is 0
 // (engine_eval wants every row).
 static struct engine *open_engine(const char *path, int n_ctx, int n_batch, enum ggml_type kv,
@@ -148,13 +167,8 @@ static int shift_logits(void *user, int seq, int32_t pos, const float *logits) {
 }
 
 static void context_shift_case(enum ggml_type kv, float tol) {
-    struct tiny_cfg cfg;
-    tiny_cfg_default(&cfg, "llama");
-    cfg.n_layer = 1;
-    cfg.vocab = true;
-    cfg.n_vocab = 300;
     struct tiny_weights w;
-    char *path = write_model(&cfg, &w, "eng_shift");
+    char *path = vocab_model(&w, 1, "eng_shift");
     const int n_ctx = 32;
     struct engine *e = open_engine(path, n_ctx, 32, kv, 1);
 
@@ -190,9 +204,7 @@ static void context_shift_case(enum ggml_type kv, float tol) {
     cr_assert_eq(e->fc.kv.used, 0, "the finished sequence leaves no cell behind");
     forward_free(&c.fresh);
     engine_close(e);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 Test(engine, context_shift_logits_match_fresh_eval_f32) {
@@ -205,12 +217,8 @@ Test(engine, context_shift_logits_match_fresh_eval_f16) {
 
 // Without context shift the sequence stops at llama-cli's limit.
 Test(engine, no_context_shift_stops_when_full) {
-    struct tiny_cfg cfg;
-    tiny_cfg_default(&cfg, "llama");
-    cfg.vocab = true;
-    cfg.n_vocab = 300;
     struct tiny_weights w;
-    char *path = write_model(&cfg, &w, "eng_full");
+    char *path = vocab_model(&w, 0, "eng_full");
     struct engine *e = open_engine(path, 16, 16, GGML_TYPE_F32, 1);
     const int32_t prompt[] = {1, 270, 280};
     struct engine_gen_params g;
@@ -229,9 +237,7 @@ Test(engine, no_context_shift_stops_when_full) {
         cr_expect_eq(st.n_ctx_shifts, 0);
     }
     engine_close(e);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 // ---------------------------------------------------------------------------
@@ -263,6 +269,15 @@ static int count_notes(void *user, enum engine_event ev, int seq, int32_t token,
     else
         cr_assert(!strncmp(text, "shift:", 6), "%.*s", (int)len, text);
     return 0;
+}
+
+// The worst rel_err of the kept rows against the first k->n_last rows of fc.
+static double worst_rows(const struct rows_keep *k, struct forward_ctx *fc) {
+    double worst = 0;
+    for (int r = 0; r < k->n_last; r++)
+        worst = fmax(worst,
+                     rel_err(k->last + (size_t)r * k->n_vocab, forward_logits(fc, r), k->n_vocab));
+    return worst;
 }
 
 // Evaluates tokens (n <= n_ctx) with self-extend (ga_n, ga_w) in batches of
@@ -304,9 +319,7 @@ static double selfextend_case(const char *path, enum ggml_type kv, int n, int n_
     struct forward_batch b = {n, tok, pos_out, seq, want};
     cr_assert_eq(forward_decode(&fresh, &b, &err), 0, "%s", err.msg);
     cr_assert_eq(fresh.n_out, k.n_last);
-    double worst = 0;
-    for (int r = 0; r < k.n_last; r++)
-        worst = fmax(worst, rel_err(k.last + (size_t)r * V, forward_logits(&fresh, r), V));
+    double worst = worst_rows(&k, &fresh);
 
     // Plain positions 0..n-1: the check above is not vacuous.
     int32_t *plain = malloc(sizeof(int32_t) * n);
@@ -315,10 +328,7 @@ static double selfextend_case(const char *path, enum ggml_type kv, int n, int n_
     cr_assert_eq(kv_clear(&fresh.kv, &err), 0, "%s", err.msg);
     b.pos = plain;
     cr_assert_eq(forward_decode(&fresh, &b, &err), 0, "%s", err.msg);
-    *err_plain = 0;
-    for (int r = 0; r < k.n_last; r++)
-        *err_plain =
-            fmax(*err_plain, rel_err(k.last + (size_t)r * V, forward_logits(&fresh, r), V));
+    *err_plain = worst_rows(&k, &fresh);
 
     forward_free(&fresh);
     free(plain);
@@ -361,9 +371,7 @@ Test(engine, selfextend_last_batch_matches_final_positions) {
         cr_expect_leq(e, cases[i].tol, "case %zu: %.3g", i, e);
         cr_expect_gt(plain, 10 * cases[i].tol, "case %zu: positions do not matter? %.3g", i, plain);
     }
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 // ---------------------------------------------------------------------------
@@ -469,20 +477,24 @@ static void make_prompts(struct prompts5 *ps) {
 }
 
 static char *parallel_model(struct tiny_weights *w) {
-    struct tiny_cfg cfg;
-    tiny_cfg_default(&cfg, "llama");
-    cfg.vocab = true;
-    cfg.n_vocab = 300;
-    return write_model(&cfg, w, "eng_par");
+    return vocab_model(w, 0, "eng_par");
+}
+
+// The parallel tests' start: the model, the five prompts and default
+// generation parameters.
+static char *parallel_setup(struct tiny_weights *w, struct prompts5 *ps,
+                            struct engine_gen_params *g) {
+    char *path = parallel_model(w);
+    make_prompts(ps);
+    engine_gen_params_default(g);
+    return path;
 }
 
 Test(engine, parallel_greedy_with_shifts_matches_solo) {
     struct tiny_weights w;
-    char *path = parallel_model(&w);
     struct prompts5 ps;
-    make_prompts(&ps);
     struct engine_gen_params g;
-    engine_gen_params_default(&g);
+    char *path = parallel_setup(&w, &ps, &g);
     g.sp.temp = 0;
     g.n_predict = 40; // 32 cells per sequence: every sequence shifts at least once
     g.n_keep = 2;
@@ -496,55 +508,43 @@ Test(engine, parallel_greedy_with_shifts_matches_solo) {
     g.ignore_eos = false;
     g.n_predict = 25;
     parallel_vs_solo(path, ps.p, 5, 3, 32, 8, &g, NULL, NULL);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 Test(engine, parallel_sampled_matches_solo_with_seed_plus_index) {
     struct tiny_weights w;
-    char *path = parallel_model(&w);
     struct prompts5 ps;
-    make_prompts(&ps);
     struct engine_gen_params g;
-    engine_gen_params_default(&g);
+    char *path = parallel_setup(&w, &ps, &g);
     g.sp.temp = 0.9f;
     g.sp.seed = 1234;
     g.sp.repeat_penalty = 1.1f;
     g.n_predict = 30;
     g.ignore_eos = true;
     parallel_vs_solo(path, ps.p, 5, 2, 32, 4, &g, NULL, NULL);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 Test(engine, parallel_selfextend_matches_solo) {
     struct tiny_weights w;
-    char *path = parallel_model(&w);
     struct prompts5 ps;
-    make_prompts(&ps);
     struct engine_gen_params g;
-    engine_gen_params_default(&g);
+    char *path = parallel_setup(&w, &ps, &g);
     g.sp.temp = 0;
     g.n_predict = 40; // more than the 32 cells: ends on "context full"
     g.ga_n = 2;
     g.ga_w = 8;
     g.ignore_eos = true;
     parallel_vs_solo(path, ps.p, 5, 3, 32, 8, &g, NULL, NULL);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 // N samples of one prompt share its cells: the prompt is read once.
 Test(engine, samples_of_one_prompt_share_its_cells) {
     struct tiny_weights w;
-    char *path = parallel_model(&w);
     struct prompts5 ps;
-    make_prompts(&ps);
     struct engine_gen_params g;
-    engine_gen_params_default(&g);
+    char *path = parallel_setup(&w, &ps, &g);
     g.sp.temp = 0;
     g.n_predict = 10;
     g.ignore_eos = true;
@@ -572,9 +572,7 @@ Test(engine, samples_of_one_prompt_share_its_cells) {
     engine_close(e);
     free(c);
     free(one);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 // ---------------------------------------------------------------------------
@@ -681,9 +679,7 @@ Test(engine, bad_input_leaves_cache_unchanged) {
     cr_expect_eq(engine_generate(e, tok, 1, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "leaves 4 per sequence for --parallel 4"), "%s", err.msg);
     engine_close(e);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 // ---------------------------------------------------------------------------
@@ -783,25 +779,25 @@ Test(engine_cli, run_parallel_prompts_file) {
     free(out);
     free(err);
 
-    snprintf(args, sizeof args, "run -m %s --parallel 300 -f %s", path, pf);
-    cr_expect_eq(run_vela(args, &out, &err), 2);
-    cr_expect(strstr(err, "--parallel: 300 is out of range"), "%s", err);
-    free(out);
-    free(err);
-    snprintf(args, sizeof args, "run -m %s --backend cpu --parallel 3 -f %s -c 12", path, pf);
-    cr_expect_eq(run_vela(args, &out, &err), 1);
-    cr_expect(strstr(err, "leaves 4 per sequence"), "%s", err);
-    free(out);
-    free(err);
-    snprintf(args, sizeof args, "run -m %s --backend cpu --parallel 2 -f %s -c 80", path, pf);
-    cr_expect_eq(run_vela(args, &out, &err), 1);
-    cr_expect(strstr(err, "prompt 2 is too long (54 tokens, max 36)"), "%s", err);
-    free(out);
-    free(err);
+    static const struct {
+        const char *before, *after; // flags around -f FILE
+        int rc;
+        const char *msg;
+    } refused[] = {
+        {"--parallel 300", "", 2, "--parallel: 300 is out of range"},
+        {"--backend cpu --parallel 3", " -c 12", 1, "leaves 4 per sequence"},
+        {"--backend cpu --parallel 2", " -c 80", 1, "prompt 2 is too long (54 tokens, max 36)"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(args, sizeof args, "run -m %s %s -f %s%s", path, refused[i].before, pf,
+                 refused[i].after);
+        cr_expect_eq(run_vela(args, &out, &err), refused[i].rc, "%s", args);
+        cr_expect(strstr(err, refused[i].msg), "%s", err);
+        free(out);
+        free(err);
+    }
     unlink(pf);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }
 
 Test(engine_cli, context_shift_is_the_default) {
@@ -836,7 +832,5 @@ Test(engine_cli, context_shift_is_the_default) {
               "%s", err);
     free(out);
     free(err);
-    tiny_weights_free(&w);
-    unlink(path);
-    free(path);
+    remove_model(&w, path);
 }

@@ -107,6 +107,21 @@ static void run_forward(struct fixture *fx, const int32_t *tokens, int n, int p0
     forward_free(&fc);
 }
 
+// fixture_open of the default tiny llama and a context on it of n_ctx cells
+// and n_batch tokens a decode (0: forward_config_default's).
+static void open_llama_ctx(struct fixture *fx, struct forward_ctx *fc, int n_ctx, int n_batch) {
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "llama");
+    fixture_open(fx, &c);
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    cfg.n_ctx = n_ctx;
+    if (n_batch)
+        cfg.n_batch = n_batch;
+    struct verr err = {0};
+    cr_assert_eq(forward_init(fc, fx->m, &cfg, &err), 0, "%s", err.msg);
+}
+
 // Worst |got - ref| / max(1, max |ref|) over all logits.
 static double compare(const float *got, const double *ref, size_t n, double *worst_abs) {
     double scale = 1, w = 0;
@@ -134,17 +149,21 @@ static void check_against_reference(const struct tiny_cfg *cfg, int n, int p0, i
     struct tiny_rope r = ref_rope(&fx);
     tiny_reference(cfg, &fx.w, &r, tok, pos, n, ref);
 
-    double wa;
-    run_forward(&fx, tok, n, p0, n_batch, GGML_TYPE_F32, NULL, got);
-    double e32 = compare(got, ref, nl, &wa);
-    cr_log_info("%s: f32 KV: worst relative logit error %.3g (abs %.3g)", label, e32, wa);
-    cr_expect_lt(e32, TOL_F32, "%s: f32 KV cache: worst relative error %g", label, e32);
-
-    run_forward(&fx, tok, n, p0, n_batch, GGML_TYPE_F16, NULL, got);
-    double e16 = compare(got, ref, nl, &wa);
-    cr_log_info("%s: f16 KV: worst relative logit error %.3g (abs %.3g)", label, e16, wa);
-    cr_expect_lt(e16, TOL_F16, "%s: f16 KV cache: worst relative error %g", label, e16);
-    printf("%-28s worst relative logit error: f32 KV %.3g, f16 KV %.3g\n", label, e32, e16);
+    static const struct {
+        enum ggml_type kv;
+        double tol;
+    } caches[2] = {{GGML_TYPE_F32, TOL_F32}, {GGML_TYPE_F16, TOL_F16}};
+    double e[2];
+    for (int k = 0; k < 2; k++) {
+        const char *kv = ggml_type_name(caches[k].kv);
+        double wa;
+        run_forward(&fx, tok, n, p0, n_batch, caches[k].kv, NULL, got);
+        e[k] = compare(got, ref, nl, &wa);
+        cr_log_info("%s: %s KV: worst relative logit error %.3g (abs %.3g)", label, kv, e[k], wa);
+        cr_expect_lt(e[k], caches[k].tol, "%s: %s KV cache: worst relative error %g", label, kv,
+                     e[k]);
+    }
+    printf("%-28s worst relative logit error: f32 KV %.3g, f16 KV %.3g\n", label, e[0], e[1]);
 
     free(tok);
     free(pos);
@@ -239,15 +258,7 @@ Test(forward, k_quants) {
     static const enum ggml_type types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         struct tiny_cfg c;
-        tiny_cfg_default(&c, "qwen2");
-        c.n_embd = 256;
-        c.n_ff = 256;
-        c.n_head = 4;
-        c.n_head_kv = 1;
-        c.head_dim = 64;
-        c.n_rot = 64;
-        c.n_layer = 1;
-        c.wtype = types[i];
+        tiny_cfg_kquant(&c, types[i]);
         char label[64];
         snprintf(label, sizeof label, "qwen2 %s", ggml_type_name(types[i]));
         check_against_reference(&c, 5, 0, 512, label);
@@ -346,24 +357,17 @@ Test(forward, two_sequences_one_batch) {
 }
 
 Test(forward, argmax_matches_logits) {
-    struct tiny_cfg c;
-    tiny_cfg_default(&c, "llama");
     struct fixture fx;
-    fixture_open(&fx, &c);
-    struct forward_config cfg;
-    forward_config_default(&cfg);
-    cfg.n_ctx = 32;
-    cfg.n_batch = 8;
     struct forward_ctx fc;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, fx.m, &cfg, &err), 0, "%s", err.msg);
+    open_llama_ctx(&fx, &fc, 32, 8);
     int32_t tok[4] = {1, 2, 3, 4}, pos[4] = {0, 1, 2, 3}, seq[4] = {0};
     struct forward_batch b = {4, tok, pos, seq, NULL};
     cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
     cr_assert_eq(fc.n_out, 1, "NULL logits flags: the last row only");
     const float *l = forward_logits(&fc, 0);
     int best = 0;
-    for (int v = 1; v < c.n_vocab; v++)
+    for (int v = 1; v < fx.cfg.n_vocab; v++)
         if (l[v] > l[best])
             best = v;
     // Same tokens again in a fresh cache: argmax on the backend.
@@ -375,17 +379,10 @@ Test(forward, argmax_matches_logits) {
 }
 
 Test(forward, bad_batches) {
-    struct tiny_cfg c;
-    tiny_cfg_default(&c, "llama");
     struct fixture fx;
-    fixture_open(&fx, &c);
-    struct forward_config cfg;
-    forward_config_default(&cfg);
-    cfg.n_ctx = 8;
-    cfg.n_batch = 4;
     struct forward_ctx fc;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, fx.m, &cfg, &err), 0, "%s", err.msg);
+    open_llama_ctx(&fx, &fc, 8, 4);
     int32_t tok[5] = {1, 64, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, seq[5] = {0};
     struct forward_batch b = {2, tok, pos, seq, NULL};
     cr_expect_eq(forward_decode(&fc, &b, &err), VERR_RANGE);
@@ -410,17 +407,11 @@ Test(forward, bad_batches) {
 // The CPU backend has no graph ops: every step runs op by op, as before
 // graphs existed, and no graph is ever recorded.
 Test(forward, cpu_has_no_graphs) {
-    struct tiny_cfg c;
-    tiny_cfg_default(&c, "llama");
     struct fixture fx;
-    fixture_open(&fx, &c);
-    cr_assert_null(fx.m->be->ops->graph_begin);
-    struct forward_config cfg;
-    forward_config_default(&cfg);
-    cfg.n_ctx = 32;
     struct forward_ctx fc;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, fx.m, &cfg, &err), 0, "%s", err.msg);
+    open_llama_ctx(&fx, &fc, 32, 0);
+    cr_assert_null(fx.m->be->ops->graph_begin);
     cr_expect(!fc.graphs_on);
     int32_t tok = 5, pos = 0, seq = 0;
     struct forward_batch b = {1, &tok, &pos, &seq, NULL};

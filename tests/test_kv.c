@@ -1002,6 +1002,30 @@ static void expect_lines(const struct trace *t, int from, const char *const *wan
         cr_expect_str_eq(t->lines[from + i], want[i], "log line %d", from + i);
 }
 
+// expect_cell / expect_traced over cells 0..n-1 (pos[c], delta[c]), or over
+// a table of {cell, pos, delta}; line < 0: the cache now, else the trace.
+struct cell_want {
+    int c, pos, delta;
+};
+
+static void expect_run(const struct kv_cache *kv, const struct trace *t, int line,
+                       const int32_t *pos, const int32_t *delta, int n, const char *where) {
+    for (int c = 0; c < n; c++)
+        if (line < 0)
+            expect_cell(kv, c, pos[c], delta[c], where);
+        else
+            expect_traced(t, line, c, pos[c], delta[c], where);
+}
+
+static void expect_table(const struct kv_cache *kv, const struct trace *t, int line,
+                         const struct cell_want *w, size_t n, const char *where) {
+    for (size_t i = 0; i < n; i++)
+        if (line < 0)
+            expect_cell(kv, w[i].c, w[i].pos, w[i].delta, where);
+        else
+            expect_traced(t, line, w[i].c, w[i].pos, w[i].delta, where);
+}
+
 // seeds/000: ga_n = 2, ga_w = 4 on a 5-token prompt, then three decoded
 // tokens and the second round.
 Test(selfextend, seed_gan2_gaw4_prompt5) {
@@ -1034,12 +1058,10 @@ Test(selfextend, seed_gan2_gaw4_prompt5) {
         expect_traced(&t, 1, c, c, 0, "after the first shift");
     // after seq_div(0, 0, 4, 2)
     static const int32_t div_pos[5] = {0, 0, 1, 1, 4}, div_delta[5] = {0, -1, -1, -2, 0};
-    for (int c = 0; c < 5; c++)
-        expect_traced(&t, 2, c, div_pos[c], div_delta[c], "after the div");
+    expect_run(&kv, &t, 2, div_pos, div_delta, 5, "after the div");
     // after seq_add(0, 4, 5, -2): positions 0,0,1,1,2
     static const int32_t fin_pos[5] = {0, 0, 1, 1, 2}, fin_delta[5] = {0, -1, -1, -2, -2};
-    for (int c = 0; c < 5; c++)
-        expect_cell(&kv, c, fin_pos[c], fin_delta[c], "after round 1");
+    expect_run(&kv, NULL, -1, fin_pos, fin_delta, 5, "after round 1");
     expect_cell(&kv, 5, -1, 0, "empty");
     cr_expect_eq(n_past, 3);
     cr_expect_eq(se.ga_i, 2);
@@ -1082,10 +1104,8 @@ Test(selfextend, seed_gan2_gaw4_prompt5) {
     // after seq_div(0, 4, 8, 2); the last shift ([8, 8)) is empty
     static const int32_t fin2_pos[8] = {0, 0, 1, 1, 2, 2, 3, 3};
     static const int32_t fin2_delta[8] = {0, 0, 0, 0, 0, -1, -1, -2};
-    for (int c = 0; c < 8; c++) {
-        expect_traced(&t, 2, c, fin2_pos[c], fin2_delta[c], "after the div");
-        expect_cell(&kv, c, fin2_pos[c], fin2_delta[c], "after round 2");
-    }
+    expect_run(&kv, &t, 2, fin2_pos, fin2_delta, 8, "after the div");
+    expect_run(&kv, NULL, -1, fin2_pos, fin2_delta, 8, "after round 2");
     cr_expect_eq(n_past, 4);
     cr_expect_eq(se.ga_i, 4);
     expect_invariant(&kv);
@@ -1101,18 +1121,28 @@ static void prompt_2048(struct kv_cache *kv, int n_ctx) {
     fill(kv, 0, 0, 2048);
 }
 
+// The seeds' 2048-token start: prompt_2048 in 8192 cells, self-extend
+// (ga_n, ga_w) on sequence 0 logging into *t, and the first apply at n_past
+// 2048.
+static void seed_2048(struct kv_cache *kv, struct kv_selfextend *se, struct trace *t, int ga_n,
+                      int ga_w, int32_t *n_past) {
+    struct verr err = {0};
+    prompt_2048(kv, 8192);
+    cr_assert_eq(kv_selfextend_init(se, kv, ga_n, ga_w, 0, &err), 0, "%s", err.msg);
+    *t = (struct trace){.kv = kv};
+    se->log = trace_log;
+    se->log_user = t;
+    *n_past = 2048;
+    cr_assert_eq(kv_selfextend_apply(se, kv, n_past, &err), 0, "%s", err.msg);
+}
+
 // seeds/000: ga_n = 2, ga_w = 2048 after a 2048-token batch.
 Test(selfextend, seed_gan2_gaw2048) {
     struct kv_cache kv;
-    struct verr err = {0};
-    prompt_2048(&kv, 8192);
     struct kv_selfextend se;
-    cr_assert_eq(kv_selfextend_init(&se, &kv, 2, 2048, 0, &err), 0, "%s", err.msg);
-    struct trace t = {.kv = &kv};
-    se.log = trace_log;
-    se.log_user = &t;
-    int32_t n_past = 2048;
-    cr_assert_eq(kv_selfextend_apply(&se, &kv, &n_past, &err), 0, "%s", err.msg);
+    struct trace t;
+    int32_t n_past;
+    seed_2048(&kv, &se, &t, 2, 2048, &n_past);
     static const char *const lines[] = {
         "shift: [     0,   2048] +      0 -> [     0,   2048]",
         "div:   [     0,   2048] /      2 -> [     0,   1024]",
@@ -1120,13 +1150,12 @@ Test(selfextend, seed_gan2_gaw2048) {
     };
     cr_assert_eq(t.n, 3);
     expect_lines(&t, 0, lines, 3);
-    static const struct { int c, pos, delta; } want[] = {
-        {0, 0, 0},          {1, 0, -1},         {2, 1, -1},         {3, 1, -2},
-        {4, 2, -2},         {5, 2, -3},         {2044, 1022, -1022}, {2045, 1022, -1023},
+    static const struct cell_want want[] = {
+        {0, 0, 0},           {1, 0, -1},          {2, 1, -1},          {3, 1, -2},
+        {4, 2, -2},          {5, 2, -3},          {2044, 1022, -1022}, {2045, 1022, -1023},
         {2046, 1023, -1023}, {2047, 1023, -1024},
     };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        expect_cell(&kv, want[i].c, want[i].pos, want[i].delta, "ga_n 2 ga_w 2048");
+    expect_table(&kv, NULL, -1, want, sizeof want / sizeof want[0], "ga_n 2 ga_w 2048");
     cr_expect_eq(n_past, 1024);
     cr_expect_eq(se.ga_i, 1024);
     cr_expect_eq(kv_seq_pos_max(&kv, 0), 1023);
@@ -1137,15 +1166,10 @@ Test(selfextend, seed_gan2_gaw2048) {
 // seeds/000: ga_n = 4, ga_w = 2048 after a 2048-token batch.
 Test(selfextend, seed_gan4_gaw2048) {
     struct kv_cache kv;
-    struct verr err = {0};
-    prompt_2048(&kv, 8192);
     struct kv_selfextend se;
-    cr_assert_eq(kv_selfextend_init(&se, &kv, 4, 2048, 0, &err), 0, "%s", err.msg);
-    struct trace t = {.kv = &kv};
-    se.log = trace_log;
-    se.log_user = &t;
-    int32_t n_past = 2048;
-    cr_assert_eq(kv_selfextend_apply(&se, &kv, &n_past, &err), 0, "%s", err.msg);
+    struct trace t;
+    int32_t n_past;
+    seed_2048(&kv, &se, &t, 4, 2048, &n_past);
     static const char *const lines[] = {
         "shift: [     0,   2048] +      0 -> [     0,   2048]",
         "div:   [     0,   2048] /      4 -> [     0,    512]",
@@ -1155,8 +1179,7 @@ Test(selfextend, seed_gan4_gaw2048) {
     expect_lines(&t, 0, lines, 3);
     static const int32_t pos[8] = {0, 0, 0, 0, 1, 1, 1, 1};
     static const int32_t delta[8] = {0, -1, -2, -3, -3, -4, -5, -6};
-    for (int c = 0; c < 8; c++)
-        expect_cell(&kv, c, pos[c], delta[c], "ga_n 4 ga_w 2048");
+    expect_run(&kv, NULL, -1, pos, delta, 8, "ga_n 4 ga_w 2048");
     expect_cell(&kv, 2047, 511, 511 - 2047, "last cell");
     cr_expect_eq(n_past, 512);
     cr_expect_eq(se.ga_i, 512);
@@ -1168,15 +1191,10 @@ Test(selfextend, seed_gan4_gaw2048) {
 // leaves cell 255 at 63 (delta -192) and n_past 1856, and the loop goes on.
 Test(selfextend, seed_gan4_gaw256) {
     struct kv_cache kv;
-    struct verr err = {0};
-    prompt_2048(&kv, 8192);
     struct kv_selfextend se;
-    cr_assert_eq(kv_selfextend_init(&se, &kv, 4, 256, 0, &err), 0, "%s", err.msg);
-    struct trace t = {.kv = &kv};
-    se.log = trace_log;
-    se.log_user = &t;
-    int32_t n_past = 2048;
-    cr_assert_eq(kv_selfextend_apply(&se, &kv, &n_past, &err), 0, "%s", err.msg);
+    struct trace t;
+    int32_t n_past;
+    seed_2048(&kv, &se, &t, 4, 256, &n_past);
 
     static const char *const round1[] = {
         "shift: [     0,   2048] +      0 -> [     0,   2048]",
@@ -1226,6 +1244,7 @@ Test(selfextend, seed_gan4_gaw256) {
     expect_lines(&t, 21, last, 3);
     // another call does nothing until n_past reaches 768
     trace_reset(&t);
+    struct verr err = {0};
     cr_assert_eq(kv_selfextend_apply(&se, &kv, &n_past, &err), 0);
     cr_expect_eq(t.n, 0);
     cr_expect_eq(n_past, 512);
@@ -1235,15 +1254,10 @@ Test(selfextend, seed_gan4_gaw256) {
 // seeds/000: ga_n = 2, ga_w = 1024 takes two rounds within one call.
 Test(selfextend, seed_gan2_gaw1024) {
     struct kv_cache kv;
-    struct verr err = {0};
-    prompt_2048(&kv, 8192);
     struct kv_selfextend se;
-    cr_assert_eq(kv_selfextend_init(&se, &kv, 2, 1024, 0, &err), 0, "%s", err.msg);
-    struct trace t = {.kv = &kv};
-    se.log = trace_log;
-    se.log_user = &t;
-    int32_t n_past = 2048;
-    cr_assert_eq(kv_selfextend_apply(&se, &kv, &n_past, &err), 0, "%s", err.msg);
+    struct trace t;
+    int32_t n_past;
+    seed_2048(&kv, &se, &t, 2, 1024, &n_past);
     cr_assert_eq(t.n, 6, "two rounds");
     static const char *const lines[] = {
         "shift: [     0,   2048] +      0 -> [     0,   2048]",
@@ -1256,25 +1270,22 @@ Test(selfextend, seed_gan2_gaw1024) {
     expect_lines(&t, 0, lines, 6);
 
     // after round 1 (state at line 3): "n_past_old = 2048, n_past = 1536, ga_i = 512"
-    static const struct { int c, pos, delta; } r1[] = {
-        {0, 0, 0},           {1, 0, -1},           {2, 1, -1},    {3, 1, -2},
-        {4, 2, -2},          {5, 2, -3},           {1022, 511, -511}, {1023, 511, -512},
-        {1024, 512, -512},   {1025, 513, -512},
+    static const struct cell_want r1[] = {
+        {0, 0, 0},  {1, 0, -1},        {2, 1, -1},        {3, 1, -2},        {4, 2, -2},
+        {5, 2, -3}, {1022, 511, -511}, {1023, 511, -512}, {1024, 512, -512}, {1025, 513, -512},
     };
-    for (size_t i = 0; i < sizeof r1 / sizeof r1[0]; i++)
-        expect_traced(&t, 3, r1[i].c, r1[i].pos, r1[i].delta, "after round 1");
+    expect_table(&kv, &t, 3, r1, sizeof r1 / sizeof r1[0], "after round 1");
     // after round 1's div only, cells 1024.. still at their positions
     expect_traced(&t, 2, 1024, 1024, 0, "after round 1's div");
     expect_traced(&t, 2, 1025, 1025, 0, "after round 1's div");
 
     // after round 2, as the seed's gdb shows (deltas accumulate across rounds:
     // no kv_prepare ran in between)
-    static const struct { int c, pos, delta; } r2[] = {
+    static const struct cell_want r2[] = {
         {1024, 512, -512}, {1025, 512, -513}, {1026, 513, -513},
         {1027, 513, -514}, {1028, 514, -514}, {1029, 514, -515},
     };
-    for (size_t i = 0; i < sizeof r2 / sizeof r2[0]; i++)
-        expect_cell(&kv, r2[i].c, r2[i].pos, r2[i].delta, "after round 2");
+    expect_table(&kv, NULL, -1, r2, sizeof r2 / sizeof r2[0], "after round 2");
     cr_expect_eq(n_past, 1024);
     cr_expect_eq(se.ga_i, 1024);
     for (int c = 0; c < 2048; c++)
@@ -1397,6 +1408,24 @@ static void store_tokens(struct backend *be, struct kv_cache *kv, const struct r
     be->ops->free(be, dcells);
 }
 
+// n tokens of random raw K (and V) at positions p0.. stored as above; each
+// token's raw K is recorded under the cell it landed in.
+static void store_random(struct backend *be, struct kv_cache *kv, const struct rope_params *rp,
+                         uint32_t *s, int32_t p0, int n,
+                         float raw_by_cell[SH_LAYERS][SH_CTX][SH_ROW]) {
+    static float raw[SH_LAYERS * SH_CTX * SH_ROW];
+    int32_t cells[SH_CTX], pos[SH_CTX];
+    for (int i = 0; i < SH_LAYERS * n * SH_ROW; i++)
+        raw[i] = rnd(s);
+    for (int t = 0; t < n; t++)
+        pos[t] = p0 + t;
+    store_tokens(be, kv, rp, raw, pos, n, cells);
+    for (int l = 0; l < SH_LAYERS; l++)
+        for (int t = 0; t < n; t++)
+            memcpy(raw_by_cell[l][cells[t]], raw + ((size_t)l * n + t) * SH_ROW,
+                   sizeof raw_by_cell[0][0]);
+}
+
 // After self-extend and a context shift, kv_prepare's rotation by delta must
 // leave every cell's K equal to its un-rotated K rotated once, directly, to
 // the cell's final position by the backend's rope op (which applies the YaRN
@@ -1427,20 +1456,9 @@ static void check_shift(const struct shift_case *sc) {
     // raw (un-rotated) K of every token ever stored, by the cell it landed in
     static float raw_by_cell[SH_LAYERS][SH_CTX][SH_ROW];
     uint32_t s = 12345u + (uint32_t)sc->type_k * 7u + (uint32_t)sc->mode;
-    int32_t cells[SH_CTX], pos[SH_CTX];
 
     // a 48-token prompt
-    int n = 48;
-    static float raw[SH_LAYERS * SH_CTX * SH_ROW];
-    for (int i = 0; i < SH_LAYERS * n * SH_ROW; i++)
-        raw[i] = rnd(&s);
-    for (int t = 0; t < n; t++)
-        pos[t] = t;
-    store_tokens(be, &kv, &rp, raw, pos, n, cells);
-    for (int l = 0; l < SH_LAYERS; l++)
-        for (int t = 0; t < n; t++)
-            memcpy(raw_by_cell[l][cells[t]], raw + ((size_t)l * n + t) * SH_ROW,
-                   sizeof raw_by_cell[0][0]);
+    store_random(be, &kv, &rp, &s, 0, 48, raw_by_cell);
 
     // self-extend: ga_n 4, ga_w 16 -> rounds at n_past 48
     struct kv_selfextend se;
@@ -1451,17 +1469,8 @@ static void check_shift(const struct shift_case *sc) {
 
     // 8 more tokens (stored after the pending shift is applied), another
     // self-extend pass, then a context shift on top
-    n = 8;
-    for (int i = 0; i < SH_LAYERS * n * SH_ROW; i++)
-        raw[i] = rnd(&s);
-    for (int t = 0; t < n; t++)
-        pos[t] = n_past + t;
-    store_tokens(be, &kv, &rp, raw, pos, n, cells);
-    for (int l = 0; l < SH_LAYERS; l++)
-        for (int t = 0; t < n; t++)
-            memcpy(raw_by_cell[l][cells[t]], raw + ((size_t)l * n + t) * SH_ROW,
-                   sizeof raw_by_cell[0][0]);
-    n_past += n;
+    store_random(be, &kv, &rp, &s, n_past, 8, raw_by_cell);
+    n_past += 8;
     cr_assert_eq(kv_selfextend_apply(&se, &kv, &n_past, &err), 0, "%s", err.msg);
     int32_t n_discard;
     cr_assert_eq(kv_context_shift(&kv, 0, 3, n_past, &n_discard, &err), 0, "%s", err.msg);

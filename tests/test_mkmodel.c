@@ -63,6 +63,16 @@ static void small_cfg(struct mkmodel_config *c) {
     c->n_threads = 2;
 }
 
+// Rows of 256 (a whole K-quant block), 2/1 heads.
+static void cfg_256(struct mkmodel_config *c, int n_layer, int n_ff) {
+    small_cfg(c);
+    c->n_embd = 256;
+    c->n_layer = n_layer;
+    c->n_head = 2;
+    c->n_head_kv = 1;
+    c->n_ff = n_ff;
+}
+
 static struct gguf_file *write_and_open(const struct mkmodel_config *c, const char *name) {
     struct verr err = {0};
     const char *path = tmp_path(name);
@@ -73,6 +83,27 @@ static struct gguf_file *write_and_open(const struct mkmodel_config *c, const ch
     cr_assert_eq(rc, 0, "gguf_open: %s", err.msg);
     return f;
 }
+
+// write_and_open as "<prefix>_<type>.gguf".
+static struct gguf_file *write_and_open_typed(const struct mkmodel_config *c, const char *prefix,
+                                              enum ggml_type t) {
+    char name[64];
+    snprintf(name, sizeof name, "%s_%s.gguf", prefix, ggml_type_name(t));
+    return write_and_open(c, name);
+}
+
+// mkmodel_write into the temporary directory, which must succeed.
+static void write_ok(const struct mkmodel_config *c, const char *name) {
+    struct verr err = {0};
+    cr_assert_eq(mkmodel_write(c, tmp_path(name), &err), 0, "%s", err.msg);
+}
+
+// Per-layer tensors: "blk.<l>.<suffix>" of shape ne0 x ne1 (0: a vector) and type.
+struct layer_tensor {
+    const char *suffix;
+    int64_t ne0, ne1;
+    enum ggml_type type;
+};
 
 static uint32_t get_u32(const struct gguf_file *f, const char *key) {
     uint32_t v = 0;
@@ -109,6 +140,15 @@ static const struct gguf_tensor_info *expect_tensor(const struct gguf_file *f, c
     cr_expect_eq(t->type, type, "%s type %s, want %s", name, ggml_type_name(t->type),
                  ggml_type_name(type));
     return t;
+}
+
+static void expect_layer(const struct gguf_file *f, int l, const struct layer_tensor *want,
+                         size_t n) {
+    char nm[64];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(nm, sizeof nm, "blk.%d.%s", l, want[i].suffix);
+        expect_tensor(f, nm, want[i].ne0, want[i].ne1, want[i].type);
+    }
 }
 
 // Whole tensor as float32 (malloc'd); every value must be finite.
@@ -155,6 +195,22 @@ static bool files_equal(const char *a, const char *b) {
     fclose(fa);
     fclose(fb);
     return eq;
+}
+
+// Writes a.gguf with 1 thread and b.gguf with 5 (same seed: same bytes), then
+// c.gguf with seed 43 (other bytes); c's seed is restored, n_threads left at 5.
+static void expect_seed_determines_bytes(struct mkmodel_config *c, const char *what) {
+    c->n_threads = 1;
+    write_ok(c, "a.gguf");
+    c->n_threads = 5; // other thread counts, same bytes
+    write_ok(c, "b.gguf");
+    cr_expect(files_equal(tmp_path("a.gguf"), tmp_path("b.gguf")),
+              "%s: same seed, same bytes (1 vs 5 threads)", what);
+    uint64_t seed = c->seed;
+    c->seed = 43;
+    write_ok(c, "c.gguf");
+    cr_expect(!files_equal(tmp_path("a.gguf"), tmp_path("c.gguf")), "%s: another seed", what);
+    c->seed = seed;
 }
 
 // --- metadata and tensors --------------------------------------------------------
@@ -210,20 +266,18 @@ Test(mkmodel, llama_default_layout, .init = setup_tmp, .fini = teardown_tmp) {
     expect_tensor(f, "output_norm.weight", 256, 0, GGML_TYPE_F32);
     expect_tensor(f, "output.weight", 256, nv, GGML_TYPE_F32);
     cr_expect_null(gguf_find_tensor(f, "rope_freqs.weight"));
+    static const struct layer_tensor llama_layer[] = {
+        {"attn_norm.weight", 256, 0, GGML_TYPE_F32},     {"attn_q.weight", 256, 256, GGML_TYPE_F32},
+        {"attn_k.weight", 256, 128, GGML_TYPE_F32},      {"attn_v.weight", 256, 128, GGML_TYPE_F32},
+        {"attn_output.weight", 256, 256, GGML_TYPE_F32}, {"ffn_norm.weight", 256, 0, GGML_TYPE_F32},
+        {"ffn_gate.weight", 256, 768, GGML_TYPE_F32},    {"ffn_up.weight", 256, 768, GGML_TYPE_F32},
+        {"ffn_down.weight", 768, 256, GGML_TYPE_F32},
+    };
     for (int l = 0; l < 4; l++) {
+        expect_layer(f, l, llama_layer, sizeof llama_layer / sizeof llama_layer[0]);
         char nm[64];
-#define T(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
-        expect_tensor(f, T("attn_norm.weight"), 256, 0, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_q.weight"), 256, 256, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_k.weight"), 256, 128, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_v.weight"), 256, 128, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_output.weight"), 256, 256, GGML_TYPE_F32);
-        expect_tensor(f, T("ffn_norm.weight"), 256, 0, GGML_TYPE_F32);
-        expect_tensor(f, T("ffn_gate.weight"), 256, 768, GGML_TYPE_F32);
-        expect_tensor(f, T("ffn_up.weight"), 256, 768, GGML_TYPE_F32);
-        expect_tensor(f, T("ffn_down.weight"), 768, 256, GGML_TYPE_F32);
-        cr_expect_null(gguf_find_tensor(f, T("attn_q.bias")), "llama has no biases");
-#undef T
+        snprintf(nm, sizeof nm, "blk.%d.attn_q.bias", l);
+        cr_expect_null(gguf_find_tensor(f, nm), "llama has no biases");
     }
 
     // The scales the header promises (tolerances: a few percent of sampling
@@ -274,18 +328,14 @@ Test(mkmodel, qwen2_biases_head_dim, .init = setup_tmp, .fini = teardown_tmp) {
     cr_expect_null(gguf_find_tensor(f, "output.weight"), "tied");
     cr_expect_eq(f->n_tensors, 1 + 2 * 12 + 1);
     expect_tensor(f, "token_embd.weight", 64, nv, GGML_TYPE_F32);
-    for (int l = 0; l < 2; l++) {
-        char nm[64];
-#define T(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
-        expect_tensor(f, T("attn_q.weight"), 64, 96, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_q.bias"), 96, 0, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_k.weight"), 64, 32, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_k.bias"), 32, 0, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_v.weight"), 64, 32, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_v.bias"), 32, 0, GGML_TYPE_F32);
-        expect_tensor(f, T("attn_output.weight"), 96, 64, GGML_TYPE_F32);
-#undef T
-    }
+    static const struct layer_tensor qwen2_layer[] = {
+        {"attn_q.weight", 64, 96, GGML_TYPE_F32},      {"attn_q.bias", 96, 0, GGML_TYPE_F32},
+        {"attn_k.weight", 64, 32, GGML_TYPE_F32},      {"attn_k.bias", 32, 0, GGML_TYPE_F32},
+        {"attn_v.weight", 64, 32, GGML_TYPE_F32},      {"attn_v.bias", 32, 0, GGML_TYPE_F32},
+        {"attn_output.weight", 96, 64, GGML_TYPE_F32},
+    };
+    for (int l = 0; l < 2; l++)
+        expect_layer(f, l, qwen2_layer, sizeof qwen2_layer / sizeof qwen2_layer[0]);
     double m, s;
     tensor_stats(gguf_find_tensor(f, "token_embd.weight"), &m, &s);
     cr_expect(fabs(s - 1) < 0.03, "tied token_embd std %g", s);
@@ -369,16 +419,9 @@ Test(mkmodel, every_type_dequantizes, .init = setup_tmp, .fini = teardown_tmp) {
             continue;
         }
         struct mkmodel_config c;
-        small_cfg(&c);
-        c.n_embd = 256; // a whole K-quant block per row
-        c.n_layer = 1;
-        c.n_head = 2;
-        c.n_head_kv = 1;
-        c.n_ff = 256;
+        cfg_256(&c, 1, 256); // a whole K-quant block per row
         c.type = t;
-        char name[64];
-        snprintf(name, sizeof name, "type_%s.gguf", ggml_type_name(t));
-        struct gguf_file *f = write_and_open(&c, name);
+        struct gguf_file *f = write_and_open_typed(&c, "type", t);
         cr_expect_eq(get_u32(f, "general.file_type"), (uint32_t)types[i].file_type, "%s",
                      ggml_type_name(t));
         bool quantized = ggml_type_get(t)->quantized;
@@ -470,12 +513,7 @@ Test(mkmodel, mix_q4_k_m, .init = setup_tmp, .fini = teardown_tmp) {
     if (!quant_can_quantize(GGML_TYPE_Q4_K) || !quant_can_quantize(GGML_TYPE_Q6_K))
         cr_skip_test("no K-quant quantizers");
     struct mkmodel_config c;
-    small_cfg(&c);
-    c.n_embd = 256;
-    c.n_head = 2;
-    c.n_head_kv = 1;
-    c.n_ff = 256;
-    c.n_layer = 8;
+    cfg_256(&c, 8, 256);
     c.mix = MKMODEL_MIX_Q4_K_M;
     c.type = GGML_TYPE_F32; // ignored: the mix sets the base
     struct gguf_file *f = write_and_open(&c, "q4_k_m.gguf");
@@ -484,17 +522,17 @@ Test(mkmodel, mix_q4_k_m, .init = setup_tmp, .fini = teardown_tmp) {
     expect_tensor(f, "token_embd.weight", 256, nv, GGML_TYPE_Q4_K);
     expect_tensor(f, "output.weight", 256, nv, GGML_TYPE_Q6_K);
     for (int l = 0; l < 8; l++) {
-        char nm[64];
         enum ggml_type hi = more_bits_8[l] ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K;
-#define T(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
-        expect_tensor(f, T("attn_q.weight"), 256, 256, GGML_TYPE_Q4_K);
-        expect_tensor(f, T("attn_k.weight"), 256, 128, GGML_TYPE_Q4_K);
-        expect_tensor(f, T("attn_v.weight"), 256, 128, hi);
-        expect_tensor(f, T("attn_output.weight"), 256, 256, GGML_TYPE_Q4_K);
-        expect_tensor(f, T("ffn_gate.weight"), 256, 256, GGML_TYPE_Q4_K);
-        expect_tensor(f, T("ffn_up.weight"), 256, 256, GGML_TYPE_Q4_K);
-        expect_tensor(f, T("ffn_down.weight"), 256, 256, hi);
-#undef T
+        const struct layer_tensor mix_layer[] = {
+            {"attn_q.weight", 256, 256, GGML_TYPE_Q4_K},
+            {"attn_k.weight", 256, 128, GGML_TYPE_Q4_K},
+            {"attn_v.weight", 256, 128, hi},
+            {"attn_output.weight", 256, 256, GGML_TYPE_Q4_K},
+            {"ffn_gate.weight", 256, 256, GGML_TYPE_Q4_K},
+            {"ffn_up.weight", 256, 256, GGML_TYPE_Q4_K},
+            {"ffn_down.weight", 256, 256, hi},
+        };
+        expect_layer(f, l, mix_layer, sizeof mix_layer / sizeof mix_layer[0]);
     }
     double m, s;
     tensor_stats(gguf_find_tensor(f, "blk.3.ffn_down.weight"), &m, &s);
@@ -548,17 +586,10 @@ Test(mkmodel, fast_weights_std, .init = setup_tmp, .fini = teardown_tmp) {
     for (size_t i = 0; i < sizeof fast_types / sizeof fast_types[0]; i++) {
         enum ggml_type t = fast_types[i];
         struct mkmodel_config c;
-        small_cfg(&c);
-        c.n_embd = 256;
-        c.n_layer = 1;
-        c.n_head = 2;
-        c.n_head_kv = 1;
-        c.n_ff = 4096;
+        cfg_256(&c, 1, 4096);
         c.type = t;
         c.weights = MKMODEL_WEIGHTS_FAST;
-        char name[64];
-        snprintf(name, sizeof name, "fast_%s.gguf", ggml_type_name(t));
-        struct gguf_file *f = write_and_open(&c, name);
+        struct gguf_file *f = write_and_open_typed(&c, "fast", t);
         const double band = 0.04;
         expect_fast_stats(f, "token_embd.weight", 1.0, band, t);
         expect_fast_stats(f, "blk.0.attn_q.weight", 1.0 / 16, band, t);
@@ -579,31 +610,17 @@ Test(mkmodel, fast_weights_deterministic, .init = setup_tmp, .fini = teardown_tm
     // same bytes for 1 and 5 threads, other bytes for another seed or the
     // exact path.
     struct mkmodel_config c;
-    small_cfg(&c);
-    c.n_embd = 256;
-    c.n_head = 2;
-    c.n_head_kv = 1;
-    c.n_ff = 512;
-    c.n_layer = 3;
+    cfg_256(&c, 3, 512);
     c.mix = MKMODEL_MIX_Q4_K_M;
     c.type_embd = GGML_TYPE_F16;
     c.type_attn = GGML_TYPE_Q5_0;
     c.weights = MKMODEL_WEIGHTS_FAST;
-    c.n_threads = 1;
-    struct verr err = {0};
-    cr_assert_eq(mkmodel_write(&c, tmp_path("a.gguf"), &err), 0, "%s", err.msg);
-    c.n_threads = 5;
-    cr_assert_eq(mkmodel_write(&c, tmp_path("b.gguf"), &err), 0, "%s", err.msg);
-    cr_expect(files_equal(tmp_path("a.gguf"), tmp_path("b.gguf")), "1 vs 5 threads");
+    expect_seed_determines_bytes(&c, "fast");
     c.n_threads = 2;
-    cr_assert_eq(mkmodel_write(&c, tmp_path("b.gguf"), &err), 0, "%s", err.msg);
+    write_ok(&c, "b.gguf");
     cr_expect(files_equal(tmp_path("a.gguf"), tmp_path("b.gguf")), "1 vs 2 threads");
-    c.seed = 43;
-    cr_assert_eq(mkmodel_write(&c, tmp_path("c.gguf"), &err), 0, "%s", err.msg);
-    cr_expect(!files_equal(tmp_path("a.gguf"), tmp_path("c.gguf")), "another seed");
-    c.seed = 42;
     c.weights = MKMODEL_WEIGHTS_EXACT;
-    cr_assert_eq(mkmodel_write(&c, tmp_path("d.gguf"), &err), 0, "%s", err.msg);
+    write_ok(&c, "d.gguf");
     cr_expect(!files_equal(tmp_path("a.gguf"), tmp_path("d.gguf")), "exact path");
 }
 
@@ -681,15 +698,7 @@ Test(mkmodel, deterministic_for_a_seed, .init = setup_tmp, .fini = teardown_tmp)
     struct mkmodel_config c;
     small_cfg(&c);
     c.type = GGML_TYPE_Q4_0;
-    c.n_threads = 1;
-    struct verr err = {0};
-    cr_assert_eq(mkmodel_write(&c, tmp_path("a.gguf"), &err), 0, "%s", err.msg);
-    c.n_threads = 5; // other thread counts, same bytes
-    cr_assert_eq(mkmodel_write(&c, tmp_path("b.gguf"), &err), 0, "%s", err.msg);
-    cr_expect(files_equal(tmp_path("a.gguf"), tmp_path("b.gguf")), "same seed, same bytes");
-    c.seed = 43;
-    cr_assert_eq(mkmodel_write(&c, tmp_path("c.gguf"), &err), 0, "%s", err.msg);
-    cr_expect(!files_equal(tmp_path("a.gguf"), tmp_path("c.gguf")), "another seed");
+    expect_seed_determines_bytes(&c, "q4_0");
 }
 
 // --- vocabulary --------------------------------------------------------------------------
@@ -1192,15 +1201,15 @@ Test(mkmodel, tool_flags, .init = setup_tmp, .fini = teardown_tmp) {
     cr_expect_eq(run_tool("--threads 999 -o x.gguf", out, sizeof out), 2);
     cr_expect_eq(run_tool("--tied=1 -o x.gguf", out, sizeof out), 2);
     cr_expect_eq(run_tool("-o", out, sizeof out), 2, "missing value");
-    snprintf(args, sizeof args, "--n-head 7 -o %s", tmp_path("t.gguf"));
-    cr_expect_eq(run_tool(args, out, sizeof out), 2);
-    cr_expect(strstr(out, "--n-head") != NULL, "%s", out);
-    snprintf(args, sizeof args, "--n-head-kv 3 -o %s", tmp_path("t.gguf"));
-    cr_expect_eq(run_tool(args, out, sizeof out), 2);
-    cr_expect(strstr(out, "--n-head-kv") != NULL, "%s", out);
-    snprintf(args, sizeof args, "--n-rot 9 -o %s", tmp_path("t.gguf"));
-    cr_expect_eq(run_tool(args, out, sizeof out), 2);
-    cr_expect(strstr(out, "--n-rot") != NULL, "%s", out);
+    static const struct {
+        const char *args, *named; // a shape mkmodel refuses, and the flag it names
+    } bad_shapes[] = {
+        {"--n-head 7", "--n-head"}, {"--n-head-kv 3", "--n-head-kv"}, {"--n-rot 9", "--n-rot"}};
+    for (size_t i = 0; i < sizeof bad_shapes / sizeof bad_shapes[0]; i++) {
+        snprintf(args, sizeof args, "%s -o %s", bad_shapes[i].args, tmp_path("t.gguf"));
+        cr_expect_eq(run_tool(args, out, sizeof out), 2, "%s", args);
+        cr_expect(strstr(out, bad_shapes[i].named) != NULL, "%s", out);
+    }
     cr_expect_neq(access(tmp_path("t.gguf"), F_OK), 0, "no file after errors");
 
     // Flags after (and before) the preset override it; --name=VALUE works.

@@ -160,6 +160,29 @@ static char *model_variant(int v) {
     return write_model(&cfg, "mload");
 }
 
+// model_variant(v), opened; close_variant gives both back.
+static struct gguf_file *open_variant(int v, char **path) {
+    *path = model_variant(v);
+    struct gguf_file *f = NULL;
+    struct verr err = {0};
+    cr_assert_eq(gguf_open(&f, *path, &err), 0, "%s", err.msg);
+    return f;
+}
+
+static void close_variant(struct gguf_file *f, char *path) {
+    gguf_close(f);
+    unlink(path);
+    free(path);
+}
+
+// Command-line settings for the model at path: n_ctx cells, batches of 8.
+static void variant_args(struct args_model *a, const char *path, int n_ctx) {
+    args_model_default(a);
+    a->model_path = path;
+    a->n_ctx = n_ctx;
+    a->n_batch = 8;
+}
+
 static int n_mismatch;
 
 static void expect_matrix(const struct gguf_file *f, const char *name,
@@ -288,10 +311,9 @@ static void expect_progress(const struct calls *c, uint64_t total, int min_calls
 // --- tests -----------------------------------------------------------------------
 
 static void load_and_check(int variant, bool async, size_t staging) {
-    char *path = model_variant(variant);
-    struct gguf_file *f = NULL;
+    char *path;
+    struct gguf_file *f = open_variant(variant, &path);
     struct verr err = {0};
-    cr_assert_eq(gguf_open(&f, path, &err), 0, "%s", err.msg);
     size_t total = 0;
     cr_assert_eq(model_load_bytes(f, 0, -1, &total, &err), 0, "%s", err.msg);
     struct backend *be = stub_create(async, SIZE_MAX);
@@ -321,9 +343,7 @@ static void load_and_check(int variant, bool async, size_t staging) {
     cr_assert_eq(c->done[0], 0);
     model_free(m);
     backend_destroy(be);
-    gguf_close(f);
-    unlink(path);
-    free(path);
+    close_variant(f, path);
     free(c);
 }
 
@@ -345,10 +365,9 @@ Test(model_load, pinned_ring_is_byte_identical) {
 }
 
 Test(model_load, layers_of_a_stage_are_byte_identical) {
-    char *path = model_variant(0);
-    struct gguf_file *f = NULL;
+    char *path;
+    struct gguf_file *f = open_variant(0, &path);
     struct verr err = {0};
-    cr_assert_eq(gguf_open(&f, path, &err), 0, "%s", err.msg);
     for (int l0 = 0; l0 < 3; l0++) {
         struct backend *be = stub_create(true, SIZE_MAX);
         struct model_load_params p;
@@ -365,21 +384,15 @@ Test(model_load, layers_of_a_stage_are_byte_identical) {
         model_free(m);
         backend_destroy(be);
     }
-    gguf_close(f);
-    unlink(path);
-    free(path);
+    close_variant(f, path);
 }
 
 Test(model_load, progress_of_a_split_model_is_one_total) {
-    char *path = model_variant(0);
-    struct gguf_file *f = NULL;
+    char *path;
+    struct gguf_file *f = open_variant(0, &path);
     struct verr err = {0};
-    cr_assert_eq(gguf_open(&f, path, &err), 0, "%s", err.msg);
     struct args_model a;
-    args_model_default(&a);
-    a.model_path = path;
-    a.n_ctx = 64;
-    a.n_batch = 8;
+    variant_args(&a, path, 64);
     a.n_threads = 2;
     a.devices = "cpu,cpu";
     struct calls *c = calloc(1, sizeof *c);
@@ -397,17 +410,14 @@ Test(model_load, progress_of_a_split_model_is_one_total) {
     expect_progress(c, total, 4);
     model_free(m);
     backend_destroy(be);
-    gguf_close(f);
-    unlink(path);
-    free(path);
+    close_variant(f, path);
     free(c);
 }
 
 Test(model_load, too_little_memory_is_refused_before_allocating) {
-    char *path = model_variant(2);
-    struct gguf_file *f = NULL;
+    char *path;
+    struct gguf_file *f = open_variant(2, &path);
     struct verr err = {0};
-    cr_assert_eq(gguf_open(&f, path, &err), 0, "%s", err.msg);
     size_t w = 0;
     cr_assert_eq(model_load_bytes(f, 0, -1, &w, &err), 0);
     struct model_load_params p;
@@ -455,21 +465,15 @@ Test(model_load, too_little_memory_is_refused_before_allocating) {
     expect_identical(m, f);
     model_free(m);
     backend_destroy(be);
-    gguf_close(f);
-    unlink(path);
-    free(path);
+    close_variant(f, path);
 }
 
 Test(model_load, budget_covers_what_the_context_allocates) {
-    char *path = model_variant(0);
-    struct gguf_file *f = NULL;
+    char *path;
+    struct gguf_file *f = open_variant(0, &path);
     struct verr err = {0};
-    cr_assert_eq(gguf_open(&f, path, &err), 0, "%s", err.msg);
     struct args_model a;
-    args_model_default(&a);
-    a.model_path = path;
-    a.n_ctx = 96;
-    a.n_batch = 8;
+    variant_args(&a, path, 96);
     const int n_out = 4;
     const struct plan_device cpu = {PLAN_DEVICE_CPU, 0};
     struct model_load_params p;
@@ -499,7 +503,5 @@ Test(model_load, budget_covers_what_the_context_allocates) {
     forward_free(&fc);
     model_free(m);
     backend_destroy(be);
-    gguf_close(f);
-    unlink(path);
-    free(path);
+    close_variant(f, path);
 }

@@ -57,6 +57,20 @@ static inline void tiny_cfg_default(struct tiny_cfg *c, const char *arch) {
     c->seed = 1234;
 }
 
+// K-quants need rows of 256: qwen2 with n_embd 256, n_ff 256, 4 heads of 64
+// dims (all rotated) over 1 KV head, one layer, every matrix of type wtype.
+static inline void tiny_cfg_kquant(struct tiny_cfg *c, enum ggml_type wtype) {
+    tiny_cfg_default(c, "qwen2");
+    c->n_embd = 256;
+    c->n_ff = 256;
+    c->n_head = 4;
+    c->n_head_kv = 1;
+    c->head_dim = 64;
+    c->n_rot = 64;
+    c->n_layer = 1;
+    c->wtype = wtype;
+}
+
 struct tiny_layer {
     float *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *wg, *wu, *wd;
 };

@@ -163,14 +163,7 @@ Test(forward_cuda, k_quants) {
     static const enum ggml_type types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         struct tiny_cfg c;
-        tiny_cfg_default(&c, "qwen2");
-        c.n_embd = 256;
-        c.n_ff = 256;
-        c.head_dim = 64;
-        c.n_rot = 64;
-        c.n_head_kv = 1;
-        c.n_layer = 1;
-        c.wtype = types[i];
+        tiny_cfg_kquant(&c, types[i]);
         compare_backends(&c, 2e-2, ggml_type_name(types[i]));
     }
 }
