@@ -336,7 +336,101 @@ static int cu_matmul(struct backend *be, float *out, const struct backend_weight
     if (rc)
         return rc;
     return cuda_matmul_apply(cb->cublas, out, w->data, w->type, w->n_in, w->n_out, x, bias, n_tok,
-                             cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
+                             0, cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
+}
+
+// Decode batches: the matrices go to one mat-vec launch when they share a
+// type (cuda_matvec_segs); otherwise, and for larger batches, one matmul each.
+static int cu_matmul_multi(struct backend *be, const struct backend_mm *mm, int n, const float *x,
+                           int n_tok) {
+    CU_ENTER(be);
+    if (!mm || n < 1 || n > BACKEND_MM_MAX || n > CUDA_MV_MAX_SEGS)
+        return verr_set(&be->err, VERR_RANGE, "matmul_multi: %d matrices (1 to %d)", n,
+                        BACKEND_MM_MAX);
+    bool same = true;
+    for (int i = 0; i < n; i++) {
+        int rc = cu_check_weight(be, mm[i].w, "matmul_multi");
+        if (rc)
+            return rc;
+        if (mm[i].w->n_in != mm[0].w->n_in)
+            return verr_set(&be->err, VERR_RANGE,
+                            "matmul_multi: matrix %d has n_in %lld, matrix 0 has %lld", i,
+                            (long long)mm[i].w->n_in, (long long)mm[0].w->n_in);
+        if ((const void *)mm[i].out == (const void *)x)
+            return verr_set(&be->err, VERR_RANGE, "matmul_multi: out %d aliases x", i);
+        same = same && mm[i].w->type == mm[0].w->type;
+    }
+    if (n_tok <= 0)
+        return VERR_OK;
+    if (n_tok <= CUDA_MATVEC_MAX_TOK && same) {
+        struct cuda_mv_seg segs[CUDA_MV_MAX_SEGS];
+        for (int i = 0; i < n; i++)
+            segs[i] = (struct cuda_mv_seg){mm[i].out, mm[i].w->data, mm[i].bias, mm[i].w->n_out};
+        return cuda_matvec_segs(segs, n, mm[0].w->type, mm[0].w->n_in, x, n_tok, CUDA_MV_STORE,
+                                cb_of(be)->stream, &be->err);
+    }
+    for (int i = 0; i < n; i++) {
+        int rc = cu_matmul(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
+        if (rc)
+            return rc;
+    }
+    return VERR_OK;
+}
+
+static int cu_matmul_add(struct backend *be, float *y, const struct backend_weight *w,
+                         const float *x, int n_tok) {
+    CU_ENTER(be);
+    int rc = cu_check_weight(be, w, "matmul_add");
+    if (rc)
+        return rc;
+    if (n_tok <= 0)
+        return VERR_OK;
+    if ((const void *)y == (const void *)x)
+        return verr_set(&be->err, VERR_RANGE, "matmul_add: y must not alias x");
+    struct cuda_backend *cb = cb_of(be);
+    if (n_tok <= CUDA_MATVEC_MAX_TOK) {
+        const struct cuda_mv_seg seg = {y, w->data, NULL, w->n_out};
+        return cuda_matvec_segs(&seg, 1, w->type, w->n_in, x, n_tok, CUDA_MV_ADD, cb->stream,
+                                &be->err);
+    }
+    rc = cu_scratch_reserve(be, cuda_matmul_scratch_bytes(w->type, w->n_in, w->n_out, n_tok));
+    if (rc)
+        return rc;
+    return cuda_matmul_apply(cb->cublas, y, w->data, w->type, w->n_in, w->n_out, x, NULL, n_tok,
+                             1, cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
+}
+
+static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
+                            const struct backend_weight *w_gate,
+                            const struct backend_weight *w_up, const float *x, int n_tok) {
+    CU_ENTER(be);
+    int rc = cu_check_weight(be, w_gate, "matmul_swiglu");
+    if (!rc)
+        rc = cu_check_weight(be, w_up, "matmul_swiglu");
+    if (rc)
+        return rc;
+    if (w_gate->n_in != w_up->n_in || w_gate->n_out != w_up->n_out)
+        return verr_set(&be->err, VERR_RANGE,
+                        "matmul_swiglu: gate [%lld, %lld] and up [%lld, %lld] differ in shape",
+                        (long long)w_gate->n_in, (long long)w_gate->n_out,
+                        (long long)w_up->n_in, (long long)w_up->n_out);
+    if (n_tok <= 0)
+        return VERR_OK;
+    if (n_tok <= CUDA_MATVEC_MAX_TOK && w_gate->type == w_up->type) {
+        if ((const void *)out == (const void *)x)
+            return verr_set(&be->err, VERR_RANGE, "matmul_swiglu: out aliases x");
+        const struct cuda_mv_seg segs[2] = {{out, w_gate->data, NULL, w_gate->n_out},
+                                            {out, w_up->data, NULL, w_up->n_out}};
+        return cuda_matvec_segs(segs, 2, w_gate->type, w_gate->n_in, x, n_tok, CUDA_MV_SWIGLU,
+                                cb_of(be)->stream, &be->err);
+    }
+    rc = cu_matmul(be, out, w_gate, x, NULL, n_tok);
+    if (!rc)
+        rc = cu_matmul(be, up_tmp, w_up, x, NULL, n_tok);
+    if (!rc)
+        rc = cuda_swiglu_apply(out, out, up_tmp, (int64_t)n_tok * w_gate->n_out,
+                               cb_of(be)->stream, &be->err);
+    return rc;
 }
 
 static int cu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, int n_head,
@@ -626,6 +720,9 @@ static const struct backend_ops cuda_ops = {
     .embed = cu_embed,
     .rms_norm = cu_rms_norm,
     .matmul = cu_matmul,
+    .matmul_multi = cu_matmul_multi,
+    .matmul_add = cu_matmul_add,
+    .matmul_swiglu = cu_matmul_swiglu,
     .rope = cu_rope,
     .rope_kv_store = cu_rope_kv_store,
     .attention = cu_attention,

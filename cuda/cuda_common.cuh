@@ -64,6 +64,12 @@ static __host__ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
 #endif
 }
 
+// silu(g) * u, the one expression of the swiglu op (elementwise.cu) and of
+// the fused gate/up mat-vec (matvec.cu), so fused and unfused agree bit for bit.
+static __device__ __forceinline__ float vela_silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
 static inline unsigned int ceil_div_u(int64_t a, int64_t b) {
     return (unsigned int)((a + b - 1) / b);
 }

@@ -110,15 +110,37 @@ int cuda_matvec_apply(float *out /* [n_tok][n_out] */, const void *w, enum ggml_
                       const float *bias /* [n_out] or NULL */, int n_tok, cudaStream_t stream,
                       struct verr *err);
 
+// Several weight matrices sharing one input and one launch (Q/K/V, gate/up):
+// every segment has the same type and n_in. Epilogues:
+//   CUDA_MV_STORE:  seg.out[t][o]  = W x (+ bias)         (any number of segs)
+//   CUDA_MV_ADD:    seg.out[t][o] += W x (+ bias)         (residual folded in)
+//   CUDA_MV_SWIGLU: segs[0].out[t][o] = silu(W0 x) * (W1 x); exactly 2 segs
+//                   with equal n_out, segs[1].out unused, no bias.
+// Per output the arithmetic is the one of cuda_matvec_apply followed by
+// cuda_add_apply / cuda_swiglu_apply, so fused and unfused results are
+// bit-identical.
+#define CUDA_MV_MAX_SEGS 3
+enum cuda_mv_epilogue { CUDA_MV_STORE = 0, CUDA_MV_ADD = 1, CUDA_MV_SWIGLU = 2 };
+struct cuda_mv_seg {
+    float *out;         // [n_tok][n_out]
+    const void *w;      // [n_out] rows of the type, 16-byte aligned
+    const float *bias;  // [n_out] or NULL
+    int64_t n_out;
+};
+int cuda_matvec_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
+                     enum ggml_type type, int64_t n_in, const float *x /* [n_tok][n_in] */,
+                     int n_tok, enum cuda_mv_epilogue epi, cudaStream_t stream, struct verr *err);
+
 // --- matmul.cu -------------------------------------------------------------
 // Scratch bytes cuda_matmul_apply needs for these sizes.
 size_t cuda_matmul_scratch_bytes(enum ggml_type type, int64_t n_in, int64_t n_out, int n_tok);
 // The GEMM path of matmul (any n_tok); cublas must be bound to `stream`.
+// accumulate: out += W x (GEMM beta = 1; bias must then be NULL).
 int cuda_matmul_apply(cublasHandle_t cublas, float *out /* [n_tok][n_out] */, const void *w,
                       enum ggml_type type, int64_t n_in, int64_t n_out,
                       const float *x /* [n_tok][n_in] */, const float *bias /* [n_out] or NULL */,
-                      int n_tok, void *scratch, size_t scratch_bytes, cudaStream_t stream,
-                      struct verr *err);
+                      int n_tok, int accumulate, void *scratch, size_t scratch_bytes,
+                      cudaStream_t stream, struct verr *err);
 
 // --- elementwise.cu --------------------------------------------------------
 // out[t][:] = dequantized row tokens[t] of the table (a token outside

@@ -56,8 +56,7 @@ __global__ static void embed_plain_kernel(float *__restrict__ out /* [n_tok][n_i
 __global__ static void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        out[i] = vela_silu_mul(gate[i], up[i]);
     }
 }
 

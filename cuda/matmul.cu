@@ -106,10 +106,12 @@ extern "C" size_t cuda_matmul_scratch_bytes(enum ggml_type type, int64_t n_in, i
 
 extern "C" int cuda_matmul_apply(cublasHandle_t cublas, float *out, const void *w,
                                  enum ggml_type type, int64_t n_in, int64_t n_out, const float *x,
-                                 const float *bias, int n_tok, void *scratch, size_t scratch_bytes,
-                                 cudaStream_t stream, struct verr *err) {
+                                 const float *bias, int n_tok, int accumulate, void *scratch,
+                                 size_t scratch_bytes, cudaStream_t stream, struct verr *err) {
     if (n_tok <= 0 || n_out <= 0)
         return VERR_OK;
+    if (accumulate && bias)
+        return verr_set(err, VERR_RANGE, "matmul: accumulate with a bias is not supported");
     const size_t row_bytes = ggml_row_bytes(type, n_in);
     if (row_bytes == 0)
         return verr_set(err, VERR_RANGE, "matmul: %s row of %lld elements is not whole blocks",
@@ -123,7 +125,8 @@ extern "C" int cuda_matmul_apply(cublasHandle_t cublas, float *out, const void *
     if (!vela_is_plain(type) && ((uintptr_t)w & 15u) != 0)
         return verr_set(err, VERR_RANGE, "matmul: weight data %p is not 16-byte aligned", w);
     VELA_CUBLAS_CALL(err, cublasSetStream(cublas, stream));
-    const float alpha = 1.0f, beta = 0.0f;
+    // beta = 1: out += W x in the GEMM's epilogue (the residual folded in).
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const int k = (int)n_in, n = n_tok;
 
     if (type == GGML_TYPE_F32) {

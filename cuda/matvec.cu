@@ -7,94 +7,82 @@
 // the row per step (coalesced). Plain rows (F32/F16/BF16): lane l reads
 // elements l, l+32, ... (or pairs of them for 2-byte types), also coalesced,
 // and any n_in is allowed.
+//
+// One launch serves up to CUDA_MV_MAX_SEGS matrices that share x (Q/K/V,
+// gate/up): the rows of all segments are numbered one after another and each
+// warp finds its segment; the epilogue stores, adds into the output (residual
+// folded in) or, for gate/up, computes both dots of a row and writes
+// silu(gate) * up.
 #include "cuda/dequant.cuh"
 
 #define MATVEC_WARPS 4 // rows per block
 
-template <int T, int NT, bool VEC>
-__global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
-    matvec_q_kernel(float *__restrict__ out /* [n_tok][n_out] */,
-                    const uint8_t *__restrict__ w /* [n_out][row_bytes] */, size_t row_bytes,
-                    const float *__restrict__ x /* [n_tok][n_in] */,
-                    const float *__restrict__ bias /* [n_out] or NULL */, int64_t n_in,
-                    int64_t n_out, int n_tok) {
-    const int64_t o = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / VELA_WARP;
-    const int lane = threadIdx.x % VELA_WARP;
-    if (o >= n_out)
-        return; // uniform per warp
-    const uint8_t *row = w + (size_t)o * row_bytes;
-    const int64_t n_sub = n_in / 32;
-    float acc[NT];
+// Kernel arguments (by value): the segments and where their rows end in the
+// launch's numbering.
+struct mv_args {
+    float *out[CUDA_MV_MAX_SEGS];         // [n_tok][n_out[s]]
+    const uint8_t *w[CUDA_MV_MAX_SEGS];   // [n_out[s]][row_bytes]
+    const float *bias[CUDA_MV_MAX_SEGS];  // [n_out[s]] or NULL
+    int64_t n_out[CUDA_MV_MAX_SEGS];
+    int64_t row_end[CUDA_MV_MAX_SEGS];    // cumulative n_out
+    int64_t n_rows;                       // rows of the launch (row_end of the last segment)
+    int n_seg;
+};
+
+// Row loaders: how a lane's partial dot of one row with every token's x is
+// formed (acc[t] += ...). MODE_QVEC / MODE_Q: quantized, x read as float4 or
+// scalars; MODE_PAIR: 2-byte plain type read two at a time; MODE_PLAIN: one
+// element at a time.
+enum { MODE_QVEC, MODE_Q, MODE_PAIR, MODE_PLAIN };
+
+template <int T, int NT, int MODE>
+static __device__ __forceinline__ void mv_row_partial(float acc[NT], const uint8_t *__restrict__ row,
+                                                      const float *__restrict__ x, int64_t n_in,
+                                                      int n_tok, int lane) {
 #pragma unroll
     for (int t = 0; t < NT; t++)
         acc[t] = 0.0f;
-    for (int64_t sb = lane; sb < n_sub; sb += VELA_WARP) {
-        float v[32];
-        dequant_sub32<T>(row, sb, v);
+    if constexpr (MODE == MODE_QVEC || MODE == MODE_Q) {
+        const int64_t n_sub = n_in / 32;
+        for (int64_t sb = lane; sb < n_sub; sb += VELA_WARP) {
+            float v[32];
+            dequant_sub32<T>(row, sb, v);
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < n_tok) {
-                const float *xs = x + (size_t)t * n_in + sb * 32;
-                float a0 = 0.0f, a1 = 0.0f;
-                if (VEC) {
+            for (int t = 0; t < NT; t++) {
+                if (t < n_tok) {
+                    const float *xs = x + (size_t)t * n_in + sb * 32;
+                    float a0 = 0.0f, a1 = 0.0f;
+                    if constexpr (MODE == MODE_QVEC) {
 #pragma unroll
-                    for (int l = 0; l < 32; l += 8) {
-                        const float4 p = *(const float4 *)(xs + l);
-                        const float4 q = *(const float4 *)(xs + l + 4);
-                        a0 = fmaf(v[l + 0], p.x, a0);
-                        a1 = fmaf(v[l + 1], p.y, a1);
-                        a0 = fmaf(v[l + 2], p.z, a0);
-                        a1 = fmaf(v[l + 3], p.w, a1);
-                        a0 = fmaf(v[l + 4], q.x, a0);
-                        a1 = fmaf(v[l + 5], q.y, a1);
-                        a0 = fmaf(v[l + 6], q.z, a0);
-                        a1 = fmaf(v[l + 7], q.w, a1);
+                        for (int l = 0; l < 32; l += 8) {
+                            const float4 p = *(const float4 *)(xs + l);
+                            const float4 q = *(const float4 *)(xs + l + 4);
+                            a0 = fmaf(v[l + 0], p.x, a0);
+                            a1 = fmaf(v[l + 1], p.y, a1);
+                            a0 = fmaf(v[l + 2], p.z, a0);
+                            a1 = fmaf(v[l + 3], p.w, a1);
+                            a0 = fmaf(v[l + 4], q.x, a0);
+                            a1 = fmaf(v[l + 5], q.y, a1);
+                            a0 = fmaf(v[l + 6], q.z, a0);
+                            a1 = fmaf(v[l + 7], q.w, a1);
+                        }
+                    } else {
+#pragma unroll
+                        for (int l = 0; l < 32; l += 2) {
+                            a0 = fmaf(v[l], xs[l], a0);
+                            a1 = fmaf(v[l + 1], xs[l + 1], a1);
+                        }
                     }
-                } else {
-#pragma unroll
-                    for (int l = 0; l < 32; l += 2) {
-                        a0 = fmaf(v[l], xs[l], a0);
-                        a1 = fmaf(v[l + 1], xs[l + 1], a1);
-                    }
+                    acc[t] += a0 + a1;
                 }
-                acc[t] += a0 + a1;
             }
         }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t < n_tok) {
-            const float s = warp_sum(acc[t]);
-            if (lane == 0)
-                out[(size_t)t * n_out + o] = bias ? s + bias[o] : s;
-        }
-    }
-}
-
-// PAIR: 2-byte type with an even n_in, so each row is 4-byte aligned and a
-// lane reads two elements with one 4-byte load (x rows are then 8-byte aligned).
-template <int T, int NT, bool PAIR>
-__global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
-    matvec_plain_kernel(float *__restrict__ out /* [n_tok][n_out] */,
-                        const uint8_t *__restrict__ w /* [n_out][row_bytes] */, size_t row_bytes,
-                        const float *__restrict__ x /* [n_tok][n_in] */,
-                        const float *__restrict__ bias /* [n_out] or NULL */, int64_t n_in,
-                        int64_t n_out, int n_tok) {
-    const int64_t o = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / VELA_WARP;
-    const int lane = threadIdx.x % VELA_WARP;
-    if (o >= n_out)
-        return;
-    const uint8_t *row = w + (size_t)o * row_bytes;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-        acc[t] = 0.0f;
-    if (PAIR) {
+    } else if constexpr (MODE == MODE_PAIR) {
         const uint32_t *row2 = (const uint32_t *)row;
         for (int64_t i2 = lane; i2 < n_in / 2; i2 += VELA_WARP) {
             const uint32_t pr = row2[i2];
             float w0, w1;
-            if (T == GGML_TYPE_F16) {
+            if constexpr (T == GGML_TYPE_F16) {
                 w0 = f16_bits_to_f32((uint16_t)(pr & 0xffffu));
                 w1 = f16_bits_to_f32((uint16_t)(pr >> 16));
             } else {
@@ -119,82 +107,154 @@ __global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
                     acc[t] = fmaf(wv, x[(size_t)t * n_in + i], acc[t]);
         }
     }
+}
+
+// a.f[s] for a segment index s in [0, 3), without indexing the kernel
+// parameter dynamically (that would copy the argument struct to local memory).
+#define MV_PICK(a, f, s) ((s) == 0 ? (a).f[0] : (s) == 1 ? (a).f[1] : (a).f[2])
+static_assert(CUDA_MV_MAX_SEGS == 3, "MV_PICK selects among 3 segments");
+
+template <int T, int NT, int MODE, int EPI>
+__global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
+    matvec_kernel(const mv_args a, size_t row_bytes, const float *__restrict__ x /* [n_tok][n_in] */,
+                  int64_t n_in, int n_tok) {
+    const int64_t g = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / VELA_WARP;
+    const int lane = threadIdx.x % VELA_WARP;
+    // SWIGLU: a warp takes row g of both matrices; otherwise rows of all
+    // segments are numbered one after another.
+    if (g >= (EPI == CUDA_MV_SWIGLU ? a.n_out[0] : a.n_rows))
+        return; // uniform per warp
+    int s = 0;
+    if (EPI != CUDA_MV_SWIGLU)
+        s = g < a.row_end[0] ? 0 : g < a.row_end[1] ? 1 : 2;
+    const int64_t o = s == 0 ? g : g - MV_PICK(a, row_end, s - 1), n_out = MV_PICK(a, n_out, s);
+    float acc[NT];
+    mv_row_partial<T, NT, MODE>(acc, MV_PICK(a, w, s) + (size_t)o * row_bytes, x, n_in, n_tok,
+                                lane);
+    if constexpr (EPI == CUDA_MV_SWIGLU) {
+        float up[NT];
+        mv_row_partial<T, NT, MODE>(up, a.w[1] + (size_t)o * row_bytes, x, n_in, n_tok, lane);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < n_tok) {
+                const float gs = warp_sum(acc[t]), us = warp_sum(up[t]);
+                if (lane == 0)
+                    a.out[0][(size_t)t * n_out + o] = vela_silu_mul(gs, us);
+            }
+        }
+        return;
+    }
+    const float *bias = MV_PICK(a, bias, s);
+    float *out = MV_PICK(a, out, s);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t < n_tok) {
-            const float s = warp_sum(acc[t]);
-            if (lane == 0)
-                out[(size_t)t * n_out + o] = bias ? s + bias[o] : s;
+            const float sum = warp_sum(acc[t]);
+            if (lane == 0) {
+                const float r = bias ? sum + bias[o] : sum;
+                float *dst = out + (size_t)t * n_out + o;
+                if (EPI == CUDA_MV_ADD)
+                    *dst += r;
+                else
+                    *dst = r;
+            }
         }
     }
 }
 
-template <int T, int NT>
-static int matvec_launch_q(float *out, const void *w, size_t row_bytes, int64_t n_in, int64_t n_out,
-                           const float *x, const float *bias, int n_tok, cudaStream_t stream,
-                           struct verr *err) {
-    const dim3 grid(ceil_div_u(n_out, MATVEC_WARPS)), block(MATVEC_WARPS * VELA_WARP);
-    // float4 reads of x need 16-byte aligned rows: n_in is a multiple of 32,
-    // so only the base pointer matters.
-    if (((uintptr_t)x & 15u) == 0) {
-        matvec_q_kernel<T, NT, true><<<grid, block, 0, stream>>>(out, (const uint8_t *)w, row_bytes,
-                                                                 x, bias, n_in, n_out, n_tok);
-        VELA_CHECK_LAUNCH(err, "matvec_q_kernel<vec>");
-    } else {
-        matvec_q_kernel<T, NT, false><<<grid, block, 0, stream>>>(
-            out, (const uint8_t *)w, row_bytes, x, bias, n_in, n_out, n_tok);
-        VELA_CHECK_LAUNCH(err, "matvec_q_kernel<scalar>");
+template <int T, int NT, int MODE>
+static int matvec_launch(const mv_args &a, enum cuda_mv_epilogue epi, size_t row_bytes,
+                         const float *x, int64_t n_in, int n_tok, cudaStream_t stream,
+                         struct verr *err) {
+    const int64_t rows = epi == CUDA_MV_SWIGLU ? a.n_out[0] : a.n_rows;
+    const dim3 grid(ceil_div_u(rows, MATVEC_WARPS)), block(MATVEC_WARPS * VELA_WARP);
+    switch (epi) {
+    case CUDA_MV_STORE:
+        matvec_kernel<T, NT, MODE, CUDA_MV_STORE>
+            <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
+        break;
+    case CUDA_MV_ADD:
+        matvec_kernel<T, NT, MODE, CUDA_MV_ADD>
+            <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
+        break;
+    default:
+        matvec_kernel<T, NT, MODE, CUDA_MV_SWIGLU>
+            <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
+        break;
     }
+    VELA_CHECK_LAUNCH(err, "matvec_kernel");
     return VERR_OK;
 }
 
-template <int T, int NT>
-static int matvec_launch_plain(float *out, const void *w, size_t row_bytes, int64_t n_in,
-                               int64_t n_out, const float *x, const float *bias, int n_tok,
-                               cudaStream_t stream, struct verr *err) {
-    const dim3 grid(ceil_div_u(n_out, MATVEC_WARPS)), block(MATVEC_WARPS * VELA_WARP);
-    const bool pair =
-        T != GGML_TYPE_F32 && n_in % 2 == 0 && ((uintptr_t)w & 3u) == 0 && ((uintptr_t)x & 7u) == 0;
-    if (pair) {
-        matvec_plain_kernel<T, NT, true><<<grid, block, 0, stream>>>(
-            out, (const uint8_t *)w, row_bytes, x, bias, n_in, n_out, n_tok);
-        VELA_CHECK_LAUNCH(err, "matvec_plain_kernel<pair>");
-    } else {
-        matvec_plain_kernel<T, NT, false><<<grid, block, 0, stream>>>(
-            out, (const uint8_t *)w, row_bytes, x, bias, n_in, n_out, n_tok);
-        VELA_CHECK_LAUNCH(err, "matvec_plain_kernel");
-    }
-    return VERR_OK;
+template <int T, int MODE>
+static int matvec_launch_nt(const mv_args &a, enum cuda_mv_epilogue epi, size_t row_bytes,
+                            const float *x, int64_t n_in, int n_tok, cudaStream_t stream,
+                            struct verr *err) {
+    if (n_tok == 1)
+        return matvec_launch<T, 1, MODE>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
+    return matvec_launch<T, CUDA_MATVEC_MAX_TOK, MODE>(a, epi, row_bytes, x, n_in, n_tok, stream,
+                                                       err);
 }
 
-extern "C" int cuda_matvec_apply(float *out, const void *w, enum ggml_type type, int64_t n_in,
-                                 int64_t n_out, const float *x, const float *bias, int n_tok,
-                                 cudaStream_t stream, struct verr *err) {
+extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
+                                int64_t n_in, const float *x, int n_tok,
+                                enum cuda_mv_epilogue epi, cudaStream_t stream,
+                                struct verr *err) {
     if (n_tok < 1 || n_tok > CUDA_MATVEC_MAX_TOK)
         return verr_set(err, VERR_RANGE, "matvec: n_tok %d outside [1, %d]", n_tok,
                         CUDA_MATVEC_MAX_TOK);
-    if (n_out <= 0)
-        return VERR_OK;
+    if (n_seg < 1 || n_seg > CUDA_MV_MAX_SEGS)
+        return verr_set(err, VERR_RANGE, "matvec: %d segments (1 to %d)", n_seg,
+                        CUDA_MV_MAX_SEGS);
+    if (epi != CUDA_MV_STORE && epi != CUDA_MV_ADD && epi != CUDA_MV_SWIGLU)
+        return verr_set(err, VERR_RANGE, "matvec: unknown epilogue %d", (int)epi);
+    if (epi == CUDA_MV_SWIGLU &&
+        (n_seg != 2 || segs[0].n_out != segs[1].n_out || segs[0].bias || segs[1].bias))
+        return verr_set(err, VERR_RANGE,
+                        "matvec swiglu: needs 2 segments of equal n_out without bias "
+                        "(got %d segments)",
+                        n_seg);
     const size_t row_bytes = ggml_row_bytes(type, n_in);
     if (row_bytes == 0)
         return verr_set(err, VERR_RANGE, "matvec: %s row of %lld elements is not whole blocks",
                         ggml_type_name(type), (long long)n_in);
-    if (((uintptr_t)w & 15u) != 0)
-        return verr_set(err, VERR_RANGE, "matvec: weight data %p is not 16-byte aligned", w);
-    const bool one = n_tok == 1;
+    mv_args a;
+    memset(&a, 0, sizeof a);
+    int64_t end = 0;
+    bool aligned = true;
+    for (int s = 0; s < n_seg; s++) {
+        if (segs[s].n_out < 0 || !segs[s].w || !segs[s].out)
+            return verr_set(err, VERR_RANGE, "matvec: segment %d: NULL pointer or n_out %lld", s,
+                            (long long)segs[s].n_out);
+        if (((uintptr_t)segs[s].w & 15u) != 0)
+            return verr_set(err, VERR_RANGE,
+                            "matvec: segment %d: weight data %p is not 16-byte aligned", s,
+                            segs[s].w);
+        aligned = aligned && ((uintptr_t)segs[s].w & 3u) == 0;
+        a.out[s] = segs[s].out;
+        a.w[s] = (const uint8_t *)segs[s].w;
+        a.bias[s] = segs[s].bias;
+        a.n_out[s] = segs[s].n_out;
+        a.row_end[s] = end += segs[s].n_out;
+    }
+    a.n_seg = n_seg;
+    a.n_rows = end;
+    if (end == 0)
+        return VERR_OK;
     auto run_q = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
-        return one ? matvec_launch_q<T, 1>(out, w, row_bytes, n_in, n_out, x, bias, n_tok, stream,
-                                           err)
-                   : matvec_launch_q<T, CUDA_MATVEC_MAX_TOK>(out, w, row_bytes, n_in, n_out, x,
-                                                             bias, n_tok, stream, err);
+        // float4 reads of x need 16-byte aligned rows: n_in is a multiple of
+        // 32, so only the base pointer matters.
+        if (((uintptr_t)x & 15u) == 0)
+            return matvec_launch_nt<T, MODE_QVEC>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
+        return matvec_launch_nt<T, MODE_Q>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
     };
     auto run_plain = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
-        return one ? matvec_launch_plain<T, 1>(out, w, row_bytes, n_in, n_out, x, bias, n_tok,
-                                               stream, err)
-                   : matvec_launch_plain<T, CUDA_MATVEC_MAX_TOK>(out, w, row_bytes, n_in, n_out, x,
-                                                                 bias, n_tok, stream, err);
+        // Pairs: every row starts 4-byte aligned (even n_in) and x rows 8-byte.
+        if (T != GGML_TYPE_F32 && n_in % 2 == 0 && aligned && ((uintptr_t)x & 7u) == 0)
+            return matvec_launch_nt<T, MODE_PAIR>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
+        return matvec_launch_nt<T, MODE_PLAIN>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
     };
     if (vela_is_plain(type))
         return VELA_DISPATCH_PLAIN(type, run_plain, VERR_UNSUPPORTED);
@@ -203,4 +263,11 @@ extern "C" int cuda_matvec_apply(float *out, const void *w, enum ggml_type type,
         return verr_set(err, VERR_UNSUPPORTED, "matvec: weight type %s is not supported",
                         ggml_type_name(type));
     return rc;
+}
+
+extern "C" int cuda_matvec_apply(float *out, const void *w, enum ggml_type type, int64_t n_in,
+                                 int64_t n_out, const float *x, const float *bias, int n_tok,
+                                 cudaStream_t stream, struct verr *err) {
+    const struct cuda_mv_seg seg = {out, w, bias, n_out};
+    return cuda_matvec_segs(&seg, 1, type, n_in, x, n_tok, CUDA_MV_STORE, stream, err);
 }

@@ -55,6 +55,14 @@ struct backend_weight {
     int64_t n_out;
 };
 
+// One matrix of a matmul_multi call: out = W x (+ bias).
+struct backend_mm {
+    float *out;                      // [n_tok][w->n_out]
+    const struct backend_weight *w;
+    const float *bias;               // [w->n_out] or NULL
+};
+#define BACKEND_MM_MAX 3 // matrices per matmul_multi call (Q, K, V)
+
 // Attention over the KV cache for a batch of query tokens, with the mask
 // built from cell positions and sequence sets: query t may attend to cell c
 // iff seq q_seq[t] is in cell c's set and cell_pos[c] <= q_pos[t] (and
@@ -121,6 +129,28 @@ struct backend_ops {
     int (*matmul)(struct backend *be, float *out /* [n_tok][w->n_out] */,
                   const struct backend_weight *w, const float *x /* [n_tok][w->n_in] */,
                   const float *bias /* [w->n_out] or NULL */, int n_tok);
+
+    // Fused matmuls. Each is, element by element, exactly the composition its
+    // comment names (same operations, same roundings), so a forward pass gives
+    // the same result whether a backend fuses them or not; the CUDA backend
+    // runs each as one launch for decode batches.
+    //
+    // mm[i].out = matmul(mm[i].w, x, mm[i].bias) for i < n <= BACKEND_MM_MAX;
+    // every mm[i].w has the same n_in; no out aliases x or another out.
+    int (*matmul_multi)(struct backend *be, const struct backend_mm *mm /* [n], host memory */,
+                        int n, const float *x /* [n_tok][n_in] */, int n_tok);
+    // y += matmul(w, x): the residual add folded into the projection. y must
+    // not alias x.
+    int (*matmul_add)(struct backend *be, float *y /* [n_tok][w->n_out] */,
+                      const struct backend_weight *w, const float *x /* [n_tok][w->n_in] */,
+                      int n_tok);
+    // out = swiglu(matmul(w_gate, x), matmul(w_up, x)). up_tmp is scratch the
+    // backend may write (the unfused path puts matmul(w_up, x) there); the
+    // weights share n_in and n_out; out, up_tmp and x do not alias.
+    int (*matmul_swiglu)(struct backend *be, float *out /* [n_tok][w_gate->n_out] */,
+                         float *up_tmp /* [n_tok][w_up->n_out] */,
+                         const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                         const float *x /* [n_tok][n_in] */, int n_tok);
 
     // Rotates every head of x in place to position pos[t], scaled by mscale.
     int (*rope)(struct backend *be, float *x /* [n_tok][n_head][head_dim] */,

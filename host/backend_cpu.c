@@ -304,6 +304,7 @@ struct mm_job {
     const float *bias;              // [w->n_out] or NULL
     int n_tok;
     size_t row_bytes;               // of one stored weight row
+    bool accumulate;                // out += W x (matmul_add) instead of out = W x
     int64_t rows_per_block;
     float **scratch;                // per thread [rows_per_block][w->n_in]
     _Atomic int failed; // a dequantization error (not expected after the checks)
@@ -317,7 +318,7 @@ static void mm_vec_range(void *ctx, int64_t o0, int64_t o1, int thread) {
         float s = quant_dot_row(j->w->type, wd + (size_t)o * j->row_bytes, j->x, j->w->n_in);
         if (j->bias)
             s += j->bias[o];
-        j->out[o] = s;
+        j->out[o] = j->accumulate ? j->out[o] + s : s;
     }
 }
 
@@ -344,14 +345,14 @@ static void mm_batch_range(void *ctx, int64_t b0, int64_t b1, int thread) {
                 float s = quant_dot_row(GGML_TYPE_F32, deq + (size_t)(o - o0) * n_in, xt, n_in);
                 if (j->bias)
                     s += j->bias[o];
-                yt[o] = s;
+                yt[o] = j->accumulate ? yt[o] + s : s;
             }
         }
     }
 }
 
-static int cpu_matmul(struct backend *be, float *out, const struct backend_weight *w,
-                      const float *x, const float *bias, int n_tok) {
+static int cpu_matmul_impl(struct backend *be, float *out, const struct backend_weight *w,
+                           const float *x, const float *bias, int n_tok, bool accumulate) {
     size_t rb;
     int rc = cpu_check_weight(be, w, "matmul", &rb);
     if (rc)
@@ -365,7 +366,7 @@ static int cpu_matmul(struct backend *be, float *out, const struct backend_weigh
     struct cpu_state *st = cpu_state_of(be);
     struct mm_job j = {
         .out = out, .w = w, .x = x, .bias = bias, .n_tok = n_tok, .row_bytes = rb,
-        .scratch = st->scratch,
+        .accumulate = accumulate, .scratch = st->scratch,
     };
     atomic_init(&j.failed, 0);
     if (n_tok == 1) {
@@ -386,6 +387,53 @@ static int cpu_matmul(struct backend *be, float *out, const struct backend_weigh
         return verr_set(&be->err, VERR_FORMAT, "cpu matmul: dequantizing a %s row failed",
                         ggml_type_name(w->type));
     return VERR_OK;
+}
+
+static int cpu_matmul(struct backend *be, float *out, const struct backend_weight *w,
+                      const float *x, const float *bias, int n_tok) {
+    return cpu_matmul_impl(be, out, w, x, bias, n_tok, false);
+}
+
+// The fused matmuls are their compositions here (backend.h); matmul_add
+// adds each finished dot into y, which rounds as matmul then add.
+static int cpu_matmul_multi(struct backend *be, const struct backend_mm *mm, int n, const float *x,
+                            int n_tok) {
+    if (n < 1 || n > BACKEND_MM_MAX || !mm)
+        return verr_set(&be->err, VERR_RANGE, "cpu matmul_multi: %d matrices (1 to %d)", n,
+                        BACKEND_MM_MAX);
+    for (int i = 0; i < n; i++) {
+        if (!mm[i].w || mm[i].w->n_in != mm[0].w->n_in)
+            return verr_set(&be->err, VERR_RANGE,
+                            "cpu matmul_multi: matrix %d: missing or n_in differs from matrix 0", i);
+        int rc = cpu_matmul(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
+        if (rc)
+            return rc;
+    }
+    return VERR_OK;
+}
+
+static int cpu_matmul_add(struct backend *be, float *y, const struct backend_weight *w,
+                          const float *x, int n_tok) {
+    if (y == x && y)
+        return verr_set(&be->err, VERR_RANGE, "cpu matmul_add: y must not alias x");
+    return cpu_matmul_impl(be, y, w, x, NULL, n_tok, true);
+}
+
+static int cpu_swiglu(struct backend *be, float *out, const float *gate, const float *up,
+                      int64_t n);
+
+static int cpu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
+                             const struct backend_weight *w_gate,
+                             const struct backend_weight *w_up, const float *x, int n_tok) {
+    if (!w_gate || !w_up || w_gate->n_in != w_up->n_in || w_gate->n_out != w_up->n_out)
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu matmul_swiglu: gate and up weights must have the same shape");
+    int rc = cpu_matmul(be, out, w_gate, x, NULL, n_tok);
+    if (!rc)
+        rc = cpu_matmul(be, up_tmp, w_up, x, NULL, n_tok);
+    if (!rc)
+        rc = cpu_swiglu(be, out, out, up_tmp, (int64_t)n_tok * w_gate->n_out);
+    return rc;
 }
 
 // ---------------------------------------------------------------------------
@@ -835,6 +883,9 @@ static const struct backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rms_norm = cpu_rms_norm,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
+    .matmul_add = cpu_matmul_add,
+    .matmul_swiglu = cpu_matmul_swiglu,
     .rope = cpu_rope,
     .rope_kv_store = cpu_rope_kv_store,
     .attention = cpu_attention,

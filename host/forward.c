@@ -123,7 +123,6 @@ int forward_init(struct forward_ctx *fc, const struct model *m, const struct for
         {(void **)&fc->k, nb * n_k * f, "k"},
         {(void **)&fc->v, nb * n_v * f, "v"},
         {(void **)&fc->attn, nb * n_o * f, "attn"},
-        {(void **)&fc->proj, nb * hp->n_embd * f, "proj"},
         {(void **)&fc->gate, nb * hp->n_ff * f, "gate"},
         {(void **)&fc->up, nb * hp->n_ff * f, "up"},
         {(void **)&fc->xo, has_head ? no * hp->n_embd * f : 0, "xo"},
@@ -166,7 +165,7 @@ void forward_free(struct forward_ctx *fc) {
             fc->be->ops->graph_destroy(fc->be, fc->graphs[i].exec);
     pipeline_ctx_free(fc->pipe);
     void *dev[] = {fc->x,     fc->xn,    fc->q,       fc->k,      fc->v,       fc->attn,
-                   fc->proj,  fc->gate,  fc->up,      fc->xo,     fc->logits,  fc->d_tok,
+                   fc->gate,  fc->up,      fc->xo,     fc->logits,  fc->d_tok,
                    fc->d_pos, fc->d_seq, fc->d_cells, fc->d_rows, fc->d_argmax};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
@@ -399,7 +398,6 @@ static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, str
     const struct model_hparams *hp = &m->hp;
     struct backend *be = fc->be;
     const int n_embd = hp->n_embd;
-    const int64_t n_x = (int64_t)n_tok * n_embd;
     float *x = fc->x + (size_t)t0 * n_embd;                         // [n_tok][n_embd]
     const int32_t *d_pos = fc->d_pos + t0, *d_seq = fc->d_seq + t0; // [n_tok]
     const int32_t *d_cells = fc->d_cells + t0;                      // [n_tok]
@@ -409,9 +407,9 @@ static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, str
         // attention
         OP("attn_norm",
            be->ops->rms_norm(be, fc->xn, x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
-        OP("attn_q", be->ops->matmul(be, fc->q, &L->wq, fc->xn, L->bq, n_tok));
-        OP("attn_k", be->ops->matmul(be, fc->k, &L->wk, fc->xn, L->bk, n_tok));
-        OP("attn_v", be->ops->matmul(be, fc->v, &L->wv, fc->xn, L->bv, n_tok));
+        const struct backend_mm qkv[3] = {
+            {fc->q, &L->wq, L->bq}, {fc->k, &L->wk, L->bk}, {fc->v, &L->wv, L->bv}};
+        OP("attn_q/k/v", be->ops->matmul_multi(be, qkv, 3, fc->xn, n_tok));
         OP("rope q", be->ops->rope(be, fc->q, d_pos, n_tok, hp->n_head, hp->head_dim, &fc->rope));
         OP("rope + kv store",
            be->ops->rope_kv_store(be, fc->k, fc->v, kv_layer_k(&fc->kv, kl), fc->kv.cfg.type_k,
@@ -438,15 +436,12 @@ static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, str
             .scale = fc->attn_scale,
         };
         OP("attention", be->ops->attention(be, &a));
-        OP("attn_output", be->ops->matmul(be, fc->proj, &L->wo, fc->attn, NULL, n_tok));
-        OP("residual", be->ops->add(be, x, fc->proj, n_x));
+        OP("attn_output + residual", be->ops->matmul_add(be, x, &L->wo, fc->attn, n_tok));
         // feed-forward
         OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
-        OP("ffn_gate", be->ops->matmul(be, fc->gate, &L->w_gate, fc->xn, NULL, n_tok));
-        OP("ffn_up", be->ops->matmul(be, fc->up, &L->w_up, fc->xn, NULL, n_tok));
-        OP("swiglu", be->ops->swiglu(be, fc->gate, fc->gate, fc->up, (int64_t)n_tok * hp->n_ff));
-        OP("ffn_down", be->ops->matmul(be, fc->proj, &L->w_down, fc->gate, NULL, n_tok));
-        OP("residual", be->ops->add(be, x, fc->proj, n_x));
+        OP("ffn_gate/up + swiglu",
+           be->ops->matmul_swiglu(be, fc->gate, fc->up, &L->w_gate, &L->w_up, fc->xn, n_tok));
+        OP("ffn_down + residual", be->ops->matmul_add(be, x, &L->w_down, fc->gate, n_tok));
     }
     return 0;
 }

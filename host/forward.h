@@ -1,10 +1,12 @@
 // The one forward pass, written against struct backend_ops: a batch of
 // (token, pos, seq_id, wants_logits) entries goes through
 //   embed -> [rms_norm -> q,k,v (+bias) -> rope(q) -> rope_kv_store(k, v)
-//             -> attention over the KV cache -> out proj -> +residual
-//             -> rms_norm -> gate, up -> swiglu -> down -> +residual] x n_layer
+//             -> attention over the KV cache -> out proj + residual
+//             -> rms_norm -> swiglu(gate, up) -> down + residual] x n_layer
 //   -> rows that want logits -> final norm -> lm head
-// and leaves the logits (or only their argmax) on the host.
+// and leaves the logits (or only their argmax) on the host. q,k,v, gate/up +
+// swiglu and proj + residual are the backend's fused matmul ops (one launch
+// each for CUDA decode batches).
 //
 // Contract: scratch buffers are sized for n_batch tokens and n_outputs_max
 // output rows when the context is created and never reallocated; a batch
@@ -102,7 +104,6 @@ struct forward_ctx {
     float *k;          // [n_batch][n_head_kv*head_dim]
     float *v;          // [n_batch][n_head_kv*head_dim_v]
     float *attn;       // [n_batch][n_head*head_dim_v]
-    float *proj;       // [n_batch][n_embd] out proj / down proj result
     float *gate;       // [n_batch][n_ff]
     float *up;         // [n_batch][n_ff]
     float *xo;         // [n_out][n_embd] rows that want logits

@@ -464,6 +464,99 @@ Test(cpu, matmul_random_vs_naive) {
     backend_destroy(b3);
 }
 
+// The fused matmuls are their compositions, bit for bit (backend.h), on the
+// single-token path and the batched (dequantized block) path, with 1 and 3
+// threads; bad shapes are refused.
+Test(cpu, matmul_fused_equal_composition) {
+    const enum ggml_type types[] = {GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K};
+    const int n_in = 256, n_ff = 96, n_toks[] = {1, 5};
+    struct backend *bes[2] = {mk_backend(1), mk_backend(3)};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const enum ggml_type type = types[ti];
+        // down is [n_in][n_ff]; 96 is not a whole K block, so with Q4_K it stays F32
+        const enum ggml_type tdn = type == GGML_TYPE_Q4_K ? GGML_TYPE_F32 : type;
+        const size_t rb_in = ggml_row_bytes(type, n_in), rb_ff = ggml_row_bytes(tdn, n_ff);
+        rng_seed(700 + ti);
+        // gate, up: [n_ff][n_in]; down: [n_in][n_ff]
+        unsigned char *wg = malloc(rb_in * n_ff), *wu = malloc(rb_in * n_ff);
+        unsigned char *wdn = malloc(rb_ff * n_in);
+        float row[256];
+        for (int o = 0; o < n_ff; o++) {
+            for (int i = 0; i < n_in; i++)
+                row[i] = frand();
+            cr_assert_eq(quant_quantize_row(type, row, wg + rb_in * o, n_in, NULL), 0);
+            for (int i = 0; i < n_in; i++)
+                row[i] = frand();
+            cr_assert_eq(quant_quantize_row(type, row, wu + rb_in * o, n_in, NULL), 0);
+        }
+        for (int o = 0; o < n_in; o++) {
+            for (int i = 0; i < n_ff; i++)
+                row[i] = frand();
+            cr_assert_eq(quant_quantize_row(tdn, row, wdn + rb_ff * o, n_ff, NULL), 0);
+        }
+        const struct backend_weight g = {wg, type, n_in, n_ff}, u = {wu, type, n_in, n_ff};
+        const struct backend_weight d = {wdn, tdn, n_ff, n_in};
+        float *bias = frand_array(n_ff, 1);
+        for (int bi = 0; bi < 2; bi++) {
+            struct backend *be = bes[bi];
+            for (int ki = 0; ki < 2; ki++) {
+                const int n_tok = n_toks[ki];
+                const size_t nf = (size_t)n_tok * n_ff, ne = (size_t)n_tok * n_in;
+                float *x = frand_array(ne, 2), *y = frand_array(ne, 4);
+                float *a0 = malloc(nf * 4), *a1 = malloc(nf * 4), *b0 = malloc(nf * 4);
+                float *b1 = malloc(nf * 4), *tmp = malloc(nf * 4), *p = malloc(ne * 4);
+                float *yf = malloc(ne * 4);
+                // matmul_multi: two matrices, the first with a bias
+                const struct backend_mm mm[2] = {{a0, &g, bias}, {a1, &u, NULL}};
+                cr_assert_eq(be->ops->matmul_multi(be, mm, 2, x, n_tok), 0, "%s", be->err.msg);
+                cr_assert_eq(be->ops->matmul(be, b0, &g, x, bias, n_tok), 0);
+                cr_assert_eq(be->ops->matmul(be, b1, &u, x, NULL, n_tok), 0);
+                cr_expect_arr_eq(a0, b0, nf * 4, "%s n_tok %d: matmul_multi 0",
+                                 ggml_type_name(type), n_tok);
+                cr_expect_arr_eq(a1, b1, nf * 4, "%s n_tok %d: matmul_multi 1",
+                                 ggml_type_name(type), n_tok);
+                // matmul_swiglu
+                cr_assert_eq(be->ops->matmul_swiglu(be, a0, tmp, &g, &u, x, n_tok), 0, "%s",
+                             be->err.msg);
+                cr_assert_eq(be->ops->matmul(be, b0, &g, x, NULL, n_tok), 0);
+                cr_assert_eq(be->ops->swiglu(be, b0, b0, b1, (int64_t)nf), 0);
+                cr_expect_arr_eq(a0, b0, nf * 4, "%s n_tok %d: matmul_swiglu",
+                                 ggml_type_name(type), n_tok);
+                // matmul_add vs matmul + add, and vs naive y + W a
+                memcpy(yf, y, ne * 4);
+                cr_assert_eq(be->ops->matmul_add(be, yf, &d, a0, n_tok), 0, "%s", be->err.msg);
+                cr_assert_eq(be->ops->matmul(be, p, &d, a0, NULL, n_tok), 0);
+                cr_assert_eq(be->ops->add(be, p, y, (int64_t)ne), 0);
+                cr_expect_arr_eq(yf, p, ne * 4, "%s n_tok %d: matmul_add", ggml_type_name(type),
+                                 n_tok);
+                cr_expect_neq(memcmp(yf, y, ne * 4), 0, "matmul_add left y unchanged");
+                free(x);
+                free(y);
+                free(a0);
+                free(a1);
+                free(b0);
+                free(b1);
+                free(tmp);
+                free(p);
+                free(yf);
+            }
+        }
+        struct backend *be = bes[0];
+        const struct backend_weight other = {wdn, tdn, n_ff, n_in};
+        const struct backend_mm bad[2] = {{row, &g, NULL}, {row, &other, NULL}};
+        cr_expect_eq(be->ops->matmul_multi(be, bad, 2, row, 1), VERR_RANGE);
+        cr_expect_eq(be->ops->matmul_multi(be, bad, 4, row, 1), VERR_RANGE);
+        cr_expect_eq(be->ops->matmul_swiglu(be, row, row, &g, &other, row, 1), VERR_RANGE);
+        cr_expect_eq(be->ops->matmul_add(be, row, &d, row, 1), VERR_RANGE);
+        free(bias);
+        free(wg);
+        free(wu);
+        free(wdn);
+    }
+    backend_destroy(bes[0]);
+    backend_destroy(bes[1]);
+}
+
 // ---------------------------------------------------------------------------
 // attention
 

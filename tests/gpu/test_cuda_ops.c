@@ -497,6 +497,210 @@ Test(cuda, matmul_rejects_what_it_cannot_do) {
 }
 
 // ---------------------------------------------------------------------------
+// fused matmuls (matmul_multi, matmul_add, matmul_swiglu)
+//
+// backend.h promises each is element by element its composition. The
+// unfused ops are checked against the CPU above, so the fused ones are
+// compared with the same ops run unfused on the GPU: bit-identical for decode
+// batches (the mat-vec kernel does the same arithmetic per output, whatever
+// the number of segments or the epilogue), and for GEMM batches bit-identical
+// too except matmul_add, whose residual add happens in cuBLAS's epilogue
+// (beta = 1): alpha*acc + beta*y may round once more than acc then y + p,
+// so its bound is 2 ulps of |y| + |Wx| (2^-22 relative).
+
+static float *gpu_fetch(const void *g, size_t n) {
+    OK(gpu, gpu->ops->sync(gpu));
+    float *h = malloc(n * sizeof *h + 1);
+    cr_assert_not_null(h);
+    OK(gpu, gpu->ops->download(gpu, h, g, n * sizeof *h));
+    OK(gpu, gpu->ops->sync(gpu));
+    return h;
+}
+
+static void *gpu_put(const void *h, size_t bytes) {
+    void *g = NULL;
+    OK(gpu, gpu->ops->alloc(gpu, bytes, &g));
+    OK(gpu, gpu->ops->upload(gpu, g, h, bytes));
+    return g;
+}
+
+static int count_bit_diffs(const char *what, const float *a, const float *b, size_t n) {
+    int diffs = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0 && diffs++ < 3)
+            cr_log_error("%s: element %zu: fused %.9g, unfused %.9g", what, i, a[i], b[i]);
+    cr_expect_eq(diffs, 0, "%s: %d of %zu elements differ", what, diffs, n);
+    return diffs;
+}
+
+struct fused_case {
+    enum ggml_type tq, tk, tv;   // Q/K/V types (equal: one launch for decode)
+    enum ggml_type tg, tu, td;   // gate/up/down
+    int64_t n_in, n_q, n_k, n_ff; // n_in = n_embd
+    int n_tok;
+};
+
+static void run_fused_case(const struct fused_case *fc) {
+    const int64_t n_in = fc->n_in, n_tok = fc->n_tok;
+    const enum ggml_type tys[3] = {fc->tq, fc->tk, fc->tv};
+    const int64_t outs[3] = {fc->n_q, fc->n_k, fc->n_k};
+    char what[200];
+    snprintf(what, sizeof what, "fused %s/%s/%s %s/%s/%s n_in %lld n_q %lld n_k %lld n_ff %lld n_tok %d",
+             ggml_type_name(fc->tq), ggml_type_name(fc->tk), ggml_type_name(fc->tv),
+             ggml_type_name(fc->tg), ggml_type_name(fc->tu), ggml_type_name(fc->td),
+             (long long)n_in, (long long)fc->n_q, (long long)fc->n_k, (long long)fc->n_ff,
+             fc->n_tok);
+    float *x = nrand_array((size_t)n_tok * n_in, 1.0f);
+    void *xg = gpu_put(x, (size_t)n_tok * n_in * sizeof(float));
+
+    // matmul_multi (Q, K, V with biases on Q and V) vs three matmuls.
+    void *wh[3], *wgp[3], *bg[3] = {NULL, NULL, NULL}, *fo[3], *uo[3];
+    struct backend_weight bw[3];
+    struct backend_mm mm[3];
+    for (int i = 0; i < 3; i++) {
+        wh[i] = make_weight(tys[i], n_in, outs[i]);
+        wgp[i] = gpu_put(wh[i], ggml_row_bytes(tys[i], n_in) * outs[i]);
+        bw[i] = (struct backend_weight){wgp[i], tys[i], n_in, outs[i]};
+        if (i != 1) {
+            float *b = nrand_array((size_t)outs[i], 1.0f);
+            bg[i] = gpu_put(b, (size_t)outs[i] * sizeof(float));
+            free(b);
+        }
+        OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * outs[i] * sizeof(float), &fo[i]));
+        OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * outs[i] * sizeof(float), &uo[i]));
+        mm[i] = (struct backend_mm){fo[i], &bw[i], bg[i]};
+        OK(gpu, gpu->ops->matmul(gpu, uo[i], &bw[i], xg, bg[i], (int)n_tok));
+    }
+    OK(gpu, gpu->ops->matmul_multi(gpu, mm, 3, xg, (int)n_tok));
+    for (int i = 0; i < 3; i++) {
+        float *a = gpu_fetch(fo[i], (size_t)n_tok * outs[i]);
+        float *b = gpu_fetch(uo[i], (size_t)n_tok * outs[i]);
+        char w2[240];
+        snprintf(w2, sizeof w2, "%s: matmul_multi matrix %d", what, i);
+        count_bit_diffs(w2, a, b, (size_t)n_tok * outs[i]);
+        free(a);
+        free(b);
+    }
+
+    // matmul_swiglu vs matmul(gate), matmul(up), swiglu.
+    const enum ggml_type tgu[2] = {fc->tg, fc->tu};
+    void *gu[2];
+    struct backend_weight bgu[2];
+    for (int i = 0; i < 2; i++) {
+        void *h = make_weight(tgu[i], n_in, fc->n_ff);
+        gu[i] = gpu_put(h, ggml_row_bytes(tgu[i], n_in) * fc->n_ff);
+        bgu[i] = (struct backend_weight){gu[i], tgu[i], n_in, fc->n_ff};
+        free(h);
+    }
+    const size_t nf = (size_t)n_tok * fc->n_ff;
+    void *f_out, *f_up, *u_gate, *u_up;
+    OK(gpu, gpu->ops->alloc(gpu, nf * sizeof(float), &f_out));
+    OK(gpu, gpu->ops->alloc(gpu, nf * sizeof(float), &f_up));
+    OK(gpu, gpu->ops->alloc(gpu, nf * sizeof(float), &u_gate));
+    OK(gpu, gpu->ops->alloc(gpu, nf * sizeof(float), &u_up));
+    OK(gpu, gpu->ops->matmul_swiglu(gpu, f_out, f_up, &bgu[0], &bgu[1], xg, (int)n_tok));
+    OK(gpu, gpu->ops->matmul(gpu, u_gate, &bgu[0], xg, NULL, (int)n_tok));
+    OK(gpu, gpu->ops->matmul(gpu, u_up, &bgu[1], xg, NULL, (int)n_tok));
+    OK(gpu, gpu->ops->swiglu(gpu, u_gate, u_gate, u_up, (int64_t)nf));
+    {
+        float *a = gpu_fetch(f_out, nf), *b = gpu_fetch(u_gate, nf);
+        char w2[240];
+        snprintf(w2, sizeof w2, "%s: matmul_swiglu", what);
+        count_bit_diffs(w2, a, b, nf);
+        free(a);
+        free(b);
+    }
+
+    // matmul_add (down projection of the swiglu output into a residual y)
+    // vs matmul then add.
+    void *dh = make_weight(fc->td, fc->n_ff, n_in);
+    void *dg = gpu_put(dh, ggml_row_bytes(fc->td, fc->n_ff) * n_in);
+    const struct backend_weight bd = {dg, fc->td, fc->n_ff, n_in};
+    float *y = nrand_array((size_t)n_tok * n_in, 4.0f);
+    void *yf = gpu_put(y, (size_t)n_tok * n_in * sizeof(float));
+    void *yu = gpu_put(y, (size_t)n_tok * n_in * sizeof(float));
+    void *p;
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n_in * sizeof(float), &p));
+    OK(gpu, gpu->ops->matmul_add(gpu, yf, &bd, u_gate, (int)n_tok));
+    OK(gpu, gpu->ops->matmul(gpu, p, &bd, u_gate, NULL, (int)n_tok));
+    OK(gpu, gpu->ops->add(gpu, yu, p, (int64_t)n_tok * n_in));
+    {
+        const size_t ny = (size_t)n_tok * n_in;
+        float *a = gpu_fetch(yf, ny), *b = gpu_fetch(yu, ny), *pp = gpu_fetch(p, ny);
+        char w2[240];
+        snprintf(w2, sizeof w2, "%s: matmul_add", what);
+        if (n_tok <= CUDA_MATVEC_MAX_TOK) {
+            count_bit_diffs(w2, a, b, ny);
+        } else {
+            float *tol = malloc(ny * sizeof *tol);
+            for (size_t i = 0; i < ny; i++)
+                tol[i] = (fabsf(y[i]) + fabsf(pp[i])) * (float)(1.0 / 4194304.0);
+            check_close(w2, b, a, ny, tol, 0, 0);
+            free(tol);
+        }
+        free(a);
+        free(b);
+        free(pp);
+    }
+
+    void *gfree[] = {xg, f_out, f_up, u_gate, u_up, dg, yf, yu, p, gu[0], gu[1]};
+    for (size_t i = 0; i < sizeof gfree / sizeof gfree[0]; i++)
+        gpu->ops->free(gpu, gfree[i]);
+    for (int i = 0; i < 3; i++) {
+        gpu->ops->free(gpu, wgp[i]);
+        gpu->ops->free(gpu, fo[i]);
+        gpu->ops->free(gpu, uo[i]);
+        if (bg[i])
+            gpu->ops->free(gpu, bg[i]);
+        free(wh[i]);
+    }
+    free(dh);
+    free(y);
+    free(x);
+}
+
+Test(cuda, matmul_fused_equal_unfused) {
+    REQUIRE_GPU();
+    rng_seed(31);
+    const enum ggml_type F32 = GGML_TYPE_F32, F16 = GGML_TYPE_F16, BF = GGML_TYPE_BF16,
+                         Q40 = GGML_TYPE_Q4_0, Q80 = GGML_TYPE_Q8_0, Q51 = GGML_TYPE_Q5_1,
+                         Q4K = GGML_TYPE_Q4_K, Q6K = GGML_TYPE_Q6_K;
+    const struct fused_case cases[] = {
+        // one launch each (shared types), decode batches of 1, 3 and 8
+        {Q40, Q40, Q40, Q40, Q40, Q40, 256, 96, 33, 160, 1},
+        {Q80, Q80, Q80, Q80, Q80, Q80, 512, 131, 7, 96, 3},
+        {Q4K, Q4K, Q4K, Q4K, Q4K, Q4K, 512, 67, 33, 256, 8},
+        {F16, F16, F16, F16, F16, F16, 202, 65, 9, 130, 2},
+        {F32, F32, F32, BF, BF, BF, 37, 5, 3, 41, 1},
+        // mixed types (Q4_K_M-like: V and down in Q6_K): separate launches
+        {Q4K, Q4K, Q6K, Q4K, Q6K, Q6K, 256, 64, 16, 256, 1},
+        {Q51, Q40, Q40, Q40, Q51, Q40, 96, 17, 5, 64, 5},
+        // GEMM batches
+        {Q40, Q40, Q40, Q40, Q40, Q40, 256, 96, 33, 160, 9},
+        {F16, F16, F16, F16, F16, F16, 128, 64, 32, 96, 20},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_fused_case(&cases[i]);
+}
+
+Test(cuda, matmul_fused_rejects_bad_shapes) {
+    REQUIRE_GPU();
+    void *p = NULL;
+    OK(gpu, gpu->ops->alloc(gpu, 1 << 16, &p));
+    const struct backend_weight a = {p, GGML_TYPE_F32, 32, 4}, b = {p, GGML_TYPE_F32, 64, 4};
+    float *out = (float *)p + 4096, *x = (float *)p + 8192;
+    const struct backend_mm mm[2] = {{out, &a, NULL}, {out + 64, &b, NULL}};
+    cr_expect_eq(gpu->ops->matmul_multi(gpu, mm, 2, x, 1), VERR_RANGE);
+    cr_log_info("matmul_multi n_in mismatch: %s", gpu->err.msg);
+    cr_expect_eq(gpu->ops->matmul_multi(gpu, mm, 0, x, 1), VERR_RANGE);
+    cr_expect_eq(gpu->ops->matmul_swiglu(gpu, out, out + 256, &a, &b, x, 1), VERR_RANGE);
+    cr_log_info("matmul_swiglu shape mismatch: %s", gpu->err.msg);
+    cr_expect_eq(gpu->ops->matmul_add(gpu, x, &a, x, 1), VERR_RANGE);
+    cr_log_info("matmul_add aliasing: %s", gpu->err.msg);
+    gpu->ops->free(gpu, p);
+}
+
+// ---------------------------------------------------------------------------
 // rms_norm
 
 Test(cuda, rms_norm) {
