@@ -199,6 +199,9 @@ static int alloc_i32(struct bench *b, int32_t **out, const int32_t *host, int64_
 enum family {
     FAM_MATVEC,
     FAM_MATMUL,
+    FAM_MATVEC_QKV,
+    FAM_MATVEC_SWIGLU,
+    FAM_MATVEC_ADD,
     FAM_CUBLAS,
     FAM_ATTN_PREFILL,
     FAM_ATTN_DECODE,
@@ -209,9 +212,9 @@ enum family {
     FAM_ARGMAX,
 };
 
-static const char *family_name[] = {"matvec",      "matmul", "cublas_f16",    "attn_prefill",
-                                    "attn_decode", "rope",   "rope_kv_store", "kv_shift",
-                                    "rms_norm",    "argmax"};
+static const char *family_name[] = {
+    "matvec",      "matmul", "matvec_qkv",    "matvec_swiglu", "matvec_add", "cublas_f16",
+    "attn_prefill", "attn_decode", "rope", "rope_kv_store", "kv_shift", "rms_norm", "argmax"};
 
 // One op call with everything it needs; fields are used per family.
 struct kcase {
@@ -225,6 +228,9 @@ struct kcase {
 
     struct backend_weight w;
     float *x, *out; // matmul, rms_norm (x), argmax (x = logits)
+    // fused mat-vecs: K and V (qkv) or up (swiglu) beside w; out2/out3 theirs
+    struct backend_weight w2, w3;
+    float *out2, *out3;
     void *x16;      // cublas: f16 activations
     struct attn_args a;
     struct rope_params rp;
@@ -239,6 +245,15 @@ static int run_case(struct bench *b, const struct kcase *k) {
     case FAM_MATVEC:
     case FAM_MATMUL:
         return op_rc(b, be->ops->matmul(be, k->out, &k->w, k->x, NULL, k->n_tok));
+    case FAM_MATVEC_QKV: {
+        const struct backend_mm mm[3] = {{k->out, &k->w, NULL}, {k->out2, &k->w2, NULL},
+                                         {k->out3, &k->w3, NULL}};
+        return op_rc(b, be->ops->matmul_multi(be, mm, 3, k->x, k->n_tok));
+    }
+    case FAM_MATVEC_SWIGLU:
+        return op_rc(b, be->ops->matmul_swiglu(be, k->out, k->out2, &k->w, &k->w2, k->x, k->n_tok));
+    case FAM_MATVEC_ADD:
+        return op_rc(b, be->ops->matmul_add(be, k->out, &k->w, k->x, k->n_tok));
     case FAM_CUBLAS: {
         // out[t][o] = sum_i W[o][i] x[t][i]: column-major out (n_out x n_tok) = W^T x
         const float alpha = 1.0f, beta = 0.0f;
@@ -277,6 +292,10 @@ static int run_case(struct bench *b, const struct kcase *k) {
 
 static void kcase_free(struct bench *b, struct kcase *k) {
     void *p[] = {(void *)k->w.data,
+                 (void *)k->w2.data,
+                 (void *)k->w3.data,
+                 k->out2,
+                 k->out3,
                  k->x,
                  k->out,
                  k->x16,
@@ -491,6 +510,53 @@ static void bench_matmul(struct bench *b, const struct shape_model *sm, enum fam
                                    (void **)&k.out);
                 time_case(b, &k, rc);
             }
+}
+
+// The fused decode mat-vecs of one layer (backend.h): Q/K/V in one call,
+// gate/up + swiglu, and the down projection with the residual add. Compare
+// with the matvec rows of the same shapes for what fusion saves.
+static void bench_matvec_fused(struct bench *b, const struct shape_model *sm, enum family fam) {
+    const int64_t q = (int64_t)sm->n_head * sm->head_dim,
+                  kv = (int64_t)sm->n_head_kv * sm->head_dim;
+    for (int ti = 0; ti < b->opt.n_types; ti++)
+        for (int nt = 0; nt < b->opt.n_matvec_tok; nt++) {
+            const enum ggml_type type = b->opt.types[ti];
+            struct kcase k = {.fam = fam, .sm = sm, .type = type, .n_tok = b->opt.matvec_tok[nt]};
+            const int64_t n_in = fam == FAM_MATVEC_ADD ? sm->n_ff : sm->n_embd;
+            int64_t outs[3] = {q, kv, kv};
+            int n_w = 3;
+            if (fam == FAM_MATVEC_SWIGLU) {
+                outs[0] = outs[1] = sm->n_ff;
+                n_w = 2;
+            } else if (fam == FAM_MATVEC_ADD) {
+                outs[0] = sm->n_embd;
+                n_w = 1;
+            }
+            snprintf(k.shape, sizeof k.shape, "%s %lldx%lld", family_name[fam] + 7,
+                     (long long)n_in, (long long)(outs[0] + (n_w == 3 ? 2 * kv : 0)));
+            struct backend_weight *ws[3] = {&k.w, &k.w2, &k.w3};
+            float **os[3] = {&k.out, &k.out2, &k.out3};
+            int rc = 0;
+            k.bytes = (double)k.n_tok * n_in * 4.0;
+            for (int i = 0; i < n_w && !rc; i++) {
+                void *w = NULL;
+                rc = alloc_fill(b, &w, type, n_in, outs[i], 1.0f / sqrtf((float)n_in));
+                *ws[i] = (struct backend_weight){w, type, n_in, outs[i]};
+                k.bytes += (double)ggml_row_bytes(type, n_in) * (double)outs[i];
+                k.flops += 2.0 * (double)n_in * (double)outs[i] * k.n_tok;
+                if (!rc)
+                    rc = dev_alloc(b, (size_t)k.n_tok * (size_t)outs[i] * sizeof(float),
+                                   (void **)os[i]);
+            }
+            // outputs written: q+k+v, n_ff (swiglu), n_embd read and written (add)
+            k.bytes += (double)k.n_tok * 4.0 *
+                       (fam == FAM_MATVEC_QKV ? (double)(q + 2 * kv)
+                        : fam == FAM_MATVEC_SWIGLU ? (double)sm->n_ff
+                                                   : 2.0 * sm->n_embd);
+            if (!rc)
+                rc = alloc_fill(b, (void **)&k.x, GGML_TYPE_F32, n_in, k.n_tok, 1.0f);
+            time_case(b, &k, rc);
+        }
 }
 
 static void bench_attention(struct bench *b, const struct shape_model *sm, bool prefill) {
@@ -972,6 +1038,9 @@ int main(int argc, char **argv) {
             bench_matmul(&b, sm, FAM_MATVEC);
         if (want_family(&b, FAM_MATMUL))
             bench_matmul(&b, sm, FAM_MATMUL);
+        for (enum family f = FAM_MATVEC_QKV; f <= FAM_MATVEC_ADD; f++)
+            if (want_family(&b, f))
+                bench_matvec_fused(&b, sm, f);
         if (want_family(&b, FAM_CUBLAS))
             bench_matmul(&b, sm, FAM_CUBLAS);
         if (want_family(&b, FAM_ATTN_PREFILL))
