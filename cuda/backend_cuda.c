@@ -441,13 +441,14 @@ static int cu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, 
     if (rc)
         return rc;
     return cuda_rope_apply(x, pos, n_tok, n_head, head_dim, &c, NULL, NULL, GGML_TYPE_F32, NULL,
-                           GGML_TYPE_F32, NULL, 0, cb_of(be)->stream, &be->err);
+                           GGML_TYPE_F32, NULL, 0, NULL, 0, cb_of(be)->stream, &be->err);
 }
 
-static int cu_rope_kv_store(struct backend *be, float *k, const float *v, void *k_cache,
-                            enum ggml_type type_k, void *v_cache, enum ggml_type type_v,
-                            const int32_t *pos, const int32_t *cells, int n_tok, int n_head_kv,
-                            int head_dim, int head_dim_v, const struct rope_params *rp) {
+static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, const float *v,
+                            void *k_cache, enum ggml_type type_k, void *v_cache,
+                            enum ggml_type type_v, const int32_t *pos, const int32_t *cells,
+                            int n_tok, int n_head_kv, int head_dim, int head_dim_v,
+                            const struct rope_params *rp) {
     CU_ENTER(be);
     if (!cu_cache_type_ok(type_k) || !cu_cache_type_ok(type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
@@ -456,12 +457,14 @@ static int cu_rope_kv_store(struct backend *be, float *k, const float *v, void *
                         ggml_type_name(type_k), ggml_type_name(type_v));
     if (!k_cache || !v_cache || !cells || !v)
         return verr_set(&be->err, VERR_RANGE, "rope_kv_store: NULL cache, cells or v");
+    if (q && n_head <= 0)
+        return verr_set(&be->err, VERR_RANGE, "rope_kv_store: q with %d heads", n_head);
     struct cuda_rope c;
     int rc = cu_rope_prepare(be, &c, rp, head_dim, true, "rope_kv_store");
     if (rc)
         return rc;
     return cuda_rope_apply(k, pos, n_tok, n_head_kv, head_dim, &c, v, k_cache, type_k, v_cache,
-                           type_v, cells, head_dim_v, cb_of(be)->stream, &be->err);
+                           type_v, cells, head_dim_v, q, n_head, cb_of(be)->stream, &be->err);
 }
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {

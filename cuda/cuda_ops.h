@@ -62,14 +62,16 @@ int cuda_rms_norm_apply(float *out /* [n_rows][n] */, const float *x /* [n_rows]
 // --- rope.cu ---------------------------------------------------------------
 // Rotates x in place (k_cache/v_cache NULL), or, the fused KV store: rotates
 // x (= K) in place and writes token t's K and V into cache cell cells[t],
-// converted to the cache types (F32 or F16).
+// converted to the cache types (F32 or F16); with q (KV store only) the same
+// launch also rotates the n_head_q query heads of q in place.
 int cuda_rope_apply(float *x /* [n_tok][n_head][head_dim] */, const int32_t *pos /* [n_tok] */,
                     int n_tok, int n_head, int head_dim, const struct cuda_rope *c,
                     const float *v /* [n_tok][n_head][head_dim_v] or NULL */,
                     void *k_cache /* [n_ctx][n_head][head_dim] or NULL */, enum ggml_type type_k,
                     void *v_cache /* [n_ctx][n_head][head_dim_v] or NULL */, enum ggml_type type_v,
-                    const int32_t *cells /* [n_tok] or NULL */, int head_dim_v, cudaStream_t stream,
-                    struct verr *err);
+                    const int32_t *cells /* [n_tok] or NULL */, int head_dim_v,
+                    float *q /* [n_tok][n_head_q][head_dim] or NULL */, int n_head_q,
+                    cudaStream_t stream, struct verr *err);
 
 // Rotates the K rows of every layer's cell c by delta[c] positions (cells with
 // delta 0 untouched), one launch for all layers.

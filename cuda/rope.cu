@@ -67,23 +67,11 @@ static __device__ __forceinline__ void rope_pair(int mode, int n_rot, int i, int
     }
 }
 
-// One block per (token, head). STORE: also writes the rotated K row and the V
-// row into cache cell cells[t] (KT, VT: cache element types).
-template <bool STORE, typename KT, typename VT>
-__global__ static void __launch_bounds__(ROPE_THREADS)
-    rope_kernel(float *__restrict__ x /* [n_tok][n_head][head_dim] */,
-                const int32_t *__restrict__ pos /* [n_tok] */, int n_head, int head_dim,
-                const struct cuda_rope c, const float *__restrict__ v /* [n_tok][n_head][hdv] */,
-                KT *__restrict__ k_cache /* [n_ctx][n_head][head_dim] */,
-                VT *__restrict__ v_cache /* [n_ctx][n_head][hdv] */,
-                const int32_t *__restrict__ cells /* [n_tok] */, int head_dim_v) {
-    const int64_t th = blockIdx.x; // t * n_head + h
-    const int64_t t = th / n_head, h = th % n_head;
-    float *xh = x + (size_t)th * head_dim;
-    KT *kc = nullptr;
-    if (STORE)
-        kc = k_cache + ((size_t)cells[t] * n_head + h) * head_dim;
-    const float p = (float)pos[t];
+// Rotates one head xh in place to position p; kc (or NULL): where the
+// rotated pairs are also stored.
+template <typename KT>
+static __device__ __forceinline__ void rope_head(float *xh, float p, const struct cuda_rope &c,
+                                                 KT *kc) {
     for (int i = threadIdx.x; i < c.n_rot / 2; i += ROPE_THREADS) {
         float cs, sn, y0, y1;
         rope_cos_sin(c, p, i, &cs, &sn);
@@ -92,11 +80,39 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
         rope_rotate(xh[e0], xh[e1], cs, sn, &y0, &y1);
         xh[e0] = y0;
         xh[e1] = y1;
-        if (STORE) {
+        if (kc) {
             store_as(kc + e0, y0);
             store_as(kc + e1, y1);
         }
     }
+}
+
+// One block per (token, head). STORE: also writes the rotated K row and the V
+// row into cache cell cells[t] (KT, VT: cache element types), and the first
+// n_qblk = n_tok * n_head_q blocks rotate the query heads q in place (Q's rope
+// folded into the same launch).
+template <bool STORE, typename KT, typename VT>
+__global__ static void __launch_bounds__(ROPE_THREADS)
+    rope_kernel(float *__restrict__ x /* [n_tok][n_head][head_dim] */,
+                const int32_t *__restrict__ pos /* [n_tok] */, int n_head, int head_dim,
+                const struct cuda_rope c, const float *__restrict__ v /* [n_tok][n_head][hdv] */,
+                KT *__restrict__ k_cache /* [n_ctx][n_head][head_dim] */,
+                VT *__restrict__ v_cache /* [n_ctx][n_head][hdv] */,
+                const int32_t *__restrict__ cells /* [n_tok] */, int head_dim_v,
+                float *__restrict__ q /* [n_tok][n_head_q][head_dim] or NULL */, int n_head_q,
+                int64_t n_qblk) {
+    if (STORE && (int64_t)blockIdx.x < n_qblk) { // uniform per block
+        const int64_t t = blockIdx.x / n_head_q;
+        rope_head<float>(q + (size_t)blockIdx.x * head_dim, (float)pos[t], c, nullptr);
+        return;
+    }
+    const int64_t th = blockIdx.x - (STORE ? n_qblk : 0); // t * n_head + h
+    const int64_t t = th / n_head, h = th % n_head;
+    float *xh = x + (size_t)th * head_dim;
+    KT *kc = nullptr;
+    if (STORE)
+        kc = k_cache + ((size_t)cells[t] * n_head + h) * head_dim;
+    rope_head<KT>(xh, (float)pos[t], c, kc);
     if (STORE) {
         for (int d = c.n_rot + threadIdx.x; d < head_dim; d += ROPE_THREADS)
             store_as(kc + d, xh[d]);
@@ -136,10 +152,16 @@ __global__ static void __launch_bounds__(ROPE_SHIFT_THREADS)
 template <typename KT, typename VT>
 static int rope_launch_store(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
                              const struct cuda_rope *c, const float *v, void *k_cache,
-                             void *v_cache, const int32_t *cells, int head_dim_v,
-                             cudaStream_t stream, struct verr *err) {
-    rope_kernel<true, KT, VT><<<(unsigned int)((int64_t)n_tok * n_head), ROPE_THREADS, 0, stream>>>(
-        x, pos, n_head, head_dim, *c, v, (KT *)k_cache, (VT *)v_cache, cells, head_dim_v);
+                             void *v_cache, const int32_t *cells, int head_dim_v, float *q,
+                             int n_head_q, cudaStream_t stream, struct verr *err) {
+    const int64_t n_qblk = q ? (int64_t)n_tok * n_head_q : 0;
+    const int64_t blocks = n_qblk + (int64_t)n_tok * n_head;
+    if (blocks > INT32_MAX)
+        return verr_set(err, VERR_RANGE, "rope_kv_store: %lld (token, head) blocks",
+                        (long long)blocks);
+    rope_kernel<true, KT, VT><<<(unsigned int)blocks, ROPE_THREADS, 0, stream>>>(
+        x, pos, n_head, head_dim, *c, v, (KT *)k_cache, (VT *)v_cache, cells, head_dim_v, q,
+        n_head_q, n_qblk);
     VELA_CHECK_LAUNCH(err, "rope_kernel<store>");
     return VERR_OK;
 }
@@ -151,17 +173,20 @@ static bool rope_cache_type_ok(enum ggml_type t) {
 extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
                                const struct cuda_rope *c, const float *v, void *k_cache,
                                enum ggml_type type_k, void *v_cache, enum ggml_type type_v,
-                               const int32_t *cells, int head_dim_v, cudaStream_t stream,
-                               struct verr *err) {
+                               const int32_t *cells, int head_dim_v, float *q, int n_head_q,
+                               cudaStream_t stream, struct verr *err) {
     if (n_tok <= 0 || n_head <= 0)
         return VERR_OK;
+    if (q && (!k_cache || n_head_q <= 0))
+        return verr_set(err, VERR_RANGE, "rope: q (%d heads) goes only with the KV store",
+                        n_head_q);
     if (c->n_rot < 2 || c->n_rot % 2 || c->n_rot > head_dim)
         return verr_set(err, VERR_RANGE, "rope: n_rot %d must be even and in [2, %d]", c->n_rot,
                         head_dim);
     if (!k_cache) {
         rope_kernel<false, float, float>
             <<<(unsigned int)((int64_t)n_tok * n_head), ROPE_THREADS, 0, stream>>>(
-                x, pos, n_head, head_dim, *c, nullptr, nullptr, nullptr, nullptr, 0);
+                x, pos, n_head, head_dim, *c, nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0, 0);
         VELA_CHECK_LAUNCH(err, "rope_kernel");
         return VERR_OK;
     }
@@ -171,15 +196,18 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
     const bool k16 = type_k == GGML_TYPE_F16, v16 = type_v == GGML_TYPE_F16;
     if (k16 && v16)
         return rope_launch_store<__half, __half>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
-                                                 v_cache, cells, head_dim_v, stream, err);
+                                                 v_cache, cells, head_dim_v, q, n_head_q, stream,
+                                                 err);
     if (k16)
         return rope_launch_store<__half, float>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
-                                                v_cache, cells, head_dim_v, stream, err);
+                                                v_cache, cells, head_dim_v, q, n_head_q, stream,
+                                                err);
     if (v16)
         return rope_launch_store<float, __half>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
-                                                v_cache, cells, head_dim_v, stream, err);
+                                                v_cache, cells, head_dim_v, q, n_head_q, stream,
+                                                err);
     return rope_launch_store<float, float>(x, pos, n_tok, n_head, head_dim, c, v, k_cache, v_cache,
-                                           cells, head_dim_v, stream, err);
+                                           cells, head_dim_v, q, n_head_q, stream, err);
 }
 
 extern "C" int cuda_rope_shift_kv(void *k_cache, enum ggml_type type_k, const int32_t *delta,

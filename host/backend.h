@@ -159,8 +159,10 @@ struct backend_ops {
 
     // Fused: rotates k to pos[t] (as rope) and stores k and v of token t into
     // cache cell cells[t] of one layer, converting to the cache types. k is
-    // left rotated in place.
-    int (*rope_kv_store)(struct backend *be, float *k /* [n_tok][n_head_kv][head_dim] */,
+    // left rotated in place. With q (else NULL), also rope(q, n_head) as the
+    // rope op does: Q's rotation rides in the same pass (one launch on CUDA).
+    int (*rope_kv_store)(struct backend *be, float *q /* [n_tok][n_head][head_dim] or NULL */,
+                         int n_head, float *k /* [n_tok][n_head_kv][head_dim] */,
                          const float *v /* [n_tok][n_head_kv][head_dim_v] */,
                          void *k_cache /* [n_ctx][n_head_kv][head_dim] */, enum ggml_type type_k,
                          void *v_cache /* [n_ctx][n_head_kv][head_dim_v] */, enum ggml_type type_v,

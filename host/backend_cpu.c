@@ -511,10 +511,11 @@ static int cpu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok,
     return VERR_OK;
 }
 
-static int cpu_rope_kv_store(struct backend *be, float *k, const float *v, void *k_cache,
-                             enum ggml_type type_k, void *v_cache, enum ggml_type type_v,
-                             const int32_t *pos, const int32_t *cells, int n_tok, int n_head_kv,
-                             int head_dim, int head_dim_v, const struct rope_params *rp) {
+static int cpu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, const float *v,
+                             void *k_cache, enum ggml_type type_k, void *v_cache,
+                             enum ggml_type type_v, const int32_t *pos, const int32_t *cells,
+                             int n_tok, int n_head_kv, int head_dim, int head_dim_v,
+                             const struct rope_params *rp) {
     if (n_tok < 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim_v <= 0)
         return verr_set(&be->err, VERR_RANGE, "cpu rope_kv_store: shape %d x %d x (%d, %d)",
                         n_tok, n_head_kv, head_dim, head_dim_v);
@@ -541,7 +542,7 @@ static int cpu_rope_kv_store(struct backend *be, float *k, const float *v, void 
     threadpool_parallel_for(cpu_state_of(be)->pool, n_tok,
                             cpu_grain((int64_t)n_head_kv * (head_dim + head_dim_v)),
                             rope_tokens_range, &j);
-    return VERR_OK;
+    return q ? cpu_rope(be, q, pos, n_tok, n_head, head_dim, rp) : VERR_OK;
 }
 
 static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {

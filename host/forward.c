@@ -410,11 +410,11 @@ static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, str
         const struct backend_mm qkv[3] = {
             {fc->q, &L->wq, L->bq}, {fc->k, &L->wk, L->bk}, {fc->v, &L->wv, L->bv}};
         OP("attn_q/k/v", be->ops->matmul_multi(be, qkv, 3, fc->xn, n_tok));
-        OP("rope q", be->ops->rope(be, fc->q, d_pos, n_tok, hp->n_head, hp->head_dim, &fc->rope));
-        OP("rope + kv store",
-           be->ops->rope_kv_store(be, fc->k, fc->v, kv_layer_k(&fc->kv, kl), fc->kv.cfg.type_k,
-                                  kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v, d_pos, d_cells, n_tok,
-                                  hp->n_head_kv, hp->head_dim, hp->head_dim_v, &fc->rope));
+        OP("rope q, k + kv store",
+           be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
+                                  fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v,
+                                  d_pos, d_cells, n_tok, hp->n_head_kv, hp->head_dim,
+                                  hp->head_dim_v, &fc->rope));
         struct attn_args a = {
             .out = fc->attn,
             .q = fc->q,

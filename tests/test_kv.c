@@ -1396,7 +1396,7 @@ static void store_tokens(struct backend *be, struct kv_cache *kv, const struct r
     for (int l = 0; l < SH_LAYERS; l++) {
         cr_assert_eq(be->ops->upload(be, dk, raw_k + (size_t)l * n * SH_ROW, kb), 0);
         cr_assert_eq(be->ops->upload(be, dv, raw_k + (size_t)l * n * SH_ROW, kb), 0);
-        int rc = be->ops->rope_kv_store(be, dk, dv, kv_layer_k(kv, l), kv->cfg.type_k,
+        int rc = be->ops->rope_kv_store(be, NULL, 0, dk, dv, kv_layer_k(kv, l), kv->cfg.type_k,
                                         kv_layer_v(kv, l), kv->cfg.type_v, dpos, dcells, n,
                                         SH_HEADS, SH_DIM, SH_DIM, rp);
         cr_assert_eq(rc, 0, "rope_kv_store: %s", be->err.msg);

@@ -343,8 +343,11 @@ Test(rope, kv_store) {
             rp.attn_factor = 1.5f;
             rng_seed(77 + tk * 2 + tv);
             float k[T * HK * D], kr[T * HK * D], v[T * HK * DV];
+            float q[T * 2 * HK * D], qr[T * 2 * HK * D]; // GQA: twice the query heads
             for (int i = 0; i < T * HK * D; i++)
                 k[i] = frand();
+            for (int i = 0; i < T * 2 * HK * D; i++)
+                q[i] = qr[i] = frand();
             for (int i = 0; i < T * HK * DV; i++)
                 v[i] = frand();
             memcpy(kr, k, sizeof k);
@@ -353,10 +356,12 @@ Test(rope, kv_store) {
             memset(kc, 0xAB, sizeof kc);
             memset(vc, 0xCD, sizeof vc);
             cr_assert_eq(be->ops->rope(be, kr, pos, T, HK, D, &rp), 0);
-            cr_assert_eq(be->ops->rope_kv_store(be, k, v, kc, type_k, vc, type_v, pos, cells, T,
-                                                HK, D, DV, &rp),
+            cr_assert_eq(be->ops->rope(be, qr, pos, T, 2 * HK, D, &rp), 0);
+            cr_assert_eq(be->ops->rope_kv_store(be, q, 2 * HK, k, v, kc, type_k, vc, type_v, pos,
+                                                cells, T, HK, D, DV, &rp),
                          0, "%s", be->err.msg);
             cr_expect_arr_eq(k, kr, sizeof k, "k must be left rotated, exactly as rope");
+            cr_expect_arr_eq(q, qr, sizeof q, "q must be rotated exactly as rope");
             for (int c = 0; c < NCTX; c++) {
                 int t = -1;
                 for (int i = 0; i < T; i++)
@@ -455,9 +460,9 @@ static void fill_cache(struct backend *be, void *kc, enum ggml_type type_k, cons
     for (int l = 0; l < SL; l++) {
         float k[SC * SH * SD];
         memcpy(k, k_raw + (size_t)l * SC * SH * SD, sizeof k);
-        cr_assert_eq(be->ops->rope_kv_store(be, k, vbuf, (char *)kc + (size_t)l * SC * SH * SD * ek,
-                                            type_k, vcache, GGML_TYPE_F32, pos, cells, SC, SH, SD,
-                                            SD, rp),
+        cr_assert_eq(be->ops->rope_kv_store(be, NULL, 0, k, vbuf,
+                                            (char *)kc + (size_t)l * SC * SH * SD * ek, type_k,
+                                            vcache, GGML_TYPE_F32, pos, cells, SC, SH, SD, SD, rp),
                      0, "%s", be->err.msg);
     }
 }

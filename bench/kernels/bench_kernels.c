@@ -274,10 +274,10 @@ static int run_case(struct bench *b, const struct kcase *k) {
         return op_rc(
             b, be->ops->rope(be, k->x, k->pos, k->n_tok, k->sm->n_head, k->sm->head_dim, &k->rp));
     case FAM_ROPE_KV_STORE:
-        return op_rc(b, be->ops->rope_kv_store(be, k->k, k->v, k->k_cache, GGML_TYPE_F16,
-                                               k->v_cache, GGML_TYPE_F16, k->pos, k->cells,
-                                               k->n_tok, k->sm->n_head_kv, k->sm->head_dim,
-                                               k->sm->head_dim, &k->rp));
+        return op_rc(b, be->ops->rope_kv_store(be, k->x, k->sm->n_head, k->k, k->v, k->k_cache,
+                                               GGML_TYPE_F16, k->v_cache, GGML_TYPE_F16, k->pos,
+                                               k->cells, k->n_tok, k->sm->n_head_kv,
+                                               k->sm->head_dim, k->sm->head_dim, &k->rp));
     case FAM_KV_SHIFT:
         return op_rc(b, be->ops->kv_shift(be, k->k_cache, GGML_TYPE_F16, k->delta, k->sm->n_layer,
                                           k->n_ctx, k->sm->n_head_kv, k->sm->head_dim, &k->rp));
@@ -664,11 +664,16 @@ static void bench_rope(struct bench *b, const struct shape_model *sm, bool fused
                 rc = alloc_fill(b, (void **)&k.x, GGML_TYPE_F32, (int64_t)sm->n_head * hd, n_tok,
                                 1.0f);
         } else {
-            snprintf(k.shape, sizeof k.shape, "k,v %d heads, dim %d", sm->n_head_kv, hd);
-            const double n = (double)n_tok * sm->n_head_kv * hd;
-            // k read + written back, v read, both stored as f16
-            k.bytes = n * (4.0 + 4.0 + 4.0) + n * (2.0 + 2.0) + n_tok * 8.0;
-            k.flops = n * 3.0;
+            snprintf(k.shape, sizeof k.shape, "q %d, k,v %d heads, dim %d", sm->n_head,
+                     sm->n_head_kv, hd);
+            const double n = (double)n_tok * sm->n_head_kv * hd,
+                         nq = (double)n_tok * sm->n_head * hd;
+            // q and k read + written back, v read, k and v stored as f16
+            k.bytes = nq * 8.0 + n * (4.0 + 4.0 + 4.0) + n * (2.0 + 2.0) + n_tok * 8.0;
+            k.flops = (nq + n) * 3.0;
+            if (!rc)
+                rc = alloc_fill(b, (void **)&k.x, GGML_TYPE_F32, (int64_t)sm->n_head * hd, n_tok,
+                                1.0f);
             const int64_t row = (int64_t)sm->n_head_kv * hd;
             if (!rc)
                 rc = alloc_i32(b, &k.cells, h, n_tok);

@@ -896,6 +896,9 @@ Test(cuda, rope_kv_store) {
             const size_t nk = (size_t)n_tok * n_kv_heads * hd,
                          nv = (size_t)n_tok * n_kv_heads * hdv;
             float *k = nrand_array(nk, 1.0f), *v = nrand_array(nv, 1.0f);
+            // Q with twice the heads (GQA) rides in the same launch
+            const size_t nq = 2 * nk;
+            float *q = nrand_array(nq, 1.0f);
             int32_t *pos = malloc((size_t)n_tok * sizeof *pos);
             int32_t *cells = malloc((size_t)n_ctx * sizeof *cells);
             for (int i = 0; i < n_ctx; i++)
@@ -913,6 +916,7 @@ Test(cuda, rope_kv_store) {
             const size_t kc_n = (size_t)n_ctx * n_kv_heads * hd,
                          vc_n = (size_t)n_ctx * n_kv_heads * hdv;
             struct dbuf bk = dbuf_new(k, nk * sizeof(float));
+            struct dbuf bq = dbuf_new(q, nq * sizeof(float));
             struct dbuf bv = dbuf_new(v, nv * sizeof(float));
             struct dbuf bp = dbuf_new(pos, (size_t)n_tok * sizeof(int32_t));
             struct dbuf bc = dbuf_new(cells, (size_t)n_tok * sizeof(int32_t));
@@ -921,13 +925,28 @@ Test(cuda, rope_kv_store) {
             struct dbuf bvc = dbuf_new(NULL, vc_n * ev);
             const struct rope_params rpc = rope_params_for(c, c->factors ? bf.c : NULL);
             const struct rope_params rpg = rope_params_for(c, c->factors ? bf.g : NULL);
-            OK(cpu, cpu->ops->rope_kv_store(cpu, bk.c, bv.c, bkc.c, tk, bvc.c, tv, bp.c, bc.c,
-                                            n_tok, n_kv_heads, hd, hdv, &rpc));
-            OK(gpu, gpu->ops->rope_kv_store(gpu, bk.g, bv.g, bkc.g, tk, bvc.g, tv, bp.g, bc.g,
-                                            n_tok, n_kv_heads, hd, hdv, &rpg));
+            OK(cpu, cpu->ops->rope_kv_store(cpu, bq.c, 2 * n_kv_heads, bk.c, bv.c, bkc.c, tk, bvc.c,
+                                            tv, bp.c, bc.c, n_tok, n_kv_heads, hd, hdv, &rpc));
+            OK(gpu, gpu->ops->rope_kv_store(gpu, bq.g, 2 * n_kv_heads, bk.g, bv.g, bkc.g, tk, bvc.g,
+                                            tv, bp.g, bc.g, n_tok, n_kv_heads, hd, hdv, &rpg));
             char what[160];
             const char *tag = ti == 0 ? "f16/f16" : ti == 1 ? "f32/f32" : "f16/f32 hdv";
             float *rc, *rg;
+            // Q rotated in place, the rope op's tolerance.
+            {
+                float *qc, *qg;
+                dbuf_get(&bq, (void **)&qc, (void **)&qg);
+                float *qtol = malloc(nq * sizeof *qtol);
+                rope_tolerance(qtol, q, qc, n_tok * 2 * n_kv_heads, hd, c->n_rot, c->mode,
+                               rope_mscale(&rpc));
+                snprintf(what, sizeof what, "rope_kv_store q case %zu %s", ci, tag);
+                check_close(what, qc, qg, nq, qtol, 0, 0);
+                free(qtol);
+                free(qc);
+                free(qg);
+                dbuf_free(&bq);
+                free(q);
+            }
             // K rotated in place (f32).
             dbuf_get(&bk, (void **)&rc, (void **)&rg);
             float *tol = malloc(nk * sizeof *tol);
