@@ -225,6 +225,14 @@ static inline long long clock64(void) { return 0; }
 // driver does, and reports bad ones through cudaGetLastError.
 void emu_run_kernel(const char *name, const void *fn, dim3 grid, dim3 block, size_t shmem,
                     cudaStream_t s, std::function<void()> body);
+// Multi-device checks of a launch (emu_runtime.cpp): the stream belongs to
+// the current device and no pointer argument points into another device's
+// allocation; false (a sticky fault) when one fails.
+bool emu_check_launch(const char *name, cudaStream_t s, const void *const *ptrs, int n_ptrs);
+template <typename T> static inline void emu_ptr_arg(const void **out, int *n, const T &v) {
+    if constexpr (std::is_pointer<T>::value)
+        out[(*n)++] = (const void *)v;
+}
 
 template <typename... P, typename... A>
 static inline void emu_launch(const char *name, void (*k)(P...), dim3 grid, dim3 block,
@@ -232,6 +240,11 @@ static inline void emu_launch(const char *name, void (*k)(P...), dim3 grid, dim3
     static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
     auto params = std::make_shared<std::tuple<typename std::decay<P>::type...>>(
         std::forward<A>(args)...);
+    const void *ptrs[sizeof...(P) + 1];
+    int n_ptrs = 0;
+    std::apply([&](const auto &...a) { (emu_ptr_arg(ptrs, &n_ptrs, a), ...); }, *params);
+    if (!emu_check_launch(name, s, ptrs, n_ptrs))
+        return;
     emu_run_kernel(name, (const void *)k, grid, block, shmem, s,
                    [k, params]() { std::apply(k, *params); });
 }

@@ -6,6 +6,12 @@
 // events are trivially ordered. Stream capture records those operations into
 // a graph that cudaGraphLaunch replays.
 //
+// Devices: VELA_EMU_DEVICES of them (default 1); allocations, streams,
+// events, graphs and cuBLAS handles belong to one, and what would fail or
+// fault on hardware across devices is reported (a kernel on another
+// device's stream, a kernel or GEMM given another device's memory, copies of
+// the wrong kind; tests/emu/README.md). The NCCL shim is emu_nccl.cpp.
+//
 // Kernels: blocks run one after another; the threads of a block are fibers
 // on the calling OS thread (a hand-rolled x86-64 context switch, ucontext
 // elsewhere). A fiber runs until it reaches a barrier (__syncthreads*, a
@@ -37,6 +43,7 @@
 
 #include "cuda_emu.h"
 #include "cublas_v2.h"
+#include "emu_internal.h"
 
 __thread uint3 threadIdx;
 __thread uint3 blockIdx;
@@ -67,7 +74,30 @@ static cudaError_t sync_ret(void) {
     return cudaSuccess;
 }
 
+bool emu_faulted(void) { return g_sticky != cudaSuccess; }
+
+// A fault outside a kernel body (a launch or GEMM touching another device's
+// memory): sticky like a kernel fault; its report becomes the error string.
+static void raise_sticky(cudaError_t e, const char *fmt, ...) {
+    char msg[sizeof g_fault_msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "vela-emu: %s\n", msg);
+    if (g_sticky == cudaSuccess) {
+        snprintf(g_fault_msg, sizeof g_fault_msg, "%s", msg);
+        g_sticky = e;
+    }
+    set_last(e);
+    const char *a = getenv("VELA_EMU_ABORT");
+    if (a && *a == '1')
+        abort();
+}
+
 extern "C" const char *cudaGetErrorString(cudaError_t e) {
+    if (e != cudaSuccess && e == g_sticky && g_fault_msg[0])
+        return g_fault_msg;
     switch (e) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
@@ -80,6 +110,7 @@ extern "C" const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorLaunchFailure: return g_fault_msg[0] ? g_fault_msg : "unspecified launch failure";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     default: return "unknown error";
     }
 }
@@ -102,10 +133,26 @@ static const int EMU_SM = 132;
 static const int EMU_SMEM_OPTIN = 232448; // 227 KiB, as on H100/H200
 static __thread int t_device = 0;
 
-static int emu_device_count(void) {
-    const char *e = getenv("VELA_EMU_DEVICES");
-    return e && *e ? atoi(e) : 1;
+// VELA_EMU_DEVICES emulated devices (default 1): each has its own memory
+// account, default stream and properties (PCI bus id = ordinal); streams,
+// events, allocations, graphs and cuBLAS handles remember their device.
+int emu_devices(void) {
+    static const int n = [] {
+        const char *e = getenv("VELA_EMU_DEVICES");
+        int v = e && *e ? atoi(e) : 1;
+        if (v < 0)
+            v = 0;
+        if (v > EMU_MAX_DEVICES) {
+            fprintf(stderr, "vela-emu: VELA_EMU_DEVICES=%d: at most %d devices\n", v,
+                    EMU_MAX_DEVICES);
+            v = EMU_MAX_DEVICES;
+        }
+        return v;
+    }();
+    return n;
 }
+static int emu_device_count(void) { return emu_devices(); }
+int emu_current_device(void) { return t_device; }
 
 extern "C" cudaError_t cudaGetDeviceCount(int *n) {
     *n = emu_device_count();
@@ -127,6 +174,7 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) 
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "vela CUDA emulator (H200-like)");
     p->totalGlobalMem = EMU_TOTAL_MEM;
+    p->pciBusID = d;
     p->sharedMemPerBlock = 48 * 1024;
     p->sharedMemPerBlockOptin = EMU_SMEM_OPTIN;
     p->sharedMemPerMultiprocessor = 233472;
@@ -177,50 +225,85 @@ extern "C" cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 
 // --- memory --------------------------------------------------------------------------
 
-static std::map<const char *, size_t> g_dev, g_pinned; // base -> bytes
-static size_t g_dev_bytes;
+struct emu_alloc {
+    size_t bytes;
+    int device;
+};
+static std::map<const char *, emu_alloc> g_dev; // base -> allocation (cudaMalloc)
+static std::map<const char *, size_t> g_pinned;  // base -> bytes (host, page-locked)
+static size_t g_dev_bytes[EMU_MAX_DEVICES];
+
+// The device allocation containing [p, p + n) (n 0: just p), or NULL.
+// Caller holds g_mu.
+static const std::pair<const char *const, emu_alloc> *find_alloc_locked(const void *p, size_t n) {
+    const char *c = (const char *)p;
+    auto it = g_dev.upper_bound(c);
+    if (it == g_dev.begin())
+        return nullptr;
+    --it;
+    if (c >= it->first && c < it->first + std::max<size_t>(it->second.bytes, 1) &&
+        c + n <= it->first + it->second.bytes)
+        return &*it;
+    return nullptr;
+}
+
+int emu_ptr_device(const void *p, size_t n) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto *a = find_alloc_locked(p, n);
+    return a ? a->second.device : -1;
+}
+int emu_ptr_owner(const void *p) { return emu_ptr_device(p, 0); }
 
 enum { EMU_NONE, EMU_DEV, EMU_PINNED };
 static int ptr_kind(const void *p, size_t n) {
     std::lock_guard<std::mutex> lk(g_mu);
+    if (find_alloc_locked(p, n))
+        return EMU_DEV;
     const char *c = (const char *)p;
-    for (auto *m : {&g_dev, &g_pinned}) {
-        auto it = m->upper_bound(c);
-        if (it == m->begin())
-            continue;
+    auto it = g_pinned.upper_bound(c);
+    if (it != g_pinned.begin()) {
         --it;
         if (c >= it->first && c + n <= it->first + it->second)
-            return m == &g_dev ? EMU_DEV : EMU_PINNED;
+            return EMU_PINNED;
     }
     return EMU_NONE;
 }
 
-extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
+static cudaError_t alloc_on(void **p, size_t bytes, int dev) {
     *p = NULL;
-    if (bytes > EMU_TOTAL_MEM - g_dev_bytes)
-        return ret(cudaErrorMemoryAllocation);
+    {
+        std::lock_guard<std::mutex> lk(g_mu);
+        if (bytes > EMU_TOTAL_MEM - g_dev_bytes[dev])
+            return ret(cudaErrorMemoryAllocation);
+    }
     void *q = NULL;
     if (posix_memalign(&q, 256, bytes ? bytes : 1))
         return ret(cudaErrorMemoryAllocation);
     // Fresh device memory is not zero on a GPU either.
     memset(q, 0xa5, bytes);
     std::lock_guard<std::mutex> lk(g_mu);
-    g_dev[(const char *)q] = bytes;
-    g_dev_bytes += bytes;
+    g_dev[(const char *)q] = emu_alloc{bytes, dev};
+    g_dev_bytes[dev] += bytes;
     *p = q;
     return cudaSuccess;
 }
+
+static bool release_alloc(void *p) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_dev.find((const char *)p);
+    if (it == g_dev.end())
+        return false;
+    g_dev_bytes[it->second.device] -= it->second.bytes;
+    g_dev.erase(it);
+    return true;
+}
+
+extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) { return alloc_on(p, bytes, t_device); }
 extern "C" cudaError_t cudaFree(void *p) {
     if (!p)
         return cudaSuccess;
-    {
-        std::lock_guard<std::mutex> lk(g_mu);
-        auto it = g_dev.find((const char *)p);
-        if (it == g_dev.end())
-            return ret(cudaErrorInvalidValue);
-        g_dev_bytes -= it->second;
-        g_dev.erase(it);
-    }
+    if (!release_alloc(p))
+        return ret(cudaErrorInvalidValue);
     free(p);
     return sync_ret();
 }
@@ -228,26 +311,36 @@ extern "C" cudaError_t cudaFree(void *p) {
 // --- streams, capture and graphs ---------------------------------------------------------
 
 struct emu_graph {
+    int device;
     std::vector<std::function<void()>> ops;
 };
 struct emu_graph_exec {
+    int device;
     std::vector<std::function<void()>> ops;
 };
 struct emu_stream {
+    int device = 0;
     bool capturing = false;
     bool invalid = false; // an unsafe call during capture
     emu_graph *graph = nullptr;
 };
 struct emu_event {
-    int dummy;
+    int device;
 };
-static emu_stream g_default_stream;
+// The legacy default stream of each device.
+static emu_stream g_default_stream[EMU_MAX_DEVICES];
 
 static emu_stream *stream_of(cudaStream_t s) {
-    if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread)
-        return &g_default_stream;
+    if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+        emu_stream *d = &g_default_stream[t_device];
+        d->device = t_device;
+        return d;
+    }
     return s;
 }
+
+int emu_stream_device(cudaStream_t s) { return stream_of(s)->device; }
+bool emu_stream_capturing(cudaStream_t s) { return stream_of(s)->capturing; }
 
 // Runs op now, or records it while s is capturing.
 static cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
@@ -265,19 +358,21 @@ extern "C" cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
         stream_of(s)->invalid = true;
         return ret(cudaErrorStreamCaptureUnsupported);
     }
-    return cudaMalloc(p, bytes);
+    return alloc_on(p, bytes, stream_of(s)->device); // the stream's device's pool
 }
 extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     if (stream_of(s)->capturing) {
         stream_of(s)->invalid = true;
         return ret(cudaErrorStreamCaptureUnsupported);
     }
-    std::lock_guard<std::mutex> lk(g_mu);
-    auto it = g_dev.find((const char *)p);
-    if (it == g_dev.end())
+    const int pd = emu_ptr_owner(p);
+    if (pd >= 0 && pd != stream_of(s)->device) {
+        fprintf(stderr, "vela-emu: cudaFreeAsync(%p) of device %d memory on a stream of device "
+                        "%d\n", p, pd, stream_of(s)->device);
         return ret(cudaErrorInvalidValue);
-    g_dev_bytes -= it->second;
-    g_dev.erase(it);
+    }
+    if (!release_alloc(p))
+        return ret(cudaErrorInvalidValue);
     free(p);
     return cudaSuccess;
 }
@@ -317,9 +412,11 @@ extern "C" cudaError_t cudaHostUnregister(void *p) {
     g_pinned.erase((const char *)p);
     return cudaSuccess;
 }
+// The current device's memory.
 extern "C" cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {
+    std::lock_guard<std::mutex> lk(g_mu);
     *total = EMU_TOTAL_MEM;
-    *fr = EMU_TOTAL_MEM - g_dev_bytes;
+    *fr = EMU_TOTAL_MEM - g_dev_bytes[t_device];
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
@@ -327,21 +424,48 @@ extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a,
     const int k = ptr_kind(p, 1);
     a->type = k == EMU_DEV ? cudaMemoryTypeDevice : k == EMU_PINNED ? cudaMemoryTypeHost
                                                                     : cudaMemoryTypeUnregistered;
-    a->device = t_device;
+    a->device = k == EMU_DEV ? emu_ptr_owner(p) : t_device;
     a->devicePointer = k == EMU_DEV ? (void *)p : NULL;
     a->hostPointer = k != EMU_DEV ? (void *)p : NULL;
     return cudaSuccess;
 }
 
-// Copies check that the device side of the copy lies inside one allocation.
+static const char *kind_name(enum cudaMemcpyKind k) {
+    switch (k) {
+    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
+    default: return "cudaMemcpyDefault";
+    }
+}
+
+// Copies check that the device side of the copy lies inside one allocation,
+// that the host side is not device memory (a wrong kind), and that a
+// device-to-device copy stays on one device: vela enables no peer access,
+// so memory of another device is reached with cudaMemcpyPeer(Async) only
+// (stricter than UVA hardware, which would stage such a copy silently).
 static cudaError_t check_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind k) {
-    if (n == 0)
+    if (n == 0 || k == cudaMemcpyDefault)
         return cudaSuccess;
     const bool dst_dev = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
     const bool src_dev = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
     if ((dst_dev && ptr_kind(dst, n) != EMU_DEV) || (src_dev && ptr_kind(src, n) != EMU_DEV)) {
-        fprintf(stderr, "vela-emu: cudaMemcpy of %zu bytes %p -> %p (kind %d) outside a device "
-                        "allocation\n", n, src, dst, (int)k);
+        fprintf(stderr, "vela-emu: %s of %zu bytes %p -> %p outside a device allocation\n",
+                kind_name(k), n, src, dst);
+        return cudaErrorInvalidValue;
+    }
+    const int dd = emu_ptr_owner(dst), sd = emu_ptr_owner(src);
+    if ((!dst_dev && dd >= 0) || (!src_dev && sd >= 0)) {
+        fprintf(stderr, "vela-emu: %s of %zu bytes %p -> %p: the %s side is memory of device %d "
+                        "(wrong kind)\n", kind_name(k), n, src, dst, !dst_dev && dd >= 0 ? "host "
+                        "destination" : "host source", !dst_dev && dd >= 0 ? dd : sd);
+        return cudaErrorInvalidValue;
+    }
+    if (k == cudaMemcpyDeviceToDevice && dd != sd) {
+        fprintf(stderr, "vela-emu: cudaMemcpyDeviceToDevice of %zu bytes from device %d memory "
+                        "(%p) to device %d memory (%p): peer access is not enabled; use "
+                        "cudaMemcpyPeer\n", n, sd, src, dd, dst);
         return cudaErrorInvalidValue;
     }
     return cudaSuccess;
@@ -371,24 +495,51 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
 }
 extern "C" cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size_t n,
                                            cudaStream_t s) {
-    (void)dd;
-    (void)sd;
-    return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s);
+    if (n == 0)
+        return cudaSuccess;
+    if (dd < 0 || dd >= emu_device_count() || sd < 0 || sd >= emu_device_count())
+        return ret(cudaErrorInvalidDevice);
+    if (emu_ptr_device(dst, n) != dd || emu_ptr_device(src, n) != sd) {
+        fprintf(stderr, "vela-emu: cudaMemcpyPeerAsync of %zu bytes: %p is not device %d memory "
+                        "or %p not device %d memory\n", n, dst, dd, src, sd);
+        return ret(cudaErrorInvalidValue);
+    }
+    return enqueue(s, [=]() { memmove(dst, src, n); });
+}
+// A memset runs on a device: its memory must be that device's.
+static cudaError_t check_memset(void *dst, size_t n, int dev, const char *what) {
+    if (n && ptr_kind(dst, n) != EMU_DEV) {
+        fprintf(stderr, "vela-emu: %s of %zu bytes at %p outside a device allocation\n", what, n,
+                dst);
+        return cudaErrorInvalidValue;
+    }
+    const int pd = emu_ptr_owner(dst);
+    if (n && pd != dev) {
+        fprintf(stderr, "vela-emu: %s of %zu bytes at %p: memory of device %d, run on device %d "
+                        "(peer access is not enabled)\n", what, n, dst, pd, dev);
+        return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
 }
 extern "C" cudaError_t cudaMemset(void *dst, int v, size_t n) {
-    if (n && ptr_kind(dst, n) != EMU_DEV)
-        return ret(cudaErrorInvalidValue);
+    cudaError_t e = check_memset(dst, n, t_device, "cudaMemset");
+    if (e)
+        return ret(e);
+    if (g_sticky)
+        return sync_ret();
     memset(dst, v, n);
-    return sync_ret();
+    return cudaSuccess;
 }
 extern "C" cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
-    if (n && ptr_kind(dst, n) != EMU_DEV)
-        return ret(cudaErrorInvalidValue);
+    cudaError_t e = check_memset(dst, n, stream_of(s)->device, "cudaMemsetAsync");
+    if (e)
+        return ret(e);
     return enqueue(s, [=]() { memset(dst, v, n); });
 }
 
 extern "C" cudaError_t cudaStreamCreate(cudaStream_t *s) {
     *s = new emu_stream;
+    (*s)->device = t_device;
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
@@ -402,6 +553,7 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
     }
     return cudaSuccess;
 }
+// Any device's stream may be synchronised from any current device.
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (stream_of(s)->capturing) {
         stream_of(s)->invalid = true;
@@ -410,14 +562,16 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return sync_ret();
 }
 extern "C" cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+// Waiting on another device's event is allowed (CUDA's stream/event rules).
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int f) {
     (void)s;
-    (void)e;
     (void)f;
+    if (!e)
+        return ret(cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e) {
-    *e = new emu_event();
+    *e = new emu_event{t_device};
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int f) {
@@ -428,9 +582,15 @@ extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete e;
     return cudaSuccess;
 }
+// As on hardware: an event is recorded only on a stream of its own device.
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    (void)e;
-    (void)s;
+    if (!e)
+        return ret(cudaErrorInvalidResourceHandle);
+    if (e->device != stream_of(s)->device) {
+        fprintf(stderr, "vela-emu: cudaEventRecord: event of device %d on a stream of device %d\n",
+                e->device, stream_of(s)->device);
+        return ret(cudaErrorInvalidResourceHandle);
+    }
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -439,20 +599,26 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
-    (void)a;
-    (void)b;
     *ms = 0.0f;
+    if (!a || !b)
+        return ret(cudaErrorInvalidResourceHandle);
+    if (a->device != b->device) {
+        fprintf(stderr, "vela-emu: cudaEventElapsedTime: events of devices %d and %d\n", a->device,
+                b->device);
+        return ret(cudaErrorInvalidResourceHandle);
+    }
     return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode m) {
     (void)m;
     emu_stream *st = stream_of(s);
-    if (st->capturing || st == &g_default_stream)
+    if (st->capturing || (st >= g_default_stream && st < g_default_stream + EMU_MAX_DEVICES))
         return ret(cudaErrorInvalidValue);
     st->capturing = true;
     st->invalid = false;
     st->graph = new emu_graph;
+    st->graph->device = st->device;
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
@@ -487,16 +653,22 @@ extern "C" cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g,
     (void)f;
     if (!g)
         return ret(cudaErrorInvalidValue);
-    *e = new emu_graph_exec{g->ops};
+    *e = new emu_graph_exec{g->device, g->ops};
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g,
                                                      unsigned long long f) {
     return cudaGraphInstantiate(e, g, f);
 }
+// A graph's kernels belong to the device it was captured on.
 extern "C" cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
     if (!e)
         return ret(cudaErrorInvalidValue);
+    if (e->device != stream_of(s)->device) {
+        fprintf(stderr, "vela-emu: cudaGraphLaunch: a graph of device %d launched on a stream of "
+                        "device %d\n", e->device, stream_of(s)->device);
+        return ret(cudaErrorInvalidValue);
+    }
     if (stream_of(s)->capturing) { // a graph launched into a capture: record its ops
         for (auto &op : e->ops)
             stream_of(s)->graph->ops.push_back(op);
@@ -969,6 +1141,35 @@ static void run_kernel_now(const char *name, dim3 grid, dim3 block, size_t shmem
     g_dyn_smem = NULL;
 }
 
+// A kernel runs on the device of its stream, which must be the current one
+// (hardware refuses the launch: "invalid resource handle"); a pointer
+// argument into another device's allocation would fault on hardware when
+// dereferenced (no peer access is enabled), so it is reported at the launch,
+// whether or not the kernel would touch it. Both are sticky here: a test
+// cannot miss them. Pointers inside struct arguments are not scanned.
+bool emu_check_launch(const char *name, cudaStream_t s, const void *const *ptrs, int n_ptrs) {
+    const int sd = stream_of(s)->device;
+    if (sd != t_device) {
+        raise_sticky(cudaErrorInvalidResourceHandle,
+                     "kernel %s launched on a stream of device %d while device %d is current "
+                     "(a missing cudaSetDevice)", name, sd, t_device);
+        return false;
+    }
+    std::lock_guard<std::mutex> lk(g_mu);
+    for (int i = 0; i < n_ptrs; i++) {
+        auto *a = find_alloc_locked(ptrs[i], 0);
+        if (a && a->second.device != sd) {
+            raise_sticky(cudaErrorIllegalAddress,
+                         "kernel %s on device %d: pointer argument %d (%p) points into an "
+                         "allocation of device %d (%p, %zu bytes); peer access is not enabled",
+                         name, sd, i, ptrs[i], a->second.device, (const void *)a->first,
+                         a->second.bytes);
+            return false;
+        }
+    }
+    return true;
+}
+
 void emu_run_kernel(const char *name, const void *fn, dim3 grid, dim3 block, size_t shmem,
                     cudaStream_t s, std::function<void()> body) {
     const uint64_t threads = (uint64_t)block.x * block.y * block.z;
@@ -1007,12 +1208,14 @@ void emu_run_kernel(const char *name, const void *fn, dim3 grid, dim3 block, siz
 
 // --- cuBLAS ----------------------------------------------------------------------------
 
+// A handle belongs to the device current at cublasCreate.
 struct emu_cublas {
     cudaStream_t stream;
+    int device;
 };
 
 extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h) {
-    *h = new emu_cublas{NULL};
+    *h = new emu_cublas{NULL, t_device};
     return CUBLAS_STATUS_SUCCESS;
 }
 extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h) {
@@ -1022,6 +1225,11 @@ extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h) {
 extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (stream_of(s)->device != h->device) {
+        fprintf(stderr, "vela-emu: cublasSetStream: a stream of device %d for a handle of device "
+                        "%d\n", stream_of(s)->device, h->device);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
     h->stream = s;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1085,6 +1293,24 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta,
          ptr_kind(C, ((size_t)ldc * (n - 1) + m) * 4) != EMU_DEV)) {
         fprintf(stderr, "vela-emu: cublasGemmEx operand outside a device allocation\n");
         return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    // The handle's device must be current, and its operands that device's.
+    if (t_device != h->device) {
+        raise_sticky(cudaErrorInvalidResourceHandle, "cublasGemmEx: a handle of device %d used "
+                     "while device %d is current", h->device, t_device);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    if (m && n && k) {
+        const void *ops[3] = {A, B, C};
+        for (int i = 0; i < 3; i++) {
+            const int d = emu_ptr_owner(ops[i]);
+            if (d != h->device) {
+                raise_sticky(cudaErrorIllegalAddress, "cublasGemmEx on device %d: operand %c "
+                             "(%p) is memory of device %d; peer access is not enabled",
+                             h->device, "ABC"[i], ops[i], d);
+                return CUBLAS_STATUS_EXECUTION_FAILED;
+            }
+        }
     }
     const float al = *(const float *)alpha, be = *(const float *)beta;
     enqueue(h->stream, [=]() {
