@@ -565,7 +565,17 @@ int pipeline_decode(struct pipeline_ctx *pc, const struct forward_batch *b, int 
         return verr_set(err, VERR_RANGE, "pipeline: decodes are driven by rank 0");
     for (int s = 1; s < p->n_stages; s++)
         if (pc->fc[s]) {
-            pipeline_kv_follow(&pc->fc[s]->kv, &front->kv);
+            struct kv_cache *ks = &pc->fc[s]->kv;
+            if (ks->n_clears != front->kv.n_clears) {
+                // The front was cleared since this stage's last decode: its K/V
+                // must be zeroed too (kv_clear's contract), not only its cells.
+                int rc = kv_clear(ks, err);
+                if (rc)
+                    return verr_wrap(err, "stage %d (%s): clearing the cache", s,
+                                     p->stage[s].name);
+                ks->n_clears = front->kv.n_clears;
+            }
+            pipeline_kv_follow(ks, &front->kv);
             pc->fc[s]->sp = front->sp; // the head stage samples with the front's rows
         }
     if (p->ctl) {

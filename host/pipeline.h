@@ -11,8 +11,9 @@
 // through the stages. The front context (stage 0's, the one callers hold)
 // keeps the KV bookkeeping every caller already uses: sequence ops, context
 // shift and self-extend act on fc->kv, and each decode first brings every
-// other stage's cache to the same cells (positions, deltas, sequence sets);
-// each stage then applies the pending K shift to its own layers.
+// other stage's cache to the same cells (positions, deltas, sequence sets;
+// after a kv_clear of the front, zeroing the stage's K/V too); each stage
+// then applies the pending K shift to its own layers.
 //
 // Pipelining: a decode's batch is cut into micro-batches (--ubatch-size,
 // default ceil(n_tok / n_stages)); micro-batch k+1 is enqueued on stage s

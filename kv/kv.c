@@ -192,6 +192,7 @@ void kv_free(struct kv_cache *kv) {
 int kv_clear(struct kv_cache *kv, struct verr *err) {
     if (!kv->pos)
         return 0; // never initialised, or freed
+    kv->n_clears++;
     int n = kv->cfg.n_ctx;
     for (int i = 0; i < n; i++)
         kv->pos[i] = -1;

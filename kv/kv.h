@@ -57,6 +57,8 @@ struct kv_cache {
     bool has_shift;          // a seq_add / seq_div moved a cell since the last kv_prepare
     int dirty_lo, dirty_hi;  // cells [dirty_lo, dirty_hi) changed since the last
                              // upload of the mirrors; empty when lo >= hi
+    uint64_t n_clears;       // kv_clear calls since kv_init: the other stages of a
+                             // split model clear their K/V when the front's changes
 
     // backend memory (NULL when be is NULL)
     size_t k_row_bytes;      // one cell of one layer: n_head_kv*head_dim of type_k
@@ -79,7 +81,9 @@ int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be
 void kv_free(struct kv_cache *kv);
 // Empties every cell (head 0, used 0, no pending shift) and zeroes K and V on
 // the backend, as llama.cpp's clear. Only a backend error can fail it; the
-// bookkeeping is cleared either way.
+// bookkeeping is cleared either way. On the front cache of a split model
+// (host/pipeline.h) the other stages' caches are cleared too, K and V
+// included, before the next decode runs on them (they follow n_clears).
 int kv_clear(struct kv_cache *kv, struct verr *err);
 
 // One layer's K / V in backend memory, or NULL (no backend, layer out of range).

@@ -1,0 +1,375 @@
+// A model split by layers over CUDA stages (host/pipeline.h) against the same
+// model on one CUDA backend: every decode's logits, with micro-batches of
+// several sizes, after KV sequence ops (copy, remove, shift, divide),
+// context shift and self-extend, and a cleared cache on every stage.
+// - `--devices 0,0`: two stages on one GPU, the in-process transport;
+// - `--devices 0,1` (and 0,1,2): one GPU per stage, the NCCL transport
+//   (asserted to be the one chosen), with two GPUs or more; under the
+//   emulator (test_emu_pipeline_cuda, VELA_EMU_DEVICES=3) through the NCCL
+//   shim of tests/emu, the only place this path runs without several GPUs;
+// - `--devices 0,0,1`: a GPU shared by two stages and another GPU, in-process.
+// Bad input: a device that does not exist, more stages than layers.
+// Skips itself without a CUDA device.
+//
+// Tolerance: 0, bit for bit. Each stage runs the very kernels the single
+// backend runs on the very same rows: the batches here have at most
+// CUDA_MATVEC_MAX_TOK (8) tokens, so every micro-batch size takes the
+// mat-vec path whose rows do not depend on the other rows of the batch, and
+// attention's split-K plan depends on the n_kv bucket only; the transports
+// copy floats without converting them. Any difference is a bug in the split
+// (a layer twice or never, a stale cache cell, a transfer out of order).
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/args.h"
+#include "host/backend.h"
+#include "host/forward.h"
+#include "host/pipeline.h"
+#include "kv/selfextend.h"
+#include "tests/tiny_model.h"
+
+#ifdef VELA_EMU
+#include <nccl.h> // the emulator's shim: emu_nccl_bytes_delivered
+#endif
+
+static struct tiny_cfg cfg;
+static struct tiny_weights weights;
+static char model_path[128];
+static int n_gpu;
+
+static void setup(void) {
+    n_gpu = backend_cuda_device_count();
+    if (n_gpu == 0)
+        return; // every test skips
+    tiny_cfg_default(&cfg, "llama");
+    cfg.n_layer = 4;
+    cfg.n_vocab = 96;
+    cfg.n_ctx_train = 64;
+    tiny_temp_path(model_path, sizeof model_path, "pipecuda");
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&cfg, model_path, &weights, &err), 0, "%s", err.msg);
+}
+
+static void teardown(void) {
+    if (n_gpu == 0)
+        return;
+    tiny_weights_free(&weights);
+    unlink(model_path);
+}
+
+TestSuite(pipeline_cuda, .init = setup, .fini = teardown);
+
+#define REQUIRE_GPUS(n)                                                                            \
+    do {                                                                                           \
+        if (n_gpu == 0)                                                                            \
+            cr_skip_test("no CUDA device present");                                                \
+        if (n_gpu < (n))                                                                           \
+            cr_skip_test("needs %d CUDA devices (%d present)", (n), n_gpu);                        \
+    } while (0)
+
+struct run {
+    struct backend *be;
+    struct model *m;
+    struct forward_ctx fc;
+};
+
+// devices NULL: the model on one CUDA backend (device 0), the reference.
+static int open_run(struct run *r, const char *devices, int n_ubatch, enum ggml_type kv_type,
+                    struct verr *err) {
+    memset(r, 0, sizeof *r);
+    struct args_model a;
+    args_model_default(&a);
+    a.backend = ARGS_BACKEND_CUDA;
+    a.devices = devices;
+    if (!devices)
+        a.split_mode = ARGS_SPLIT_NONE; // else every visible GPU would get a stage
+    a.n_ubatch = n_ubatch;
+    a.n_ctx = 64;
+    a.n_batch = 8;
+    a.type_k = a.type_v = kv_type;
+    a.no_progress = true;
+    struct gguf_file *f = NULL;
+    int rc = gguf_open(&f, model_path, err);
+    if (rc)
+        return rc;
+    rc = pipeline_load(&a, 0, f, &r->be, &r->m, err);
+    if (!rc) {
+        struct forward_config fcfg;
+        args_forward_config(&a, &r->m->hp, &fcfg);
+        fcfg.n_outputs_max = 8;
+        fcfg.n_seq_max = 4;
+        if ((rc = forward_init(&r->fc, r->m, &fcfg, err))) {
+            model_free(r->m);
+            backend_destroy(r->be);
+            r->m = NULL;
+            r->be = NULL;
+        }
+    }
+    gguf_close(f);
+    return rc;
+}
+
+static void close_run(struct run *r) {
+    forward_free(&r->fc);
+    model_free(r->m);
+    backend_destroy(r->be);
+}
+
+static const char *transport_name(const struct run *r) {
+    return r->m->pipe && r->m->pipe->tp ? r->m->pipe->tp->ops->name : "none";
+}
+
+// Decodes tokens [0, n) of seq at positions p0.. in batches of nb, every row
+// wanting logits; returns the logits [n][V] (malloc'd).
+static float *decode_seq(struct run *r, int seq, int p0, int n, int nb, int salt) {
+    const int V = cfg.n_vocab;
+    float *out = malloc(sizeof(float) * (size_t)n * V);
+    for (int i = 0; i < n; i += nb) {
+        int k = n - i < nb ? n - i : nb;
+        int32_t tok[8], pos[8], sq[8];
+        int8_t want[8];
+        for (int t = 0; t < k; t++) {
+            tok[t] = ((i + t) * 37 + 5 + salt) % V;
+            pos[t] = p0 + i + t;
+            sq[t] = seq;
+            want[t] = 1;
+        }
+        struct forward_batch b = {k, tok, pos, sq, want};
+        struct verr err = {0};
+        cr_assert_eq(forward_decode(&r->fc, &b, &err), 0, "%s", err.msg);
+        cr_assert_eq(r->fc.n_out, k);
+        memcpy(out + (size_t)i * V, r->fc.h_logits, sizeof(float) * (size_t)k * V);
+    }
+    return out;
+}
+
+static void assert_same(const float *a, const float *b, size_t n, const char *what) {
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= worst)) { // NaN counts as the worst
+            worst = isnan(d) ? INFINITY : d;
+            at = i;
+        }
+    }
+    cr_log_info("%s: worst logit difference %g", what, worst);
+    cr_assert_eq(worst, 0.0, "%s: worst logit difference %g at %zu (must be bit-identical)", what,
+                 worst, at);
+}
+
+// The KV script of tests/test_pipeline.c: sequence ops, a K shift, context
+// shift and self-extend on the front's cache; every stage must follow.
+static void kv_script(struct run *r, float **out1, float **out2) {
+    struct verr err = {0};
+    const int V = cfg.n_vocab;
+    free(decode_seq(r, 0, 0, 12, 8, 0));
+    struct kv_cache *kv = &r->fc.kv;
+    cr_assert_eq(kv_seq_cp(kv, 0, 1, -1, -1, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_seq_rm(kv, 0, 4, 8, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_seq_add(kv, 0, 8, -1, -4, &err), 0, "%s", err.msg); // a shift: K rotates
+    cr_assert_eq(kv_seq_div(kv, 1, 0, 12, 2, &err), 0, "%s", err.msg);
+    *out1 = malloc(sizeof(float) * 2 * 5 * V);
+    float *s0 = decode_seq(r, 0, 8, 5, 8, 1);
+    float *s1 = decode_seq(r, 1, 6, 5, 8, 2);
+    memcpy(*out1, s0, sizeof(float) * 5 * V);
+    memcpy(*out1 + 5 * V, s1, sizeof(float) * 5 * V);
+    free(s0);
+    free(s1);
+
+    // Context shift (llama-cli's --keep) on seq 0, then self-extend on seq 2.
+    int32_t n_discard = 0;
+    cr_assert_eq(kv_seq_keep(kv, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_context_shift(kv, 0, 2, 13, &n_discard, &err), 0, "%s", err.msg);
+    cr_assert_gt(n_discard, 0);
+    float *c = decode_seq(r, 0, 13 - n_discard, 3, 8, 3);
+    cr_assert_eq(kv_clear(kv, &err), 0, "%s", err.msg);
+    struct kv_selfextend se;
+    cr_assert_eq(kv_selfextend_init(&se, kv, 2, 8, 2, &err), 0, "%s", err.msg);
+    int32_t n_past = 0;
+    *out2 = malloc(sizeof(float) * (3 + 24) * V);
+    memcpy(*out2, c, sizeof(float) * 3 * V);
+    free(c);
+    for (int i = 0; i < 24; i += 4) {
+        cr_assert_eq(kv_selfextend_apply(&se, kv, &n_past, &err), 0, "%s", err.msg);
+        float *g = decode_seq(r, 2, n_past, 4, 4, 10 + i);
+        memcpy(*out2 + (size_t)(3 + i) * V, g, sizeof(float) * 4 * V);
+        free(g);
+        n_past += 4;
+    }
+}
+
+// --- the reference, computed once per test process ------------------------------
+
+#define N_TOK 21
+
+static float *ref_plain, *ref_kv1, *ref_kv2;
+
+static void reference(void) {
+    if (ref_plain)
+        return;
+    struct run r;
+    struct verr err = {0};
+    cr_assert_eq(open_run(&r, NULL, 0, GGML_TYPE_F32, &err), 0, "%s", err.msg);
+    cr_assert_null(r.m->pipe);
+    ref_plain = decode_seq(&r, 0, 0, N_TOK, 8, 0);
+    close_run(&r);
+    cr_assert_eq(open_run(&r, NULL, 0, GGML_TYPE_F32, &err), 0, "%s", err.msg);
+    kv_script(&r, &ref_kv1, &ref_kv2);
+    close_run(&r);
+}
+
+// One split against the reference: plain decodes with each micro-batch
+// size, then the KV script with the first.
+static void check_split(const char *devices, int n_stages, const char *transport, const int *ubs,
+                        int n_ubs) {
+    const int V = cfg.n_vocab;
+    struct verr err = {0};
+    reference();
+    for (int u = 0; u < n_ubs; u++) {
+        struct run r;
+        cr_assert_eq(open_run(&r, devices, ubs[u], GGML_TYPE_F32, &err), 0, "%s: %s", devices,
+                     err.msg);
+        cr_assert_not_null(r.m->pipe, "%s: not split", devices);
+        cr_assert_eq(r.m->pipe->n_stages, n_stages);
+        cr_assert_str_eq(transport_name(&r), transport, "--devices %s: transport %s\n%s", devices,
+                         transport_name(&r), pipeline_describe(r.m));
+        cr_assert_null(strstr(pipeline_describe(r.m), "unavailable"), "%s",
+                       pipeline_describe(r.m));
+        for (int s = 0; s < n_stages; s++)
+            cr_assert_eq(r.m->pipe->stage[s].be->device, r.m->pipe->stage[s].dev.ordinal,
+                         "stage %d", s);
+#ifdef VELA_EMU
+        const unsigned long long nccl0 = emu_nccl_bytes_delivered();
+#endif
+        float *got = decode_seq(&r, 0, 0, N_TOK, 8, 0);
+#ifdef VELA_EMU
+        // Every micro-batch's hidden state crossed each stage boundary by NCCL.
+        const unsigned long long hidden = (unsigned long long)N_TOK * cfg.n_embd * sizeof(float);
+        if (!strcmp(transport, "nccl"))
+            cr_assert_eq(emu_nccl_bytes_delivered() - nccl0, hidden * (unsigned)(n_stages - 1),
+                         "bytes through NCCL");
+#endif
+        char what[96];
+        snprintf(what, sizeof what, "--devices %s -ub %d (%s)", devices, ubs[u], transport);
+        assert_same(got, ref_plain, (size_t)N_TOK * V, what);
+        free(got);
+        close_run(&r);
+    }
+    struct run r;
+    float *g1, *g2;
+    cr_assert_eq(open_run(&r, devices, ubs[0], GGML_TYPE_F32, &err), 0, "%s", err.msg);
+    kv_script(&r, &g1, &g2);
+    for (int s = 1; s < r.m->pipe->n_stages; s++) {
+        const struct kv_cache *k0 = &r.fc.kv, *ks = &r.fc.pipe->fc[s]->kv;
+        cr_assert_eq(ks->used, k0->used, "stage %d", s);
+        cr_assert_eq(memcmp(ks->pos, k0->pos, sizeof(int32_t) * k0->cfg.n_ctx), 0, "stage %d", s);
+    }
+    close_run(&r);
+    char what[96];
+    snprintf(what, sizeof what, "--devices %s: after seq cp / rm / add / div", devices);
+    assert_same(g1, ref_kv1, (size_t)10 * V, what);
+    snprintf(what, sizeof what, "--devices %s: context shift and self-extend", devices);
+    assert_same(g2, ref_kv2, (size_t)27 * V, what);
+    free(g1);
+    free(g2);
+}
+
+// (a) Two stages on one GPU: the in-process transport (NCCL wants one rank
+// per GPU).
+Test(pipeline_cuda, two_stages_on_one_gpu) {
+    REQUIRE_GPUS(1);
+    static const int ubs[] = {0, 1, 3, 8};
+    check_split("0,0", 2, "in-process", ubs, 4);
+}
+
+// (b) One GPU per stage: NCCL, never a silent fall-back to in-process.
+Test(pipeline_cuda, one_gpu_per_stage_nccl) {
+    REQUIRE_GPUS(2);
+#if defined(VELA_HAVE_NCCL) || defined(VELA_EMU)
+    static const int ubs[] = {0, 3};
+    check_split("0,1", 2, "nccl", ubs, 2);
+    if (n_gpu >= 3)
+        check_split("0,1,2", 3, "nccl", ubs, 1);
+#else
+    cr_skip_test("built without NCCL");
+#endif
+}
+
+// Two stages share a GPU and a third is on another: in-process across GPUs.
+Test(pipeline_cuda, shared_and_separate_gpus) {
+    REQUIRE_GPUS(2);
+    static const int ubs[] = {0};
+    check_split("0,0,1", 3, "in-process", ubs, 1);
+}
+
+// kv_clear on the front (what the engine does before each run) must empty
+// every stage's cache, K and V included: after a clear and one token at
+// cell 0, no stage holds anything in cells 1.. of any layer.
+static void check_clear(const char *devices) {
+    struct run r;
+    struct verr err = {0};
+    cr_assert_eq(open_run(&r, devices, 0, GGML_TYPE_F32, &err), 0, "%s: %s", devices, err.msg);
+    free(decode_seq(&r, 0, 0, 12, 8, 0));
+    cr_assert_eq(kv_clear(&r.fc.kv, &err), 0, "%s", err.msg);
+    free(decode_seq(&r, 0, 0, 1, 1, 5));
+    for (int s = 0; s < r.m->pipe->n_stages; s++) {
+        struct forward_ctx *fc = r.fc.pipe->fc[s];
+        const struct kv_cache *kv = &fc->kv;
+        const int L = kv->cfg.n_layer, C = kv->cfg.n_ctx;
+        for (int which = 0; which < 2; which++) {
+            const size_t row = which ? kv->v_row_bytes : kv->k_row_bytes;
+            const size_t bytes = row * (size_t)C * (size_t)L;
+            unsigned char *h = malloc(bytes);
+            struct backend *be = fc->be;
+            cr_assert_eq(be->ops->download(be, h, which ? kv->v : kv->k, bytes), 0, "%s",
+                         be->err.msg);
+            cr_assert_eq(be->ops->sync(be), 0, "%s", be->err.msg);
+            long stale = 0;
+            for (int l = 0; l < L; l++)
+                for (size_t b = row; b < row * (size_t)C; b++)
+                    stale += h[(size_t)l * row * C + b] != 0;
+            cr_expect_eq(stale, 0, "--devices %s: stage %d: %ld bytes of %s in cells 1..%d survive "
+                         "kv_clear", devices, s, stale, which ? "V" : "K", C - 1);
+            free(h);
+        }
+    }
+    close_run(&r);
+}
+
+Test(pipeline_cuda, kv_clear_reaches_every_stage) {
+    REQUIRE_GPUS(1);
+    check_clear("0,0");
+    if (n_gpu >= 2)
+        check_clear("0,1");
+}
+
+// (c) Bad input: clear errors, nothing loaded.
+Test(pipeline_cuda, bad_input) {
+    REQUIRE_GPUS(1);
+    struct run r;
+    struct verr err = {0};
+    char devs[32];
+    snprintf(devs, sizeof devs, "0,%d", n_gpu);
+    cr_assert_eq(open_run(&r, devs, 0, GGML_TYPE_F32, &err), VERR_NOTFOUND, "%s", err.msg);
+    char want[64];
+    snprintf(want, sizeof want, "CUDA device %d does not exist", n_gpu);
+    cr_assert(strstr(err.msg, want), "%s", err.msg);
+
+    cr_assert_eq(open_run(&r, "0,0,0,0,0", 0, GGML_TYPE_F32, &err), VERR_RANGE, "%s", err.msg);
+    cr_assert(strstr(err.msg, "5 stages for a model of 4 layers"), "%s", err.msg);
+
+    // The NCCL transport itself refuses two stages on one GPU.
+    struct backend *be[2];
+    cr_assert_eq(backend_cuda_create(&be[0], 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(&be[1], 0, &err), 0, "%s", err.msg);
+    struct transport *tp = NULL;
+    cr_assert_neq(transport_nccl_create(&tp, be, 2, NULL, 0, &err), 0);
+    cr_assert_null(tp);
+    cr_log_info("NCCL over 0,0: %s", err.msg);
+    backend_destroy(be[1]);
+    backend_destroy(be[0]);
+}
