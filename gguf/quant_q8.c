@@ -18,8 +18,12 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-static inline uint16_t rd_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline float rd_f16(const uint8_t *p) { return quant_fp16_to_f32(rd_u16(p)); }
+static inline uint16_t rd_u16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline float rd_f16(const uint8_t *p) {
+    return quant_fp16_to_f32(rd_u16(p));
+}
 static inline void wr_u16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)(v & 0xff);
     p[1] = (uint8_t)(v >> 8);
@@ -117,11 +121,13 @@ static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 // type, see term()).
 struct wsub {
     int qw[32];
-    float a, b;    // dw and m (legacy), d and dmin (K-quants), d (Q6_K)
-    int sc0, sc1;  // Q4_K/Q5_K: scale, min; Q6_K: scales of elements 0..15, 16..31
+    float a, b;   // dw and m (legacy), d and dmin (K-quants), d (Q6_K)
+    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q6_K: scales of elements 0..15, 16..31
 };
 
-static int fifth_bit(const uint8_t *qh, int e) { return (qh[e >> 3] >> (e & 7)) & 1; }
+static int fifth_bit(const uint8_t *qh, int e) {
+    return (qh[e >> 3] >> (e & 7)) & 1;
+}
 
 // Sub-block j of the row (j counted from the row start).
 static void decode_sub(enum ggml_type t, const uint8_t *row, int64_t j, struct wsub *w) {

@@ -16,7 +16,9 @@
 #include "gguf/types.h"
 #include "tests/rng_splitmix.h"
 
-static uint16_t f16_at(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint16_t f16_at(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
 
 static void quantize_ok(const float *x, int64_t n, uint8_t *out) {
     struct verr err = {0};
@@ -30,7 +32,8 @@ static void quantize_ok(const float *x, int64_t n, uint8_t *out) {
 // from zero; the largest magnitude is negative.
 Test(quant_q8, block_unit_scale_ties_negative_max) {
     float x[32] = {0};
-    const float in[] = {-127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 1.49f, -1.51f, 126.5f, 0.0f, -0.0f, 3.5f};
+    const float in[] = {-127.0f, 2.5f,   -2.5f, 0.5f,  -0.5f, 1.49f,
+                        -1.51f,  126.5f, 0.0f,  -0.0f, 3.5f};
     const int want[] = {-127, 3, -3, 1, -1, 1, -2, 127, 0, 0, 4};
     memcpy(x, in, sizeof in);
     uint8_t b[36];
@@ -144,7 +147,8 @@ Test(quant_q8, round_trip_bound) {
     }
     cr_assert_leq(worst_normal, 0.5 + 127.0 / 2048.0 + 1e-6);
     cr_log_info("q8_1 round trip: worst |err| = %.4f d where D is a normal f16 (bound 0.5621 d); "
-                "%.3f of the per-block bound overall", worst_normal, worst);
+                "%.3f of the per-block bound overall",
+                worst_normal, worst);
     free(x);
     free(y);
     free(b);
@@ -159,8 +163,12 @@ static void put_f16(uint8_t *p, float v) {
     p[1] = (uint8_t)(h >> 8);
 }
 
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)urand(); }
-static float signed_in(float lo, float hi) { return (rng_u64() & 1) ? -frand(lo, hi) : frand(lo, hi); }
+static float frand(float lo, float hi) {
+    return lo + (hi - lo) * (float)urand();
+}
+static float signed_in(float lo, float hi) {
+    return (rng_u64() & 1) ? -frand(lo, hi) : frand(lo, hi);
+}
 
 // Random blocks (every quant and sub-scale bit pattern occurs) with finite f16
 // scale fields of a size that makes weights O(0.1..1).
@@ -174,9 +182,15 @@ static uint8_t *make_row(enum ggml_type type, int64_t n) {
     for (size_t b = 0; b < rb / ti->block_bytes; b++) {
         uint8_t *p = w + b * ti->block_bytes;
         switch (type) {
-        case GGML_TYPE_Q4_0: put_f16(p, signed_in(0.01f, 0.1f)); break;
-        case GGML_TYPE_Q5_0: put_f16(p, signed_in(0.005f, 0.05f)); break;
-        case GGML_TYPE_Q8_0: put_f16(p, signed_in(0.0005f, 0.005f)); break;
+        case GGML_TYPE_Q4_0:
+            put_f16(p, signed_in(0.01f, 0.1f));
+            break;
+        case GGML_TYPE_Q5_0:
+            put_f16(p, signed_in(0.005f, 0.05f));
+            break;
+        case GGML_TYPE_Q8_0:
+            put_f16(p, signed_in(0.0005f, 0.005f));
+            break;
         case GGML_TYPE_Q4_1:
             put_f16(p, signed_in(0.01f, 0.1f));
             put_f16(p + 2, frand(-0.5f, 0.5f));
@@ -193,8 +207,11 @@ static uint8_t *make_row(enum ggml_type type, int64_t n) {
             put_f16(p, frand(0.0002f, 0.001f));
             put_f16(p + 2, frand(0.0002f, 0.001f));
             break;
-        case GGML_TYPE_Q6_K: put_f16(p + 208, signed_in(0.00005f, 0.0002f)); break;
-        default: cr_assert_fail("no generator for %s", ti->name);
+        case GGML_TYPE_Q6_K:
+            put_f16(p + 208, signed_in(0.00005f, 0.0002f));
+            break;
+        default:
+            cr_assert_fail("no generator for %s", ti->name);
         }
     }
     return w;
@@ -273,7 +290,8 @@ Test(quant_q8, dot_every_type_vs_float) {
                 worst_deq = fmax(worst_deq, e_deq);
                 worst_act = fmax(worst_act, e_act / mag);
                 worst_act_bound = fmax(worst_act_bound, e_act / (bound * (1 + 1e-5) + 1e-30));
-                cr_expect_leq(e_deq, DEQ_REL_TOL, "%s n %lld rep %d: %.9g vs dequantized %.9g (%.3g)",
+                cr_expect_leq(e_deq, DEQ_REL_TOL,
+                              "%s n %lld rep %d: %.9g vs dequantized %.9g (%.3g)",
                               ggml_type_name(type), (long long)n, rep, got, ref_deq, e_deq);
                 cr_expect_leq(e_act, bound * (1 + 1e-5) + 1e-6 * mag,
                               "%s n %lld rep %d: %.9g vs f32 %.9g beyond the rounding bound %.3g",
@@ -296,8 +314,8 @@ Test(quant_q8, dot_every_type_vs_float) {
 // Legacy types on rows of one and three blocks, and a zero activation row.
 Test(quant_q8, dot_short_rows_and_zero_x) {
     rng_seed(3);
-    const enum ggml_type legacy[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
-                                     GGML_TYPE_Q5_1, GGML_TYPE_Q8_0};
+    const enum ggml_type legacy[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
+                                     GGML_TYPE_Q8_0};
     for (size_t k = 0; k < sizeof legacy / sizeof legacy[0]; k++) {
         for (int64_t n = 32; n <= 96; n += 64) {
             uint8_t *w = make_row(legacy[k], n), xq[3 * 36];
