@@ -196,6 +196,29 @@ int cuda_sample_rows(int32_t *out /* [n_rows] */, const float *logits /* [n_rows
 int cuda_dequant_row_host(enum ggml_type type, const void *row, int64_t n, float *out,
                           struct verr *err);
 
+// --- matvec_q8.cu -----------------------------------------------------------
+// The integer (dp4a) mat-vec path: activations quantized to q8_1 blocks
+// (gguf/quant_q8.h: 36 bytes per 32 elements, f16 d, f16 s = d * sum(q),
+// int8 q), weights kept in their blocks. The CPU reference is
+// gguf/quant_q8.c: quantization bit-identical, dot products equal term by
+// term (only the order of the float additions differs).
+
+// xq[t] = quant_q8_1_row(x[t]) for every token; x and xq 4-byte aligned,
+// n_in a multiple of 32.
+int cuda_quantize_q8_1(void *xq /* [n_tok][n_in/32] blocks */, const float *x /* [n_tok][n_in] */,
+                       int n_tok, int64_t n_in, cudaStream_t stream, struct verr *err);
+
+// cuda_matvec_segs with q8_1 activations: seg.out[t][o] = dot(W[o], xq[t])
+// (+ bias, epilogues STORE / ADD / SWIGLU as documented for
+// cuda_matvec_segs; silu is g / (1.0f + expf(-g)) as in cuda_swiglu_apply).
+// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (else
+// VERR_UNSUPPORTED). Weights 16-byte aligned, outputs/bias 4-byte aligned,
+// xq 4-byte aligned (VERR_RANGE otherwise); n_tok in [1, CUDA_MATVEC_MAX_TOK].
+int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
+                        enum ggml_type type, int64_t n_in,
+                        const void *xq /* [n_tok][n_in/32] q8_1 blocks */, int n_tok,
+                        enum cuda_mv_epilogue epi, cudaStream_t stream, struct verr *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -46,6 +46,17 @@ __global__ void intrinsics_kernel(int *out) {
     out[160 + l] = (int)__match_any_sync(0xffffffffu, l / 8);
 }
 
+// SIMD byte intrinsics the integer mat-vec (cuda/matvec_q8.cu) relies on:
+// __dp4a multiplies the four bytes as SIGNED int8 and adds to c; __byte_perm
+// picks bytes of the 8-byte value {y:x} by selector nibbles.
+__global__ void byte_simd_kernel(const int *a, const int *b, int *out) {
+    const int l = threadIdx.x;
+    out[l] = __dp4a(a[l], b[l], l - 16);
+    out[32 + l] = (int)__byte_perm((unsigned)a[l], (unsigned)b[l], 0x5432u);
+    out[64 + l] = (int)__byte_perm((unsigned)a[l], (unsigned)b[l], 0x3210u);
+    out[96 + l] = (int)__byte_perm((unsigned)a[l], (unsigned)b[l], 0x0741u);
+}
+
 __global__ void divergent_sync_kernel(int *out) {
     if (threadIdx.x < 16) {
         __syncthreads();
@@ -189,6 +200,43 @@ int main(int argc, char **argv) {
         EXPECT((unsigned)hi[96 + l] == ballot, "ballot lane %d: %x", l, hi[96 + l]);
         EXPECT(hi[128 + l] == 10, "syncthreads_count lane %d: %d", l, hi[128 + l]);
         EXPECT((unsigned)hi[160 + l] == 0xffu << (8 * (l / 8)), "match_any lane %d: %x", l, hi[160 + l]);
+    }
+    {
+        // Byte patterns with 0x80 (-128), 0xff (-1), 0x7f (127) in every lane.
+        int ha[32], hb[32], hr[128], *da, *db, *dr;
+        const unsigned pat[8] = {0x80ff7f01u, 0x7f7f7f7fu, 0x80808080u, 0xffffffffu,
+                                 0x0f0e0d0cu, 0x01800280u, 0xfe7f81ffu, 0x00000000u};
+        for (int l = 0; l < 32; l++) {
+            ha[l] = (int)(pat[l % 8] ^ (unsigned)(l * 0x01010101u));
+            hb[l] = (int)(pat[(l * 3 + 1) % 8] + (unsigned)l);
+        }
+        cudaMalloc((void **)&da, sizeof ha);
+        cudaMalloc((void **)&db, sizeof hb);
+        cudaMalloc((void **)&dr, sizeof hr);
+        cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice);
+        cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice);
+        byte_simd_kernel<<<1, 32>>>(da, db, dr);
+        cudaMemcpy(hr, dr, sizeof hr, cudaMemcpyDeviceToHost);
+        for (int l = 0; l < 32; l++) {
+            int dot = l - 16;
+            for (int k = 0; k < 4; k++)
+                dot += (int)(signed char)(ha[l] >> (8 * k)) * (int)(signed char)(hb[l] >> (8 * k));
+            EXPECT(hr[l] == dot, "dp4a lane %d: %d, want %d", l, hr[l], dot);
+            const unsigned x = (unsigned)ha[l], y = (unsigned)hb[l];
+            EXPECT((unsigned)hr[32 + l] == ((x >> 16) | (y << 16)), "byte_perm 0x5432 lane %d", l);
+            EXPECT((unsigned)hr[64 + l] == x, "byte_perm 0x3210 lane %d", l);
+            // selector nibbles 1, 4, 7, 0: x.b1, y.b0, y.b3, x.b0
+            const unsigned want = ((x >> 8) & 0xffu) | ((y & 0xffu) << 8) | ((y >> 24) << 16) |
+                                  ((x & 0xffu) << 24);
+            EXPECT((unsigned)hr[96 + l] == want, "byte_perm 0x0741 lane %d: %08x want %08x", l,
+                   (unsigned)hr[96 + l], want);
+        }
+        // Fixed values: (-128)(-128) * 4 = 65536; 127 * -1 * 4 + 5 = -503.
+        EXPECT(__dp4a((int)0x80808080u, (int)0x80808080u, 0) == 65536, "dp4a -128*-128");
+        EXPECT(__dp4a(0x7f7f7f7f, -1, 5) == -503, "dp4a 127*-1");
+        cudaFree(da);
+        cudaFree(db);
+        cudaFree(dr);
     }
     float hs[64];
     uninit_smem_kernel<<<1, 64>>>(dout);

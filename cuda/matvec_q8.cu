@@ -1,0 +1,575 @@
+// Integer mat-vec for decode (n_tok <= CUDA_MATVEC_MAX_TOK): activations
+// quantized to q8_1 (cuda_quantize_q8_1), weights kept in their blocks, int8
+// products with __dp4a, one float term per 32-element sub-block. The CPU
+// reference is gguf/quant_q8.c (contract, block format and the exact float
+// expression of each term in gguf/quant_q8.h): every per-sub-block term here
+// is bit-identical to the reference's (same integers, same float products
+// through __fmul_rn/__fadd_rn, so nvcc cannot fuse them); only the order in
+// which the terms are added differs.
+//
+// Work split. A block of MVQ_WARPS warps owns MVQ_ROWS weight rows (in SWIGLU
+// mode: the gate row and the up row of one output) and walks the whole row
+// length; warp w takes the steps w, w + MVQ_WARPS, ... of MVQ_STEP sub-blocks
+// (1024 elements) each, lane l the sub-block l of the step. At the end the
+// warps' partial sums are added in a fixed order (warp 0..3) and the
+// epilogue runs, so results do not depend on scheduling.
+//
+// Loads (the kernel is meant to run at memory bandwidth; the activations are
+// re-read by every row, the weights exactly once):
+// - Activations: q8_1 blocks are 36 bytes, so a lane reading its own block
+//   from global memory would make 9 strided 4-byte loads (each warp load
+//   touching 9 cache lines). Instead each warp copies the step's 32 blocks per
+//   token (1152 contiguous bytes) into its slice of shared memory with
+//   coalesced 16-byte loads (4- or 8-byte where the row is less aligned),
+//   and lane l then reads block l with nine 4-byte shared loads, conflict
+//   free (word 9l + k: 9 is odd, so the 32 lanes hit 32 banks). The act
+//   registers of one token serve all MVQ_ROWS rows.
+// - Weights of the 2-byte aligned layouts (Q4_0 18 B, Q5_0 22 B, Q8_0 34 B,
+//   Q6_K 210 B) and of Q4_1/Q5_1: the warp copies each row's step chunk (32
+//   sub-blocks, e.g. 576 contiguous bytes for Q4_0) into shared memory the
+//   same way (16-byte loads when the row is 16-byte aligned, i.e. when
+//   row_bytes is: Q4_0 with n_in % 256 == 0), then each lane reads its block
+//   with 4-byte shared loads re-aligned by __byte_perm (at most 2-way bank
+//   conflicts for block strides of 4.5, 5.5, 8.5 words).
+// - Q4_K (144 B) and Q5_K (176 B) super-blocks are 16-byte aligned whenever
+//   the matrix is: lanes load their header and quants straight from global
+//   memory with 16-byte loads into registers (8 lanes share a super-block).
+// All loads of a step (weights of every row, then activations) are issued
+// before the first __syncwarp, so each lane has several in flight.
+//
+// Signed weights (Q4_0, Q5_0, Q6_K): a byte a in [0, 2^k) becomes a - 2^(k-1)
+// as (a + 0x80 - 2^(k-1)) ^ 0x80 per byte (no carry crosses bytes), so __dp4a
+// sees the signed quants and no activation sum is needed. Types with a min
+// (Q4_1, Q5_1, Q4_K, Q5_K) need sum(q_x): __dp4a with 0x01010101, once per
+// token and sub-block (shared by the rows); the block's f16 s is not used.
+#include "cuda/dequant.cuh"
+
+extern "C" {
+#include "gguf/quant_q8.h" // a C header without extern "C" guards of its own
+}
+
+#define MVQ_WARPS 4 // warps per block, splitting the row length
+#define MVQ_ROWS 2  // weight rows per block (SWIGLU: its gate and up row)
+static_assert(MVQ_ROWS == 2, "SWIGLU pairs one gate and one up row; the epilogue selects assume 2");
+#define MVQ_STEP 32       // sub-blocks (of 32 elements) per warp step
+#define MVQ_XQ_BYTES 36   // one q8_1 block (QUANT_Q8_1_BLOCK_BYTES)
+#define MVQ_QUANT_WARPS 8 // q8_1 blocks per block of the quantize kernel
+
+// ---------------------------------------------------------------------------
+// quantize
+
+// One warp per q8_1 block (lane = element): the arithmetic of
+// gguf/quant_q8.c's quant_q8_1_row, operation for operation (fmaxf ignores
+// NaN in both; the max and the integer sum are exact in any order).
+__global__ static void __launch_bounds__(MVQ_QUANT_WARPS *VELA_WARP)
+    quantize_q8_1_kernel(uint8_t *__restrict__ xq /* [n_blocks][36] */,
+                         const float *__restrict__ x /* [n_blocks][32] */, int64_t n_blocks) {
+    const int lane = threadIdx.x % VELA_WARP;
+    for (int64_t b = (int64_t)blockIdx.x * MVQ_QUANT_WARPS + threadIdx.x / VELA_WARP; b < n_blocks;
+         b += (int64_t)gridDim.x * MVQ_QUANT_WARPS) {
+        const float v = x[b * 32 + lane];
+        const float amax = warp_max(fmaxf(0.0f, fabsf(v)));
+        const float d = amax / 127.0f;
+        const uint32_t d16 = __half_as_ushort(__float2half_rn(d));
+        int q = 0;
+        uint32_t s16 = 0;
+        if ((d16 & 0x7fffu) != 0) { // uniform across the warp
+            const float id = 1.0f / d;
+            q = (int)fminf(fmaxf(roundf(v * id), -127.0f), 127.0f);
+            int sum = q;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                sum += __shfl_xor_sync(VELA_FULL_MASK, sum, o);
+            s16 = __half_as_ushort(__float2half_rn(d * (float)sum));
+        }
+        uint8_t *blk = xq + b * MVQ_XQ_BYTES;
+        blk[4 + lane] = (uint8_t)(int8_t)q;
+        if (lane == 0)
+            *(uint32_t *)blk = d16 | (s16 << 16); // d16 == 0 exactly for a zero block (d >= 0)
+    }
+}
+
+extern "C" int cuda_quantize_q8_1(void *xq, const float *x, int n_tok, int64_t n_in,
+                                  cudaStream_t stream, struct verr *err) {
+    if (n_tok < 0 || n_in <= 0 || n_in % 32 != 0)
+        return verr_set(err, VERR_RANGE,
+                        "quantize q8_1: n_tok %d, n_in %lld: need n_tok >= 0 and n_in a positive "
+                        "multiple of 32",
+                        n_tok, (long long)n_in);
+    if (n_tok == 0)
+        return VERR_OK;
+    if (!xq || !x || ((uintptr_t)xq & 3u) != 0 || ((uintptr_t)x & 3u) != 0)
+        return verr_set(err, VERR_RANGE,
+                        "quantize q8_1: x %p and xq %p must be non-NULL and 4-byte aligned",
+                        (const void *)x, xq);
+    const int64_t n_blocks = (int64_t)n_tok * (n_in / 32);
+    int64_t grid = (n_blocks + MVQ_QUANT_WARPS - 1) / MVQ_QUANT_WARPS;
+    if (grid > 65535)
+        grid = 65535; // grid-stride beyond
+    quantize_q8_1_kernel<<<(unsigned int)grid, MVQ_QUANT_WARPS * VELA_WARP, 0, stream>>>(
+        (uint8_t *)xq, x, n_blocks);
+    VELA_CHECK_LAUNCH(err, "quantize_q8_1_kernel");
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
+// shared helpers
+
+// Copies nbytes (even) from global src (2-byte aligned) to shared dst
+// (16-byte aligned) with the warp: the widest unit that src and nbytes allow,
+// lanes on consecutive units (coalesced), up to 4 loads in flight per lane.
+template <typename U>
+static __device__ __forceinline__ void
+warp_copy_units(uint8_t *__restrict__ dst, const uint8_t *__restrict__ src, int n, int lane) {
+    const U *s = (const U *)src;
+    U *d = (U *)dst;
+    for (int i = lane; i < n; i += 4 * VELA_WARP) {
+        U v[4] = {};
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (i + k * VELA_WARP < n)
+                v[k] = s[i + k * VELA_WARP];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (i + k * VELA_WARP < n)
+                d[i + k * VELA_WARP] = v[k];
+    }
+}
+
+static __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int nbytes,
+                                                 int lane) {
+    const uintptr_t a = (uintptr_t)src | (uintptr_t)nbytes;
+    if ((a & 15u) == 0)
+        warp_copy_units<uint4>(dst, src, nbytes / 16, lane);
+    else if ((a & 7u) == 0)
+        warp_copy_units<uint2>(dst, src, nbytes / 8, lane);
+    else if ((a & 3u) == 0)
+        warp_copy_units<uint32_t>(dst, src, nbytes / 4, lane);
+    else
+        warp_copy_units<uint16_t>(dst, src, nbytes / 2, lane);
+}
+
+// NW little-endian words starting at a 2-byte aligned shared address: aligned
+// 4-byte loads, shifted by 16 bits when p is 2 mod 4. Reads one word past the
+// last (the shared slices are padded for it).
+template <int NW> static __device__ __forceinline__ void sh_words(const uint8_t *p, uint32_t *w) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sel = ((uintptr_t)p & 2u) ? 0x5432u : 0x3210u;
+    uint32_t lo = a[0];
+#pragma unroll
+    for (int k = 0; k < NW; k++) {
+        const uint32_t hi = a[k + 1];
+        w[k] = __byte_perm(lo, hi, sel);
+        lo = hi;
+    }
+}
+
+static __device__ __forceinline__ float sh_f16(const uint8_t *p) {
+    return f16_bits_to_f32(*(const uint16_t *)p);
+}
+
+// Per byte: a in [0, 2^k) -> a - 2^(k-1) as a signed byte; bias = 0x80 - 2^(k-1)
+// replicated (0x78787878 for k = 4, 0x70.. for 5, 0x60.. for 6).
+static __device__ __forceinline__ int to_signed(uint32_t a, uint32_t bias) {
+    return (int)((a + bias) ^ 0x80808080u);
+}
+
+// Bits 0..3 of x -> bit 4 of bytes 0..3 (the multiplier's shifts 4, 11, 18,
+// 25 put bit i at 8i + 4; the four copies do not overlap, so nothing carries).
+static __device__ __forceinline__ uint32_t spread_bit4(uint32_t x) {
+    return ((x & 0xfu) * 0x02040810u) & 0x10101010u;
+}
+
+// One sub-block of a weight row in dp4a form: v[k] holds elements 4k..4k+3
+// as bytes (signed for the offset types), plus the factors of its term.
+struct mvq_w {
+    int v[8];
+    float a, b;   // dw, m (legacy) / d, dmin (K) / d (Q6_K)
+    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q6_K: scales of elements 0..15, 16..31
+};
+
+// Raw registers of a directly loaded K super-block (Q4_K: hdr + qs; Q5_K
+// also qh).
+struct mvq_raw {
+    uint4 hdr, q0, q1, h0, h1;
+};
+
+template <int T> struct mvq_traits {
+    // Sub-blocks per weight block and whether rows are staged in shared memory.
+    static constexpr int subs = qtype<T>::block / 32;
+    static constexpr bool staged = !(T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K);
+    static constexpr bool has_min =
+        T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_1 || T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K;
+    // Bytes of one step's chunk of a row (MVQ_STEP sub-blocks).
+    static constexpr int chunk = MVQ_STEP / subs * qtype<T>::bytes;
+};
+
+// Direct (global) loads of sub-block j of super-block blk (16-byte aligned).
+template <int T>
+static __device__ __forceinline__ void mvq_load_direct(const uint8_t *blk, int j, mvq_raw *r) {
+    const uint4 *p = (const uint4 *)blk;
+    r->hdr = p[0];
+    if (T == GGML_TYPE_Q4_K) {
+        r->q0 = p[1 + 2 * (j >> 1)];
+        r->q1 = p[2 + 2 * (j >> 1)];
+    } else {
+        r->h0 = p[1];
+        r->h1 = p[2];
+        r->q0 = p[3 + 2 * (j >> 1)];
+        r->q1 = p[4 + 2 * (j >> 1)];
+    }
+}
+
+static __device__ __forceinline__ void words_of(uint4 a, uint4 b, uint32_t *w) {
+    w[0] = a.x;
+    w[1] = a.y;
+    w[2] = a.z;
+    w[3] = a.w;
+    w[4] = b.x;
+    w[5] = b.y;
+    w[6] = b.z;
+    w[7] = b.w;
+}
+
+// Decodes the lane's sub-block: p is its block in shared memory (staged
+// types; for Q6_K the super-block) and j its index inside a K super-block.
+template <int T>
+static __device__ __forceinline__ void mvq_decode(const uint8_t *p, const mvq_raw &raw, int j,
+                                                  mvq_w *o) {
+    if (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {
+        constexpr int qoff = T == GGML_TYPE_Q4_1 ? 4 : 2;
+        uint32_t q[4];
+        sh_words<4>(p + qoff, q);
+        o->a = sh_f16(p);
+        o->b = T == GGML_TYPE_Q4_1 ? sh_f16(p + 2) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t lo = q[k] & 0x0f0f0f0fu, hi = (q[k] >> 4) & 0x0f0f0f0fu;
+            o->v[k] = T == GGML_TYPE_Q4_0 ? to_signed(lo, 0x78787878u) : (int)lo;
+            o->v[k + 4] = T == GGML_TYPE_Q4_0 ? to_signed(hi, 0x78787878u) : (int)hi;
+        }
+    } else if (T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1) {
+        constexpr int hoff = T == GGML_TYPE_Q5_1 ? 4 : 2;
+        uint32_t qh, q[4];
+        sh_words<1>(p + hoff, &qh);
+        sh_words<4>(p + hoff + 4, q);
+        o->a = sh_f16(p);
+        o->b = T == GGML_TYPE_Q5_1 ? sh_f16(p + 2) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t lo = (q[k] & 0x0f0f0f0fu) | spread_bit4(qh >> (4 * k));
+            const uint32_t hi = ((q[k] >> 4) & 0x0f0f0f0fu) | spread_bit4(qh >> (16 + 4 * k));
+            o->v[k] = T == GGML_TYPE_Q5_0 ? to_signed(lo, 0x70707070u) : (int)lo;
+            o->v[k + 4] = T == GGML_TYPE_Q5_0 ? to_signed(hi, 0x70707070u) : (int)hi;
+        }
+    } else if (T == GGML_TYPE_Q8_0) {
+        sh_words<8>(p + 2, (uint32_t *)o->v);
+        o->a = sh_f16(p);
+        o->b = 0.0f;
+    } else if (T == GGML_TYPE_Q6_K) {
+        const int n = j >> 2, s = j & 3;
+        uint32_t ql[8], qh[8];
+        sh_words<8>(p + 64 * n + 32 * (s & 1), ql);
+        sh_words<8>(p + 128 + 32 * n, qh);
+        const uint32_t sc = *(const uint16_t *)(p + 192 + 8 * n + 2 * s);
+        o->a = sh_f16(p + 208);
+        o->b = 0.0f;
+        o->sc0 = (int)(int8_t)(sc & 0xffu);
+        o->sc1 = (int)(int8_t)(sc >> 8);
+        const int ls = 4 * (s >> 1), hs = 2 * s;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            o->v[k] = to_signed(
+                ((ql[k] >> ls) & 0x0f0f0f0fu) | (((qh[k] >> hs) & 0x03030303u) << 4), 0x60606060u);
+    } else { // Q4_K, Q5_K from registers
+        const uint32_t s3[3] = {raw.hdr.y, raw.hdr.z, raw.hdr.w};
+        k4_scale_min(s3, j, &o->sc0, &o->sc1);
+        o->a = f16_bits_to_f32((uint16_t)(raw.hdr.x & 0xffffu));
+        o->b = f16_bits_to_f32((uint16_t)(raw.hdr.x >> 16));
+        uint32_t q[8];
+        words_of(raw.q0, raw.q1, q);
+        const int shift = 4 * (j & 1);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            o->v[k] = (int)((q[k] >> shift) & 0x0f0f0f0fu);
+        if (T == GGML_TYPE_Q5_K) {
+            uint32_t h[8];
+            words_of(raw.h0, raw.h1, h);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                o->v[k] |= (int)(((h[k] >> j) & 0x01010101u) << 4);
+        }
+    }
+}
+
+// The sub-block's float term (gguf/quant_q8.h), dx the activation scale.
+template <int T>
+static __device__ __forceinline__ float mvq_term(const mvq_w &w, const int *u, int sumq, float dx) {
+    if (T == GGML_TYPE_Q6_K) {
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            lo = __dp4a(w.v[k], u[k], lo);
+            hi = __dp4a(w.v[k + 4], u[k + 4], hi);
+        }
+        return mul_rn(mul_rn(w.a, dx), (float)(w.sc0 * lo + w.sc1 * hi));
+    }
+    int sumi = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        sumi = __dp4a(w.v[k], u[k], sumi);
+    if (T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_1)
+        return add_rn(mul_rn(mul_rn(w.a, dx), (float)sumi), mul_rn(mul_rn(w.b, dx), (float)sumq));
+    if (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K)
+        return sub_rn(mul_rn(mul_rn(w.a, dx), (float)(w.sc0 * sumi)),
+                      mul_rn(mul_rn(w.b, dx), (float)(w.sc1 * sumq)));
+    return mul_rn(mul_rn(w.a, dx), (float)sumi);
+}
+
+// silu(g) * u with the expression of elementwise.cu's swiglu, so the fused
+// epilogue equals matvec + cuda_swiglu_apply bit for bit.
+static __device__ __forceinline__ float mvq_silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+// ---------------------------------------------------------------------------
+// mat-vec
+
+struct mvq_args {
+    float *out[CUDA_MV_MAX_SEGS];        // [n_tok][n_out]
+    const uint8_t *w[CUDA_MV_MAX_SEGS];  // [n_out][row_bytes]
+    const float *bias[CUDA_MV_MAX_SEGS]; // [n_out] or NULL
+    int64_t n_out[CUDA_MV_MAX_SEGS];
+    unsigned int first_block[CUDA_MV_MAX_SEGS + 1]; // blocks of seg s: [first[s], first[s+1])
+    const uint8_t *xq;                              // [n_tok][xq_row_bytes]
+    size_t row_bytes, xq_row_bytes;
+    int64_t n_in;
+    int n_tok, epi;
+    int warp_smem; // bytes of one warp's shared slice
+};
+
+template <int T, int NT>
+__global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(const mvq_args a) {
+    typedef mvq_traits<T> tr;
+    extern __shared__ __align__(16) uint8_t mvq_smem[];
+    __shared__ float red[MVQ_WARPS][MVQ_ROWS][NT];
+    const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
+
+    // Rows of this block (uniform): (segment, output index) per row. A row
+    // past n_out (the last block of a segment) computes row o0 again and
+    // stores nothing, which keeps the inner loops free of row tests.
+    // Selects rather than indexing the parameter arrays with a run-time
+    // segment (that would copy them to the stack).
+    const unsigned int bx = blockIdx.x;
+    const int seg = (bx >= a.first_block[1]) + (bx >= a.first_block[2]);
+    const unsigned int fseg = seg == 0 ? 0u : seg == 1 ? a.first_block[1] : a.first_block[2];
+    const bool swiglu = a.epi == CUDA_MV_SWIGLU;
+    // SWIGLU: the gate row o0 of seg 0 and the up row o0 of seg 1.
+    const int64_t o0 = swiglu ? (int64_t)bx : (int64_t)(bx - fseg) * MVQ_ROWS;
+    const uint8_t *rows[MVQ_ROWS];
+    {
+        const uint8_t *const wseg = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
+        const int64_t nseg = seg == 0 ? a.n_out[0] : seg == 1 ? a.n_out[1] : a.n_out[2];
+        rows[0] = (swiglu ? a.w[0] : wseg) + (size_t)o0 * a.row_bytes;
+        rows[1] = swiglu ? a.w[1] + (size_t)o0 * a.row_bytes
+                         : wseg + (size_t)(o0 + 1 < nseg ? o0 + 1 : o0) * a.row_bytes;
+    }
+
+    uint8_t *xs = mvq_smem + (size_t)warp * a.warp_smem;          // [n_tok][MVQ_STEP][36]
+    uint8_t *ws = xs + (size_t)a.n_tok * MVQ_STEP * MVQ_XQ_BYTES; // [MVQ_ROWS][chunk + 16]
+
+    float acc[MVQ_ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < MVQ_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = 0.0f;
+
+    const int64_t n_sub = a.n_in / 32;
+    for (int64_t sb0 = (int64_t)warp * MVQ_STEP; sb0 < n_sub; sb0 += MVQ_WARPS * MVQ_STEP) {
+        const int nsb = (int)(n_sub - sb0 < MVQ_STEP ? n_sub - sb0 : MVQ_STEP);
+        const bool active = lane < nsb;
+        // Weights: the lane's sub-block is block lane / subs, part lane % subs.
+        const int64_t blk0 = sb0 / tr::subs; // first weight block of the step
+        const int jb = lane / tr::subs, j = lane % tr::subs;
+        mvq_raw raw[MVQ_ROWS] = {};
+        if (tr::staged) {
+#pragma unroll
+            for (int r = 0; r < MVQ_ROWS; r++)
+                warp_copy(ws + r * (tr::chunk + 16), rows[r] + blk0 * qtype<T>::bytes,
+                          nsb / tr::subs * qtype<T>::bytes, lane);
+        } else if (active) {
+#pragma unroll
+            for (int r = 0; r < MVQ_ROWS; r++)
+                mvq_load_direct<T>(rows[r] + (blk0 + jb) * qtype<T>::bytes, j, &raw[r]);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < a.n_tok)
+                warp_copy(xs + t * MVQ_STEP * MVQ_XQ_BYTES,
+                          a.xq + t * a.xq_row_bytes + sb0 * MVQ_XQ_BYTES, nsb * MVQ_XQ_BYTES, lane);
+        __syncwarp();
+        if (active) {
+            mvq_w wv[MVQ_ROWS];
+#pragma unroll
+            for (int r = 0; r < MVQ_ROWS; r++)
+                mvq_decode<T>(ws + r * (tr::chunk + 16) + jb * qtype<T>::bytes, raw[r], j, &wv[r]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < a.n_tok) {
+                    const uint32_t *xb =
+                        (const uint32_t *)(xs + t * MVQ_STEP * MVQ_XQ_BYTES + lane * MVQ_XQ_BYTES);
+                    const float dx = f16_bits_to_f32((uint16_t)(xb[0] & 0xffffu));
+                    int u[8];
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        u[k] = (int)xb[1 + k];
+                    int sumq = 0;
+                    if (tr::has_min) {
+#pragma unroll
+                        for (int k = 0; k < 8; k++)
+                            sumq = __dp4a(0x01010101, u[k], sumq);
+                    }
+#pragma unroll
+                    for (int r = 0; r < MVQ_ROWS; r++)
+                        acc[r][t] += mvq_term<T>(wv[r], u, sumq, dx);
+                }
+            }
+        }
+        __syncwarp(); // the next step overwrites this warp's shared slice
+    }
+
+#pragma unroll
+    for (int r = 0; r < MVQ_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == 0)
+                red[warp][r][t] = s;
+        }
+    __syncthreads();
+    const int tid = threadIdx.x;
+    if (a.epi == CUDA_MV_SWIGLU) {
+        if (tid < a.n_tok) {
+            float g = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MVQ_WARPS; w++) {
+                g += red[w][0][tid];
+                u += red[w][1][tid];
+            }
+            a.out[0][(size_t)tid * a.n_out[0] + o0] = mvq_silu_mul(g, u);
+        }
+    } else if (tid < MVQ_ROWS * NT) {
+        // Re-derived here rather than kept live through the main loop.
+        float *const oseg = seg == 0 ? a.out[0] : seg == 1 ? a.out[1] : a.out[2];
+        const float *const bseg = seg == 0 ? a.bias[0] : seg == 1 ? a.bias[1] : a.bias[2];
+        const int64_t nseg = seg == 0 ? a.n_out[0] : seg == 1 ? a.n_out[1] : a.n_out[2];
+        const int r = tid / NT, t = tid % NT;
+        if (t < a.n_tok && o0 + r < nseg) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MVQ_WARPS; w++)
+                s += red[w][r][t];
+            const int64_t o = o0 + r;
+            if (bseg)
+                s = s + bseg[o];
+            float *dst = oseg + (size_t)t * nseg + o;
+            *dst = a.epi == CUDA_MV_ADD ? *dst + s : s;
+        }
+    }
+}
+
+template <int T, int NT>
+static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, cudaStream_t stream,
+                            struct verr *err) {
+    const size_t smem = (size_t)MVQ_WARPS * a.warp_smem;
+    matvec_q8_kernel<T, NT><<<n_blocks, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
+    VELA_CHECK_LAUNCH(err, "matvec_q8_kernel");
+    return VERR_OK;
+}
+
+extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
+                                   int64_t n_in, const void *xq, int n_tok,
+                                   enum cuda_mv_epilogue epi, cudaStream_t stream,
+                                   struct verr *err) {
+    if (n_tok < 1 || n_tok > CUDA_MATVEC_MAX_TOK)
+        return verr_set(err, VERR_RANGE, "matvec q8: n_tok %d outside [1, %d]", n_tok,
+                        CUDA_MATVEC_MAX_TOK);
+    if (!segs || n_seg < 1 || n_seg > CUDA_MV_MAX_SEGS)
+        return verr_set(err, VERR_RANGE, "matvec q8: %d segments (need 1..%d)", n_seg,
+                        CUDA_MV_MAX_SEGS);
+    if (epi != CUDA_MV_STORE && epi != CUDA_MV_ADD && epi != CUDA_MV_SWIGLU)
+        return verr_set(err, VERR_RANGE, "matvec q8: unknown epilogue %d", (int)epi);
+    if (!quant_q8_1_dot_supported(type))
+        return verr_set(err, VERR_UNSUPPORTED, "matvec q8: weight type %s is not supported",
+                        ggml_type_name(type));
+    const size_t row_bytes = ggml_row_bytes(type, n_in);
+    if (n_in <= 0 || row_bytes == 0)
+        return verr_set(err, VERR_RANGE, "matvec q8: %s row of %lld elements is not whole blocks",
+                        ggml_type_name(type), (long long)n_in);
+    if (!xq || ((uintptr_t)xq & 3u) != 0)
+        return verr_set(err, VERR_RANGE, "matvec q8: q8_1 activations %p are not 4-byte aligned",
+                        xq);
+    if (epi == CUDA_MV_SWIGLU &&
+        (n_seg != 2 || segs[0].n_out != segs[1].n_out || segs[0].bias || segs[1].bias))
+        return verr_set(err, VERR_RANGE,
+                        "matvec q8: swiglu takes 2 segments of equal n_out and no bias");
+    mvq_args a;
+    memset(&a, 0, sizeof a);
+    unsigned int n_blocks = 0;
+    for (int s = 0; s < n_seg; s++) {
+        const struct cuda_mv_seg *g = &segs[s];
+        if (g->n_out < 0)
+            return verr_set(err, VERR_RANGE, "matvec q8: segment %d has n_out %lld", s,
+                            (long long)g->n_out);
+        if (g->n_out > 0 && (!g->w || ((uintptr_t)g->w & 15u) != 0))
+            return verr_set(err, VERR_RANGE,
+                            "matvec q8: segment %d weights %p are not 16-byte aligned", s, g->w);
+        const bool needs_out = epi != CUDA_MV_SWIGLU || s == 0;
+        if (g->n_out > 0 && needs_out && (!g->out || ((uintptr_t)g->out & 3u) != 0))
+            return verr_set(err, VERR_RANGE,
+                            "matvec q8: segment %d output %p is NULL or not 4-byte aligned", s,
+                            (void *)g->out);
+        if (g->bias && ((uintptr_t)g->bias & 3u) != 0)
+            return verr_set(err, VERR_RANGE, "matvec q8: segment %d bias %p is not 4-byte aligned",
+                            s, (const void *)g->bias);
+        a.out[s] = g->out;
+        a.w[s] = (const uint8_t *)g->w;
+        a.bias[s] = g->bias;
+        a.n_out[s] = g->n_out;
+        a.first_block[s] = n_blocks;
+        const int64_t nb =
+            epi == CUDA_MV_SWIGLU ? (s == 0 ? g->n_out : 0) : (g->n_out + MVQ_ROWS - 1) / MVQ_ROWS;
+        if (nb > (int64_t)INT32_MAX - n_blocks)
+            return verr_set(err, VERR_RANGE, "matvec q8: %lld output rows are too many",
+                            (long long)g->n_out);
+        n_blocks += (unsigned int)nb;
+    }
+    for (int s = n_seg; s <= CUDA_MV_MAX_SEGS; s++)
+        a.first_block[s] = n_blocks;
+    if (n_blocks == 0)
+        return VERR_OK;
+    a.xq = (const uint8_t *)xq;
+    a.row_bytes = row_bytes;
+    a.xq_row_bytes = (size_t)(n_in / 32) * MVQ_XQ_BYTES;
+    a.n_in = n_in;
+    a.n_tok = n_tok;
+    a.epi = (int)epi;
+    auto run = [&](auto tc) -> int {
+        constexpr int T = decltype(tc)::value;
+        typedef mvq_traits<T> tr;
+        // Shared slice per warp: activations, then the staged weight chunks
+        // with 16 bytes of slack each (sh_words reads one word past a block).
+        a.warp_smem =
+            n_tok * MVQ_STEP * MVQ_XQ_BYTES + (tr::staged ? MVQ_ROWS * (tr::chunk + 16) : 0);
+        a.warp_smem = (a.warp_smem + 15) & ~15;
+        // NT is the register tile of tokens; n_tok 3..8 share the widest
+        // (an NT = 4 instance made ptxas spill a few bytes for some types).
+        if (n_tok == 1)
+            return matvec_q8_launch<T, 1>(a, n_blocks, stream, err);
+        if (n_tok == 2)
+            return matvec_q8_launch<T, 2>(a, n_blocks, stream, err);
+        return matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, stream, err);
+    };
+    return VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);
+}
