@@ -1,7 +1,8 @@
 // A model split by layers over CUDA stages (host/pipeline.h) against the same
 // model on one CUDA backend: every decode's logits, with micro-batches of
 // several sizes, after KV sequence ops (copy, remove, shift, divide),
-// context shift and self-extend, and a cleared cache on every stage.
+// context shift and self-extend, and a cleared cache on every stage; with
+// F32 caches and vela's default F16 ones.
 // - `--devices 0,0`: two stages on one GPU, the in-process transport;
 // - `--devices 0,1` (and 0,1,2): one GPU per stage, the NCCL transport
 //   (asserted to be the one chosen), with two GPUs or more; under the
@@ -207,31 +208,36 @@ static void kv_script(struct run *r, float **out1, float **out2) {
 #define N_TOK 21
 
 static float *ref_plain, *ref_kv1, *ref_kv2;
+static enum ggml_type ref_type;
 
-static void reference(void) {
-    if (ref_plain)
+static void reference(enum ggml_type kv_type) {
+    if (ref_plain && ref_type == kv_type)
         return;
+    free(ref_plain);
+    free(ref_kv1);
+    free(ref_kv2);
     struct run r;
     struct verr err = {0};
-    cr_assert_eq(open_run(&r, NULL, 0, GGML_TYPE_F32, &err), 0, "%s", err.msg);
+    cr_assert_eq(open_run(&r, NULL, 0, kv_type, &err), 0, "%s", err.msg);
     cr_assert_null(r.m->pipe);
     ref_plain = decode_seq(&r, 0, 0, N_TOK, 8, 0);
     close_run(&r);
-    cr_assert_eq(open_run(&r, NULL, 0, GGML_TYPE_F32, &err), 0, "%s", err.msg);
+    cr_assert_eq(open_run(&r, NULL, 0, kv_type, &err), 0, "%s", err.msg);
     kv_script(&r, &ref_kv1, &ref_kv2);
     close_run(&r);
+    ref_type = kv_type;
 }
 
-// One split against the reference: plain decodes with each micro-batch
-// size, then the KV script with the first.
-static void check_split(const char *devices, int n_stages, const char *transport, const int *ubs,
-                        int n_ubs) {
+// One split against the reference with a KV cache of kv_type: plain
+// decodes with each micro-batch size, then the KV script with the first.
+static void check_split_kv(const char *devices, int n_stages, const char *transport,
+                           const int *ubs, int n_ubs, enum ggml_type kv_type) {
     const int V = cfg.n_vocab;
     struct verr err = {0};
-    reference();
+    reference(kv_type);
     for (int u = 0; u < n_ubs; u++) {
         struct run r;
-        cr_assert_eq(open_run(&r, devices, ubs[u], GGML_TYPE_F32, &err), 0, "%s: %s", devices,
+        cr_assert_eq(open_run(&r, devices, ubs[u], kv_type, &err), 0, "%s: %s", devices,
                      err.msg);
         cr_assert_not_null(r.m->pipe, "%s: not split", devices);
         cr_assert_eq(r.m->pipe->n_stages, n_stages);
@@ -254,14 +260,15 @@ static void check_split(const char *devices, int n_stages, const char *transport
                          "bytes through NCCL");
 #endif
         char what[96];
-        snprintf(what, sizeof what, "--devices %s -ub %d (%s)", devices, ubs[u], transport);
+        snprintf(what, sizeof what, "--devices %s -ub %d (%s, %s KV)", devices, ubs[u], transport,
+                 ggml_type_name(kv_type));
         assert_same(got, ref_plain, (size_t)N_TOK * V, what);
         free(got);
         close_run(&r);
     }
     struct run r;
     float *g1, *g2;
-    cr_assert_eq(open_run(&r, devices, ubs[0], GGML_TYPE_F32, &err), 0, "%s", err.msg);
+    cr_assert_eq(open_run(&r, devices, ubs[0], kv_type, &err), 0, "%s", err.msg);
     kv_script(&r, &g1, &g2);
     for (int s = 1; s < r.m->pipe->n_stages; s++) {
         const struct kv_cache *k0 = &r.fc.kv, *ks = &r.fc.pipe->fc[s]->kv;
@@ -270,12 +277,22 @@ static void check_split(const char *devices, int n_stages, const char *transport
     }
     close_run(&r);
     char what[96];
-    snprintf(what, sizeof what, "--devices %s: after seq cp / rm / add / div", devices);
+    snprintf(what, sizeof what, "--devices %s (%s KV): after seq cp / rm / add / div", devices,
+             ggml_type_name(kv_type));
     assert_same(g1, ref_kv1, (size_t)10 * V, what);
-    snprintf(what, sizeof what, "--devices %s: context shift and self-extend", devices);
+    snprintf(what, sizeof what, "--devices %s (%s KV): context shift and self-extend", devices,
+             ggml_type_name(kv_type));
     assert_same(g2, ref_kv2, (size_t)27 * V, what);
     free(g1);
     free(g2);
+}
+
+// F32 caches with the given micro-batch sizes, then vela's default F16
+// cache (the f16 K/V store and shift kernels) with the first.
+static void check_split(const char *devices, int n_stages, const char *transport, const int *ubs,
+                        int n_ubs) {
+    check_split_kv(devices, n_stages, transport, ubs, n_ubs, GGML_TYPE_F32);
+    check_split_kv(devices, n_stages, transport, ubs, 1, GGML_TYPE_F16);
 }
 
 // (a) Two stages on one GPU: the in-process transport (NCCL wants one rank
