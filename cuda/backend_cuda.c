@@ -17,6 +17,7 @@
 
 #include "cuda/cuda_ops.h"
 #include "gguf/quant.h"
+#include "gguf/quant_q8.h"
 #include "host/backend.h"
 #include "host/stage.h"
 
@@ -318,6 +319,30 @@ static int cu_rms_norm(struct backend *be, float *out, const float *x, const flo
     return cuda_rms_norm_apply(out, x, w, n_rows, n, eps, cb_of(be)->stream, &be->err);
 }
 
+_Static_assert(BACKEND_ACT_Q8_MAX_TOK == CUDA_MATVEC_MAX_TOK,
+               "act_q8 covers exactly the mat-vec batches");
+
+// The decode mat-vec of segments sharing x: f32 activations, or with act_q8
+// (backend.h) x quantized to q8_1 in the scratch first and the dp4a kernels.
+static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_seg,
+                     enum ggml_type type, int64_t n_in, const float *x, int n_tok,
+                     enum cuda_mv_epilogue epi) {
+    struct cuda_backend *cb = cb_of(be);
+    if (!be->act_q8 || !quant_q8_1_dot_supported(type))
+        return cuda_matvec_segs(segs, n_seg, type, n_in, x, n_tok, epi, cb->stream, &be->err);
+    const int64_t row = quant_q8_1_row_bytes(n_in);
+    if (row <= 0)
+        return verr_set(&be->err, VERR_RANGE, "matmul: n_in %lld is not a multiple of 32",
+                        (long long)n_in);
+    int rc = cu_scratch_reserve(be, (size_t)n_tok * (size_t)row);
+    if (!rc)
+        rc = cuda_quantize_q8_1(cb->scratch, x, n_tok, n_in, cb->stream, &be->err);
+    if (!rc)
+        rc = cuda_matvec_q8_segs(segs, n_seg, type, n_in, cb->scratch, n_tok, epi, cb->stream,
+                                 &be->err);
+    return rc;
+}
+
 static int cu_matmul(struct backend *be, float *out, const struct backend_weight *w, const float *x,
                      const float *bias, int n_tok) {
     CU_ENTER(be);
@@ -329,9 +354,10 @@ static int cu_matmul(struct backend *be, float *out, const struct backend_weight
     if ((const void *)out == (const void *)x)
         return verr_set(&be->err, VERR_RANGE, "matmul: out must not alias x");
     struct cuda_backend *cb = cb_of(be);
-    if (n_tok <= CUDA_MATVEC_MAX_TOK)
-        return cuda_matvec_apply(out, w->data, w->type, w->n_in, w->n_out, x, bias, n_tok,
-                                 cb->stream, &be->err);
+    if (n_tok <= CUDA_MATVEC_MAX_TOK) {
+        const struct cuda_mv_seg seg = {out, w->data, bias, w->n_out};
+        return cu_matvec(be, &seg, 1, w->type, w->n_in, x, n_tok, CUDA_MV_STORE);
+    }
     rc = cu_scratch_reserve(be, cuda_matmul_scratch_bytes(w->type, w->n_in, w->n_out, n_tok));
     if (rc)
         return rc;
@@ -366,8 +392,7 @@ static int cu_matmul_multi(struct backend *be, const struct backend_mm *mm, int 
         struct cuda_mv_seg segs[CUDA_MV_MAX_SEGS];
         for (int i = 0; i < n; i++)
             segs[i] = (struct cuda_mv_seg){mm[i].out, mm[i].w->data, mm[i].bias, mm[i].w->n_out};
-        return cuda_matvec_segs(segs, n, mm[0].w->type, mm[0].w->n_in, x, n_tok, CUDA_MV_STORE,
-                                cb_of(be)->stream, &be->err);
+        return cu_matvec(be, segs, n, mm[0].w->type, mm[0].w->n_in, x, n_tok, CUDA_MV_STORE);
     }
     for (int i = 0; i < n; i++) {
         int rc = cu_matmul(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
@@ -390,8 +415,7 @@ static int cu_matmul_add(struct backend *be, float *y, const struct backend_weig
     struct cuda_backend *cb = cb_of(be);
     if (n_tok <= CUDA_MATVEC_MAX_TOK) {
         const struct cuda_mv_seg seg = {y, w->data, NULL, w->n_out};
-        return cuda_matvec_segs(&seg, 1, w->type, w->n_in, x, n_tok, CUDA_MV_ADD, cb->stream,
-                                &be->err);
+        return cu_matvec(be, &seg, 1, w->type, w->n_in, x, n_tok, CUDA_MV_ADD);
     }
     rc = cu_scratch_reserve(be, cuda_matmul_scratch_bytes(w->type, w->n_in, w->n_out, n_tok));
     if (rc)
@@ -421,8 +445,7 @@ static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
             return verr_set(&be->err, VERR_RANGE, "matmul_swiglu: out aliases x");
         const struct cuda_mv_seg segs[2] = {{out, w_gate->data, NULL, w_gate->n_out},
                                             {out, w_up->data, NULL, w_up->n_out}};
-        return cuda_matvec_segs(segs, 2, w_gate->type, w_gate->n_in, x, n_tok, CUDA_MV_SWIGLU,
-                                cb_of(be)->stream, &be->err);
+        return cu_matvec(be, segs, 2, w_gate->type, w_gate->n_in, x, n_tok, CUDA_MV_SWIGLU);
     }
     rc = cu_matmul(be, out, w_gate, x, NULL, n_tok);
     if (!rc)
@@ -809,6 +832,10 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
     }
     be->ops = &cuda_ops;
     be->device = device;
+    // 8-bit activations for decode mat-vecs by default (backend.h): f32
+    // activations make the quantized mat-vec compute-bound on GPUs whose
+    // bandwidth outruns their float issue rate; --matvec-act f32 turns it off.
+    be->act_q8 = true;
     be->impl = cb;
     *out = be;
     return VERR_OK;

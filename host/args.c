@@ -230,6 +230,12 @@ int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct
         *i += 1;
         return 1;
     }
+    if (args_is(arg, "--matvec-act", NULL)) {
+        static const struct choice acts[] = {{"q8", ARGS_ACT_Q8}, {"f32", ARGS_ACT_F32}};
+        int rc = value_choice(argc, argv, i, "--matvec-act", acts, 2,
+                              "an activation type (q8, f32)", &a->matvec_act, err);
+        return rc ? rc : 1;
+    }
     return 0;
 }
 
@@ -250,6 +256,11 @@ void args_help_model(FILE *out) {
             "  --no-cuda-graph           run decode steps op by op instead of replaying CUDA "
             "graphs\n"
             "                            (also VELA_NO_CUDA_GRAPH=1)\n"
+            "  --matvec-act q8|f32       activations of decode mat-vecs with quantized weights: "
+            "q8 rounds\n"
+            "                            them to 8 bits for integer dot products (as llama.cpp; "
+            "default\n"
+            "                            on CUDA), f32 keeps them exact (default on the CPU)\n"
             "several devices (split by layers, see README):\n"
             "  --devices LIST            devices of the stages: 0,1 / cuda0,cuda1 / cpu,cpu "
             "(default: every GPU)\n"
@@ -325,7 +336,13 @@ void args_help_sampler(FILE *out) {
 
 #undef DONE
 
-int args_backend_create(const struct args_model *a, struct backend **out, struct verr *err) {
+void args_backend_tune(const struct args_model *a, struct backend *be) {
+    if (be && a->matvec_act != ARGS_ACT_DEFAULT)
+        be->act_q8 = a->matvec_act == ARGS_ACT_Q8;
+}
+
+static int backend_create_untuned(const struct args_model *a, struct backend **out,
+                                  struct verr *err) {
     *out = NULL;
     switch (a->backend) {
     case ARGS_BACKEND_CPU:
@@ -342,6 +359,13 @@ int args_backend_create(const struct args_model *a, struct backend **out, struct
     if (backend_cuda_device_count() > a->device)
         return backend_cuda_create(out, a->device, err);
     return backend_cpu_create(out, a->n_threads, err);
+}
+
+int args_backend_create(const struct args_model *a, struct backend **out, struct verr *err) {
+    int rc = backend_create_untuned(a, out, err);
+    if (!rc)
+        args_backend_tune(a, *out);
+    return rc;
 }
 
 int args_resolve_ctx(const struct args_model *a, const struct model_hparams *hp) {

@@ -43,6 +43,7 @@ struct args_model {
     bool verbose;               // --verbose, -v
     bool no_progress;           // --no-progress: no load progress on stderr
     bool no_cuda_graph;         // --no-cuda-graph (forward_config.no_graph)
+    int matvec_act;             // --matvec-act q8|f32: backend.act_q8 (ARGS_ACT_*)
     // Several devices (host/pipeline.h), llama.cpp's flags. --main-gpu / -mg sets `device`.
     int split_mode;           // --split-mode layer|none (ARGS_SPLIT_*; layer by default)
     const char *tensor_split; // --tensor-split, -ts "3,1"; NULL: by free memory
@@ -54,6 +55,12 @@ enum args_split_mode {
     ARGS_SPLIT_LAYER = 0, // contiguous layer ranges per device (the default)
     ARGS_SPLIT_NONE = 1,  // everything on --main-gpu
     ARGS_SPLIT_ROW = 2,   // llama.cpp's row split: refused
+};
+
+enum args_act {
+    ARGS_ACT_DEFAULT = 0, // the backend's own default
+    ARGS_ACT_Q8 = 1,      // 8-bit activations, integer dots (backend.act_q8 on)
+    ARGS_ACT_F32 = 2,     // f32 activations (act_q8 off)
 };
 
 void args_model_default(struct args_model *a);
@@ -76,6 +83,9 @@ bool args_is(const char *arg, const char *name, const char *alias);
 // The backend the flags ask for: --backend cuda without CUDA (or without a
 // GPU) is an error saying so; auto takes cuda when a GPU is usable.
 int args_backend_create(const struct args_model *a, struct backend **out, struct verr *err);
+// Applies the flags that tune a created backend (--matvec-act): every stage's
+// backend gets the same settings.
+void args_backend_tune(const struct args_model *a, struct backend *be);
 // The context size to use: -c, or the model's context capped at ARGS_CTX_CAP.
 int args_resolve_ctx(const struct args_model *a, const struct model_hparams *hp);
 // A forward config from the flags (n_ctx resolved against hp).

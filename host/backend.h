@@ -263,8 +263,18 @@ struct backend {
     struct verr err;   // last error of an op
     int n_threads;     // CPU backend
     int device;        // CUDA backend: device ordinal
+    // 8-bit activations for decode mat-vecs (every backend, same rule): a
+    // matmul (and the fused matmuls) of a batch of at most
+    // BACKEND_ACT_Q8_MAX_TOK tokens with a weight type quant_q8_1_dot_supported
+    // takes x rounded to q8_1 blocks and computes each output as
+    // quant_dot_q8_1 (gguf/quant_q8.h) (+ bias), as llama.cpp's CUDA
+    // mat-vec does; error about 3e-3 of sum|w x| (tests/test_quant_q8.c).
+    // Off: f32 activations. backend_cuda_create turns it on, the CPU off.
+    bool act_q8;
     void *impl;        // backend-private state
 };
+
+#define BACKEND_ACT_Q8_MAX_TOK 8
 
 // Creates the CPU reference backend with n_threads worker threads (<= 0: all cores).
 int backend_cpu_create(struct backend **out, int n_threads, struct verr *err);

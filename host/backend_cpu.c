@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "gguf/quant.h"
+#include "gguf/quant_q8.h"
 #include "host/backend.h"
 #include "host/rope.h"
 #include "host/sampler.h"
@@ -28,6 +29,8 @@ struct cpu_state {
     int n_threads;
     float **scratch;      // [n_threads] buffers of scratch_bytes each (64-byte aligned)
     size_t scratch_bytes;
+    void *xq; // act_q8: the q8_1 activations of the current matmul
+    size_t xq_bytes;
 };
 
 static struct cpu_state *cpu_state_of(struct backend *be) {
@@ -305,10 +308,32 @@ struct mm_job {
     int n_tok;
     size_t row_bytes;               // of one stored weight row
     bool accumulate;                // out += W x (matmul_add) instead of out = W x
+    const uint8_t *xq;              // act_q8: x as q8_1 rows of xq_row bytes, else NULL
+    size_t xq_row;
     int64_t rows_per_block;
     float **scratch;                // per thread [rows_per_block][w->n_in]
     _Atomic int failed; // a dequantization error (not expected after the checks)
 };
+
+// act_q8 (backend.h): every token's dot with a weight row through q8_1.
+static void mm_q8_range(void *ctx, int64_t o0, int64_t o1, int thread) {
+    (void)thread;
+    struct mm_job *j = ctx;
+    const char *wd = (const char *)j->w->data;
+    const int64_t n_out = j->w->n_out;
+    for (int64_t o = o0; o < o1; o++) {
+        for (int t = 0; t < j->n_tok; t++) {
+            float s = 0.0f;
+            if (quant_dot_q8_1(j->w->type, wd + (size_t)o * j->row_bytes,
+                               j->xq + (size_t)t * j->xq_row, j->w->n_in, &s, NULL) != 0)
+                atomic_store(&j->failed, 1);
+            if (j->bias)
+                s += j->bias[o];
+            float *dst = j->out + (size_t)t * n_out + o;
+            *dst = j->accumulate ? *dst + s : s;
+        }
+    }
+}
 
 static void mm_vec_range(void *ctx, int64_t o0, int64_t o1, int thread) {
     (void)thread;
@@ -369,6 +394,28 @@ static int cpu_matmul_impl(struct backend *be, float *out, const struct backend_
         .accumulate = accumulate, .scratch = st->scratch,
     };
     atomic_init(&j.failed, 0);
+    if (be->act_q8 && n_tok <= BACKEND_ACT_Q8_MAX_TOK && quant_q8_1_dot_supported(w->type)) {
+        const size_t xr = (size_t)quant_q8_1_row_bytes(w->n_in), need = xr * (size_t)n_tok;
+        if (need > st->xq_bytes) {
+            void *p = realloc(st->xq, need);
+            if (!p)
+                return verr_set(&be->err, VERR_NOMEM, "cpu matmul: out of memory for %zu bytes",
+                                need);
+            st->xq = p;
+            st->xq_bytes = need;
+        }
+        for (int t = 0; t < n_tok; t++)
+            if ((rc = quant_q8_1_row(x + (size_t)t * w->n_in, w->n_in, (uint8_t *)st->xq + t * xr,
+                                     &be->err)))
+                return rc;
+        j.xq = st->xq;
+        j.xq_row = xr;
+        threadpool_parallel_for(st->pool, w->n_out, cpu_grain(w->n_in * n_tok), mm_q8_range, &j);
+        if (atomic_load(&j.failed))
+            return verr_set(&be->err, VERR_FORMAT, "cpu matmul: q8_1 dot of a %s row failed",
+                            ggml_type_name(w->type));
+        return VERR_OK;
+    }
     if (n_tok == 1) {
         threadpool_parallel_for(st->pool, w->n_out, cpu_grain(w->n_in), mm_vec_range, &j);
         return VERR_OK;
@@ -868,6 +915,7 @@ static void cpu_destroy(struct backend *be) {
             for (int i = 0; i < st->n_threads; i++)
                 free(st->scratch[i]);
         free(st->scratch);
+        free(st->xq);
         free(st);
     }
     free(be);

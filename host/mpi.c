@@ -378,10 +378,11 @@ int pipeline_mpi_load(struct pipeline_ctl *ctl, const struct args_model *a, int 
         st->l1 = p->plan.stage[s].l1;
     }
     struct pipeline_stage *st = &p->stage[me];
-    if ((rc = st->dev.kind == PLAN_DEVICE_CPU
-                  ? backend_cpu_create(&st->be, a->n_threads, err)
-                  : backend_cuda_create(&st->be, st->dev.ordinal, err)) ||
-        (rc = model_load_layers(&st->m, f, st->be, st->l0, st->l1, err))) {
+    rc = st->dev.kind == PLAN_DEVICE_CPU ? backend_cpu_create(&st->be, a->n_threads, err)
+                                         : backend_cuda_create(&st->be, st->dev.ordinal, err);
+    if (!rc)
+        args_backend_tune(a, st->be);
+    if (rc || (rc = model_load_layers(&st->m, f, st->be, st->l0, st->l1, err))) {
         verr_wrap(err, "rank %d (%s)", me, st->name);
         goto fail;
     }

@@ -181,9 +181,11 @@ int pipeline_plan(const struct args_model *a, int n_ctx, const struct gguf_file 
 
 static int create_backend(const struct args_model *a, const struct plan_device *d,
                           struct backend **out, struct verr *err) {
-    if (d->kind == PLAN_DEVICE_CPU)
-        return backend_cpu_create(out, a->n_threads, err);
-    return backend_cuda_create(out, d->ordinal, err);
+    int rc = d->kind == PLAN_DEVICE_CPU ? backend_cpu_create(out, a->n_threads, err)
+                                        : backend_cuda_create(out, d->ordinal, err);
+    if (!rc)
+        args_backend_tune(a, *out);
+    return rc;
 }
 
 static int make_transport(struct pipeline *p, struct verr *err) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "gguf/quant.h"
+#include "gguf/quant_q8.h"
 #include "host/backend.h"
 #include "host/threadpool.h"
 #include "tests/cpu_op_helpers.h"
@@ -555,6 +556,69 @@ Test(cpu, matmul_fused_equal_composition) {
     }
     backend_destroy(bes[0]);
     backend_destroy(bes[1]);
+}
+
+// act_q8 (backend.h): decode batches of a supported type go through q8_1
+// activations and quant_dot_q8_1 (+ bias, accumulate for matmul_add); F32
+// weights and batches over BACKEND_ACT_Q8_MAX_TOK keep f32 activations.
+Test(cpu, matmul_act_q8_rule) {
+    const int n_in = 512, n_out = 37;
+    struct backend *be = mk_backend(3);
+    be->act_q8 = true;
+    rng_seed(901);
+    const enum ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K,
+                                    GGML_TYPE_F32};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const enum ggml_type type = types[ti];
+        const size_t rb = ggml_row_bytes(type, n_in);
+        unsigned char *w = malloc(rb * n_out);
+        float row[512];
+        for (int o = 0; o < n_out; o++) {
+            for (int i = 0; i < n_in; i++)
+                row[i] = frand();
+            cr_assert_eq(quant_quantize_row(type, row, w + rb * o, n_in, NULL), 0);
+        }
+        const struct backend_weight bw = {w, type, n_in, n_out};
+        float *bias = frand_array(n_out, 1);
+        const int n_toks[] = {1, 8, 9};
+        for (int ki = 0; ki < 3; ki++) {
+            const int n_tok = n_toks[ki];
+            float *x = frand_array((size_t)n_tok * n_in, 3);
+            float *y = malloc(sizeof(float) * n_tok * n_out);
+            float *ya = frand_array((size_t)n_tok * n_out, 2),
+                  *y0 = malloc(sizeof(float) * n_tok * n_out);
+            memcpy(y0, ya, sizeof(float) * n_tok * n_out);
+            cr_assert_eq(be->ops->matmul(be, y, &bw, x, bias, n_tok), 0, "%s", be->err.msg);
+            cr_assert_eq(be->ops->matmul_add(be, ya, &bw, x, n_tok), 0, "%s", be->err.msg);
+            const bool q8 = n_tok <= BACKEND_ACT_Q8_MAX_TOK && quant_q8_1_dot_supported(type);
+            unsigned char xq[36 * 512 / 32];
+            int bad = 0;
+            for (int t = 0; t < n_tok; t++) {
+                const float *xt = x + (size_t)t * n_in;
+                if (q8)
+                    cr_assert_eq(quant_q8_1_row(xt, n_in, xq, NULL), 0);
+                for (int o = 0; o < n_out; o++) {
+                    float d;
+                    if (q8)
+                        cr_assert_eq(quant_dot_q8_1(type, w + rb * o, xq, n_in, &d, NULL), 0);
+                    else
+                        d = quant_dot_row(type, w + rb * o, xt, n_in);
+                    const size_t i = (size_t)t * n_out + o;
+                    bad += y[i] != d + bias[o];
+                    bad += ya[i] != y0[i] + d;
+                }
+            }
+            cr_expect_eq(bad, 0, "%s n_tok %d (%s path): %d outputs differ from the rule",
+                         ggml_type_name(type), n_tok, q8 ? "q8_1" : "f32", bad);
+            free(x);
+            free(y);
+            free(ya);
+            free(y0);
+        }
+        free(bias);
+        free(w);
+    }
+    backend_destroy(be);
 }
 
 // ---------------------------------------------------------------------------

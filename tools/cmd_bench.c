@@ -511,6 +511,7 @@ struct report {
     char desc[160];      // "llama 7B Q4_0"
     const char *ftype;   // llama.cpp's name of general.file_type, or NULL
     const char *backend; // "cpu", "cuda"
+    bool act_q8;         // backend.act_q8 (--matvec-act): "q8" after the name in the table
     int n_threads;
     char device_name[256];
     bool have_gpu;
@@ -551,7 +552,9 @@ static void print_table_header(const struct report *rp) {
 }
 
 static void print_table_row(const struct report *rp, const struct test *t) {
-    char size[32], params[32], ts[48], thr[32] = "", frac[32] = "";
+    char size[32], params[32], ts[48], thr[32] = "", frac[32] = "", backend[32];
+    // which decode mat-vec path ran (backend.act_q8)
+    snprintf(backend, sizeof backend, "%s%s", rp->backend, rp->act_q8 ? " q8" : "");
     const double bytes = rp->size_bytes, np = rp->n_params;
     if (bytes >= 1024.0 * 1024 * 1024)
         snprintf(size, sizeof size, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
@@ -572,7 +575,7 @@ static void print_table_row(const struct report *rp, const struct test *t) {
         snprintf(frac, sizeof frac, " %9s |", "-");
     // "±" is two bytes but one column: widen the field by one.
     printf("| %-30s | %10s | %10s | %-10s |%s %-14s | %21s | %9.2f |%s\n", rp->desc, size, params,
-           rp->backend, thr, t->name, ts, bw, frac);
+           backend, thr, t->name, ts, bw, frac);
     fflush(stdout);
 }
 
@@ -756,6 +759,7 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
     cJSON *pa = cJSON_AddObjectToObject(root, "params");
     cJSON_AddNumberToObject(pa, "n_batch", rp->n_batch);
     cJSON_AddNumberToObject(pa, "n_threads", rp->have_gpu ? 0 : rp->n_threads);
+    cJSON_AddStringToObject(pa, "matvec_act", rp->act_q8 ? "q8" : "f32");
     cJSON_AddStringToObject(pa, "type_k", ggml_type_name(rp->type_k));
     cJSON_AddStringToObject(pa, "type_v", ggml_type_name(rp->type_v));
     cJSON_AddNumberToObject(pa, "repetitions", rp->reps);
@@ -1086,6 +1090,7 @@ int cmd_bench(int argc, char **argv) {
     model_totals(m, &rp.size_bytes, &rp.n_params);
     rp.ftype = ftype_str;
     rp.backend = be->ops->name;
+    rp.act_q8 = be->act_q8;
     rp.n_threads = be->n_threads;
     rp.n_batch = am.n_batch;
     rp.type_k = am.type_k;

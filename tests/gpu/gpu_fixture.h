@@ -19,6 +19,8 @@ static void setup(void) {
     struct verr err = {0};
     cr_assert_eq(backend_cpu_create(&cpu, 0, &err), 0, "backend_cpu_create: %s", err.msg);
     cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "backend_cuda_create: %s", err.msg);
+    // f32 activations on both sides unless a test asks for act_q8 on both
+    cpu->act_q8 = gpu->act_q8 = false;
 }
 
 static void teardown(void) {

@@ -683,6 +683,38 @@ Test(cuda, matmul_fused_equal_unfused) {
         run_fused_case(&cases[i]);
 }
 
+// act_q8 (backend.h) on both backends: the decode matmuls of every supported
+// type through q8_1 activations on both sides (CPU: gguf/quant_q8.c, CUDA:
+// cuda/matvec_q8.cu), with the f32 tolerance above (the integer sub-block
+// terms are equal; only the order of the float additions differs), and the
+// fused ops equal to the unfused ones bit for bit on that path too.
+Test(cuda, matmul_act_q8) {
+    REQUIRE_GPU();
+    rng_seed(41);
+    cpu->act_q8 = gpu->act_q8 = true;
+    static const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+                                           GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K,
+                                           GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const bool k = ggml_type_get(types[ti])->block_size == 256;
+        const struct mm_case cases[] = {
+            {k ? 256 : 32, 1, 1, false, false},
+            {k ? 768 : 96, 67, 3, true, false},
+            {k ? 4352 : 4128, 130, 8, true, false},
+        };
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            run_matmul_case(types[ti], &cases[ci]);
+    }
+    const enum ggml_type Q40 = GGML_TYPE_Q4_0, Q4K = GGML_TYPE_Q4_K, Q6K = GGML_TYPE_Q6_K;
+    const struct fused_case fcs[] = {
+        {Q40, Q40, Q40, Q40, Q40, Q40, 256, 96, 33, 160, 1},
+        {Q4K, Q4K, Q6K, Q4K, Q6K, Q6K, 256, 64, 16, 256, 3},
+    };
+    for (size_t i = 0; i < sizeof fcs / sizeof fcs[0]; i++)
+        run_fused_case(&fcs[i]);
+    cpu->act_q8 = gpu->act_q8 = false;
+}
+
 Test(cuda, matmul_fused_rejects_bad_shapes) {
     REQUIRE_GPU();
     void *p = NULL;
