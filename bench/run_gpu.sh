@@ -144,6 +144,12 @@ stage_vela() {
     "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p "$N_PROMPT" \
       -n "$N_GEN" -r "$REPS" --json >"$RAW/vela-$name.json" 2>>"$RAW/run.log" \
       || log "vela: bench failed on $name"
+    # the decode mat-vec with f32 activations too (the default is q8, backend.act_q8)
+    case $name in *f16*) ;; *)
+      "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p 0 -n "$N_GEN" \
+        -r "$REPS" --matvec-act f32 --json >"$RAW/vela-$name-f32act.json" 2>>"$RAW/run.log" \
+        || log "vela: bench --matvec-act f32 failed on $name" ;;
+    esac
   done
   if model_names | grep -qx "$PARALLEL_MODEL"; then
     log "vela: bench $PARALLEL_MODEL --parallel $PARALLEL"
@@ -258,6 +264,9 @@ def add(n, t, ltps):
 for n in names:
     for t in (vela[n] or {}).get("tests", []):
         add(n, t, llama_tps(n, t))
+    # the same decode with f32 activations (--matvec-act f32), named e.g. tg128@f32act
+    for t in (load(f"{raw}/vela-{n}-f32act.json") or {}).get("tests", []):
+        add(n, dict(t, test=t["test"] + "@f32act"), llama_tps(n, t))
 for t in (vela_par or {}).get("tests", []):
     if t["n_parallel"] == 1 and any(r["model"] == par_model and r["test"] == t["test"] for r in rows):
         continue

@@ -36,6 +36,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gguf/quant.h"
+#include "gguf/quant_q8.h"
 #include "gguf/types.h"
 #include "host/backend.h"
 
@@ -79,6 +80,7 @@ struct options {
     int n_matvec_tok;
     int prefill_tok;
     int reps, warmup, device;
+    bool act[2]; // mat-vec activations to time: [0] f32, [1] q8 (backend.act_q8)
 };
 
 // --- context --------------------------------------------------------------------
@@ -216,12 +218,15 @@ static const char *family_name[] = {
     "matvec",      "matmul", "matvec_qkv",    "matvec_swiglu", "matvec_add", "cublas_f16",
     "attn_prefill", "attn_decode", "rope", "rope_kv_store", "kv_shift", "rms_norm", "argmax"};
 
+enum { ACT_NA = 0, ACT_Q8 = 1, ACT_F32 = 2, ACT_SKIP = -1 };
+
 // One op call with everything it needs; fields are used per family.
 struct kcase {
     enum family fam;
     const struct shape_model *sm;
     char shape[64];      // "4096x11008", "ctx 4096", ...
     enum ggml_type type; // weight / cache type
+    int act;             // mat-vec families: ACT_Q8 or ACT_F32 (backend.act_q8); else ACT_NA
     int n_tok;
     int n_ctx;
     double bytes, flops;
@@ -241,6 +246,7 @@ struct kcase {
 
 static int run_case(struct bench *b, const struct kcase *k) {
     struct backend *be = b->be;
+    be->act_q8 = k->act == ACT_Q8;
     switch (k->fam) {
     case FAM_MATVEC:
     case FAM_MATMUL:
@@ -379,6 +385,8 @@ static void time_case(struct bench *b, struct kcase *k, int setup_rc) {
     cJSON_AddStringToObject(o, "shape", k->shape);
     cJSON_AddStringToObject(o, "type", ggml_type_name(k->type));
     cJSON_AddNumberToObject(o, "n_tok", k->n_tok);
+    if (k->act != ACT_NA)
+        cJSON_AddStringToObject(o, "act", k->act == ACT_Q8 ? "q8" : "f32");
     cJSON_AddNumberToObject(o, "n_ctx", k->n_ctx);
     printf("| %-13s | %-10s | %-22s | %-5s | %5d | %6d |", family_name[k->fam], k->sm->name,
            k->shape, ggml_type_name(k->type), k->n_tok, k->n_ctx);
@@ -478,6 +486,21 @@ static int layer_shapes(const struct shape_model *sm, struct mat_shape *out) {
     return n;
 }
 
+// The activation mode of pass `pass` (0, 1) of a case: for a mat-vec family
+// with a quantized type, ACT_Q8 then ACT_F32 as --matvec-act asks; ACT_NA on
+// pass 0 otherwise; ACT_SKIP: no case on this pass.
+static int matvec_act_of(const struct bench *b, bool matvec, enum ggml_type type, int pass) {
+    if (!matvec || !quant_q8_1_dot_supported(type))
+        return pass == 0 ? ACT_NA : ACT_SKIP;
+    if (pass == 0)
+        return b->opt.act[1] ? ACT_Q8 : ACT_SKIP;
+    return b->opt.act[0] ? ACT_F32 : ACT_SKIP;
+}
+
+static const char *act_tag(int act) {
+    return act == ACT_Q8 ? " q8" : act == ACT_F32 ? " f32" : "";
+}
+
 static void bench_matmul(struct bench *b, const struct shape_model *sm, enum family fam) {
     struct mat_shape shapes[8];
     const int n_shapes = layer_shapes(sm, shapes);
@@ -486,12 +509,16 @@ static void bench_matmul(struct bench *b, const struct shape_model *sm, enum fam
     const int n_types = fam == FAM_CUBLAS ? 1 : b->opt.n_types;
     for (int s = 0; s < n_shapes; s++)
         for (int ti = 0; ti < n_types; ti++)
-            for (int nt = 0; nt < n_toks; nt++) {
+            for (int nt = 0; nt < n_toks * 2; nt++) {
                 const enum ggml_type type = fam == FAM_CUBLAS ? GGML_TYPE_F16 : b->opt.types[ti];
+                const int act = matvec_act_of(b, fam == FAM_MATVEC, type, nt % 2);
+                if (act == ACT_SKIP)
+                    continue;
                 const struct mat_shape *ms = &shapes[s];
-                struct kcase k = {.fam = fam, .sm = sm, .type = type, .n_tok = toks[nt]};
-                snprintf(k.shape, sizeof k.shape, "%s %lldx%lld", ms->what, (long long)ms->n_in,
-                         (long long)ms->n_out);
+                struct kcase k = {
+                    .fam = fam, .sm = sm, .type = type, .act = act, .n_tok = toks[nt / 2]};
+                snprintf(k.shape, sizeof k.shape, "%s %lldx%lld%s", ms->what, (long long)ms->n_in,
+                         (long long)ms->n_out, act_tag(act));
                 const double wbytes = (double)ggml_row_bytes(type, ms->n_in) * (double)ms->n_out;
                 const double xsz = fam == FAM_CUBLAS ? 2.0 : 4.0;
                 k.bytes = wbytes + (double)k.n_tok * ((double)ms->n_in * xsz + ms->n_out * 4.0);
@@ -519,9 +546,13 @@ static void bench_matvec_fused(struct bench *b, const struct shape_model *sm, en
     const int64_t q = (int64_t)sm->n_head * sm->head_dim,
                   kv = (int64_t)sm->n_head_kv * sm->head_dim;
     for (int ti = 0; ti < b->opt.n_types; ti++)
-        for (int nt = 0; nt < b->opt.n_matvec_tok; nt++) {
+        for (int nt = 0; nt < b->opt.n_matvec_tok * 2; nt++) {
             const enum ggml_type type = b->opt.types[ti];
-            struct kcase k = {.fam = fam, .sm = sm, .type = type, .n_tok = b->opt.matvec_tok[nt]};
+            const int act = matvec_act_of(b, true, type, nt % 2);
+            if (act == ACT_SKIP)
+                continue;
+            struct kcase k = {
+                .fam = fam, .sm = sm, .type = type, .act = act, .n_tok = b->opt.matvec_tok[nt / 2]};
             const int64_t n_in = fam == FAM_MATVEC_ADD ? sm->n_ff : sm->n_embd;
             int64_t outs[3] = {q, kv, kv};
             int n_w = 3;
@@ -532,8 +563,9 @@ static void bench_matvec_fused(struct bench *b, const struct shape_model *sm, en
                 outs[0] = sm->n_embd;
                 n_w = 1;
             }
-            snprintf(k.shape, sizeof k.shape, "%s %lldx%lld", family_name[fam] + 7,
-                     (long long)n_in, (long long)(outs[0] + (n_w == 3 ? 2 * kv : 0)));
+            snprintf(k.shape, sizeof k.shape, "%s %lldx%lld%s", family_name[fam] + 7,
+                     (long long)n_in, (long long)(outs[0] + (n_w == 3 ? 2 * kv : 0)),
+                     act_tag(act));
             struct backend_weight *ws[3] = {&k.w, &k.w2, &k.w3};
             float **os[3] = {&k.out, &k.out2, &k.out3};
             int rc = 0;
@@ -772,6 +804,9 @@ static void usage(FILE *out) {
         "  --ctx LIST             attention / kv_shift contexts (default: 512,4096,16384,32768)\n"
         "  --matvec-tok LIST      tokens per mat-vec call (default: 1,8)\n"
         "  --prefill-tokens N     tokens of the prefill cases (default: 512)\n"
+        "  --matvec-act LIST      activations of the mat-vec families: q8 (the CUDA\n"
+        "                         default, dp4a), f32 (default: q8,f32; F32/F16/BF16\n"
+        "                         weights always f32)\n"
         "  -r, --reps N           timed repetitions (default: 10)\n"
         "  --warmup N             untimed calls first (default: 2)\n"
         "  --device N             CUDA device (default: 0)\n"
@@ -837,6 +872,7 @@ static int add_mvtok(struct options *o, const char *s) {
 static int parse_args(struct options *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->prefill_tok = 512;
+    o->act[0] = o->act[1] = true;
     o->reps = 10;
     o->warmup = 2;
     bool models = false, quick = false;
@@ -881,6 +917,22 @@ static int parse_args(struct options *o, int argc, char **argv) {
             o->n_matvec_tok = 0;
             if (parse_list(a, v, add_mvtok, o))
                 return 2;
+        } else if (!strcmp(a, "--matvec-act")) {
+            NEED_VALUE;
+            o->act[0] = o->act[1] = false;
+            for (const char *p = v; *p;) {
+                const size_t n = strcspn(p, ",");
+                if (n == 2 && !strncmp(p, "q8", 2))
+                    o->act[1] = true;
+                else if (n == 3 && !strncmp(p, "f32", 3))
+                    o->act[0] = true;
+                else {
+                    fprintf(stderr, "vela-bench-kernels: --matvec-act: '%.*s' is not q8 or f32\n",
+                            (int)n, p);
+                    return 2;
+                }
+                p += n + (p[n] == ',');
+            }
         } else if (!strcmp(a, "--prefill-tokens")) {
             NEED_VALUE;
             rc = parse_pos_int(v, 1 << 16, &o->prefill_tok);
