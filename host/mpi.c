@@ -29,6 +29,7 @@ enum { MSG_DECODE = 1, MSG_QUIT = 2 };
 struct msg_hdr {
     int32_t kind, n_tok, n_out, argmax_only;
     int32_t lo, hi, head, used, has_shift, seq_words;
+    uint32_t n_clears; // rank 0's kv.n_clears (mod 2^32): a rank behind clears its K/V first
 };
 
 int pipeline_mpi_bcast_config(struct pipeline_ctl *ctl, struct forward_config *cfg,
@@ -42,8 +43,17 @@ int pipeline_mpi_send_decode(struct pipeline_ctl *ctl, const struct forward_batc
                              const struct kv_cache *kv, struct verr *err) {
     const int lo = kv->dirty_lo < kv->dirty_hi ? kv->dirty_lo : 0;
     const int hi = kv->dirty_lo < kv->dirty_hi ? kv->dirty_hi : 0;
-    struct msg_hdr h = {MSG_DECODE, b->n_tok, n_out,    argmax_only,   lo,
-                        hi,         kv->head, kv->used, kv->has_shift, kv->seq_words};
+    struct msg_hdr h = {.kind = MSG_DECODE,
+                        .n_tok = b->n_tok,
+                        .n_out = n_out,
+                        .argmax_only = argmax_only,
+                        .lo = lo,
+                        .hi = hi,
+                        .head = kv->head,
+                        .used = kv->used,
+                        .has_shift = kv->has_shift,
+                        .seq_words = kv->seq_words,
+                        .n_clears = (uint32_t)kv->n_clears};
     const size_t nt = (size_t)b->n_tok * sizeof(int32_t), nc = (size_t)(hi - lo);
     int rc;
     if ((rc = ctl->bcast(ctl, &h, sizeof h, err)) ||
@@ -83,6 +93,13 @@ int pipeline_mpi_recv_decode(struct pipeline_ctl *ctl, struct kv_cache *kv,
     if (h.kind != MSG_DECODE || h.n_tok < 1 || h.n_out < 0 || h.lo < 0 || h.hi < h.lo ||
         h.hi > kv->cfg.n_ctx || h.seq_words != kv->seq_words)
         return verr_set(err, VERR_FORMAT, "pipeline: bad message from rank 0 (kind %d)", h.kind);
+    if (h.n_clears != (uint32_t)kv->n_clears) {
+        // rank 0 cleared its cache since this rank's last decode: zero this
+        // stage's K/V too (kv_clear's contract), before its cells follow.
+        if ((rc = kv_clear(kv, err)))
+            return verr_wrap(err, "clearing this rank's cache");
+        kv->n_clears = h.n_clears;
+    }
     const size_t nt = (size_t)h.n_tok, nc = (size_t)(h.hi - h.lo);
     d->n_tok = h.n_tok;
     d->n_out = h.n_out;
