@@ -14,6 +14,7 @@
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "gguf/types.h"
+#include "tests/rand_blocks.h"
 #include "tests/rng_splitmix.h"
 
 static uint16_t f16_at(const uint8_t *p) {
@@ -157,66 +158,6 @@ Test(quant_q8, round_trip_bound) {
 // ---------------------------------------------------------------------------
 // dot products
 
-static void put_f16(uint8_t *p, float v) {
-    const uint16_t h = quant_f32_to_fp16(v);
-    p[0] = (uint8_t)(h & 0xff);
-    p[1] = (uint8_t)(h >> 8);
-}
-
-static float frand(float lo, float hi) {
-    return lo + (hi - lo) * (float)urand();
-}
-static float signed_in(float lo, float hi) {
-    return (rng_u64() & 1) ? -frand(lo, hi) : frand(lo, hi);
-}
-
-// Random blocks (every quant and sub-scale bit pattern occurs) with finite f16
-// scale fields of a size that makes weights O(0.1..1).
-static uint8_t *make_row(enum ggml_type type, int64_t n) {
-    const struct ggml_type_info *ti = ggml_type_get(type);
-    const size_t rb = ggml_row_bytes(type, n);
-    uint8_t *w = malloc(rb + 16);
-    cr_assert_not_null(w);
-    for (size_t i = 0; i < rb; i++)
-        w[i] = (uint8_t)rng_u64();
-    for (size_t b = 0; b < rb / ti->block_bytes; b++) {
-        uint8_t *p = w + b * ti->block_bytes;
-        switch (type) {
-        case GGML_TYPE_Q4_0:
-            put_f16(p, signed_in(0.01f, 0.1f));
-            break;
-        case GGML_TYPE_Q5_0:
-            put_f16(p, signed_in(0.005f, 0.05f));
-            break;
-        case GGML_TYPE_Q8_0:
-            put_f16(p, signed_in(0.0005f, 0.005f));
-            break;
-        case GGML_TYPE_Q4_1:
-            put_f16(p, signed_in(0.01f, 0.1f));
-            put_f16(p + 2, frand(-0.5f, 0.5f));
-            break;
-        case GGML_TYPE_Q5_1:
-            put_f16(p, signed_in(0.005f, 0.05f));
-            put_f16(p + 2, frand(-0.5f, 0.5f));
-            break;
-        case GGML_TYPE_Q4_K:
-            put_f16(p, frand(0.0005f, 0.002f));
-            put_f16(p + 2, frand(0.0005f, 0.002f));
-            break;
-        case GGML_TYPE_Q5_K:
-            put_f16(p, frand(0.0002f, 0.001f));
-            put_f16(p + 2, frand(0.0002f, 0.001f));
-            break;
-        case GGML_TYPE_Q6_K:
-            put_f16(p + 208, signed_in(0.00005f, 0.0002f));
-            break;
-        default:
-            cr_assert_fail("no generator for %s", ti->name);
-        }
-    }
-    return w;
-}
-
 // Activations: normal, with the block scale varying over 1e-2 .. 1e2 and an
 // occasional all-zero block.
 static void make_x(float *x, int64_t n) {
@@ -265,7 +206,7 @@ Test(quant_q8, dot_every_type_vs_float) {
             uint8_t *xq = malloc(n / 32 * 36);
             cr_assert(x && xd && wd && xq);
             for (int rep = 0; rep < 24; rep++) {
-                uint8_t *w = make_row(type, n);
+                uint8_t *w = rand_blocks(type, n, 1, RAND_SIGN_FIRST);
                 make_x(x, n);
                 struct verr err = {0};
                 quantize_ok(x, n, xq);
@@ -318,7 +259,7 @@ Test(quant_q8, dot_short_rows_and_zero_x) {
                                      GGML_TYPE_Q8_0};
     for (size_t k = 0; k < sizeof legacy / sizeof legacy[0]; k++) {
         for (int64_t n = 32; n <= 96; n += 64) {
-            uint8_t *w = make_row(legacy[k], n), xq[3 * 36];
+            uint8_t *w = rand_blocks(legacy[k], n, 1, RAND_SIGN_FIRST), xq[3 * 36];
             float x[96], xd[96], wd[96], got;
             struct verr err = {0};
             make_x(x, n);

@@ -21,6 +21,7 @@
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "gguf/types.h"
+#include "tests/rand_blocks.h"
 #include "tests/rng_splitmix.h"
 
 static int have_gpu;
@@ -57,13 +58,6 @@ static void dev_download(void *h, const void *d, size_t bytes) {
     CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
 }
 
-static float frand(float lo, float hi) {
-    return lo + (hi - lo) * (float)urand();
-}
-static float signed_in(float lo, float hi) {
-    return (rng_u64() & 1) ? -frand(lo, hi) : frand(lo, hi);
-}
-
 // Activations: normal with the block scale varying over 1e-3 .. 1e2, an
 // occasional all-zero block and an occasional block of exact ties (amax 127,
 // so d = 1 and x * id = k + 0.5).
@@ -80,59 +74,6 @@ static void make_x(float *x, int64_t n) {
                 x[i + j] = s * nrand();
         }
     }
-}
-
-static void put_f16(uint8_t *p, float v) {
-    const uint16_t h = quant_f32_to_fp16(v);
-    p[0] = (uint8_t)(h & 0xff);
-    p[1] = (uint8_t)(h >> 8);
-}
-
-// Random blocks (every quant and sub-scale bit pattern occurs) with finite f16
-// scale fields sized so that weights are O(0.1..1).
-static uint8_t *make_weights(enum ggml_type type, int64_t n_in, int64_t n_out) {
-    const struct ggml_type_info *ti = ggml_type_get(type);
-    const size_t total = ggml_row_bytes(type, n_in) * (size_t)n_out;
-    uint8_t *w = malloc(total + 16);
-    cr_assert_not_null(w);
-    for (size_t i = 0; i < total; i++)
-        w[i] = (uint8_t)rng_u64();
-    for (size_t b = 0; b < total / ti->block_bytes; b++) {
-        uint8_t *p = w + b * ti->block_bytes;
-        switch (type) {
-        case GGML_TYPE_Q4_0:
-            put_f16(p, signed_in(0.01f, 0.1f));
-            break;
-        case GGML_TYPE_Q5_0:
-            put_f16(p, signed_in(0.005f, 0.05f));
-            break;
-        case GGML_TYPE_Q8_0:
-            put_f16(p, signed_in(0.0005f, 0.005f));
-            break;
-        case GGML_TYPE_Q4_1:
-            put_f16(p, signed_in(0.01f, 0.1f));
-            put_f16(p + 2, frand(-0.5f, 0.5f));
-            break;
-        case GGML_TYPE_Q5_1:
-            put_f16(p, signed_in(0.005f, 0.05f));
-            put_f16(p + 2, frand(-0.5f, 0.5f));
-            break;
-        case GGML_TYPE_Q4_K:
-            put_f16(p, frand(0.0005f, 0.002f));
-            put_f16(p + 2, frand(0.0005f, 0.002f));
-            break;
-        case GGML_TYPE_Q5_K:
-            put_f16(p, frand(0.0002f, 0.001f));
-            put_f16(p + 2, frand(0.0002f, 0.001f));
-            break;
-        case GGML_TYPE_Q6_K:
-            put_f16(p + 208, signed_in(0.00005f, 0.0002f));
-            break;
-        default:
-            cr_assert_fail("no generator for %s", ti->name);
-        }
-    }
-    return w;
 }
 
 // ---------------------------------------------------------------------------
@@ -264,7 +205,7 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
         *mags[CUDA_MV_MAX_SEGS];
     for (int s = 0; s < c->n_seg; s++) {
         const int64_t no = c->n_out[s];
-        w[s] = make_weights(type, n_in, no);
+        w[s] = rand_blocks(type, n_in, no, RAND_SIGN_FIRST);
         bias[s] = NULL;
         if (c->bias_mask >> s & 1) {
             bias[s] = malloc(no * 4);

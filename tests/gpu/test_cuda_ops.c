@@ -21,16 +21,13 @@
 #include "gguf/types.h"
 #include "host/backend.h"
 #include "tests/gpu/gpu_fixture.h"
+#include "tests/rand_blocks.h"
 #include "tests/rng_splitmix.h"
 
 // ---------------------------------------------------------------------------
 // fixture and helpers
 
 TestSuite(cuda, .init = setup, .fini = teardown, .timeout = 600);
-
-static float frand(float lo, float hi) {
-    return lo + (hi - lo) * (float)urand();
-}
 
 static float *nrand_array(size_t n, float sigma) {
     float *x = malloc(n * sizeof *x + 16);
@@ -115,84 +112,12 @@ static int check_close(const char *what, const float *ref, const float *got, siz
 }
 
 // ---------------------------------------------------------------------------
-// random weights of every type
-//
-// Quantized blocks are random bytes (every quant and sub-scale bit pattern
-// occurs) whose f16 scale fields are then overwritten with finite values of
-// a sensible size, so that dequantized weights are O(0.1..1): within f16
-// range for the GEMM path and far from overflow.
-
-static void put_f16(uint8_t *p, float v) {
-    const uint16_t h = quant_f32_to_fp16(v);
-    p[0] = (uint8_t)(h & 0xff);
-    p[1] = (uint8_t)(h >> 8);
-}
-
-static float signed_in(float lo, float hi) {
-    const float m = frand(lo, hi);
-    return (rng_u64() & 1) ? -m : m;
-}
+// random weights of every type (tests/rand_blocks.h)
 
 static void *make_weight(enum ggml_type type, int64_t n_in, int64_t n_out) {
     const size_t rb = ggml_row_bytes(type, n_in);
     cr_assert_gt(rb, 0, "%s n_in %lld", ggml_type_name(type), (long long)n_in);
-    const size_t total = rb * (size_t)n_out;
-    uint8_t *w = malloc(total + 16);
-    cr_assert_not_null(w);
-    for (size_t i = 0; i < total; i++)
-        w[i] = (uint8_t)rng_u64();
-    const struct ggml_type_info *ti = ggml_type_get(type);
-    const size_t nb = total / ti->block_bytes;
-    for (size_t b = 0; b < nb; b++) {
-        uint8_t *p = w + b * ti->block_bytes;
-        switch (type) {
-        case GGML_TYPE_F32: {
-            const float v = 0.5f * nrand();
-            memcpy(p, &v, 4);
-            break;
-        }
-        case GGML_TYPE_F16:
-            put_f16(p, 0.5f * nrand());
-            break;
-        case GGML_TYPE_BF16: {
-            const uint16_t h = quant_f32_to_bf16(0.5f * nrand());
-            p[0] = (uint8_t)(h & 0xff);
-            p[1] = (uint8_t)(h >> 8);
-            break;
-        }
-        case GGML_TYPE_Q4_0:
-            put_f16(p, signed_in(0.01f, 0.1f));
-            break;
-        case GGML_TYPE_Q5_0:
-            put_f16(p, signed_in(0.005f, 0.05f));
-            break;
-        case GGML_TYPE_Q8_0:
-            put_f16(p, signed_in(0.0005f, 0.005f));
-            break;
-        case GGML_TYPE_Q4_1:
-            put_f16(p, signed_in(0.01f, 0.1f));
-            put_f16(p + 2, frand(-0.5f, 0.5f));
-            break;
-        case GGML_TYPE_Q5_1:
-            put_f16(p, signed_in(0.005f, 0.05f));
-            put_f16(p + 2, frand(-0.5f, 0.5f));
-            break;
-        case GGML_TYPE_Q4_K:
-            put_f16(p, frand(0.0005f, 0.002f));
-            put_f16(p + 2, frand(0.0005f, 0.002f));
-            break;
-        case GGML_TYPE_Q5_K:
-            put_f16(p, frand(0.0002f, 0.001f));
-            put_f16(p + 2, frand(0.0002f, 0.001f));
-            break;
-        case GGML_TYPE_Q6_K:
-            put_f16(p + 208, signed_in(0.00005f, 0.0002f));
-            break;
-        default:
-            cr_assert_fail("no generator for %s", ggml_type_name(type));
-        }
-    }
-    return w;
+    return rand_blocks(type, n_in, n_out, RAND_MAGNITUDE_FIRST);
 }
 
 // The host reference decoder (gguf/quant.c): [n_out][n_in] floats.

@@ -30,6 +30,7 @@
 #include "host/forward.h"
 #include "host/pipeline.h"
 #include "kv/selfextend.h"
+#include "tests/pipeline_helpers.h"
 #include "tests/tiny_model.h"
 
 #ifdef VELA_EMU
@@ -71,16 +72,11 @@ TestSuite(pipeline_cuda, .init = setup, .fini = teardown);
             cr_skip_test("needs %d CUDA devices (%d present)", (n), n_gpu);                        \
     } while (0)
 
-struct run {
-    struct backend *be;
-    struct model *m;
-    struct forward_ctx fc;
-};
+// struct run, run_load, close_run, decode_seq and kv_script: tests/pipeline_helpers.h.
 
 // devices NULL: the model on one CUDA backend (device 0), the reference.
 static int open_run(struct run *r, const char *devices, int n_ubatch, enum ggml_type kv_type,
                     struct verr *err) {
-    memset(r, 0, sizeof *r);
     struct args_model a;
     args_model_default(&a);
     a.backend = ARGS_BACKEND_CUDA;
@@ -92,59 +88,11 @@ static int open_run(struct run *r, const char *devices, int n_ubatch, enum ggml_
     a.n_batch = 8;
     a.type_k = a.type_v = kv_type;
     a.no_progress = true;
-    struct gguf_file *f = NULL;
-    int rc = gguf_open(&f, model_path, err);
-    if (rc)
-        return rc;
-    rc = pipeline_load(&a, 0, f, &r->be, &r->m, err);
-    if (!rc) {
-        struct forward_config fcfg;
-        args_forward_config(&a, &r->m->hp, &fcfg);
-        fcfg.n_outputs_max = 8;
-        fcfg.n_seq_max = 4;
-        if ((rc = forward_init(&r->fc, r->m, &fcfg, err))) {
-            model_free(r->m);
-            backend_destroy(r->be);
-            r->m = NULL;
-            r->be = NULL;
-        }
-    }
-    gguf_close(f);
-    return rc;
-}
-
-static void close_run(struct run *r) {
-    forward_free(&r->fc);
-    model_free(r->m);
-    backend_destroy(r->be);
+    return run_load(r, &a, model_path, err);
 }
 
 static const char *transport_name(const struct run *r) {
     return r->m->pipe && r->m->pipe->tp ? r->m->pipe->tp->ops->name : "none";
-}
-
-// Decodes tokens [0, n) of seq at positions p0.. in batches of nb, every row
-// wanting logits; returns the logits [n][V] (malloc'd).
-static float *decode_seq(struct run *r, int seq, int p0, int n, int nb, int salt) {
-    const int V = cfg.n_vocab;
-    float *out = malloc(sizeof(float) * (size_t)n * V);
-    for (int i = 0; i < n; i += nb) {
-        int k = n - i < nb ? n - i : nb;
-        int32_t tok[8], pos[8], sq[8];
-        int8_t want[8];
-        for (int t = 0; t < k; t++) {
-            tok[t] = ((i + t) * 37 + 5 + salt) % V;
-            pos[t] = p0 + i + t;
-            sq[t] = seq;
-            want[t] = 1;
-        }
-        struct forward_batch b = {k, tok, pos, sq, want};
-        struct verr err = {0};
-        cr_assert_eq(forward_decode(&r->fc, &b, &err), 0, "%s", err.msg);
-        cr_assert_eq(r->fc.n_out, k);
-        memcpy(out + (size_t)i * V, r->fc.h_logits, sizeof(float) * (size_t)k * V);
-    }
-    return out;
 }
 
 static void assert_same(const float *a, const float *b, size_t n, const char *what) {
@@ -160,47 +108,6 @@ static void assert_same(const float *a, const float *b, size_t n, const char *wh
     cr_log_info("%s: worst logit difference %g", what, worst);
     cr_assert_eq(worst, 0.0, "%s: worst logit difference %g at %zu (must be bit-identical)", what,
                  worst, at);
-}
-
-// The KV script of tests/test_pipeline.c: sequence ops, a K shift, context
-// shift and self-extend on the front's cache; every stage must follow.
-static void kv_script(struct run *r, float **out1, float **out2) {
-    struct verr err = {0};
-    const int V = cfg.n_vocab;
-    free(decode_seq(r, 0, 0, 12, 8, 0));
-    struct kv_cache *kv = &r->fc.kv;
-    cr_assert_eq(kv_seq_cp(kv, 0, 1, -1, -1, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_seq_rm(kv, 0, 4, 8, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_seq_add(kv, 0, 8, -1, -4, &err), 0, "%s", err.msg); // a shift: K rotates
-    cr_assert_eq(kv_seq_div(kv, 1, 0, 12, 2, &err), 0, "%s", err.msg);
-    *out1 = malloc(sizeof(float) * 2 * 5 * V);
-    float *s0 = decode_seq(r, 0, 8, 5, 8, 1);
-    float *s1 = decode_seq(r, 1, 6, 5, 8, 2);
-    memcpy(*out1, s0, sizeof(float) * 5 * V);
-    memcpy(*out1 + 5 * V, s1, sizeof(float) * 5 * V);
-    free(s0);
-    free(s1);
-
-    // Context shift (llama-cli's --keep) on seq 0, then self-extend on seq 2.
-    int32_t n_discard = 0;
-    cr_assert_eq(kv_seq_keep(kv, 0, &err), 0, "%s", err.msg);
-    cr_assert_eq(kv_context_shift(kv, 0, 2, 13, &n_discard, &err), 0, "%s", err.msg);
-    cr_assert_gt(n_discard, 0);
-    float *c = decode_seq(r, 0, 13 - n_discard, 3, 8, 3);
-    cr_assert_eq(kv_clear(kv, &err), 0, "%s", err.msg);
-    struct kv_selfextend se;
-    cr_assert_eq(kv_selfextend_init(&se, kv, 2, 8, 2, &err), 0, "%s", err.msg);
-    int32_t n_past = 0;
-    *out2 = malloc(sizeof(float) * (3 + 24) * V);
-    memcpy(*out2, c, sizeof(float) * 3 * V);
-    free(c);
-    for (int i = 0; i < 24; i += 4) {
-        cr_assert_eq(kv_selfextend_apply(&se, kv, &n_past, &err), 0, "%s", err.msg);
-        float *g = decode_seq(r, 2, n_past, 4, 4, 10 + i);
-        memcpy(*out2 + (size_t)(3 + i) * V, g, sizeof(float) * 4 * V);
-        free(g);
-        n_past += 4;
-    }
 }
 
 // --- the reference, computed once per test process ------------------------------
