@@ -37,6 +37,14 @@ struct cuda_backend {
     // k (created on first use; recorded[k] false until then).
     cudaEvent_t upload_ev[BACKEND_UPLOAD_SLOTS];
     bool upload_recorded[BACKEND_UPLOAD_SLOTS];
+    // act_q8: rms_norm writes its output as q8_1 into xq too when it is a
+    // decode batch; the op right after it (op_seq == xq_seq + 1) takes those
+    // blocks instead of quantizing x again if it reads that very output.
+    void *xq; // device, xq_bytes (not the scratch: the next op may use that)
+    size_t xq_bytes;
+    const float *xq_src; // the rms_norm output xq holds
+    int xq_rows, xq_n;
+    uint64_t op_seq, xq_seq;
 };
 
 static struct cuda_backend *cb_of(struct backend *be) {
@@ -52,7 +60,13 @@ static struct cuda_backend *cb_of(struct backend *be) {
     } while (0)
 
 // Ops may be called from a thread whose current device is another GPU.
-#define CU_ENTER(be) CU_CHECK(be, cudaSetDevice((be)->device))
+// Every op counts itself (op_seq), which is what ends the validity of the q8
+// copy an rms_norm left (struct cuda_backend).
+#define CU_ENTER(be)                                                                               \
+    do {                                                                                           \
+        cb_of(be)->op_seq++;                                                                       \
+        CU_CHECK(be, cudaSetDevice((be)->device));                                                 \
+    } while (0)
 
 _Static_assert(CUDA_ATTN_PLAN_CELLS % BACKEND_KV_BUCKET == 0,
                "a bucket of n_kv must not straddle two attention plans");
@@ -316,7 +330,34 @@ static int cu_embed(struct backend *be, float *out, const struct backend_weight 
 static int cu_rms_norm(struct backend *be, float *out, const float *x, const float *w, int n_rows,
                        int n, float eps) {
     CU_ENTER(be);
-    return cuda_rms_norm_apply(out, x, w, n_rows, n, eps, cb_of(be)->stream, &be->err);
+    struct cuda_backend *cb = cb_of(be);
+    void *xq = NULL;
+    if (be->act_q8 && n_rows >= 1 && n_rows <= CUDA_MATVEC_MAX_TOK && n % 32 == 0) {
+        const size_t need = (size_t)n_rows * (size_t)quant_q8_1_row_bytes(n);
+        if (need > cb->xq_bytes) {
+            // the first decode step is recorded at once: refusing makes the
+            // forward run it eagerly, then record the next with the buffer
+            CU_NOT_RECORDING(be, "allocating the q8_1 copy of rms_norm");
+            if (cb->xq)
+                CU_CHECK(be, cudaFreeAsync(cb->xq, cb->stream));
+            cb->xq = NULL;
+            cb->xq_bytes = 0;
+            // sized for the largest decode batch at once: it never grows again
+            const size_t full = need / (size_t)n_rows * CUDA_MATVEC_MAX_TOK;
+            CU_CHECK(be, cudaMallocAsync(&cb->xq, full, cb->stream));
+            cb->xq_bytes = full;
+            cb->scratch_gen++; // graphs recorded with the old buffer are stale
+        }
+        xq = cb->xq;
+    }
+    int rc = cuda_rms_norm_apply(out, x, w, n_rows, n, eps, xq, cb->stream, &be->err);
+    if (!rc && xq) {
+        cb->xq_src = out;
+        cb->xq_rows = n_rows;
+        cb->xq_n = n;
+        cb->xq_seq = cb->op_seq;
+    }
+    return rc;
 }
 
 _Static_assert(BACKEND_ACT_Q8_MAX_TOK == CUDA_MATVEC_MAX_TOK,
@@ -330,6 +371,10 @@ static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_s
     struct cuda_backend *cb = cb_of(be);
     if (!be->act_q8 || !quant_q8_1_dot_supported(type))
         return cuda_matvec_segs(segs, n_seg, type, n_in, x, n_tok, epi, cb->stream, &be->err);
+    if (cb->op_seq == cb->xq_seq + 1 && x == cb->xq_src && n_tok == cb->xq_rows &&
+        n_in == cb->xq_n) // the rms_norm just before wrote x as q8_1 too
+        return cuda_matvec_q8_segs(segs, n_seg, type, n_in, cb->xq, n_tok, epi, cb->stream,
+                                   &be->err);
     const int64_t row = quant_q8_1_row_bytes(n_in);
     if (row <= 0)
         return verr_set(&be->err, VERR_RANGE, "matmul: n_in %lld is not a multiple of 32",
@@ -714,6 +759,8 @@ static void cu_release(struct cuda_backend *cb) {
         (void)cudaStreamSynchronize(cb->stream);
     if (cb->scratch)
         (void)cudaFree(cb->scratch); // stream-ordered memory may be freed synchronously too
+    if (cb->xq)
+        (void)cudaFree(cb->xq);
     for (int k = 0; k < BACKEND_UPLOAD_SLOTS; k++)
         if (cb->upload_ev[k])
             (void)cudaEventDestroy(cb->upload_ev[k]);

@@ -54,9 +54,11 @@ struct cuda_rope {
 };
 
 // --- norm.cu ---------------------------------------------------------------
-// out[r] = x[r] / sqrtf(mean(x[r]^2) + eps) * w; out may alias x.
+// out[r] = x[r] / sqrtf(mean(x[r]^2) + eps) * w; out may alias x. With xq
+// (n a multiple of 32), also xq[r] = quant_q8_1_row(out[r]) bit for bit.
 int cuda_rms_norm_apply(float *out /* [n_rows][n] */, const float *x /* [n_rows][n] */,
-                        const float *w /* [n] */, int n_rows, int n, float eps, cudaStream_t stream,
+                        const float *w /* [n] */, int n_rows, int n, float eps,
+                        void *xq /* [n_rows][n / 32] q8_1 blocks or NULL */, cudaStream_t stream,
                         struct verr *err);
 
 // --- rope.cu ---------------------------------------------------------------

@@ -43,6 +43,7 @@
 // (Q4_1, Q5_1, Q4_K, Q5_K) need sum(q_x): __dp4a with 0x01010101, once per
 // token and sub-block (shared by the rows); the block's f16 s is not used.
 #include "cuda/dequant.cuh"
+#include "cuda/q8_1.cuh"
 
 extern "C" {
 #include "gguf/quant_q8.h" // a C header without extern "C" guards of its own
@@ -58,35 +59,14 @@ static_assert(MVQ_ROWS == 2, "SWIGLU pairs one gate and one up row; the epilogue
 // ---------------------------------------------------------------------------
 // quantize
 
-// One warp per q8_1 block (lane = element): the arithmetic of
-// gguf/quant_q8.c's quant_q8_1_row, operation for operation (fmaxf ignores
-// NaN in both; the max and the integer sum are exact in any order).
+// One warp per q8_1 block (lane = element), cuda/q8_1.cuh.
 __global__ static void __launch_bounds__(MVQ_QUANT_WARPS *VELA_WARP)
     quantize_q8_1_kernel(uint8_t *__restrict__ xq /* [n_blocks][36] */,
                          const float *__restrict__ x /* [n_blocks][32] */, int64_t n_blocks) {
     const int lane = threadIdx.x % VELA_WARP;
     for (int64_t b = (int64_t)blockIdx.x * MVQ_QUANT_WARPS + threadIdx.x / VELA_WARP; b < n_blocks;
-         b += (int64_t)gridDim.x * MVQ_QUANT_WARPS) {
-        const float v = x[b * 32 + lane];
-        const float amax = warp_max(fmaxf(0.0f, fabsf(v)));
-        const float d = amax / 127.0f;
-        const uint32_t d16 = __half_as_ushort(__float2half_rn(d));
-        int q = 0;
-        uint32_t s16 = 0;
-        if ((d16 & 0x7fffu) != 0) { // uniform across the warp
-            const float id = 1.0f / d;
-            q = (int)fminf(fmaxf(roundf(v * id), -127.0f), 127.0f);
-            int sum = q;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                sum += __shfl_xor_sync(VELA_FULL_MASK, sum, o);
-            s16 = __half_as_ushort(__float2half_rn(d * (float)sum));
-        }
-        uint8_t *blk = xq + b * MVQ_XQ_BYTES;
-        blk[4 + lane] = (uint8_t)(int8_t)q;
-        if (lane == 0)
-            *(uint32_t *)blk = d16 | (s16 << 16); // d16 == 0 exactly for a zero block (d >= 0)
-    }
+         b += (int64_t)gridDim.x * MVQ_QUANT_WARPS)
+        q8_1_store_warp(xq + b * MVQ_XQ_BYTES, x[b * 32 + lane], lane);
 }
 
 extern "C" int cuda_quantize_q8_1(void *xq, const float *x, int n_tok, int64_t n_in,

@@ -640,6 +640,53 @@ Test(cuda, matmul_act_q8) {
     cpu->act_q8 = gpu->act_q8 = false;
 }
 
+// act_q8: an rms_norm of a decode batch also writes its output as q8_1, and
+// the mat-vec right after it reads those blocks instead of quantizing again.
+// Its results must equal those of the same mat-vec after an unrelated op
+// (which makes it quantize x itself), bit for bit, for every batch size.
+Test(cuda, rms_norm_q8_feeds_the_next_matvec) {
+    REQUIRE_GPU();
+    rng_seed(43);
+    gpu->act_q8 = true;
+    const int n = 256, n_out = 67;
+    for (int n_tok = 1; n_tok <= CUDA_MATVEC_MAX_TOK; n_tok += 3) {
+        for (int ti = 0; ti < 2; ti++) {
+            const enum ggml_type type = ti ? GGML_TYPE_Q4_K : GGML_TYPE_Q4_0;
+            void *wh = make_weight(type, n, n_out);
+            void *wg = gpu_put(wh, ggml_row_bytes(type, n) * n_out);
+            const struct backend_weight bw = {wg, type, n, n_out};
+            float *x = nrand_array((size_t)n_tok * n, 3.0f), *nw = nrand_array((size_t)n, 1.0f);
+            void *xg = gpu_put(x, (size_t)n_tok * n * sizeof(float));
+            void *nwg = gpu_put(nw, (size_t)n * sizeof(float));
+            void *xn, *o1, *o2, *dummy;
+            OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n * sizeof(float), &xn));
+            OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n_out * sizeof(float), &o1));
+            OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n_out * sizeof(float), &o2));
+            OK(gpu, gpu->ops->alloc(gpu, 64, &dummy));
+            OK(gpu, gpu->ops->rms_norm(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
+            OK(gpu, gpu->ops->matmul(gpu, o1, &bw, xn, NULL, n_tok)); // the q8 copy
+            OK(gpu, gpu->ops->rms_norm(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
+            OK(gpu, gpu->ops->add(gpu, dummy, dummy, 4));             // not the next op any more
+            OK(gpu, gpu->ops->matmul(gpu, o2, &bw, xn, NULL, n_tok)); // quantizes xn itself
+            float *a = gpu_fetch(o1, (size_t)n_tok * n_out),
+                  *b = gpu_fetch(o2, (size_t)n_tok * n_out);
+            char what[96];
+            snprintf(what, sizeof what, "rms_norm q8 -> matmul %s n_tok %d", ggml_type_name(type),
+                     n_tok);
+            count_bit_diffs(what, a, b, (size_t)n_tok * n_out);
+            free(a);
+            free(b);
+            void *gf[] = {wg, xg, nwg, xn, o1, o2, dummy};
+            for (size_t i = 0; i < sizeof gf / sizeof gf[0]; i++)
+                gpu->ops->free(gpu, gf[i]);
+            free(wh);
+            free(x);
+            free(nw);
+        }
+    }
+    gpu->act_q8 = false;
+}
+
 Test(cuda, matmul_fused_rejects_bad_shapes) {
     REQUIRE_GPU();
     void *p = NULL;
