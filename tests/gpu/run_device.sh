@@ -46,8 +46,8 @@ build_rc=$?
 echo "build rc=$build_rc" | tee -a "$OUTDIR/run.log"
 
 # ctest -j1 for the GPU binaries keeps them from fighting over the device.
-(cd $B && ctest --output-on-failure -j "$(nproc)" -E '^test_(cuda|forward_cuda)' &&
-   ctest --output-on-failure -j 1 -R '^test_(cuda|forward_cuda)') >"$OUTDIR/ctest.log" 2>&1
+(cd $B && ctest --output-on-failure -j "$(nproc)" -E '^test_(cuda|forward_cuda|pipeline_cuda)' &&
+   ctest --output-on-failure -j 1 -R '^test_(cuda|forward_cuda|pipeline_cuda)') >"$OUTDIR/ctest.log" 2>&1
 ctest_rc=$?
 echo "ctest rc=$ctest_rc" | tee -a "$OUTDIR/run.log"
 
@@ -57,7 +57,7 @@ declare -A san=([memcheck]=null [racecheck]=null [synccheck]=null)
 if [ "$SANITIZE" = 1 ] && command -v compute-sanitizer >/dev/null && [ $build_rc -eq 0 ]; then
   for tool in memcheck racecheck synccheck; do
     total=0
-    for t in $B/tests/test_cuda_* $B/tests/test_forward_cuda; do
+    for t in $B/tests/test_cuda_* $B/tests/test_forward_cuda $B/tests/test_pipeline_cuda; do
       [ -x "$t" ] || continue
       log="$OUTDIR/sanitizer-$tool-$(basename "$t").log"
       compute-sanitizer --tool "$tool" "$t" --jobs 1 >"$log" 2>&1
