@@ -249,4 +249,74 @@ static inline void emu_launch(const char *name, void (*k)(P...), dim3 grid, dim3
                    [k, params]() { std::apply(k, *params); });
 }
 
+// --- asynchronous copies (cuda_pipeline_primitives.h: cp.async) ---------------------
+// __pipeline_memcpy_async queues the copy for the calling thread; it lands
+// (size - zfill bytes copied, zfill zero bytes after them) when that thread
+// waits for its group with __pipeline_wait_prior(n), which completes every
+// copy of the groups older than the n most recently committed ones, as
+// cp.async.wait_group n does; copies not yet committed are not waited for.
+// So a read of the destination before the issuing thread's wait (and, for
+// other threads, the barrier after it) sees the old bytes, as it may on a
+// GPU. Sizes 4, 8, 16 with both pointers aligned to the size, zfill <= size
+// (else a kernel fault). The queue is per thread of the running block; a
+// block's copies still queued when it ends are dropped (on hardware they
+// land unobserved).
+struct emu_cp_async_copy {
+    void *dst;
+    const void *src;
+    size_t n, zfill;
+    uint64_t group;
+};
+struct emu_cp_async_thread {
+    emu_cp_async_copy q[64];
+    int n_q = 0;
+    uint64_t committed = 0;
+    uint3 block = {~0u, ~0u, ~0u};
+    const void *grid_id = nullptr;
+};
+inline thread_local emu_cp_async_thread emu_cp_async_threads[1024];
+static inline emu_cp_async_thread &emu_cp_async_self(void) {
+    const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    emu_cp_async_thread &s = emu_cp_async_threads[t & 1023];
+    const void *gid = emu_dynamic_smem();
+    if (s.block.x != blockIdx.x || s.block.y != blockIdx.y || s.block.z != blockIdx.z ||
+        s.grid_id != gid) {
+        s.n_q = 0;
+        s.committed = 0;
+        s.block = blockIdx;
+        s.grid_id = gid;
+    }
+    return s;
+}
+static inline void emu_cp_async_land(const emu_cp_async_copy &c) {
+    memcpy(c.dst, c.src, c.n - c.zfill);
+    memset((char *)c.dst + (c.n - c.zfill), 0, c.zfill);
+}
+static inline void __pipeline_memcpy_async(void *dst, const void *src, size_t size_and_align,
+                                           size_t zfill = 0) {
+    if ((size_and_align != 4 && size_and_align != 8 && size_and_align != 16) ||
+        zfill > size_and_align || ((uintptr_t)dst | (uintptr_t)src) % size_and_align != 0)
+        emu_trap("__pipeline_memcpy_async: size must be 4, 8 or 16, both pointers aligned to it, "
+                 "zfill <= size");
+    emu_cp_async_thread &s = emu_cp_async_self();
+    if (s.n_q == 64) { // a long queue: land the oldest (completion order is the GPU's choice)
+        emu_cp_async_land(s.q[0]);
+        memmove(s.q, s.q + 1, sizeof s.q[0] * 63);
+        s.n_q = 63;
+    }
+    s.q[s.n_q++] = emu_cp_async_copy{dst, src, size_and_align, zfill, s.committed};
+}
+static inline void __pipeline_commit(void) { emu_cp_async_self().committed++; }
+static inline void __pipeline_wait_prior(size_t n) {
+    emu_cp_async_thread &s = emu_cp_async_self();
+    int kept = 0;
+    for (int i = 0; i < s.n_q; i++) {
+        if (s.q[i].group + n < s.committed)
+            emu_cp_async_land(s.q[i]);
+        else
+            s.q[kept++] = s.q[i];
+    }
+    s.n_q = kept;
+}
+
 #endif
