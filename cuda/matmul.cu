@@ -3,11 +3,16 @@
 //   F32 weights:  f32 GEMM on the stored weights (CUBLAS_COMPUTE_32F, no TF32).
 //   F16 weights:  stored weights as they are; activations rounded to f16.
 //   BF16 weights: stored weights as they are; activations rounded to bf16.
-//   quantized:    slices of at most MATMUL_SLICE_ELEMS weights are decoded to
-//                 f16 in scratch (dequant.cuh, the same values as the host
-//                 decoder, then rounded to f16), one GEMM per slice, writing
-//                 the slice's columns of out (ldc = n_out); activations f16.
-// Scratch layout: [activations, 256-aligned][weight slice].
+//   quantized:    up to cuda_matmul_tc_max_tok() tokens (cuda_matmul_tc_takes)
+//                 the fused tensor-core kernel of matmul_tc.cu on the f16
+//                 activations, no weight scratch; above it slices of at most
+//                 MATMUL_SLICE_ELEMS weights are decoded to f16 in scratch
+//                 (dequant.cuh, the same values as the host decoder, then
+//                 rounded to f16), one GEMM per slice, writing the slice's
+//                 columns of out (ldc = n_out); activations f16. Both read
+//                 the same f16 activations (matmul_convert_kernel) and
+//                 accumulate in f32: they agree to f32 rounding.
+// Scratch layout: [activations, 256-aligned][weight slice (cuBLAS path)].
 #include "cuda/dequant.cuh"
 
 // Elements of one decoded weight slice (f16): 128 MiB of scratch at most.
@@ -99,7 +104,7 @@ extern "C" size_t cuda_matmul_scratch_bytes(enum ggml_type type, int64_t n_in, i
     if (type == GGML_TYPE_F32)
         return 0;
     const size_t act = align256((size_t)n_tok * (size_t)n_in * 2);
-    if (vela_is_plain(type))
+    if (vela_is_plain(type) || cuda_matmul_tc_takes(type, n_tok))
         return act;
     return act + align256((size_t)matmul_slice_rows(n_in, n_out) * (size_t)n_in * 2);
 }
@@ -148,6 +153,11 @@ extern "C" int cuda_matmul_apply(cublasHandle_t cublas, float *out, const void *
             VELA_CHECK_LAUNCH(err, "matmul_convert_kernel<f16>");
         }
         const cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+        if (!vela_is_plain(type) && cuda_matmul_tc_takes(type, n_tok)) {
+            // bias and accumulate in the kernel's epilogue
+            return cuda_matmul_q_tc(out, w, type, n_in, n_out, (const uint16_t *)act, bias, n_tok,
+                                    accumulate, stream, err);
+        }
         if (vela_is_plain(type)) {
             VELA_CUBLAS_CALL(err,
                              cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, n, k,
