@@ -14,6 +14,9 @@
 // Families (--filter matches their names):
 //   matvec        matmul op with n_tok <= 8 (the mat-vec kernels), per weight type
 //   matmul        matmul op with n_tok = --prefill-tokens (the GEMM path), per type
+//   matmul_tc     matmul op with n_tok 16, 64, 128 per quantized type, twice: the
+//                 fused tensor-core kernel (matmul_tc.cu) and dequant + cuBLAS
+//                 (cuda_matmul_tc_set_max_tok), to find the crossover
 //   cublas_f16    plain cublasGemmEx, F16 x F16 -> F32, same shapes (the reference)
 //   attn_prefill  attention: the last --prefill-tokens queries of a context of C
 //   attn_decode   attention: one query at the end of a context of C
@@ -35,6 +38,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda/cuda_ops.h"
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "gguf/types.h"
@@ -212,11 +216,13 @@ enum family {
     FAM_KV_SHIFT,
     FAM_RMS_NORM,
     FAM_ARGMAX,
+    FAM_MATMUL_TC,
 };
 
 static const char *family_name[] = {
     "matvec",      "matmul", "matvec_qkv",    "matvec_swiglu", "matvec_add", "cublas_f16",
-    "attn_prefill", "attn_decode", "rope", "rope_kv_store", "kv_shift", "rms_norm", "argmax"};
+    "attn_prefill", "attn_decode", "rope", "rope_kv_store", "kv_shift", "rms_norm", "argmax",
+    "matmul_tc"};
 
 enum { ACT_NA = 0, ACT_Q8 = 1, ACT_F32 = 2, ACT_SKIP = -1 };
 
@@ -227,6 +233,7 @@ struct kcase {
     char shape[64];      // "4096x11008", "ctx 4096", ...
     enum ggml_type type; // weight / cache type
     int act;             // mat-vec families: ACT_Q8 or ACT_F32 (backend.act_q8); else ACT_NA
+    int fused;           // matmul_tc: 1 the fused kernel, 0 dequant + cuBLAS
     int n_tok;
     int n_ctx;
     double bytes, flops;
@@ -251,6 +258,12 @@ static int run_case(struct bench *b, const struct kcase *k) {
     case FAM_MATVEC:
     case FAM_MATMUL:
         return op_rc(b, be->ops->matmul(be, k->out, &k->w, k->x, NULL, k->n_tok));
+    case FAM_MATMUL_TC: {
+        cuda_matmul_tc_set_max_tok(k->fused ? INT32_MAX : 0);
+        const int rc = op_rc(b, be->ops->matmul(be, k->out, &k->w, k->x, NULL, k->n_tok));
+        cuda_matmul_tc_set_max_tok(-1);
+        return rc;
+    }
     case FAM_MATVEC_QKV: {
         const struct backend_mm mm[3] = {{k->out, &k->w, NULL}, {k->out2, &k->w2, NULL},
                                          {k->out3, &k->w3, NULL}};
@@ -387,6 +400,8 @@ static void time_case(struct bench *b, struct kcase *k, int setup_rc) {
     cJSON_AddNumberToObject(o, "n_tok", k->n_tok);
     if (k->act != ACT_NA)
         cJSON_AddStringToObject(o, "act", k->act == ACT_Q8 ? "q8" : "f32");
+    if (k->fam == FAM_MATMUL_TC)
+        cJSON_AddStringToObject(o, "path", k->fused ? "fused" : "dequant+cublas");
     cJSON_AddNumberToObject(o, "n_ctx", k->n_ctx);
     printf("| %-13s | %-10s | %-22s | %-5s | %5d | %6d |", family_name[k->fam], k->sm->name,
            k->shape, ggml_type_name(k->type), k->n_tok, k->n_ctx);
@@ -504,21 +519,40 @@ static const char *act_tag(int act) {
 static void bench_matmul(struct bench *b, const struct shape_model *sm, enum family fam) {
     struct mat_shape shapes[8];
     const int n_shapes = layer_shapes(sm, shapes);
-    const int *toks = fam == FAM_MATVEC ? b->opt.matvec_tok : &b->opt.prefill_tok;
-    const int n_toks = fam == FAM_MATVEC ? b->opt.n_matvec_tok : 1;
+    static const int tc_toks[] = {16, 64, 128};
+    const int *toks = fam == FAM_MATVEC      ? b->opt.matvec_tok
+                      : fam == FAM_MATMUL_TC ? tc_toks
+                                             : &b->opt.prefill_tok;
+    const int n_toks = fam == FAM_MATVEC ? b->opt.n_matvec_tok : fam == FAM_MATMUL_TC ? 3 : 1;
     const int n_types = fam == FAM_CUBLAS ? 1 : b->opt.n_types;
     for (int s = 0; s < n_shapes; s++)
         for (int ti = 0; ti < n_types; ti++)
             for (int nt = 0; nt < n_toks * 2; nt++) {
                 const enum ggml_type type = fam == FAM_CUBLAS ? GGML_TYPE_F16 : b->opt.types[ti];
-                const int act = matvec_act_of(b, fam == FAM_MATVEC, type, nt % 2);
+                // matmul_tc: pass 0 fused, pass 1 dequant + cuBLAS; the fused kernel's types only
+                const bool tc = fam == FAM_MATMUL_TC;
+                if (tc) {
+                    cuda_matmul_tc_set_max_tok(INT32_MAX);
+                    const bool takes = cuda_matmul_tc_takes(type, 1);
+                    cuda_matmul_tc_set_max_tok(-1);
+                    if (!takes)
+                        continue;
+                }
+                const int act = tc ? ACT_NA : matvec_act_of(b, fam == FAM_MATVEC, type, nt % 2);
                 if (act == ACT_SKIP)
                     continue;
                 const struct mat_shape *ms = &shapes[s];
-                struct kcase k = {
-                    .fam = fam, .sm = sm, .type = type, .act = act, .n_tok = toks[nt / 2]};
-                snprintf(k.shape, sizeof k.shape, "%s %lldx%lld%s", ms->what, (long long)ms->n_in,
-                         (long long)ms->n_out, act_tag(act));
+                struct kcase k = {.fam = fam,
+                                  .sm = sm,
+                                  .type = type,
+                                  .act = act,
+                                  .fused = tc && nt % 2 == 0,
+                                  .n_tok = toks[nt / 2]};
+                snprintf(k.shape, sizeof k.shape, "%s %lldx%lld%s%s", ms->what, (long long)ms->n_in,
+                         (long long)ms->n_out, act_tag(act),
+                         !tc       ? ""
+                         : k.fused ? " fused"
+                                   : " cublas");
                 const double wbytes = (double)ggml_row_bytes(type, ms->n_in) * (double)ms->n_out;
                 const double xsz = fam == FAM_CUBLAS ? 2.0 : 4.0;
                 k.bytes = wbytes + (double)k.n_tok * ((double)ms->n_in * xsz + ms->n_out * 4.0);
@@ -796,7 +830,7 @@ static void usage(FILE *out) {
         "options:\n"
         "  --json FILE            write the results as JSON to FILE\n"
         "  --filter LIST          only these kernels (comma list): matvec, matmul,\n"
-        "                         cublas_f16, attn_prefill, attn_decode, rope,\n"
+        "                         matmul_tc, cublas_f16, attn_prefill, attn_decode, rope,\n"
         "                         rope_kv_store, kv_shift, rms_norm, argmax\n"
         "  --models LIST          shapes: llama2-7b,llama3-8b,llama3-70b (default: all)\n"
         "  --types LIST           weight types for matvec/matmul (default: f32,f16,bf16,\n"
@@ -1095,6 +1129,8 @@ int main(int argc, char **argv) {
             bench_matmul(&b, sm, FAM_MATVEC);
         if (want_family(&b, FAM_MATMUL))
             bench_matmul(&b, sm, FAM_MATMUL);
+        if (want_family(&b, FAM_MATMUL_TC))
+            bench_matmul(&b, sm, FAM_MATMUL_TC);
         for (enum family f = FAM_MATVEC_QKV; f <= FAM_MATVEC_ADD; f++)
             if (want_family(&b, f))
                 bench_matvec_fused(&b, sm, f);
