@@ -38,7 +38,7 @@
 #include <limits.h>
 #include <mma.h>
 
-#include "cuda/cuda_common.cuh"
+#include "cuda/q8_1.cuh"
 
 #define ATTN_WARPS 4
 #define ATTN_ROWS_PER_WARP 4
@@ -204,6 +204,11 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
                 const int d = lane + VELA_WARP * i;
                 if (d < DV)
                     a.out[th * DV + d] = acc[k][i] * inv;
+                // a.xq: DV % 32 == 0, so the warp's 32 lanes hold one whole
+                // q8_1 block (elements 32 i .. 32 i + 31 of the head)
+                if (a.xq && VELA_WARP * i < DV)
+                    q8_1_store_warp((uint8_t *)a.xq + (th * DV / 32 + i) * Q8_1_BLOCK_BYTES,
+                                    acc[k][i] * inv, lane);
             }
         } else {
             const size_t ps = th * n_split + split;
@@ -222,10 +227,11 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
 }
 
 // One block per (token, head): merges the n_split partial results.
+// xq (or NULL, DV % 32 == 0): the output also as q8_1 blocks, as attn_kernel.
 __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
     attn_combine_kernel(float *__restrict__ out /* [n_tok*n_head][DV] */,
                         const float *__restrict__ part_acc, const float *__restrict__ part_ml,
-                        int n_split, int DV) {
+                        int n_split, int DV, uint8_t *__restrict__ xq) {
     const size_t th = blockIdx.x;
     const float *ml = part_ml + th * n_split * 2;
     float mx = -INFINITY;
@@ -244,6 +250,9 @@ __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
                 if (ml[2 * s] != -INFINITY)
                     o += part_acc[(th * n_split + s) * DV + d] * expf(ml[2 * s] - mx);
         out[th * DV + d] = o * inv;
+        if (xq) // whole warps: DV % 32 == 0 and ATTN_COMBINE_THREADS % 32 == 0
+            q8_1_store_warp(xq + (th * DV + d) / 32 * Q8_1_BLOCK_BYTES, o * inv,
+                            threadIdx.x % VELA_WARP);
     }
 }
 
@@ -646,6 +655,11 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
     if ((!k16 && a->type_k != GGML_TYPE_F32) || (!v16 && a->type_v != GGML_TYPE_F32))
         return verr_set(err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
                         ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+    if (a->xq && (a->head_dim_v % 32 != 0 || a->n_tok >= ATTN_TC_MIN_TOK))
+        return verr_set(err, VERR_RANGE,
+                        "attention: a q8_1 copy needs head_dim_v %% 32 == 0 (got %d) and fewer "
+                        "than %d tokens (got %d)",
+                        a->head_dim_v, ATTN_TC_MIN_TOK, a->n_tok);
     if (k16 && v16 && a->n_tok >= ATTN_TC_MIN_TOK) {
         int dev = 0, cc_major = 0, smem_optin = 0;
         VELA_CUDA_CALL(err, cudaGetDevice(&dev));
@@ -683,7 +697,8 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
     if (rc || p.n_split == 1)
         return rc;
     attn_combine_kernel<<<(unsigned int)((int64_t)a->n_tok * a->n_head), ATTN_COMBINE_THREADS, 0,
-                          stream>>>(a->out, part_acc, part_ml, p.n_split, a->head_dim_v);
+                          stream>>>(a->out, part_acc, part_ml, p.n_split, a->head_dim_v,
+                                    (uint8_t *)a->xq);
     VELA_CHECK_LAUNCH(err, "attn_combine_kernel");
     return VERR_OK;
 }

@@ -37,13 +37,15 @@ struct cuda_backend {
     // k (created on first use; recorded[k] false until then).
     cudaEvent_t upload_ev[BACKEND_UPLOAD_SLOTS];
     bool upload_recorded[BACKEND_UPLOAD_SLOTS];
-    // act_q8: rms_norm writes its output as q8_1 into xq too when it is a
-    // decode batch; the op right after it (op_seq == xq_seq + 1) takes those
-    // blocks instead of quantizing x again if it reads that very output.
+    // act_q8: rms_norm and attention write their output as q8_1 into xq too
+    // when it is a decode batch; the op right after (op_seq == xq_seq + 1)
+    // takes those blocks instead of quantizing x again if it reads that very
+    // output.
     void *xq; // device, xq_bytes (not the scratch: the next op may use that)
     size_t xq_bytes;
-    const float *xq_src; // the rms_norm output xq holds
-    int xq_rows, xq_n;
+    const float *xq_src; // the rms_norm / attention output xq holds
+    int xq_rows;
+    int64_t xq_n;
     uint64_t op_seq, xq_seq;
 };
 
@@ -327,36 +329,50 @@ static int cu_embed(struct backend *be, float *out, const struct backend_weight 
                            cb_of(be)->stream, &be->err);
 }
 
+// act_q8: whether an op writing rows x n floats should also write them as
+// q8_1 for the next mat-vec (a decode batch, whole q8_1 blocks), and the
+// buffer for it in *xq (NULL: no copy). The buffer grows to the largest
+// decode batch at once; growing refuses graph recording (the first decode
+// step is recorded at once: the forward then runs it eagerly and records the
+// next one with the buffer in place).
+static int cu_xq_for(struct backend *be, int rows, int64_t n, void **xq) {
+    struct cuda_backend *cb = cb_of(be);
+    *xq = NULL;
+    if (!be->act_q8 || rows < 1 || rows > CUDA_MATVEC_MAX_TOK || n <= 0 || n % 32 != 0)
+        return VERR_OK;
+    const size_t need = (size_t)CUDA_MATVEC_MAX_TOK * (size_t)quant_q8_1_row_bytes(n);
+    if (need > cb->xq_bytes) {
+        CU_NOT_RECORDING(be, "allocating the q8_1 copy of an activation");
+        if (cb->xq)
+            CU_CHECK(be, cudaFreeAsync(cb->xq, cb->stream));
+        cb->xq = NULL;
+        cb->xq_bytes = 0;
+        CU_CHECK(be, cudaMallocAsync(&cb->xq, need, cb->stream));
+        cb->xq_bytes = need;
+        cb->scratch_gen++; // graphs recorded with the old buffer are stale
+    }
+    *xq = cb->xq;
+    return VERR_OK;
+}
+
+// The op that just ran (op_seq) wrote src's rows x n floats as q8_1 to xq.
+static void cu_xq_written(struct backend *be, const float *src, int rows, int64_t n) {
+    struct cuda_backend *cb = cb_of(be);
+    cb->xq_src = src;
+    cb->xq_rows = rows;
+    cb->xq_n = n;
+    cb->xq_seq = cb->op_seq;
+}
+
 static int cu_rms_norm(struct backend *be, float *out, const float *x, const float *w, int n_rows,
                        int n, float eps) {
     CU_ENTER(be);
-    struct cuda_backend *cb = cb_of(be);
     void *xq = NULL;
-    if (be->act_q8 && n_rows >= 1 && n_rows <= CUDA_MATVEC_MAX_TOK && n % 32 == 0) {
-        const size_t need = (size_t)n_rows * (size_t)quant_q8_1_row_bytes(n);
-        if (need > cb->xq_bytes) {
-            // the first decode step is recorded at once: refusing makes the
-            // forward run it eagerly, then record the next with the buffer
-            CU_NOT_RECORDING(be, "allocating the q8_1 copy of rms_norm");
-            if (cb->xq)
-                CU_CHECK(be, cudaFreeAsync(cb->xq, cb->stream));
-            cb->xq = NULL;
-            cb->xq_bytes = 0;
-            // sized for the largest decode batch at once: it never grows again
-            const size_t full = need / (size_t)n_rows * CUDA_MATVEC_MAX_TOK;
-            CU_CHECK(be, cudaMallocAsync(&cb->xq, full, cb->stream));
-            cb->xq_bytes = full;
-            cb->scratch_gen++; // graphs recorded with the old buffer are stale
-        }
-        xq = cb->xq;
-    }
-    int rc = cuda_rms_norm_apply(out, x, w, n_rows, n, eps, xq, cb->stream, &be->err);
-    if (!rc && xq) {
-        cb->xq_src = out;
-        cb->xq_rows = n_rows;
-        cb->xq_n = n;
-        cb->xq_seq = cb->op_seq;
-    }
+    int rc = cu_xq_for(be, n_rows, n, &xq);
+    if (!rc)
+        rc = cuda_rms_norm_apply(out, x, w, n_rows, n, eps, xq, cb_of(be)->stream, &be->err);
+    if (!rc && xq)
+        cu_xq_written(be, out, n_rows, n);
     return rc;
 }
 
@@ -550,7 +566,7 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
                         "attention: head dims %d/%d (the CUDA kernels take up to %d)", a->head_dim,
                         a->head_dim_v, CUDA_ATTN_MAX_HEAD_DIM);
     struct cuda_backend *cb = cb_of(be);
-    const struct cuda_attn ca = {
+    struct cuda_attn ca = {
         .out = a->out,
         .q = a->q,
         .k = a->k,
@@ -571,10 +587,15 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         .scale = a->scale,
     };
     int rc = cu_scratch_reserve(be, cuda_attention_scratch_bytes(&ca, cb->sm_count));
-    if (rc)
-        return rc;
-    return cuda_attention_apply(&ca, cb->sm_count, cb->scratch, cb->scratch_bytes, cb->stream,
-                                &be->err);
+    const int64_t n_out = (int64_t)a->n_head * a->head_dim_v;
+    if (!rc && a->head_dim_v % 32 == 0)
+        rc = cu_xq_for(be, a->n_tok, n_out, &ca.xq);
+    if (!rc)
+        rc = cuda_attention_apply(&ca, cb->sm_count, cb->scratch, cb->scratch_bytes, cb->stream,
+                                  &be->err);
+    if (!rc && ca.xq)
+        cu_xq_written(be, a->out, a->n_tok, n_out);
+    return rc;
 }
 
 static int cu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,

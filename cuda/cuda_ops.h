@@ -96,6 +96,11 @@ struct cuda_attn {
     const int32_t *q_seq; // [n_tok]
     int n_tok, n_kv, n_head, n_head_kv, head_dim, head_dim_v;
     float scale;
+    // Or NULL: also write out as q8_1 blocks (each output row [n_head *
+    // head_dim_v] quantized as quant_q8_1_row does) for the act_q8 mat-vec
+    // that follows. Needs head_dim_v % 32 == 0 and n_tok < 16 (the SIMT
+    // kernels; VERR_RANGE otherwise).
+    void *xq; // [n_tok][n_head * head_dim_v / 32] q8_1 blocks
 };
 
 // Scratch bytes the attention call with these sizes needs for its split-K

@@ -1136,9 +1136,42 @@ static bool attn_case_on_tensor_cores(const struct attn_case *c) {
            c->head_dim % 16 == 0 && c->head_dim_v % 16 == 0;
 }
 
+// act_q8 (q8_follow, decode cases with head_dim_v % 32 == 0): the attention
+// also writes its output as q8_1 for the mat-vec right after it (the output
+// projection); that mat-vec must equal the same one run after an unrelated op
+// (which quantizes the output itself), bit for bit, split-K combine included.
+static void attn_q8_follow(const struct attn_case *c, const struct attn_args *ag) {
+    const int64_t n_in = (int64_t)c->n_head * c->head_dim_v, n_out = 37;
+    void *wh = make_weight(GGML_TYPE_Q4_0, n_in, n_out);
+    void *wg = gpu_put(wh, ggml_row_bytes(GGML_TYPE_Q4_0, n_in) * n_out);
+    const struct backend_weight bw = {wg, GGML_TYPE_Q4_0, n_in, n_out};
+    void *o1, *o2, *dummy;
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)c->n_tok * n_out * sizeof(float), &o1));
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)c->n_tok * n_out * sizeof(float), &o2));
+    OK(gpu, gpu->ops->alloc(gpu, 64, &dummy));
+    gpu->act_q8 = true;
+    OK(gpu, gpu->ops->attention(gpu, ag));
+    OK(gpu, gpu->ops->matmul(gpu, o1, &bw, ag->out, NULL, c->n_tok)); // the q8 copy
+    OK(gpu, gpu->ops->attention(gpu, ag));
+    OK(gpu, gpu->ops->add(gpu, dummy, dummy, 4)); // not the next op any more
+    OK(gpu, gpu->ops->matmul(gpu, o2, &bw, ag->out, NULL, c->n_tok));
+    gpu->act_q8 = false;
+    float *a = gpu_fetch(o1, (size_t)c->n_tok * n_out),
+          *b = gpu_fetch(o2, (size_t)c->n_tok * n_out);
+    char what[160];
+    snprintf(what, sizeof what, "attention %s q8 -> matmul", c->note);
+    count_bit_diffs(what, a, b, (size_t)c->n_tok * n_out);
+    free(a);
+    free(b);
+    void *gf[] = {wg, o1, o2, dummy};
+    for (size_t i = 0; i < sizeof gf / sizeof gf[0]; i++)
+        gpu->ops->free(gpu, gf[i]);
+    free(wh);
+}
+
 // Runs one case on both backends and checks the outputs; returns the worst
-// error relative to max|v|.
-static double attn_check_case(const struct attn_case *c) {
+// error relative to max|v|. q8_follow: also attn_q8_follow where it applies.
+static double attn_check_case(const struct attn_case *c, bool q8_follow) {
     {
         const int n_tok = c->n_tok, n_kv = c->n_kv;
         const int seq_words = (c->n_seq + 63) / 64;
@@ -1265,6 +1298,8 @@ static double attn_check_case(const struct attn_case *c) {
                  c->note, n_tok, n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v,
                  ggml_type_name(c->tk), ggml_type_name(c->tv));
         check_close(what, rc, rg, no, NULL, atol, 0.0);
+        if (q8_follow && n_tok <= CUDA_MATVEC_MAX_TOK && c->head_dim_v % 32 == 0)
+            attn_q8_follow(c, &ag);
         double worst = 0.0;
         for (size_t i = 0; i < no; i++)
             if (fabs((double)rc[i] - rg[i]) > worst)
@@ -1298,7 +1333,7 @@ Test(cuda, attention) {
     REQUIRE_GPU();
     rng_seed(70);
     for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++)
-        attn_check_case(&attn_cases[ci]);
+        attn_check_case(&attn_cases[ci], false);
 }
 
 // Prefill on tensor cores: odd token counts 16..200, n_kv to ~600, GQA and
@@ -1317,12 +1352,26 @@ static const struct attn_case attn_tc_cases[] = {
     {37, 150, 2, 2, 256, 256, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd256 causal"},
 };
 
+Test(cuda, attention_q8_feeds_the_next_matvec) {
+    REQUIRE_GPU();
+    rng_seed(71);
+    int n = 0;
+    for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++) {
+        const struct attn_case *c = &attn_cases[ci];
+        if (c->n_tok <= CUDA_MATVEC_MAX_TOK && c->head_dim_v % 32 == 0 && c->n_kv > 0) {
+            attn_check_case(c, true);
+            n++;
+        }
+    }
+    cr_expect_geq(n, 4, "decode cases with a q8_1 copy: %d", n);
+}
+
 Test(cuda, attention_prefill_tensor_cores) {
     REQUIRE_GPU();
     rng_seed(71);
     double worst = 0.0;
     for (size_t ci = 0; ci < sizeof attn_tc_cases / sizeof attn_tc_cases[0]; ci++) {
-        const double w = attn_check_case(&attn_tc_cases[ci]);
+        const double w = attn_check_case(&attn_tc_cases[ci], false);
         cr_log_info("%s: worst |cuda - cpu| = %.3g max|v|", attn_tc_cases[ci].note, w);
         if (w > worst)
             worst = w;
