@@ -142,6 +142,10 @@ Test(cli, usage_errors) {
     cr_expect_eq(run_vela("run -m x.gguf --cache-type-k q4_0", &out, &err), 2);
     free(out);
     free(err);
+    cr_expect_eq(run_vela("run -m x.gguf --matvec-act q4", &out, &err), 2);
+    cr_expect(strstr(err, "--matvec-act: 'q4' is not an activation type (q8, f32)"), "%s", err);
+    free(out);
+    free(err);
 }
 
 Test(cli, run_generates_deterministically) {
