@@ -58,7 +58,62 @@ static __device__ __forceinline__ float attn_load(const __half *p) {
     return __half2float(*p);
 }
 
-template <typename KT, typename VT>
+// 16 bytes of cache elements widened to float (exact for f16).
+static __device__ __forceinline__ void attn_widen(const uint4 &u, const float *, float *f) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+static __device__ __forceinline__ void attn_widen(const uint4 &u, const __half *, float *f) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 p = __half22float2(*(const __half2 *)&w[i]);
+        f[2 * i] = p.x;
+        f[2 * i + 1] = p.y;
+    }
+}
+
+// The KV tile of cells [c0, c0 + ATTN_BK) of KV head g (cells at or past
+// c_end as zeros) into shared memory as float: dst[j * ld + d]. VEC: rows are
+// 16-byte aligned (D a multiple of 16 / sizeof(T), cache 16-byte aligned),
+// so each thread moves 16 bytes per load and keeps four loads in flight;
+// otherwise one element at a time.
+template <typename T, bool VEC>
+static __device__ __forceinline__ void attn_load_tile(float *dst, int ld, const T *cache, int c0,
+                                                      int c_end, int g, int n_head_kv, int D) {
+    if (VEC) {
+        constexpr int V = 16 / sizeof(T);
+        const int per_row = D / V;
+#pragma unroll 4
+        for (int e = threadIdx.x; e < ATTN_BK * per_row; e += ATTN_THREADS) {
+            const int j = e / per_row, d = (e % per_row) * V;
+            const int c = c0 + j;
+            float f[V];
+            if (c < c_end) {
+                const uint4 u = *(const uint4 *)(cache + ((size_t)c * n_head_kv + g) * D + d);
+                attn_widen(u, cache, f);
+            } else {
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    f[v] = 0.0f;
+            }
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                dst[j * ld + d + v] = f[v];
+        }
+    } else {
+        for (int e = threadIdx.x; e < ATTN_BK * D; e += ATTN_THREADS) {
+            const int j = e / D, d = e % D;
+            const int c = c0 + j;
+            dst[j * ld + d] =
+                c < c_end ? attn_load(cache + ((size_t)c * n_head_kv + g) * D + d) : 0.0f;
+        }
+    }
+}
+
+template <typename KT, typename VT, bool VEC>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_kernel(const struct cuda_attn a, int chunk, int n_split,
                 float *__restrict__ part_acc /* [n_tok*n_head][n_split][head_dim_v] */,
@@ -126,17 +181,8 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             sPos[tid] = p;
         if (!__syncthreads_or(p >= 0 && p <= s_max_qpos))
             continue; // block-uniform
-        for (int e = tid; e < ATTN_BK * D; e += ATTN_THREADS) {
-            const int j = e / D, d = e % D;
-            const int c = c0 + j;
-            sK[j * (D + 1) + d] =
-                c < c_end ? attn_load(kcache + ((size_t)c * a.n_head_kv + g) * D + d) : 0.0f;
-        }
-        for (int e = tid; e < ATTN_BK * DV; e += ATTN_THREADS) {
-            const int j = e / DV, d = e % DV;
-            const int c = c0 + j;
-            sV[e] = c < c_end ? attn_load(vcache + ((size_t)c * a.n_head_kv + g) * DV + d) : 0.0f;
-        }
+        attn_load_tile<KT, VEC>(sK, D + 1, kcache, c0, c_end, g, a.n_head_kv, D);
+        attn_load_tile<VT, VEC>(sV, DV, vcache, c0, c_end, g, a.n_head_kv, DV);
         __syncthreads();
 
         const int c = c0 + lane;
@@ -561,7 +607,7 @@ extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_attn *a, int sm
            (size_t)a->n_tok * a->n_head * p.n_split * 2 * sizeof(float);
 }
 
-template <typename KT, typename VT>
+template <typename KT, typename VT, bool VEC>
 static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, float *part_acc,
                        float *part_ml, cudaStream_t stream, struct verr *err) {
     // Raised once per device to the most any call can ask for, so a call
@@ -577,20 +623,20 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
                                                  (size_t)ATTN_BK * (CUDA_ATTN_MAX_HEAD_DIM + 1) +
                                                  (size_t)ATTN_BK * CUDA_ATTN_MAX_HEAD_DIM) +
                                 sizeof(int) * ATTN_BK;
-            if (cudaFuncSetAttribute(attn_kernel<KT, VT>,
+            if (cudaFuncSetAttribute(attn_kernel<KT, VT, VEC>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)most) == cudaSuccess) {
                 raised.fetch_or(bit);
             } else { // a GPU with less shared memory: ask for this call's need only
                 (void)cudaGetLastError();
                 VELA_CUDA_CALL(err, cudaFuncSetAttribute(
-                                        attn_kernel<KT, VT>,
+                                        attn_kernel<KT, VT, VEC>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p->smem));
             }
         }
     }
     const dim3 grid(p->row_blocks, (unsigned int)a->n_head_kv, (unsigned int)p->n_split);
-    attn_kernel<KT, VT>
+    attn_kernel<KT, VT, VEC>
         <<<grid, ATTN_THREADS, p->smem, stream>>>(*a, p->chunk, p->n_split, part_acc, part_ml);
     VELA_CHECK_LAUNCH(err, "attn_kernel");
     return VERR_OK;
@@ -685,15 +731,22 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
         part_acc = (float *)scratch;
         part_ml = (float *)((char *)scratch + attn_part_acc_bytes(a, p.n_split));
     }
+    // 16-byte tile loads when every K and V row is 16-byte aligned.
+    const bool vec = ((uintptr_t)a->k & 15) == 0 && ((uintptr_t)a->v & 15) == 0 &&
+                     a->head_dim % (k16 ? 8 : 4) == 0 && a->head_dim_v % (v16 ? 8 : 4) == 0;
     int rc;
     if (k16 && v16)
-        rc = attn_launch<__half, __half>(a, &p, part_acc, part_ml, stream, err);
+        rc = vec ? attn_launch<__half, __half, true>(a, &p, part_acc, part_ml, stream, err)
+                 : attn_launch<__half, __half, false>(a, &p, part_acc, part_ml, stream, err);
     else if (k16)
-        rc = attn_launch<__half, float>(a, &p, part_acc, part_ml, stream, err);
+        rc = vec ? attn_launch<__half, float, true>(a, &p, part_acc, part_ml, stream, err)
+                 : attn_launch<__half, float, false>(a, &p, part_acc, part_ml, stream, err);
     else if (v16)
-        rc = attn_launch<float, __half>(a, &p, part_acc, part_ml, stream, err);
+        rc = vec ? attn_launch<float, __half, true>(a, &p, part_acc, part_ml, stream, err)
+                 : attn_launch<float, __half, false>(a, &p, part_acc, part_ml, stream, err);
     else
-        rc = attn_launch<float, float>(a, &p, part_acc, part_ml, stream, err);
+        rc = vec ? attn_launch<float, float, true>(a, &p, part_acc, part_ml, stream, err)
+                 : attn_launch<float, float, false>(a, &p, part_acc, part_ml, stream, err);
     if (rc || p.n_split == 1)
         return rc;
     attn_combine_kernel<<<(unsigned int)((int64_t)a->n_tok * a->n_head), ATTN_COMBINE_THREADS, 0,

@@ -1115,6 +1115,9 @@ static const struct attn_case attn_cases[] = {
     {128, 1500, 8, 8, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "prefill long"},
     {40, 600, 16, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F32, false, 100, "seq ids >= 64"},
     {5, 0, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "empty cache"},
+    // head dims that are not whole 16-byte vectors: element-wise tile loads
+    {2, 300, 4, 2, 36, 36, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "hd36 scalar tile loads"},
+    {1, 700, 4, 4, 66, 66, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "hd66 f32 scalar tile loads"},
 };
 
 static void *cache_from(const float *f, enum ggml_type t, size_t n) {
