@@ -31,9 +31,20 @@ struct mv_args {
 
 // Row loaders: how a lane's partial dot of one row with every token's x is
 // formed (acc[t] += ...). MODE_QVEC / MODE_Q: quantized, x read as float4 or
-// scalars; MODE_PAIR: 2-byte plain type read two at a time; MODE_PLAIN: one
+// scalars; MODE_VEC8: 2-byte plain type, 8 elements (16 bytes) per load, x
+// as float4; MODE_PAIR: 2-byte plain type read two at a time; MODE_PLAIN: one
 // element at a time.
-enum { MODE_QVEC, MODE_Q, MODE_PAIR, MODE_PLAIN };
+enum { MODE_QVEC, MODE_Q, MODE_VEC8, MODE_PAIR, MODE_PLAIN };
+
+// Element k (0..7) of 8 f16 / bf16 values packed in a uint4.
+template <int T> static __device__ __forceinline__ float mv_unpack8(const uint4 &u, int k) {
+    const uint32_t w = k < 2 ? u.x : k < 4 ? u.y : k < 6 ? u.z : u.w;
+    const uint16_t h = (uint16_t)((k & 1) ? w >> 16 : w & 0xffffu);
+    if constexpr (T == GGML_TYPE_F16)
+        return f16_bits_to_f32(h);
+    else
+        return bf16_bits_to_f32(h);
+}
 
 template <int T, int NT, int MODE>
 static __device__ __forceinline__ void mv_row_partial(float acc[NT], const uint8_t *__restrict__ row,
@@ -74,6 +85,24 @@ static __device__ __forceinline__ void mv_row_partial(float acc[NT], const uint8
                         }
                     }
                     acc[t] += a0 + a1;
+                }
+            }
+        }
+    } else if constexpr (MODE == MODE_VEC8) {
+        // Lane l takes elements 8l..8l+7, 8l+256..: another partition of the
+        // row than MODE_PAIR's, so the two modes round differently (both f32).
+        const uint4 *row8 = (const uint4 *)row;
+        for (int64_t i8 = lane; i8 < n_in / 8; i8 += VELA_WARP) {
+            const uint4 u = row8[i8];
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < n_tok) {
+                    const float4 *xv = (const float4 *)(x + (size_t)t * n_in + 8 * i8);
+                    const float4 p = xv[0], q = xv[1];
+                    const float xs[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        acc[t] = fmaf(mv_unpack8<T>(u, k), xs[k], acc[t]);
                 }
             }
         }
@@ -251,7 +280,11 @@ extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum 
     };
     auto run_plain = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
-        // Pairs: every row starts 4-byte aligned (even n_in) and x rows 8-byte.
+        // 16-byte loads: every row starts 16-byte aligned (n_in % 8 == 0; the
+        // weights are) and so do x's rows. Pairs: rows 4-byte aligned (even
+        // n_in) and x rows 8-byte.
+        if (T != GGML_TYPE_F32 && n_in % 8 == 0 && aligned && ((uintptr_t)x & 15u) == 0)
+            return matvec_launch_nt<T, MODE_VEC8>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
         if (T != GGML_TYPE_F32 && n_in % 2 == 0 && aligned && ((uintptr_t)x & 7u) == 0)
             return matvec_launch_nt<T, MODE_PAIR>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
         return matvec_launch_nt<T, MODE_PLAIN>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
