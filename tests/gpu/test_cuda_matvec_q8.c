@@ -21,42 +21,15 @@
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "gguf/types.h"
+#include "tests/gpu/raw_cuda.h"
 #include "tests/rand_blocks.h"
 #include "tests/rng_splitmix.h"
 
-static int have_gpu;
-
 static void setup(void) {
-    int n = 0;
-    have_gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaSetDevice(0) == cudaSuccess;
+    have_gpu = raw_cuda_probe();
 }
 
 TestSuite(matvec_q8, .init = setup, .timeout = 600);
-
-#define REQUIRE_GPU()                                                                              \
-    do {                                                                                           \
-        if (!have_gpu)                                                                             \
-            cr_skip_test("no CUDA device present");                                                \
-    } while (0)
-
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        const cudaError_t e_ = (call);                                                             \
-        cr_assert_eq(e_, cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                    \
-    } while (0)
-
-static void *dev_upload(const void *h, size_t bytes) {
-    void *d = NULL;
-    CU(cudaMalloc(&d, bytes ? bytes : 16));
-    if (h && bytes)
-        CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-
-static void dev_download(void *h, const void *d, size_t bytes) {
-    CU(cudaDeviceSynchronize());
-    CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
-}
 
 // Activations: normal with the block scale varying over 1e-3 .. 1e2, an
 // occasional all-zero block and an occasional block of exact ties (amax 127,
