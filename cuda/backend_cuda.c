@@ -381,16 +381,15 @@ _Static_assert(BACKEND_ACT_Q8_MAX_TOK == CUDA_MATVEC_MAX_TOK,
 
 // The decode mat-vec of segments sharing x: f32 activations, or with act_q8
 // (backend.h) x quantized to q8_1 in the scratch first and the dp4a kernels.
-static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_seg,
-                     enum ggml_type type, int64_t n_in, const float *x, int n_tok,
-                     enum cuda_mv_epilogue epi) {
+// x as q8_1 blocks for the act_q8 mat-vec: the copy the op just before
+// wrote (rms_norm, attention) when it is x, else x quantized into the scratch.
+static int cu_xq_of(struct backend *be, const float *x, int n_tok, int64_t n_in, const void **xq) {
     struct cuda_backend *cb = cb_of(be);
-    if (!be->act_q8 || !quant_q8_1_dot_supported(type))
-        return cuda_matvec_segs(segs, n_seg, type, n_in, x, n_tok, epi, cb->stream, &be->err);
     if (cb->op_seq == cb->xq_seq + 1 && x == cb->xq_src && n_tok == cb->xq_rows &&
-        n_in == cb->xq_n) // the rms_norm just before wrote x as q8_1 too
-        return cuda_matvec_q8_segs(segs, n_seg, type, n_in, cb->xq, n_tok, epi, cb->stream,
-                                   &be->err);
+        n_in == cb->xq_n) {
+        *xq = cb->xq;
+        return VERR_OK;
+    }
     const int64_t row = quant_q8_1_row_bytes(n_in);
     if (row <= 0)
         return verr_set(&be->err, VERR_RANGE, "matmul: n_in %lld is not a multiple of 32",
@@ -398,9 +397,21 @@ static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_s
     int rc = cu_scratch_reserve(be, (size_t)n_tok * (size_t)row);
     if (!rc)
         rc = cuda_quantize_q8_1(cb->scratch, x, n_tok, n_in, cb->stream, &be->err);
+    *xq = cb->scratch;
+    return rc;
+}
+
+// One decode mat-vec launch over segments of one type sharing x; xq: x as
+// q8_1 (cu_xq_of) when act_q8 applies to the type, else unused (NULL: get it).
+static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_seg,
+                     enum ggml_type type, int64_t n_in, const float *x, const void *xq, int n_tok,
+                     enum cuda_mv_epilogue epi) {
+    struct cuda_backend *cb = cb_of(be);
+    if (!be->act_q8 || !quant_q8_1_dot_supported(type))
+        return cuda_matvec_segs(segs, n_seg, type, n_in, x, n_tok, epi, cb->stream, &be->err);
+    int rc = xq ? VERR_OK : cu_xq_of(be, x, n_tok, n_in, &xq);
     if (!rc)
-        rc = cuda_matvec_q8_segs(segs, n_seg, type, n_in, cb->scratch, n_tok, epi, cb->stream,
-                                 &be->err);
+        rc = cuda_matvec_q8_segs(segs, n_seg, type, n_in, xq, n_tok, epi, cb->stream, &be->err);
     return rc;
 }
 
@@ -417,7 +428,7 @@ static int cu_matmul(struct backend *be, float *out, const struct backend_weight
     struct cuda_backend *cb = cb_of(be);
     if (n_tok <= CUDA_MATVEC_MAX_TOK) {
         const struct cuda_mv_seg seg = {out, w->data, bias, w->n_out};
-        return cu_matvec(be, &seg, 1, w->type, w->n_in, x, n_tok, CUDA_MV_STORE);
+        return cu_matvec(be, &seg, 1, w->type, w->n_in, x, NULL, n_tok, CUDA_MV_STORE);
     }
     rc = cu_scratch_reserve(be, cuda_matmul_scratch_bytes(w->type, w->n_in, w->n_out, n_tok));
     if (rc)
@@ -426,15 +437,16 @@ static int cu_matmul(struct backend *be, float *out, const struct backend_weight
                              0, cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
 }
 
-// Decode batches: the matrices go to one mat-vec launch when they share a
-// type (cuda_matvec_segs); otherwise, and for larger batches, one matmul each.
+// Decode batches: one mat-vec launch per weight type among the matrices
+// (Q4_K_M-like files keep V in Q6_K: Q and K share a launch), with x
+// quantized once for all of them under act_q8; larger batches: one matmul
+// each.
 static int cu_matmul_multi(struct backend *be, const struct backend_mm *mm, int n, const float *x,
                            int n_tok) {
     CU_ENTER(be);
     if (!mm || n < 1 || n > BACKEND_MM_MAX || n > CUDA_MV_MAX_SEGS)
         return verr_set(&be->err, VERR_RANGE, "matmul_multi: %d matrices (1 to %d)", n,
                         BACKEND_MM_MAX);
-    bool same = true;
     for (int i = 0; i < n; i++) {
         int rc = cu_check_weight(be, mm[i].w, "matmul_multi");
         if (rc)
@@ -445,15 +457,34 @@ static int cu_matmul_multi(struct backend *be, const struct backend_mm *mm, int 
                             (long long)mm[i].w->n_in, (long long)mm[0].w->n_in);
         if ((const void *)mm[i].out == (const void *)x)
             return verr_set(&be->err, VERR_RANGE, "matmul_multi: out %d aliases x", i);
-        same = same && mm[i].w->type == mm[0].w->type;
     }
     if (n_tok <= 0)
         return VERR_OK;
-    if (n_tok <= CUDA_MATVEC_MAX_TOK && same) {
-        struct cuda_mv_seg segs[CUDA_MV_MAX_SEGS];
-        for (int i = 0; i < n; i++)
-            segs[i] = (struct cuda_mv_seg){mm[i].out, mm[i].w->data, mm[i].bias, mm[i].w->n_out};
-        return cu_matvec(be, segs, n, mm[0].w->type, mm[0].w->n_in, x, n_tok, CUDA_MV_STORE);
+    if (n_tok <= CUDA_MATVEC_MAX_TOK) {
+        const int64_t n_in = mm[0].w->n_in;
+        const void *xq = NULL;
+        bool done[BACKEND_MM_MAX] = {false};
+        for (int i = 0; i < n; i++) {
+            if (done[i])
+                continue;
+            const enum ggml_type t = mm[i].w->type;
+            struct cuda_mv_seg segs[CUDA_MV_MAX_SEGS];
+            int n_seg = 0;
+            for (int j = i; j < n; j++)
+                if (!done[j] && mm[j].w->type == t) {
+                    segs[n_seg++] =
+                        (struct cuda_mv_seg){mm[j].out, mm[j].w->data, mm[j].bias, mm[j].w->n_out};
+                    done[j] = true;
+                }
+            int rc = VERR_OK;
+            if (be->act_q8 && quant_q8_1_dot_supported(t) && !xq)
+                rc = cu_xq_of(be, x, n_tok, n_in, &xq);
+            if (!rc)
+                rc = cu_matvec(be, segs, n_seg, t, n_in, x, xq, n_tok, CUDA_MV_STORE);
+            if (rc)
+                return rc;
+        }
+        return VERR_OK;
     }
     for (int i = 0; i < n; i++) {
         int rc = cu_matmul(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
@@ -476,7 +507,7 @@ static int cu_matmul_add(struct backend *be, float *y, const struct backend_weig
     struct cuda_backend *cb = cb_of(be);
     if (n_tok <= CUDA_MATVEC_MAX_TOK) {
         const struct cuda_mv_seg seg = {y, w->data, NULL, w->n_out};
-        return cu_matvec(be, &seg, 1, w->type, w->n_in, x, n_tok, CUDA_MV_ADD);
+        return cu_matvec(be, &seg, 1, w->type, w->n_in, x, NULL, n_tok, CUDA_MV_ADD);
     }
     rc = cu_scratch_reserve(be, cuda_matmul_scratch_bytes(w->type, w->n_in, w->n_out, n_tok));
     if (rc)
@@ -506,7 +537,7 @@ static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
             return verr_set(&be->err, VERR_RANGE, "matmul_swiglu: out aliases x");
         const struct cuda_mv_seg segs[2] = {{out, w_gate->data, NULL, w_gate->n_out},
                                             {out, w_up->data, NULL, w_up->n_out}};
-        return cu_matvec(be, segs, 2, w_gate->type, w_gate->n_in, x, n_tok, CUDA_MV_SWIGLU);
+        return cu_matvec(be, segs, 2, w_gate->type, w_gate->n_in, x, NULL, n_tok, CUDA_MV_SWIGLU);
     }
     rc = cu_matmul(be, out, w_gate, x, NULL, n_tok);
     if (!rc)
