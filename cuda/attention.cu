@@ -50,6 +50,8 @@
 #define ATTN_SPLIT_MIN_CELLS CUDA_ATTN_PLAN_CELLS
 #define ATTN_MAX_SPLIT 64
 #define ATTN_COMBINE_THREADS 128
+// Bytes kept free under the 48 KiB default for attn_kernel's static shared memory.
+#define ATTN_STATIC_SMEM_SLACK 1024
 
 static __device__ __forceinline__ float attn_load(const float *p) {
     return *p;
@@ -614,7 +616,12 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
     // recorded into a CUDA graph makes no attribute call (devices >= 64 set
     // it every time).
     static std::atomic<unsigned long long> raised{0};
-    if (p->smem > 48 * 1024) {
+    // The 48 KiB default covers static + dynamic shared memory: leave room
+    // for the kernel's static s_max_qpos (ptxas allots 128 bytes for it on
+    // sm_90), or dynamic sizes just under 48 KiB (e.g. head dims 128/190:
+    // exactly 48 KiB) fail to launch on hardware. The emulator checks the
+    // dynamic size alone and cannot catch this.
+    if (p->smem > 48 * 1024 - ATTN_STATIC_SMEM_SLACK) {
         int dev = 0;
         VELA_CUDA_CALL(err, cudaGetDevice(&dev));
         const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
