@@ -8,6 +8,13 @@
 # plus the logs, into OUT (default: $OUT, the device tool's output folder).
 #
 # usage: VELA_COMMIT=<sha> tests/gpu/run_device.sh [--arch SM] [--out DIR] [--no-sanitizer]
+#          [--sanitizer-only] [--sanitizer-timeout S]
+# One device command may run 10 minutes: the build and the tests take a few;
+# compute-sanitizer runs each binary under each tool for at most S seconds
+# (default 150; a run cut short counts in "sanitizer_timeouts"). On a warm
+# machine a second call with --sanitizer-only reuses the build and the ctest
+# log and runs only the sanitizers. The emulator tests (tests/emu) are not
+# built here: the real GPU runs the real thing.
 # Needs: nvcc, cmake, a C compiler, python3; Criterion and cJSON either
 # installed or carried as .deb files in .devdeps/ (../shared/device/README.md).
 set -uo pipefail
@@ -15,12 +22,16 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ARCH=90
 OUTDIR=${OUT:-$ROOT/build-gpu-tests/out}
 SANITIZE=1
+SAN_ONLY=0
+SAN_TIMEOUT=150
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) ARCH=$2; shift 2 ;;
     --out) OUTDIR=$2; shift 2 ;;
     --no-sanitizer) SANITIZE=0; shift ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --sanitizer-only) SAN_ONLY=1; shift ;;
+    --sanitizer-timeout) SAN_TIMEOUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_device.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -38,29 +49,42 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 
 B=build-gpu-tests
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-{
-  cmake -S . -B $B "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" &&
-    cmake --build $B -j "$(nproc)"
-} >"$OUTDIR/build.log" 2>&1
-build_rc=$?
-echo "build rc=$build_rc" | tee -a "$OUTDIR/run.log"
+if [ "$SAN_ONLY" = 1 ] && [ -f "$B/ctest.log" ]; then
+  build_rc=0
+  cp "$B/ctest.log" "$OUTDIR/ctest.log"
+  ctest_rc=$(cat "$B/ctest.rc" 2>/dev/null || echo 1)
+else
+  {
+    cmake -S . -B $B "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+      -DVELA_EMU=OFF && cmake --build $B -j "$(nproc)"
+  } >"$OUTDIR/build.log" 2>&1
+  build_rc=$?
+  echo "build rc=$build_rc" | tee -a "$OUTDIR/run.log"
 
-# ctest -j1 for the GPU binaries keeps them from fighting over the device.
-(cd $B && ctest --output-on-failure -j "$(nproc)" -E '^test_(cuda|forward_cuda|pipeline_cuda)' &&
-   ctest --output-on-failure -j 1 -R '^test_(cuda|forward_cuda|pipeline_cuda)') >"$OUTDIR/ctest.log" 2>&1
-ctest_rc=$?
+  # ctest -j1 for the GPU binaries keeps them from fighting over the device;
+  # -V keeps their Criterion lines ([SKIP], "Tested: ..."), which the counts
+  # of gpu-tests.json come from (the other binaries' are not counted).
+  (cd $B && ctest --output-on-failure -j "$(nproc)" -E '^test_(cuda|forward_cuda|pipeline_cuda)' &&
+     echo "=== GPU tests ===" &&
+     ctest -V -j 1 -R '^test_(cuda|forward_cuda|pipeline_cuda)') >"$OUTDIR/ctest.log" 2>&1
+  ctest_rc=$?
+  cp "$OUTDIR/ctest.log" "$B/ctest.log" 2>/dev/null
+  echo $ctest_rc >"$B/ctest.rc"
+fi
 echo "ctest rc=$ctest_rc" | tee -a "$OUTDIR/run.log"
 
 # compute-sanitizer over every GPU test binary; counts come from its summary
 # line ("ERROR SUMMARY: N errors" / "RACECHECK SUMMARY: N hazards displayed").
 declare -A san=([memcheck]=null [racecheck]=null [synccheck]=null)
+san_timeouts=0
 if [ "$SANITIZE" = 1 ] && command -v compute-sanitizer >/dev/null && [ $build_rc -eq 0 ]; then
   for tool in memcheck racecheck synccheck; do
     total=0
     for t in $B/tests/test_cuda_* $B/tests/test_forward_cuda $B/tests/test_pipeline_cuda; do
       [ -x "$t" ] || continue
       log="$OUTDIR/sanitizer-$tool-$(basename "$t").log"
-      compute-sanitizer --tool "$tool" "$t" --jobs 1 >"$log" 2>&1
+      timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" "$t" --jobs 1 >"$log" 2>&1
+      [ $? -eq 124 ] && san_timeouts=$((san_timeouts + 1)) && echo "TIMEOUT after $SAN_TIMEOUT s" >>"$log"
       n=$(grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -n 1)
       total=$((total + ${n:-0}))
     done
@@ -68,10 +92,11 @@ if [ "$SANITIZE" = 1 ] && command -v compute-sanitizer >/dev/null && [ $build_rc
   done
 fi
 
-python3 - "$OUTDIR" "$B" "${san[memcheck]}" "${san[racecheck]}" "${san[synccheck]}" <<'PY'
+python3 - "$OUTDIR" "$B" "${san[memcheck]}" "${san[racecheck]}" "${san[synccheck]}" "$san_timeouts" <<'PY'
 import json, re, subprocess, sys, datetime
-out, build, mc, rc, sc = sys.argv[1:6]
+out, build, mc, rc, sc, sto = sys.argv[1:7]
 log = open(f"{out}/ctest.log", errors="replace").read()
+log = log.split("=== GPU tests ===", 1)[1] if "=== GPU tests ===" in log else ""
 # Criterion's per-binary synthesis lines carry the counts of test cases.
 passed = failed = skipped = 0
 for m in re.finditer(r"Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) \| Crashing: (\d+)", log):
@@ -91,6 +116,8 @@ res = {
     "device": name, "driver": driver, "cuda": cuda,
     "passed": passed, "failed": failed, "skipped": skipped,
     "sanitizer": {"memcheck": num(mc), "racecheck": num(rc), "synccheck": num(sc)},
+    # sanitizer runs cut short by --sanitizer-timeout: their counts are partial
+    "sanitizer_timeouts": int(sto),
 }
 json.dump(res, open(f"{out}/gpu-tests.json", "w"), indent=1)
 print(json.dumps(res))
