@@ -112,20 +112,15 @@ int cuda_attention_apply(const struct cuda_attn *a, int sm_count, void *scratch,
                          size_t scratch_bytes, cudaStream_t stream, struct verr *err);
 
 // --- matvec.cu -------------------------------------------------------------
-// out[t][o] = sum_i W[o][i] * x[t][i] (+ bias[o]) for n_tok <= CUDA_MATVEC_MAX_TOK.
-// w: n_out rows of row_bytes; n_in a multiple of the type's block size.
-int cuda_matvec_apply(float *out /* [n_tok][n_out] */, const void *w, enum ggml_type type,
-                      int64_t n_in, int64_t n_out, const float *x /* [n_tok][n_in] */,
-                      const float *bias /* [n_out] or NULL */, int n_tok, cudaStream_t stream,
-                      struct verr *err);
-
-// Several weight matrices sharing one input and one launch (Q/K/V, gate/up):
-// every segment has the same type and n_in. Epilogues:
+// out[t][o] = sum_i W[o][i] * x[t][i] (+ bias[o]) for n_tok <= CUDA_MATVEC_MAX_TOK
+// (a plain matmul is one CUDA_MV_STORE segment), for several weight matrices
+// sharing one input and one launch (Q/K/V, gate/up): every segment has the
+// same type and n_in (a multiple of the type's block size). Epilogues:
 //   CUDA_MV_STORE:  seg.out[t][o]  = W x (+ bias)         (any number of segs)
 //   CUDA_MV_ADD:    seg.out[t][o] += W x (+ bias)         (residual folded in)
 //   CUDA_MV_SWIGLU: segs[0].out[t][o] = silu(W0 x) * (W1 x); exactly 2 segs
 //                   with equal n_out, segs[1].out unused, no bias.
-// Per output the arithmetic is the one of cuda_matvec_apply followed by
+// Per output the arithmetic is the one of a single STORE segment followed by
 // cuda_add_apply / cuda_swiglu_apply, so fused and unfused results are
 // bit-identical.
 #define CUDA_MV_MAX_SEGS 3

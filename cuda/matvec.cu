@@ -297,10 +297,3 @@ extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum 
                         ggml_type_name(type));
     return rc;
 }
-
-extern "C" int cuda_matvec_apply(float *out, const void *w, enum ggml_type type, int64_t n_in,
-                                 int64_t n_out, const float *x, const float *bias, int n_tok,
-                                 cudaStream_t stream, struct verr *err) {
-    const struct cuda_mv_seg seg = {out, w, bias, n_out};
-    return cuda_matvec_segs(&seg, 1, type, n_in, x, n_tok, CUDA_MV_STORE, stream, err);
-}
