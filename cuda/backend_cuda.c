@@ -18,8 +18,8 @@
 #include "cuda/cuda_ops.h"
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
-#include "host/backend.h"
-#include "host/stage.h"
+#include "host/ops/backend.h"
+#include "host/ops/transport.h"
 
 #ifndef M_PI
 #define M_PI 3.14159265358979323846
@@ -159,7 +159,7 @@ static int cu_sync(struct backend *be) {
 }
 
 static int cu_mem_info(struct backend *be, size_t *free_bytes, size_t *total_bytes) {
-    return stage_cuda_mem_info(be->device, free_bytes, total_bytes, &be->err);
+    return backend_cuda_mem_info(be->device, free_bytes, total_bytes, &be->err);
 }
 
 // Page-locked staging for upload_async: the DMA engine reads it while the
@@ -512,13 +512,13 @@ static int cu_matmul_add(struct backend *be, float *y, const struct backend_weig
     rc = cu_scratch_reserve(be, cuda_matmul_scratch_bytes(w->type, w->n_in, w->n_out, n_tok));
     if (rc)
         return rc;
-    return cuda_matmul_apply(cb->cublas, y, w->data, w->type, w->n_in, w->n_out, x, NULL, n_tok,
-                             1, cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
+    return cuda_matmul_apply(cb->cublas, y, w->data, w->type, w->n_in, w->n_out, x, NULL, n_tok, 1,
+                             cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
 }
 
 static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
-                            const struct backend_weight *w_gate,
-                            const struct backend_weight *w_up, const float *x, int n_tok) {
+                            const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                            const float *x, int n_tok) {
     CU_ENTER(be);
     int rc = cu_check_weight(be, w_gate, "matmul_swiglu");
     if (!rc)
@@ -528,8 +528,8 @@ static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
     if (w_gate->n_in != w_up->n_in || w_gate->n_out != w_up->n_out)
         return verr_set(&be->err, VERR_RANGE,
                         "matmul_swiglu: gate [%lld, %lld] and up [%lld, %lld] differ in shape",
-                        (long long)w_gate->n_in, (long long)w_gate->n_out,
-                        (long long)w_up->n_in, (long long)w_up->n_out);
+                        (long long)w_gate->n_in, (long long)w_gate->n_out, (long long)w_up->n_in,
+                        (long long)w_up->n_out);
     if (n_tok <= 0)
         return VERR_OK;
     if (n_tok <= CUDA_MATVEC_MAX_TOK && w_gate->type == w_up->type) {
@@ -543,8 +543,8 @@ static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
     if (!rc)
         rc = cu_matmul(be, up_tmp, w_up, x, NULL, n_tok);
     if (!rc)
-        rc = cuda_swiglu_apply(out, out, up_tmp, (int64_t)n_tok * w_gate->n_out,
-                               cb_of(be)->stream, &be->err);
+        rc = cuda_swiglu_apply(out, out, up_tmp, (int64_t)n_tok * w_gate->n_out, cb_of(be)->stream,
+                               &be->err);
     return rc;
 }
 
@@ -875,6 +875,10 @@ void *backend_cuda_stream(struct backend *be) {
     if (!be || be->ops != &cuda_ops || !be->impl)
         return NULL;
     return (void *)cb_of(be)->stream;
+}
+
+bool backend_cuda_built(void) {
+    return true;
 }
 
 // No driver, no GPU, or a driver older than the runtime: all mean "none

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "host/backend.h"
+#include "host/ops/backend.h"
 
 int backend_cuda_device_info(int device, struct backend_device_info *out, struct verr *err) {
     memset(out, 0, sizeof *out);

@@ -1,4 +1,4 @@
-// NCCL transport between stages on distinct GPUs (host/stage.h), and the
+// NCCL transport between stages on distinct GPUs (host/ops/transport.h), and the
 // free-memory query the split plan uses. Plain C against the CUDA runtime
 // and NCCL C APIs; compiled in every CUDA build, the NCCL part only where
 // CMake found libnccl (VELA_HAVE_NCCL).
@@ -13,9 +13,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "host/stage.h"
+#include "host/ops/transport.h"
 
-int stage_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, struct verr *err) {
+int backend_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, struct verr *err) {
     *free_bytes = *total_bytes = 0;
     int prev = 0;
     cudaError_t e = cudaGetDevice(&prev);
@@ -38,7 +38,7 @@ int stage_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, str
 _Static_assert(sizeof(ncclUniqueId) == TRANSPORT_NCCL_ID_BYTES, "ncclUniqueId is 128 bytes");
 
 struct nccl_tp {
-    ncclComm_t comm[PLAN_MAX_DEVICES]; // [n_stages]; NULL where the stage is remote
+    ncclComm_t comm[TRANSPORT_MAX_STAGES]; // [n_stages]; NULL where the stage is remote
     int n_local;
 };
 
@@ -105,7 +105,7 @@ int transport_nccl_unique_id(void *id, struct verr *err) {
 int transport_nccl_create(struct transport **out, struct backend *const *be, int n,
                           const void *unique_id, int rank, struct verr *err) {
     *out = NULL;
-    if (n < 2 || n > PLAN_MAX_DEVICES)
+    if (n < 2 || n > TRANSPORT_MAX_STAGES)
         return verr_set(err, VERR_RANGE, "NCCL: %d stages", n);
     struct transport *t = calloc(1, sizeof *t);
     struct nccl_tp *nt = calloc(1, sizeof *nt);
@@ -122,7 +122,7 @@ int transport_nccl_create(struct transport **out, struct backend *const *be, int
     ncclResult_t r;
     if (!unique_id) {
         // One process, every stage here, one GPU each: rank s is stage s.
-        int devs[PLAN_MAX_DEVICES];
+        int devs[TRANSPORT_MAX_STAGES];
         for (int s = 0; s < n; s++) {
             if (!be[s] || strcmp(be[s]->ops->name, "cuda")) {
                 nccl_destroy(t);

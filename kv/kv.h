@@ -26,7 +26,7 @@
 
 #include "gguf/types.h"
 #include "gguf/verr.h"
-#include "host/backend.h"
+#include "host/ops/backend.h"
 
 #define KV_SEQ_MAX_DEFAULT 64  // used when kv_config.n_seq_max <= 0
 #define KV_SEQ_MAX_LIMIT 65536 // larger n_seq_max values are refused

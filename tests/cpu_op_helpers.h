@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "host/backend.h"
+#include "host/ops/backend.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "gguf/types.h"
-#include "host/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 
 // Tokens evaluated as one sequence from position 0 (ids < 596, the size of
 // the generated vocabulary): tok[i] = (7919 * i + 13) % 596.

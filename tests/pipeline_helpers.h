@@ -15,21 +15,22 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
-#include "host/args.h"
-#include "host/backend.h"
-#include "host/forward.h"
-#include "host/model.h"
-#include "host/pipeline.h"
+#include "host/forward/forward.h"
+#include "host/model/model.h"
+#include "host/ops/backend.h"
+#include "host/split/pipeline.h"
+#include "host/split/split.h"
 #include "kv/kv.h"
 #include "kv/selfextend.h"
+#include "tools/args.h"
 
 struct run {
-    struct backend *be;
-    struct model *m;
-    struct forward_ctx fc;
+    struct executor *x;     // one backend or the pipeline (host/split/split.h)
+    struct model *m;        // x's front model
+    struct forward_ctx *fc; // x's front context: the cache the KV operations go to
 };
 
-// Loads the model file at path as `a` says (pipeline_load: one backend, or a
+// Loads the model file at path as `a` says (split_open: one backend, or a
 // stage per device) and a forward context for 8 outputs and 4 sequences. On
 // an error nothing stays loaded and *r is zero.
 static inline int run_load(struct run *r, const struct args_model *a, const char *path,
@@ -39,27 +40,24 @@ static inline int run_load(struct run *r, const struct args_model *a, const char
     int rc = gguf_open(&f, path, err);
     if (rc)
         return rc;
-    rc = pipeline_load(a, 0, f, &r->be, &r->m, err);
+    struct load_config lc;
+    struct forward_config fcfg;
+    args_load_config(a, &lc);
+    args_ctx_config(a, &fcfg);
+    fcfg.n_outputs_max = 8;
+    fcfg.n_seq_max = 4;
+    rc = split_open(&r->x, &lc, &fcfg, f, NULL, NULL, err);
     if (!rc) {
-        struct forward_config fcfg;
-        args_forward_config(a, &r->m->hp, &fcfg);
-        fcfg.n_outputs_max = 8;
-        fcfg.n_seq_max = 4;
-        if ((rc = forward_init(&r->fc, r->m, &fcfg, err))) {
-            model_free(r->m);
-            backend_destroy(r->be);
-            r->m = NULL;
-            r->be = NULL;
-        }
+        r->m = (struct model *)r->x->m;
+        r->fc = r->x->fc;
     }
     gguf_close(f);
     return rc;
 }
 
 static inline void close_run(struct run *r) {
-    forward_free(&r->fc);
-    model_free(r->m);
-    backend_destroy(r->be);
+    executor_destroy(r->x);
+    memset(r, 0, sizeof *r);
 }
 
 // Decodes tokens [0, n) of seq at positions p0.. in batches of nb (at most
@@ -79,9 +77,9 @@ static inline float *decode_seq(struct run *r, int seq, int p0, int n, int nb, i
         }
         struct forward_batch b = {k, tok, pos, sq, want};
         struct verr err = {0};
-        cr_assert_eq(forward_decode(&r->fc, &b, &err), 0, "%s", err.msg);
-        cr_assert_eq(r->fc.n_out, k);
-        memcpy(out + (size_t)i * V, r->fc.h_logits, sizeof(float) * (size_t)k * V);
+        cr_assert_eq(executor_decode(r->x, &b, FORWARD_HEAD_LOGITS, NULL, &err), 0, "%s", err.msg);
+        cr_assert_eq(r->fc->n_out, k);
+        memcpy(out + (size_t)i * V, r->fc->h_logits, sizeof(float) * (size_t)k * V);
     }
     return out;
 }
@@ -94,7 +92,7 @@ static inline void kv_script(struct run *r, float **out1, float **out2) {
     struct verr err = {0};
     const int V = r->m->hp.n_vocab;
     free(decode_seq(r, 0, 0, 12, 8, 0));
-    struct kv_cache *kv = &r->fc.kv;
+    struct kv_cache *kv = &r->fc->kv;
     cr_assert_eq(kv_seq_cp(kv, 0, 1, -1, -1, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_seq_rm(kv, 0, 4, 8, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_seq_add(kv, 0, 8, -1, -4, &err), 0, "%s", err.msg); // a shift: K rotates

@@ -17,9 +17,10 @@
 #include <cjson/cJSON.h>
 
 #include "gguf/gguf.h"
-#include "host/args.h"
-#include "host/mkmodel.h"
-#include "host/pipeline.h"
+#include "tests/args_config.h"
+#include "tools/args.h"
+#include "tools/mkmodel/mkmodel.h"
+#include "host/split/pipeline.h"
 
 static char dir[256];
 static char model_path[300];
@@ -205,17 +206,17 @@ Test(bench, cpu_table) {
 static void expected_plan(struct plan *pl) {
     struct args_model a;
     args_model_default(&a);
-    a.backend = ARGS_BACKEND_CPU;
+    a.backend = LOAD_BACKEND_CPU;
     a.devices = "cpu,cpu";
     struct verr err = {0};
     struct gguf_file *f = NULL;
     cr_assert_eq(gguf_open(&f, model_path, &err), 0, "%s", err.msg);
-    struct plan_device devs[PLAN_MAX_DEVICES];
+    struct backend_device devs[PLAN_MAX_DEVICES];
     int n = 0;
-    cr_assert_eq(pipeline_resolve_devices(&a, devs, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(pipeline_resolve_devices(lc_of(&a), devs, &n, &err), 0, "%s", err.msg);
     cr_assert_eq(n, 2);
     const size_t free_bytes[2] = {(size_t)1 << 30, (size_t)1 << 30};
-    cr_assert_eq(pipeline_plan(&a, 16, f, devs, n, free_bytes, pl, NULL, 0, &err), 0, "%s",
+    cr_assert_eq(pipeline_plan(lc_of(&a), ctx_of(&a, 16), f, devs, n, free_bytes, pl, NULL, 0, &err), 0, "%s",
                  err.msg);
     gguf_close(f);
     cr_assert_eq(pl->n_stages, 2);

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "host/backend.h"
+#include "host/ops/backend.h"
 #include "tiny_model.h"
 
 static char model_path[128];

@@ -25,9 +25,9 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "host/args.h"
-#include "host/engine.h"
-#include "host/forward.h"
+#include "tools/args.h"
+#include "host/engine/engine.h"
+#include "host/forward/forward.h"
 #include "tiny_model.h"
 
 // Logit tolerances, relative to the largest |logit| of the fresh evaluation
@@ -81,16 +81,18 @@ static struct engine *open_engine(const char *path, int n_ctx, int n_batch, enum
     struct args_model am;
     args_model_default(&am);
     am.model_path = path;
-    am.backend = ARGS_BACKEND_CPU;
+    am.backend = LOAD_BACKEND_CPU;
     am.n_threads = 2;
     am.n_ctx = n_ctx;
     am.n_batch = n_batch;
     am.type_k = am.type_v = kv;
-    struct engine_open_params op = {.n_seq_max = n_par > 0 ? n_par : 1,
-                                    .n_outputs_max = n_par > 0 ? n_par : n_batch};
+    struct engine_config op;
+    args_engine_config(&am, &op);
+    op.ctx.n_seq_max = n_par > 0 ? n_par : 1;
+    op.ctx.n_outputs_max = n_par > 0 ? n_par : n_batch;
     struct engine *e = NULL;
     struct verr err = {0};
-    cr_assert_eq(engine_open(&e, &am, &op, &err), 0, "engine_open: %s", err.msg);
+    cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);
     return e;
 }
 
@@ -173,7 +175,7 @@ static void context_shift_case(enum ggml_type kv, float tol) {
     struct engine *e = open_engine(path, n_ctx, 32, kv, 1);
 
     struct shift_check c = {.n_ctx = n_ctx, .tol = tol};
-    struct forward_config fcfg = e->fc.cfg;
+    struct forward_config fcfg = e->fc->cfg;
     struct verr err = {0};
     cr_assert_eq(forward_init(&c.fresh, e->m, &fcfg, &err), 0, "%s", err.msg);
     const int32_t prompt[] = {1, 270, 280, 261, 290, 275, 263, 299}; // BOS first
@@ -201,7 +203,7 @@ static void context_shift_case(enum ggml_type kv, float tol) {
     cr_log_info("context shift, %s cache: %d shifts, worst relative logit error %.3g before the "
                 "first shift, %.3g after (tolerance %.0e)",
                 ggml_type_name(kv), c.n_shifts, c.worst_before, c.worst_after, (double)tol);
-    cr_assert_eq(e->fc.kv.used, 0, "the finished sequence leaves no cell behind");
+    cr_assert_eq(e->fc->kv.used, 0, "the finished sequence leaves no cell behind");
     forward_free(&c.fresh);
     engine_close(e);
     remove_model(&w, path);
@@ -300,14 +302,14 @@ static double selfextend_case(const char *path, enum ggml_type kv, int n, int n_
     cr_assert_gt(k.n_div, 0, "no self-extend round ran");
     cr_assert_eq(k.n_notes, 3 * k.n_div, "three lines per round (shift, div, shift)");
     // A fresh cache fills cells 0..n-1 in order: cell t holds token t.
-    cr_assert_eq(e->fc.kv.used, n);
+    cr_assert_eq(e->fc->kv.used, n);
     for (int t = 0; t < n; t++) {
-        cr_assert(kv_cell_has_seq(&e->fc.kv, t, 0));
-        pos_out[t] = kv_cell_pos(&e->fc.kv, t);
+        cr_assert(kv_cell_has_seq(&e->fc->kv, t, 0));
+        pos_out[t] = kv_cell_pos(&e->fc->kv, t);
     }
 
     // The same tokens at the final positions, given directly, in one batch.
-    struct forward_config cfg = e->fc.cfg;
+    struct forward_config cfg = e->fc->cfg;
     cfg.n_batch = n;
     cfg.n_outputs_max = n;
     struct forward_ctx fresh;
@@ -422,7 +424,7 @@ static void parallel_vs_solo(const char *path, const struct engine_prompt *promp
     cr_assert_eq(st.n_seq, n);
     if (splits_out)
         *splits_out = st.n_batch_splits;
-    cr_assert_eq(e->fc.kv.used, 0, "finished sequences are removed");
+    cr_assert_eq(e->fc->kv.used, 0, "finished sequences are removed");
     engine_close(e);
 
     e = open_engine(path, n_ctx_seq, n_batch, GGML_TYPE_F16, 1);
@@ -607,7 +609,7 @@ Test(engine, bad_input_leaves_cache_unchanged) {
     for (int t = 0; t < 40; t++)
         tok[t] = 3 + t;
     cr_assert_eq(engine_eval(e, tok, 10, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    struct cache_snap before = snap(&e->fc.kv);
+    struct cache_snap before = snap(&e->fc->kv);
     cr_assert_eq(before.used, 10);
     struct engine_gen_params g;
     engine_gen_params_default(&g);
@@ -617,47 +619,47 @@ Test(engine, bad_input_leaves_cache_unchanged) {
     err.msg[0] = '\0';
     cr_expect_eq(engine_generate(e, tok, 29, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "prompt is too long (29 tokens, max 28)"), "%s", err.msg);
-    expect_unchanged(&e->fc.kv, &before, "a long prompt");
+    expect_unchanged(&e->fc->kv, &before, "a long prompt");
 
     struct engine_prompt ps[3] = {{tok, 5}, {tok, 30}, {tok, 3}};
     cr_expect_eq(engine_generate_batch(e, ps, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "prompt 1 is too long (30 tokens, max 28)"), "%s", err.msg);
-    expect_unchanged(&e->fc.kv, &before, "a long prompt in a list");
+    expect_unchanged(&e->fc->kv, &before, "a long prompt in a list");
 
     g.n_parallel = 2; // the context was opened for 1 sequence
     cr_expect_eq(engine_generate(e, tok, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "--parallel 2: the context was opened for 1 sequences"), "%s",
               err.msg);
-    expect_unchanged(&e->fc.kv, &before, "--parallel 2");
+    expect_unchanged(&e->fc->kv, &before, "--parallel 2");
 
     g.n_parallel = 1;
     int32_t bad[3] = {1, 5000, 7};
     cr_expect_eq(engine_generate(e, bad, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "token id 5000 is out of range"), "%s", err.msg);
-    expect_unchanged(&e->fc.kv, &before, "a bad token id");
+    expect_unchanged(&e->fc->kv, &before, "a bad token id");
 
     g.ga_n = 3;
     g.ga_w = 8; // not a multiple of 3
     cr_expect_eq(engine_generate(e, tok, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "multiple"), "%s", err.msg);
-    expect_unchanged(&e->fc.kv, &before, "bad self-extend values");
+    expect_unchanged(&e->fc->kv, &before, "bad self-extend values");
     g.ga_n = 1;
 
     cr_expect_eq(engine_eval(e, tok, 33, NULL, NULL, NULL, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "33 tokens do not fit in the context of 32"), "%s", err.msg);
-    expect_unchanged(&e->fc.kv, &before, "eval of more tokens than cells");
+    expect_unchanged(&e->fc->kv, &before, "eval of more tokens than cells");
 
     struct engine_eval_params ep = {.ga_n = 2, .ga_w = 64};
     cr_expect_eq(engine_eval_ex(e, tok, 10, &ep, NULL, NULL, NULL, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "ga_w 64 must be <= n_ctx 32"), "%s", err.msg);
-    expect_unchanged(&e->fc.kv, &before, "a self-extend width wider than the cache");
+    expect_unchanged(&e->fc->kv, &before, "a self-extend width wider than the cache");
 
     // a sequence id outside the cache and a batch larger than it, at the forward pass
     int32_t pos[1] = {10}, seq[1] = {2};
     struct forward_batch b = {1, tok, pos, seq, NULL};
-    cr_expect_eq(forward_decode(&e->fc, &b, &err), VERR_RANGE);
+    cr_expect_eq(forward_decode(e->fc, &b, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "sequence id 2"), "%s", err.msg);
-    expect_unchanged(&e->fc.kv, &before, "a bad sequence id");
+    expect_unchanged(&e->fc->kv, &before, "a bad sequence id");
 
     // the cache stays usable: a good run after all that (a fixed seed and no
     // stop at EOS, so that exactly n_predict tokens come: with a random seed
@@ -674,7 +676,7 @@ Test(engine, bad_input_leaves_cache_unchanged) {
     g.n_parallel = 2;
     cr_expect_eq(engine_generate(e, tok, 13, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "prompt is too long (13 tokens, max 12)"), "%s", err.msg);
-    cr_expect_eq(e->fc.kv.used, 0);
+    cr_expect_eq(e->fc->kv.used, 0);
     engine_close(e);
 
     // more sequences than cells allow

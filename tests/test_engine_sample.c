@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/args.h"
-#include "host/engine.h"
+#include "tools/args.h"
+#include "host/engine/engine.h"
 #include "tiny_model.h"
 
 #define MAX_SEQ 8
@@ -49,15 +49,18 @@ static struct engine *open_engine(int n_ctx, int n_par, const char *devices) {
     struct args_model am;
     args_model_default(&am);
     am.model_path = model_path;
-    am.backend = ARGS_BACKEND_CPU;
+    am.backend = LOAD_BACKEND_CPU;
     am.n_threads = 2;
     am.n_ctx = n_ctx;
     am.n_batch = 16;
     am.devices = devices;
-    struct engine_open_params op = {.n_seq_max = n_par, .n_outputs_max = n_par};
+    struct engine_config op;
+    args_engine_config(&am, &op);
+    op.ctx.n_seq_max = n_par;
+    op.ctx.n_outputs_max = n_par;
     struct engine *e = NULL;
     struct verr err = {0};
-    cr_assert_eq(engine_open(&e, &am, &op, &err), 0, "engine_open: %s", err.msg);
+    cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);
     return e;
 }
 

@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/backend.h"
-#include "host/forward.h"
-#include "host/model.h"
+#include "host/ops/backend.h"
+#include "host/forward/forward.h"
+#include "host/model/model.h"
 #include "tiny_model.h"
 
 #define TOL_F32 1e-5

@@ -65,9 +65,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host/args.h"
-#include "host/engine.h"
-#include "host/mkmodel.h"
+#include "tools/args.h"
+#include "host/engine/engine.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "llamacpp_cases.h"
 
 struct lc_tol {
@@ -180,17 +180,19 @@ ParameterizedTest(int *pi, llamacpp, agree) {
     struct args_model am;
     args_model_default(&am);
     am.model_path = path;
-    am.backend = ARGS_BACKEND_CPU;
+    am.backend = LOAD_BACKEND_CPU;
     am.n_threads = 2;
     am.n_ctx = LC_N_TOKENS;
     am.n_batch = LC_N_TOKENS;
     am.type_k = am.type_v = c->kv;
-    struct engine_open_params op = {.n_seq_max = 1,
-                                    .n_outputs_max = LC_N_TOKENS,
-                                    .n_ctx = LC_N_TOKENS,
-                                    .need_tokenizer = false};
+    struct engine_config op;
+    args_engine_config(&am, &op);
+    op.ctx.n_seq_max = 1;
+    op.ctx.n_outputs_max = LC_N_TOKENS;
+    op.ctx.n_ctx = LC_N_TOKENS;
+    op.need_tokenizer = false;
     struct engine *e = NULL;
-    int rc = engine_open(&e, &am, &op, &err);
+    int rc = engine_open(&e, &op, &err);
     unlink(path);
     cr_assert_eq(rc, 0, "%s: engine_open: %s", c->name, err.msg);
 

@@ -15,9 +15,9 @@
 
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
-#include "host/mkmodel.h"
-#include "host/mkmodel_vocab.h"
-#include "host/model.h"
+#include "tools/mkmodel/mkmodel.h"
+#include "tools/mkmodel/mkmodel_vocab.h"
+#include "host/model/model.h"
 
 // --- helpers -------------------------------------------------------------------
 

@@ -4,8 +4,8 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "host/backend.h"
-#include "host/model.h"
+#include "host/ops/backend.h"
+#include "host/model/model.h"
 #include "tiny_model.h"
 
 // Writes cfg, tries to load it, returns the status; err gets the message.

@@ -18,10 +18,10 @@
 #include <string.h>
 
 #include "gguf/quant.h"
-#include "host/args.h"
-#include "host/forward.h"
-#include "host/model.h"
-#include "host/pipeline.h"
+#include "tools/args.h"
+#include "host/forward/forward.h"
+#include "host/model/model.h"
+#include "host/split/pipeline.h"
 #include "tiny_model.h"
 
 // --- the stub backend: the CPU backend with async uploads that are lazy -----
@@ -398,18 +398,23 @@ Test(model_load, progress_of_a_split_model_is_one_total) {
     struct calls *c = calloc(1, sizeof *c);
     struct backend *be = NULL;
     struct model *m = NULL;
-    cr_assert_eq(pipeline_load_ex(&a, 0, 0, f, record, c, &be, &m, &err), 0, "%s", err.msg);
-    cr_assert(m->pipe && m->pipe->n_stages == 2);
+    struct load_config lc;
+    struct forward_config lcfg;
+    args_load_config(&a, &lc);
+    args_ctx_config(&a, &lcfg);
+    struct pipeline *pipe = NULL;
+    cr_assert_eq(pipeline_load_ex(&lc, &lcfg, f, record, c, &pipe, &be, &m, &err), 0, "%s",
+                 err.msg);
+    cr_assert(pipe && pipe->n_stages == 2);
     size_t total = 0;
     for (int s = 0; s < 2; s++) {
         size_t b = 0;
-        cr_assert_eq(model_load_bytes(f, m->pipe->stage[s].l0, m->pipe->stage[s].l1, &b, &err), 0);
+        cr_assert_eq(model_load_bytes(f, pipe->stage[s].l0, pipe->stage[s].l1, &b, &err), 0);
         total += b;
-        expect_identical(m->pipe->stage[s].m, f);
+        expect_identical(pipe->stage[s].m, f);
     }
     expect_progress(c, total, 4);
-    model_free(m);
-    backend_destroy(be);
+    pipeline_free(pipe); // every stage, stage 0's be and m included
     close_variant(f, path);
     free(c);
 }
@@ -475,10 +480,15 @@ Test(model_load, budget_covers_what_the_context_allocates) {
     struct args_model a;
     variant_args(&a, path, 96);
     const int n_out = 4;
-    const struct plan_device cpu = {PLAN_DEVICE_CPU, 0};
+    const struct backend_device cpu = {BACKEND_DEVICE_CPU, 0};
     struct model_load_params p;
     model_load_params_default(&p);
-    cr_assert_eq(pipeline_load_budget(&a, 0, n_out, f, &cpu, &p, &err), 0, "%s", err.msg);
+    struct load_config lc;
+    struct forward_config bcfg;
+    args_load_config(&a, &lc);
+    args_ctx_config(&a, &bcfg);
+    bcfg.n_outputs_max = n_out;
+    cr_assert_eq(pipeline_load_budget(&lc, &bcfg, f, &cpu, &p, &err), 0, "%s", err.msg);
     // tiny llama: 3 layers, 2 KV heads of 16 dims, f16 cache.
     cr_assert_eq(p.kv_bytes, (size_t)96 * 3 * (2 * 32 + 2 * 32));
     cr_assert_eq(p.reserve_bytes, 0);
@@ -488,7 +498,8 @@ Test(model_load, budget_covers_what_the_context_allocates) {
     cr_assert_eq(model_load_ex(&m, f, be, &p, &err), 0, "%s", err.msg);
     const size_t weights = S.alloc_bytes;
     struct forward_config fcfg;
-    args_forward_config(&a, &m->hp, &fcfg);
+    args_ctx_config(&a, &fcfg);
+    forward_config_resolve(&fcfg, &m->hp);
     fcfg.n_seq_max = 1;
     fcfg.n_outputs_max = n_out;
     struct forward_ctx fc;

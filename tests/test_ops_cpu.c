@@ -13,8 +13,8 @@
 
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
-#include "host/backend.h"
-#include "host/threadpool.h"
+#include "host/ops/backend.h"
+#include "host/backend/threadpool.h"
 #include "tests/cpu_op_helpers.h"
 
 // ---------------------------------------------------------------------------

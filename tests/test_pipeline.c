@@ -17,9 +17,10 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "host/args.h"
-#include "host/forward.h"
-#include "host/pipeline.h"
+#include "tests/args_config.h"
+#include "tools/args.h"
+#include "host/forward/forward.h"
+#include "host/split/pipeline.h"
 #include "kv/selfextend.h"
 #include "tests/pipeline_helpers.h"
 #include "tiny_model.h"
@@ -53,7 +54,7 @@ static int open_run(struct run *r, const char *devices, const char *split, int n
                     struct verr *err) {
     struct args_model a;
     args_model_default(&a);
-    a.backend = ARGS_BACKEND_CPU;
+    a.backend = LOAD_BACKEND_CPU;
     a.n_threads = 2;
     a.devices = devices;
     a.tensor_split = split;
@@ -76,7 +77,7 @@ Test(pipeline, stages_give_the_same_logits) {
     struct run ref;
     struct verr err = {0};
     cr_assert_eq(open_run(&ref, NULL, NULL, 0, &err), 0, "%s", err.msg);
-    cr_assert_null(ref.m->pipe);
+    cr_assert_null(split_pipeline(ref.x));
     float *want = decode_seq(&ref, 0, 0, n, 8, 0);
     close_run(&ref);
 
@@ -86,9 +87,9 @@ Test(pipeline, stages_give_the_same_logits) {
         for (size_t u = 0; u < 4; u++) {
             struct run r;
             cr_assert_eq(open_run(&r, devs[d], NULL, ubs[u], &err), 0, "%s: %s", devs[d], err.msg);
-            cr_assert_not_null(r.m->pipe, "%s: not split", devs[d]);
-            cr_assert_eq(r.m->pipe->n_stages, (int)d + 2);
-            cr_assert_not_null(pipeline_describe(r.m));
+            cr_assert_not_null(split_pipeline(r.x), "%s: not split", devs[d]);
+            cr_assert_eq(split_pipeline(r.x)->n_stages, (int)d + 2);
+            cr_assert_not_null(executor_describe(r.x));
             float *got = decode_seq(&r, 0, 0, n, 8, 0);
             char what[64];
             snprintf(what, sizeof what, "--devices %s -ub %d", devs[d], ubs[u]);
@@ -104,7 +105,7 @@ Test(pipeline, tensor_split_sets_the_ranges) {
     struct run r;
     struct verr err = {0};
     cr_assert_eq(open_run(&r, "cpu,cpu", "3,1", 0, &err), 0, "%s", err.msg);
-    const struct pipeline *p = r.m->pipe;
+    const struct pipeline *p = split_pipeline(r.x);
     cr_assert_eq(p->stage[0].l0, 0);
     cr_assert_eq(p->stage[0].l1, 3);
     cr_assert_eq(p->stage[1].l0, 3);
@@ -112,17 +113,17 @@ Test(pipeline, tensor_split_sets_the_ranges) {
     // Each stage holds its own layers and cache only.
     cr_assert_eq(r.m->layer_begin, 0);
     cr_assert_eq(r.m->layer_end, 3);
-    cr_assert_eq(r.fc.kv.cfg.n_layer, 3);
+    cr_assert_eq(r.fc->kv.cfg.n_layer, 3);
     cr_assert_null(r.m->output_norm, "the head is on the last stage");
     cr_assert_not_null(p->stage[1].m->output_norm);
     cr_assert_null(p->stage[1].m->layers[0].attn_norm, "layer 0 is not loaded on stage 1");
-    cr_assert(strstr(pipeline_describe(r.m), "layers 0-2 (3) +embed"), "%s",
-              pipeline_describe(r.m));
+    cr_assert(strstr(executor_describe(r.x), "layers 0-2 (3) +embed"), "%s",
+              executor_describe(r.x));
     close_run(&r);
 
     // "1,0": one device holds everything: no pipeline.
     cr_assert_eq(open_run(&r, "cpu,cpu", "1,0", 0, &err), 0, "%s", err.msg);
-    cr_assert_null(r.m->pipe);
+    cr_assert_null(split_pipeline(r.x));
     close_run(&r);
 }
 
@@ -137,8 +138,8 @@ Test(pipeline, kv_ops_reach_every_stage) {
     cr_assert_eq(open_run(&r, "cpu,cpu,cpu", NULL, 2, &err), 0, "%s", err.msg);
     kv_script(&r, &g1, &g2);
     // Every stage's cache holds the front's cells.
-    for (int s = 1; s < r.m->pipe->n_stages; s++) {
-        const struct kv_cache *k0 = &r.fc.kv, *ks = &r.fc.pipe->fc[s]->kv;
+    for (int s = 1; s < split_pipeline(r.x)->n_stages; s++) {
+        const struct kv_cache *k0 = &r.fc->kv, *ks = &split_pipeline_ctx(r.x)->fc[s]->kv;
         cr_assert_eq(ks->used, k0->used);
         cr_assert_eq(memcmp(ks->pos, k0->pos, sizeof(int32_t) * k0->cfg.n_ctx), 0);
     }
@@ -155,11 +156,11 @@ Test(pipeline, per_stage_time_hook) {
     struct run r;
     struct verr err = {0};
     cr_assert_eq(open_run(&r, "cpu,cpu", NULL, 0, &err), 0, "%s", err.msg);
-    r.m->pipe->timing = true;
+    split_pipeline(r.x)->timing = true;
     free(decode_seq(&r, 0, 0, 8, 8, 0));
     for (int s = 0; s < 2; s++)
-        cr_assert_gt(r.m->pipe->stage_ms[s], 0.0, "stage %d", s);
-    cr_assert_eq(r.m->pipe->n_decodes, 1);
+        cr_assert_gt(split_pipeline(r.x)->stage_ms[s], 0.0, "stage %d", s);
+    cr_assert_eq(split_pipeline(r.x)->n_decodes, 1);
     close_run(&r);
 }
 
@@ -177,20 +178,20 @@ Test(pipeline, bad_input) {
 
     struct args_model a;
     args_model_default(&a);
-    a.split_mode = ARGS_SPLIT_ROW;
-    struct plan_device d[4];
+    a.split_mode = LOAD_SPLIT_ROW;
+    struct backend_device d[4];
     int n = 0;
-    cr_assert_eq(pipeline_resolve_devices(&a, d, &n, &err), VERR_UNSUPPORTED);
+    cr_assert_eq(pipeline_resolve_devices(lc_of(&a), d, &n, &err), VERR_UNSUPPORTED);
     cr_assert(strstr(err.msg, "row"), "%s", err.msg);
 
     // --split-mode none keeps one device (--main-gpu indexes --devices).
-    a.split_mode = ARGS_SPLIT_NONE;
+    a.split_mode = LOAD_SPLIT_NONE;
     a.devices = "cpu,cpu";
     a.device = 1;
-    cr_assert_eq(pipeline_resolve_devices(&a, d, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(pipeline_resolve_devices(lc_of(&a), d, &n, &err), 0, "%s", err.msg);
     cr_assert_eq(n, 1);
     a.device = 2;
-    cr_assert_eq(pipeline_resolve_devices(&a, d, &n, &err), VERR_RANGE);
+    cr_assert_eq(pipeline_resolve_devices(lc_of(&a), d, &n, &err), VERR_RANGE);
     cr_assert(strstr(err.msg, "--main-gpu 2"), "%s", err.msg);
 }
 
@@ -327,22 +328,22 @@ Test(pipeline, plan_from_the_file) {
     struct gguf_file *f = NULL;
     struct verr err = {0};
     cr_assert_eq(gguf_open(&f, model_path, &err), 0, "%s", err.msg);
-    struct plan_device d[2] = {{PLAN_DEVICE_CPU, 0}, {PLAN_DEVICE_CPU, 0}};
-    size_t unl[2] = {PLAN_MEM_UNLIMITED, PLAN_MEM_UNLIMITED};
+    struct backend_device d[2] = {{BACKEND_DEVICE_CPU, 0}, {BACKEND_DEVICE_CPU, 0}};
+    size_t unl[2] = {BACKEND_MEM_UNLIMITED, BACKEND_MEM_UNLIMITED};
     struct plan p;
     char text[1024];
-    cr_assert_eq(pipeline_plan(&a, 0, f, d, 2, unl, &p, text, sizeof text, &err), 0, "%s", err.msg);
+    cr_assert_eq(pipeline_plan(lc_of(&a), ctx_of(&a, 0), f, d, 2, unl, &p, text, sizeof text, &err), 0, "%s", err.msg);
     cr_assert_eq(p.n_stages, 2);
     cr_assert(strstr(text, "stage 1: cpu"), "%s", text);
     struct run r;
     cr_assert_eq(open_run(&r, "cpu,cpu", NULL, 0, &err), 0, "%s", err.msg);
     // Weights: exactly what model_load_layers allocated on each stage.
     cr_assert_eq(p.stage[0].weight_bytes, r.m->n_bytes);
-    cr_assert_eq(p.stage[1].weight_bytes, r.m->pipe->stage[1].m->n_bytes);
+    cr_assert_eq(p.stage[1].weight_bytes, split_pipeline(r.x)->stage[1].m->n_bytes);
     close_run(&r);
 
     size_t tiny[2] = {64 << 10, 64 << 10}; // the model is ~0.7 MiB
-    cr_assert_eq(pipeline_plan(&a, 0, f, d, 2, tiny, &p, text, sizeof text, &err), VERR_NOMEM);
+    cr_assert_eq(pipeline_plan(lc_of(&a), ctx_of(&a, 0), f, d, 2, tiny, &p, text, sizeof text, &err), VERR_NOMEM);
     cr_assert(strstr(err.msg, "does not fit"), "%s", err.msg);
     gguf_close(f);
 }

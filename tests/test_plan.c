@@ -6,7 +6,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "host/plan.h"
+#include "host/split/plan.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -43,7 +43,7 @@ static void assert_contiguous(const struct plan *p, int n_layer) {
 }
 
 Test(plan, equal_split_of_unlimited_devices) {
-    size_t fr[2] = {PLAN_MEM_UNLIMITED, PLAN_MEM_UNLIMITED};
+    size_t fr[2] = {BACKEND_MEM_UNLIMITED, BACKEND_MEM_UNLIMITED};
     struct plan_input in = input(32, 2, fr, NULL);
     struct plan p;
     struct verr err = {0};
@@ -227,17 +227,17 @@ Test(plan, parse_split) {
 }
 
 Test(plan, parse_devices) {
-    struct plan_device d[8];
+    struct backend_device d[8];
     int n = 0;
     struct verr err = {0};
     cr_assert_eq(plan_parse_devices("0,1,cuda2,CUDA3,cuda:4,cpu", d, 8, &n, &err), 0, "%s",
                  err.msg);
     cr_assert_eq(n, 6);
     for (int i = 0; i < 5; i++) {
-        cr_assert_eq(d[i].kind, PLAN_DEVICE_CUDA);
+        cr_assert_eq(d[i].kind, BACKEND_DEVICE_CUDA);
         cr_assert_eq(d[i].ordinal, i);
     }
-    cr_assert_eq(d[5].kind, PLAN_DEVICE_CPU);
+    cr_assert_eq(d[5].kind, BACKEND_DEVICE_CPU);
     cr_assert_eq(plan_parse_devices("cpu,cpu", d, 8, &n, &err), 0);
     cr_assert_eq(n, 2);
     const char *bad[] = {"", "gpu0", "0,,1", "-1", "cuda", "1x", "0,"};
@@ -248,12 +248,12 @@ Test(plan, parse_devices) {
     }
 
     // Existence: two GPUs visible, cuda:2 is not one of them.
-    struct plan_device three[2] = {{PLAN_DEVICE_CUDA, 1}, {PLAN_DEVICE_CUDA, 2}};
+    struct backend_device three[2] = {{BACKEND_DEVICE_CUDA, 1}, {BACKEND_DEVICE_CUDA, 2}};
     cr_assert_eq(plan_check_devices(three, 2, 2, true, &err), VERR_NOTFOUND);
     cr_assert(strstr(err.msg, "CUDA device 2 does not exist (2 visible devices"), "%s", err.msg);
     cr_assert_eq(plan_check_devices(three, 1, 2, true, &err), 0);
     cr_assert_eq(plan_check_devices(three, 1, 0, false, &err), VERR_UNSUPPORTED);
     cr_assert(strstr(err.msg, "built without CUDA"), "%s", err.msg);
-    struct plan_device cpu = {PLAN_DEVICE_CPU, 0};
+    struct backend_device cpu = {BACKEND_DEVICE_CPU, 0};
     cr_assert_eq(plan_check_devices(&cpu, 1, 0, false, &err), 0);
 }

@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "gguf/quant.h"
-#include "host/backend.h"
-#include "host/rope.h"
+#include "host/ops/backend.h"
+#include "host/backend/rope.h"
 #include "tests/cpu_op_helpers.h"
 
 // ---------------------------------------------------------------------------

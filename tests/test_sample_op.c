@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/backend.h"
-#include "host/sampler.h"
+#include "host/ops/backend.h"
+#include "host/backend/sampler.h"
 #include "tests/rng_splitmix.h"
 
 // Logits of several shapes: plain normal of some scale, rounded to a grid

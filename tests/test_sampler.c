@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "host/sampler.h"
+#include "host/backend/sampler.h"
 
 static struct sampler_cand buf[16];
 

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "gguf/gguf.h"
-#include "host/tokenizer.h"
-#include "host/unicode.h"
+#include "host/tokenizer/tokenizer.h"
+#include "host/tokenizer/unicode.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define SP "\xe2\x96\x81" // U+2581, SentencePiece's space

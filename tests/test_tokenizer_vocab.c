@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
-#include "host/tokenizer.h"
+#include "host/tokenizer/tokenizer.h"
 
 static const char SEP[] = "\n__ggml_vocab_test__\n";
 

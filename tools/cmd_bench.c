@@ -38,12 +38,13 @@
 #include <cjson/cJSON.h>
 
 #include "gguf/gguf.h"
-#include "host/args.h"
-#include "host/backend.h"
-#include "host/forward.h"
-#include "host/model.h"
-#include "host/pipeline.h"
+#include "host/forward/forward.h"
+#include "host/model/model.h"
+#include "host/ops/backend.h"
+#include "host/split/pipeline.h"
+#include "host/split/split.h"
 #include "kv/kv.h"
+#include "tools/args.h"
 #include "tools/cmds.h"
 #include "tools/common.h"
 #include "tools/progress.h"
@@ -240,32 +241,36 @@ struct test {
 
 // A split model's layers live in its stages' models (m is stage 0's): the
 // one holding layer il, or the first / last layer (embedding / head).
-static const struct model *layer_model(const struct model *m, int il) {
-    if (!m->pipe)
+static const struct model *layer_model(const struct split_model *smod, int il) {
+    const struct pipeline *pipe = smod->pipe;
+    const struct model *m = smod->m;
+    if (!pipe)
         return m;
-    for (int s = 0; s < m->pipe->n_stages; s++) {
-        const struct model *sm = m->pipe->stage[s].m;
+    for (int s = 0; s < pipe->n_stages; s++) {
+        const struct model *sm = pipe->stage[s].m;
         if (sm && il >= sm->layer_begin && il < sm->layer_end)
             return sm;
     }
     return m; // a stage in another process: its shapes are not here
 }
 
-static const struct model *head_model(const struct model *m) {
-    return layer_model(m, m->hp.n_layer - 1);
+static const struct model *head_model(const struct split_model *smod) {
+    return layer_model(smod, smod->m->hp.n_layer - 1);
 }
 
 // Weight bytes and parameters of the whole model: every stage's, the
 // embedding table counted once where a tied head loads it again.
-static void model_totals(const struct model *m, double *bytes, double *params) {
-    if (!m->pipe) {
+static void model_totals(const struct split_model *smod, double *bytes, double *params) {
+    const struct pipeline *pipe = smod->pipe;
+    const struct model *m = smod->m;
+    if (!pipe) {
         *bytes = (double)m->n_bytes;
         *params = (double)m->n_params;
         return;
     }
     *bytes = *params = 0;
-    for (int s = 0; s < m->pipe->n_stages; s++) {
-        const struct model *sm = m->pipe->stage[s].m;
+    for (int s = 0; s < pipe->n_stages; s++) {
+        const struct model *sm = pipe->stage[s].m;
         if (!sm)
             continue;
         *bytes += (double)sm->n_bytes;
@@ -280,20 +285,15 @@ static void model_totals(const struct model *m, double *bytes, double *params) {
 
 // Bytes read by one forward pass over n_tok tokens, weights only: every
 // matrix and norm once, the embedding rows of the batch.
-static double weight_bytes(const struct model *m, int n_tok) {
+static double weight_bytes(const struct split_model *smod, int n_tok) {
+    const struct model *m = smod->m;
     const struct model_hparams *hp = &m->hp;
-    const struct model *mh = head_model(m);
+    const struct model *mh = head_model(smod);
     double b = 0;
     for (int il = 0; il < hp->n_layer; il++) {
-        const struct model_layer *L = &layer_model(m, il)->layers[il];
-        const struct backend_weight *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                            &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-            b += (double)ggml_row_bytes(w[i]->type, w[i]->n_in) * (double)w[i]->n_out;
-        b += 2.0 * hp->n_embd * sizeof(float); // attn_norm, ffn_norm
-        if (L->bq)
-            b += ((double)hp->n_head * hp->head_dim + 2.0 * hp->n_head_kv * hp->head_dim) *
-                 sizeof(float);
+        double lb, lp;
+        model_layer_size(hp, &layer_model(smod, il)->layers[il], &lb, &lp);
+        b += lb;
     }
     b += (double)ggml_row_bytes(mh->output.type, mh->output.n_in) * (double)mh->output.n_out;
     b += (double)hp->n_embd * sizeof(float); // output_norm
@@ -303,14 +303,13 @@ static double weight_bytes(const struct model *m, int n_tok) {
 
 // Multiply-adds of the matrices a token goes through (x2 = flops), without
 // the output head.
-static double layer_matmul_params(const struct model *m) {
+static double layer_matmul_params(const struct split_model *smod) {
+    const struct model *m = smod->m;
     double p = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
-        const struct model_layer *L = &layer_model(m, il)->layers[il];
-        const struct backend_weight *w[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                            &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-            p += (double)w[i]->n_in * (double)w[i]->n_out;
+        double lb, lp;
+        model_layer_size(&m->hp, &layer_model(smod, il)->layers[il], &lb, &lp);
+        p += lp;
     }
     return p;
 }
@@ -320,8 +319,9 @@ static size_t cache_elem_bytes(enum ggml_type t) {
 }
 
 // The bytes and flops of a run, from the model's shapes (see the top).
-static void test_cost(struct test *t, const struct model *m, enum ggml_type type_k,
+static void test_cost(struct test *t, const struct split_model *smod, enum ggml_type type_k,
                       enum ggml_type type_v, int n_batch) {
+    const struct model *m = smod->m;
     const struct model_hparams *hp = &m->hp;
     // K and V of one cell, all layers
     const double cell = (double)hp->n_layer * hp->n_head_kv *
@@ -329,8 +329,8 @@ static void test_cost(struct test *t, const struct model *m, enum ggml_type type
                          (double)hp->head_dim_v * cache_elem_bytes(type_v));
     // flops of one query against one cell, all layers (q.k and p.v)
     const double attn = 2.0 * hp->n_layer * hp->n_head * ((double)hp->head_dim + hp->head_dim_v);
-    const double mm = 2.0 * layer_matmul_params(m);
-    const struct model *mh = head_model(m);
+    const double mm = 2.0 * layer_matmul_params(smod);
+    const struct model *mh = head_model(smod);
     const double head = 2.0 * (double)mh->output.n_in * (double)mh->output.n_out;
     t->bytes = t->flops = 0;
     if (t->kind == TEST_PP) {
@@ -338,7 +338,7 @@ static void test_cost(struct test *t, const struct model *m, enum ggml_type type
         t->tokens = p;
         for (int pos = 0; pos < p; pos += n_batch) {
             const int n = p - pos < n_batch ? p - pos : n_batch;
-            t->bytes += weight_bytes(m, n) + (double)(pos + n) * cell;
+            t->bytes += weight_bytes(smod, n) + (double)(pos + n) * cell;
             t->flops += head; // the last token of each batch wants logits
         }
         // query at position i sees i + 1 cells
@@ -348,7 +348,7 @@ static void test_cost(struct test *t, const struct model *m, enum ggml_type type
         t->tokens = (double)n * P;
         // step s: every sequence sees s + 1 cells
         const double visible = (double)n * (n + 1) / 2.0;
-        t->bytes = n * weight_bytes(m, P) + P * visible * cell;
+        t->bytes = n * weight_bytes(smod, P) + P * visible * cell;
         t->flops = (mm + head) * t->tokens + attn * P * visible;
     }
 }
@@ -362,7 +362,7 @@ static uint64_t rng_next(uint64_t *s) {
 }
 
 struct runner {
-    struct forward_ctx fc;
+    struct executor *x;
     bool full_logits;
     int n_vocab;
     int32_t *tok, *pos, *seq; // [n_batch]
@@ -372,21 +372,21 @@ struct runner {
 static int decode(struct runner *r, int n, const int8_t *want, struct verr *err) {
     const struct forward_batch b = {
         .n_tok = n, .token = r->tok, .pos = r->pos, .seq = r->seq, .logits = want};
-    return r->full_logits ? forward_decode(&r->fc, &b, err)
-                          : forward_decode_argmax(&r->fc, &b, err);
+    return executor_decode(r->x, &b, r->full_logits ? FORWARD_HEAD_LOGITS : FORWARD_HEAD_ARGMAX,
+                           NULL, err);
 }
 
 // One run of test t from an empty cache; *secs: the time spent decoding.
 static int run_once(struct runner *r, const struct test *t, uint64_t seed, double *secs,
                     struct verr *err) {
-    int rc = kv_clear(&r->fc.kv, err);
+    int rc = kv_clear(&r->x->fc->kv, err);
     if (rc)
         return rc;
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     const int V = r->n_vocab;
     double elapsed = 0;
     if (t->kind == TEST_PP) {
-        const int nb = r->fc.cfg.n_batch;
+        const int nb = r->x->fc->cfg.n_batch;
         for (int p0 = 0; p0 < t->n_tokens; p0 += nb) {
             const int n = t->n_tokens - p0 < nb ? t->n_tokens - p0 : nb;
             for (int i = 0; i < n; i++) {
@@ -420,10 +420,11 @@ static int run_once(struct runner *r, const struct test *t, uint64_t seed, doubl
     return 0;
 }
 
-static int run_test(struct test *t, const struct model *m, const struct args_model *am, int reps,
+static int run_test(struct test *t, struct split_model *smod, const struct args_model *am, int reps,
                     bool full_logits, bool stage_times, bool verbose, struct verr *err) {
     struct forward_config cfg;
-    args_forward_config(am, &m->hp, &cfg);
+    args_ctx_config(am, &cfg);
+    forward_config_resolve(&cfg, &smod->m->hp);
     int need;
     if (t->kind == TEST_PP) {
         need = t->n_tokens;
@@ -437,10 +438,10 @@ static int run_test(struct test *t, const struct model *m, const struct args_mod
         cfg.n_outputs_max = t->n_parallel;
     }
     cfg.n_ctx = am->n_ctx > need ? am->n_ctx : need;
-    test_cost(t, m, cfg.type_k, cfg.type_v, cfg.n_batch);
+    test_cost(t, smod, cfg.type_k, cfg.type_v, cfg.n_batch);
 
-    struct runner r = {.full_logits = full_logits, .n_vocab = m->hp.n_vocab};
-    int rc = forward_init(&r.fc, m, &cfg, err);
+    struct runner r = {.full_logits = full_logits, .n_vocab = smod->m->hp.n_vocab};
+    int rc = split_executor_create(&r.x, smod, &cfg, false, err);
     if (rc)
         return verr_wrap(err, "%s", t->name);
     const size_t nb = (size_t)cfg.n_batch;
@@ -472,10 +473,10 @@ static int run_test(struct test *t, const struct model *m, const struct args_mod
             fprintf(stderr, "vela bench: %s: repetition %d: %.3f s, %.2f t/s\n", t->name, i + 1,
                     secs, t->samples_ts[i]);
     }
-    if (stage_times && m->pipe) {
+    if (stage_times && smod->pipe) {
         // One more run, not among the samples: the hook syncs after each
         // stage's work, which serialises the pipeline.
-        struct pipeline *p = m->pipe;
+        struct pipeline *p = smod->pipe;
         memset(p->stage_ms, 0, sizeof p->stage_ms);
         p->xfer_ms = 0;
         p->n_decodes = 0;
@@ -499,7 +500,7 @@ out:
     free(r.pos);
     free(r.seq);
     free(r.want);
-    forward_free(&r.fc);
+    executor_destroy(r.x);
     return rc;
 }
 
@@ -580,7 +581,7 @@ static void print_table_row(const struct report *rp, const struct test *t) {
 }
 
 static const char *split_mode_name(int mode) {
-    return mode == ARGS_SPLIT_NONE ? "none" : mode == ARGS_SPLIT_ROW ? "row" : "layer";
+    return mode == LOAD_SPLIT_NONE ? "none" : mode == LOAD_SPLIT_ROW ? "row" : "layer";
 }
 
 static double stages_ms(const struct pipeline *p, const struct test *t) {
@@ -835,17 +836,30 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
 
 // --- the command -----------------------------------------------------------------------
 
-// Loads as `vela run` does (host/pipeline.h): one device with the memory
+// The library's configuration for the flags and a context of n_ctx cells
+// (0: the model's), batches of n_batch tokens (the plan's scratch: a tg
+// test's batch is --parallel) and n_out logits rows.
+static void bench_config(const struct args_model *a, int n_ctx, int n_batch, int n_out,
+                         struct load_config *lc, struct forward_config *cfg) {
+    args_load_config(a, lc);
+    args_ctx_config(a, cfg);
+    cfg->n_batch = n_batch;
+    cfg->n_outputs_max = n_out;
+    if (n_ctx > 0)
+        cfg->n_ctx = n_ctx;
+}
+
+// Loads as `vela run` does (host/split/pipeline.h): one device with the memory
 // check, or the stages of a split; n_ctx / n_batch / n_out: the largest
 // context, batch and logits rows of the tests.
 static int bench_load(const struct args_model *a, const struct gguf_file *f, int n_ctx, int n_batch,
-                      int n_out, bool quiet, struct backend **be, struct model **m,
-                      struct verr *err) {
-    struct args_model al = *a;
-    al.n_batch = n_batch; // the plan's scratch: a tg test's batch is --parallel
+                      int n_out, bool quiet, struct split_model *sm, struct verr *err) {
+    struct load_config lc;
+    struct forward_config cfg;
+    bench_config(a, n_ctx, n_batch, n_out, &lc, &cfg);
     struct load_progress lprog;
     load_progress_init(&lprog, "vela bench", quiet || a->no_progress);
-    return pipeline_load_ex(&al, n_ctx, n_out, f, load_progress_update, &lprog, be, m, err);
+    return split_load(sm, &lc, &cfg, f, load_progress_update, &lprog, err);
 }
 
 // The peak bandwidth a split over GPUs can draw on: each distinct GPU's
@@ -853,8 +867,8 @@ static int bench_load(const struct args_model *a, const struct gguf_file *f, int
 static double split_peak_bw(const struct pipeline *p, struct verr *err) {
     double sum = 0;
     for (int s = 0; s < p->n_stages; s++) {
-        const struct plan_device *d = &p->stage[s].dev;
-        if (d->kind != PLAN_DEVICE_CUDA)
+        const struct backend_device *d = &p->stage[s].dev;
+        if (d->kind != BACKEND_DEVICE_CUDA)
             return 0;
         bool seen = false;
         for (int t = 0; t < s; t++)
@@ -961,25 +975,29 @@ int cmd_bench(int argc, char **argv) {
     }
     // Split flags the parser cannot judge alone (--split-mode row, devices
     // that do not exist, more proportions than devices) are flag errors too.
-    struct plan_device devs[PLAN_MAX_DEVICES];
+    struct backend_device devs[PLAN_MAX_DEVICES];
     int n_devs = 0;
-    if (pipeline_resolve_devices(&am, devs, &n_devs, &err)) {
+    struct load_config lc_flags;
+    args_load_config(&am, &lc_flags);
+    if (pipeline_resolve_devices(&lc_flags, devs, &n_devs, &err)) {
         fprintf(stderr, "vela bench: %s\n", err.msg);
         return 2;
     }
     // --split-compare's other run: everything on the main device.
     struct args_model am_one = am;
-    am_one.split_mode = ARGS_SPLIT_NONE;
+    am_one.split_mode = LOAD_SPLIT_NONE;
     am_one.tensor_split = NULL;
-    struct plan_device dev_one;
+    struct backend_device dev_one;
     if (split_compare) {
         int n_one = 0;
-        if (am.split_mode != ARGS_SPLIT_LAYER || n_devs < 2) {
+        if (am.split_mode != LOAD_SPLIT_LAYER || n_devs < 2) {
             fprintf(stderr, "vela bench: --split-compare needs a layer split over several devices "
                             "(--devices 0,1, or cpu,cpu to try it on the CPU)\n");
             return 2;
         }
-        if (pipeline_resolve_devices(&am_one, &dev_one, &n_one, &err)) {
+        struct load_config lc_one;
+        args_load_config(&am_one, &lc_one);
+        if (pipeline_resolve_devices(&lc_one, &dev_one, &n_one, &err)) {
             fprintf(stderr, "vela bench: --split-compare: %s\n", err.msg);
             return 2;
         }
@@ -1004,8 +1022,7 @@ int cmd_bench(int argc, char **argv) {
 
     int status = 1;
     struct gguf_file *f = NULL;
-    struct backend *be = NULL;
-    struct model *m = NULL;
+    struct split_model sm = {0};
     struct report rp = {.model_path = am.model_path, .reps = reps, .full_logits = full_logits};
     if (gguf_open(&f, am.model_path, &err)) {
         fprintf(stderr, "vela bench: %s\n", err.msg);
@@ -1026,8 +1043,11 @@ int cmd_bench(int argc, char **argv) {
         // flag errors.
         size_t unlimited[PLAN_MAX_DEVICES];
         for (int d = 0; d < n_devs; d++)
-            unlimited[d] = PLAN_MEM_UNLIMITED;
-        int rc = pipeline_plan(&am, load_ctx, f, devs, n_devs, unlimited, &pl, NULL, 0, &err);
+            unlimited[d] = BACKEND_MEM_UNLIMITED;
+        struct load_config lc_plan;
+        struct forward_config cfg_plan;
+        bench_config(&am, load_ctx, am.n_batch, 0, &lc_plan, &cfg_plan);
+        int rc = pipeline_plan(&lc_plan, &cfg_plan, f, devs, n_devs, unlimited, &pl, NULL, 0, &err);
         if (rc) {
             fprintf(stderr, "vela bench: %s\n", err.msg);
             status = rc == VERR_RANGE ? 2 : 1;
@@ -1043,15 +1063,15 @@ int cmd_bench(int argc, char **argv) {
             goto out;
         }
         // The one-device run first, then the split one (never both loaded).
-        plan_device_name(&dev_one, rp.single_device, sizeof rp.single_device);
-        if (bench_load(&am_one, f, load_ctx, load_batch, load_out, json, &be, &m, &err)) {
+        backend_device_name(&dev_one, rp.single_device, sizeof rp.single_device);
+        if (bench_load(&am_one, f, load_ctx, load_batch, load_out, json, &sm, &err)) {
             fprintf(stderr, "vela bench: --split-compare (%s): %s\n", rp.single_device, err.msg);
             goto out;
         }
         for (int k = 0; k < n_tests; k++) {
             struct test one = tests[k];
             one.samples_ts = one.samples_s = NULL;
-            int rc = run_test(&one, m, &am_one, reps, full_logits, false, am.verbose, &err);
+            int rc = run_test(&one, &sm, &am_one, reps, full_logits, false, am.verbose, &err);
             if (!rc) {
                 tests[k].have_single = true;
                 tests[k].single_ts = mean_of(one.samples_ts, reps);
@@ -1068,26 +1088,25 @@ int cmd_bench(int argc, char **argv) {
                 fprintf(stderr, "vela bench: %s on %s alone: %.2f t/s\n", tests[k].name,
                         rp.single_device, tests[k].single_ts);
         }
-        model_free(m);
-        m = NULL;
-        backend_destroy(be);
-        be = NULL;
+        split_model_free(&sm);
     }
-    if (bench_load(&am, f, load_ctx, load_batch, load_out, json, &be, &m, &err)) {
+    if (bench_load(&am, f, load_ctx, load_batch, load_out, json, &sm, &err)) {
         fprintf(stderr, "vela bench: %s\n", err.msg);
         goto out;
     }
     gguf_close(f);
     f = NULL;
-    if (am.verbose && m->pipe)
-        fprintf(stderr, "vela bench: split plan:\n%s", m->pipe->plan_text);
+    const struct model *m = sm.m;
+    struct backend *be = sm.be;
+    if (am.verbose && sm.pipe)
+        fprintf(stderr, "vela bench: split plan:\n%s", sm.pipe->plan_text);
 
     rp.m = m;
     rp.am = &am;
-    rp.pipe = m->pipe;
+    rp.pipe = sm.pipe;
     rp.split_compare = split_compare;
     rp.no_stage_times = no_stage_times;
-    model_totals(m, &rp.size_bytes, &rp.n_params);
+    model_totals(&sm, &rp.size_bytes, &rp.n_params);
     rp.ftype = ftype_str;
     rp.backend = be->ops->name;
     rp.act_q8 = be->act_q8;
@@ -1111,7 +1130,7 @@ int cmd_bench(int argc, char **argv) {
         rp.have_gpu = true;
         snprintf(rp.device_name, sizeof rp.device_name, "%s", rp.gpu.name);
         rp.peak_bw_gbs = rp.gpu.peak_bw_gbs;
-        if (m->pipe && (rp.peak_bw_gbs = split_peak_bw(m->pipe, &err)) < 0) {
+        if (sm.pipe && (rp.peak_bw_gbs = split_peak_bw(sm.pipe, &err)) < 0) {
             fprintf(stderr, "vela bench: %s\n", err.msg);
             goto out;
         }
@@ -1122,7 +1141,7 @@ int cmd_bench(int argc, char **argv) {
     if (!json)
         print_table_header(&rp);
     for (int k = 0; k < n_tests; k++) {
-        if (run_test(&tests[k], m, &am, reps, full_logits, !no_stage_times, am.verbose, &err)) {
+        if (run_test(&tests[k], &sm, &am, reps, full_logits, !no_stage_times, am.verbose, &err)) {
             fprintf(stderr, "vela bench: %s\n", err.msg);
             goto out;
         }
@@ -1150,8 +1169,7 @@ out:
         free(tests[k].samples_ts);
         free(tests[k].samples_s);
     }
-    model_free(m);
-    backend_destroy(be);
+    split_model_free(&sm);
     gguf_close(f);
     return status;
 }

@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/args.h"
-#include "host/engine.h"
+#include "host/engine/engine.h"
+#include "tools/args.h"
 #include "tools/cmds.h"
-#include "tools/progress.h"
 #include "tools/common.h"
+#include "tools/progress.h"
 
 static void usage(FILE *out) {
     fprintf(out, "usage: vela eval -m MODEL (--tokens 1,2,3 | -p TEXT | -f FILE) [options]\n\n"
@@ -173,14 +173,17 @@ int cmd_eval(int argc, char **argv) {
     // The context is sized for the tokens unless -c says otherwise; with text
     // the count is known only after the tokenizer is loaded, so the context is
     // opened in a second step.
-    struct engine_open_params op = {.n_seq_max = 1, .n_outputs_max = 0, .need_tokenizer = !!text};
-    op.n_ctx = am.n_ctx > 0 ? am.n_ctx : (n_tok > 0 ? n_tok : 1);
-    op.n_outputs_max = am.n_batch < op.n_ctx ? am.n_batch : op.n_ctx;
+    struct engine_config op;
+    args_engine_config(&am, &op);
+    op.ctx.n_seq_max = 1;
+    op.need_tokenizer = !!text;
+    op.ctx.n_ctx = am.n_ctx > 0 ? am.n_ctx : (n_tok > 0 ? n_tok : 1);
+    op.ctx.n_outputs_max = am.n_batch < op.ctx.n_ctx ? am.n_batch : op.ctx.n_ctx;
     struct load_progress lprog;
     load_progress_init(&lprog, "vela eval", am.no_progress);
     op.progress = load_progress_update;
     op.progress_user = &lprog;
-    if (engine_open(&e, &am, &op, &err)) {
+    if (engine_open(&e, &op, &err)) {
         fprintf(stderr, "vela eval: %s\n", err.msg);
         goto done;
     }
@@ -193,14 +196,13 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "vela eval: the text gives no tokens\n");
             goto done;
         }
-        if (am.n_ctx == 0 && n_tok != e->fc.cfg.n_ctx) {
+        if (am.n_ctx == 0 && n_tok != e->fc->cfg.n_ctx) {
             // reopen the forward context with room for exactly these tokens
-            struct forward_config cfg = e->fc.cfg;
-            forward_free(&e->fc);
+            struct forward_config cfg = e->fc->cfg;
             cfg.n_ctx = n_tok;
             cfg.n_batch = am.n_batch < n_tok ? am.n_batch : n_tok;
             cfg.n_outputs_max = cfg.n_batch;
-            if (forward_init(&e->fc, e->m, &cfg, &err)) {
+            if (engine_reopen(e, &cfg, &err)) {
                 fprintf(stderr, "vela eval: %s\n", err.msg);
                 goto done;
             }

@@ -13,28 +13,43 @@
 #include <unistd.h>
 
 #include "gguf/quant.h"
-#include "host/mkmodel.h"
 #include "tools/cmds.h"
+#include "tools/mkmodel/mkmodel.h"
+
+// "--arch llama|qwen2   llama: normal RoPE; qwen2: ...": the registry's.
+static void arch_usage(FILE *out) {
+    char flag[128] = "--arch ", help[512] = "";
+    for (int i = 0; i < MODEL_ARCH_COUNT; i++) {
+        const struct arch *a = arch_get((enum model_arch)i);
+        if (!a)
+            continue;
+        const bool more = strlen(help) > 0;
+        snprintf(flag + strlen(flag), sizeof flag - strlen(flag), "%s%s", more ? "|" : "", a->name);
+        snprintf(help + strlen(help), sizeof help - strlen(help), "%s%s: %s", more ? "; " : "",
+                 a->name, a->summary);
+    }
+    fprintf(out, "  %-26s%s (default llama)\n", flag, help);
+}
 
 static void usage(FILE *out) {
+    fprintf(out,
+            "usage: vela mkmodel -o FILE [options]\n"
+            "\n"
+            "Writes a synthetic model (seeded random weights) that llama.cpp and vela can load.\n"
+            "Flags after --preset override it, wherever --preset appears.\n"
+            "\n"
+            "output:\n"
+            "  -o, --output FILE         the GGUF file to write (required)\n"
+            "  --preset NAME             start from a preset shape (see below)\n"
+            "  --name STR                general.name (default vela-synthetic-<preset|arch>)\n"
+            "  --seed N                  random seed (default 42); same seed, same bytes\n"
+            "  --threads N               generating/quantizing threads (default: all CPUs, >= 2)\n"
+            "  -q, --quiet               print nothing but errors\n"
+            "\n"
+            "shape:\n");
+    arch_usage(out);
     fprintf(
         out,
-        "usage: vela mkmodel -o FILE [options]\n"
-        "\n"
-        "Writes a synthetic model (seeded random weights) that llama.cpp and vela can load.\n"
-        "Flags after --preset override it, wherever --preset appears.\n"
-        "\n"
-        "output:\n"
-        "  -o, --output FILE         the GGUF file to write (required)\n"
-        "  --preset NAME             start from a preset shape (see below)\n"
-        "  --name STR                general.name (default vela-synthetic-<preset|arch>)\n"
-        "  --seed N                  random seed (default 42); same seed, same bytes\n"
-        "  --threads N               generating/quantizing threads (default: all CPUs, >= 2)\n"
-        "  -q, --quiet               print nothing but errors\n"
-        "\n"
-        "shape:\n"
-        "  --arch llama|qwen2        llama: normal RoPE; qwen2: NeoX RoPE, Q/K/V biases (default "
-        "llama)\n"
         "  --n-embd N                embedding length (default 256)\n"
         "  --n-layer N               blocks (default 4)\n"
         "  --n-head N                attention heads (default 8)\n"
@@ -314,12 +329,12 @@ int cmd_mkmodel(int argc, char **argv) {
             if (!parse_int(val, 0, 64, &cfg.n_threads))
                 return bad("--threads '%s': not an integer in [0, 64]", val);
         } else if (IS("--arch")) {
-            if (!strcmp(val, "llama"))
-                cfg.arch = MKMODEL_ARCH_LLAMA;
-            else if (!strcmp(val, "qwen2"))
-                cfg.arch = MKMODEL_ARCH_QWEN2;
-            else
-                return bad("--arch '%s': unknown architecture (llama, qwen2)", val);
+            const struct arch *a = arch_find(val);
+            char names[256];
+            if (!a)
+                return bad("--arch '%s': unknown architecture (%s)", val,
+                           arch_names(names, sizeof names));
+            cfg.arch = (enum mkmodel_arch)a->id;
         } else if ((ip = int_flag(&cfg, f, &seen)) != NULL) {
             int iv;
             if (!parse_int(val, 1, INT_MAX, &iv))
@@ -445,8 +460,8 @@ int cmd_mkmodel(int argc, char **argv) {
             snprintf(fsz, sizeof fsz, "%.2f MB", size / 1e6);
         printf("wrote %s: %s '%s', %d layers, n_embd %d, %d/%d heads (dim %d), n_ff %d, "
                "n_vocab %d%s, %s (%s weights), %s params, %s in %.2f s (%.0f MB/s, %d threads)\n",
-               out, r.arch == MKMODEL_ARCH_QWEN2 ? "qwen2" : "llama", r.name, r.n_layer, r.n_embd,
-               r.n_head, r.n_head_kv, r.head_dim, r.n_ff, r.n_vocab, r.tied ? ", tied" : "", types,
+               out, arch_get((enum model_arch)r.arch)->name, r.name, r.n_layer, r.n_embd, r.n_head,
+               r.n_head_kv, r.head_dim, r.n_ff, r.n_vocab, r.tied ? ", tied" : "", types,
                r.weights == MKMODEL_WEIGHTS_FAST ? "fast" : "exact", psz, fsz, dt,
                dt > 0 ? size / 1e6 / dt : 0.0, r.n_threads);
     }

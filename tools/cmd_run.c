@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/args.h"
-#include "host/engine.h"
+#include "host/engine/engine.h"
+#include "tools/args.h"
 #include "tools/cmds.h"
-#include "tools/progress.h"
 #include "tools/common.h"
+#include "tools/progress.h"
 
 // --parallel: the most sequences one run decodes together.
 #define RUN_PARALLEL_MAX 256
@@ -331,13 +331,16 @@ int cmd_run(int argc, char **argv) {
     // The sequences: one per line, or --parallel samples of the one prompt.
     const int n_seq = lines_mode ? n_lines : gp.n_parallel;
 
-    struct engine_open_params op = {
-        .n_seq_max = gp.n_parallel, .n_outputs_max = gp.n_parallel, .need_tokenizer = true};
+    struct engine_config op;
+    args_engine_config(&am, &op);
+    op.ctx.n_seq_max = gp.n_parallel;
+    op.ctx.n_outputs_max = gp.n_parallel;
+    op.need_tokenizer = true;
     struct load_progress lprog;
     load_progress_init(&lprog, "vela run", am.no_progress);
     op.progress = load_progress_update;
     op.progress_user = &lprog;
-    if (engine_open(&e, &am, &op, &err)) {
+    if (engine_open(&e, &op, &err)) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         goto done;
     }
@@ -407,7 +410,7 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr,
                     "vela: %d sequences, %d at a time, prompts of %d..%d tokens, %d cells per "
                     "sequence\n",
-                    n_seq, gp.n_parallel, lo, hi, e->fc.cfg.n_ctx / gp.n_parallel);
+                    n_seq, gp.n_parallel, lo, hi, e->fc->cfg.n_ctx / gp.n_parallel);
     }
     if (display_prompt && out.stream) {
         fwrite(prompt, 1, prompt_len, stdout);
@@ -422,7 +425,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         goto done;
     }
-    const int n_ctx_seq = e->fc.cfg.n_ctx / gp.n_parallel;
+    const int n_ctx_seq = e->fc->cfg.n_ctx / gp.n_parallel;
     for (int s = 0; s < n_seq; s++) {
         if (!out.why[s] || strcmp(out.why[s], "context full"))
             continue;

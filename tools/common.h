@@ -6,8 +6,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "host/args.h"
-#include "host/sampler.h"
+#include "tools/args.h"
+#include "host/backend/sampler.h"
 
 enum tools_flag {
     TOOLS_FLAG_OWN = 0, // not a shared flag: the command's own, or unknown

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "host/mpi.h"
+#include "tools/args.h"
 #include "tools/cmds.h"
 
 #ifndef VELA_COMMIT
@@ -32,11 +32,10 @@ static void print_usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
-    // Under mpirun, ranks other than 0 serve their pipeline stage (host/mpi.h).
-    bool mpi_worker = false;
-    int worker_rc = pipeline_mpi_worker_main(argc, argv, &mpi_worker);
-    if (mpi_worker)
-        return worker_rc;
+    // Under mpirun, ranks other than 0 serve their pipeline stage (host/split/mpi.h).
+    int worker_status = 0;
+    if (args_mpi_worker(argc, argv, &worker_status))
+        return worker_status;
     if (argc < 2) {
         print_usage(stderr);
         return 2;

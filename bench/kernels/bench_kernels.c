@@ -42,7 +42,7 @@
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "gguf/types.h"
-#include "host/backend.h"
+#include "host/ops/backend.h"
 
 #ifndef VELA_COMMIT
 #define VELA_COMMIT "unknown"

@@ -8,7 +8,7 @@
 
 #include <criterion/criterion.h>
 
-#include "host/backend.h"
+#include "host/ops/backend.h"
 
 static struct backend *cpu, *gpu;
 

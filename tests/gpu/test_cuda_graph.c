@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/backend.h"
-#include "host/forward.h"
-#include "host/model.h"
+#include "host/ops/backend.h"
+#include "host/forward/forward.h"
+#include "host/model/model.h"
 #include "tests/tiny_model.h"
 
 #define N_STEPS 480

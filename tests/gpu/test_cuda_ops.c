@@ -19,7 +19,7 @@
 #include "cuda/cuda_ops.h" // CUDA_MATVEC_MAX_TOK: which path a matmul takes
 #include "gguf/quant.h"
 #include "gguf/types.h"
-#include "host/backend.h"
+#include "host/ops/backend.h"
 #include "tests/gpu/gpu_fixture.h"
 #include "tests/rand_blocks.h"
 #include "tests/rng_splitmix.h"

@@ -27,8 +27,8 @@
 #include <string.h>
 
 #include "cuda/cuda_ops.h" // CUDA_SAMPLE_MAX_K: which path a row takes
-#include "host/backend.h"
-#include "host/sampler.h"
+#include "host/ops/backend.h"
+#include "host/backend/sampler.h"
 #include "tests/gpu/gpu_fixture.h"
 #include "tests/rng_splitmix.h"
 

@@ -29,10 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/backend.h"
-#include "host/forward.h"
-#include "host/model.h"
-#include "host/sampler.h"
+#include "host/ops/backend.h"
+#include "host/forward/forward.h"
+#include "host/model/model.h"
+#include "host/backend/sampler.h"
 #include "tests/tiny_model.h"
 
 static void run_tokens(struct model *m, int n_batch, enum ggml_type kv, const int32_t *tok, int n,

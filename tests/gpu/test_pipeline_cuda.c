@@ -25,10 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/args.h"
-#include "host/backend.h"
-#include "host/forward.h"
-#include "host/pipeline.h"
+#include "tools/args.h"
+#include "host/ops/backend.h"
+#include "host/forward/forward.h"
+#include "host/split/pipeline.h"
 #include "kv/selfextend.h"
 #include "tests/pipeline_helpers.h"
 #include "tests/tiny_model.h"
@@ -79,10 +79,10 @@ static int open_run(struct run *r, const char *devices, int n_ubatch, enum ggml_
                     struct verr *err) {
     struct args_model a;
     args_model_default(&a);
-    a.backend = ARGS_BACKEND_CUDA;
+    a.backend = LOAD_BACKEND_CUDA;
     a.devices = devices;
     if (!devices)
-        a.split_mode = ARGS_SPLIT_NONE; // else every visible GPU would get a stage
+        a.split_mode = LOAD_SPLIT_NONE; // else every visible GPU would get a stage
     a.n_ubatch = n_ubatch;
     a.n_ctx = 64;
     a.n_batch = 8;
@@ -92,7 +92,7 @@ static int open_run(struct run *r, const char *devices, int n_ubatch, enum ggml_
 }
 
 static const char *transport_name(const struct run *r) {
-    return r->m->pipe && r->m->pipe->tp ? r->m->pipe->tp->ops->name : "none";
+    return split_pipeline(r->x) && split_pipeline(r->x)->tp ? split_pipeline(r->x)->tp->ops->name : "none";
 }
 
 static void assert_same(const float *a, const float *b, size_t n, const char *what) {
@@ -126,7 +126,7 @@ static void reference(enum ggml_type kv_type) {
     struct run r;
     struct verr err = {0};
     cr_assert_eq(open_run(&r, NULL, 0, kv_type, &err), 0, "%s", err.msg);
-    cr_assert_null(r.m->pipe);
+    cr_assert_null(split_pipeline(r.x));
     ref_plain = decode_seq(&r, 0, 0, N_TOK, 8, 0);
     close_run(&r);
     cr_assert_eq(open_run(&r, NULL, 0, kv_type, &err), 0, "%s", err.msg);
@@ -146,14 +146,14 @@ static void check_split_kv(const char *devices, int n_stages, const char *transp
         struct run r;
         cr_assert_eq(open_run(&r, devices, ubs[u], kv_type, &err), 0, "%s: %s", devices,
                      err.msg);
-        cr_assert_not_null(r.m->pipe, "%s: not split", devices);
-        cr_assert_eq(r.m->pipe->n_stages, n_stages);
+        cr_assert_not_null(split_pipeline(r.x), "%s: not split", devices);
+        cr_assert_eq(split_pipeline(r.x)->n_stages, n_stages);
         cr_assert_str_eq(transport_name(&r), transport, "--devices %s: transport %s\n%s", devices,
-                         transport_name(&r), pipeline_describe(r.m));
-        cr_assert_null(strstr(pipeline_describe(r.m), "unavailable"), "%s",
-                       pipeline_describe(r.m));
+                         transport_name(&r), executor_describe(r.x));
+        cr_assert_null(strstr(executor_describe(r.x), "unavailable"), "%s",
+                       executor_describe(r.x));
         for (int s = 0; s < n_stages; s++)
-            cr_assert_eq(r.m->pipe->stage[s].be->device, r.m->pipe->stage[s].dev.ordinal,
+            cr_assert_eq(split_pipeline(r.x)->stage[s].be->device, split_pipeline(r.x)->stage[s].dev.ordinal,
                          "stage %d", s);
 #ifdef VELA_EMU
         const unsigned long long nccl0 = emu_nccl_bytes_delivered();
@@ -177,8 +177,8 @@ static void check_split_kv(const char *devices, int n_stages, const char *transp
     float *g1, *g2;
     cr_assert_eq(open_run(&r, devices, ubs[0], kv_type, &err), 0, "%s", err.msg);
     kv_script(&r, &g1, &g2);
-    for (int s = 1; s < r.m->pipe->n_stages; s++) {
-        const struct kv_cache *k0 = &r.fc.kv, *ks = &r.fc.pipe->fc[s]->kv;
+    for (int s = 1; s < split_pipeline(r.x)->n_stages; s++) {
+        const struct kv_cache *k0 = &r.fc->kv, *ks = &split_pipeline_ctx(r.x)->fc[s]->kv;
         cr_assert_eq(ks->used, k0->used, "stage %d", s);
         cr_assert_eq(memcmp(ks->pos, k0->pos, sizeof(int32_t) * k0->cfg.n_ctx), 0, "stage %d", s);
     }
@@ -238,10 +238,10 @@ static void check_clear(const char *devices) {
     struct verr err = {0};
     cr_assert_eq(open_run(&r, devices, 0, GGML_TYPE_F32, &err), 0, "%s: %s", devices, err.msg);
     free(decode_seq(&r, 0, 0, 12, 8, 0));
-    cr_assert_eq(kv_clear(&r.fc.kv, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_clear(&r.fc->kv, &err), 0, "%s", err.msg);
     free(decode_seq(&r, 0, 0, 1, 1, 5));
-    for (int s = 0; s < r.m->pipe->n_stages; s++) {
-        struct forward_ctx *fc = r.fc.pipe->fc[s];
+    for (int s = 0; s < split_pipeline(r.x)->n_stages; s++) {
+        struct forward_ctx *fc = split_pipeline_ctx(r.x)->fc[s];
         const struct kv_cache *kv = &fc->kv;
         const int L = kv->cfg.n_layer, C = kv->cfg.n_ctx;
         for (int which = 0; which < 2; which++) {

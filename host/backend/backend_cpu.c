@@ -1,0 +1,977 @@
+// The CPU reference backend: every op of struct backend_ops in plain float32
+// C, following llama.cpp's semantics; the CUDA backend is tested against it.
+//
+// Memory is ordinary host memory (64-byte aligned). Ops run synchronously on
+// the calling thread plus the backend's thread pool, so sync is a no-op.
+// One op at a time per backend: the pool and the per-thread scratch are shared.
+//
+// Determinism: every output element is computed by one thread with the same
+// sequential code whatever the thread count, so results are bit-identical
+// for n_threads = 1 and n_threads = N.
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf/quant.h"
+#include "gguf/quant_q8.h"
+#include "host/ops/backend.h"
+#include "host/backend/rope.h"
+#include "host/backend/sampler.h"
+#include "host/backend/threadpool.h"
+
+#define CPU_ALIGN 64
+
+struct cpu_state {
+    struct threadpool *pool;
+    int n_threads;
+    float **scratch;      // [n_threads] buffers of scratch_bytes each (64-byte aligned)
+    size_t scratch_bytes;
+    void *xq; // act_q8: the q8_1 activations of the current matmul
+    size_t xq_bytes;
+};
+
+static struct cpu_state *cpu_state_of(struct backend *be) {
+    return (struct cpu_state *)be->impl;
+}
+
+// ---------------------------------------------------------------------------
+// helpers
+
+// F16 -> F32 for every half: attention and the F16 caches convert each K/V
+// element many times, a table lookup keeps that cheap. Filled once from
+// quant_fp16_to_f32, so it is exactly that function.
+static float cpu_fp16_table[1 << 16];
+static pthread_once_t cpu_fp16_once = PTHREAD_ONCE_INIT;
+
+static void cpu_fp16_table_init(void) {
+    for (uint32_t h = 0; h < (1u << 16); h++)
+        cpu_fp16_table[h] = quant_fp16_to_f32((uint16_t)h);
+}
+
+static inline float cpu_h2f(uint16_t h) {
+    return cpu_fp16_table[h];
+}
+
+// Grows every thread's scratch to at least `bytes`. Called by an op on the
+// calling thread before its parallel_for.
+static int cpu_scratch_reserve(struct backend *be, size_t bytes, const char *what) {
+    struct cpu_state *st = cpu_state_of(be);
+    if (bytes <= st->scratch_bytes)
+        return VERR_OK;
+    size_t sz = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    for (int i = 0; i < st->n_threads; i++) {
+        free(st->scratch[i]);
+        st->scratch[i] = aligned_alloc(CPU_ALIGN, sz);
+        if (!st->scratch[i]) {
+            for (int j = 0; j < st->n_threads; j++) {
+                free(st->scratch[j]);
+                st->scratch[j] = NULL;
+            }
+            st->scratch_bytes = 0;
+            return verr_set(&be->err, VERR_NOMEM,
+                            "%s: out of memory for %d x %zu bytes of scratch", what,
+                            st->n_threads, sz);
+        }
+    }
+    st->scratch_bytes = sz;
+    return VERR_OK;
+}
+
+// Dot product of two float rows. Eight running sums (combined pairwise at the
+// end) let the compiler vectorize without -ffast-math; the order is fixed, so
+// the result does not depend on threads.
+static float cpu_dot_f32(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static float cpu_dot_f16(const float *a, const uint16_t *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * cpu_h2f(b[i + j]);
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * cpu_h2f(b[i]);
+    return s;
+}
+
+static bool cpu_is_cache_type(enum ggml_type t) {
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
+}
+
+static size_t cpu_cache_elt_size(enum ggml_type t) {
+    return t == GGML_TYPE_F16 ? 2 : 4;
+}
+
+// Stores n floats into a cache row of type t (F32 copy, F16 round to nearest even).
+static void cpu_store_row(void *dst, enum ggml_type t, const float *src, int64_t n) {
+    if (t == GGML_TYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else {
+        uint16_t *d = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = quant_f32_to_fp16(src[i]);
+    }
+}
+
+// Grain of a parallel_for over items of `work` scalar operations each: chunks
+// of about 16K operations, below which waking threads costs more than it saves.
+static int64_t cpu_grain(int64_t work_per_item) {
+    if (work_per_item < 1)
+        work_per_item = 1;
+    int64_t g = 16384 / work_per_item;
+    return g < 1 ? 1 : g;
+}
+
+// ---------------------------------------------------------------------------
+// memory
+
+static int cpu_alloc(struct backend *be, size_t bytes, void **out) {
+    *out = NULL;
+    if (bytes > SIZE_MAX - CPU_ALIGN)
+        return verr_set(&be->err, VERR_NOMEM, "cpu alloc: %zu bytes is too large", bytes);
+    // aligned_alloc wants a multiple of the alignment; 0 bytes still gets a
+    // unique pointer so that free() pairs up.
+    size_t sz = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    if (sz == 0)
+        sz = CPU_ALIGN;
+    void *p = aligned_alloc(CPU_ALIGN, sz);
+    if (!p)
+        return verr_set(&be->err, VERR_NOMEM, "cpu alloc: out of memory for %zu bytes", bytes);
+    *out = p;
+    return VERR_OK;
+}
+
+static void cpu_free(struct backend *be, void *ptr) {
+    (void)be;
+    free(ptr);
+}
+
+static int cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes,
+                    const char *what) {
+    if (bytes == 0)
+        return VERR_OK;
+    if (!dst || !src)
+        return verr_set(&be->err, VERR_RANGE, "cpu %s: NULL pointer for %zu bytes", what, bytes);
+    memcpy(dst, src, bytes);
+    return VERR_OK;
+}
+
+static int cpu_upload(struct backend *be, void *dst, const void *src, size_t bytes) {
+    return cpu_copy(be, dst, src, bytes, "upload");
+}
+
+// What the kernel reports available (host/stage.c reads it for the split
+// plan too); BACKEND_MEM_UNLIMITED when it cannot say.
+static int cpu_mem_info(struct backend *be, size_t *free_bytes, size_t *total_bytes) {
+    const struct backend_device d = {BACKEND_DEVICE_CPU, 0};
+    return backend_device_memory(&d, free_bytes, total_bytes, &be->err);
+}
+
+static int cpu_download(struct backend *be, void *dst, const void *src, size_t bytes) {
+    return cpu_copy(be, dst, src, bytes, "download");
+}
+
+static int cpu_memset_zero(struct backend *be, void *dst, size_t bytes) {
+    if (bytes == 0)
+        return VERR_OK;
+    if (!dst)
+        return verr_set(&be->err, VERR_RANGE, "cpu memset_zero: NULL pointer for %zu bytes",
+                        bytes);
+    memset(dst, 0, bytes);
+    return VERR_OK;
+}
+
+static int cpu_sync(struct backend *be) {
+    (void)be;
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
+// embed
+
+static int cpu_check_weight(struct backend *be, const struct backend_weight *w, const char *what,
+                            size_t *row_bytes) {
+    if (!w || !w->data)
+        return verr_set(&be->err, VERR_RANGE, "cpu %s: weight is NULL", what);
+    if (w->n_in <= 0 || w->n_out <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu %s: weight shape %lld x %lld is empty", what,
+                        (long long)w->n_out, (long long)w->n_in);
+    if (!quant_can_dequantize(w->type))
+        return verr_set(&be->err, VERR_UNSUPPORTED, "cpu %s: weight type %s is not supported",
+                        what, ggml_type_name(w->type));
+    *row_bytes = ggml_row_bytes(w->type, w->n_in);
+    if (*row_bytes == 0)
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu %s: n_in %lld is not a multiple of the %s block size", what,
+                        (long long)w->n_in, ggml_type_name(w->type));
+    return VERR_OK;
+}
+
+static int cpu_embed(struct backend *be, float *out, const struct backend_weight *table,
+                     const int32_t *tokens, int n_tok) {
+    size_t rb;
+    int rc = cpu_check_weight(be, table, "embed", &rb);
+    if (rc)
+        return rc;
+    if (n_tok < 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu embed: n_tok %d < 0", n_tok);
+    if (n_tok > 0 && (!out || !tokens))
+        return verr_set(&be->err, VERR_RANGE, "cpu embed: NULL out or tokens");
+    for (int t = 0; t < n_tok; t++)
+        if (tokens[t] < 0 || tokens[t] >= table->n_out)
+            return verr_set(&be->err, VERR_RANGE, "cpu embed: token %d at %d outside [0, %lld)",
+                            tokens[t], t, (long long)table->n_out);
+    for (int t = 0; t < n_tok; t++) {
+        const char *row = (const char *)table->data + (size_t)tokens[t] * rb;
+        rc = quant_dequantize_row(table->type, row, out + (size_t)t * table->n_in, table->n_in,
+                                  &be->err);
+        if (rc)
+            return verr_wrap(&be->err, "cpu embed: token %d", tokens[t]);
+    }
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
+// rms_norm
+
+struct rms_job {
+    float *out;         // [n_rows][n]
+    const float *x;     // [n_rows][n]
+    const float *w;     // [n]
+    int n;
+    float eps;
+};
+
+static void rms_norm_range(void *ctx, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const struct rms_job *j = ctx;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = j->x + (size_t)r * j->n;
+        float *y = j->out + (size_t)r * j->n;
+        // The sum of squares in double, as ggml's ggml_float; then the float
+        // steps of llama.cpp: scale = 1/sqrtf(mean + eps), y = (x*scale)*w.
+        double sum = 0.0;
+        for (int i = 0; i < j->n; i++)
+            sum += (double)(x[i] * x[i]);
+        const float mean = (float)(sum / j->n);
+        const float scale = 1.0f / sqrtf(mean + j->eps);
+        for (int i = 0; i < j->n; i++)
+            y[i] = (x[i] * scale) * j->w[i];
+    }
+}
+
+static int cpu_rms_norm(struct backend *be, float *out, const float *x, const float *w,
+                        int n_rows, int n, float eps) {
+    if (n_rows < 0 || n <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu rms_norm: shape %d x %d", n_rows, n);
+    if (n_rows == 0)
+        return VERR_OK;
+    if (!out || !x || !w)
+        return verr_set(&be->err, VERR_RANGE, "cpu rms_norm: NULL pointer");
+    if (!(eps >= 0.0f))
+        return verr_set(&be->err, VERR_RANGE, "cpu rms_norm: eps %g must be >= 0", (double)eps);
+    struct rms_job j = {out, x, w, n, eps};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n_rows, cpu_grain(n), rms_norm_range, &j);
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
+// matmul
+//
+// One token: each output is quant_dot_row(W[o], x) (rows split across threads).
+// Several tokens: each thread dequantizes a block of weight rows once into its
+// scratch and dots every token with them, so the dequantization cost is paid
+// once per row instead of once per (row, token), and x[t] stays in cache
+// across the rows of the block. The dot over the dequantized row is
+// quant_dot_row(F32, ...), which sums in the same chunks and order as
+// quant_dot_row on the stored row, so a token's output is bit-identical
+// whether it comes alone or in a batch (tests/test_ops_cpu.c checks this).
+
+struct mm_job {
+    float *out;                     // [n_tok][w->n_out]
+    const struct backend_weight *w;
+    const float *x;                 // [n_tok][w->n_in]
+    const float *bias;              // [w->n_out] or NULL
+    int n_tok;
+    size_t row_bytes;               // of one stored weight row
+    bool accumulate;                // out += W x (matmul_add) instead of out = W x
+    const uint8_t *xq;              // act_q8: x as q8_1 rows of xq_row bytes, else NULL
+    size_t xq_row;
+    int64_t rows_per_block;
+    float **scratch;                // per thread [rows_per_block][w->n_in]
+    _Atomic int failed; // a dequantization error (not expected after the checks)
+};
+
+// act_q8 (backend.h): every token's dot with a weight row through q8_1.
+static void mm_q8_range(void *ctx, int64_t o0, int64_t o1, int thread) {
+    (void)thread;
+    struct mm_job *j = ctx;
+    const char *wd = (const char *)j->w->data;
+    const int64_t n_out = j->w->n_out;
+    for (int64_t o = o0; o < o1; o++) {
+        for (int t = 0; t < j->n_tok; t++) {
+            float s = 0.0f;
+            if (quant_dot_q8_1(j->w->type, wd + (size_t)o * j->row_bytes,
+                               j->xq + (size_t)t * j->xq_row, j->w->n_in, &s, NULL) != 0)
+                atomic_store(&j->failed, 1);
+            if (j->bias)
+                s += j->bias[o];
+            float *dst = j->out + (size_t)t * n_out + o;
+            *dst = j->accumulate ? *dst + s : s;
+        }
+    }
+}
+
+static void mm_vec_range(void *ctx, int64_t o0, int64_t o1, int thread) {
+    (void)thread;
+    struct mm_job *j = ctx;
+    const char *wd = (const char *)j->w->data;
+    for (int64_t o = o0; o < o1; o++) {
+        float s = quant_dot_row(j->w->type, wd + (size_t)o * j->row_bytes, j->x, j->w->n_in);
+        if (j->bias)
+            s += j->bias[o];
+        j->out[o] = j->accumulate ? j->out[o] + s : s;
+    }
+}
+
+static void mm_batch_range(void *ctx, int64_t b0, int64_t b1, int thread) {
+    struct mm_job *j = ctx;
+    const int64_t n_in = j->w->n_in, n_out = j->w->n_out;
+    const char *wd = (const char *)j->w->data;
+    float *deq = j->scratch[thread]; // [rows_per_block][n_in]
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t o0 = b * j->rows_per_block;
+        const int64_t o1 = o0 + j->rows_per_block < n_out ? o0 + j->rows_per_block : n_out;
+        for (int64_t o = o0; o < o1; o++) {
+            float *dst = deq + (size_t)(o - o0) * n_in;
+            if (quant_dequantize_row(j->w->type, wd + (size_t)o * j->row_bytes, dst, n_in,
+                                     NULL) != 0) {
+                atomic_store(&j->failed, 1);
+                memset(dst, 0, (size_t)n_in * sizeof(float));
+            }
+        }
+        for (int t = 0; t < j->n_tok; t++) {
+            const float *xt = j->x + (size_t)t * n_in;
+            float *yt = j->out + (size_t)t * n_out;
+            for (int64_t o = o0; o < o1; o++) {
+                float s = quant_dot_row(GGML_TYPE_F32, deq + (size_t)(o - o0) * n_in, xt, n_in);
+                if (j->bias)
+                    s += j->bias[o];
+                yt[o] = j->accumulate ? yt[o] + s : s;
+            }
+        }
+    }
+}
+
+static int cpu_matmul_impl(struct backend *be, float *out, const struct backend_weight *w,
+                           const float *x, const float *bias, int n_tok, bool accumulate) {
+    size_t rb;
+    int rc = cpu_check_weight(be, w, "matmul", &rb);
+    if (rc)
+        return rc;
+    if (n_tok < 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu matmul: n_tok %d < 0", n_tok);
+    if (n_tok == 0)
+        return VERR_OK;
+    if (!out || !x)
+        return verr_set(&be->err, VERR_RANGE, "cpu matmul: NULL out or x");
+    struct cpu_state *st = cpu_state_of(be);
+    struct mm_job j = {
+        .out = out, .w = w, .x = x, .bias = bias, .n_tok = n_tok, .row_bytes = rb,
+        .accumulate = accumulate, .scratch = st->scratch,
+    };
+    atomic_init(&j.failed, 0);
+    if (be->act_q8 && n_tok <= BACKEND_ACT_Q8_MAX_TOK && quant_q8_1_dot_supported(w->type)) {
+        const size_t xr = (size_t)quant_q8_1_row_bytes(w->n_in), need = xr * (size_t)n_tok;
+        if (need > st->xq_bytes) {
+            void *p = realloc(st->xq, need);
+            if (!p)
+                return verr_set(&be->err, VERR_NOMEM, "cpu matmul: out of memory for %zu bytes",
+                                need);
+            st->xq = p;
+            st->xq_bytes = need;
+        }
+        for (int t = 0; t < n_tok; t++)
+            if ((rc = quant_q8_1_row(x + (size_t)t * w->n_in, w->n_in, (uint8_t *)st->xq + t * xr,
+                                     &be->err)))
+                return rc;
+        j.xq = st->xq;
+        j.xq_row = xr;
+        threadpool_parallel_for(st->pool, w->n_out, cpu_grain(w->n_in * n_tok), mm_q8_range, &j);
+        if (atomic_load(&j.failed))
+            return verr_set(&be->err, VERR_FORMAT, "cpu matmul: q8_1 dot of a %s row failed",
+                            ggml_type_name(w->type));
+        return VERR_OK;
+    }
+    if (n_tok == 1) {
+        threadpool_parallel_for(st->pool, w->n_out, cpu_grain(w->n_in), mm_vec_range, &j);
+        return VERR_OK;
+    }
+    // Blocks of about 256 KiB of dequantized rows (4..64 rows).
+    int64_t rpb = (256 * 1024 / 4) / w->n_in;
+    rpb = rpb < 4 ? 4 : (rpb > 64 ? 64 : rpb);
+    j.rows_per_block = rpb;
+    rc = cpu_scratch_reserve(be, (size_t)rpb * (size_t)w->n_in * sizeof(float), "cpu matmul");
+    if (rc)
+        return rc;
+    j.scratch = st->scratch;
+    const int64_t n_blocks = (w->n_out + rpb - 1) / rpb;
+    threadpool_parallel_for(st->pool, n_blocks, 1, mm_batch_range, &j);
+    if (atomic_load(&j.failed))
+        return verr_set(&be->err, VERR_FORMAT, "cpu matmul: dequantizing a %s row failed",
+                        ggml_type_name(w->type));
+    return VERR_OK;
+}
+
+static int cpu_matmul(struct backend *be, float *out, const struct backend_weight *w,
+                      const float *x, const float *bias, int n_tok) {
+    return cpu_matmul_impl(be, out, w, x, bias, n_tok, false);
+}
+
+// The fused matmuls are their compositions here (backend.h); matmul_add
+// adds each finished dot into y, which rounds as matmul then add.
+static int cpu_matmul_multi(struct backend *be, const struct backend_mm *mm, int n, const float *x,
+                            int n_tok) {
+    if (n < 1 || n > BACKEND_MM_MAX || !mm)
+        return verr_set(&be->err, VERR_RANGE, "cpu matmul_multi: %d matrices (1 to %d)", n,
+                        BACKEND_MM_MAX);
+    for (int i = 0; i < n; i++) {
+        if (!mm[i].w || mm[i].w->n_in != mm[0].w->n_in)
+            return verr_set(&be->err, VERR_RANGE,
+                            "cpu matmul_multi: matrix %d: missing or n_in differs from matrix 0", i);
+        int rc = cpu_matmul(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
+        if (rc)
+            return rc;
+    }
+    return VERR_OK;
+}
+
+static int cpu_matmul_add(struct backend *be, float *y, const struct backend_weight *w,
+                          const float *x, int n_tok) {
+    if (y == x && y)
+        return verr_set(&be->err, VERR_RANGE, "cpu matmul_add: y must not alias x");
+    return cpu_matmul_impl(be, y, w, x, NULL, n_tok, true);
+}
+
+static int cpu_swiglu(struct backend *be, float *out, const float *gate, const float *up,
+                      int64_t n);
+
+static int cpu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
+                             const struct backend_weight *w_gate,
+                             const struct backend_weight *w_up, const float *x, int n_tok) {
+    if (!w_gate || !w_up || w_gate->n_in != w_up->n_in || w_gate->n_out != w_up->n_out)
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu matmul_swiglu: gate and up weights must have the same shape");
+    int rc = cpu_matmul(be, out, w_gate, x, NULL, n_tok);
+    if (!rc)
+        rc = cpu_matmul(be, up_tmp, w_up, x, NULL, n_tok);
+    if (!rc)
+        rc = cpu_swiglu(be, out, out, up_tmp, (int64_t)n_tok * w_gate->n_out);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------
+// rope, rope_kv_store, kv_shift
+
+struct rope_job {
+    const struct rope_params *rp;
+    struct rope_consts rc;
+    float **scratch;         // per thread [n_rot/2][2]
+    // rope / rope_kv_store
+    float *x;                // [n_tok][n_head][head_dim]
+    const int32_t *pos;      // [n_tok]
+    int n_head;
+    int head_dim;
+    // rope_kv_store
+    const float *v;          // [n_tok][n_head][head_dim_v]
+    void *k_cache;           // [n_ctx][n_head][head_dim]
+    void *v_cache;           // [n_ctx][n_head][head_dim_v]
+    enum ggml_type type_k, type_v;
+    const int32_t *cells;    // [n_tok]
+    int head_dim_v;
+    // kv_shift
+    const int32_t *delta;    // [n_ctx]
+    int n_layer;
+    int n_ctx;
+};
+
+static void rope_tokens_range(void *ctx, int64_t t0, int64_t t1, int thread) {
+    const struct rope_job *j = ctx;
+    float *cs = j->scratch[thread];
+    const size_t row = (size_t)j->n_head * j->head_dim;
+    for (int64_t t = t0; t < t1; t++) {
+        rope_cache_fill(cs, (float)j->pos[t], j->rp, &j->rc);
+        for (int h = 0; h < j->n_head; h++)
+            rope_rotate_f32(j->x + t * row + (size_t)h * j->head_dim, cs, j->rp->n_rot,
+                            j->rp->mode);
+        if (j->k_cache) {
+            const size_t c = (size_t)j->cells[t];
+            const size_t vrow = (size_t)j->n_head * j->head_dim_v;
+            cpu_store_row((char *)j->k_cache + c * row * cpu_cache_elt_size(j->type_k), j->type_k,
+                          j->x + t * row, (int64_t)row);
+            cpu_store_row((char *)j->v_cache + c * vrow * cpu_cache_elt_size(j->type_v),
+                          j->type_v, j->v + t * vrow, (int64_t)vrow);
+        }
+    }
+}
+
+static int cpu_rope_prepare(struct backend *be, struct rope_job *j, const struct rope_params *rp,
+                            int head_dim, bool magnitude, const char *what) {
+    int rc = rope_params_check(rp, head_dim, what, &be->err);
+    if (rc)
+        return rc;
+    j->rp = rp;
+    rope_consts_init(&j->rc, rp, magnitude);
+    rc = cpu_scratch_reserve(be, (size_t)rp->n_rot * sizeof(float), what);
+    if (rc)
+        return rc;
+    j->scratch = cpu_state_of(be)->scratch;
+    return VERR_OK;
+}
+
+static int cpu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, int n_head,
+                    int head_dim, const struct rope_params *rp) {
+    if (n_tok < 0 || n_head <= 0 || head_dim <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu rope: shape %d x %d x %d", n_tok, n_head,
+                        head_dim);
+    struct rope_job j = {.x = x, .pos = pos, .n_head = n_head, .head_dim = head_dim};
+    int rc = cpu_rope_prepare(be, &j, rp, head_dim, true, "cpu rope");
+    if (rc || n_tok == 0)
+        return rc;
+    if (!x || !pos)
+        return verr_set(&be->err, VERR_RANGE, "cpu rope: NULL x or pos");
+    threadpool_parallel_for(cpu_state_of(be)->pool, n_tok, cpu_grain((int64_t)n_head * head_dim),
+                            rope_tokens_range, &j);
+    return VERR_OK;
+}
+
+static int cpu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, const float *v,
+                             void *k_cache, enum ggml_type type_k, void *v_cache,
+                             enum ggml_type type_v, const int32_t *pos, const int32_t *cells,
+                             int n_tok, int n_head_kv, int head_dim, int head_dim_v,
+                             const struct rope_params *rp) {
+    if (n_tok < 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim_v <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu rope_kv_store: shape %d x %d x (%d, %d)",
+                        n_tok, n_head_kv, head_dim, head_dim_v);
+    if (!cpu_is_cache_type(type_k) || !cpu_is_cache_type(type_v))
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "cpu rope_kv_store: cache types %s/%s, only f32 and f16 are supported",
+                        ggml_type_name(type_k), ggml_type_name(type_v));
+    struct rope_job j = {
+        .x = k, .pos = pos, .n_head = n_head_kv, .head_dim = head_dim, .v = v,
+        .k_cache = k_cache, .v_cache = v_cache, .type_k = type_k, .type_v = type_v,
+        .cells = cells, .head_dim_v = head_dim_v,
+    };
+    int rc = cpu_rope_prepare(be, &j, rp, head_dim, true, "cpu rope_kv_store");
+    if (rc || n_tok == 0)
+        return rc;
+    if (!k || !v || !k_cache || !v_cache || !pos || !cells)
+        return verr_set(&be->err, VERR_RANGE, "cpu rope_kv_store: NULL pointer");
+    // Two tokens writing one cell would race; the cache is sized by the
+    // caller (cells[t] < n_ctx is its precondition, n_ctx is not passed).
+    for (int t = 0; t < n_tok; t++)
+        if (cells[t] < 0)
+            return verr_set(&be->err, VERR_RANGE, "cpu rope_kv_store: cell %d of token %d < 0",
+                            cells[t], t);
+    threadpool_parallel_for(cpu_state_of(be)->pool, n_tok,
+                            cpu_grain((int64_t)n_head_kv * (head_dim + head_dim_v)),
+                            rope_tokens_range, &j);
+    return q ? cpu_rope(be, q, pos, n_tok, n_head, head_dim, rp) : VERR_OK;
+}
+
+static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {
+    const struct rope_job *j = ctx;
+    float *cs = j->scratch[thread];
+    const size_t row = (size_t)j->n_head * j->head_dim;      // elements of one cell
+    const size_t layer = (size_t)j->n_ctx * row;             // elements of one layer
+    for (int64_t c = c0; c < c1; c++) {
+        if (j->delta[c] == 0)
+            continue;
+        rope_cache_fill(cs, (float)j->delta[c], j->rp, &j->rc);
+        for (int l = 0; l < j->n_layer; l++) {
+            for (int h = 0; h < j->n_head; h++) {
+                const size_t off = l * layer + (size_t)c * row + (size_t)h * j->head_dim;
+                if (j->type_k == GGML_TYPE_F32)
+                    rope_rotate_f32((float *)j->k_cache + off, cs, j->rp->n_rot, j->rp->mode);
+                else
+                    rope_rotate_f16((uint16_t *)j->k_cache + off, cs, j->rp->n_rot,
+                                    j->rp->mode);
+            }
+        }
+    }
+}
+
+static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
+                        const int32_t *delta, int n_layer, int n_ctx, int n_head_kv, int head_dim,
+                        const struct rope_params *rp) {
+    if (n_layer < 0 || n_ctx < 0 || n_head_kv <= 0 || head_dim <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu kv_shift: shape %d x %d x %d x %d", n_layer,
+                        n_ctx, n_head_kv, head_dim);
+    if (!cpu_is_cache_type(type_k))
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "cpu kv_shift: cache type %s, only f32 and f16 are supported",
+                        ggml_type_name(type_k));
+    struct rope_job j = {
+        .n_head = n_head_kv, .head_dim = head_dim, .k_cache = k_cache, .type_k = type_k,
+        .delta = delta, .n_layer = n_layer, .n_ctx = n_ctx,
+    };
+    // magnitude = false: a pure rotation; K carries attn_factor / mscale from
+    // the store already, and llama.cpp's re-application on every shift grows
+    // K by mscale per shift.
+    int rc = cpu_rope_prepare(be, &j, rp, head_dim, false, "cpu kv_shift");
+    if (rc || n_layer == 0 || n_ctx == 0)
+        return rc;
+    if (!k_cache || !delta)
+        return verr_set(&be->err, VERR_RANGE, "cpu kv_shift: NULL k_cache or delta");
+    threadpool_parallel_for(cpu_state_of(be)->pool, n_ctx,
+                            cpu_grain((int64_t)n_layer * n_head_kv * head_dim), kv_shift_range,
+                            &j);
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
+// attention
+
+struct attn_job {
+    const struct attn_args *a;
+    float **scratch; // per thread [n_kv] scores, then weights
+    int group;       // n_head / n_head_kv
+};
+
+static inline bool attn_visible(const struct attn_args *a, int c, int32_t qpos, int qseq) {
+    const int32_t p = a->cell_pos[c];
+    if (p < 0 || p > qpos)
+        return false;
+    const uint64_t word = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
+    return (word >> (qseq % 64)) & 1u;
+}
+
+static void attn_range(void *ctx, int64_t i0, int64_t i1, int thread) {
+    const struct attn_job *j = ctx;
+    const struct attn_args *a = j->a;
+    float *sc = j->scratch[thread];
+    const size_t k_row = (size_t)a->n_head_kv * a->head_dim;    // elements per cell
+    const size_t v_row = (size_t)a->n_head_kv * a->head_dim_v;
+    for (int64_t it = i0; it < i1; it++) {
+        const int t = (int)(it / a->n_head), h = (int)(it % a->n_head);
+        const int hk = h / j->group;
+        const float *q = a->q + ((size_t)t * a->n_head + h) * a->head_dim;
+        float *out = a->out + ((size_t)t * a->n_head + h) * a->head_dim_v;
+        const int32_t qpos = a->q_pos[t];
+        const int qseq = a->q_seq[t];
+
+        float mx = -INFINITY;
+        int n_vis = 0;
+        for (int c = 0; c < a->n_kv; c++) {
+            if (!attn_visible(a, c, qpos, qseq))
+                continue;
+            const size_t off = (size_t)c * k_row + (size_t)hk * a->head_dim;
+            const float d = a->type_k == GGML_TYPE_F32
+                                ? cpu_dot_f32(q, (const float *)a->k + off, a->head_dim)
+                                : cpu_dot_f16(q, (const uint16_t *)a->k + off, a->head_dim);
+            sc[c] = d * a->scale;
+            if (sc[c] > mx)
+                mx = sc[c];
+            n_vis++;
+        }
+        memset(out, 0, (size_t)a->head_dim_v * sizeof(float));
+        if (n_vis == 0)
+            continue; // a row that sees nothing is defined as zeros
+        // Softmax with the max subtracted so that expf never overflows.
+        float sum = 0.0f;
+        for (int c = 0; c < a->n_kv; c++) {
+            if (!attn_visible(a, c, qpos, qseq))
+                continue;
+            const float w = expf(sc[c] - mx);
+            sum += w;
+            const size_t off = (size_t)c * v_row + (size_t)hk * a->head_dim_v;
+            if (a->type_v == GGML_TYPE_F32) {
+                const float *vv = (const float *)a->v + off;
+                for (int d = 0; d < a->head_dim_v; d++)
+                    out[d] += w * vv[d];
+            } else {
+                const uint16_t *vv = (const uint16_t *)a->v + off;
+                for (int d = 0; d < a->head_dim_v; d++)
+                    out[d] += w * cpu_h2f(vv[d]);
+            }
+        }
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < a->head_dim_v; d++)
+            out[d] *= inv;
+    }
+}
+
+static int cpu_attention(struct backend *be, const struct attn_args *a) {
+    if (!a)
+        return verr_set(&be->err, VERR_RANGE, "cpu attention: NULL args");
+    if (a->n_tok < 0 || a->n_kv < 0 || a->n_head <= 0 || a->n_head_kv <= 0 || a->head_dim <= 0 ||
+        a->head_dim_v <= 0)
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu attention: n_tok %d, n_kv %d, n_head %d, n_head_kv %d, head_dim "
+                        "%d, head_dim_v %d",
+                        a->n_tok, a->n_kv, a->n_head, a->n_head_kv, a->head_dim, a->head_dim_v);
+    if (a->n_head % a->n_head_kv != 0)
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu attention: n_head %d is not a multiple of n_head_kv %d", a->n_head,
+                        a->n_head_kv);
+    if (!cpu_is_cache_type(a->type_k) || !cpu_is_cache_type(a->type_v))
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "cpu attention: cache types %s/%s, only f32 and f16 are supported",
+                        ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+    if (a->n_tok == 0)
+        return VERR_OK;
+    if (!a->out || !a->q || !a->q_pos || !a->q_seq ||
+        (a->n_kv > 0 && (!a->k || !a->v || !a->cell_pos || !a->cell_seq)))
+        return verr_set(&be->err, VERR_RANGE, "cpu attention: NULL pointer");
+    if (a->seq_words <= 0 && a->n_kv > 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu attention: seq_words %d <= 0", a->seq_words);
+    for (int t = 0; t < a->n_tok; t++)
+        if (a->q_seq[t] < 0 || (int64_t)a->q_seq[t] >= (int64_t)a->seq_words * 64)
+            return verr_set(&be->err, VERR_RANGE,
+                            "cpu attention: token %d has sequence %d outside [0, %d)", t,
+                            a->q_seq[t], a->seq_words * 64);
+    int rc = cpu_scratch_reserve(be, ((size_t)a->n_kv + 1) * sizeof(float), "cpu attention");
+    if (rc)
+        return rc;
+    struct attn_job j = {a, cpu_state_of(be)->scratch, a->n_head / a->n_head_kv};
+    threadpool_parallel_for(cpu_state_of(be)->pool, (int64_t)a->n_tok * a->n_head,
+                            cpu_grain((int64_t)a->n_kv * (a->head_dim + a->head_dim_v)),
+                            attn_range, &j);
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
+// elementwise, get_rows, argmax
+
+struct ew_job {
+    float *out;     // [n]
+    const float *a; // [n] (swiglu: gate)
+    const float *b; // [n] (swiglu: up; add: y)
+};
+
+static void swiglu_range(void *ctx, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const struct ew_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        const float g = j->a[i];
+        j->out[i] = g / (1.0f + expf(-g)) * j->b[i]; // silu(g) * up, as ggml_silu_f32
+    }
+}
+
+static void add_range(void *ctx, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const struct ew_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++)
+        j->out[i] += j->b[i];
+}
+
+static int cpu_swiglu(struct backend *be, float *out, const float *gate, const float *up,
+                      int64_t n) {
+    if (n < 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu swiglu: n %lld < 0", (long long)n);
+    if (n == 0)
+        return VERR_OK;
+    if (!out || !gate || !up)
+        return verr_set(&be->err, VERR_RANGE, "cpu swiglu: NULL pointer");
+    struct ew_job j = {out, gate, up};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n, 32768, swiglu_range, &j);
+    return VERR_OK;
+}
+
+static int cpu_add(struct backend *be, float *x, const float *y, int64_t n) {
+    if (n < 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu add: n %lld < 0", (long long)n);
+    if (n == 0)
+        return VERR_OK;
+    if (!x || !y)
+        return verr_set(&be->err, VERR_RANGE, "cpu add: NULL pointer");
+    struct ew_job j = {x, NULL, y};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n, 65536, add_range, &j);
+    return VERR_OK;
+}
+
+static int cpu_get_rows(struct backend *be, float *out, const float *x, const int32_t *rows,
+                        int n_out_rows, int n) {
+    if (n_out_rows < 0 || n < 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu get_rows: shape %d x %d", n_out_rows, n);
+    if (n_out_rows == 0 || n == 0)
+        return VERR_OK;
+    if (!out || !x || !rows)
+        return verr_set(&be->err, VERR_RANGE, "cpu get_rows: NULL pointer");
+    for (int r = 0; r < n_out_rows; r++)
+        if (rows[r] < 0)
+            return verr_set(&be->err, VERR_RANGE, "cpu get_rows: row %d at %d is negative",
+                            rows[r], r);
+    for (int r = 0; r < n_out_rows; r++)
+        memmove(out + (size_t)r * n, x + (size_t)rows[r] * n, (size_t)n * sizeof(float));
+    return VERR_OK;
+}
+
+struct argmax_job {
+    int32_t *out;           // [n_rows]
+    const float *logits;    // [n_rows][n_vocab]
+    int n_vocab;
+};
+
+static void argmax_range(void *ctx, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const struct argmax_job *j = ctx;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *l = j->logits + (size_t)r * j->n_vocab;
+        // Strictly greater keeps the lowest index on ties (llama.cpp's greedy
+        // sampler); NaN never wins; a row of NaN / -inf gives 0.
+        float best = -INFINITY;
+        int32_t idx = 0;
+        for (int i = 0; i < j->n_vocab; i++) {
+            if (l[i] > best) {
+                best = l[i];
+                idx = i;
+            }
+        }
+        j->out[r] = idx;
+    }
+}
+
+static int cpu_argmax(struct backend *be, int32_t *out, const float *logits, int n_rows,
+                      int n_vocab) {
+    if (n_rows < 0 || n_vocab <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu argmax: shape %d x %d", n_rows, n_vocab);
+    if (n_rows == 0)
+        return VERR_OK;
+    if (!out || !logits)
+        return verr_set(&be->err, VERR_RANGE, "cpu argmax: NULL pointer");
+    struct argmax_job j = {out, logits, n_vocab};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n_rows, cpu_grain(n_vocab), argmax_range, &j);
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
+// sample: host/sampler.c's chain, row by row, with the draws given
+
+struct sample_job {
+    int32_t *out;                   // [n_rows]
+    const float *logits;            // [n_rows][n_vocab]
+    int n_vocab;
+    const struct sample_params *sp; // [n_rows]
+    float **scratch;                // per thread [n_vocab] struct sampler_cand
+};
+
+static void sample_range(void *ctx, int64_t r0, int64_t r1, int thread) {
+    const struct sample_job *j = ctx;
+    struct sampler_cand *cd = (struct sampler_cand *)j->scratch[thread];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *l = j->logits + (size_t)r * j->n_vocab;
+        for (int i = 0; i < j->n_vocab; i++)
+            cd[i] = (struct sampler_cand){i, l[i], 0.0f};
+        struct sampler_cands c = {cd, (size_t)j->n_vocab, false};
+        const struct sample_params *p = &j->sp[r];
+        j->out[r] = sampler_chain(&c, p->temp, p->top_k, p->top_p, p->min_p, p->u);
+    }
+}
+
+static int cpu_sample(struct backend *be, int32_t *out, const float *logits, int n_rows,
+                      int n_vocab, const struct sample_params *sp) {
+    if (n_rows < 0 || n_vocab <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu sample: shape %d x %d", n_rows, n_vocab);
+    if (n_rows == 0)
+        return VERR_OK;
+    if (!out || !logits || !sp)
+        return verr_set(&be->err, VERR_RANGE, "cpu sample: NULL pointer");
+    for (int r = 0; r < n_rows; r++)
+        if (!(sp[r].u >= 0.0 && sp[r].u < 1.0))
+            return verr_set(&be->err, VERR_RANGE, "cpu sample: row %d: u %g is not in [0, 1)", r,
+                            sp[r].u);
+    int rc = cpu_scratch_reserve(be, (size_t)n_vocab * sizeof(struct sampler_cand), "cpu sample");
+    if (rc)
+        return rc;
+    struct sample_job j = {out, logits, n_vocab, sp, cpu_state_of(be)->scratch};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n_rows, 1, sample_range, &j);
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
+// lifecycle
+
+static void cpu_destroy(struct backend *be) {
+    if (!be)
+        return;
+    struct cpu_state *st = cpu_state_of(be);
+    if (st) {
+        threadpool_free(st->pool);
+        if (st->scratch)
+            for (int i = 0; i < st->n_threads; i++)
+                free(st->scratch[i]);
+        free(st->scratch);
+        free(st->xq);
+        free(st);
+    }
+    free(be);
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .memset_zero = cpu_memset_zero,
+    .sync = cpu_sync,
+    .embed = cpu_embed,
+    .rms_norm = cpu_rms_norm,
+    .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
+    .matmul_add = cpu_matmul_add,
+    .matmul_swiglu = cpu_matmul_swiglu,
+    .rope = cpu_rope,
+    .rope_kv_store = cpu_rope_kv_store,
+    .attention = cpu_attention,
+    .kv_shift = cpu_kv_shift,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .get_rows = cpu_get_rows,
+    .argmax = cpu_argmax,
+    .sample = cpu_sample,
+    .mem_info = cpu_mem_info,
+    .destroy = cpu_destroy,
+};
+
+int backend_cpu_create(struct backend **out, int n_threads, struct verr *err) {
+    *out = NULL;
+    pthread_once(&cpu_fp16_once, cpu_fp16_table_init);
+    struct backend *be = calloc(1, sizeof *be);
+    struct cpu_state *st = calloc(1, sizeof *st);
+    if (!be || !st) {
+        free(be);
+        free(st);
+        return verr_set(err, VERR_NOMEM, "cpu backend: out of memory");
+    }
+    be->ops = &cpu_ops;
+    be->impl = st;
+    be->device = -1;
+    int rc = threadpool_create(&st->pool, n_threads, err);
+    if (rc) {
+        cpu_destroy(be);
+        return verr_wrap(err, "cpu backend");
+    }
+    st->n_threads = threadpool_size(st->pool);
+    st->scratch = calloc((size_t)st->n_threads, sizeof *st->scratch);
+    if (!st->scratch) {
+        cpu_destroy(be);
+        return verr_set(err, VERR_NOMEM, "cpu backend: out of memory");
+    }
+    be->n_threads = st->n_threads;
+    *out = be;
+    return VERR_OK;
+}

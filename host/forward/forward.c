@@ -1,0 +1,575 @@
+// The forward pass over the backend op table (see forward.h).
+#include "host/forward/forward.h"
+
+#include <math.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+void rope_overrides_default(struct rope_overrides *o) {
+    o->scaling = ROPE_SCALING_UNSPECIFIED;
+    o->freq_base = 0.0f;
+    o->freq_scale = 0.0f;
+    o->yarn_orig_ctx = 0;
+    o->yarn_ext_factor = -1.0f;
+    o->yarn_attn_factor = 1.0f;
+    o->yarn_beta_fast = 32.0f;
+    o->yarn_beta_slow = 1.0f;
+}
+
+void forward_rope_resolve(const struct model *m, const struct rope_overrides *o,
+                          struct rope_params *rp) {
+    const struct model_hparams *hp = &m->hp;
+    memset(rp, 0, sizeof *rp);
+    rp->mode = hp->rope_mode;
+    rp->n_rot = hp->n_rot;
+    rp->n_ctx_orig = o->yarn_orig_ctx != 0 ? o->yarn_orig_ctx : hp->n_ctx_orig_yarn;
+    rp->freq_base = o->freq_base != 0.0f ? o->freq_base : hp->rope_freq_base;
+    rp->freq_scale = o->freq_scale != 0.0f ? o->freq_scale : hp->rope_freq_scale;
+    int scaling = o->scaling != ROPE_SCALING_UNSPECIFIED ? o->scaling : (int)hp->rope_scaling;
+    if (scaling == ROPE_SCALING_NONE)
+        rp->freq_scale = 1.0f; // llama.cpp: never scale when the type is none
+    rp->ext_factor = o->yarn_ext_factor >= 0.0f ? o->yarn_ext_factor
+                                                : (scaling == ROPE_SCALING_YARN ? 1.0f : 0.0f);
+    rp->attn_factor = o->yarn_attn_factor * hp->rope_attn_factor;
+    rp->beta_fast = o->yarn_beta_fast;
+    rp->beta_slow = o->yarn_beta_slow;
+    rp->freq_factors = m->rope_freqs;
+}
+
+void forward_config_default(struct forward_config *c) {
+    memset(c, 0, sizeof *c);
+    c->n_ctx = 4096;
+    c->n_batch = 512;
+    c->n_outputs_max = 0;
+    c->n_seq_max = 1;
+    c->type_k = GGML_TYPE_F16;
+    c->type_v = GGML_TYPE_F16;
+    rope_overrides_default(&c->rope);
+}
+
+void forward_config_resolve(struct forward_config *c, const struct model_hparams *hp) {
+    if (c->n_ctx <= 0)
+        c->n_ctx = hp->n_ctx_train < FORWARD_CTX_CAP ? hp->n_ctx_train : FORWARD_CTX_CAP;
+    if (c->n_batch > c->n_ctx)
+        c->n_batch = c->n_ctx;
+}
+
+static int scratch_alloc(struct forward_ctx *fc, size_t bytes, void **out, const char *what,
+                         struct verr *err) {
+    struct backend *be = fc->be;
+    int rc = be->ops->alloc(be, bytes ? bytes : 1, out);
+    if (rc)
+        return verr_set(err, rc, "forward: allocating %s (%zu bytes): %s", what, bytes,
+                        be->err.msg);
+    return 0;
+}
+
+// stage_layers runs llama's block (host/model/arch.h: every struct
+// arch_block field at its zero value but bias_qkv, which the NULL bias
+// pointers carry); a table asking for more is refused here, not
+// miscomputed.
+static int check_block(const struct model_hparams *hp, struct verr *err) {
+    const struct arch *a = arch_get(hp->arch);
+    const struct arch_block *b = &a->block;
+    if (b->qk_norm || b->post_attn_norm || b->post_ffn_norm || b->ffn != ARCH_FFN_SWIGLU ||
+        b->embd_scale || b->sliding_window_pattern)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: the %s block (Q/K norm, post-norms, GeGLU, embedding scale or "
+                        "sliding window) is not implemented",
+                        a->name);
+    return 0;
+}
+
+// front: the context is the front of a pipeline (host/split/): it keeps
+// the head's buffers, which receive the last stage's logits, and records no
+// graphs (its decodes run stage by stage).
+static int init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg_in,
+                bool front, struct verr *err) {
+    memset(fc, 0, sizeof *fc);
+    const struct model_hparams *hp = &m->hp;
+    struct forward_config resolved = *cfg_in;
+    if (resolved.n_ctx == 0)
+        forward_config_resolve(&resolved, hp);
+    const struct forward_config *cfg = &resolved;
+    fc->m = m;
+    fc->be = m->be;
+    fc->cfg = *cfg;
+    if (fc->cfg.n_seq_max <= 0)
+        fc->cfg.n_seq_max = 1;
+    if (fc->cfg.n_outputs_max <= 0 || fc->cfg.n_outputs_max > cfg->n_batch)
+        fc->cfg.n_outputs_max = cfg->n_batch;
+    if (cfg->n_ctx < 1 || cfg->n_batch < 1)
+        return verr_set(err, VERR_RANGE, "forward: n_ctx %d and n_batch %d must be >= 1",
+                        cfg->n_ctx, cfg->n_batch);
+    int brc = check_block(hp, err);
+    if (brc)
+        return brc;
+    if ((cfg->type_k != GGML_TYPE_F16 && cfg->type_k != GGML_TYPE_F32) ||
+        (cfg->type_v != GGML_TYPE_F16 && cfg->type_v != GGML_TYPE_F32))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: KV cache types must be f16 or f32 (got %s, %s)",
+                        ggml_type_name(cfg->type_k), ggml_type_name(cfg->type_v));
+    forward_rope_resolve(m, &cfg->rope, &fc->rope);
+    if (!(fc->rope.freq_scale > 0) || !(fc->rope.freq_base > 0) || fc->rope.n_ctx_orig <= 0)
+        return verr_set(err, VERR_RANGE,
+                        "rope: freq_base %g and freq_scale %g must be > 0, original context %d "
+                        "must be > 0",
+                        fc->rope.freq_base, fc->rope.freq_scale, fc->rope.n_ctx_orig);
+    fc->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+
+    // A stage holds the cache of its own layers only.
+    const int n_layer_here = m->layer_end - m->layer_begin;
+    // The head's buffers live where logits are made (the last stage) and on
+    // the front of a pipeline, which receives them from the last stage when
+    // that runs in another process.
+    const bool has_head = m->layer_end == hp->n_layer || front;
+    struct kv_config kc = {
+        .n_ctx = cfg->n_ctx,
+        .n_layer = n_layer_here,
+        .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .head_dim_v = hp->head_dim_v,
+        .type_k = cfg->type_k,
+        .type_v = cfg->type_v,
+        .n_seq_max = fc->cfg.n_seq_max,
+    };
+    int rc = kv_init(&fc->kv, &kc, fc->be, err);
+    if (rc)
+        return rc;
+
+    const size_t nb = (size_t)cfg->n_batch, no = (size_t)fc->cfg.n_outputs_max;
+    const size_t f = sizeof(float);
+    const size_t n_q = (size_t)hp->n_head * hp->head_dim;
+    const size_t n_k = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t n_v = (size_t)hp->n_head_kv * hp->head_dim_v;
+    const size_t n_o = (size_t)hp->n_head * hp->head_dim_v;
+    struct {
+        void **p;
+        size_t bytes;
+        const char *what;
+    } bufs[] = {
+        {(void **)&fc->x, nb * hp->n_embd * f, "x"},
+        {(void **)&fc->xn, nb * hp->n_embd * f, "xn"},
+        {(void **)&fc->q, nb * n_q * f, "q"},
+        {(void **)&fc->k, nb * n_k * f, "k"},
+        {(void **)&fc->v, nb * n_v * f, "v"},
+        {(void **)&fc->attn, nb * n_o * f, "attn"},
+        {(void **)&fc->gate, nb * hp->n_ff * f, "gate"},
+        {(void **)&fc->up, nb * hp->n_ff * f, "up"},
+        {(void **)&fc->xo, has_head ? no * hp->n_embd * f : 0, "xo"},
+        {(void **)&fc->logits, has_head ? no * hp->n_vocab * f : 0, "logits"},
+        {(void **)&fc->d_tok, nb * sizeof(int32_t), "tokens"},
+        {(void **)&fc->d_pos, nb * sizeof(int32_t), "positions"},
+        {(void **)&fc->d_seq, nb * sizeof(int32_t), "seq ids"},
+        {(void **)&fc->d_cells, nb * sizeof(int32_t), "cells"},
+        {(void **)&fc->d_rows, no * sizeof(int32_t), "rows"},
+        {(void **)&fc->d_argmax, no * sizeof(int32_t), "argmax"},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if ((rc = scratch_alloc(fc, bufs[i].bytes, bufs[i].p, bufs[i].what, err)))
+            goto fail;
+    fc->out_batch_idx = malloc(no * sizeof(int32_t));
+    fc->h_logits = malloc(no * (size_t)hp->n_vocab * f);
+    fc->h_argmax = malloc(no * sizeof(int32_t));
+    fc->h_cells = malloc(nb * sizeof(int32_t));
+    fc->h_rows = malloc(no * sizeof(int32_t));
+    if (!fc->out_batch_idx || !fc->h_logits || !fc->h_argmax || !fc->h_cells || !fc->h_rows) {
+        rc = verr_set(err, VERR_NOMEM, "forward: out of host memory (logits for %zu rows)", no);
+        goto fail;
+    }
+    const char *env = getenv("VELA_NO_CUDA_GRAPH");
+    const bool env_off = env && *env && strcmp(env, "0") != 0;
+    fc->graphs_on = fc->be->ops->graph_begin && !fc->cfg.no_graph && !env_off && !front;
+    return 0;
+fail:
+    forward_free(fc);
+    return rc;
+}
+
+int forward_init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg,
+                 struct verr *err) {
+    return init(fc, m, cfg, false, err);
+}
+
+int forward_init_front(struct forward_ctx *fc, const struct model *m,
+                       const struct forward_config *cfg, struct verr *err) {
+    return init(fc, m, cfg, true, err);
+}
+
+void forward_free(struct forward_ctx *fc) {
+    if (!fc->be)
+        return;
+    for (int i = 0; i < FORWARD_GRAPH_CACHE; i++)
+        if (fc->graphs[i].exec)
+            fc->be->ops->graph_destroy(fc->be, fc->graphs[i].exec);
+    void *dev[] = {fc->x,     fc->xn,      fc->q,      fc->k,       fc->v,     fc->attn,
+                   fc->gate,  fc->up,      fc->xo,     fc->logits,  fc->d_tok, fc->d_pos,
+                   fc->d_seq, fc->d_cells, fc->d_rows, fc->d_argmax};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i])
+            fc->be->ops->free(fc->be, dev[i]);
+    kv_free(&fc->kv);
+    free(fc->out_batch_idx);
+    free(fc->h_logits);
+    free(fc->h_argmax);
+    free(fc->h_cells);
+    free(fc->h_rows);
+    memset(fc, 0, sizeof *fc);
+}
+
+// Every op's failure is reported with the op, the layer and the backend's message.
+#define OP(what, call)                                                                             \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_) {                                                                                 \
+            if (il >= 0)                                                                           \
+                return verr_set(err, rc_, "forward: layer %d: %s: %s", il, what, be->err.msg);     \
+            return verr_set(err, rc_, "forward: %s: %s", what, be->err.msg);                       \
+        }                                                                                          \
+    } while (0)
+
+static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err);
+
+// The device part of a one-stage decode step, after forward_stage_upload:
+// embed, the layers with attention over cells [0, n_kv), the head.
+static int decode_step_ops(struct forward_ctx *fc, int n_tok, int n_out, int n_kv, bool argmax_only,
+                           struct verr *err) {
+    int rc;
+    if ((rc = forward_stage_embed(fc, 0, n_tok, err)) ||
+        (rc = stage_layers(fc, 0, n_tok, n_kv, err)))
+        return rc;
+    if (n_out > 0 && (rc = forward_stage_head(fc, 0, n_out, argmax_only, err)))
+        return rc;
+    return 0;
+}
+
+// --- graphs ------------------------------------------------------------------
+//
+// A decode step of at most FORWARD_GRAPH_MAX_TOK tokens on a backend with
+// graph ops (CUDA), one stage, graphs not disabled (--no-cuda-graph,
+// VELA_NO_CUDA_GRAPH=1), goes like this:
+//   host, eager, before the replay (none of it recorded):
+//     the checks, kv_find_slot; kv_prepare (the pending K shift runs as an
+//     eager kernel, the changed cell mirrors are copied); tokens, positions,
+//     seq ids, cells and output rows are copied to their fixed device buffers
+//     fc->d_* (stream-ordered copies, nothing waits for the device);
+//   device, one graph launch:
+//     embed, every layer, final norm, LM head, and argmax when the caller
+//     wants ids only. Attention runs over n_kv rounded up to
+//     BACKEND_KV_BUCKET (capped at n_ctx): the cells past the used range are
+//     empty (pos -1 on the device too) and masked, and the backend's
+//     attention gives the same bits for every n_kv of a bucket, so the logits
+//     equal an eager step's;
+//   host, eager, after the launch:
+//     forward_decode_sample's sample op (its rows are host memory that
+//     changes every step, so its graph ends at the logits); the download of
+//     the ids or logits and the one synchronisation of the step, its end.
+// One graph per (n_tok, n_out, n_kv bucket, argmax or logits), recorded the
+// first time that shape is seen (the recording is then replayed for that
+// step too) and kept in fc->graphs, least recently used out. A recording an
+// op refuses (the scratch would grow, ...) is discarded and the step runs
+// eagerly with the same n_kv, which grows the scratch so that the next
+// recording fits; after FORWARD_GRAPH_FAIL_MAX failures in a row the context
+// stops recording. A graph whose scratch moved since it was recorded (a
+// larger batch grew it) is stale: destroyed and recorded again.
+#define FORWARD_GRAPH_FAIL_MAX 4
+
+static int graph_n_kv(const struct forward_ctx *fc) {
+    long n = kv_n_kv(&fc->kv);
+    n = (n + BACKEND_KV_BUCKET - 1) / BACKEND_KV_BUCKET * BACKEND_KV_BUCKET;
+    return n > fc->cfg.n_ctx ? fc->cfg.n_ctx : (int)n;
+}
+
+static void graph_drop(struct forward_ctx *fc, struct forward_graph *g) {
+    if (!g->exec)
+        return;
+    fc->be->ops->graph_destroy(fc->be, g->exec);
+    g->exec = NULL;
+    fc->graph_stats.live--;
+}
+
+static int decode_step_graph(struct forward_ctx *fc, int n_tok, int n_out, bool argmax_only,
+                             struct verr *err) {
+    struct backend *be = fc->be;
+    const int n_kv = graph_n_kv(fc);
+    const bool sample = argmax_only && fc->sp;
+    const bool g_argmax = argmax_only && !sample;
+    struct forward_graph *g = NULL, *victim = NULL;
+    for (int i = 0; i < FORWARD_GRAPH_CACHE && !g; i++) {
+        struct forward_graph *c = &fc->graphs[i];
+        if (c->exec && c->n_tok == n_tok && c->n_out == n_out && c->n_kv == n_kv &&
+            c->argmax == g_argmax)
+            g = c;
+        else if (!victim || (victim->exec && (!c->exec || c->last_use < victim->last_use)))
+            victim = c;
+    }
+    if (g && !be->ops->graph_current(be, g->exec)) {
+        graph_drop(fc, g);
+        victim = g;
+        g = NULL;
+    }
+    if (!g) {
+        if (fc->graph_fail_run >= FORWARD_GRAPH_FAIL_MAX) {
+            fc->graph_stats.eager++;
+            return decode_step_ops(fc, n_tok, n_out, n_kv, argmax_only, err);
+        }
+        void *exec = NULL;
+        int rc = be->ops->graph_begin(be);
+        if (!rc) {
+            struct verr rec_err = {0};
+            int rc_ops = decode_step_ops(fc, n_tok, n_out, n_kv, g_argmax, &rec_err);
+            rc = be->ops->graph_end(be, rc_ops ? NULL : &exec);
+            if (rc_ops)
+                rc = rc_ops;
+        }
+        if (rc || !exec) {
+            fc->graph_fail_run++;
+            fc->graph_stats.eager++;
+            return decode_step_ops(fc, n_tok, n_out, n_kv, argmax_only, err);
+        }
+        graph_drop(fc, victim);
+        g = victim;
+        *g = (struct forward_graph){
+            .exec = exec, .n_tok = n_tok, .n_out = n_out, .n_kv = n_kv, .argmax = g_argmax};
+        fc->graph_fail_run = 0;
+        fc->graph_stats.recorded++;
+        fc->graph_stats.live++;
+    }
+    g->last_use = ++fc->graph_tick;
+    int il = -1;
+    OP("graph launch", be->ops->graph_launch(be, g->exec));
+    fc->graph_stats.replays++;
+    if (sample && n_out > 0)
+        OP("sample",
+           be->ops->sample(be, fc->d_argmax, fc->logits, n_out, fc->m->hp.n_vocab, fc->sp));
+    return 0;
+}
+
+int forward_batch_begin(struct forward_ctx *fc, const struct forward_batch *b, int *n_out_p,
+                        struct verr *err) {
+    const struct model_hparams *hp = &fc->m->hp;
+    const int n_tok = b->n_tok;
+    fc->n_out = 0;
+    *n_out_p = 0;
+    if (n_tok < 1 || n_tok > fc->cfg.n_batch)
+        return verr_set(err, VERR_RANGE, "forward: batch of %d tokens (must be 1..%d)", n_tok,
+                        fc->cfg.n_batch);
+    for (int t = 0; t < n_tok; t++) {
+        if (b->token[t] < 0 || b->token[t] >= hp->n_vocab)
+            return verr_set(err, VERR_RANGE, "token id %d is out of range (n_vocab %d)",
+                            b->token[t], hp->n_vocab);
+        if (b->pos[t] < 0)
+            return verr_set(err, VERR_RANGE, "forward: token %d: negative position %d", t,
+                            b->pos[t]);
+    }
+    int n_out = 0;
+    for (int t = 0; t < n_tok; t++) {
+        bool want = b->logits ? b->logits[t] != 0 : t == n_tok - 1;
+        if (!want)
+            continue;
+        if (n_out == fc->cfg.n_outputs_max)
+            return verr_set(err, VERR_RANGE, "forward: more than %d rows want logits in one batch",
+                            fc->cfg.n_outputs_max);
+        fc->h_rows[n_out] = t;
+        fc->out_batch_idx[n_out] = t;
+        n_out++;
+    }
+    int rc = kv_find_slot(&fc->kv, b->pos, b->seq, n_tok, fc->h_cells, err);
+    if (rc)
+        return rc;
+    *n_out_p = n_out;
+    return 0;
+}
+
+void forward_batch_undo(struct forward_ctx *fc, const struct forward_batch *b) {
+    for (int t = 0; t < b->n_tok; t++)
+        kv_seq_rm(&fc->kv, b->seq[t], b->pos[t], b->pos[t] + 1, NULL);
+    fc->n_out = 0;
+}
+
+// One stage holding the whole model: after forward_batch_begin, the upload,
+// the device ops (replayed from a graph when the step is small) and the
+// download of the results.
+static int decode_one_stage(struct forward_ctx *fc, const struct forward_batch *b, int n_out,
+                            bool argmax_only, struct verr *err) {
+    int rc = forward_stage_upload(fc, b, fc->h_cells, fc->h_rows, n_out, err);
+    if (rc)
+        return rc;
+    if (fc->graphs_on && b->n_tok <= FORWARD_GRAPH_MAX_TOK)
+        rc = decode_step_graph(fc, b->n_tok, n_out, argmax_only, err);
+    else
+        rc = decode_step_ops(fc, b->n_tok, n_out, kv_n_kv(&fc->kv), argmax_only, err);
+    if (rc ||
+        (rc = forward_stage_download(fc, n_out, argmax_only, fc->h_logits, fc->h_argmax, err)))
+        return rc;
+    fc->n_out = n_out;
+    return 0;
+}
+
+int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
+                         const int32_t *cells, const int32_t *rows, int n_out, struct verr *err) {
+    struct backend *be = fc->be;
+    const int n_tok = b->n_tok;
+    int il = -1; // for OP's message: -1 = outside the layers
+    int rc = kv_prepare(&fc->kv, &fc->rope, err);
+    if (rc)
+        return rc;
+    const size_t i32 = sizeof(int32_t);
+    if (fc->m->layer_begin == 0)
+        OP("upload tokens", be->ops->upload(be, fc->d_tok, b->token, (size_t)n_tok * i32));
+    OP("upload positions", be->ops->upload(be, fc->d_pos, b->pos, (size_t)n_tok * i32));
+    OP("upload seq ids", be->ops->upload(be, fc->d_seq, b->seq, (size_t)n_tok * i32));
+    OP("upload cells", be->ops->upload(be, fc->d_cells, cells, (size_t)n_tok * i32));
+    if (n_out > 0 && fc->m->layer_end == fc->m->hp.n_layer)
+        OP("upload rows", be->ops->upload(be, fc->d_rows, rows, (size_t)n_out * i32));
+    return 0;
+}
+
+int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err) {
+    struct backend *be = fc->be;
+    const struct model *m = fc->m;
+    int il = -1;
+    OP("embed",
+       be->ops->embed(be, fc->x + (size_t)t0 * m->hp.n_embd, &m->tok_embd, fc->d_tok + t0, n));
+    return 0;
+}
+
+int forward_stage_layers(struct forward_ctx *fc, int t0, int n_tok, struct verr *err) {
+    return stage_layers(fc, t0, n_tok, kv_n_kv(&fc->kv), err);
+}
+
+// forward_stage_layers with attention over cells [0, n_kv), n_kv >= kv_n_kv.
+static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err) {
+    const struct model *m = fc->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = fc->be;
+    const int n_embd = hp->n_embd;
+    float *x = fc->x + (size_t)t0 * n_embd;                         // [n_tok][n_embd]
+    const int32_t *d_pos = fc->d_pos + t0, *d_seq = fc->d_seq + t0; // [n_tok]
+    const int32_t *d_cells = fc->d_cells + t0;                      // [n_tok]
+    for (int il = m->layer_begin; il < m->layer_end; il++) {
+        const struct model_layer *L = &m->layers[il];
+        const int kl = il - m->layer_begin; // this stage's cache holds its layers only
+        // attention
+        OP("attn_norm",
+           be->ops->rms_norm(be, fc->xn, x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
+        const struct backend_mm qkv[3] = {
+            {fc->q, &L->wq, L->bq}, {fc->k, &L->wk, L->bk}, {fc->v, &L->wv, L->bv}};
+        OP("attn_q/k/v", be->ops->matmul_multi(be, qkv, 3, fc->xn, n_tok));
+        OP("rope q, k + kv store",
+           be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
+                                  fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v,
+                                  d_pos, d_cells, n_tok, hp->n_head_kv, hp->head_dim,
+                                  hp->head_dim_v, &fc->rope));
+        struct attn_args a = {
+            .out = fc->attn,
+            .q = fc->q,
+            .k = kv_layer_k(&fc->kv, kl),
+            .v = kv_layer_v(&fc->kv, kl),
+            .type_k = fc->kv.cfg.type_k,
+            .type_v = fc->kv.cfg.type_v,
+            .cell_pos = fc->kv.d_cell_pos,
+            .cell_seq = fc->kv.d_cell_seq,
+            .seq_words = fc->kv.seq_words,
+            .q_pos = d_pos,
+            .q_seq = d_seq,
+            .n_tok = n_tok,
+            .n_kv = n_kv,
+            .n_head = hp->n_head,
+            .n_head_kv = hp->n_head_kv,
+            .head_dim = hp->head_dim,
+            .head_dim_v = hp->head_dim_v,
+            .scale = fc->attn_scale,
+        };
+        OP("attention", be->ops->attention(be, &a));
+        OP("attn_output + residual", be->ops->matmul_add(be, x, &L->wo, fc->attn, n_tok));
+        // feed-forward
+        OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
+        OP("ffn_gate/up + swiglu",
+           be->ops->matmul_swiglu(be, fc->gate, fc->up, &L->w_gate, &L->w_up, fc->xn, n_tok));
+        OP("ffn_down + residual", be->ops->matmul_add(be, x, &L->w_down, fc->gate, n_tok));
+    }
+    return 0;
+}
+
+int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only, struct verr *err) {
+    const struct model *m = fc->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = fc->be;
+    const int n_embd = hp->n_embd;
+    int il = -1;
+    float *xo = fc->xo + (size_t)r0 * n_embd;              // [nr][n_embd]
+    float *logits = fc->logits + (size_t)r0 * hp->n_vocab; // [nr][n_vocab]
+    OP("get_rows", be->ops->get_rows(be, xo, fc->x, fc->d_rows + r0, nr, n_embd));
+    OP("output_norm", be->ops->rms_norm(be, xo, xo, m->output_norm, nr, n_embd, hp->norm_eps));
+    OP("output", be->ops->matmul(be, logits, &m->output, xo, NULL, nr));
+    if (argmax_only && fc->sp)
+        OP("sample", be->ops->sample(be, fc->d_argmax + r0, logits, nr, hp->n_vocab, fc->sp + r0));
+    else if (argmax_only)
+        OP("argmax", be->ops->argmax(be, fc->d_argmax + r0, logits, nr, hp->n_vocab));
+    return 0;
+}
+
+int forward_stage_download(struct forward_ctx *fc, int n_out, bool argmax_only, float *h_logits,
+                           int32_t *h_argmax, struct verr *err) {
+    struct backend *be = fc->be;
+    int il = -1;
+    if (n_out > 0) {
+        if (argmax_only)
+            OP("download argmax",
+               be->ops->download(be, h_argmax, fc->d_argmax, (size_t)n_out * sizeof(int32_t)));
+        else
+            OP("download logits",
+               be->ops->download(be, h_logits, fc->logits,
+                                 (size_t)n_out * (size_t)fc->m->hp.n_vocab * sizeof(float)));
+    }
+    OP("sync", be->ops->sync(be));
+    return 0;
+}
+
+#undef OP
+
+// A decode that fails after claiming cells gives them back, so the cache
+// holds no cell whose K/V were never written.
+static int decode_or_undo(struct forward_ctx *fc, const struct forward_batch *b, bool argmax_only,
+                          struct verr *err) {
+    int n_out = 0;
+    int rc = forward_batch_begin(fc, b, &n_out, err);
+    if (rc)
+        return rc;
+    if ((rc = decode_one_stage(fc, b, n_out, argmax_only, err)))
+        forward_batch_undo(fc, b);
+    return rc;
+}
+
+int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err) {
+    return decode_or_undo(fc, b, false, err);
+}
+
+int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err) {
+    return decode_or_undo(fc, b, true, err);
+}
+
+int forward_decode_sample(struct forward_ctx *fc, const struct forward_batch *b,
+                          const struct sample_params *sp, struct verr *err) {
+    if (!sp)
+        return verr_set(err, VERR_RANGE, "forward: no sample rows");
+    fc->sp = sp;
+    int rc = decode_or_undo(fc, b, true, err);
+    fc->sp = NULL;
+    return rc;
+}
+
+int forward_decode_head(struct forward_ctx *fc, const struct forward_batch *b,
+                        enum forward_head head, const struct sample_params *sp, struct verr *err) {
+    switch (head) {
+    case FORWARD_HEAD_ARGMAX:
+        return forward_decode_argmax(fc, b, err);
+    case FORWARD_HEAD_SAMPLE:
+        return forward_decode_sample(fc, b, sp, err);
+    case FORWARD_HEAD_LOGITS:
+        break;
+    }
+    return forward_decode(fc, b, err);
+}

@@ -1,0 +1,217 @@
+// The one forward pass, written against struct backend_ops: a batch of
+// (token, pos, seq_id, wants_logits) entries goes through
+//   embed -> [rms_norm -> q,k,v (+bias) -> rope(q) -> rope_kv_store(k, v)
+//             -> attention over the KV cache -> out proj + residual
+//             -> rms_norm -> swiglu(gate, up) -> down + residual] x n_layer
+//   -> rows that want logits -> final norm -> lm head
+// and leaves the logits (or only their argmax) on the host. q,k,v, gate/up +
+// swiglu and proj + residual are the backend's fused matmul ops (one launch
+// each for CUDA decode batches).
+//
+// Contract: scratch buffers are sized for n_batch tokens and n_outputs_max
+// output rows when the context is created and never reallocated; a batch
+// larger than that is refused (callers split prompts into chunks of
+// n_batch). The KV cache belongs to the context; callers may run sequence
+// ops on fc->kv between decodes (they take effect at the next decode).
+#ifndef VELA_HOST_FORWARD_H
+#define VELA_HOST_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf/verr.h"
+#include "host/model/model.h"
+#include "host/ops/backend.h"
+#include "kv/kv.h"
+
+// RoPE settings from the command line, with llama.cpp's "not set" values;
+// forward_rope_resolve merges them with the model's hparams as llama.cpp's
+// context creation does.
+struct rope_overrides {
+    int scaling;            // --rope-scaling; ROPE_SCALING_UNSPECIFIED: the model's
+    float freq_base;        // --rope-freq-base; 0: the model's
+    float freq_scale;       // --rope-freq-scale (or 1/--rope-scale); 0: the model's
+    int yarn_orig_ctx;      // --yarn-orig-ctx; 0: the model's
+    float yarn_ext_factor;  // --yarn-ext-factor; < 0: 1 for yarn, else 0
+    float yarn_attn_factor; // --yarn-attn-factor (1); multiplied by the model's attn_factor
+    float yarn_beta_fast;   // --yarn-beta-fast (32)
+    float yarn_beta_slow;   // --yarn-beta-slow (1)
+};
+
+void rope_overrides_default(struct rope_overrides *o);
+// Fills rp for model m; rp->freq_factors = m->rope_freqs.
+void forward_rope_resolve(const struct model *m, const struct rope_overrides *o,
+                          struct rope_params *rp);
+
+#define FORWARD_CTX_CAP 4096 // n_ctx 0: the model's trained context, at most this
+
+struct forward_config {
+    int n_ctx;             // KV cells; 0: the model's n_ctx_train, at most FORWARD_CTX_CAP
+    int n_batch;           // most tokens per forward_decode, >= 1
+    int n_outputs_max;     // most rows wanting logits per decode; 0: n_batch
+    int n_seq_max;         // sequence ids 0..n_seq_max-1; 0: 1
+    enum ggml_type type_k; // F16 (default) or F32
+    enum ggml_type type_v;
+    struct rope_overrides rope;
+    // --no-cuda-graph (or VELA_NO_CUDA_GRAPH=1 in the environment): never
+    // record decode steps into backend graphs (see forward.c, "graphs").
+    bool no_graph;
+};
+
+// Decode steps of at most this many tokens are recorded into backend graphs
+// (the mat-vec path of the CUDA backend) and replayed.
+#define FORWARD_GRAPH_MAX_TOK 8
+// Graphs kept per context (least recently used ones are destroyed).
+#define FORWARD_GRAPH_CACHE 32
+
+// One recorded decode step: n_tok tokens, n_out output rows, attention over
+// n_kv cells (a multiple of BACKEND_KV_BUCKET or n_ctx), the head ending in
+// argmax or in the logits.
+struct forward_graph {
+    void *exec; // the backend's; NULL: the slot is free
+    int n_tok, n_out, n_kv;
+    bool argmax;
+    uint64_t last_use;
+};
+
+struct forward_graph_stats {
+    int64_t recorded; // graphs recorded (evicted or stale ones included)
+    int64_t replays;  // steps run by replaying a graph
+    int64_t eager;    // graph-eligible steps run eagerly (recording failed)
+    int live;         // graphs held now (<= FORWARD_GRAPH_CACHE)
+};
+
+void forward_config_default(struct forward_config *c);
+// Fills in what depends on the model: n_ctx 0 becomes the model's context
+// (at most FORWARD_CTX_CAP), and n_batch is capped at n_ctx (a batch never
+// needs more cells than the context has; llama.cpp caps it too).
+void forward_config_resolve(struct forward_config *c, const struct model_hparams *hp);
+
+struct forward_batch {
+    int n_tok;
+    const int32_t *token; // [n_tok]
+    const int32_t *pos;   // [n_tok]
+    const int32_t *seq;   // [n_tok]
+    const int8_t *logits; // [n_tok] non-zero: this entry wants logits; NULL: the last only
+};
+
+struct forward_ctx {
+    const struct model *m;
+    struct backend *be; // the model's
+    struct forward_config cfg;
+    struct rope_params rope;
+    float attn_scale; // 1/sqrt(head_dim)
+    struct kv_cache kv;
+
+    // backend scratch, sized once for n_batch tokens / n_out output rows
+    float *x;          // [n_batch][n_embd] residual stream
+    float *xn;         // [n_batch][n_embd] normed input of a sub-block
+    float *q;          // [n_batch][n_head*head_dim]
+    float *k;          // [n_batch][n_head_kv*head_dim]
+    float *v;          // [n_batch][n_head_kv*head_dim_v]
+    float *attn;       // [n_batch][n_head*head_dim_v]
+    float *gate;       // [n_batch][n_ff]
+    float *up;         // [n_batch][n_ff]
+    float *xo;         // [n_out][n_embd] rows that want logits
+    float *logits;     // [n_out][n_vocab]
+    int32_t *d_tok;    // [n_batch]
+    int32_t *d_pos;    // [n_batch]
+    int32_t *d_seq;    // [n_batch]
+    int32_t *d_cells;  // [n_batch]
+    int32_t *d_rows;   // [n_out]
+    int32_t *d_argmax; // [n_out]
+
+    // host results of the last decode
+    int n_out;              // rows that wanted logits
+    int32_t *out_batch_idx; // [n_out] batch index of output row r
+    float *h_logits;        // [n_out][n_vocab] (forward_decode)
+    int32_t *h_argmax;      // [n_out] (forward_decode_argmax)
+    int32_t *h_cells;       // [n_batch] scratch
+    int32_t *h_rows;        // [n_out] scratch
+    // forward_decode_sample's rows during its decode (host memory, [n_out]),
+    // read by the head stage (forward_stage_head); NULL otherwise.
+    const struct sample_params *sp;
+
+    // Recorded decode steps (backend graph ops; see forward.c, "graphs").
+    bool graphs_on;      // the backend has graph ops and they were not disabled
+    int graph_fail_run;  // recordings failed in a row; graphs go off at a limit
+    uint64_t graph_tick; // LRU clock
+    struct forward_graph graphs[FORWARD_GRAPH_CACHE];
+    struct forward_graph_stats graph_stats;
+};
+
+int forward_init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg,
+                 struct verr *err);
+// forward_init for the front context of a pipeline (host/split/): it also
+// keeps the head's buffers (the last stage's logits land there) when m has
+// no head, and records no graphs.
+int forward_init_front(struct forward_ctx *fc, const struct model *m,
+                       const struct forward_config *cfg, struct verr *err);
+void forward_free(struct forward_ctx *fc);
+
+// Runs the batch; afterwards forward_logits(fc, r) is the logits row of the
+// r-th entry (in batch order) that wanted logits. Errors: VERR_RANGE (a token
+// id outside the vocabulary, a negative position, a bad seq id, n_tok outside
+// [1, n_batch], too many outputs), VERR_FULL (no room in the KV cache), or
+// the backend's error.
+int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err);
+// As forward_decode, but only the argmax of each output row is computed on
+// the backend and downloaded: forward_argmax(fc, r).
+int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err);
+// As forward_decode_argmax, but output row r is sampled on the backend
+// (ops->sample) with sp[r] (host memory, one per row that wants logits, in
+// batch order): forward_argmax(fc, r) is the token picked. A retried decode
+// passes the same sp again (the draws in it were taken once).
+int forward_decode_sample(struct forward_ctx *fc, const struct forward_batch *b,
+                          const struct sample_params *sp, struct verr *err);
+
+// What a decode leaves on the host for each output row.
+enum forward_head {
+    FORWARD_HEAD_LOGITS = 0, // the logits (forward_decode)
+    FORWARD_HEAD_ARGMAX = 1, // their argmax only (forward_decode_argmax)
+    FORWARD_HEAD_SAMPLE = 2, // the token the sample op picks (forward_decode_sample)
+};
+// One of the three above by `head` (sp: the sample rows, SAMPLE only).
+int forward_decode_head(struct forward_ctx *fc, const struct forward_batch *b,
+                        enum forward_head head, const struct sample_params *sp, struct verr *err);
+
+// The first half of every decode, for drivers of several stages
+// (host/split/): checks the batch, lists its output rows (fc->h_rows and
+// fc->out_batch_idx, *n_out of them) and claims its cells (fc->h_cells,
+// kv_find_slot). On an error nothing was claimed. After a later failure,
+// forward_batch_undo gives the cells back.
+int forward_batch_begin(struct forward_ctx *fc, const struct forward_batch *b, int *n_out,
+                        struct verr *err);
+void forward_batch_undo(struct forward_ctx *fc, const struct forward_batch *b);
+
+// --- one stage's part of a decode (host/pipeline.c drives these; a whole
+// model runs them back to back). Token ranges [t0, t0+n) index the batch;
+// the residual stream of token t is row t of fc->x, so micro-batches of one
+// decode never share rows and can be in flight on several stages at once.
+
+// kv_prepare on fc's cache (the pending shift, the mirrors), then uploads the
+// batch's tokens, positions, seq ids, cells [n_tok] and output rows [n_out]
+// (batch indices, ascending).
+int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
+                         const int32_t *cells, const int32_t *rows, int n_out, struct verr *err);
+// x rows [t0, t0+n) = embeddings of the batch's tokens (first stage only).
+int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err);
+// Runs fc's layers [m->layer_begin, m->layer_end) over x rows [t0, t0+n).
+int forward_stage_layers(struct forward_ctx *fc, int t0, int n, struct verr *err);
+// Output rows [r0, r0+nr) (last stage only): gathers their x rows, final norm,
+// LM head into logits rows [r0, r0+nr); with argmax_only their argmax too, or
+// the tokens ops->sample picks with fc->sp[r0..r0+nr) when fc->sp is set.
+int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only, struct verr *err);
+// Downloads n_out rows of logits (or their argmax) into the host arrays, then
+// waits for fc's backend.
+int forward_stage_download(struct forward_ctx *fc, int n_out, bool argmax_only, float *h_logits,
+                           int32_t *h_argmax, struct verr *err);
+
+static inline const float *forward_logits(const struct forward_ctx *fc, int r) {
+    return fc->h_logits + (size_t)r * (size_t)fc->m->hp.n_vocab;
+}
+static inline int32_t forward_argmax(const struct forward_ctx *fc, int r) {
+    return fc->h_argmax[r];
+}
+
+#endif

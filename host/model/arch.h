@@ -1,0 +1,186 @@
+// Architectures: one table each (host/model/arch_<name>.c), registered in
+// host/model/arch.c. A table says everything the rest of vela needs to know
+// about an architecture: its GGUF name, its RoPE mode, the structure of a
+// block (which ops the forward pass runs), hyperparameter defaults and
+// llama.cpp's quirks, and every tensor it reads, each with its shape as
+// data (dims of the hyperparameters), whether it may be absent and which
+// field of struct model / struct model_layer it fills.
+//
+// Who walks the tables: the loader's shape checks, loading and byte counts
+// (host/model/model.c), the synthetic-model writer (tools/mkmodel), the
+// benchmark's bytes-per-token (tools/cmd_bench.c, through
+// model_layer_weights). Adding an architecture: README, "Adding an
+// architecture".
+#ifndef VELA_HOST_MODEL_ARCH_H
+#define VELA_HOST_MODEL_ARCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host/ops/backend.h"
+
+// The registry's ids (stable: tests and mkmodel configs use them).
+enum model_arch {
+    MODEL_ARCH_LLAMA = 0, // Llama 2/3, Mistral, TinyLlama: normal RoPE
+    MODEL_ARCH_QWEN2 = 1, // NeoX RoPE, Q/K/V biases
+    MODEL_ARCH_COUNT
+};
+
+// A dimension of a tensor, as a function of the hyperparameters
+// (struct arch_dims, filled from struct model_hparams or a mkmodel config).
+enum arch_dim {
+    ARCH_DIM_1 = 0,      // 1: the unused second dim of a vector
+    ARCH_DIM_N_EMBD,     // n_embd
+    ARCH_DIM_N_VOCAB,    // n_vocab
+    ARCH_DIM_N_FF,       // n_ff
+    ARCH_DIM_N_Q,        // n_head * head_dim (Q's rows)
+    ARCH_DIM_N_K,        // n_head_kv * head_dim (K's rows)
+    ARCH_DIM_N_V,        // n_head_kv * head_dim_v (V's rows)
+    ARCH_DIM_N_O,        // n_head * head_dim_v (attn_output's row length)
+    ARCH_DIM_HEAD_DIM,   // head_dim (per-head Q/K norms)
+    ARCH_DIM_N_ROT_HALF, // n_rot / 2 (rope_freqs)
+    ARCH_DIM_COUNT
+};
+
+// The hyperparameters a shape is made of, indexed by enum arch_dim.
+struct arch_dims {
+    int64_t d[ARCH_DIM_COUNT];
+};
+void arch_dims_make(struct arch_dims *dims, int n_embd, int n_vocab, int n_ff, int n_head,
+                    int n_head_kv, int head_dim, int head_dim_v, int n_rot);
+
+// What a tensor is: picks its weight type class and initial values in
+// mkmodel, its part of a quantization mix.
+enum arch_role {
+    ARCH_ROLE_TOKEN_EMBD,
+    ARCH_ROLE_OUTPUT, // the LM head; when absent, tied to token_embd
+    ARCH_ROLE_ATTN_Q,
+    ARCH_ROLE_ATTN_K,
+    ARCH_ROLE_ATTN_V,
+    ARCH_ROLE_ATTN_O,
+    ARCH_ROLE_FFN_GATE,
+    ARCH_ROLE_FFN_UP,
+    ARCH_ROLE_FFN_DOWN,
+    ARCH_ROLE_NORM,        // an RMS norm weight inside a block
+    ARCH_ROLE_OUTPUT_NORM, // the final norm before the head
+    ARCH_ROLE_BIAS,
+    ARCH_ROLE_ROPE_FREQS, // per-dimension RoPE frequency factors
+};
+
+enum arch_kind {
+    ARCH_MATRIX, // ggml [ne0 = n_in, ne1 = n_out], any weight type: a struct backend_weight
+    ARCH_VECTOR, // [ne0]; F32, F16 or BF16 in the file, F32 on the backend: a float *
+};
+
+// Which stages of a model split by layers hold a tensor (host/model/model.h,
+// layer_begin). File order follows it too: FIRST and EVERY, then the
+// blocks, then LAST (as llama.cpp's converters write them).
+enum arch_place {
+    ARCH_PLACE_LAYER, // "blk.<il>.<name>", in struct model_layer; the stage holding layer il
+    ARCH_PLACE_FIRST, // the first stage (token_embd; the last stage's too when the head is tied)
+    ARCH_PLACE_EVERY, // every stage (rope_freqs)
+    ARCH_PLACE_LAST,  // the last stage (the head)
+};
+
+struct arch_tensor {
+    const char *name;    // a layer tensor's suffix ("attn_q.weight"), else the whole name
+    enum arch_kind kind; // matrix or vector
+    enum arch_dim ne[2]; // ggml order (ne[0] is the row length); a vector's ne[1] is ARCH_DIM_1
+    bool optional;       // may be absent (a NULL vector, an untied head)
+    enum arch_place place;
+    enum arch_role role;
+    size_t field; // offsetof(struct model_layer, ...) for ARCH_PLACE_LAYER, else
+                  // offsetof(struct model, ...): a struct backend_weight or a float *
+};
+
+// The feed-forward's gated activation.
+enum arch_ffn {
+    ARCH_FFN_SWIGLU = 0, // silu(gate) * up (llama, qwen2)
+    ARCH_FFN_GEGLU = 1,  // gelu(gate) * up (gemma)
+};
+
+// The structure of a block, beyond llama's (pre-norm attention and
+// feed-forward, each added to the residual). One field per feature; the
+// zero value of each is llama's. host/forward checks that it runs them all.
+struct arch_block {
+    bool bias_qkv;              // Q/K/V biases required (attn_q/k/v.bias)
+    bool qk_norm;               // per-head RMS norm of Q and K before RoPE (qwen3, gemma3)
+    bool post_attn_norm;        // RMS norm of the attention output before the residual (gemma2)
+    bool post_ffn_norm;         // likewise of the feed-forward output
+    enum arch_ffn ffn;          // the gated activation
+    bool embd_scale;            // the embedding is scaled by sqrt(n_embd) (gemma)
+    int sliding_window_pattern; // 0: every layer attends to all; n: sliding window except
+                                // every n-th layer (gemma2/3)
+};
+
+// llama.cpp's checks of this architecture that vela does not share: mkmodel
+// notes files that llama.cpp would refuse.
+enum {
+    ARCH_LCPP_ROT_FULL = 1u << 0,      // its loader refuses rope.dimension_count != head dim
+    ARCH_LCPP_ROT_ASSERT = 1u << 1,    // its graph asserts n_rot == head dim (an abort)
+    ARCH_LCPP_Q_SQUARE = 1u << 2,      // it expects attn_q.weight to be n_embd x n_embd
+    ARCH_LCPP_NO_ROPE_FREQS = 1u << 3, // it refuses rope_freqs.weight
+};
+
+struct arch {
+    enum model_arch id;
+    const char *name;    // general.architecture, and the prefix of its metadata keys
+    const char *summary; // one line for --help
+    enum rope_mode rope_mode;
+    struct arch_block block;
+    float rope_freq_base; // the loader's default when {arch}.rope.freq_base is absent
+    // What a synthetic model (vela mkmodel) takes by default: the values of
+    // the architecture's published models.
+    float synth_norm_eps, synth_rope_freq_base;
+    unsigned lcpp_quirks; // ARCH_LCPP_*
+    // Terminated by an entry whose name is NULL, in the order of the checks
+    // (the first problem is the one reported) and, within a place (enum
+    // arch_place), of the file.
+    const struct arch_tensor *globals; // outside the blocks
+    const struct arch_tensor *layer;   // of every block
+};
+
+// The registered architectures.
+const struct arch *arch_get(enum model_arch id); // NULL when not registered
+const struct arch *arch_find(const char *name);  // by general.architecture; NULL when unknown
+// "llama, qwen2": the registered names, for messages (truncated to cap);
+// returns buf.
+const char *arch_names(char *buf, size_t cap);
+
+// The tensors llama-like architectures share outside the blocks:
+// token_embd, output_norm, output (optional: tied), rope_freqs (optional).
+extern const struct arch_tensor arch_globals_llama[];
+
+// Shorthands for writing tables (in an arch_<name>.c, which includes
+// host/model/model.h for the fields): a matrix / vector of a block, by
+// enum arch_dim and enum arch_role without their prefixes.
+#define ARCH_LAYER_MAT(name, ne0, ne1, optional, role, field)                                      \
+    {                                                                                              \
+        name, ARCH_MATRIX, {ARCH_DIM_##ne0, ARCH_DIM_##ne1}, optional, ARCH_PLACE_LAYER,           \
+            ARCH_ROLE_##role, offsetof(struct model_layer, field)                                  \
+    }
+#define ARCH_LAYER_VEC(name, ne0, optional, role, field)                                           \
+    {                                                                                              \
+        name, ARCH_VECTOR, {ARCH_DIM_##ne0, ARCH_DIM_1}, optional, ARCH_PLACE_LAYER,               \
+            ARCH_ROLE_##role, offsetof(struct model_layer, field)                                  \
+    }
+
+// The block of llama-like architectures (llama, mistral, qwen2, ...) in
+// llama.cpp's file order: pre-norm attention whose Q/K/V biases may be
+// absent when `bias_optional`, pre-norm SwiGLU feed-forward.
+#define ARCH_LAYER_LLAMA(bias_optional)                                                            \
+    ARCH_LAYER_VEC("attn_norm.weight", N_EMBD, false, NORM, attn_norm),                            \
+        ARCH_LAYER_MAT("attn_q.weight", N_EMBD, N_Q, false, ATTN_Q, wq),                           \
+        ARCH_LAYER_VEC("attn_q.bias", N_Q, bias_optional, BIAS, bq),                               \
+        ARCH_LAYER_MAT("attn_k.weight", N_EMBD, N_K, false, ATTN_K, wk),                           \
+        ARCH_LAYER_VEC("attn_k.bias", N_K, bias_optional, BIAS, bk),                               \
+        ARCH_LAYER_MAT("attn_v.weight", N_EMBD, N_V, false, ATTN_V, wv),                           \
+        ARCH_LAYER_VEC("attn_v.bias", N_V, bias_optional, BIAS, bv),                               \
+        ARCH_LAYER_MAT("attn_output.weight", N_O, N_EMBD, false, ATTN_O, wo),                      \
+        ARCH_LAYER_VEC("ffn_norm.weight", N_EMBD, false, NORM, ffn_norm),                          \
+        ARCH_LAYER_MAT("ffn_gate.weight", N_EMBD, N_FF, false, FFN_GATE, w_gate),                  \
+        ARCH_LAYER_MAT("ffn_up.weight", N_EMBD, N_FF, false, FFN_UP, w_up),                        \
+        ARCH_LAYER_MAT("ffn_down.weight", N_FF, N_EMBD, false, FFN_DOWN, w_down)
+
+#endif

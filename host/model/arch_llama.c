@@ -1,0 +1,23 @@
+// llama: Llama 2/3, Mistral, TinyLlama, ... Normal RoPE; Q/K/V biases are
+// accepted when a conversion carries them (as llama.cpp does).
+#include "host/model/arch.h"
+#include "host/model/model.h"
+
+static const struct arch_tensor layer[] = {
+    ARCH_LAYER_LLAMA(true),
+    {0},
+};
+
+const struct arch arch_llama = {
+    .id = MODEL_ARCH_LLAMA,
+    .name = "llama",
+    .summary = "normal RoPE",
+    .rope_mode = ROPE_MODE_NORMAL,
+    .block = {.ffn = ARCH_FFN_SWIGLU},
+    .rope_freq_base = 10000.0f,
+    .synth_norm_eps = 1e-5f,
+    .synth_rope_freq_base = 10000.0f,
+    .lcpp_quirks = ARCH_LCPP_ROT_FULL,
+    .globals = arch_globals_llama,
+    .layer = layer,
+};

@@ -1,0 +1,356 @@
+// The backend interface: the table of operations the one forward pass in
+// host/ is written against. The CPU backend (host/backend_cpu.c) is the
+// float32 reference that defines "correct"; the CUDA backend (cuda/)
+// implements the same ops with fused kernels and is tested against it.
+//
+// Contract for every op:
+// - pointers are backend memory (host memory for CPU, device memory for CUDA),
+//   obtained from be->ops->alloc; shapes are given next to each pointer, the
+//   last index varying fastest;
+// - ops are asynchronous on the backend's stream; be->ops->sync waits;
+// - an op returns 0 or a negative VERR_* code and fills be->err.
+#ifndef VELA_HOST_BACKEND_H
+#define VELA_HOST_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/types.h"
+#include "gguf/verr.h"
+
+enum rope_mode {
+    ROPE_MODE_NORMAL = 0, // rotates pairs (2i, 2i+1): llama
+    ROPE_MODE_NEOX = 2,   // rotates pairs (i, i + n_rot/2): qwen2, phi3, gemma, falcon, gptneox
+};
+
+// RoPE with the YaRN ramp, llama.cpp's semantics (shared/seeds/001_*):
+//   theta_extrap = pos * freq_base^(-2i/n_rot) / freq_factor[i]
+//   theta_interp = freq_scale * theta_extrap
+//   ext_factor == 0: theta = theta_interp, mscale = attn_factor
+//   else: mix = ramp(corr_dims, i) * ext_factor,
+//         theta = theta_interp * (1 - mix) + theta_extrap * mix,
+//         mscale = attn_factor * (1 + 0.1 ln(1/freq_scale))
+//   corr_dims from n_rot, n_ctx_orig, freq_base, beta_fast, beta_slow.
+// Only the first n_rot dims of each head rotate; the rest are copied.
+struct rope_params {
+    enum rope_mode mode;
+    int n_rot;      // even, <= head_dim
+    int n_ctx_orig; // the trained context (YaRN)
+    float freq_base;
+    float freq_scale; // 1 / linear scale factor
+    float ext_factor; // 0 disables the YaRN ramp
+    float attn_factor;
+    float beta_fast;
+    float beta_slow;
+    const float *freq_factors; // backend memory [n_rot/2], or NULL
+};
+
+// A weight matrix as stored in the GGUF file: n_out rows of n_in elements
+// (ggml ne0 = n_in), each row ggml_row_bytes(type, n_in) bytes.
+struct backend_weight {
+    const void *data; // backend memory [n_out][row_bytes(type, n_in)]
+    enum ggml_type type;
+    int64_t n_in;
+    int64_t n_out;
+};
+
+// One matrix of a matmul_multi call: out = W x (+ bias).
+struct backend_mm {
+    float *out; // [n_tok][w->n_out]
+    const struct backend_weight *w;
+    const float *bias; // [w->n_out] or NULL
+};
+#define BACKEND_MM_MAX 3 // matrices per matmul_multi call (Q, K, V)
+
+// Attention over the KV cache for a batch of query tokens, with the mask
+// built from cell positions and sequence sets: query t may attend to cell c
+// iff seq q_seq[t] is in cell c's set and cell_pos[c] <= q_pos[t] (and
+// cell_pos[c] >= 0). Heads are grouped (GQA): query head h reads KV head
+// h / (n_head / n_head_kv). Softmax scale `scale` (1/sqrt(head_dim)).
+// A query row with no visible cell produces zeros.
+struct attn_args {
+    float *out;               // [n_tok][n_head][head_dim_v]
+    const float *q;           // [n_tok][n_head][head_dim]
+    const void *k;            // [n_ctx][n_head_kv][head_dim] of type kv_type_k (one layer)
+    const void *v;            // [n_ctx][n_head_kv][head_dim_v] of type kv_type_v (one layer)
+    enum ggml_type type_k;    // F16 or F32
+    enum ggml_type type_v;    // F16 or F32
+    const int32_t *cell_pos;  // [n_kv] position of each cell, -1 when empty
+    const uint64_t *cell_seq; // [n_kv][seq_words] bit s set when the cell holds sequence s
+    int seq_words;
+    const int32_t *q_pos; // [n_tok]
+    const int32_t *q_seq; // [n_tok]
+    int n_tok;
+    int n_kv; // cells 0..n_kv-1 are considered
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int head_dim_v;
+    float scale;
+};
+
+// One row of the sample op: host/sampler.h's chain after its penalties.
+// u is the row's uniform draw, taken on the host from the sequence's seeded
+// sampler (sampler_next_params), so the host sampler stays the one place with
+// RNG state and every backend picks the same token for the same logits and u.
+struct sample_params {
+    float temp;  // <= 0: greedy (u unused)
+    int top_k;   // <= 0: off
+    float top_p; // >= 1: off
+    float min_p; // <= 0: off
+    double u;    // [0, 1)
+};
+
+struct backend;
+
+struct backend_ops {
+    const char *name; // "cpu", "cuda"
+
+    // memory
+    int (*alloc)(struct backend *be, size_t bytes, void **out);
+    void (*free)(struct backend *be, void *ptr);
+    int (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
+    int (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
+    int (*memset_zero)(struct backend *be, void *dst, size_t bytes);
+    int (*sync)(struct backend *be);
+
+    // out[t][:] = dequantized row tokens[t] of `table`.
+    int (*embed)(struct backend *be, float *out /* [n_tok][table->n_in] */,
+                 const struct backend_weight *table, const int32_t *tokens /* [n_tok] */,
+                 int n_tok);
+
+    // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; out may alias x.
+    int (*rms_norm)(struct backend *be, float *out /* [n_rows][n] */,
+                    const float *x /* [n_rows][n] */, const float *w /* [n] */, int n_rows, int n,
+                    float eps);
+
+    // out[t][o] = sum_i W[o][i] * x[t][i] (+ bias[o]); out must not alias x.
+    int (*matmul)(struct backend *be, float *out /* [n_tok][w->n_out] */,
+                  const struct backend_weight *w, const float *x /* [n_tok][w->n_in] */,
+                  const float *bias /* [w->n_out] or NULL */, int n_tok);
+
+    // Fused matmuls. Each is, element by element, exactly the composition its
+    // comment names (same operations, same roundings), so a forward pass gives
+    // the same result whether a backend fuses them or not; the CUDA backend
+    // runs each as one launch for decode batches.
+    //
+    // mm[i].out = matmul(mm[i].w, x, mm[i].bias) for i < n <= BACKEND_MM_MAX;
+    // every mm[i].w has the same n_in; no out aliases x or another out.
+    int (*matmul_multi)(struct backend *be, const struct backend_mm *mm /* [n], host memory */,
+                        int n, const float *x /* [n_tok][n_in] */, int n_tok);
+    // y += matmul(w, x): the residual add folded into the projection. y must
+    // not alias x.
+    int (*matmul_add)(struct backend *be, float *y /* [n_tok][w->n_out] */,
+                      const struct backend_weight *w, const float *x /* [n_tok][w->n_in] */,
+                      int n_tok);
+    // out = swiglu(matmul(w_gate, x), matmul(w_up, x)). up_tmp is scratch the
+    // backend may write (the unfused path puts matmul(w_up, x) there); the
+    // weights share n_in and n_out; out, up_tmp and x do not alias.
+    int (*matmul_swiglu)(struct backend *be, float *out /* [n_tok][w_gate->n_out] */,
+                         float *up_tmp /* [n_tok][w_up->n_out] */,
+                         const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                         const float *x /* [n_tok][n_in] */, int n_tok);
+
+    // Rotates every head of x in place to position pos[t], scaled by mscale.
+    int (*rope)(struct backend *be, float *x /* [n_tok][n_head][head_dim] */,
+                const int32_t *pos /* [n_tok] */, int n_tok, int n_head, int head_dim,
+                const struct rope_params *rp);
+
+    // Fused: rotates k to pos[t] (as rope) and stores k and v of token t into
+    // cache cell cells[t] of one layer, converting to the cache types. k is
+    // left rotated in place. With q (else NULL), also rope(q, n_head) as the
+    // rope op does: Q's rotation rides in the same pass (one launch on CUDA).
+    int (*rope_kv_store)(struct backend *be, float *q /* [n_tok][n_head][head_dim] or NULL */,
+                         int n_head, float *k /* [n_tok][n_head_kv][head_dim] */,
+                         const float *v /* [n_tok][n_head_kv][head_dim_v] */,
+                         void *k_cache /* [n_ctx][n_head_kv][head_dim] */, enum ggml_type type_k,
+                         void *v_cache /* [n_ctx][n_head_kv][head_dim_v] */, enum ggml_type type_v,
+                         const int32_t *pos /* [n_tok] */, const int32_t *cells /* [n_tok] */,
+                         int n_tok, int n_head_kv, int head_dim, int head_dim_v,
+                         const struct rope_params *rp);
+
+    int (*attention)(struct backend *be, const struct attn_args *a);
+
+    // The pending KV shift, one call over all layers: every cell c with
+    // delta[c] != 0 has its K rows rotated by delta[c] positions with rp's
+    // frequencies. A pure rotation: attn_factor / YaRN mscale are NOT applied
+    // (K already carries them from when it was stored).
+    int (*kv_shift)(struct backend *be, void *k_cache /* [n_layer][n_ctx][n_head_kv][head_dim] */,
+                    enum ggml_type type_k, const int32_t *delta /* [n_ctx] */, int n_layer,
+                    int n_ctx, int n_head_kv, int head_dim, const struct rope_params *rp);
+
+    // out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
+    int (*swiglu)(struct backend *be, float *out /* [n] */, const float *gate /* [n] */,
+                  const float *up /* [n] */, int64_t n);
+
+    // x[i] += y[i]
+    int (*add)(struct backend *be, float *x /* [n] */, const float *y /* [n] */, int64_t n);
+
+    // out[r] = x[rows[r]]: gathers the rows that want logits.
+    int (*get_rows)(struct backend *be, float *out /* [n_out_rows][n] */,
+                    const float *x /* [*][n] */, const int32_t *rows /* [n_out_rows] */,
+                    int n_out_rows, int n);
+
+    // out[r] = index of the largest logit of row r (lowest index on ties).
+    int (*argmax)(struct backend *be, int32_t *out /* [n_rows] */,
+                  const float *logits /* [n_rows][n_vocab] */, int n_rows, int n_vocab);
+
+    // out[r] = the token sampler_chain (host/sampler.h) picks from row r with
+    // sp[r]: greedy, or top_k -> top_p -> min_p -> temp -> dist with the draw
+    // sp[r].u. No penalties: a caller that needs them samples on the host.
+    // sp is host memory, read before the call returns; each u in [0, 1).
+    int (*sample)(struct backend *be, int32_t *out /* [n_rows] */,
+                  const float *logits /* [n_rows][n_vocab] */, int n_rows, int n_vocab,
+                  const struct sample_params *sp /* [n_rows], host memory */);
+
+    // --- optional (NULL where a backend has no use for them) -----------------
+
+    // Free and total memory of the device the backend allocates from (the
+    // CPU: the RAM the kernel reports available); SIZE_MAX when it cannot
+    // say. NULL: unknown too.
+    int (*mem_info)(struct backend *be, size_t *free_bytes, size_t *total_bytes);
+
+    // Bulk uploads (model loading) through caller-owned page-locked staging.
+    // alloc_host_pinned gives host memory the device can read by DMA;
+    // upload_async enqueues a copy of `bytes` from such memory to dst and
+    // returns without waiting for it; upload_wait(slot) returns once every
+    // upload_async issued with `slot` (0 <= slot < BACKEND_UPLOAD_SLOTS) has
+    // finished reading its source, so the caller may refill it. All four are
+    // set or all NULL; without them a loader uses ops->upload, which returns
+    // once its source is read.
+    int (*alloc_host_pinned)(struct backend *be, size_t bytes, void **out);
+    void (*free_host_pinned)(struct backend *be, void *ptr);
+    int (*upload_async)(struct backend *be, void *dst, const void *src, size_t bytes, int slot);
+    int (*upload_wait)(struct backend *be, int slot);
+
+    // Graphs: record a sequence of ops once, replay it with one launch (CUDA
+    // graphs). All five set or all NULL (the CPU backend).
+    // - graph_begin: the ops this thread enqueues next are recorded, not run.
+    //   While recording, an op that would allocate, synchronise, grow the
+    //   scratch or read host memory at run time (upload, download, sync,
+    //   sample) fails with VERR_UNSUPPORTED and spoils the recording.
+    // - graph_end: stops recording (always call it after graph_begin, even
+    //   after a failed op). exec == NULL discards the recording; otherwise
+    //   *exec is the executable graph, or NULL with an error when the
+    //   recording was spoiled: the caller then runs the same ops eagerly.
+    // - graph_launch enqueues one replay. Every kernel argument (pointers,
+    //   sizes, n_kv) is frozen in the graph: what changes between replays must
+    //   be written to the same device addresses (ops->upload) before it.
+    // - graph_current: false once memory the graph uses was replaced (the
+    //   scratch grew after recording): destroy it and record again.
+    int (*graph_begin)(struct backend *be);
+    int (*graph_end)(struct backend *be, void **exec);
+    int (*graph_launch)(struct backend *be, void *exec);
+    bool (*graph_current)(struct backend *be, const void *exec);
+    void (*graph_destroy)(struct backend *be, void *exec);
+
+    void (*destroy)(struct backend *be);
+};
+
+#define BACKEND_UPLOAD_SLOTS 4
+
+// Attention over n_kv cells, where cells past the last non-empty one are
+// empty: on a backend with graph ops the result is bit-identical for every
+// n_kv with the same round_up(n_kv, BACKEND_KV_BUCKET) (its split of the
+// cells among blocks depends on that only). A recorded decode step attends
+// over n_kv rounded up to this bucket, so one graph serves a whole bucket
+// and gives the same logits as an eager step.
+#define BACKEND_KV_BUCKET 256
+
+struct backend {
+    const struct backend_ops *ops;
+    struct verr err; // last error of an op
+    int n_threads;   // CPU backend
+    int device;      // CUDA backend: device ordinal
+    // 8-bit activations for decode mat-vecs (every backend, same rule): a
+    // matmul (and the fused matmuls) of a batch of at most
+    // BACKEND_ACT_Q8_MAX_TOK tokens with a weight type quant_q8_1_dot_supported
+    // takes x rounded to q8_1 blocks and computes each output as
+    // quant_dot_q8_1 (gguf/quant_q8.h) (+ bias), as llama.cpp's CUDA
+    // mat-vec does; error about 3e-3 of sum|w x| (tests/test_quant_q8.c).
+    // Off: f32 activations. backend_cuda_create turns it on, the CPU off.
+    bool act_q8;
+    void *impl; // backend-private state
+};
+
+#define BACKEND_ACT_Q8_MAX_TOK 8
+
+// Creates the CPU reference backend with n_threads worker threads (<= 0: all cores).
+int backend_cpu_create(struct backend **out, int n_threads, struct verr *err);
+// Creates the CUDA backend on `device`. Returns VERR_UNSUPPORTED when vela was
+// built without CUDA and VERR_NOTFOUND when no such GPU is present.
+int backend_cuda_create(struct backend **out, int device, struct verr *err);
+// Number of CUDA devices usable now (0 without CUDA or without a GPU).
+int backend_cuda_device_count(void);
+void backend_destroy(struct backend *be);
+
+// What a benchmark reports about a CUDA device. Peak bandwidth is the
+// memory's double data rate: 2 x memory clock x bus width / 8.
+struct backend_device_info {
+    char name[256];         // "NVIDIA H200"
+    int driver_version;     // CUDA driver API version (12040 = 12.4)
+    int runtime_version;    // CUDA runtime vela was built with
+    int cc_major, cc_minor; // compute capability
+    int sm_count;
+    size_t mem_bytes;  // device memory
+    size_t l2_bytes;   // L2 cache
+    int mem_clock_khz; // peak memory clock
+    int bus_width_bits;
+    double peak_bw_gbs; // 0 when the device does not say
+};
+// Fills *out for CUDA device `device`. VERR_UNSUPPORTED without CUDA,
+// VERR_NOTFOUND when no such GPU is present.
+int backend_cuda_device_info(int device, struct backend_device_info *out, struct verr *err);
+// The cudaStream_t a CUDA backend enqueues its ops on (benchmarks time ops
+// with CUDA events on it); NULL for any other backend.
+void *backend_cuda_stream(struct backend *be);
+
+enum backend_device_kind {
+    BACKEND_DEVICE_CPU = 0,
+    BACKEND_DEVICE_CUDA = 1,
+};
+
+struct backend_device {
+    enum backend_device_kind kind;
+    int ordinal; // CUDA ordinal; 0 for cpu
+};
+
+// "cpu" or "cuda:N" into buf.
+void backend_device_name(const struct backend_device *d, char *buf, size_t cap);
+// How a backend is tuned when it is created (every stage of a split gets the
+// same settings).
+enum backend_act {
+    BACKEND_ACT_DEFAULT = 0, // the backend's own default (CUDA: q8, CPU: f32)
+    BACKEND_ACT_Q8 = 1,      // 8-bit activations, integer dots (backend.act_q8 on)
+    BACKEND_ACT_F32 = 2,     // f32 activations (act_q8 off)
+};
+struct backend_settings {
+    int n_threads;        // CPU worker threads; <= 0: all cores
+    enum backend_act act; // decode mat-vec activations
+};
+
+// The one place a backend is made from a device description: the CPU
+// backend with s->n_threads, or the CUDA backend on d->ordinal, then tuned
+// by s (s NULL: defaults).
+int backend_create_device(const struct backend_device *d, const struct backend_settings *s,
+                          struct backend **out, struct verr *err);
+
+#define BACKEND_MEM_UNLIMITED SIZE_MAX // a device whose free memory is not limited (tests)
+
+// Free and total memory of a device: CUDA from cudaMemGetInfo, the CPU from
+// the memory the kernel reports available (BACKEND_MEM_UNLIMITED when it
+// cannot say). VERR_UNSUPPORTED / VERR_NOTFOUND for a CUDA device vela
+// cannot reach.
+int backend_device_memory(const struct backend_device *d, size_t *free_bytes, size_t *total_bytes,
+                          struct verr *err);
+// CUDA side of backend_device_memory (cuda/, or the no-CUDA stub).
+int backend_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, struct verr *err);
+// Whether the accelerator library linked in is CUDA's (real or emulated).
+bool backend_cuda_built(void);
+
+// The YaRN correction dims {lo, hi} (floor/ceil, clamped to [0, n_rot-1]).
+void rope_yarn_corr_dims(int n_rot, int n_ctx_orig, float freq_base, float beta_fast,
+                         float beta_slow, float dims[2]);
+
+#endif

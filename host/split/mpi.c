@@ -1,0 +1,467 @@
+// One stage per process under mpirun (see mpi.h).
+#include "host/split/mpi.h"
+
+#include "host/split/split.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef VELA_HAVE_MPI
+#include <mpi.h>
+#endif
+
+// The launcher's environment: OpenMPI sets OMPI_COMM_WORLD_*, PMI-based
+// launchers (MPICH, Slurm) PMI_*.
+static int env_int(const char *a, const char *b, int def) {
+    const char *v = getenv(a);
+    if (!v && b)
+        v = getenv(b);
+    return v ? atoi(v) : def;
+}
+
+static bool under_mpirun(void) {
+    return env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1) > 1;
+}
+
+// --- decode messages (any control channel) -------------------------------------
+
+enum { MSG_DECODE = 1, MSG_QUIT = 2 };
+
+struct msg_hdr {
+    int32_t kind, n_tok, n_out, argmax_only;
+    int32_t lo, hi, head, used, has_shift, seq_words;
+    uint32_t n_clears; // rank 0's kv.n_clears (mod 2^32): a rank behind clears its K/V first
+};
+
+int pipeline_mpi_bcast_config(struct pipeline_ctl *ctl, struct forward_config *cfg,
+                              struct verr *err) {
+    // Plain data but for the rope factors pointer, which never crosses.
+    return ctl->bcast(ctl, cfg, sizeof *cfg, err);
+}
+
+int pipeline_mpi_send_decode(struct pipeline_ctl *ctl, const struct forward_batch *b,
+                             const int32_t *cells, const int32_t *rows, int n_out, bool argmax_only,
+                             const struct kv_cache *kv, struct verr *err) {
+    const int lo = kv->dirty_lo < kv->dirty_hi ? kv->dirty_lo : 0;
+    const int hi = kv->dirty_lo < kv->dirty_hi ? kv->dirty_hi : 0;
+    struct msg_hdr h = {.kind = MSG_DECODE,
+                        .n_tok = b->n_tok,
+                        .n_out = n_out,
+                        .argmax_only = argmax_only,
+                        .lo = lo,
+                        .hi = hi,
+                        .head = kv->head,
+                        .used = kv->used,
+                        .has_shift = kv->has_shift,
+                        .seq_words = kv->seq_words,
+                        .n_clears = (uint32_t)kv->n_clears};
+    const size_t nt = (size_t)b->n_tok * sizeof(int32_t), nc = (size_t)(hi - lo);
+    int rc;
+    if ((rc = ctl->bcast(ctl, &h, sizeof h, err)) ||
+        (rc = ctl->bcast(ctl, (void *)b->token, nt, err)) ||
+        (rc = ctl->bcast(ctl, (void *)b->pos, nt, err)) ||
+        (rc = ctl->bcast(ctl, (void *)b->seq, nt, err)) ||
+        (rc = ctl->bcast(ctl, (void *)cells, nt, err)) ||
+        (rc = ctl->bcast(ctl, (void *)rows, (size_t)n_out * sizeof(int32_t), err)) ||
+        (rc = ctl->bcast(ctl, kv->pos + lo, nc * sizeof(int32_t), err)) ||
+        (rc = ctl->bcast(ctl, kv->delta + lo, nc * sizeof(int32_t), err)) ||
+        (rc = ctl->bcast(ctl, kv->seq + (size_t)lo * kv->seq_words,
+                         nc * (size_t)kv->seq_words * sizeof(uint64_t), err)))
+        return rc;
+    return 0;
+}
+
+void pipeline_mpi_decode_free(struct pipeline_mpi_decode *d) {
+    free(d->token);
+    free(d->pos);
+    free(d->seq);
+    free(d->cells);
+    free(d->rows);
+    memset(d, 0, sizeof *d);
+}
+
+int pipeline_mpi_recv_decode(struct pipeline_ctl *ctl, struct kv_cache *kv,
+                             struct pipeline_mpi_decode *d, struct verr *err) {
+    memset(d, 0, sizeof *d);
+    struct msg_hdr h;
+    int rc = ctl->bcast(ctl, &h, sizeof h, err);
+    if (rc)
+        return rc;
+    if (h.kind == MSG_QUIT) {
+        d->quit = true;
+        return 0;
+    }
+    if (h.kind != MSG_DECODE || h.n_tok < 1 || h.n_out < 0 || h.lo < 0 || h.hi < h.lo ||
+        h.hi > kv->cfg.n_ctx || h.seq_words != kv->seq_words)
+        return verr_set(err, VERR_FORMAT, "pipeline: bad message from rank 0 (kind %d)", h.kind);
+    if (h.n_clears != (uint32_t)kv->n_clears) {
+        // rank 0 cleared its cache since this rank's last decode: zero this
+        // stage's K/V too (kv_clear's contract), before its cells follow.
+        if ((rc = kv_clear(kv, err)))
+            return verr_wrap(err, "clearing this rank's cache");
+        kv->n_clears = h.n_clears;
+    }
+    const size_t nt = (size_t)h.n_tok, nc = (size_t)(h.hi - h.lo);
+    d->n_tok = h.n_tok;
+    d->n_out = h.n_out;
+    d->argmax_only = h.argmax_only != 0;
+    d->token = malloc(nt * 4);
+    d->pos = malloc(nt * 4);
+    d->seq = malloc(nt * 4);
+    d->cells = malloc(nt * 4);
+    d->rows = malloc((size_t)(h.n_out + 1) * 4);
+    int32_t *pos = malloc((nc + 1) * 4), *delta = malloc((nc + 1) * 4);
+    uint64_t *seq = malloc((nc * (size_t)h.seq_words + 1) * 8);
+    if (!d->token || !d->pos || !d->seq || !d->cells || !d->rows || !pos || !delta || !seq) {
+        rc = verr_set(err, VERR_NOMEM, "out of host memory");
+        goto out;
+    }
+    if ((rc = ctl->bcast(ctl, d->token, nt * 4, err)) ||
+        (rc = ctl->bcast(ctl, d->pos, nt * 4, err)) ||
+        (rc = ctl->bcast(ctl, d->seq, nt * 4, err)) ||
+        (rc = ctl->bcast(ctl, d->cells, nt * 4, err)) ||
+        (rc = ctl->bcast(ctl, d->rows, (size_t)h.n_out * 4, err)) ||
+        (rc = ctl->bcast(ctl, pos, nc * 4, err)) || (rc = ctl->bcast(ctl, delta, nc * 4, err)) ||
+        (rc = ctl->bcast(ctl, seq, nc * (size_t)h.seq_words * 8, err)))
+        goto out;
+    pipeline_kv_follow_range(kv, h.lo, h.hi, pos, delta, seq, h.head, h.used, h.has_shift != 0);
+out:
+    free(pos);
+    free(delta);
+    free(seq);
+    if (rc)
+        pipeline_mpi_decode_free(d);
+    return rc;
+}
+
+void pipeline_mpi_quit(struct pipeline_ctl *ctl) {
+    struct msg_hdr h = {0};
+    h.kind = MSG_QUIT;
+    (void)ctl->bcast(ctl, &h, sizeof h, NULL);
+}
+
+#ifdef VELA_HAVE_MPI
+
+// --- MPI control channel ------------------------------------------------------------
+
+// MPI counts are int: big buffers go in pieces.
+#define MPI_CHUNK ((size_t)1 << 30)
+
+static int mpi_fail(struct verr *err, int code, const char *what) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(code, msg, &len);
+    return verr_set(err, VERR_BACKEND, "MPI: %s: %.*s", what, len, msg);
+}
+
+static int mpi_bcast(struct pipeline_ctl *c, void *buf, size_t bytes, struct verr *err) {
+    for (size_t off = 0; off < bytes; off += MPI_CHUNK) {
+        size_t n = bytes - off < MPI_CHUNK ? bytes - off : MPI_CHUNK;
+        int rc = MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(err, rc, "broadcast");
+    }
+    return 0;
+}
+
+static int mpi_allgather(struct pipeline_ctl *c, uint64_t v, uint64_t *out, struct verr *err) {
+    int rc = MPI_Allgather(&v, 1, MPI_UINT64_T, out, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(err, rc, "allgather");
+}
+
+static void mpi_destroy(struct pipeline_ctl *c) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin)
+        MPI_Finalize();
+    free(c);
+}
+
+int pipeline_mpi_ctl_create(struct pipeline_ctl **out, struct verr *err) {
+    *out = NULL;
+    if (!under_mpirun())
+        return 0;
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init && MPI_Init(NULL, NULL) != MPI_SUCCESS)
+        return verr_set(err, VERR_BACKEND, "MPI_Init failed");
+    struct pipeline_ctl *c = calloc(1, sizeof *c);
+    if (!c)
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->n_ranks);
+    c->bcast = mpi_bcast;
+    c->allgather = mpi_allgather;
+    c->destroy = mpi_destroy;
+    *out = c;
+    return 0;
+}
+
+// --- MPI transport (host buffers) ---------------------------------------------------
+
+struct mpi_tp {
+    struct pipeline_ctl *ctl;
+    void *staging;
+    size_t cap;
+};
+
+static int mpi_xfer(struct transport *t, int from, const void *src, int to, void *dst, size_t bytes,
+                    struct verr *err) {
+    struct mpi_tp *m = t->impl;
+    const int me = m->ctl->rank; // rank r holds stage r
+    if ((from != me && to != me) || bytes == 0)
+        return 0;
+    if (m->cap < bytes) {
+        void *p = realloc(m->staging, bytes);
+        if (!p)
+            return verr_set(err, VERR_NOMEM, "transport: no host memory for %zu bytes", bytes);
+        m->staging = p;
+        m->cap = bytes;
+    }
+    struct backend *be = t->be[me];
+    if (from == me) {
+        if (be->ops->download(be, m->staging, src, bytes) || be->ops->sync(be))
+            return verr_set(err, VERR_BACKEND, "transport: stage %d: %s", me, be->err.msg);
+        for (size_t off = 0; off < bytes; off += MPI_CHUNK) {
+            size_t n = bytes - off < MPI_CHUNK ? bytes - off : MPI_CHUNK;
+            int rc = MPI_Send((char *)m->staging + off, (int)n, MPI_BYTE, to, 7, MPI_COMM_WORLD);
+            if (rc != MPI_SUCCESS)
+                return mpi_fail(err, rc, "send");
+        }
+    } else {
+        for (size_t off = 0; off < bytes; off += MPI_CHUNK) {
+            size_t n = bytes - off < MPI_CHUNK ? bytes - off : MPI_CHUNK;
+            int rc = MPI_Recv((char *)m->staging + off, (int)n, MPI_BYTE, from, 7, MPI_COMM_WORLD,
+                              MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS)
+                return mpi_fail(err, rc, "receive");
+        }
+        if (be->ops->upload(be, dst, m->staging, bytes))
+            return verr_set(err, VERR_BACKEND, "transport: stage %d: %s", me, be->err.msg);
+    }
+    return 0;
+}
+
+static void mpi_tp_destroy(struct transport *t) {
+    struct mpi_tp *m = t->impl;
+    if (m)
+        free(m->staging);
+    free(m);
+    free(t);
+}
+
+static const struct transport_ops mpi_tp_ops = {
+    .name = "mpi",
+    .xfer = mpi_xfer,
+    .destroy = mpi_tp_destroy,
+};
+
+int transport_mpi_create(struct transport **out, struct pipeline_ctl *ctl,
+                         struct backend *const *be, int n, struct verr *err) {
+    *out = NULL;
+    struct transport *t = calloc(1, sizeof *t);
+    struct mpi_tp *m = calloc(1, sizeof *m);
+    if (!t || !m) {
+        free(t);
+        free(m);
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    }
+    for (int s = 0; s < n; s++)
+        t->be[s] = be[s];
+    m->ctl = ctl;
+    t->ops = &mpi_tp_ops;
+    t->n_stages = n;
+    t->impl = m;
+    *out = t;
+    return 0;
+}
+
+#else // !VELA_HAVE_MPI
+
+int pipeline_mpi_ctl_create(struct pipeline_ctl **out, struct verr *err) {
+    *out = NULL;
+    if (under_mpirun())
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "started by mpirun, but vela was built without MPI (install "
+                        "libopenmpi-dev and rebuild)");
+    return 0;
+}
+
+int transport_mpi_create(struct transport **out, struct pipeline_ctl *ctl,
+                         struct backend *const *be, int n, struct verr *err) {
+    *out = NULL;
+    return verr_set(err, VERR_UNSUPPORTED, "vela was built without MPI");
+}
+
+#endif
+
+// --- loading one rank's stage -------------------------------------------------------
+
+int pipeline_mpi_load(struct pipeline_ctl *ctl, const struct load_config *a,
+                      const struct forward_config *cfg, const struct gguf_file *f,
+                      struct pipeline **pipe, struct backend **be, struct model **m,
+                      struct verr *err) {
+    const int n = ctl->n_ranks, me = ctl->rank;
+    int rc;
+    if (n > PLAN_MAX_DEVICES) {
+        rc = verr_set(err, VERR_RANGE, "mpirun: %d ranks (at most %d stages)", n, PLAN_MAX_DEVICES);
+        ctl->destroy(ctl);
+        return rc;
+    }
+    struct pipeline *p = calloc(1, sizeof *p);
+    if (!p) {
+        ctl->destroy(ctl);
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    }
+    p->ctl = ctl;
+    p->n_ubatch = a->n_ubatch;
+
+    // This rank's device: its entry of --devices, else the GPU of its local
+    // rank (one process per GPU on each node), else the CPU.
+    struct backend_device list[PLAN_MAX_DEVICES], mine = {BACKEND_DEVICE_CPU, 0};
+    int n_list = 0;
+    const int n_cuda = backend_cuda_device_count();
+    if (a->devices) {
+        if ((rc = plan_parse_devices(a->devices, list, PLAN_MAX_DEVICES, &n_list, err)))
+            goto fail;
+        if (n_list != n && n_list != 1) {
+            rc =
+                verr_set(err, VERR_RANGE, "--devices lists %d devices for %d MPI ranks", n_list, n);
+            goto fail;
+        }
+        mine = list[n_list == 1 ? 0 : me];
+    } else if (a->backend != LOAD_BACKEND_CPU && n_cuda > 0) {
+        mine.kind = BACKEND_DEVICE_CUDA;
+        mine.ordinal = env_int("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", me) % n_cuda;
+    }
+    struct verr local = {0};
+    size_t fr = 0, total = 0;
+    int lrc = plan_check_devices(&mine, 1, n_cuda, backend_cuda_built(), &local);
+    if (!lrc)
+        lrc = backend_device_memory(&mine, &fr, &total, &local);
+    uint64_t kinds[PLAN_MAX_DEVICES], frees[PLAN_MAX_DEVICES], oks[PLAN_MAX_DEVICES];
+    if ((rc =
+             ctl->allgather(ctl, (uint64_t)mine.kind << 32 | (uint32_t)mine.ordinal, kinds, err)) ||
+        (rc = ctl->allgather(ctl, fr, frees, err)) ||
+        (rc = ctl->allgather(ctl, lrc ? 1 : 0, oks, err)))
+        goto fail;
+    for (int r = 0; r < n; r++)
+        if (oks[r]) {
+            rc = lrc ? verr_set(err, lrc, "rank %d: %s", me, local.msg)
+                     : verr_set(err, VERR_NOTFOUND, "rank %d cannot use its device", r);
+            goto fail;
+        }
+    struct backend_device devs[PLAN_MAX_DEVICES];
+    size_t free_bytes[PLAN_MAX_DEVICES];
+    for (int r = 0; r < n; r++) {
+        devs[r].kind = (enum backend_device_kind)(kinds[r] >> 32);
+        devs[r].ordinal = (int)(uint32_t)kinds[r];
+        free_bytes[r] = (size_t)frees[r];
+    }
+    // Rank 0 plans (its n_ctx is the engine's); every rank loads what it says.
+    int32_t plan_rc = 0;
+    char msg[sizeof err->msg] = {0};
+    if (me == 0) {
+        struct verr perr = {0};
+        plan_rc = pipeline_plan(a, cfg, f, devs, n, free_bytes, &p->plan, p->plan_text,
+                                sizeof p->plan_text, &perr);
+        if (!plan_rc && p->plan.n_stages != n)
+            plan_rc = verr_set(&perr, VERR_RANGE,
+                               "mpirun: %d ranks but the split has %d stages: every rank needs "
+                               "layers (no 0 in --tensor-split)",
+                               n, p->plan.n_stages);
+        memcpy(msg, perr.msg, sizeof msg);
+    }
+    if ((rc = ctl->bcast(ctl, &plan_rc, sizeof plan_rc, err)) ||
+        (rc = ctl->bcast(ctl, msg, sizeof msg, err)) ||
+        (rc = ctl->bcast(ctl, &p->plan, sizeof p->plan, err)) ||
+        (rc = ctl->bcast(ctl, p->plan_text, sizeof p->plan_text, err)))
+        goto fail;
+    if (plan_rc) {
+        rc = verr_set(err, plan_rc, "%s", msg);
+        goto fail;
+    }
+    p->n_stages = n;
+    for (int s = 0; s < n; s++) {
+        struct pipeline_stage *st = &p->stage[s];
+        st->dev = devs[s];
+        char dn[24];
+        backend_device_name(&devs[s], dn, sizeof dn);
+        snprintf(st->name, sizeof st->name, "rank%d:%s", s, dn);
+        st->l0 = p->plan.stage[s].l0;
+        st->l1 = p->plan.stage[s].l1;
+    }
+    struct pipeline_stage *st = &p->stage[me];
+    rc = backend_create_device(&st->dev, &a->be, &st->be, err);
+    if (rc || (rc = model_load_layers(&st->m, f, st->be, st->l0, st->l1, err))) {
+        verr_wrap(err, "rank %d (%s)", me, st->name);
+        goto fail;
+    }
+    struct backend *bes[PLAN_MAX_DEVICES] = {0};
+    bes[me] = st->be;
+    bool all_cuda = true;
+    for (int s = 0; s < n; s++)
+        all_cuda &= devs[s].kind == BACKEND_DEVICE_CUDA;
+    if (all_cuda) {
+        unsigned char id[TRANSPORT_NCCL_ID_BYTES] = {0};
+        if (me == 0 && (rc = transport_nccl_unique_id(id, err)))
+            goto fail;
+        if ((rc = ctl->bcast(ctl, id, sizeof id, err)) ||
+            (rc = transport_nccl_create(&p->tp, bes, n, id, me, err)))
+            goto fail;
+    } else if ((rc = transport_mpi_create(&p->tp, ctl, bes, n, err))) {
+        goto fail;
+    }
+    size_t len = strlen(p->plan_text);
+    snprintf(p->plan_text + len, sizeof p->plan_text - len, "transport: %s, %d processes\n",
+             p->tp->ops->name, n);
+    st->owned = true;
+    *be = st->be;
+    *m = st->m;
+    *pipe = p;
+    return 0;
+fail:
+    if (p->stage[me].m)
+        model_free(p->stage[me].m);
+    backend_destroy(p->stage[me].be);
+    p->stage[me].m = NULL;
+    p->stage[me].be = NULL;
+    p->ctl = NULL;
+    pipeline_free(p);
+    ctl->destroy(ctl);
+    return rc;
+}
+
+// --- ranks other than 0 ----------------------------------------------------------
+
+bool pipeline_mpi_is_worker(void) {
+    return under_mpirun() && env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0) != 0;
+}
+
+int pipeline_mpi_worker_run(const struct load_config *lc, const struct forward_config *lcfg,
+                            struct verr *err) {
+    if (!lc->model_path)
+        return verr_set(err, VERR_RANGE, "MPI worker: no model (-m)");
+    struct gguf_file *f = NULL;
+    struct split_model sm = {0};
+    struct executor *x = NULL;
+    int rc = gguf_open(&f, lc->model_path, err);
+    if (!rc)
+        rc = split_load(&sm, lc, lcfg, f, NULL, NULL, err);
+    if (!rc && !sm.pipe)
+        rc = verr_set(err, VERR_RANGE, "MPI worker: the model is not split");
+    // Every stage's cache and scratch take rank 0's shapes.
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    if (!rc)
+        rc = pipeline_mpi_bcast_config(sm.pipe->ctl, &cfg, err);
+    if (!rc)
+        rc = split_executor_create(&x, &sm, &cfg, true, err);
+    if (!rc)
+        rc = pipeline_serve(split_pipeline_ctx(x), err);
+    executor_destroy(x);
+    split_model_free(&sm);
+    gguf_close(f);
+    return rc;
+}
