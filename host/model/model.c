@@ -81,6 +81,47 @@ static int read_float_key(const struct gguf_file *f, const char *arch, const cha
     return rc;
 }
 
+// {arch}.rope.scaling.*: type, factor (or rope.scale_linear), YaRN's
+// original context and attention factor. llama.cpp: the type defaults to
+// "linear", which with no factor is no scaling at all.
+static int read_rope_scaling(const struct gguf_file *f, const char *arch, struct model_hparams *hp,
+                             struct verr *err) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    char *st = NULL;
+    int rc = gguf_get_str(f, key, &st, err);
+    if (rc == VERR_NOTFOUND) {
+        hp->rope_scaling = ROPE_SCALING_LINEAR;
+    } else if (rc) {
+        return rc;
+    } else {
+        int t = rope_scaling_from_name(st);
+        if (t < 0) {
+            rc = verr_set(err, VERR_UNSUPPORTED,
+                          "%s: %s = '%s' is not supported (none, linear, yarn)", file_name(f), key,
+                          st);
+            free(st);
+            return rc;
+        }
+        free(st);
+        hp->rope_scaling = (enum rope_scaling_type)t;
+    }
+    float factor = 0;
+    if ((rc = read_float_key(f, arch, "rope.scaling.factor", false, 0, &factor, err)))
+        return rc;
+    if (factor == 0 && (rc = read_float_key(f, arch, "rope.scale_linear", false, 0, &factor, err)))
+        return rc;
+    if (factor < 0)
+        return verr_set(err, VERR_RANGE, "%s: rope scaling factor %g must be > 0", file_name(f),
+                        factor);
+    hp->rope_freq_scale = factor == 0 ? 1.0f : 1.0f / factor;
+    if ((rc = read_int_key(f, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+                           &hp->n_ctx_orig_yarn, err)))
+        return rc;
+    return read_float_key(f, arch, "rope.scaling.attn_factor", false, 1.0f, &hp->rope_attn_factor,
+                          err);
+}
+
 int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, struct verr *err) {
     memset(hp, 0, sizeof *hp);
     char *arch = NULL;
@@ -155,45 +196,7 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, stru
         goto out;
     }
 
-    // llama.cpp: the scaling type defaults to "linear", which with no factor
-    // is no scaling at all.
-    {
-        char key[160];
-        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-        char *st = NULL;
-        rc = gguf_get_str(f, key, &st, err);
-        if (rc == VERR_NOTFOUND) {
-            hp->rope_scaling = ROPE_SCALING_LINEAR;
-        } else if (rc) {
-            goto out;
-        } else {
-            int t = rope_scaling_from_name(st);
-            if (t < 0) {
-                rc = verr_set(err, VERR_UNSUPPORTED,
-                              "%s: %s = '%s' is not supported (none, linear, yarn)", file_name(f),
-                              key, st);
-                free(st);
-                goto out;
-            }
-            free(st);
-            hp->rope_scaling = (enum rope_scaling_type)t;
-        }
-    }
-    float factor = 0;
-    if ((rc = read_float_key(f, arch, "rope.scaling.factor", false, 0, &factor, err)))
-        goto out;
-    if (factor == 0 && (rc = read_float_key(f, arch, "rope.scale_linear", false, 0, &factor, err)))
-        goto out;
-    if (factor < 0) {
-        rc = verr_set(err, VERR_RANGE, "%s: rope scaling factor %g must be > 0", file_name(f),
-                      factor);
-        goto out;
-    }
-    hp->rope_freq_scale = factor == 0 ? 1.0f : 1.0f / factor;
-    if ((rc = read_int_key(f, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train,
-                           &hp->n_ctx_orig_yarn, err)) ||
-        (rc = read_float_key(f, arch, "rope.scaling.attn_factor", false, 1.0f,
-                             &hp->rope_attn_factor, err)))
+    if ((rc = read_rope_scaling(f, arch, hp, err)))
         goto out;
 
     const struct gguf_tensor_info *te = gguf_find_tensor(f, "token_embd.weight");
