@@ -298,6 +298,44 @@ int transport_mpi_create(struct transport **out, struct pipeline_ctl *ctl,
 
 // --- loading one rank's stage -------------------------------------------------------
 
+// This rank's device (its entry of --devices, else the GPU of its local
+// rank: one process per GPU on each node, else the CPU), checked, and its
+// free memory, gathered from every rank: kinds[r] = kind << 32 | ordinal.
+static int gather_devices(struct pipeline_ctl *ctl, const struct load_config *a, uint64_t *kinds,
+                          uint64_t *frees, struct verr *err) {
+    const int n = ctl->n_ranks, me = ctl->rank;
+    struct backend_device list[PLAN_MAX_DEVICES], mine = {BACKEND_DEVICE_CPU, 0};
+    int n_list = 0, rc;
+    const int n_cuda = backend_cuda_device_count();
+    if (a->devices) {
+        if ((rc = plan_parse_devices(a->devices, list, PLAN_MAX_DEVICES, &n_list, err)))
+            return rc;
+        if (n_list != n && n_list != 1)
+            return verr_set(err, VERR_RANGE, "--devices lists %d devices for %d MPI ranks", n_list,
+                            n);
+        mine = list[n_list == 1 ? 0 : me];
+    } else if (a->backend != LOAD_BACKEND_CPU && n_cuda > 0) {
+        mine.kind = BACKEND_DEVICE_CUDA;
+        mine.ordinal = env_int("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", me) % n_cuda;
+    }
+    struct verr local = {0};
+    size_t fr = 0, total = 0;
+    int lrc = plan_check_devices(&mine, 1, n_cuda, backend_cuda_built(), &local);
+    if (!lrc)
+        lrc = backend_device_memory(&mine, &fr, &total, &local);
+    uint64_t oks[PLAN_MAX_DEVICES];
+    if ((rc =
+             ctl->allgather(ctl, (uint64_t)mine.kind << 32 | (uint32_t)mine.ordinal, kinds, err)) ||
+        (rc = ctl->allgather(ctl, fr, frees, err)) ||
+        (rc = ctl->allgather(ctl, lrc ? 1 : 0, oks, err)))
+        return rc;
+    for (int r = 0; r < n; r++)
+        if (oks[r])
+            return lrc ? verr_set(err, lrc, "rank %d: %s", me, local.msg)
+                       : verr_set(err, VERR_NOTFOUND, "rank %d cannot use its device", r);
+    return 0;
+}
+
 int pipeline_mpi_load(struct pipeline_ctl *ctl, const struct load_config *a,
                       const struct forward_config *cfg, const struct gguf_file *f,
                       struct pipeline **pipe, struct backend **be, struct model **m,
@@ -317,41 +355,9 @@ int pipeline_mpi_load(struct pipeline_ctl *ctl, const struct load_config *a,
     p->ctl = ctl;
     p->n_ubatch = a->n_ubatch;
 
-    // This rank's device: its entry of --devices, else the GPU of its local
-    // rank (one process per GPU on each node), else the CPU.
-    struct backend_device list[PLAN_MAX_DEVICES], mine = {BACKEND_DEVICE_CPU, 0};
-    int n_list = 0;
-    const int n_cuda = backend_cuda_device_count();
-    if (a->devices) {
-        if ((rc = plan_parse_devices(a->devices, list, PLAN_MAX_DEVICES, &n_list, err)))
-            goto fail;
-        if (n_list != n && n_list != 1) {
-            rc =
-                verr_set(err, VERR_RANGE, "--devices lists %d devices for %d MPI ranks", n_list, n);
-            goto fail;
-        }
-        mine = list[n_list == 1 ? 0 : me];
-    } else if (a->backend != LOAD_BACKEND_CPU && n_cuda > 0) {
-        mine.kind = BACKEND_DEVICE_CUDA;
-        mine.ordinal = env_int("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", me) % n_cuda;
-    }
-    struct verr local = {0};
-    size_t fr = 0, total = 0;
-    int lrc = plan_check_devices(&mine, 1, n_cuda, backend_cuda_built(), &local);
-    if (!lrc)
-        lrc = backend_device_memory(&mine, &fr, &total, &local);
-    uint64_t kinds[PLAN_MAX_DEVICES], frees[PLAN_MAX_DEVICES], oks[PLAN_MAX_DEVICES];
-    if ((rc =
-             ctl->allgather(ctl, (uint64_t)mine.kind << 32 | (uint32_t)mine.ordinal, kinds, err)) ||
-        (rc = ctl->allgather(ctl, fr, frees, err)) ||
-        (rc = ctl->allgather(ctl, lrc ? 1 : 0, oks, err)))
+    uint64_t kinds[PLAN_MAX_DEVICES], frees[PLAN_MAX_DEVICES];
+    if ((rc = gather_devices(ctl, a, kinds, frees, err)))
         goto fail;
-    for (int r = 0; r < n; r++)
-        if (oks[r]) {
-            rc = lrc ? verr_set(err, lrc, "rank %d: %s", me, local.msg)
-                     : verr_set(err, VERR_NOTFOUND, "rank %d cannot use its device", r);
-            goto fail;
-        }
     struct backend_device devs[PLAN_MAX_DEVICES];
     size_t free_bytes[PLAN_MAX_DEVICES];
     for (int r = 0; r < n; r++) {
