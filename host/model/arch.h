@@ -9,7 +9,8 @@
 // Who walks the tables: the loader's shape checks, loading and byte counts
 // (host/model/model.c), the synthetic-model writer (tools/mkmodel), the
 // benchmark's bytes-per-token (tools/cmd_bench.c, through
-// model_layer_weights). Adding an architecture: README, "Adding an
+// model_layer_size) and the forward pass (host/forward refuses a block it
+// does not run). Adding an architecture: README, "Adding an
 // architecture".
 #ifndef VELA_HOST_MODEL_ARCH_H
 #define VELA_HOST_MODEL_ARCH_H
