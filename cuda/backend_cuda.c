@@ -313,10 +313,6 @@ static int cu_rope_prepare(struct backend *be, struct cuda_rope *c, const struct
     return VERR_OK;
 }
 
-static bool cu_cache_type_ok(enum ggml_type t) {
-    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
-}
-
 // --- ops -----------------------------------------------------------------------
 
 static int cu_embed(struct backend *be, float *out, const struct backend_weight *table,
@@ -565,7 +561,7 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
                             int n_tok, int n_head_kv, int head_dim, int head_dim_v,
                             const struct rope_params *rp) {
     CU_ENTER(be);
-    if (!cu_cache_type_ok(type_k) || !cu_cache_type_ok(type_v))
+    if (!backend_cache_type_ok(type_k) || !backend_cache_type_ok(type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "rope_kv_store: cache types %s/%s (F16 or "
                         "F32)",
@@ -584,7 +580,7 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
-    if (!cu_cache_type_ok(a->type_k) || !cu_cache_type_ok(a->type_v))
+    if (!backend_cache_type_ok(a->type_k) || !backend_cache_type_ok(a->type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
                         ggml_type_name(a->type_k), ggml_type_name(a->type_v));
     if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv != 0)
@@ -633,7 +629,7 @@ static int cu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
                        const int32_t *delta, int n_layer, int n_ctx, int n_head_kv, int head_dim,
                        const struct rope_params *rp) {
     CU_ENTER(be);
-    if (!cu_cache_type_ok(type_k))
+    if (!backend_cache_type_ok(type_k))
         return verr_set(&be->err, VERR_UNSUPPORTED, "kv_shift: cache type %s (F16 or F32)",
                         ggml_type_name(type_k));
     struct cuda_rope c;

@@ -96,10 +96,6 @@ static size_t mul3(size_t a, size_t b, size_t c) {
     return ab * c;
 }
 
-static bool cache_type_ok(enum ggml_type t) {
-    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
-}
-
 int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be,
             struct verr *err) {
     memset(kv, 0, sizeof *kv);
@@ -123,7 +119,7 @@ int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be
                             "kv_init: n_layer %d, n_head_kv %d, head_dim %d, head_dim_v %d must "
                             "all be >= 1",
                             c.n_layer, c.n_head_kv, c.head_dim, c.head_dim_v);
-        if (!cache_type_ok(c.type_k) || !cache_type_ok(c.type_v))
+        if (!backend_cache_type_ok(c.type_k) || !backend_cache_type_ok(c.type_v))
             return verr_set(err, VERR_UNSUPPORTED,
                             "kv_init: cache types %s/%s: only f32 and f16 are supported",
                             ggml_type_name(c.type_k), ggml_type_name(c.type_v));

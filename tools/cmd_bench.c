@@ -314,10 +314,6 @@ static double layer_matmul_params(const struct split_model *smod) {
     return p;
 }
 
-static size_t cache_elem_bytes(enum ggml_type t) {
-    return t == GGML_TYPE_F32 ? 4 : 2;
-}
-
 // The bytes and flops of a run, from the model's shapes (see the top).
 static void test_cost(struct test *t, const struct split_model *smod, enum ggml_type type_k,
                       enum ggml_type type_v, int n_batch) {
@@ -325,8 +321,8 @@ static void test_cost(struct test *t, const struct split_model *smod, enum ggml_
     const struct model_hparams *hp = &m->hp;
     // K and V of one cell, all layers
     const double cell = (double)hp->n_layer * hp->n_head_kv *
-                        ((double)hp->head_dim * cache_elem_bytes(type_k) +
-                         (double)hp->head_dim_v * cache_elem_bytes(type_v));
+                        ((double)hp->head_dim * ggml_row_bytes(type_k, 1) +
+                         (double)hp->head_dim_v * ggml_row_bytes(type_v, 1));
     // flops of one query against one cell, all layers (q.k and p.v)
     const double attn = 2.0 * hp->n_layer * hp->n_head * ((double)hp->head_dim + hp->head_dim_v);
     const double mm = 2.0 * layer_matmul_params(smod);

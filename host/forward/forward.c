@@ -105,8 +105,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     int brc = check_block(hp, err);
     if (brc)
         return brc;
-    if ((cfg->type_k != GGML_TYPE_F16 && cfg->type_k != GGML_TYPE_F32) ||
-        (cfg->type_v != GGML_TYPE_F16 && cfg->type_v != GGML_TYPE_F32))
+    if (!backend_cache_type_ok(cfg->type_k) || !backend_cache_type_ok(cfg->type_v))
         return verr_set(err, VERR_UNSUPPORTED,
                         "forward: KV cache types must be f16 or f32 (got %s, %s)",
                         ggml_type_name(cfg->type_k), ggml_type_name(cfg->type_v));

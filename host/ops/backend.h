@@ -102,6 +102,13 @@ struct sample_params {
     double u;    // [0, 1)
 };
 
+// The KV cache element types: every backend stores, shifts and attends over
+// K and V in exactly these (kv_init, forward_init and the CUDA ops check
+// with this one function).
+static inline bool backend_cache_type_ok(enum ggml_type t) {
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
+}
+
 struct backend;
 
 struct backend_ops {
