@@ -69,24 +69,16 @@ static void fill_ranges(struct plan *p, const struct plan_input *in, const int *
     }
 }
 
-int plan_make(struct plan *out, const struct plan_input *in, struct verr *err) {
-    memset(out, 0, sizeof *out);
-    char nb[64], b1[32], b2[32];
-    if (in->n_layer < 1)
-        return verr_set(err, VERR_RANGE, "split: the model has %d layers", in->n_layer);
-    if (in->n_devices < 1 || in->n_devices > PLAN_MAX_DEVICES)
-        return verr_set(err, VERR_RANGE, "split: %d devices (must be 1..%d)", in->n_devices,
-                        PLAN_MAX_DEVICES);
-    if (!in->layer_bytes)
-        return verr_set(err, VERR_RANGE, "split: no layer sizes");
-
-    // Proportions: the user's, else free memory (equal shares when some
-    // device's memory is not limited, since "unlimited" has no size).
-    double w[PLAN_MAX_DEVICES], sum = 0;
+// The devices' shares: the user's proportions, else free memory (equal
+// shares when some device's memory is not limited, since "unlimited" has no
+// size). *sum > 0 on success.
+static int device_weights(const struct plan_input *in, double *w, double *sum, struct verr *err) {
+    char nb[64];
     bool any_unlimited = false;
     for (int d = 0; d < in->n_devices; d++)
         if (!in->free_bytes || in->free_bytes[d] == BACKEND_MEM_UNLIMITED)
             any_unlimited = true;
+    *sum = 0;
     for (int d = 0; d < in->n_devices; d++) {
         if (in->split) {
             float v = in->split[d];
@@ -98,32 +90,29 @@ int plan_make(struct plan *out, const struct plan_input *in, struct verr *err) {
         } else {
             w[d] = any_unlimited ? 1.0 : (double)in->free_bytes[d];
         }
-        sum += w[d];
+        *sum += w[d];
     }
-    if (!(sum > 0))
+    if (!(*sum > 0))
         return verr_set(err, VERR_RANGE,
                         in->split ? "--tensor-split: every proportion is 0"
                                   : "split: no device has free memory");
+    return 0;
+}
 
-    int active[PLAN_MAX_DEVICES], n_active = 0;
-    for (int d = 0; d < in->n_devices; d++)
-        if (w[d] > 0)
-            active[n_active++] = d;
-    if (n_active > in->n_layer)
-        return verr_set(err, VERR_RANGE,
-                        "split: %d stages for a model of %d layer%s: every stage needs at least "
-                        "one layer (give fewer --devices, or 0 in --tensor-split for some)",
-                        n_active, in->n_layer, in->n_layer == 1 ? "" : "s");
-
-    // llama.cpp's assignment: layer il goes to the first device whose
-    // cumulative share exceeds il / n_layer.
+// llama.cpp's assignment of layers to the n_active devices with a share:
+// layer il goes to the first device whose cumulative share exceeds
+// il / n_layer; then every device gets at least one layer, taken from the
+// device holding the most (its neighbours' ranges just slide).
+static void assign_layers(const struct plan_input *in, const double *w, double sum,
+                          const int *active, int n_active, int *count) {
     double cum[PLAN_MAX_DEVICES], acc = 0;
     for (int k = 0; k < n_active; k++) {
         acc += w[active[k]];
         cum[k] = acc / sum;
     }
     cum[n_active - 1] = 1.0; // no layer may fall off the end through rounding
-    int count[PLAN_MAX_DEVICES] = {0};
+    for (int k = 0; k < n_active; k++)
+        count[k] = 0;
     for (int il = 0; il < in->n_layer; il++) {
         double x = (double)il / (double)in->n_layer;
         int k = 0;
@@ -131,8 +120,6 @@ int plan_make(struct plan *out, const struct plan_input *in, struct verr *err) {
             k++;
         count[k]++;
     }
-    // Every device with a share gets at least one layer, taken from the
-    // device holding the most (its neighbours' ranges just slide).
     for (int k = 0; k < n_active; k++) {
         while (count[k] == 0) {
             int big = 0;
@@ -143,45 +130,45 @@ int plan_make(struct plan *out, const struct plan_input *in, struct verr *err) {
             count[k]++;
         }
     }
+}
 
-    out->n_stages = n_active;
-    out->n_layer = in->n_layer;
-    for (int k = 0; k < n_active; k++)
-        out->stage[k].device = active[k];
-    fill_ranges(out, in, count);
-
-    // By free memory (no --tensor-split), the fixed costs of the first and
-    // last stage can push them over: slide boundary layers to a neighbour
-    // with room. With the user's proportions the plan is what was asked for.
-    if (!in->split) {
-        for (int iter = 0; iter < in->n_layer * n_active; iter++) {
-            int over = -1;
-            for (int k = 0; k < n_active && over < 0; k++)
-                if (!stage_fits(in, &out->stage[k]))
-                    over = k;
-            if (over < 0 || count[over] <= 1)
-                break;
-            bool moved = false;
-            for (int dir = 1; dir >= -1 && !moved; dir -= 2) {
-                int nbk = over + dir;
-                if (nbk < 0 || nbk >= n_active)
-                    continue;
-                count[over]--;
-                count[nbk]++;
+// By free memory (no --tensor-split), the fixed costs of the first and last
+// stage can push them over: slide boundary layers to a neighbour with room.
+static void rebalance(struct plan *out, const struct plan_input *in, int *count) {
+    const int n_active = out->n_stages;
+    for (int iter = 0; iter < in->n_layer * n_active; iter++) {
+        int over = -1;
+        for (int k = 0; k < n_active && over < 0; k++)
+            if (!stage_fits(in, &out->stage[k]))
+                over = k;
+        if (over < 0 || count[over] <= 1)
+            break;
+        bool moved = false;
+        for (int dir = 1; dir >= -1 && !moved; dir -= 2) {
+            int nbk = over + dir;
+            if (nbk < 0 || nbk >= n_active)
+                continue;
+            count[over]--;
+            count[nbk]++;
+            fill_ranges(out, in, count);
+            if (stage_fits(in, &out->stage[nbk])) {
+                moved = true;
+            } else {
+                count[over]++;
+                count[nbk]--;
                 fill_ranges(out, in, count);
-                if (stage_fits(in, &out->stage[nbk])) {
-                    moved = true;
-                } else {
-                    count[over]++;
-                    count[nbk]--;
-                    fill_ranges(out, in, count);
-                }
             }
-            if (!moved)
-                break;
         }
+        if (!moved)
+            break;
     }
+}
 
+// VERR_NOMEM naming the first stage that does not fit, with what it needs
+// and what would help; 0 when every stage fits.
+static int check_fit(const struct plan *out, const struct plan_input *in, struct verr *err) {
+    char nb[64], b1[32], b2[32];
+    const int n_active = out->n_stages;
     size_t need = 0, have = 0;
     bool limited = true;
     for (int k = 0; k < n_active; k++) {
@@ -196,7 +183,7 @@ int plan_make(struct plan *out, const struct plan_input *in, struct verr *err) {
         if (stage_fits(in, st))
             continue;
         char bw[32], bk[32], bs[32];
-        int rc = verr_set(
+        return verr_set(
             err, VERR_NOMEM,
             "split: stage %d on %s (layers %d-%d) needs %s (weights %s, KV cache %s, scratch %s"
             "%s) but the device has %s free%s",
@@ -211,10 +198,45 @@ int plan_make(struct plan *out, const struct plan_input *in, struct verr *err) {
                 : (in->split ? "; try other --tensor-split proportions, a smaller context (-c) "
                                "or more devices"
                              : "; try a smaller context (-c) or more devices"));
-        memset(out, 0, sizeof *out);
-        return rc;
     }
     return 0;
+}
+
+int plan_make(struct plan *out, const struct plan_input *in, struct verr *err) {
+    memset(out, 0, sizeof *out);
+    if (in->n_layer < 1)
+        return verr_set(err, VERR_RANGE, "split: the model has %d layers", in->n_layer);
+    if (in->n_devices < 1 || in->n_devices > PLAN_MAX_DEVICES)
+        return verr_set(err, VERR_RANGE, "split: %d devices (must be 1..%d)", in->n_devices,
+                        PLAN_MAX_DEVICES);
+    if (!in->layer_bytes)
+        return verr_set(err, VERR_RANGE, "split: no layer sizes");
+    double w[PLAN_MAX_DEVICES], sum = 0;
+    int rc = device_weights(in, w, &sum, err);
+    if (rc)
+        return rc;
+    int active[PLAN_MAX_DEVICES], n_active = 0;
+    for (int d = 0; d < in->n_devices; d++)
+        if (w[d] > 0)
+            active[n_active++] = d;
+    if (n_active > in->n_layer)
+        return verr_set(err, VERR_RANGE,
+                        "split: %d stages for a model of %d layer%s: every stage needs at least "
+                        "one layer (give fewer --devices, or 0 in --tensor-split for some)",
+                        n_active, in->n_layer, in->n_layer == 1 ? "" : "s");
+    int count[PLAN_MAX_DEVICES];
+    assign_layers(in, w, sum, active, n_active, count);
+    out->n_stages = n_active;
+    out->n_layer = in->n_layer;
+    for (int k = 0; k < n_active; k++)
+        out->stage[k].device = active[k];
+    fill_ranges(out, in, count);
+    // With the user's proportions the plan is what was asked for.
+    if (!in->split)
+        rebalance(out, in, count);
+    if ((rc = check_fit(out, in, err)))
+        memset(out, 0, sizeof *out);
+    return rc;
 }
 
 void plan_format(const struct plan *p, const char *const *device_names, char *buf, size_t cap) {
