@@ -54,6 +54,85 @@ static int opt_arr(const struct gguf_file *f, const char *key, enum gguf_vtype e
     return optional(rc, &e, err);
 }
 
+// The vocabulary's arrays, checked against each other: tokens (required),
+// scores, token types and merges (optional; merges required by gpt2).
+struct vocab_arrays {
+    const struct gguf_array *tok, *scores, *types, *merges;
+    uint32_t n; // tokens
+};
+
+static int read_arrays(const struct gguf_file *f, const char *model, struct vocab_arrays *va,
+                       struct verr *err) {
+    int rc = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, &va->tok, err);
+    if (rc)
+        return rc;
+    if (va->tok->n == 0 || va->tok->n > (uint64_t)INT32_MAX)
+        return verr_set(err, VERR_RANGE, "%s: tokenizer.ggml.tokens: %llu tokens", f->path,
+                        (unsigned long long)va->tok->n);
+    const uint32_t n = va->n = (uint32_t)va->tok->n;
+    if ((rc = opt_arr(f, "tokenizer.ggml.scores", GGUF_VT_COUNT, &va->scores, err)) ||
+        (rc = opt_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, &va->types, err)) ||
+        (rc = opt_arr(f, "tokenizer.ggml.merges", GGUF_VT_STRING, &va->merges, err)))
+        return rc;
+    const struct gguf_array *sc = va->scores, *ty = va->types, *me = va->merges;
+    if (sc && sc->type != GGUF_VT_FLOAT32 && sc->type != GGUF_VT_INT32)
+        return verr_set(err, VERR_TYPE,
+                        "%s: key 'tokenizer.ggml.scores': expected ARRAY[FLOAT32] or "
+                        "ARRAY[INT32], found ARRAY[%s]",
+                        f->path, gguf_vtype_name(sc->type));
+    if (sc && sc->n < n)
+        return verr_set(err, VERR_FORMAT,
+                        "%s: tokenizer.ggml.scores has %llu entries for %u tokens", f->path,
+                        (unsigned long long)sc->n, n);
+    if (ty && ty->n < n)
+        return verr_set(err, VERR_FORMAT,
+                        "%s: tokenizer.ggml.token_type has %llu entries for %u tokens", f->path,
+                        (unsigned long long)ty->n, n);
+    if (!strcmp(model, "gpt2") && !me)
+        return verr_set(err, VERR_NOTFOUND,
+                        "%s: tokenizer.ggml.merges is missing (needed by a gpt2 tokenizer)",
+                        f->path);
+    if (me && me->n > (uint64_t)INT32_MAX)
+        return verr_set(err, VERR_RANGE, "%s: tokenizer.ggml.merges: %llu merges", f->path,
+                        (unsigned long long)me->n);
+    return 0;
+}
+
+// The special token ids and the add_* flags into d.
+static int read_specials(const struct gguf_file *f, struct tokenizer_desc *d, struct verr *err) {
+    struct {
+        const char *key;
+        int64_t *id;
+    } ids[] = {
+        {"tokenizer.ggml.bos_token_id", &d->bos},
+        {"tokenizer.ggml.eos_token_id", &d->eos},
+        {"tokenizer.ggml.eot_token_id", &d->eot},
+        {"tokenizer.ggml.eom_token_id", &d->eom},
+        {"tokenizer.ggml.unknown_token_id", &d->unk},
+        {"tokenizer.ggml.seperator_token_id", &d->sep}, // sic: the key as llama.cpp writes it
+        {"tokenizer.ggml.padding_token_id", &d->pad},
+        {"tokenizer.ggml.fim_pre_token_id", &d->fim_pre},
+        {"tokenizer.ggml.fim_suf_token_id", &d->fim_suf},
+        {"tokenizer.ggml.fim_mid_token_id", &d->fim_mid},
+        {"tokenizer.ggml.fim_pad_token_id", &d->fim_pad},
+        {"tokenizer.ggml.fim_rep_token_id", &d->fim_rep},
+        {"tokenizer.ggml.fim_sep_token_id", &d->fim_sep},
+        // Older names, read after the new ones so they win as in llama.cpp.
+        {"tokenizer.ggml.prefix_token_id", &d->fim_pre},
+        {"tokenizer.ggml.suffix_token_id", &d->fim_suf},
+        {"tokenizer.ggml.middle_token_id", &d->fim_mid},
+    };
+    int rc;
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if ((rc = opt_id(f, ids[i].key, ids[i].id, err)))
+            return rc;
+    if ((rc = opt_bool(f, "tokenizer.ggml.add_bos_token", &d->add_bos, err)) ||
+        (rc = opt_bool(f, "tokenizer.ggml.add_eos_token", &d->add_eos, err)) ||
+        (rc = opt_bool(f, "tokenizer.ggml.add_space_prefix", &d->add_space_prefix, err)))
+        return rc;
+    return 0;
+}
+
 int tokenizer_load(struct tokenizer **out, const struct gguf_file *f, struct verr *err) {
     *out = NULL;
     struct tokenizer_desc d;
@@ -63,56 +142,16 @@ int tokenizer_load(struct tokenizer **out, const struct gguf_file *f, struct ver
     size_t *token_lens = NULL, *merge_lens = NULL;
     float *scores = NULL;
     int32_t *types = NULL;
-    const struct gguf_array *a_tok, *a_scores, *a_types, *a_merges;
+    struct vocab_arrays va = {0};
     int rc;
 
-    rc = gguf_get_str(f, "tokenizer.ggml.model", &model, err);
-    if (rc)
+    if ((rc = gguf_get_str(f, "tokenizer.ggml.model", &model, err)) ||
+        (rc = opt_str(f, "tokenizer.ggml.pre", &pre, err)) ||
+        (rc = opt_str(f, "general.name", &name, err)) || (rc = read_arrays(f, model, &va, err)))
         goto done;
-    if ((rc = opt_str(f, "tokenizer.ggml.pre", &pre, err)) ||
-        (rc = opt_str(f, "general.name", &name, err)))
-        goto done;
-    rc = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, &a_tok, err);
-    if (rc)
-        goto done;
-    if (a_tok->n == 0 || a_tok->n > (uint64_t)INT32_MAX) {
-        rc = verr_set(err, VERR_RANGE, "%s: tokenizer.ggml.tokens: %llu tokens", f->path,
-                      (unsigned long long)a_tok->n);
-        goto done;
-    }
-    uint32_t n = (uint32_t)a_tok->n;
-    if ((rc = opt_arr(f, "tokenizer.ggml.scores", GGUF_VT_COUNT, &a_scores, err)) ||
-        (rc = opt_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, &a_types, err)) ||
-        (rc = opt_arr(f, "tokenizer.ggml.merges", GGUF_VT_STRING, &a_merges, err)))
-        goto done;
-    if (a_scores && a_scores->type != GGUF_VT_FLOAT32 && a_scores->type != GGUF_VT_INT32) {
-        rc = verr_set(err, VERR_TYPE,
-                      "%s: key 'tokenizer.ggml.scores': expected ARRAY[FLOAT32] or "
-                      "ARRAY[INT32], found ARRAY[%s]",
-                      f->path, gguf_vtype_name(a_scores->type));
-        goto done;
-    }
-    if (a_scores && a_scores->n < n) {
-        rc = verr_set(err, VERR_FORMAT, "%s: tokenizer.ggml.scores has %llu entries for %u tokens",
-                      f->path, (unsigned long long)a_scores->n, n);
-        goto done;
-    }
-    if (a_types && a_types->n < n) {
-        rc = verr_set(err, VERR_FORMAT,
-                      "%s: tokenizer.ggml.token_type has %llu entries for %u tokens", f->path,
-                      (unsigned long long)a_types->n, n);
-        goto done;
-    }
-    if (!strcmp(model, "gpt2") && !a_merges) {
-        rc = verr_set(err, VERR_NOTFOUND,
-                      "%s: tokenizer.ggml.merges is missing (needed by a gpt2 tokenizer)", f->path);
-        goto done;
-    }
-    if (a_merges && a_merges->n > (uint64_t)INT32_MAX) {
-        rc = verr_set(err, VERR_RANGE, "%s: tokenizer.ggml.merges: %llu merges", f->path,
-                      (unsigned long long)a_merges->n);
-        goto done;
-    }
+    const struct gguf_array *a_tok = va.tok, *a_scores = va.scores, *a_types = va.types,
+                            *a_merges = va.merges;
+    const uint32_t n = va.n;
 
     tokens = malloc((size_t)n * sizeof *tokens);
     token_lens = malloc((size_t)n * sizeof *token_lens);
@@ -157,34 +196,7 @@ int tokenizer_load(struct tokenizer **out, const struct gguf_file *f, struct ver
         d.n_merges = (uint32_t)nm;
     }
 
-    struct {
-        const char *key;
-        int64_t *id;
-    } ids[] = {
-        {"tokenizer.ggml.bos_token_id", &d.bos},
-        {"tokenizer.ggml.eos_token_id", &d.eos},
-        {"tokenizer.ggml.eot_token_id", &d.eot},
-        {"tokenizer.ggml.eom_token_id", &d.eom},
-        {"tokenizer.ggml.unknown_token_id", &d.unk},
-        {"tokenizer.ggml.seperator_token_id", &d.sep}, // sic: the key as llama.cpp writes it
-        {"tokenizer.ggml.padding_token_id", &d.pad},
-        {"tokenizer.ggml.fim_pre_token_id", &d.fim_pre},
-        {"tokenizer.ggml.fim_suf_token_id", &d.fim_suf},
-        {"tokenizer.ggml.fim_mid_token_id", &d.fim_mid},
-        {"tokenizer.ggml.fim_pad_token_id", &d.fim_pad},
-        {"tokenizer.ggml.fim_rep_token_id", &d.fim_rep},
-        {"tokenizer.ggml.fim_sep_token_id", &d.fim_sep},
-        // Older names, read after the new ones so they win as in llama.cpp.
-        {"tokenizer.ggml.prefix_token_id", &d.fim_pre},
-        {"tokenizer.ggml.suffix_token_id", &d.fim_suf},
-        {"tokenizer.ggml.middle_token_id", &d.fim_mid},
-    };
-    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
-        if ((rc = opt_id(f, ids[i].key, ids[i].id, err)))
-            goto done;
-    if ((rc = opt_bool(f, "tokenizer.ggml.add_bos_token", &d.add_bos, err)) ||
-        (rc = opt_bool(f, "tokenizer.ggml.add_eos_token", &d.add_eos, err)) ||
-        (rc = opt_bool(f, "tokenizer.ggml.add_space_prefix", &d.add_space_prefix, err)))
+    if ((rc = read_specials(f, &d, err)))
         goto done;
 
     d.model = model;
