@@ -682,23 +682,9 @@ static bool contains_ci(const char *hay, const char *needle) {
     return false;
 }
 
-int tokenizer_build(struct tokenizer **out, const struct tokenizer_desc *d, struct verr *err) {
-    *out = NULL;
-    if (!d->model)
-        return verr_set(err, VERR_NOTFOUND, "tokenizer: tokenizer.ggml.model is missing");
-    if (d->n_tokens == 0 || !d->tokens)
-        return verr_set(err, VERR_NOTFOUND, "tokenizer: tokenizer.ggml.tokens is missing or empty");
-    if (d->n_tokens > (uint32_t)INT32_MAX)
-        return verr_set(err, VERR_RANGE, "tokenizer.ggml.tokens: %u tokens", d->n_tokens);
-    struct tokenizer *t = calloc(1, sizeof *t);
-    if (!t)
-        return verr_set(err, VERR_NOMEM, "tokenizer: out of memory");
-    int rc;
-    t->n_vocab = (int32_t)d->n_tokens;
-    t->eot = t->eom = t->sep = t->pad = TOKENIZER_NULL;
-    t->fim_pre = t->fim_suf = t->fim_mid = t->fim_pad = t->fim_rep = t->fim_sep = TOKENIZER_NULL;
-
-    const struct pre_name *pn = NULL;
+// The model's kind and its defaults: SPM ("llama") or BPE ("gpt2") with its
+// pre-tokenizer.
+static int set_model(struct tokenizer *t, const struct tokenizer_desc *d, struct verr *err) {
     if (!strcmp(d->model, "llama")) {
         t->type = TOKENIZER_SPM;
         t->pre = TOKENIZER_PRE_DEFAULT;
@@ -707,52 +693,36 @@ int tokenizer_build(struct tokenizer **out, const struct tokenizer_desc *d, stru
         t->unk = 0;
         t->add_space_prefix = true;
         t->add_bos = true;
-    } else if (!strcmp(d->model, "gpt2")) {
-        t->type = TOKENIZER_BPE;
-        t->bos = t->eos = 11; // llama.cpp's defaults for gpt2 vocabularies
-        t->unk = TOKENIZER_NULL;
-        if (!d->pre) {
-            pn = pre_lookup("default");
-        } else {
-            pn = pre_lookup(d->pre);
-            if (!pn) {
-                rc = verr_set(err, VERR_UNSUPPORTED,
-                              "tokenizer.ggml.pre '%s': pre-tokenizer not supported by vela "
-                              "(supported: default, llama3/llama-bpe, qwen2, gpt-2, mpt, "
-                              "deepseek-llm, deepseek-coder, falcon, starcoder, refact and "
-                              "their aliases)",
-                              d->pre);
-                goto fail;
-            }
-        }
-        t->pre = pn->pre;
-        t->clean_spaces = pn->clean_spaces;
-        t->ignore_merges = pn->ignore_merges;
-        t->add_bos = pn->add_bos;
-        if (pn->no_bos)
-            t->bos = TOKENIZER_NULL;
-    } else {
-        rc = verr_set(err, VERR_UNSUPPORTED,
-                      "tokenizer.ggml.model '%s': not supported (vela reads 'llama' and 'gpt2')",
-                      d->model);
-        goto fail;
+        return 0;
     }
-    if (d->add_space_prefix >= 0)
-        t->add_space_prefix = d->add_space_prefix;
+    if (strcmp(d->model, "gpt2"))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "tokenizer.ggml.model '%s': not supported (vela reads 'llama' and 'gpt2')",
+                        d->model);
+    t->type = TOKENIZER_BPE;
+    t->bos = t->eos = 11; // llama.cpp's defaults for gpt2 vocabularies
+    t->unk = TOKENIZER_NULL;
+    const struct pre_name *pn = pre_lookup(d->pre ? d->pre : "default");
+    if (!pn)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "tokenizer.ggml.pre '%s': pre-tokenizer not supported by vela "
+                        "(supported: default, llama3/llama-bpe, qwen2, gpt-2, mpt, "
+                        "deepseek-llm, deepseek-coder, falcon, starcoder, refact and "
+                        "their aliases)",
+                        d->pre);
+    t->pre = pn->pre;
+    t->clean_spaces = pn->clean_spaces;
+    t->ignore_merges = pn->ignore_merges;
+    t->add_bos = pn->add_bos;
+    if (pn->no_bos)
+        t->bos = TOKENIZER_NULL;
+    return 0;
+}
 
-    if ((rc = build_vocab(t, d, err)))
-        goto fail;
-    if (t->type == TOKENIZER_BPE) {
-        if (!d->merges && d->n_merges) {
-            rc = verr_set(err, VERR_FORMAT, "tokenizer.ggml.merges: missing strings");
-            goto fail;
-        }
-        if ((rc = build_merges(t, d, err)))
-            goto fail;
-    }
-
-    // Special ids: defaults outside the vocabulary are dropped; given ids
-    // outside it are ignored (llama.cpp warns and keeps the default).
+// Special ids: defaults outside the vocabulary are dropped; given ids
+// outside it are ignored (llama.cpp warns and keeps the default). Then the
+// add_* flags, which need their token.
+static int set_special_ids(struct tokenizer *t, const struct tokenizer_desc *d, struct verr *err) {
     struct {
         int32_t *id;
         int64_t given;
@@ -773,26 +743,19 @@ int tokenizer_build(struct tokenizer **out, const struct tokenizer_desc *d, stru
         t->add_bos = d->add_bos;
     if (d->add_eos >= 0)
         t->add_eos = d->add_eos;
-    if (t->add_bos && t->bos == TOKENIZER_NULL) {
-        rc = verr_set(err, VERR_FORMAT,
-                      "tokenizer: tokenizer.ggml.add_bos_token is true, but "
-                      "tokenizer.ggml.bos_token_id is not set");
-        goto fail;
-    }
-    if (t->add_eos && t->eos == TOKENIZER_NULL) {
-        rc = verr_set(err, VERR_FORMAT,
-                      "tokenizer: tokenizer.ggml.add_eos_token is true, but "
-                      "tokenizer.ggml.eos_token_id is not set");
-        goto fail;
-    }
+    if (t->add_bos && t->bos == TOKENIZER_NULL)
+        return verr_set(err, VERR_FORMAT,
+                        "tokenizer: tokenizer.ggml.add_bos_token is true, but "
+                        "tokenizer.ggml.bos_token_id is not set");
+    if (t->add_eos && t->eos == TOKENIZER_NULL)
+        return verr_set(err, VERR_FORMAT,
+                        "tokenizer: tokenizer.ggml.add_eos_token is true, but "
+                        "tokenizer.ggml.eos_token_id is not set");
+    return 0;
+}
 
-    t->eog = calloc((size_t)t->n_vocab, 1);
-    if (!t->eog) {
-        rc = verr_set(err, VERR_NOMEM, "tokenizer: out of memory");
-        goto fail;
-    }
-    detect_specials(t);
-
+// The sorted list of special tokens (control, user-defined, unknown).
+static int list_specials(struct tokenizer *t, struct verr *err) {
     int32_t n_spec = 0;
     for (int32_t i = 0; i < t->n_vocab; i++)
         if (t->attrs[i] & (TOKEN_ATTR_CONTROL | TOKEN_ATTR_USER_DEFINED | TOKEN_ATTR_UNKNOWN))
@@ -801,33 +764,36 @@ int tokenizer_build(struct tokenizer **out, const struct tokenizer_desc *d, stru
     int32_t *tmp = malloc(((size_t)n_spec + 1) * sizeof *tmp);
     if (!t->specials || !tmp) {
         free(tmp);
-        rc = verr_set(err, VERR_NOMEM, "tokenizer: out of memory");
-        goto fail;
+        return verr_set(err, VERR_NOMEM, "tokenizer: out of memory");
     }
     for (int32_t i = 0; i < t->n_vocab; i++)
         if (t->attrs[i] & (TOKEN_ATTR_CONTROL | TOKEN_ATTR_USER_DEFINED | TOKEN_ATTR_UNKNOWN))
             t->specials[t->n_specials++] = i;
     sort_specials(t, t->specials, tmp, t->n_specials);
     free(tmp);
+    return 0;
+}
 
-    if ((rc = build_pieces(t, err)))
-        goto fail;
-
-    // Phi-3 GGUFs carry no strip attributes; llama.cpp sets them by name.
-    if (d->name && (contains_ci(d->name, "phi-3") || contains_ci(d->name, "phi3"))) {
-        for (int32_t i = 0; i < t->n_specials; i++)
-            t->attrs[t->specials[i]] |= TOKEN_ATTR_RSTRIP;
-        int32_t s = tokenizer_find(t, "</s>", 4);
+// Phi-3 GGUFs carry no strip attributes; llama.cpp sets them by name.
+static void phi3_strip_attrs(struct tokenizer *t, const char *name) {
+    if (!name || !(contains_ci(name, "phi-3") || contains_ci(name, "phi3")))
+        return;
+    for (int32_t i = 0; i < t->n_specials; i++)
+        t->attrs[t->specials[i]] |= TOKEN_ATTR_RSTRIP;
+    int32_t s = tokenizer_find(t, "</s>", 4);
+    if (s >= 0)
+        t->attrs[s] |= TOKEN_ATTR_RSTRIP;
+    const char *keep[] = {"<unk>", "<s>", "<|endoftext|>"};
+    for (size_t i = 0; i < 3; i++) {
+        s = tokenizer_find(t, keep[i], strlen(keep[i]));
         if (s >= 0)
-            t->attrs[s] |= TOKEN_ATTR_RSTRIP;
-        const char *keep[] = {"<unk>", "<s>", "<|endoftext|>"};
-        for (size_t i = 0; i < 3; i++) {
-            s = tokenizer_find(t, keep[i], strlen(keep[i]));
-            if (s >= 0)
-                t->attrs[s] &= ~(uint32_t)TOKEN_ATTR_RSTRIP;
-        }
+            t->attrs[s] &= ~(uint32_t)TOKEN_ATTR_RSTRIP;
     }
+}
 
+// The byte tokens and the newline token: SPM's byte token, else whatever
+// "\n" encodes to.
+static void find_byte_tokens(struct tokenizer *t) {
     for (int b = 0; b < 256; b++) {
         char hex[8];
         snprintf(hex, sizeof hex, "<0x%02X>", b);
@@ -838,16 +804,57 @@ int tokenizer_build(struct tokenizer **out, const struct tokenizer_desc *d, stru
         }
         t->byte_tok[b] = id;
     }
-
-    // The newline token: SPM's byte token, else whatever "\n" encodes to.
     if (t->type == TOKENIZER_SPM) {
         t->nl = t->byte_tok['\n'] >= 0 ? t->byte_tok['\n'] : t->pad;
     } else {
         int32_t ids_nl[8];
         int n_nl = 0;
-        rc = tokenizer_encode(t, "\n", 1, false, false, ids_nl, 8, &n_nl, NULL);
+        int rc = tokenizer_encode(t, "\n", 1, false, false, ids_nl, 8, &n_nl, NULL);
         t->nl = (rc == 0 || rc == VERR_FULL) && n_nl > 0 ? ids_nl[0] : t->pad;
     }
+}
+
+int tokenizer_build(struct tokenizer **out, const struct tokenizer_desc *d, struct verr *err) {
+    *out = NULL;
+    if (!d->model)
+        return verr_set(err, VERR_NOTFOUND, "tokenizer: tokenizer.ggml.model is missing");
+    if (d->n_tokens == 0 || !d->tokens)
+        return verr_set(err, VERR_NOTFOUND, "tokenizer: tokenizer.ggml.tokens is missing or empty");
+    if (d->n_tokens > (uint32_t)INT32_MAX)
+        return verr_set(err, VERR_RANGE, "tokenizer.ggml.tokens: %u tokens", d->n_tokens);
+    struct tokenizer *t = calloc(1, sizeof *t);
+    if (!t)
+        return verr_set(err, VERR_NOMEM, "tokenizer: out of memory");
+    int rc;
+    t->n_vocab = (int32_t)d->n_tokens;
+    t->eot = t->eom = t->sep = t->pad = TOKENIZER_NULL;
+    t->fim_pre = t->fim_suf = t->fim_mid = t->fim_pad = t->fim_rep = t->fim_sep = TOKENIZER_NULL;
+    if ((rc = set_model(t, d, err)))
+        goto fail;
+    if (d->add_space_prefix >= 0)
+        t->add_space_prefix = d->add_space_prefix;
+    if ((rc = build_vocab(t, d, err)))
+        goto fail;
+    if (t->type == TOKENIZER_BPE) {
+        if (!d->merges && d->n_merges) {
+            rc = verr_set(err, VERR_FORMAT, "tokenizer.ggml.merges: missing strings");
+            goto fail;
+        }
+        if ((rc = build_merges(t, d, err)))
+            goto fail;
+    }
+    if ((rc = set_special_ids(t, d, err)))
+        goto fail;
+    t->eog = calloc((size_t)t->n_vocab, 1);
+    if (!t->eog) {
+        rc = verr_set(err, VERR_NOMEM, "tokenizer: out of memory");
+        goto fail;
+    }
+    detect_specials(t);
+    if ((rc = list_specials(t, err)) || (rc = build_pieces(t, err)))
+        goto fail;
+    phi3_strip_attrs(t, d->name);
+    find_byte_tokens(t);
     *out = t;
     return 0;
 fail:
