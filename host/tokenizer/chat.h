@@ -1,0 +1,137 @@
+// Chat templates: a conversation (role, content messages) -> the prompt text
+// a chat model was trained on, following llama.cpp's built-in formatters
+// (llm_chat_detect_template / llm_chat_apply_template in src/llama-chat.cpp).
+// This is not a Jinja interpreter: tokenizer.chat_template is recognised by
+// the same substrings llama.cpp looks for and mapped to a formatter written
+// in C, so a template llama.cpp's legacy path cannot format is refused here
+// too, with the list of names that can be given instead (--chat-template).
+//
+// BOS: the formatted text never starts with the BOS token (llama.cpp's
+// formatters leave it to the tokenizer). Tokenize the first turn with
+// add_special (BOS where the vocabulary asks for it, tokenizer_add_bos) and
+// every later turn without it; always with parse_special, so the template's
+// markers ("<|im_start|>", "[INST]", ...) become their control tokens.
+//
+// End of a turn: generation of an assistant message stops at an
+// end-of-generation token (tokenizer_is_eog) or at the template's end-of-turn
+// text (chat_template_eot), as a token where the vocabulary has one
+// (chat_eot_token), else as a stop string.
+//
+// Contract: everything here is pure (no global state) and thread-safe.
+// Functions returning int give 0 or a negative VERR_* code with a message.
+#ifndef VELA_HOST_TOKENIZER_CHAT_H
+#define VELA_HOST_TOKENIZER_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/verr.h"
+
+struct gguf_file;
+struct tokenizer;
+
+// The built-in formatters; names (chat_template_name) are llama.cpp's.
+enum chat_template {
+    CHAT_TMPL_CHATML = 0,        // "chatml": Qwen, SmolLM, OpenHermes, ...
+    CHAT_TMPL_LLAMA2,            // "llama2": [INST] without a system block
+    CHAT_TMPL_LLAMA2_SYS,        // "llama2-sys": <<SYS>> block
+    CHAT_TMPL_LLAMA2_SYS_BOS,    // "llama2-sys-bos": <s> before each later [INST]
+    CHAT_TMPL_LLAMA2_SYS_STRIP,  // "llama2-sys-strip": contents trimmed
+    CHAT_TMPL_MISTRAL_V1,        // "mistral-v1"
+    CHAT_TMPL_MISTRAL_V3,        // "mistral-v3"
+    CHAT_TMPL_MISTRAL_V3_TEKKEN, // "mistral-v3-tekken"
+    CHAT_TMPL_MISTRAL_V7,        // "mistral-v7"
+    CHAT_TMPL_MISTRAL_V7_TEKKEN, // "mistral-v7-tekken"
+    CHAT_TMPL_PHI3,              // "phi3"
+    CHAT_TMPL_PHI4,              // "phi4"
+    CHAT_TMPL_FALCON3,           // "falcon3"
+    CHAT_TMPL_ZEPHYR,            // "zephyr"
+    CHAT_TMPL_MONARCH,           // "monarch"
+    CHAT_TMPL_GEMMA,             // "gemma"
+    CHAT_TMPL_ORION,             // "orion"
+    CHAT_TMPL_OPENCHAT,          // "openchat"
+    CHAT_TMPL_VICUNA,            // "vicuna"
+    CHAT_TMPL_VICUNA_ORCA,       // "vicuna-orca"
+    CHAT_TMPL_DEEPSEEK,          // "deepseek": DeepSeek Coder
+    CHAT_TMPL_DEEPSEEK2,         // "deepseek2"
+    CHAT_TMPL_DEEPSEEK3,         // "deepseek3"
+    CHAT_TMPL_COMMAND_R,         // "command-r"
+    CHAT_TMPL_LLAMA3,            // "llama3"
+    CHAT_TMPL_CHATGLM3,          // "chatglm3"
+    CHAT_TMPL_CHATGLM4,          // "chatglm4"
+    CHAT_TMPL_GLMEDGE,           // "glmedge"
+    CHAT_TMPL_MINICPM,           // "minicpm"
+    CHAT_TMPL_EXAONE3,           // "exaone3"
+    CHAT_TMPL_GRANITE,           // "granite": IBM Granite 3.x
+    CHAT_TMPL_COUNT
+};
+
+struct chat_msg {
+    const char *role;    // "system", "user", "assistant" (others pass through where the
+                         // template writes the role as text)
+    const char *content; // NUL-terminated UTF-8
+};
+
+// The template's name ("chatml", "llama3", ...); NULL outside the enum.
+const char *chat_template_name(enum chat_template t);
+
+// Writes the names of all built-in templates, comma separated, into buf
+// (truncated to size, always NUL-terminated when size > 0); returns the
+// length the whole list needs.
+size_t chat_template_list(char *buf, size_t size);
+
+// A name given by the user (--chat-template NAME). An unknown name is
+// VERR_NOTFOUND with a message listing the built-in names.
+int chat_template_from_name(const char *name, enum chat_template *out, struct verr *err);
+
+// llama.cpp's detection: a template that is exactly a built-in name is that
+// template; otherwise the Jinja text is matched by llama.cpp's substrings, in
+// llama.cpp's order. Returns the name llama.cpp would pick (which may be one
+// vela has no formatter for, e.g. "granite-4.0") or NULL when llama.cpp
+// recognises nothing.
+const char *chat_template_detect_name(const char *tmpl);
+
+// chat_template_detect_name then chat_template_from_name: VERR_UNSUPPORTED
+// (naming what llama.cpp calls it) for a template vela cannot format,
+// VERR_NOTFOUND for one nobody recognises; both messages list the names
+// --chat-template accepts.
+int chat_template_detect(const char *tmpl, enum chat_template *out, struct verr *err);
+
+// The model's template: override (a name, as --chat-template) when not NULL,
+// else tokenizer.chat_template of the file, else (no such key) "chatml", as
+// llama.cpp's llama_chat_apply_template does for a NULL template. *source
+// (when not NULL) is set to a static string saying where it came from:
+// "--chat-template", "tokenizer.chat_template" or "default (no
+// tokenizer.chat_template in the file)".
+int chat_template_from_gguf(const struct gguf_file *f, const char *override,
+                            enum chat_template *out, const char **source, struct verr *err);
+
+// Formats msgs[0..n) into a malloc'd NUL-terminated string (*len bytes, the
+// NUL not counted). add_generation_prompt appends what opens the assistant's
+// reply (for templates that have such a marker; llama2 and mistral end the
+// user turn with [/INST] and add nothing).
+int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,
+                bool add_generation_prompt, char **out, size_t *len, struct verr *err);
+
+// The text one more message adds to a conversation already in the cache:
+// llama.cpp's common_chat_format_single. Formats msgs[0..n-1) without a
+// generation prompt and msgs[0..n) with add_generation_prompt, and returns
+// the difference (with the newline a formatted history ends with kept when
+// a generation prompt is added). n >= 1.
+int chat_format_next(enum chat_template t, const struct chat_msg *msgs, size_t n,
+                     bool add_generation_prompt, char **out, size_t *len, struct verr *err);
+
+// The text the template writes after an assistant message ("<|im_end|>",
+// "<|eot_id|>", "</s>", ...): where the model writes it, its turn is over.
+const char *chat_template_eot(enum chat_template t);
+
+// The vocabulary's token for chat_template_eot, or TOKENIZER_NULL when the
+// vocabulary has no token with exactly that text.
+int32_t chat_eot_token(const struct tokenizer *tok, enum chat_template t);
+
+// Whether token id ends an assistant turn: an end-of-generation token of the
+// vocabulary or chat_eot_token.
+bool chat_is_end_of_turn(const struct tokenizer *tok, enum chat_template t, int32_t id);
+
+#endif
