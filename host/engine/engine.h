@@ -37,17 +37,22 @@ struct engine_config {
 };
 void engine_config_default(struct engine_config *c);
 
+struct engine_sched;
+
 struct engine {
-    struct split_model sm;  // the weights, on one device or several (owned)
-    struct executor *x;     // decodes over sm (host/forward/executor.h)
-    struct forward_ctx *fc; // x's front context: the KV cache, config, last results
-    struct model *m;        // sm.m: hparams, name
-    struct backend *be;     // sm.be
-    struct tokenizer *tok;  // NULL when the file has none and it was not needed
-    double t_load_ms;       // open + load + upload + context
+    struct split_model sm;      // the weights, on one device or several (owned)
+    struct executor *x;         // decodes over sm (host/forward/executor.h)
+    struct forward_ctx *fc;     // x's front context: the KV cache, config, last results
+    struct model *m;            // sm.m: hparams, name
+    struct backend *be;         // sm.be
+    struct tokenizer *tok;      // NULL when the file has none and it was not needed
+    struct engine_sched *sched; // the step API's slots and queue (step.h); NULL until used
+    double t_load_ms;           // open + load + upload + context
 };
 
 int engine_open(struct engine **out, const struct engine_config *c, struct verr *err);
+// engine_close and engine_reopen free the step API's state (host/engine/step.c).
+void engine_sched_free(struct engine_sched *s);
 void engine_close(struct engine *e);
 // Replaces the context (cache, scratch) with one for cfg, keeping the
 // weights: `vela eval` sizes the cache once it knows the token count.
@@ -124,6 +129,8 @@ struct engine_prompt {
     int n_tokens;          // >= 1
 };
 
+// A loop over the step API (host/engine/step.h; generate.c); the engine must
+// have no request of its own running (VERR_RANGE).
 // Generates for every prompt, at most g->n_parallel at a time, in one cache:
 // llama.cpp's parallel example with continuous batching. Each step decodes
 // together the next token of every generating sequence and the next chunk

@@ -1,0 +1,761 @@
+// The step API (see step.h): slots, a bounded queue and one batch per step.
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/engine/sched.h"
+#include "host/forward/executor.h"
+
+void engine_request_default(struct engine_request *r) {
+    memset(r, 0, sizeof *r);
+    sampler_params_default(&r->sp);
+    r->n_predict = -1;
+    r->ctx_shift = true;
+    r->n_keep = 0;
+    r->ga_n = 1;
+    r->ga_w = 512;
+}
+
+// ---------------------------------------------------------------------------
+// Lifecycle
+
+static void req_free(struct sched_req *q) {
+    if (!q)
+        return;
+    free(q->tokens);
+    free(q->stop);
+    free(q);
+}
+
+static struct sched_req *queue_at(const struct engine_sched *s, int i) {
+    return s->queue[(s->q_head + i) % s->cfg.n_queue_max];
+}
+
+void engine_sched_free(struct engine_sched *s) {
+    if (!s)
+        return;
+    for (int i = 0; s->slots && i < s->cfg.n_slots; i++) {
+        sampler_free(s->slots[i].smp);
+        tokenizer_stream_free(s->slots[i].stream);
+        free(s->slots[i].last);
+        req_free(s->slots[i].rq);
+    }
+    for (int i = 0; s->queue && i < s->q_len; i++)
+        req_free(queue_at(s, i));
+    free(s->slots);
+    free(s->queue);
+    free(s->rows);
+    free(s->tok);
+    free(s->pos);
+    free(s->seq);
+    free(s->want);
+    free(s);
+}
+
+// The configuration with its defaults filled in, checked against the context.
+static int sched_resolve(const struct engine *e, const struct engine_sched_config *c,
+                         struct engine_sched_config *out, int *n_ctx_seq, struct verr *err) {
+    const struct forward_ctx *fc = e->fc;
+    const int n_batch = fc->cfg.n_batch;
+    struct engine_sched_config r = *c;
+    if (r.n_slots == 0)
+        r.n_slots = fc->cfg.n_seq_max;
+    if (r.n_queue_max == 0)
+        r.n_queue_max = 256;
+    if (r.n_step_tokens == 0)
+        r.n_step_tokens = n_batch;
+    if (r.n_slots < 1 || r.n_slots > fc->cfg.n_seq_max ||
+        fc->cfg.n_outputs_max < (r.n_slots < n_batch ? r.n_slots : n_batch))
+        return verr_set(err, VERR_RANGE,
+                        "%d slots: the context was opened for %d sequences (%d logits rows)",
+                        r.n_slots, fc->cfg.n_seq_max, fc->cfg.n_outputs_max);
+    if (r.n_queue_max < 1 || r.n_queue_max > (1 << 20))
+        return verr_set(err, VERR_RANGE, "queue of %d requests: 1 .. %d", r.n_queue_max, 1 << 20);
+    if (r.n_step_tokens < -1)
+        return verr_set(err, VERR_RANGE, "step budget %d: -1 (none), 0 (n_batch) or > 0",
+                        r.n_step_tokens);
+    *n_ctx_seq = fc->cfg.n_ctx / r.n_slots;
+    if (*n_ctx_seq < 5)
+        return verr_set(err, VERR_RANGE,
+                        "a context of %d cells leaves %d per slot for %d slots; each needs at "
+                        "least 5 (raise -c)",
+                        fc->cfg.n_ctx, *n_ctx_seq, r.n_slots);
+    *out = r;
+    return 0;
+}
+
+int engine_sched_configure(struct engine *e, const struct engine_sched_config *c,
+                           struct verr *err) {
+    if (engine_n_active(e) || engine_n_queued(e))
+        return verr_set(err, VERR_RANGE,
+                        "the engine has %d requests running and %d queued: the slots can "
+                        "change only when it is idle",
+                        engine_n_active(e), engine_n_queued(e));
+    struct engine_sched_config r;
+    int n_ctx_seq = 0;
+    int rc = sched_resolve(e, c, &r, &n_ctx_seq, err);
+    if (rc)
+        return rc;
+    struct engine_sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    s->cfg = r;
+    s->n_ctx_seq = n_ctx_seq;
+    s->cap = r.n_slots * e->fc->cfg.n_batch;
+    s->slots = calloc((size_t)r.n_slots, sizeof *s->slots);
+    s->queue = calloc((size_t)r.n_queue_max, sizeof *s->queue);
+    s->rows = malloc((size_t)r.n_slots * sizeof *s->rows);
+    s->tok = malloc((size_t)s->cap * sizeof *s->tok);
+    s->pos = malloc((size_t)s->cap * sizeof *s->pos);
+    s->seq = malloc((size_t)s->cap * sizeof *s->seq);
+    s->want = malloc((size_t)s->cap);
+    if (!s->slots || !s->queue || !s->rows || !s->tok || !s->pos || !s->seq || !s->want) {
+        engine_sched_free(s);
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    }
+    // Ids stay unique over the engine's life.
+    s->next_id = e->sched ? e->sched->next_id : 1;
+    engine_sched_free(e->sched);
+    e->sched = s;
+    return 0;
+}
+
+static int sched_get(struct engine *e, struct verr *err) {
+    if (e->sched)
+        return 0;
+    struct engine_sched_config c = {0};
+    return engine_sched_configure(e, &c, err);
+}
+
+int engine_n_active(const struct engine *e) {
+    const struct engine_sched *s = e->sched;
+    int n = 0;
+    for (int i = 0; s && i < s->cfg.n_slots; i++)
+        n += s->slots[i].state != SLOT_FREE;
+    return n;
+}
+
+int engine_n_queued(const struct engine *e) {
+    return e->sched ? e->sched->q_len : 0;
+}
+
+const struct engine_stats *engine_sched_stats(const struct engine *e) {
+    static const struct engine_stats none;
+    return e->sched ? &e->sched->st : &none;
+}
+
+// ---------------------------------------------------------------------------
+// Submit
+
+static int check_sampler(const struct sampler_params *p, struct verr *err) {
+    if (!isfinite(p->temp) || !isfinite(p->top_p) || !isfinite(p->min_p) ||
+        !isfinite(p->repeat_penalty) || !isfinite(p->presence_penalty) ||
+        !isfinite(p->frequency_penalty))
+        return verr_set(err, VERR_RANGE, "a sampler value is not a finite number");
+    if (p->repeat_last_n < -1)
+        return verr_set(err, VERR_RANGE, "repeat_last_n %d: -1 (the context), 0 (off) or > 0",
+                        p->repeat_last_n);
+    return 0;
+}
+
+static int check_tokens(const int32_t *t, int n, int V, const char *what, struct verr *err) {
+    for (int i = 0; i < n; i++)
+        if (t[i] < 0 || t[i] >= V)
+            return verr_set(err, VERR_RANGE, "%stoken id %d is out of range (n_vocab %d)", what,
+                            t[i], V);
+    return 0;
+}
+
+static int check_request(const struct engine *e, const struct engine_request *r, struct verr *err) {
+    const int V = e->m->hp.n_vocab, max = e->sched->n_ctx_seq - 4;
+    if (!r->tokens || r->n_tokens < 1)
+        return verr_set(err, VERR_RANGE, "the prompt is empty");
+    // llama-cli's limit: room for a few generated tokens after the prompt.
+    if (r->n_tokens > max)
+        return verr_set(err, VERR_RANGE, "prompt is too long (%d tokens, max %d)", r->n_tokens,
+                        max);
+    int rc = check_tokens(r->tokens, r->n_tokens, V, "", err);
+    if (rc)
+        return rc;
+    if (r->n_predict < -2)
+        return verr_set(err, VERR_RANGE,
+                        "n_predict %d: -1 (until a stop), -2 (until a stop or the context is "
+                        "full) or >= 0",
+                        r->n_predict);
+    if (r->n_stop_tokens < 0 || r->n_stop_tokens > ENGINE_MAX_STOP_TOKENS ||
+        (r->n_stop_tokens > 0 && !r->stop_tokens))
+        return verr_set(err, VERR_RANGE, "%d stop tokens: 0 .. %d", r->n_stop_tokens,
+                        ENGINE_MAX_STOP_TOKENS);
+    if ((rc = check_tokens(r->stop_tokens, r->n_stop_tokens, V, "stop ", err)))
+        return rc;
+    if (r->ga_n != 1) {
+        struct kv_selfextend se;
+        if ((rc = kv_selfextend_init(&se, &e->fc->kv, r->ga_n, r->ga_w, 0, err)))
+            return rc;
+    }
+    return check_sampler(&r->sp, err);
+}
+
+int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id,
+                  struct verr *err) {
+    if (id)
+        *id = 0;
+    int rc = sched_get(e, err);
+    if (rc || (rc = check_request(e, r, err)))
+        return rc;
+    struct engine_sched *s = e->sched;
+    if (s->q_len == s->cfg.n_queue_max)
+        return verr_set(err, VERR_FULL, "the queue is full (%d requests waiting)", s->q_len);
+    struct sched_req *q = calloc(1, sizeof *q);
+    if (q) {
+        q->tokens = malloc((size_t)r->n_tokens * sizeof *q->tokens);
+        q->stop = malloc(((size_t)r->n_stop_tokens + 1) * sizeof *q->stop);
+    }
+    if (!q || !q->tokens || !q->stop) {
+        req_free(q);
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    }
+    memcpy(q->tokens, r->tokens, (size_t)r->n_tokens * sizeof *q->tokens);
+    if (r->n_stop_tokens)
+        memcpy(q->stop, r->stop_tokens, (size_t)r->n_stop_tokens * sizeof *q->stop);
+    q->p = *r;
+    q->p.tokens = q->tokens;
+    q->p.stop_tokens = q->stop;
+    if (q->p.sp.repeat_last_n < 0)
+        q->p.sp.repeat_last_n = s->n_ctx_seq;
+    q->id = s->next_id++;
+    q->st.n_prompt = r->n_tokens;
+    q->st.seed = r->sp.seed;
+    q->st.t_submit_ms = engine_now_ms();
+    q->st.ttft_ms = -1;
+    s->queue[(s->q_head + s->q_len) % s->cfg.n_queue_max] = q;
+    s->q_len++;
+    if (id)
+        *id = q->id;
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Slots
+
+static int req_emit(struct sched_req *q, enum engine_event ev, int32_t tok, const char *text,
+                    size_t len) {
+    if (!q->p.cb)
+        return 0;
+    struct engine_req_event x = {ev, q->id, tok, text, len, &q->st};
+    return q->p.cb(q->p.user, &x);
+}
+
+// Routes kv_selfextend's log lines to the request as notes.
+static void note_line(void *user, const char *line) {
+    struct slot *sl = user;
+    req_emit(sl->rq, ENGINE_EV_NOTE, -1, line, strlen(line));
+}
+
+static bool same_prompt(const struct slot *a, const struct slot *b) {
+    const struct engine_request *x = &a->rq->p, *y = &b->rq->p;
+    return x->n_tokens == y->n_tokens &&
+           !memcmp(x->tokens, y->tokens, (size_t)x->n_tokens * sizeof *x->tokens);
+}
+
+// Slot si takes request q. On failure the slot stays active and the step's
+// error path ends it.
+static int slot_start(struct engine *e, struct engine_sched *s, int si, struct sched_req *q,
+                      struct verr *err) {
+    struct slot *sl = &s->slots[si];
+    float *last = sl->last;
+    memset(sl, 0, sizeof *sl);
+    sl->last = last;
+    sl->state = SLOT_PROMPT;
+    sl->rq = q;
+    sl->out_row = -1;
+    sl->share_from = -1;
+    sl->next = -1;
+    sl->started_now = true;
+    const struct engine_request *r = &q->p;
+    q->st.t_start_ms = engine_now_ms();
+    // llama-cli's n_keep: -1 or more than the prompt keeps the prompt; else
+    // the BOS token is kept on top of what was asked.
+    sl->n_keep = r->n_keep;
+    if (sl->n_keep < 0 || sl->n_keep > r->n_tokens)
+        sl->n_keep = r->n_tokens;
+    else if (e->tok && tokenizer_bos(e->tok) >= 0 && r->tokens[0] == tokenizer_bos(e->tok))
+        sl->n_keep += 1;
+    // Shared cells would move for every sharer on a shift of one of them
+    // (seq_add moves a cell for all its sequences), so only a sequence that
+    // can never shift shares.
+    sl->can_share =
+        r->ga_n == 1 && (!r->ctx_shift || r->n_predict == -2 ||
+                         (r->n_predict >= 0 && r->n_tokens + r->n_predict < s->n_ctx_seq));
+    int rc = sampler_create(&sl->smp, &r->sp, e->m->hp.n_vocab, err);
+    if (rc)
+        return rc;
+    q->st.seed = sampler_seed(sl->smp);
+    for (int t = 0; t < r->n_tokens; t++)
+        sampler_accept(sl->smp, r->tokens[t]);
+    if (e->tok && (rc = tokenizer_stream_new(&sl->stream, e->tok, false, err)))
+        return rc;
+    if (r->ga_n != 1) {
+        if ((rc = kv_selfextend_init(&sl->se, &e->fc->kv, r->ga_n, r->ga_w, si, err)))
+            return rc;
+        sl->se.log = note_line;
+        sl->se.log_user = sl;
+    }
+    // Cells another user of the cache (engine_eval) left under this id.
+    if (e->fc->kv.used && (rc = kv_seq_rm(&e->fc->kv, si, -1, -1, err)))
+        return rc;
+    if (sl->can_share)
+        for (int t = 0; t < si; t++) {
+            const struct slot *o = &s->slots[t];
+            if (o->state == SLOT_PROMPT && o->started_now && o->share_from < 0 && o->can_share &&
+                same_prompt(o, sl)) {
+                sl->share_from = t;
+                break;
+            }
+        }
+    return 0;
+}
+
+static void stats_finish(struct engine_req_stats *st) {
+    st->tpot_ms = st->n_gen > 1 ? (st->t_last_ms - st->t_first_ms) / (st->n_gen - 1) : 0;
+}
+
+// Flushes the stream (flush: false on errors), frees the slot's cells and
+// state, reports why it ended and frees the request.
+static int slot_finish(struct engine *e, struct engine_sched *s, int si, const char *why,
+                       bool flush, struct verr *err) {
+    struct slot *sl = &s->slots[si];
+    struct sched_req *q = sl->rq;
+    const char *txt;
+    size_t len = 0;
+    if (sl->stream && flush) {
+        tokenizer_stream_flush(sl->stream, &txt, &len);
+        if (len)
+            req_emit(q, ENGINE_EV_TOKEN, -1, txt, len);
+    }
+    int rc = kv_seq_rm(&e->fc->kv, si, -1, -1, err);
+    sampler_free(sl->smp);
+    tokenizer_stream_free(sl->stream);
+    sl->smp = NULL;
+    sl->stream = NULL;
+    sl->state = SLOT_FREE;
+    sl->rq = NULL;
+    sl->cancel = false;
+    // Who waited to share its prompt reads it itself.
+    for (int t = 0; t < s->cfg.n_slots; t++)
+        if (s->slots[t].share_from == si)
+            s->slots[t].share_from = -1;
+    s->st.n_seq++;
+    stats_finish(&q->st);
+    req_emit(q, ENGINE_EV_DONE, sl->next, why, strlen(why));
+    req_free(q);
+    return rc;
+}
+
+static int end_active(struct engine *e, struct engine_sched *s, const char *why, bool flush,
+                      struct verr *err) {
+    int rc = 0;
+    for (int si = 0; si < s->cfg.n_slots; si++)
+        if (s->slots[si].state != SLOT_FREE) {
+            int r = slot_finish(e, s, si, why, flush, err);
+            rc = rc ? rc : r;
+        }
+    return rc;
+}
+
+int sched_end_all(struct engine *e, const char *why, struct verr *err) {
+    struct engine_sched *s = e->sched;
+    if (!s)
+        return 0;
+    int rc = end_active(e, s, why, strcmp(why, "error") != 0, err);
+    for (int i = 0; i < s->q_len; i++)
+        req_free(queue_at(s, i));
+    s->q_len = 0;
+    s->q_head = 0;
+    return rc;
+}
+
+static struct sched_req *find_req(const struct engine_sched *s, uint64_t id, int *slot, int *qi) {
+    *slot = *qi = -1;
+    for (int i = 0; s && id && i < s->cfg.n_slots; i++)
+        if (s->slots[i].rq && s->slots[i].rq->id == id) {
+            *slot = i;
+            return s->slots[i].rq;
+        }
+    for (int i = 0; s && id && i < s->q_len; i++)
+        if (queue_at(s, i)->id == id) {
+            *qi = i;
+            return queue_at(s, i);
+        }
+    return NULL;
+}
+
+int engine_req_stats_get(const struct engine *e, uint64_t id, struct engine_req_stats *out) {
+    int slot, qi;
+    struct sched_req *q = find_req(e->sched, id, &slot, &qi);
+    if (!q)
+        return VERR_NOTFOUND;
+    *out = q->st;
+    stats_finish(out);
+    return 0;
+}
+
+int engine_cancel(struct engine *e, uint64_t id, struct verr *err) {
+    struct engine_sched *s = e->sched;
+    int si, qi;
+    struct sched_req *q = find_req(s, id, &si, &qi);
+    if (!q)
+        return verr_set(err, VERR_NOTFOUND, "request %llu is not active or queued",
+                        (unsigned long long)id);
+    if (si >= 0) {
+        if (s->in_step) {
+            s->slots[si].cancel = true;
+            return 0;
+        }
+        return slot_finish(e, s, si, "cancelled", true, err);
+    }
+    for (int i = qi; i + 1 < s->q_len; i++)
+        s->queue[(s->q_head + i) % s->cfg.n_queue_max] = queue_at(s, i + 1);
+    s->q_len--;
+    stats_finish(&q->st);
+    req_emit(q, ENGINE_EV_DONE, -1, "cancelled", strlen("cancelled"));
+    req_free(q);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// The step
+
+// Before the step's entry for a generating slot: room for one more token in
+// its share of the cells, by a context shift if allowed. Returns 1 when the
+// slot must end with "context full".
+static int make_room(struct engine *e, struct engine_sched *s, int si, struct verr *err) {
+    struct slot *sl = &s->slots[si];
+    const struct engine_request *r = &sl->rq->p;
+    // Without self-extend, llama-cli's rule: n_past + 1 >= n_ctx. Self-extend
+    // keeps positions low, so there the cells are what runs out.
+    bool full = r->ga_n == 1 ? sl->n_past + 1 >= s->n_ctx_seq : sl->n_cells + 1 > s->n_ctx_seq;
+    if (!full)
+        return 0;
+    if (r->ga_n != 1 || !r->ctx_shift || r->n_predict == -2)
+        return 1;
+    int32_t n_discard = 0;
+    int rc = kv_context_shift(&e->fc->kv, si, sl->n_keep, sl->n_past, &n_discard, err);
+    if (rc)
+        return rc;
+    if (n_discard <= 0)
+        return 1;
+    char line[160];
+    snprintf(line, sizeof line, "context shift: n_past = %d, n_keep = %d, n_discard = %d",
+             sl->n_past, sl->n_keep, n_discard);
+    sl->n_past -= n_discard;
+    sl->n_cells -= n_discard;
+    s->st.n_ctx_shifts++;
+    sl->rq->st.n_ctx_shifts++;
+    req_emit(sl->rq, ENGINE_EV_SHIFT, n_discard, line, strlen(line));
+    return sl->n_past + 1 >= s->n_ctx_seq ? 1 : 0;
+}
+
+struct step_count {
+    int n, n_p, n_g; // batch entries; of those prompt and generated tokens
+};
+
+// Appends slot si's entries: its next token, or the next chunk of its prompt
+// (at most nb tokens).
+static void add_entries(struct engine_sched *s, int si, int nb, struct step_count *c) {
+    struct slot *sl = &s->slots[si];
+    int n = c->n;
+    if (sl->state == SLOT_GEN) {
+        s->tok[n] = sl->next;
+        s->pos[n] = sl->n_past;
+        s->seq[n] = si;
+        s->want[n] = 1;
+        sl->out_row = n;
+        sl->out_pos = sl->n_past;
+        c->n++, c->n_g++;
+        sl->n_past++;
+        sl->n_cells++;
+        return;
+    }
+    const int32_t *prompt = sl->rq->p.tokens;
+    for (int t = 0; t < nb; t++) {
+        s->tok[n + t] = prompt[sl->n_consumed + t];
+        s->pos[n + t] = sl->n_past + t;
+        s->seq[n + t] = si;
+        s->want[n + t] = 0;
+    }
+    sl->n_consumed += nb;
+    sl->n_past += nb;
+    sl->n_cells += nb;
+    sl->rq->st.n_prompt_eval += nb;
+    if (sl->n_consumed == sl->rq->p.n_tokens) {
+        s->want[n + nb - 1] = 1;
+        sl->out_row = n + nb - 1;
+        sl->out_pos = sl->n_past - 1;
+    }
+    c->n += nb, c->n_p += nb;
+}
+
+// The step batch: a token per generating slot, then prompt chunks under the
+// budget, in slot order.
+static int step_build(struct engine *e, struct engine_sched *s, struct step_count *c,
+                      struct verr *err) {
+    const int n_batch = e->fc->cfg.n_batch;
+    int left = INT_MAX; // prompt tokens the budget still allows
+    if (s->cfg.n_step_tokens > 0) {
+        left = s->cfg.n_step_tokens;
+        for (int si = 0; si < s->cfg.n_slots; si++)
+            left -= s->slots[si].state == SLOT_GEN;
+    }
+    for (int si = 0; si < s->cfg.n_slots; si++) {
+        struct slot *sl = &s->slots[si];
+        int rc, nb = 0;
+        sl->out_row = -1;
+        if (sl->state == SLOT_GEN) {
+            if ((rc = make_room(e, s, si, err)) < 0)
+                return rc;
+            if (rc == 1) {
+                if ((rc = slot_finish(e, s, si, "context full", true, err)))
+                    return rc;
+                continue;
+            }
+        } else if (sl->state != SLOT_PROMPT || sl->share_from >= 0) {
+            continue;
+        } else {
+            nb = sl->rq->p.n_tokens - sl->n_consumed;
+            nb = nb < n_batch ? nb : n_batch;
+            nb = nb < left ? nb : left;
+            if (nb <= 0)
+                continue;
+            left -= nb;
+        }
+        if (sl->rq->p.ga_n != 1 &&
+            (rc = kv_selfextend_apply(&sl->se, &e->fc->kv, &sl->n_past, err)))
+            return rc;
+        add_entries(s, si, nb, c);
+    }
+    return 0;
+}
+
+// Where this step's rows are picked: the argmax on the backend when every
+// active request is greedy without penalties; the backend's sample op when
+// none has penalties or a logits hook and none waits to share a prompt's row
+// (its draws are taken here, once, in batch order: the draws sampler_sample
+// would take later); else the rows come to the host.
+static int step_head(struct engine *e, struct engine_sched *s, int n, enum forward_head *head,
+                     struct verr *err) {
+    bool argmax = true, sample = executor_can_sample(e->x);
+    for (int si = 0; si < s->cfg.n_slots; si++) {
+        const struct slot *sl = &s->slots[si];
+        if (sl->state == SLOT_FREE)
+            continue;
+        const struct engine_request *r = &sl->rq->p;
+        bool pen_off = sampler_penalties_off(sl->smp);
+        argmax = argmax && !r->on_logits && r->sp.temp <= 0 && pen_off;
+        sample = sample && !r->on_logits && pen_off && sl->share_from < 0;
+    }
+    if (argmax) {
+        *head = FORWARD_HEAD_ARGMAX;
+        return 0;
+    }
+    if (sample) {
+        *head = FORWARD_HEAD_SAMPLE;
+        for (int bi = 0, o = 0; bi < n; bi++)
+            if (s->want[bi])
+                sampler_next_params(s->slots[s->seq[bi]].smp, &s->rows[o++]);
+        return 0;
+    }
+    *head = FORWARD_HEAD_LOGITS;
+    const size_t row = (size_t)e->m->hp.n_vocab * sizeof(float);
+    for (int si = 0; si < s->cfg.n_slots; si++)
+        if (s->slots[si].state != SLOT_FREE && !s->slots[si].last &&
+            !(s->slots[si].last = malloc(row)))
+            return verr_set(err, VERR_NOMEM, "out of host memory");
+    return 0;
+}
+
+// Decodes entries [0, n) of the step batch in pieces of at most n_batch
+// tokens; a piece that finds no contiguous run of free cells is retried in
+// halves (llama.cpp's parallel example), down to single tokens, which always
+// fit since every sequence stays within its share of the cells. Each output
+// row is stored with the slot it belongs to. With the sample op, a retried
+// piece passes the same rows again, so no draw is taken twice.
+static int step_decode(struct engine *e, struct engine_sched *s, int n, enum forward_head head,
+                       struct verr *err) {
+    struct forward_ctx *fc = e->fc;
+    const int V = e->m->hp.n_vocab, n_slots = s->cfg.n_slots;
+    int piece = fc->cfg.n_batch;
+    int o_base = 0; // output rows of the step before entry i
+    for (int i = 0; i < n;) {
+        int nb = n - i < piece ? n - i : piece;
+        struct forward_batch b = {nb, s->tok + i, s->pos + i, s->seq + i, s->want + i};
+        const struct sample_params *rows = head == FORWARD_HEAD_SAMPLE ? s->rows + o_base : NULL;
+        int rc = executor_decode(e->x, &b, head, rows, err);
+        if (rc == VERR_FULL && nb > 1) {
+            piece = nb / 2;
+            s->st.n_batch_splits++;
+            continue;
+        }
+        if (rc)
+            return rc;
+        for (int o = 0; o < fc->n_out; o++) {
+            int bi = i + fc->out_batch_idx[o];
+            int si = s->seq[bi];
+            if (si < 0 || si >= n_slots || s->slots[si].out_row != bi)
+                continue;
+            if (head != FORWARD_HEAD_LOGITS)
+                s->slots[si].amax = forward_argmax(fc, o);
+            else
+                memcpy(s->slots[si].last, forward_logits(fc, o), (size_t)V * sizeof(float));
+        }
+        o_base += fc->n_out;
+        i += nb;
+    }
+    return 0;
+}
+
+// Requests that share a prompt read just now take its cells and its row.
+static int step_share(struct engine *e, struct engine_sched *s, enum forward_head head,
+                      struct verr *err) {
+    const int V = e->m->hp.n_vocab;
+    for (int si = 0; si < s->cfg.n_slots; si++) {
+        struct slot *sl = &s->slots[si];
+        if (sl->state != SLOT_PROMPT || sl->share_from < 0)
+            continue;
+        const struct slot *src = &s->slots[sl->share_from];
+        if (src->out_row < 0 || src->state != SLOT_PROMPT)
+            continue; // its prompt is still being read
+        int rc = kv_seq_cp(&e->fc->kv, sl->share_from, si, -1, -1, err);
+        if (rc)
+            return rc;
+        sl->n_consumed = src->n_consumed;
+        sl->n_past = src->n_past;
+        sl->n_cells = src->n_cells;
+        sl->out_row = src->out_row;
+        sl->out_pos = src->out_pos;
+        sl->amax = src->amax;
+        if (head == FORWARD_HEAD_LOGITS)
+            memcpy(sl->last, src->last, (size_t)V * sizeof(float));
+        sl->share_from = -1;
+    }
+    return 0;
+}
+
+static bool is_stop_token(const struct engine_request *r, int32_t tok) {
+    for (int i = 0; i < r->n_stop_tokens; i++)
+        if (r->stop_tokens[i] == tok)
+            return true;
+    return false;
+}
+
+// Slot si's row came out: its next token (picked: by the backend).
+static int sample_slot(struct engine *e, struct engine_sched *s, int si, bool picked,
+                       struct verr *err) {
+    struct slot *sl = &s->slots[si];
+    struct sched_req *q = sl->rq;
+    const struct engine_request *r = &q->p;
+    sl->state = SLOT_GEN;
+    if (r->n_predict == 0) // the prompt is read, nothing is sampled
+        return slot_finish(e, s, si, "n_predict", true, err);
+    bool stop = r->on_logits && r->on_logits(r->user, q->id, sl->out_pos, sl->last);
+    int32_t tok = picked ? sl->amax : sampler_sample(sl->smp, sl->last);
+    s->st.n_gen_backend += picked;
+    q->st.n_gen_backend += picked;
+    sampler_accept(sl->smp, tok);
+    s->st.n_gen++;
+    q->st.n_gen++;
+    sl->next = tok;
+    double now = engine_now_ms();
+    if (q->st.n_gen == 1) {
+        q->st.t_first_ms = now;
+        q->st.ttft_ms = now - q->st.t_submit_ms;
+    }
+    q->st.t_last_ms = now;
+    stats_finish(&q->st);
+    const char *txt = "";
+    size_t len = 0;
+    int rc;
+    if (sl->stream && tok < tokenizer_n_vocab(e->tok) &&
+        (rc = tokenizer_stream_push(sl->stream, tok, &txt, &len, err)))
+        return rc;
+    stop |= req_emit(q, ENGINE_EV_TOKEN, tok, txt, len) != 0;
+    const char *why = NULL;
+    if (!r->ignore_eos && e->tok && tokenizer_is_eog(e->tok, tok))
+        why = "eog";
+    else if (is_stop_token(r, tok))
+        why = "stop token";
+    else if (r->n_predict >= 0 && q->st.n_gen >= r->n_predict)
+        why = "n_predict";
+    else if (stop)
+        why = "stopped";
+    return why ? slot_finish(e, s, si, why, true, err) : 0;
+}
+
+static int step_once(struct engine *e, struct engine_sched *s, struct verr *err) {
+    int rc;
+    for (int si = 0; si < s->cfg.n_slots; si++)
+        s->slots[si].started_now = false;
+    for (int si = 0; si < s->cfg.n_slots && s->q_len; si++) {
+        if (s->slots[si].state != SLOT_FREE)
+            continue;
+        struct sched_req *q = queue_at(s, 0);
+        s->q_head = (s->q_head + 1) % s->cfg.n_queue_max;
+        s->q_len--;
+        if ((rc = slot_start(e, s, si, q, err)))
+            return rc;
+    }
+    struct step_count c = {0};
+    if ((rc = step_build(e, s, &c, err)))
+        return rc;
+    if (c.n == 0)
+        return 0; // every generating slot ended on a full context
+    enum forward_head head;
+    if ((rc = step_head(e, s, c.n, &head, err)))
+        return rc;
+    double t0 = engine_now_ms();
+    if ((rc = step_decode(e, s, c.n, head, err)))
+        return rc;
+    double t_dec = engine_now_ms() - t0;
+    s->st.t_prompt_ms += t_dec * c.n_p / c.n;
+    s->st.t_gen_ms += t_dec * c.n_g / c.n;
+    s->st.n_prompt += c.n_p;
+    if (c.n_g)
+        s->st.n_decode_gen++;
+    if ((rc = step_share(e, s, head, err)))
+        return rc;
+    double ts = engine_now_ms();
+    for (int si = 0; si < s->cfg.n_slots && !s->halt; si++) {
+        const struct slot *sl = &s->slots[si];
+        if (sl->out_row < 0 || sl->state == SLOT_FREE)
+            continue;
+        if ((rc = sample_slot(e, s, si, head != FORWARD_HEAD_LOGITS, err)))
+            return rc;
+    }
+    s->st.t_gen_ms += engine_now_ms() - ts;
+    return 0;
+}
+
+int engine_step(struct engine *e, struct verr *err) {
+    struct engine_sched *s = e->sched;
+    if (!s || (!engine_n_active(e) && !s->q_len))
+        return 0;
+    if (s->in_step)
+        return verr_set(err, VERR_RANGE, "engine_step called from a request's callback");
+    s->in_step = true;
+    s->halt = false;
+    int rc = step_once(e, s, err);
+    s->in_step = false;
+    if (rc < 0) {
+        // The requests' positions and cells no longer agree with what was
+        // decoded: they end; the queue waits for the next step.
+        end_active(e, s, "error", false, NULL);
+        return rc;
+    }
+    for (int si = 0; si < s->cfg.n_slots; si++)
+        if (s->slots[si].state != SLOT_FREE && s->slots[si].cancel &&
+            (rc = slot_finish(e, s, si, "cancelled", true, err)))
+            return rc;
+    return engine_n_active(e) || s->q_len ? 1 : 0;
+}

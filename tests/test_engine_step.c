@@ -1,0 +1,555 @@
+// The step API (host/engine/step.h) on the CPU backend with a tiny model
+// written by the test (tests/tiny_model.h): requests submitted while others
+// decode, cancelled in the middle, 64 requests with different sampling
+// settings, shared prompts, stop tokens, bad input. The reference for every
+// request is the same request run alone in an engine of one slot whose
+// context is the per-slot context (n_ctx / n_slots): the tokens must be the
+// same, exactly, greedy and seeded alike (each request samples with its own
+// seeded sampler, and a sequence's logits do not depend on what else is in
+// the batch on the CPU backend, which test_engine's parallel tests show too).
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/engine/step.h"
+#include "tiny_model.h"
+#include "tools/args.h"
+
+#define MAX_TOK 128
+#define N_VOCAB 300
+
+static char *model_path;
+
+static void setup(void) {
+    struct tiny_cfg cfg;
+    tiny_cfg_default(&cfg, "llama");
+    cfg.vocab = true;
+    cfg.n_vocab = N_VOCAB;
+    struct tiny_weights w;
+    model_path = malloc(128);
+    tiny_temp_path(model_path, 128, "engstep");
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&cfg, model_path, &w, &err), 0, "tiny_write: %s", err.msg);
+    tiny_weights_free(&w);
+}
+
+static void teardown(void) {
+    unlink(model_path);
+    free(model_path);
+}
+
+TestSuite(engine_step, .init = setup, .fini = teardown);
+
+// n_slots sequences of n_ctx_seq cells each.
+static struct engine *open_engine(int n_ctx_seq, int n_batch, int n_slots) {
+    struct args_model am;
+    args_model_default(&am);
+    am.model_path = model_path;
+    am.backend = LOAD_BACKEND_CPU;
+    am.n_threads = 2;
+    am.n_ctx = n_ctx_seq * n_slots;
+    am.n_batch = n_batch;
+    am.type_k = am.type_v = GGML_TYPE_F32;
+    struct engine_config op;
+    args_engine_config(&am, &op);
+    op.ctx.n_seq_max = n_slots;
+    op.ctx.n_outputs_max = n_slots;
+    struct engine *e = NULL;
+    struct verr err = {0};
+    cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);
+    return e;
+}
+
+// What one request's callback saw.
+struct req_out {
+    uint64_t id;
+    int32_t tok[MAX_TOK];
+    int n;
+    char why[24];
+    int n_done;
+    struct engine_req_stats st; // at DONE
+    // optional: cancel itself from the callback after this many tokens (0: never)
+    struct engine *e;
+    int cancel_after;
+};
+
+static int collect(void *user, const struct engine_req_event *ev) {
+    struct req_out *o = user;
+    cr_assert_eq(o->n_done, 0, "request %llu: an event after DONE", (unsigned long long)o->id);
+    cr_assert_eq(ev->id, o->id);
+    if (ev->ev == ENGINE_EV_TOKEN && ev->token >= 0) {
+        cr_assert_lt(o->n, MAX_TOK);
+        o->tok[o->n++] = ev->token;
+        if (o->cancel_after && o->n == o->cancel_after) {
+            struct verr err = {0};
+            cr_assert_eq(engine_cancel(o->e, o->id, &err), 0, "%s", err.msg);
+        }
+    } else if (ev->ev == ENGINE_EV_DONE) {
+        snprintf(o->why, sizeof o->why, "%.*s", (int)ev->len, ev->text);
+        o->st = *ev->stats;
+        o->n_done++;
+    }
+    return 0;
+}
+
+static uint64_t submit(struct engine *e, const struct engine_request *r, struct req_out *o) {
+    struct engine_request q = *r;
+    q.cb = collect;
+    q.user = o;
+    struct verr err = {0};
+    uint64_t id = 0;
+    cr_assert_eq(engine_submit(e, &q, &id, &err), 0, "engine_submit: %s", err.msg);
+    cr_assert_neq(id, 0);
+    o->id = id;
+    return id;
+}
+
+static void run_to_end(struct engine *e) {
+    struct verr err = {0};
+    int rc, n = 0;
+    while ((rc = engine_step(e, &err)) == 1)
+        cr_assert_lt(++n, 100000, "the engine never goes idle");
+    cr_assert_eq(rc, 0, "engine_step: %s", err.msg);
+    cr_assert_eq(engine_n_active(e), 0);
+    cr_assert_eq(engine_n_queued(e), 0);
+}
+
+// The request alone on `solo` (one slot of the same per-slot context).
+static void run_alone(struct engine *solo, const struct engine_request *r, struct req_out *o) {
+    memset(o, 0, sizeof *o);
+    submit(solo, r, o);
+    run_to_end(solo);
+    cr_assert_eq(o->n_done, 1);
+    cr_assert_eq(solo->fc->kv.used, 0);
+}
+
+static void expect_same(const struct req_out *got, const struct req_out *alone, const char *what,
+                        int i) {
+    cr_expect_str_eq(got->why, alone->why, "%s %d ended on %s, alone on %s", what, i, got->why,
+                     alone->why);
+    cr_expect_eq(got->n, alone->n, "%s %d: %d tokens, alone %d", what, i, got->n, alone->n);
+    for (int t = 0; t < got->n && t < alone->n; t++)
+        if (got->tok[t] != alone->tok[t]) {
+            cr_expect_fail("%s %d: token %d is %d, alone %d", what, i, t, got->tok[t],
+                           alone->tok[t]);
+            break;
+        }
+}
+
+// A prompt of n tokens: BOS then pseudo-random ids.
+static void make_prompt(int32_t *tok, int n, uint64_t seed) {
+    uint64_t s = seed;
+    tok[0] = 1;
+    for (int t = 1; t < n; t++)
+        tok[t] = 3 + (int32_t)((tiny_rand(&s) + 1) * 0.5 * (N_VOCAB - 4));
+}
+
+static struct engine_request greedy_request(const int32_t *tok, int n, int n_predict) {
+    struct engine_request r;
+    engine_request_default(&r);
+    r.tokens = tok;
+    r.n_tokens = n;
+    r.sp.temp = 0;
+    r.n_predict = n_predict;
+    r.ignore_eos = true;
+    return r;
+}
+
+// ---------------------------------------------------------------------------
+
+Test(engine_step, submit_while_others_decode) {
+    const int n_ctx_seq = 64, n_batch = 8;
+    struct engine *e = open_engine(n_ctx_seq, n_batch, 3);
+    int32_t pa[12], pb[20], pc[5];
+    make_prompt(pa, 12, 1);
+    make_prompt(pb, 20, 2);
+    make_prompt(pc, 5, 3);
+    struct engine_request ra = greedy_request(pa, 12, 30), rb = greedy_request(pb, 20, 25),
+                          rc = greedy_request(pc, 5, 20);
+    rb.sp.temp = 0.9f;
+    rb.sp.seed = 77;
+    rc.sp.temp = 1.2f;
+    rc.sp.seed = 5;
+    rc.sp.repeat_penalty = 1.2f; // penalties: its steps bring rows to the host
+    struct req_out *a = calloc(3, sizeof *a), *b = a + 1, *c = a + 2;
+    struct verr err = {0};
+    uint64_t ida = submit(e, &ra, a);
+    for (int k = 0; k < 6; k++)
+        cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
+    cr_assert_eq(a->n, 5, "A: %d tokens after 6 steps (prompt 12 in chunks of 8)", a->n);
+    // B joins the running batch: its first chunk rides with A's next token.
+    uint64_t idb = submit(e, &rb, b);
+    cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
+    struct engine_req_stats sa, sb;
+    cr_assert_eq(engine_req_stats_get(e, ida, &sa), 0);
+    cr_assert_eq(engine_req_stats_get(e, idb, &sb), 0);
+    cr_expect_eq(sa.n_gen, 6);
+    // The budget is n_batch tokens a step: A's token, then 7 of B's prompt.
+    cr_expect_eq(sb.n_prompt_eval, n_batch - 1, "B's first chunk: %d tokens", sb.n_prompt_eval);
+    cr_expect_eq(sb.n_gen, 0);
+    cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
+    submit(e, &rc, c);
+    run_to_end(e);
+    cr_assert_eq(e->fc->kv.used, 0, "finished requests leave no cell behind");
+    engine_close(e);
+
+    struct engine *solo = open_engine(n_ctx_seq, n_batch, 1);
+    struct req_out *alone = calloc(1, sizeof *alone);
+    const struct engine_request *rs[3] = {&ra, &rb, &rc};
+    for (int i = 0; i < 3; i++) {
+        run_alone(solo, rs[i], alone);
+        expect_same(&a[i], alone, "request", i);
+        cr_expect_str_eq(a[i].why, "n_predict");
+        cr_expect_eq(a[i].st.n_gen, rs[i]->n_predict);
+        cr_expect_eq(a[i].st.n_prompt, rs[i]->n_tokens);
+        cr_expect_eq(a[i].st.n_prompt_eval, rs[i]->n_tokens);
+        cr_expect_geq(a[i].st.ttft_ms, 0);
+        cr_expect_geq(a[i].st.tpot_ms, 0);
+        cr_expect_geq(a[i].st.t_first_ms, a[i].st.t_start_ms);
+        cr_expect_geq(a[i].st.t_start_ms, a[i].st.t_submit_ms);
+    }
+    cr_expect_eq(a[1].st.seed, 77);
+    engine_close(solo);
+    free(alone);
+    free(a);
+}
+
+Test(engine_step, cancel_frees_cells_at_once) {
+    const int n_ctx_seq = 64, n_batch = 8;
+    struct engine *e = open_engine(n_ctx_seq, n_batch, 3);
+    int32_t p[4][10];
+    struct engine_request r[4];
+    for (int i = 0; i < 4; i++) {
+        make_prompt(p[i], 6 + i, 10 + i);
+        r[i] = greedy_request(p[i], 6 + i, 40);
+        r[i].sp.temp = 0.8f;
+        r[i].sp.seed = 100 + i;
+    }
+    struct req_out *o = calloc(6, sizeof *o);
+    struct verr err = {0};
+    for (int i = 0; i < 3; i++)
+        submit(e, &r[i], &o[i]);
+    cr_assert_eq(engine_n_queued(e), 3, "requests wait for the next step");
+    cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
+    cr_assert_eq(engine_n_active(e), 3);
+    uint64_t id3 = submit(e, &r[3], &o[3]); // waits: three slots
+    cr_assert_eq(engine_n_queued(e), 1);
+    // A queued request is cancelled without ever running.
+    cr_assert_eq(engine_cancel(e, id3, &err), 0, "%s", err.msg);
+    cr_expect_str_eq(o[3].why, "cancelled");
+    cr_expect_eq(o[3].n, 0);
+    cr_assert_eq(engine_n_queued(e), 0);
+    while (o[1].n < 7)
+        cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
+    // B holds its prompt and every token but the last sampled one.
+    const int b_cells = r[1].n_tokens + o[1].n - 1;
+    const int used = e->fc->kv.used;
+    cr_assert_eq(engine_cancel(e, o[1].id, &err), 0, "%s", err.msg);
+    cr_expect_str_eq(o[1].why, "cancelled", "done at once, not at the next step");
+    cr_expect_eq(o[1].st.n_gen, 7);
+    cr_expect_eq(e->fc->kv.used, used - b_cells, "cells used: %d before, %d after, B had %d", used,
+                 e->fc->kv.used, b_cells);
+    cr_expect_eq(engine_n_active(e), 2);
+    cr_expect_eq(engine_cancel(e, o[1].id, &err), VERR_NOTFOUND);
+    cr_expect(strstr(err.msg, "is not active or queued"), "%s", err.msg);
+    // Its slot takes the next request; one cancels itself from its callback.
+    submit(e, &r[3], &o[4]);
+    o[5].e = e;
+    o[5].cancel_after = 3;
+    struct engine_request r5 = r[1];
+    r5.sp.seed = 555;
+    submit(e, &r5, &o[5]);
+    run_to_end(e);
+    cr_expect_eq(e->fc->kv.used, 0);
+    cr_expect_str_eq(o[5].why, "cancelled");
+    cr_expect_eq(o[5].n, 3, "cancelled from its callback after 3 tokens: %d", o[5].n);
+    engine_close(e);
+
+    struct engine *solo = open_engine(n_ctx_seq, n_batch, 1);
+    struct req_out *alone = calloc(1, sizeof *alone);
+    const int check[3] = {0, 2, 4};
+    const struct engine_request *rs[3] = {&r[0], &r[2], &r[3]};
+    for (int i = 0; i < 3; i++) {
+        run_alone(solo, rs[i], alone);
+        expect_same(&o[check[i]], alone, "request", check[i]);
+    }
+    // The cancelled ones gave a prefix of what they give alone.
+    run_alone(solo, &r[1], alone);
+    cr_expect(!memcmp(o[1].tok, alone->tok, sizeof(int32_t) * o[1].n));
+    run_alone(solo, &r5, alone);
+    cr_expect(!memcmp(o[5].tok, alone->tok, sizeof(int32_t) * o[5].n));
+    engine_close(solo);
+    free(alone);
+    free(o);
+}
+
+// Request i of the 64: prompt length, sampling settings and lengths vary.
+// penalties: off, every row may be picked on the backend (the sample op, its
+// greedy rows included, or the argmax); on, steps with a penalized request
+// bring every row to the host.
+static void request_64(int i, bool penalties, int32_t *tok, struct engine_request *r) {
+    int n = 1 + (i * 7) % 23;
+    make_prompt(tok, n, 1000 + i);
+    engine_request_default(r);
+    r->tokens = tok;
+    r->n_tokens = n;
+    r->n_predict = 6 + (i * 5) % 17;
+    r->ignore_eos = i % 3 != 0;
+    r->n_keep = i % 5;
+    r->sp.seed = 4000 + 13 * i;
+    switch (i % 6) {
+    case 0: // greedy
+        r->sp.temp = 0;
+        break;
+    case 1: // greedy with a repeat penalty: rows come to the host
+        r->sp.temp = 0;
+        r->sp.repeat_penalty = penalties ? 1.3f : 1.0f;
+        break;
+    case 2:
+        r->sp.temp = 0.7f;
+        r->sp.top_k = 10;
+        break;
+    case 3:
+        r->sp.temp = 1.5f;
+        r->sp.top_k = 0;
+        r->sp.top_p = 0.9f;
+        r->sp.min_p = 0.02f;
+        break;
+    case 4:
+        r->sp.temp = 1.0f;
+        r->sp.top_k = 3;
+        r->sp.frequency_penalty = penalties ? 0.5f : 0.0f;
+        break;
+    default:
+        r->sp.temp = 2.0f;
+        r->sp.top_k = 40;
+        r->sp.seed = SAMPLER_SEED_RANDOM; // the seed it picked replays it alone
+        break;
+    }
+    if (i % 16 == 7)
+        r->n_predict = 60; // past the 40 cells of its slot: context shifts
+    if (i % 16 == 9) {
+        r->n_predict = 60;
+        r->ctx_shift = false; // ends on "context full"
+    }
+}
+
+static void sixty_four(bool penalties) {
+    const int n_ctx_seq = 40, n_batch = 8, n_req = 64;
+    struct engine *e = open_engine(n_ctx_seq, n_batch, 8);
+    int32_t(*tok)[32] = calloc(n_req, sizeof *tok);
+    struct engine_request *r = calloc(n_req, sizeof *r);
+    struct req_out *o = calloc(n_req, sizeof *o);
+    struct verr err = {0};
+    // Half now; the rest one per step while the others decode.
+    for (int i = 0; i < n_req; i++)
+        request_64(i, penalties, tok[i], &r[i]);
+    for (int i = 0; i < n_req / 2; i++)
+        submit(e, &r[i], &o[i]);
+    int rc, next = n_req / 2, steps = 0;
+    while ((rc = engine_step(e, &err)) == 1 || next < n_req) {
+        cr_assert_geq(rc, 0, "%s", err.msg);
+        if (next < n_req)
+            submit(e, &r[next], &o[next]), next++;
+        steps++;
+    }
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    cr_assert_eq(e->fc->kv.used, 0);
+    const struct engine_stats *st = engine_sched_stats(e);
+    cr_expect_eq(st->n_seq, n_req);
+    cr_log_info("64 requests%s in %d steps: %d prompt + %d generated tokens (%d on the "
+                "backend), %d context shifts, %d batch splits",
+                penalties ? " (some with penalties)" : "", steps, st->n_prompt, st->n_gen,
+                st->n_gen_backend, st->n_ctx_shifts, st->n_batch_splits);
+    cr_expect_gt(st->n_ctx_shifts, 0);
+    if (!penalties)
+        cr_expect_gt(st->n_gen_backend, st->n_gen / 2, "%d of %d tokens on the backend",
+                     st->n_gen_backend, st->n_gen);
+    engine_close(e);
+
+    struct engine *solo = open_engine(n_ctx_seq, n_batch, 1);
+    struct req_out *alone = calloc(1, sizeof *alone);
+    int n_greedy = 0, n_full = 0;
+    for (int i = 0; i < n_req; i++) {
+        cr_assert_eq(o[i].n_done, 1, "request %d never ended", i);
+        struct engine_request ri = r[i];
+        if (ri.sp.seed == SAMPLER_SEED_RANDOM)
+            ri.sp.seed = o[i].st.seed;
+        run_alone(solo, &ri, alone);
+        expect_same(&o[i], alone, "request", i);
+        n_greedy += r[i].sp.temp <= 0;
+        n_full += !strcmp(o[i].why, "context full");
+    }
+    cr_expect_gt(n_full, 0);
+    cr_log_info("64 requests (%d greedy) each equal to the request alone", n_greedy);
+    engine_close(solo);
+    free(alone);
+    free(o);
+    free(r);
+    free(tok);
+}
+
+Test(engine_step, sixty_four_requests_match_each_alone) {
+    sixty_four(false);
+}
+
+Test(engine_step, sixty_four_requests_with_penalties_match_each_alone) {
+    sixty_four(true);
+}
+
+Test(engine_step, shared_prompt_and_stop_tokens) {
+    const int n_ctx_seq = 48, n_batch = 8;
+    struct engine *solo = open_engine(n_ctx_seq, n_batch, 1);
+    int32_t p[14];
+    make_prompt(p, 14, 42);
+    struct engine_request r = greedy_request(p, 14, 20);
+    struct req_out *o = calloc(4, sizeof *o);
+    run_alone(solo, &r, &o[3]);
+    // Stop on the fourth token: reported, then the request ends.
+    struct engine_request rs = r;
+    int32_t stop = o[3].tok[3];
+    int first = 0;
+    while (o[3].tok[first] != stop)
+        first++;
+    rs.stop_tokens = &stop;
+    rs.n_stop_tokens = 1;
+    struct engine *e = open_engine(n_ctx_seq, n_batch, 3);
+    struct engine_request rt = r;
+    rt.sp.temp = 0.8f;
+    rt.sp.seed = 9;
+    submit(e, &r, &o[0]);
+    submit(e, &rs, &o[1]);
+    submit(e, &rt, &o[2]);
+    run_to_end(e);
+    expect_same(&o[0], &o[3], "request", 0);
+    cr_expect_eq(o[0].st.n_prompt_eval, 14);
+    // The same prompt, started in the same step: read once.
+    cr_expect_eq(o[1].st.n_prompt_eval, 0, "shared: %d", o[1].st.n_prompt_eval);
+    cr_expect_eq(o[2].st.n_prompt_eval, 0, "shared: %d", o[2].st.n_prompt_eval);
+    cr_expect_eq(engine_sched_stats(e)->n_prompt, 14);
+    cr_expect_str_eq(o[1].why, "stop token");
+    cr_expect_eq(o[1].n, first + 1);
+    cr_expect(!memcmp(o[1].tok, o[3].tok, sizeof(int32_t) * o[1].n));
+    engine_close(e);
+    struct req_out *alone = calloc(1, sizeof *alone);
+    run_alone(solo, &rt, alone);
+    expect_same(&o[2], alone, "request", 2);
+    engine_close(solo);
+    free(alone);
+    free(o);
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: a clear error, nothing changed
+
+struct state_snap {
+    int used, head, n_active, n_queued;
+    int32_t pos[64];
+};
+
+static struct state_snap snap(const struct engine *e) {
+    const struct kv_cache *kv = &e->fc->kv;
+    struct state_snap s = {.used = kv->used,
+                           .head = kv->head,
+                           .n_active = engine_n_active(e),
+                           .n_queued = engine_n_queued(e)};
+    for (int c = 0; c < 64 && c < kv->cfg.n_ctx; c++)
+        s.pos[c] = kv->pos[c];
+    return s;
+}
+
+static void refused(struct engine *e, const struct engine_request *r, int code, const char *msg) {
+    struct state_snap before = snap(e);
+    struct verr err = {0};
+    uint64_t id = 99;
+    cr_expect_eq(engine_submit(e, r, &id, &err), code, "%s: %s", msg, err.msg);
+    cr_expect(strstr(err.msg, msg), "expected \"%s\" in \"%s\"", msg, err.msg);
+    cr_expect_eq(id, 0);
+    struct state_snap now = snap(e);
+    cr_expect(!memcmp(&now, &before, sizeof now), "refusing \"%s\" changed the engine", msg);
+}
+
+Test(engine_step, bad_input_is_refused_and_changes_nothing) {
+    struct engine *e = open_engine(32, 8, 2); // 32 cells per slot: prompts up to 28 tokens
+    int32_t tok[40];
+    make_prompt(tok, 40, 5);
+    struct engine_request ok = greedy_request(tok, 10, 30);
+    struct req_out *o = calloc(1, sizeof *o);
+    submit(e, &ok, o);
+    struct verr err = {0};
+    for (int k = 0; k < 4; k++)
+        cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
+    cr_assert_gt(e->fc->kv.used, 0);
+
+    struct engine_request r = ok;
+    r.n_tokens = 0;
+    refused(e, &r, VERR_RANGE, "the prompt is empty");
+    r = ok;
+    r.tokens = NULL;
+    refused(e, &r, VERR_RANGE, "the prompt is empty");
+    r = ok;
+    r.n_tokens = 29;
+    refused(e, &r, VERR_RANGE, "prompt is too long (29 tokens, max 28)");
+    int32_t bad[3] = {1, N_VOCAB, 7};
+    r = ok;
+    r.tokens = bad;
+    r.n_tokens = 3;
+    refused(e, &r, VERR_RANGE, "token id 300 is out of range (n_vocab 300)");
+    bad[1] = -1;
+    refused(e, &r, VERR_RANGE, "token id -1 is out of range");
+    r = ok;
+    r.n_predict = -3;
+    refused(e, &r, VERR_RANGE, "n_predict -3");
+    r = ok;
+    r.ga_n = 3;
+    r.ga_w = 8;
+    refused(e, &r, VERR_RANGE, "multiple");
+    r = ok;
+    int32_t stop = 5000;
+    r.stop_tokens = &stop;
+    r.n_stop_tokens = 1;
+    refused(e, &r, VERR_RANGE, "stop token id 5000 is out of range");
+    r.n_stop_tokens = ENGINE_MAX_STOP_TOKENS + 1;
+    refused(e, &r, VERR_RANGE, "stop tokens: 0 ..");
+    r = ok;
+    r.sp.temp = NAN;
+    refused(e, &r, VERR_RANGE, "not a finite number");
+    cr_expect_eq(engine_cancel(e, 12345, &err), VERR_NOTFOUND);
+    cr_expect_eq(engine_cancel(e, 0, &err), VERR_NOTFOUND);
+    struct engine_sched_config c = {.n_slots = 1};
+    cr_expect_eq(engine_sched_configure(e, &c, &err), VERR_RANGE, "configure while busy");
+    cr_expect(strstr(err.msg, "only when it is idle"), "%s", err.msg);
+
+    // The request that was running is untouched by all that.
+    run_to_end(e);
+    engine_close(e);
+    struct engine *solo = open_engine(32, 8, 1);
+    struct req_out *alone = calloc(1, sizeof *alone);
+    run_alone(solo, &ok, alone);
+    expect_same(o, alone, "request", 0);
+    engine_close(solo);
+
+    // A full queue.
+    e = open_engine(32, 8, 1);
+    c = (struct engine_sched_config){.n_slots = 1, .n_queue_max = 2};
+    cr_assert_eq(engine_sched_configure(e, &c, &err), 0, "%s", err.msg);
+    c.n_slots = 2;
+    cr_expect_eq(engine_sched_configure(e, &c, &err), VERR_RANGE);
+    cr_expect(strstr(err.msg, "2 slots: the context was opened for 1 sequences"), "%s", err.msg);
+    struct req_out *q = calloc(3, sizeof *q);
+    submit(e, &ok, &q[0]);
+    submit(e, &ok, &q[1]);
+    r = ok;
+    refused(e, &r, VERR_FULL, "the queue is full (2 requests waiting)");
+    cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg); // one starts: room for one more
+    submit(e, &ok, &q[2]);
+    run_to_end(e);
+    for (int i = 0; i < 3; i++)
+        expect_same(&q[i], alone, "queued request", i);
+    engine_close(e);
+    free(q);
+    free(alone);
+    free(o);
+}
