@@ -511,23 +511,33 @@ static int check_tensor_data(struct rd *r, struct gguf_file *f, const uint64_t *
     return 0;
 }
 
+// The magic comes first: a file, however short, whose first bytes are not
+// "GGUF" (or the start of it) is "not a GGUF file", never a truncated one
+// (a text file given as a model).
+static int magic_check(const uint8_t *p, size_t size, const char *name, struct verr *err) {
+    size_t n = size < 4 ? size : 4;
+    if (memcmp(p, "GGUF", n) == 0) // an empty file is a truncated one
+        return 0;
+    char shown[5] = {0}, hex[16] = {0};
+    for (size_t i = 0; i < n; i++) {
+        shown[i] = (p[i] >= 0x20 && p[i] < 0x7f) ? (char)p[i] : '?';
+        snprintf(hex + 3 * i, sizeof hex - 3 * i, "%s%02x", i ? " " : "", p[i]);
+    }
+    return verr_set(err, VERR_FORMAT,
+                    "%s: offset 0: not a GGUF file (magic is '%s' = %s, expected 'GGUF')", name,
+                    shown, hex);
+}
+
 static int parse(struct gguf_file *f, struct verr *err) {
     struct gguf_priv *pv = f->priv;
     struct rd r = {.p = f->map, .size = f->size, .name = f->path, .ctx = "",
                    .arena = &pv->arena, .err = err};
     int rc;
+    if ((rc = magic_check(f->map, f->size, f->path, err)))
+        return rc;
     uint8_t magic[4];
     if ((rc = rd_bytes(&r, magic, 4, "magic")))
         return rc;
-    if (memcmp(magic, "GGUF", 4) != 0) {
-        char shown[5];
-        for (int i = 0; i < 4; i++)
-            shown[i] = (magic[i] >= 0x20 && magic[i] < 0x7f) ? (char)magic[i] : '?';
-        shown[4] = '\0';
-        return rd_fail(&r, 0, VERR_FORMAT,
-                       "not a GGUF file (magic is '%s' = %02x %02x %02x %02x, expected 'GGUF')",
-                       shown, magic[0], magic[1], magic[2], magic[3]);
-    }
     if ((rc = rd_u32(&r, &f->version, "version")))
         return rc;
     if (f->version == 1)
@@ -636,7 +646,12 @@ int gguf_open(struct gguf_file **out, const char *path, struct verr *err) {
         return verr_set(err, VERR_IO, "%s: not a regular file", path);
     }
     if (st.st_size < HEADER_BYTES) {
+        uint8_t head[4];
+        ssize_t got = pread(fd, head, sizeof head, 0);
         close(fd);
+        int rc = magic_check(head, got > 0 ? (size_t)got : 0, path, err);
+        if (rc)
+            return rc;
         return verr_set(err, VERR_FORMAT,
                         "%s: offset 0: file truncated: %lld bytes, a GGUF header needs %d", path,
                         (long long)st.st_size, HEADER_BYTES);

@@ -1303,6 +1303,22 @@ Test(gguf, open_errors, .init = make_tmp, .fini = remove_tmp) {
               err.msg);
     FILE *fp = fopen(tmp_path("empty.gguf"), "wb");
     fclose(fp);
+    // A short text file is not a GGUF file (its magic says so), not a
+    // truncated one.
+    fp = fopen(tmp_path("note.txt"), "wb");
+    fputs("hello\n", fp);
+    fclose(fp);
+    cr_expect_eq(gguf_open(&f, tmp_path("note.txt"), &err), VERR_FORMAT);
+    cr_expect(strstr(err.msg, "note.txt: offset 0: not a GGUF file (magic is 'hell' = 68 65 6c 6c"),
+              "%s", err.msg);
+    fp = fopen(tmp_path("two.txt"), "wb");
+    fputs("h\n", fp);
+    fclose(fp);
+    cr_expect_eq(gguf_open(&f, tmp_path("two.txt"), &err), VERR_FORMAT);
+    cr_expect(strstr(err.msg, "not a GGUF file (magic is 'h?' = 68 0a, expected 'GGUF')"), "%s",
+              err.msg);
+    cr_expect_eq(gguf_open_memory(&f, "GGx", 3, "m", &err), VERR_FORMAT);
+    cr_expect(strstr(err.msg, "m: offset 0: not a GGUF file"), "%s", err.msg);
     cr_expect_eq(gguf_open(&f, tmp_path("empty.gguf"), &err), VERR_FORMAT);
     cr_expect(strstr(err.msg, "empty.gguf: offset 0: file truncated: 0 bytes"), "%s", err.msg);
     cr_expect_eq(gguf_open_memory(&f, NULL, 10, NULL, &err), VERR_RANGE);
