@@ -127,8 +127,13 @@ Test(cli, usage_errors) {
     cr_expect(strstr(err, "-n: missing value"), "%s", err);
     free(out);
     free(err);
+    // No -m and no default model in the cache (an empty one here).
+    setenv("VELA_CACHE", "/nonexistent/vela-cache", 1);
     cr_expect_eq(run_vela("run -p hi", &out, &err), 2);
     cr_expect(strstr(err, "vela mkmodel"), "no -m should suggest vela mkmodel: %s", err);
+    cr_expect(strstr(err, "/nonexistent/vela-cache/SmolLM2-135M-Instruct.Q4_1.gguf") &&
+                  strstr(err, "bash tools/model_cache.sh"),
+              "no -m should say how to fetch the default model: %s", err);
     free(out);
     free(err);
     cr_expect_eq(run_vela("eval -m x.gguf --tokens 1,a", &out, &err), 2);
@@ -338,4 +343,84 @@ Test(cli, eval_prompt_and_errors) {
     cr_expect(strstr(err, "3 tokens do not fit in the context of 2"), "%s", err);
     free(out);
     free(err);
+}
+
+// Without -m, vela run takes the default model from $VELA_CACHE and says so;
+// a file of the wrong size there (a partial copy) is refused with the sizes.
+Test(cli, run_default_model) {
+    char dir[] = "/tmp/vela_test_cache_XXXXXX", path[256], *out, *err;
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+    FILE *f = fopen(path, "wb");
+    fputs("short", f);
+    fclose(f);
+    setenv("VELA_CACHE", dir, 1);
+    cr_expect_eq(run_vela("run -p hi -n 1", &out, &err), 2);
+    cr_expect(strstr(err, "has 5 bytes, expected 98362432") && strstr(err, "model_cache.sh"), "%s",
+              err);
+    free(out);
+    free(err);
+    // The right size (sparse, not a model): used, and named.
+    cr_assert_eq(truncate(path, 98362432), 0);
+    cr_expect_eq(run_vela("run -p hi -n 1", &out, &err), 1);
+    cr_expect(strstr(err, "no -m given: using the default model ") && strstr(err, path), "%s", err);
+    free(out);
+    free(err);
+    unlink(path);
+    rmdir(dir);
+}
+
+// --chat: the prompt becomes a user message in the model's template (this
+// vocabulary has no template: chatml, llama.cpp's default), only the reply
+// is printed; the template can be named, and a wrong name lists them.
+Test(cli, run_chat) {
+    char *out, *err, args[512];
+    snprintf(args, sizeof args, "run -m %s --chat -p hello -n 6 --temp 0 -v", model_path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(!strstr(out, "im_start") && strncmp(out, "hello", 5), "the reply alone: %s", out);
+    cr_expect(strstr(err, "chat template chatml (default (no tokenizer.chat_template"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s --chat --chat-template nope -p hi", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 1);
+    cr_expect(strstr(err, "unknown chat template 'nope'; built in: chatml, llama2"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s --chat --chat-template phi3 --system b -p hi -n 2 -v",
+             model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "chat template phi3 (--chat-template)"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s --system x -p hi", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 2);
+    cr_expect(strstr(err, "go with --chat"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s --chat --parallel 2 -p hi", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 2);
+    free(out);
+    free(err);
+}
+
+// A model written by vela mkmodel (random weights) is named as such.
+Test(cli, run_says_synthetic) {
+    char path[128], args[512], *out, *err;
+    tiny_temp_path(path, sizeof path, "synthetic");
+    snprintf(args, sizeof args, "mkmodel --preset tiny -o %s", path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s -p hi -n 2", path);
+    cr_expect_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "is a synthetic model with random weights"), "%s", err);
+    free(out);
+    free(err);
+    // The test vocabulary model of this suite is no mkmodel output: no note.
+    snprintf(args, sizeof args, "run -m %s -p hi -n 2", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(!strstr(err, "synthetic"), "%s", err);
+    free(out);
+    free(err);
+    unlink(path);
 }

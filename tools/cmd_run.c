@@ -1,15 +1,21 @@
 // vela run: generate text from a prompt, streaming it to stdout, with the
 // timings on stderr at the end (llama-cli's main loop); with --parallel N
 // and a file of prompts, many sequences in one cache (llama.cpp's parallel
-// example).
+// example). --chat formats -p as a user message with the model's chat
+// template and generates the reply until the end of the turn. Without -m,
+// the default model from the cache (tools/default_model.h).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf/gguf.h"
 #include "host/engine/engine.h"
+#include "host/engine/stop.h"
+#include "host/tokenizer/chat.h"
 #include "tools/args.h"
 #include "tools/cmds.h"
 #include "tools/common.h"
+#include "tools/default_model.h"
 #include "tools/progress.h"
 
 // --parallel: the most sequences one run decodes together.
@@ -18,13 +24,15 @@
 static void usage(FILE *out) {
     fprintf(
         out,
-        "usage: vela run -m MODEL [-p PROMPT | -f FILE] [options]\n"
-        "       vela run -m MODEL --parallel N -f PROMPTS_FILE [options]\n\n"
+        "usage: vela run [-m MODEL] [-p PROMPT | -f FILE] [options]\n"
+        "       vela run [-m MODEL] --chat -p QUESTION [options]\n"
+        "       vela run [-m MODEL] --parallel N -f PROMPTS_FILE [options]\n\n"
         "Generates text from a prompt and streams it to stdout; load time, prompt and\n"
         "generation speed go to stderr at the end. With --parallel N and -f, every\n"
         "line of the file is a prompt: up to N are decoded together in one KV cache\n"
         "(the others wait for a free slot) and each text is printed with its index\n"
-        "when its sequence ends.\n\n"
+        "when its sequence ends. Without -m: the default model, SmolLM2-135M-Instruct,\n"
+        "from the cache ($VELA_CACHE or ~/.cache/vela; bash tools/model_cache.sh fetches it).\n\n"
         "prompt and generation:\n"
         "  -p, --prompt TEXT         prompt (escapes \\n \\t \\\\ \\xNN are processed; default: "
         "empty = BOS)\n"
@@ -39,6 +47,16 @@ static void usage(FILE *out) {
         "  --ignore-eos              do not stop at end-of-generation tokens\n"
         "  --no-display-prompt       do not print the prompt before the generated text\n"
         "  --no-escape               take -p literally\n"
+        "  --chat                    one-shot chat: -p (or -f) is the user's message, formatted "
+        "with\n"
+        "                            the model's chat template (tokenizer.chat_template); prints "
+        "the\n"
+        "                            reply, generated until the end of the assistant's turn\n"
+        "  --chat-template NAME      with --chat: this built-in template instead of the model's\n"
+        "                            (chatml, llama2, llama3, mistral-v7, phi3, gemma, zephyr, "
+        "...;\n"
+        "                            an unknown name lists them all)\n"
+        "  -sys, --system TEXT       with --chat: a system message before the user's\n"
         "  -np, --parallel N         sequences decoded together (1..%d, default: 1); -c is "
         "shared,\n"
         "                            each sequence gets -c / N cells. With -p: N samples of the "
@@ -163,15 +181,35 @@ struct run_out {
     size_t *lens, *caps; // [n_seq]
     const char **why;    // [n_seq] why it ended (static strings of the engine)
     bool verbose;
+    // --chat: the end of the assistant's turn, as its token and as text
+    // (for a vocabulary without that token, or one that spells it out).
+    struct stop_matcher *stop;
+    int32_t eot;
 };
+
+// --chat's reply (one sequence, streamed): stops at the template's
+// end-of-turn token, or where its end-of-turn text appears; that text is
+// never printed. Returns non-zero to stop.
+static int chat_out(struct run_out *o, int32_t token, const char *text, size_t len) {
+    if (token >= 0 && token == o->eot)
+        return 1;
+    const char *show;
+    size_t n;
+    if (stop_push(o->stop, text, len, &show, &n, NULL))
+        return 1;
+    fwrite(show, 1, n, stdout);
+    fflush(stdout);
+    return stop_hit(o->stop) >= 0;
+}
 
 static int on_event(void *user, enum engine_event ev, int seq, int32_t token, const char *text,
                     size_t len) {
     struct run_out *o = user;
-    (void)token;
     switch (ev) {
     case ENGINE_EV_TOKEN:
-        if (o->stream) {
+        if (o->stream && o->stop) {
+            return chat_out(o, token, text, len);
+        } else if (o->stream) {
             fwrite(text, 1, len, stdout);
             fflush(stdout);
         } else if (len) {
@@ -190,6 +228,12 @@ static int on_event(void *user, enum engine_event ev, int seq, int32_t token, co
         break;
     case ENGINE_EV_DONE:
         o->why[seq] = text;
+        if (o->stream && o->stop) {
+            const char *held;
+            size_t n;
+            stop_flush(o->stop, &held, &n);
+            fwrite(held, 1, n, stdout);
+        }
         if (!o->stream) {
             if (o->display_prompt)
                 printf("[sequence %d]\n%s%s\n", seq, o->prompt_text[seq],
@@ -214,13 +258,48 @@ static int on_event(void *user, enum engine_event ev, int seq, int32_t token, co
     return 0;
 }
 
+// --chat: replaces *prompt (the user's message) by the conversation
+// [system,] user formatted with the model's template (or --chat-template)
+// and a generation prompt. Prints the error and returns non-zero on failure.
+static int chat_prompt(const char *model_path, const char *tmpl_name, const char *system_msg,
+                       bool verbose, char **prompt, size_t *prompt_len, enum chat_template *tmpl) {
+    struct verr err = {0};
+    struct gguf_file *f = NULL;
+    const char *source = NULL;
+    if (gguf_open(&f, model_path, &err) ||
+        chat_template_from_gguf(f, tmpl_name, tmpl, &source, &err)) {
+        fprintf(stderr, "vela run: %s\n", err.msg);
+        gguf_close(f);
+        return 1;
+    }
+    gguf_close(f);
+    if (verbose)
+        fprintf(stderr, "vela: chat template %s (%s)\n", chat_template_name(*tmpl), source);
+    struct chat_msg msgs[2];
+    size_t n = 0;
+    if (system_msg)
+        msgs[n++] = (struct chat_msg){"system", system_msg};
+    msgs[n++] = (struct chat_msg){"user", *prompt};
+    char *text = NULL;
+    size_t len = 0;
+    if (chat_format(*tmpl, msgs, n, true, &text, &len, &err)) {
+        fprintf(stderr, "vela run: %s\n", err.msg);
+        return 1;
+    }
+    free(*prompt);
+    *prompt = text;
+    *prompt_len = len;
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
     struct args_model am;
     args_model_default(&am);
     struct engine_gen_params gp;
     engine_gen_params_default(&gp);
     const char *prompt_arg = NULL, *prompt_file = NULL;
-    bool display_prompt = true, escape = true;
+    const char *chat_template = NULL, *system_msg = NULL;
+    bool display_prompt = true, escape = true, chat = false;
     struct verr err = {0};
 
     for (int i = 1; i < argc;) {
@@ -257,6 +336,12 @@ int cmd_run(int argc, char **argv) {
             escape = false, i++;
         else if (args_is(arg, "-e", "--escape"))
             escape = true, i++;
+        else if (args_is(arg, "--chat", NULL))
+            chat = true, i++;
+        else if (args_is(arg, "--chat-template", NULL))
+            rc = args_value_str(argc, argv, &i, &chat_template, &err);
+        else if (args_is(arg, "-sys", "--system"))
+            rc = args_value_str(argc, argv, &i, &system_msg, &err);
         else
             return tools_unknown_option("run", arg);
         if (rc) {
@@ -264,12 +349,20 @@ int cmd_run(int argc, char **argv) {
             return 2;
         }
     }
-    if (!am.model_path) {
-        fprintf(stderr,
-                "vela run: no model given: pass -m MODEL.gguf (a synthetic test model can be "
-                "written with 'vela mkmodel')\n");
+    if ((chat_template || system_msg) && !chat) {
+        fprintf(stderr, "vela run: --chat-template and --system go with --chat\n");
         return 2;
     }
+    if (chat && gp.n_parallel != 1) {
+        fprintf(stderr, "vela run: --chat answers one question: drop --parallel\n");
+        return 2;
+    }
+    if (!am.model_path) {
+        int st = tools_use_default_model("run", &am.model_path);
+        if (st)
+            return st;
+    }
+    tools_note_synthetic("run", am.model_path);
     if (prompt_arg && prompt_file) {
         fprintf(stderr, "vela run: give -p or -f, not both\n");
         return 2;
@@ -301,6 +394,15 @@ int cmd_run(int argc, char **argv) {
     if (!prompt) {
         fprintf(stderr, "vela run: out of memory\n");
         return 1;
+    }
+    enum chat_template tmpl = CHAT_TMPL_CHATML;
+    if (chat) {
+        if (chat_prompt(am.model_path, chat_template, system_msg, am.verbose, &prompt, &prompt_len,
+                        &tmpl)) {
+            free(prompt);
+            return 1;
+        }
+        display_prompt = false; // the reply alone
     }
 
     int status = 1;
@@ -398,6 +500,14 @@ int cmd_run(int argc, char **argv) {
     out.display_prompt = display_prompt;
     out.n_seq = n_seq;
     out.verbose = am.verbose;
+    if (chat) {
+        const char *eot_text = chat_template_eot(tmpl);
+        out.eot = chat_eot_token(e->tok, tmpl);
+        if (stop_new(&out.stop, &eot_text, 1, &err)) {
+            fprintf(stderr, "vela run: %s\n", err.msg);
+            goto done;
+        }
+    }
     if (am.verbose) {
         int lo = prompts[0].n_tokens, hi = lo;
         for (int s = 1; s < n_seq; s++) {
@@ -463,6 +573,7 @@ done:
     free(out.lens);
     free(out.caps);
     free(out.why);
+    stop_free(out.stop);
     if (toks)
         for (int l = 0; l < n_lines; l++)
             free(toks[l]);
