@@ -553,3 +553,47 @@ Test(engine_step, bad_input_is_refused_and_changes_nothing) {
     free(alone);
     free(o);
 }
+
+// engine_eval and the step API on one engine: eval is refused while requests
+// run; the cells eval leaves do not disturb the next request.
+Test(engine_step, eval_and_requests_take_turns) {
+    struct engine *e = open_engine(32, 2, 2); // eval wants n_batch logits rows: 2
+    int32_t tok[20];
+    make_prompt(tok, 20, 8);
+    struct engine_request r = greedy_request(tok, 9, 12);
+    struct req_out *o = calloc(3, sizeof *o);
+    struct verr err = {0};
+    submit(e, &r, &o[0]);
+    cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
+    cr_expect_eq(engine_eval(e, tok, 20, NULL, NULL, NULL, &err), VERR_RANGE);
+    cr_expect(strstr(err.msg, "the engine is serving requests"), "%s", err.msg);
+    struct engine_gen_params g;
+    engine_gen_params_default(&g);
+    struct engine_stats st;
+    cr_expect_eq(engine_generate(e, tok, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
+    cr_expect(strstr(err.msg, "the engine is serving requests"), "%s", err.msg);
+    run_to_end(e);
+    // 20 cells of sequence 0 left by eval, then two requests at once.
+    cr_assert_eq(engine_eval(e, tok, 20, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(e->fc->kv.used, 20);
+    submit(e, &r, &o[1]);
+    struct engine_request r2 = greedy_request(tok + 3, 12, 16);
+    submit(e, &r2, &o[2]);
+    run_to_end(e);
+    cr_expect_eq(e->fc->kv.used, 0);
+    expect_same(&o[1], &o[0], "request", 1);
+    struct engine *solo = open_engine(32, 2, 1);
+    struct req_out *alone = calloc(1, sizeof *alone);
+    run_alone(solo, &r2, alone);
+    expect_same(&o[2], alone, "request", 2);
+    // A step budget must leave room for prompts.
+    struct engine_sched_config c = {.n_slots = 2, .n_step_tokens = 2};
+    cr_expect_eq(engine_sched_configure(e, &c, &err), VERR_RANGE);
+    cr_expect(strstr(err.msg, "step budget 2"), "%s", err.msg);
+    c.n_step_tokens = 3;
+    cr_expect_eq(engine_sched_configure(e, &c, &err), 0, "%s", err.msg);
+    engine_close(solo);
+    engine_close(e);
+    free(alone);
+    free(o);
+}

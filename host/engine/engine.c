@@ -1,6 +1,7 @@
 // The generation engine (see engine.h): llama-cli's main loop over the one
 // forward pass, the sampler and the streaming detokenizer.
 #include "host/engine/engine.h"
+#include "host/engine/step.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +129,8 @@ int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,
     const int ga_n = p ? p->ga_n : 1, ga_w = p ? p->ga_w : 512;
     if (n_tokens < 1)
         return verr_set(err, VERR_RANGE, "no tokens to evaluate");
+    if (engine_n_active(e) || engine_n_queued(e))
+        return verr_set(err, VERR_RANGE, "the engine is serving requests (engine_submit)");
     // Every token takes a cell, self-extend or not.
     if (n_tokens > n_ctx)
         return verr_set(err, VERR_RANGE, "%d tokens do not fit in the context of %d (-c)", n_tokens,

@@ -64,8 +64,10 @@ static int sched_resolve(const struct engine *e, const struct engine_sched_confi
         r.n_slots = fc->cfg.n_seq_max;
     if (r.n_queue_max == 0)
         r.n_queue_max = 256;
+    // Every generating request takes one token of the budget; prompts get
+    // the rest, so the budget must leave them some.
     if (r.n_step_tokens == 0)
-        r.n_step_tokens = n_batch;
+        r.n_step_tokens = n_batch > r.n_slots ? n_batch : r.n_slots + 1;
     if (r.n_slots < 1 || r.n_slots > fc->cfg.n_seq_max ||
         fc->cfg.n_outputs_max < (r.n_slots < n_batch ? r.n_slots : n_batch))
         return verr_set(err, VERR_RANGE,
@@ -73,9 +75,11 @@ static int sched_resolve(const struct engine *e, const struct engine_sched_confi
                         r.n_slots, fc->cfg.n_seq_max, fc->cfg.n_outputs_max);
     if (r.n_queue_max < 1 || r.n_queue_max > (1 << 20))
         return verr_set(err, VERR_RANGE, "queue of %d requests: 1 .. %d", r.n_queue_max, 1 << 20);
-    if (r.n_step_tokens < -1)
-        return verr_set(err, VERR_RANGE, "step budget %d: -1 (none), 0 (n_batch) or > 0",
-                        r.n_step_tokens);
+    if (r.n_step_tokens < -1 || (r.n_step_tokens > 0 && r.n_step_tokens <= r.n_slots))
+        return verr_set(err, VERR_RANGE,
+                        "step budget %d: -1 (none), 0 (n_batch) or more than the %d slots "
+                        "(each generating request takes a token of it)",
+                        r.n_step_tokens, r.n_slots);
     *n_ctx_seq = fc->cfg.n_ctx / r.n_slots;
     if (*n_ctx_seq < 5)
         return verr_set(err, VERR_RANGE,
@@ -88,6 +92,8 @@ static int sched_resolve(const struct engine *e, const struct engine_sched_confi
 
 int engine_sched_configure(struct engine *e, const struct engine_sched_config *c,
                            struct verr *err) {
+    if (e->sched && e->sched->in_step)
+        return verr_set(err, VERR_RANGE, "the slots cannot change from a request's callback");
     if (engine_n_active(e) || engine_n_queued(e))
         return verr_set(err, VERR_RANGE,
                         "the engine has %d requests running and %d queued: the slots can "
@@ -303,8 +309,13 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
         sl->se.log = note_line;
         sl->se.log_user = sl;
     }
-    // Cells another user of the cache (engine_eval) left under this id.
-    if (e->fc->kv.used && (rc = kv_seq_rm(&e->fc->kv, si, -1, -1, err)))
+    // Cells another user of the cache (engine_eval) left: the first request
+    // of an idle engine starts from an empty cache.
+    bool alone = true;
+    for (int t = 0; t < s->cfg.n_slots; t++)
+        alone = alone && (t == si || s->slots[t].state == SLOT_FREE);
+    if (e->fc->kv.used &&
+        (rc = alone ? kv_clear(&e->fc->kv, err) : kv_seq_rm(&e->fc->kv, si, -1, -1, err)))
         return rc;
     if (sl->can_share)
         for (int t = 0; t < si; t++) {
