@@ -374,6 +374,11 @@ Test(bench, errors) {
         {"bench -m %s --parallel 0", 2, "--parallel"},
         {"bench -m %s --backend tpu", 2, "--backend"},
         {"bench -m %s -p 0 -n 0", 2, "nothing to measure"},
+        // beyond the model's context (2048) only when -c asks for it
+        {"bench -m %s --backend cpu -p 100000 -r 1", 2,
+         "-p 100000 / -n 128 need a context of 100000 tokens, beyond the model's 2048 (its "
+         "context_length): pass -c 100000"},
+        {"bench -m %s --backend cpu -p 0 -n 300 --parallel 8 -r 1", 2, "context of 2400 tokens"},
         {"bench", 2, "no model"},
         {"bench -m %s.missing --backend cpu", 1, "missing"},
         // split flags: the parser's, the device resolution's and the plan's
@@ -396,4 +401,28 @@ Test(bench, errors) {
         free(out);
         free(errs);
     }
+}
+
+// -c asks for a context beyond the model's: then it runs (a model of 32
+// tokens of context, so that the run is short).
+Test(bench, beyond_context_with_c) {
+    char path[400], args[1024], *out, *errs;
+    snprintf(path, sizeof path, "%s/ctx32.gguf", dir);
+    struct mkmodel_config c;
+    mkmodel_config_default(&c);
+    c.n_ctx = 32;
+    struct verr err = {0};
+    cr_assert_eq(mkmodel_write(&c, path, &err), 0, "mkmodel_write: %s", err.msg);
+    snprintf(args, sizeof args, "bench -m %s --backend cpu -p 40 -n 0 -r 1", path);
+    cr_expect_eq(run_vela(args, &out, &errs), 2, "%s", errs);
+    cr_expect_not_null(strstr(errs, "beyond the model's 32"), "%s", errs);
+    free(out);
+    free(errs);
+    snprintf(args, sizeof args, "bench -m %s --backend cpu -p 40 -n 0 -c 40 -r 1", path);
+    int rc = run_vela(args, &out, &errs);
+    cr_expect_eq(rc, 0, "exit %d, stderr: %s", rc, errs);
+    cr_expect_not_null(strstr(out, "| pp40 "), "%s", out);
+    free(out);
+    free(errs);
+    unlink(path);
 }

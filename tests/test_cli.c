@@ -424,3 +424,12 @@ Test(cli, run_says_synthetic) {
     free(err);
     unlink(path);
 }
+
+// -c 0 is the model's context: --help says so.
+Test(cli, help_says_what_c0_means) {
+    char *out, *err;
+    cr_assert_eq(run_vela("run --help", &out, &err), 0);
+    cr_expect(strstr(out, "0 = the model's training context"), "%s", out);
+    free(out);
+    free(err);
+}

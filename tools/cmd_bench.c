@@ -1094,6 +1094,16 @@ int cmd_bench(int argc, char **argv) {
     f = NULL;
     const struct model *m = sm.m;
     struct backend *be = sm.be;
+    // A context beyond the model's would run for minutes on text the model
+    // was never trained for: only when asked for with -c.
+    if (m->hp.n_ctx_train > 0 && load_ctx > m->hp.n_ctx_train && am.n_ctx < load_ctx) {
+        fprintf(stderr,
+                "vela bench: -p %d / -n %d need a context of %d tokens, beyond the model's %d "
+                "(its context_length): pass -c %d to run them anyway\n",
+                n_prompt, n_gen, load_ctx, m->hp.n_ctx_train, load_ctx);
+        status = 2;
+        goto out;
+    }
     if (am.verbose && sm.pipe)
         fprintf(stderr, "vela bench: split plan:\n%s", sm.pipe->plan_text);
 
