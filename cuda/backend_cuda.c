@@ -580,6 +580,10 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
+    if (a->rope)
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "attention: RoPE inside attention (the unrotated cache, self-extend) is "
+                        "not implemented on CUDA yet");
     if (!backend_cache_type_ok(a->type_k) || !backend_cache_type_ok(a->type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
                         ggml_type_name(a->type_k), ggml_type_name(a->type_v));

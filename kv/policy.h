@@ -10,6 +10,12 @@
 // - self-extend (KV_POLICY_SELFEXTEND, llama-cli's --grp-attn-n/-w, see
 //   kv/selfextend.h): before each batch the positions past the window are
 //   regrouped; positions stay low, so the share is full when its cells are.
+// - exact self-extend (KV_POLICY_EXACT_SE, --self-extend G W; the rule is
+//   host/ops/selfextend.h): attention groups far positions itself, so
+//   nothing moves: positions grow past the trained context up to the
+//   extended one and the share is full when its cells are. It needs the
+//   forward context in the unrotated cache mode with the same G and W
+//   (forward_config.se_g / se_w); the policy only carries them.
 // Bounded-cache eviction policies are meant to plug in the same way.
 #ifndef VELA_KV_POLICY_H
 #define VELA_KV_POLICY_H
@@ -25,15 +31,19 @@ enum kv_policy_kind {
     KV_POLICY_STOP = 0,
     KV_POLICY_SHIFT = 1,
     KV_POLICY_SELFEXTEND = 2,
+    KV_POLICY_EXACT_SE = 3,
 };
 
-// What a request asks for; kv_policy_init picks the policy: self-extend when
-// ga_n != 1, else the context shift when ctx_shift, else stop.
+// What a request asks for; kv_policy_init picks the policy: exact
+// self-extend when se_g > 1, self-extend when ga_n != 1 (not both), else
+// the context shift when ctx_shift, else stop.
 struct kv_policy_params {
     bool ctx_shift; // shift when full (llama-cli's default: on)
     int n_keep;     // positions the shift keeps (resolved: BOS and prompt rules are the caller's)
     int ga_n;       // self-extend group factor (1: off)
     int ga_w;       // self-extend width, a multiple of ga_n, <= the cache's cells
+    int se_g;       // exact self-extend group size G (0 or 1: off)
+    int se_w;       // exact self-extend neighbor window W >= 1
 };
 
 void kv_policy_params_default(struct kv_policy_params *p);
@@ -44,9 +54,11 @@ struct kv_policy {
     int n_ctx;               // the sequence's share of the cache (cells)
     int n_keep;              // KV_POLICY_SHIFT
     struct kv_selfextend se; // KV_POLICY_SELFEXTEND
+    int se_g, se_w;          // KV_POLICY_EXACT_SE
 };
 
-// Checks p against kv (self-extend values as kv_selfextend_init; n_keep >= 0)
+// Checks p against kv (self-extend values as kv_selfextend_init; exact
+// self-extend: G >= 1, W >= 1, W below the share; n_keep >= 0)
 // and fills *pol for sequence seq owning n_ctx cells of kv. VERR_RANGE with a
 // message, *pol untouched, otherwise.
 int kv_policy_init(struct kv_policy *pol, const struct kv_policy_params *p,
@@ -72,7 +84,7 @@ int kv_policy_make_room(struct kv_policy *pol, struct kv_cache *kv, int32_t *n_p
 // would move for both, so only a sequence whose cells never move shares.
 bool kv_policy_may_move(const struct kv_policy *pol, int64_t n_positions);
 
-// "stop", "context shift", "self-extend".
+// "stop", "context shift", "self-extend", "exact self-extend".
 const char *kv_policy_name(enum kv_policy_kind k);
 
 #endif

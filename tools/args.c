@@ -140,10 +140,58 @@ static int parse_split_flags(struct args_model *a, int argc, char **argv, int *i
     return 0;
 }
 
+// --self-extend G W (-se): both values are checked before either is set.
+static int parse_selfextend(struct args_model *a, int argc, char **argv, int *i, struct verr *err) {
+    const char *flag = argv[*i];
+    if (!args_is(flag, "--self-extend", "-se"))
+        return 0;
+    if (*i + 2 >= argc)
+        return verr_set(err, VERR_RANGE,
+                        "%s: needs two values, G (group size) and W (neighbor window)", flag);
+    int v[2];
+    for (int k = 0; k < 2; k++) {
+        const char *s = argv[*i + 1 + k];
+        char *end;
+        errno = 0;
+        long x = strtol(s, &end, 10);
+        if (end == s || *end || errno || x < 1 || x > (1L << 24))
+            return verr_set(err, VERR_RANGE, "%s: %s = '%s' must be an integer in [1, %ld]", flag,
+                            k ? "W (neighbor window)" : "G (group size)", s, 1L << 24);
+        v[k] = (int)x;
+    }
+    a->se_g = v[0];
+    a->se_w = v[1];
+    *i += 3;
+    return 1;
+}
+
+int args_selfextend_check(const struct args_model *a, const struct model_hparams *hp, int n_ctx,
+                          int n_prompt, FILE *out, struct verr *err) {
+    if (a->se_g < 1)
+        return 0;
+    int ext = 0;
+    int rc = forward_selfextend_ctx(hp, a->se_g, a->se_w, &ext, err);
+    if (rc)
+        return rc;
+    if (a->verbose && out)
+        fprintf(out,
+                "self-extend: G %d, W %d (exact, RoPE inside attention, K cached unrotated): "
+                "usable context (n_ctx_train %d - W) * G + W = %d tokens, cache %d cells\n",
+                a->se_g, a->se_w, hp->n_ctx_train, ext, n_ctx);
+    if (n_prompt > ext)
+        return verr_set(err, VERR_RANGE,
+                        "self-extend: the prompt has %d tokens, more than the extended context "
+                        "(%d - W %d) * G %d + W = %d",
+                        n_prompt, hp->n_ctx_train, a->se_w, a->se_g, ext);
+    return 0;
+}
+
 int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct verr *err) {
     const char *arg = argv[*i];
     int split_rc = parse_split_flags(a, argc, argv, i, err);
     if (split_rc)
+        return split_rc;
+    if ((split_rc = parse_selfextend(a, argc, argv, i, err)))
         return split_rc;
     if (args_is(arg, "-m", "--model"))
         DONE(args_value_str(argc, argv, i, &a->model_path, err));
@@ -284,7 +332,15 @@ void args_help_model(FILE *out) {
             "yarn, else 0)\n"
             "  --yarn-attn-factor N      YaRN magnitude scale (default: 1.0)\n"
             "  --yarn-beta-fast N        YaRN low correction dim (default: 32.0)\n"
-            "  --yarn-beta-slow N        YaRN high correction dim (default: 1.0)\n",
+            "  --yarn-beta-slow N        YaRN high correction dim (default: 1.0)\n"
+            "  -se, --self-extend G W    exact self-extend: keys within W positions of a query "
+            "keep their\n"
+            "                            positions, farther ones are grouped by G (in one "
+            "softmax). Extends\n"
+            "                            the usable context to (n_ctx_train - W) * G + W and "
+            "sizes the\n"
+            "                            cache for it (unless -c); K is cached unrotated. -v "
+            "prints it\n",
             FORWARD_CTX_CAP);
 }
 
@@ -360,6 +416,8 @@ void args_ctx_config(const struct args_model *a, struct forward_config *fc) {
     fc->type_v = a->type_v;
     fc->rope = a->rope;
     fc->no_graph = a->no_cuda_graph;
+    fc->se_g = a->se_g;
+    fc->se_w = a->se_w;
 }
 
 void args_engine_config(const struct args_model *a, struct engine_config *c) {

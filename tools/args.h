@@ -43,6 +43,8 @@ struct args_model {
     const char *tensor_split; // --tensor-split, -ts "3,1"; NULL: by free memory
     const char *devices;      // --devices, -dev "0,1" / "cpu,cpu"; NULL: every GPU
     int n_ubatch;             // --ubatch-size, -ub: pipeline micro-batch (0: auto)
+    // --self-extend G W, -se: exact self-extend (host/ops/selfextend.h); 0: off
+    int se_g, se_w;
 };
 
 void args_model_default(struct args_model *a);
@@ -68,6 +70,12 @@ bool args_is(const char *arg, const char *name, const char *alias);
 // model is known).
 void args_load_config(const struct args_model *a, struct load_config *lc);
 void args_ctx_config(const struct args_model *a, struct forward_config *fc);
+// With --self-extend: checks a prompt of n_prompt tokens against the
+// extended context (n_ctx_train - W) * G + W of hp and the cache (n_ctx
+// cells), VERR_RANGE with a message when it does not fit; with verbose,
+// prints the extension to `out`. Without the flag it does nothing.
+int args_selfextend_check(const struct args_model *a, const struct model_hparams *hp, int n_ctx,
+                          int n_prompt, FILE *out, struct verr *err);
 // Both, into an engine config (engine_config_default for the rest).
 void args_engine_config(const struct args_model *a, struct engine_config *c);
 

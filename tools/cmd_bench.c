@@ -1094,9 +1094,15 @@ int cmd_bench(int argc, char **argv) {
     f = NULL;
     const struct model *m = sm.m;
     struct backend *be = sm.be;
+    if (args_selfextend_check(&am, &m->hp, load_ctx, n_prompt, stderr, &err)) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        goto out;
+    }
     // A context beyond the model's would run for minutes on text the model
-    // was never trained for: only when asked for with -c.
-    if (m->hp.n_ctx_train > 0 && load_ctx > m->hp.n_ctx_train && am.n_ctx < load_ctx) {
+    // was never trained for: only when asked for with -c (or --self-extend,
+    // checked above against its extended context).
+    if (am.se_g <= 1 && m->hp.n_ctx_train > 0 && load_ctx > m->hp.n_ctx_train &&
+        am.n_ctx < load_ctx) {
         fprintf(stderr,
                 "vela bench: -p %d / -n %d need a context of %d tokens, beyond the model's %d "
                 "(its context_length): pass -c %d to run them anyway\n",

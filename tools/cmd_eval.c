@@ -143,6 +143,10 @@ int cmd_eval(int argc, char **argv) {
                 ep.ga_w, ep.ga_n);
         return 2;
     }
+    if (ep.ga_n != 1 && am.se_g > 1) {
+        fprintf(stderr, "vela eval: --self-extend and --grp-attn-n exclude each other\n");
+        return 2;
+    }
     if (!!tokens_arg + !!prompt_arg + !!prompt_file != 1) {
         fprintf(stderr, "vela eval: give exactly one of --tokens, -p, -f\n");
         return 2;
@@ -207,6 +211,10 @@ int cmd_eval(int argc, char **argv) {
                 goto done;
             }
         }
+    }
+    if (args_selfextend_check(&am, &e->m->hp, e->fc->cfg.n_ctx, n_tok, stderr, &err)) {
+        fprintf(stderr, "vela eval: %s\n", err.msg);
+        goto done;
     }
     const int V = e->m->hp.n_vocab;
     for (int t = 0; t < n_tok; t++)

@@ -367,6 +367,10 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "vela run: give -p or -f, not both\n");
         return 2;
     }
+    if (gp.ga_n != 1 && am.se_g > 1) {
+        fprintf(stderr, "vela run: --self-extend and --grp-attn-n exclude each other\n");
+        return 2;
+    }
     if (gp.ga_n != 1 && gp.ga_w % gp.ga_n != 0) {
         fprintf(stderr, "vela run: --grp-attn-w %d must be a multiple of --grp-attn-n %d\n",
                 gp.ga_w, gp.ga_n);
@@ -495,6 +499,13 @@ int cmd_run(int argc, char **argv) {
         if (!lines_mode)
             prompts[s] = prompts[0];
         out.prompt_text[s] = lines[lines_mode ? s : 0];
+    }
+    int longest = 0;
+    for (int s = 0; s < n_seq; s++)
+        longest = prompts[s].n_tokens > longest ? prompts[s].n_tokens : longest;
+    if (args_selfextend_check(&am, &e->m->hp, e->fc->cfg.n_ctx, longest, stderr, &err)) {
+        fprintf(stderr, "vela run: %s\n", err.msg);
+        goto done;
     }
     out.stream = n_seq == 1;
     out.display_prompt = display_prompt;

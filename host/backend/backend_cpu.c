@@ -16,10 +16,11 @@
 
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
-#include "host/ops/backend.h"
 #include "host/backend/rope.h"
 #include "host/backend/sampler.h"
 #include "host/backend/threadpool.h"
+#include "host/ops/backend.h"
+#include "host/ops/selfextend.h"
 
 #define CPU_ALIGN 64
 
@@ -509,13 +510,15 @@ struct rope_job {
 
 static void rope_tokens_range(void *ctx, int64_t t0, int64_t t1, int thread) {
     const struct rope_job *j = ctx;
-    float *cs = j->scratch[thread];
+    float *cs = j->rp ? j->scratch[thread] : NULL;
     const size_t row = (size_t)j->n_head * j->head_dim;
     for (int64_t t = t0; t < t1; t++) {
-        rope_cache_fill(cs, (float)j->pos[t], j->rp, &j->rc);
-        for (int h = 0; h < j->n_head; h++)
-            rope_rotate_f32(j->x + t * row + (size_t)h * j->head_dim, cs, j->rp->n_rot,
-                            j->rp->mode);
+        if (j->rp) { // NULL: rope_kv_store of the unrotated cache mode, a plain store
+            rope_cache_fill(cs, (float)j->pos[t], j->rp, &j->rc);
+            for (int h = 0; h < j->n_head; h++)
+                rope_rotate_f32(j->x + t * row + (size_t)h * j->head_dim, cs, j->rp->n_rot,
+                                j->rp->mode);
+        }
         if (j->k_cache) {
             const size_t c = (size_t)j->cells[t];
             const size_t vrow = (size_t)j->n_head * j->head_dim_v;
@@ -574,7 +577,7 @@ static int cpu_rope_kv_store(struct backend *be, float *q, int n_head, float *k,
         .k_cache = k_cache, .v_cache = v_cache, .type_k = type_k, .type_v = type_v,
         .cells = cells, .head_dim_v = head_dim_v,
     };
-    int rc = cpu_rope_prepare(be, &j, rp, head_dim, true, "cpu rope_kv_store");
+    int rc = rp ? cpu_rope_prepare(be, &j, rp, head_dim, true, "cpu rope_kv_store") : VERR_OK;
     if (rc || n_tok == 0)
         return rc;
     if (!k || !v || !k_cache || !v_cache || !pos || !cells)
@@ -588,7 +591,7 @@ static int cpu_rope_kv_store(struct backend *be, float *q, int n_head, float *k,
     threadpool_parallel_for(cpu_state_of(be)->pool, n_tok,
                             cpu_grain((int64_t)n_head_kv * (head_dim + head_dim_v)),
                             rope_tokens_range, &j);
-    return q ? cpu_rope(be, q, pos, n_tok, n_head, head_dim, rp) : VERR_OK;
+    return q && rp ? cpu_rope(be, q, pos, n_tok, n_head, head_dim, rp) : VERR_OK;
 }
 
 static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {
@@ -658,12 +661,39 @@ static inline bool attn_visible(const struct attn_args *a, int c, int32_t qpos, 
     return (word >> (qseq % 64)) & 1u;
 }
 
+// One query row's softmax over the scores sc[] of its visible cells (max mx)
+// and P.V into out (zeroed by the caller), the max subtracted so that expf
+// never overflows.
+static void attn_softmax_v(const struct attn_args *a, const float *sc, float mx, int hk,
+                           int32_t qpos, int qseq, float *out) {
+    const size_t v_row = (size_t)a->n_head_kv * a->head_dim_v;
+    float sum = 0.0f;
+    for (int c = 0; c < a->n_kv; c++) {
+        if (!attn_visible(a, c, qpos, qseq))
+            continue;
+        const float w = expf(sc[c] - mx);
+        sum += w;
+        const size_t off = (size_t)c * v_row + (size_t)hk * a->head_dim_v;
+        if (a->type_v == GGML_TYPE_F32) {
+            const float *vv = (const float *)a->v + off;
+            for (int d = 0; d < a->head_dim_v; d++)
+                out[d] += w * vv[d];
+        } else {
+            const uint16_t *vv = (const uint16_t *)a->v + off;
+            for (int d = 0; d < a->head_dim_v; d++)
+                out[d] += w * cpu_h2f(vv[d]);
+        }
+    }
+    const float inv = 1.0f / sum;
+    for (int d = 0; d < a->head_dim_v; d++)
+        out[d] *= inv;
+}
+
 static void attn_range(void *ctx, int64_t i0, int64_t i1, int thread) {
     const struct attn_job *j = ctx;
     const struct attn_args *a = j->a;
     float *sc = j->scratch[thread];
-    const size_t k_row = (size_t)a->n_head_kv * a->head_dim;    // elements per cell
-    const size_t v_row = (size_t)a->n_head_kv * a->head_dim_v;
+    const size_t k_row = (size_t)a->n_head_kv * a->head_dim; // elements per cell
     for (int64_t it = i0; it < i1; it++) {
         const int t = (int)(it / a->n_head), h = (int)(it % a->n_head);
         const int hk = h / j->group;
@@ -689,28 +719,134 @@ static void attn_range(void *ctx, int64_t i0, int64_t i1, int thread) {
         memset(out, 0, (size_t)a->head_dim_v * sizeof(float));
         if (n_vis == 0)
             continue; // a row that sees nothing is defined as zeros
-        // Softmax with the max subtracted so that expf never overflows.
-        float sum = 0.0f;
+        attn_softmax_v(a, sc, mx, hk, qpos, qseq, out);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// attention with RoPE inside (the unrotated cache mode; exact self-extend,
+// host/ops/selfextend.h). K of cells [0, n_kv) is widened and rotated once
+// per call at the cell's position (near) and, when G > 1, at pos / G (far);
+// each query is rotated at i (near) and at floor(i/G) + W - floor(W/G)
+// (far). Scores, softmax and P.V then run as attn_range does, in the same
+// order and the same float steps, so G = 1 on an F32 cache gives exactly the
+// bits of the rotated-K cache.
+
+struct attn_rope_job {
+    const struct attn_args *a;
+    struct rope_consts rc;
+    float **scratch; // per thread: [n_kv + 1] scores, [head_dim] q near, q far, [n_rot] cos/sin
+    float *k_near;   // [n_kv][n_head_kv][head_dim] K rotated at the cell's position
+    float *k_far;    // [n_kv][n_head_kv][head_dim] K rotated at pos / G; NULL when G == 1
+    int group;       // n_head / n_head_kv
+};
+
+static void attn_rope_keys_range(void *ctx, int64_t c0, int64_t c1, int thread) {
+    const struct attn_rope_job *j = ctx;
+    const struct attn_args *a = j->a;
+    const struct rope_params *rp = a->rope;
+    const size_t row = (size_t)a->n_head_kv * a->head_dim;
+    float *cs = j->scratch[thread];
+    for (int64_t c = c0; c < c1; c++) {
+        const int32_t p = a->cell_pos[c];
+        if (p < 0)
+            continue;
+        float *kn = j->k_near + (size_t)c * row;
+        if (a->type_k == GGML_TYPE_F32)
+            memcpy(kn, (const float *)a->k + (size_t)c * row, row * sizeof(float));
+        else
+            for (size_t e = 0; e < row; e++)
+                kn[e] = cpu_h2f(((const uint16_t *)a->k)[(size_t)c * row + e]);
+        float *kf = j->k_far ? j->k_far + (size_t)c * row : NULL;
+        if (kf)
+            memcpy(kf, kn, row * sizeof(float));
+        rope_cache_fill(cs, (float)p, rp, &j->rc);
+        for (int h = 0; h < a->n_head_kv; h++)
+            rope_rotate_f32(kn + (size_t)h * a->head_dim, cs, rp->n_rot, rp->mode);
+        if (!kf)
+            continue;
+        rope_cache_fill(cs, (float)se_k_pos_far(p, a->se_g), rp, &j->rc);
+        for (int h = 0; h < a->n_head_kv; h++)
+            rope_rotate_f32(kf + (size_t)h * a->head_dim, cs, rp->n_rot, rp->mode);
+    }
+}
+
+static void attn_rope_range(void *ctx, int64_t i0, int64_t i1, int thread) {
+    const struct attn_rope_job *j = ctx;
+    const struct attn_args *a = j->a;
+    const struct rope_params *rp = a->rope;
+    const int D = a->head_dim;
+    float *sc = j->scratch[thread];
+    float *qn = sc + a->n_kv + 1, *qf = qn + D, *cs = qf + D;
+    const size_t k_row = (size_t)a->n_head_kv * D;
+    for (int64_t it = i0; it < i1; it++) {
+        const int t = (int)(it / a->n_head), h = (int)(it % a->n_head);
+        const int hk = h / j->group;
+        const float *q = a->q + ((size_t)t * a->n_head + h) * D;
+        float *out = a->out + ((size_t)t * a->n_head + h) * a->head_dim_v;
+        const int32_t qpos = a->q_pos[t];
+        const int qseq = a->q_seq[t];
+        memcpy(qn, q, (size_t)D * sizeof(float));
+        rope_cache_fill(cs, (float)qpos, rp, &j->rc);
+        rope_rotate_f32(qn, cs, rp->n_rot, rp->mode);
+        if (j->k_far) {
+            memcpy(qf, q, (size_t)D * sizeof(float));
+            rope_cache_fill(cs, (float)se_q_pos_far(qpos, a->se_g, a->se_w), rp, &j->rc);
+            rope_rotate_f32(qf, cs, rp->n_rot, rp->mode);
+        }
+        float mx = -INFINITY;
+        int n_vis = 0;
         for (int c = 0; c < a->n_kv; c++) {
             if (!attn_visible(a, c, qpos, qseq))
                 continue;
-            const float w = expf(sc[c] - mx);
-            sum += w;
-            const size_t off = (size_t)c * v_row + (size_t)hk * a->head_dim_v;
-            if (a->type_v == GGML_TYPE_F32) {
-                const float *vv = (const float *)a->v + off;
-                for (int d = 0; d < a->head_dim_v; d++)
-                    out[d] += w * vv[d];
-            } else {
-                const uint16_t *vv = (const uint16_t *)a->v + off;
-                for (int d = 0; d < a->head_dim_v; d++)
-                    out[d] += w * cpu_h2f(vv[d]);
-            }
+            const bool near = !j->k_far || se_is_near(qpos, a->cell_pos[c], a->se_w);
+            const size_t off = (size_t)c * k_row + (size_t)hk * D;
+            const float d =
+                near ? cpu_dot_f32(qn, j->k_near + off, D) : cpu_dot_f32(qf, j->k_far + off, D);
+            sc[c] = d * a->scale;
+            if (sc[c] > mx)
+                mx = sc[c];
+            n_vis++;
         }
-        const float inv = 1.0f / sum;
-        for (int d = 0; d < a->head_dim_v; d++)
-            out[d] *= inv;
+        memset(out, 0, (size_t)a->head_dim_v * sizeof(float));
+        if (n_vis > 0) // a row that sees nothing is defined as zeros
+            attn_softmax_v(a, sc, mx, hk, qpos, qseq, out);
     }
+}
+
+// cpu_attention for a->rope != NULL, after its shape and pointer checks.
+static int cpu_attention_rope(struct backend *be, const struct attn_args *a) {
+    int rc = rope_params_check(a->rope, a->head_dim, "cpu attention", &be->err);
+    if (rc)
+        return rc;
+    if (a->se_g < 1 || (a->se_g > 1 && a->se_w < 1))
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu attention: self-extend group %d must be >= 1 and window %d >= 1",
+                        a->se_g, a->se_w);
+    const size_t per_thread = (size_t)a->n_kv + 1 + 2 * (size_t)a->head_dim + a->rope->n_rot;
+    if ((rc = cpu_scratch_reserve(be, per_thread * sizeof(float), "cpu attention")))
+        return rc;
+    struct attn_rope_job j = {
+        .a = a, .scratch = cpu_state_of(be)->scratch, .group = a->n_head / a->n_head_kv};
+    rope_consts_init(&j.rc, a->rope, true);
+    const size_t k_floats = (size_t)a->n_kv * a->n_head_kv * a->head_dim;
+    j.k_near = malloc((k_floats ? k_floats : 1) * sizeof(float));
+    j.k_far = a->se_g > 1 ? malloc((k_floats ? k_floats : 1) * sizeof(float)) : NULL;
+    if (!j.k_near || (a->se_g > 1 && !j.k_far)) {
+        free(j.k_near);
+        free(j.k_far);
+        return verr_set(&be->err, VERR_NOMEM, "cpu attention: out of memory for %zu rotated keys",
+                        k_floats);
+    }
+    struct threadpool *pool = cpu_state_of(be)->pool;
+    threadpool_parallel_for(pool, a->n_kv, cpu_grain((int64_t)a->n_head_kv * a->head_dim * 4),
+                            attn_rope_keys_range, &j);
+    threadpool_parallel_for(pool, (int64_t)a->n_tok * a->n_head,
+                            cpu_grain((int64_t)a->n_kv * (a->head_dim + a->head_dim_v)),
+                            attn_rope_range, &j);
+    free(j.k_near);
+    free(j.k_far);
+    return VERR_OK;
 }
 
 static int cpu_attention(struct backend *be, const struct attn_args *a) {
@@ -742,6 +878,8 @@ static int cpu_attention(struct backend *be, const struct attn_args *a) {
             return verr_set(&be->err, VERR_RANGE,
                             "cpu attention: token %d has sequence %d outside [0, %d)", t,
                             a->q_seq[t], a->seq_words * 64);
+    if (a->rope)
+        return cpu_attention_rope(be, a);
     int rc = cpu_scratch_reserve(be, ((size_t)a->n_kv + 1) * sizeof(float), "cpu attention");
     if (rc)
         return rc;

@@ -1,5 +1,6 @@
 // The forward pass over the backend op table (see forward.h).
 #include "host/forward/forward.h"
+#include "host/ops/selfextend.h"
 
 #include <math.h>
 
@@ -48,7 +49,31 @@ void forward_config_default(struct forward_config *c) {
     rope_overrides_default(&c->rope);
 }
 
+int forward_selfextend_ctx(const struct model_hparams *hp, int se_g, int se_w, int *n_ctx_out,
+                           struct verr *err) {
+    if (se_g < 1 || se_w < 1)
+        return verr_set(err, VERR_RANGE,
+                        "self-extend: group size G = %d and window W = %d must be >= 1", se_g,
+                        se_w);
+    if (se_g == 1) {
+        *n_ctx_out = hp->n_ctx_train;
+        return 0;
+    }
+    const int64_t n = se_extended_ctx(hp->n_ctx_train, se_g, se_w);
+    if (n <= 0)
+        return verr_set(err, VERR_RANGE,
+                        "self-extend: window W = %d must be below the trained context %d (and "
+                        "(n_ctx_train - W) * G + W must fit an int)",
+                        se_w, hp->n_ctx_train);
+    *n_ctx_out = (int)n;
+    return 0;
+}
+
 void forward_config_resolve(struct forward_config *c, const struct model_hparams *hp) {
+    int se_ctx = 0;
+    if (c->n_ctx <= 0 && c->se_g > 1 &&
+        !forward_selfextend_ctx(hp, c->se_g, c->se_w, &se_ctx, NULL))
+        c->n_ctx = se_ctx; // the cache is sized for the extended context
     if (c->n_ctx <= 0)
         c->n_ctx = hp->n_ctx_train < FORWARD_CTX_CAP ? hp->n_ctx_train : FORWARD_CTX_CAP;
     if (c->n_batch > c->n_ctx)
@@ -105,6 +130,12 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     int brc = check_block(hp, err);
     if (brc)
         return brc;
+    int se_ctx = 0;
+    if ((cfg->se_g > 1 || cfg->se_g < 0) &&
+        (brc = forward_selfextend_ctx(hp, cfg->se_g, cfg->se_w, &se_ctx, err)))
+        return brc;
+    if (cfg->se_g > 1)
+        fc->cfg.k_unrotated = true;
     if (!backend_cache_type_ok(cfg->type_k) || !backend_cache_type_ok(cfg->type_v))
         return verr_set(err, VERR_UNSUPPORTED,
                         "forward: KV cache types must be f16 or f32 (got %s, %s)",
@@ -411,7 +442,8 @@ int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
     struct backend *be = fc->be;
     const int n_tok = b->n_tok;
     int il = -1; // for OP's message: -1 = outside the layers
-    int rc = kv_prepare(&fc->kv, &fc->rope, err);
+    // The unrotated cache: a pending shift only changes positions (no K rewrite).
+    int rc = kv_prepare(&fc->kv, fc->cfg.k_unrotated ? NULL : &fc->rope, err);
     if (rc)
         return rc;
     const size_t i32 = sizeof(int32_t);
@@ -460,7 +492,7 @@ static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, str
            be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
                                   fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v,
                                   d_pos, d_cells, n_tok, hp->n_head_kv, hp->head_dim,
-                                  hp->head_dim_v, &fc->rope));
+                                  hp->head_dim_v, fc->cfg.k_unrotated ? NULL : &fc->rope));
         struct attn_args a = {
             .out = fc->attn,
             .q = fc->q,
@@ -480,6 +512,9 @@ static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, str
             .head_dim = hp->head_dim,
             .head_dim_v = hp->head_dim_v,
             .scale = fc->attn_scale,
+            .rope = fc->cfg.k_unrotated ? &fc->rope : NULL,
+            .se_g = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1,
+            .se_w = fc->cfg.se_w,
         };
         OP("attention", be->ops->attention(be, &a));
         OP("attn_output + residual", be->ops->matmul_add(be, x, &L->wo, fc->attn, n_tok));

@@ -56,6 +56,15 @@ struct forward_config {
     // --no-cuda-graph (or VELA_NO_CUDA_GRAPH=1 in the environment): never
     // record decode steps into backend graphs (see forward.c, "graphs").
     bool no_graph;
+    // The unrotated cache mode (host/ops/selfextend.h): K is stored without
+    // rotation and attention applies RoPE to q and K; a KV shift (seq_add,
+    // context shift) is then a metadata update, K is never rewritten.
+    bool k_unrotated;
+    // Exact self-extend (host/ops/selfextend.h): group size G and neighbor
+    // window W. se_g <= 1: off. se_g > 1 turns k_unrotated on and needs
+    // 1 <= se_w < n_ctx_train; n_ctx 0 then sizes the cache for the extended
+    // context (n_ctx_train - W) * G + W (forward_selfextend_ctx).
+    int se_g, se_w;
 };
 
 // Decode steps of at most this many tokens are recorded into backend graphs
@@ -82,6 +91,11 @@ struct forward_graph_stats {
 };
 
 void forward_config_default(struct forward_config *c);
+// Checks exact self-extend's G and W against hp (VERR_RANGE with a message
+// naming them: G < 1, W < 1, W >= n_ctx_train) and gives the context it
+// makes usable, (n_ctx_train - W) * G + W (n_ctx_train when G == 1).
+int forward_selfextend_ctx(const struct model_hparams *hp, int se_g, int se_w, int *n_ctx_out,
+                           struct verr *err);
 // Fills in what depends on the model: n_ctx 0 becomes the model's context
 // (at most FORWARD_CTX_CAP), and n_batch is capped at n_ctx (a batch never
 // needs more cells than the context has; llama.cpp caps it too).

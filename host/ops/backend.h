@@ -88,6 +88,13 @@ struct attn_args {
     int head_dim;
     int head_dim_v;
     float scale;
+    // RoPE inside attention (the unrotated cache mode, host/ops/selfextend.h):
+    // NULL: q and K arrive rotated (the default cache). Non-NULL: q and K are
+    // unrotated and attention rotates them with these params (magnitude
+    // included, as rope does), with exact self-extend when se_g > 1.
+    const struct rope_params *rope; // host memory, read during the call
+    int se_g;                       // group size G >= 1 (only with rope)
+    int se_w;                       // neighbor window W >= 1 (only with rope and se_g > 1)
 };
 
 // One row of the sample op: host/sampler.h's chain after its penalties.
@@ -168,6 +175,8 @@ struct backend_ops {
     // cache cell cells[t] of one layer, converting to the cache types. k is
     // left rotated in place. With q (else NULL), also rope(q, n_head) as the
     // rope op does: Q's rotation rides in the same pass (one launch on CUDA).
+    // rp NULL (the unrotated cache mode): k and v are stored as they are and
+    // q is left untouched; attention rotates them (attn_args.rope).
     int (*rope_kv_store)(struct backend *be, float *q /* [n_tok][n_head][head_dim] or NULL */,
                          int n_head, float *k /* [n_tok][n_head_kv][head_dim] */,
                          const float *v /* [n_tok][n_head_kv][head_dim_v] */,
