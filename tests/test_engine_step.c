@@ -597,3 +597,98 @@ Test(engine_step, eval_and_requests_take_turns) {
     free(alone);
     free(o);
 }
+
+// A request that takes every row (what engine_eval runs) beside generating
+// ones: its rows are those of engine_eval on the tokens alone.
+struct rows_out {
+    float *rows; // [n][N_VOCAB]
+    int n_seen, n_calls, stop_after;
+};
+
+static int keep_rows(void *user, uint64_t id, int first, int n, const float *logits) {
+    struct rows_out *r = user;
+    cr_assert_eq(first, r->n_seen, "rows arrive in order");
+    memcpy(r->rows + (size_t)first * N_VOCAB, logits, sizeof(float) * n * N_VOCAB);
+    r->n_seen += n;
+    r->n_calls++;
+    return r->stop_after && r->n_calls == r->stop_after;
+}
+
+static int eval_rows_cb(void *user, int first, int n, const float *logits) {
+    memcpy((float *)user + (size_t)first * N_VOCAB, logits, sizeof(float) * n * N_VOCAB);
+    return 0;
+}
+
+Test(engine_step, every_row_request_matches_eval) {
+    const int n = 30, n_batch = 8;
+    int32_t tok[30], pg[6];
+    make_prompt(tok, n, 77);
+    make_prompt(pg, 6, 78);
+    float *ref = calloc((size_t)n * N_VOCAB, sizeof(float));
+    struct verr err = {0};
+    // Every row of a batch may be wanted: n_batch logits rows. The reference
+    // is engine_eval on 32 cells; then 3 slots of 32 cells.
+    struct args_model am;
+    args_model_default(&am);
+    am.model_path = model_path;
+    am.backend = LOAD_BACKEND_CPU;
+    am.n_threads = 2;
+    am.n_batch = n_batch;
+    am.type_k = am.type_v = GGML_TYPE_F32;
+    struct engine_config op;
+    am.n_ctx = 32;
+    args_engine_config(&am, &op);
+    op.ctx.n_outputs_max = n_batch;
+    struct engine *e1 = NULL, *e = NULL;
+    cr_assert_eq(engine_open(&e1, &op, &err), 0, "%s", err.msg);
+    cr_assert_eq(engine_eval(e1, tok, n, eval_rows_cb, ref, NULL, &err), 0, "%s", err.msg);
+    engine_close(e1);
+    am.n_ctx = 96;
+    args_engine_config(&am, &op);
+    op.ctx.n_seq_max = 3;
+    op.ctx.n_outputs_max = n_batch;
+    cr_assert_eq(engine_open(&e, &op, &err), 0, "%s", err.msg);
+
+    struct rows_out ro = {.rows = calloc((size_t)n * N_VOCAB, sizeof(float))};
+    struct req_out *o = calloc(3, sizeof *o);
+    struct engine_request g = greedy_request(pg, 6, 25);
+    submit(e, &g, &o[0]);
+    for (int k = 0; k < 3; k++)
+        cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
+    struct engine_request r = greedy_request(tok, n, 0);
+    r.on_rows = keep_rows;
+    r.user = &ro;
+    uint64_t id;
+    cr_assert_eq(engine_submit(e, &r, &id, &err), 0, "%s", err.msg);
+    struct engine_request g2 = g;
+    g2.sp.temp = 0.9f;
+    g2.sp.seed = 3;
+    submit(e, &g2, &o[1]);
+    run_to_end(e);
+    cr_assert_eq(ro.n_seen, n);
+    double worst = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)n * N_VOCAB; i++) {
+        worst = fmax(worst, fabs((double)ro.rows[i] - ref[i]));
+        mx = fmax(mx, fabs((double)ref[i]));
+    }
+    // Same tokens at the same positions, F32 cache: only the order of sums
+    // over cells may differ (other requests' cells sit between). Worst seen: 0.
+    cr_expect_leq(worst / mx, 1e-6, "relative logit error %.3g", worst / mx);
+    cr_log_info("every-row request beside 2 generating ones: %d rows in %d calls, worst relative "
+                "error against engine_eval %.3g",
+                ro.n_seen, ro.n_calls, worst / mx);
+    cr_expect_eq(e->fc->kv.used, 0);
+    // A non-zero return ends it ("stopped") after the step.
+    struct rows_out rs = {.rows = ro.rows, .stop_after = 2};
+    r.user = &rs;
+    cr_assert_eq(engine_submit(e, &r, &id, &err), 0, "%s", err.msg);
+    run_to_end(e);
+    cr_expect_eq(rs.n_calls, 2);
+    r.n_predict = 5;
+    cr_expect_eq(engine_submit(e, &r, &id, &err), VERR_RANGE);
+    cr_expect(strstr(err.msg, "generates nothing"), "%s", err.msg);
+    engine_close(e);
+    free(ro.rows);
+    free(ref);
+    free(o);
+}

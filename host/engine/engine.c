@@ -1,7 +1,7 @@
 // The generation engine (see engine.h): llama-cli's main loop over the one
 // forward pass, the sampler and the streaming detokenizer.
 #include "host/engine/engine.h"
-#include "host/engine/step.h"
+#include "host/engine/sched.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,29 +104,39 @@ void engine_close(struct engine *e) {
     free(e);
 }
 
-static int emit(engine_event_fn cb, void *user, enum engine_event ev, int seq, int32_t tok,
-                const char *text, size_t len) {
-    return cb ? cb(user, ev, seq, tok, text, len) : 0;
-}
-
-// Routes kv_selfextend's log lines to the callback as notes of one sequence.
-struct note_ctx {
-    engine_event_fn cb;
+// engine_eval_ex as a request of the step API that takes every row: its
+// self-extend notes and rows go to the caller's callbacks; the time spent in
+// rows is not the evaluation's.
+struct eval_loop {
+    const struct engine_eval_params *p;
+    engine_rows_fn rows;
     void *user;
-    int seq;
+    double spent_in_rows;
+    int rc; // the first non-zero return of rows
 };
 
-static void note_line(void *user, const char *line) {
-    struct note_ctx *n = user;
-    emit(n->cb, n->user, ENGINE_EV_NOTE, n->seq, -1, line, strlen(line));
+static int eval_event(void *user, const struct engine_req_event *ev) {
+    struct eval_loop *l = user;
+    if (ev->ev == ENGINE_EV_NOTE && l->p && l->p->cb)
+        l->p->cb(l->p->user, ENGINE_EV_NOTE, 0, -1, ev->text, ev->len);
+    return 0;
 }
 
-int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,
-                   const struct engine_eval_params *p, engine_rows_fn rows, void *user,
-                   double *t_ms, struct verr *err) {
-    struct forward_ctx *fc = e->fc;
+static int eval_rows(void *user, uint64_t id, int first, int n, const float *logits) {
+    struct eval_loop *l = user;
+    (void)id;
+    if (!l->rows || l->rc)
+        return l->rc;
+    double t = engine_now_ms();
+    l->rc = l->rows(l->user, first, n, logits);
+    l->spent_in_rows += engine_now_ms() - t;
+    return l->rc;
+}
+
+static int eval_check(const struct engine *e, const int32_t *tokens, int n_tokens, int ga_n,
+                      int ga_w, struct verr *err) {
+    const struct forward_ctx *fc = e->fc;
     const int n_ctx = fc->cfg.n_ctx, n_batch = fc->cfg.n_batch;
-    const int ga_n = p ? p->ga_n : 1, ga_w = p ? p->ga_w : 512;
     if (n_tokens < 1)
         return verr_set(err, VERR_RANGE, "no tokens to evaluate");
     if (engine_n_active(e) || engine_n_queued(e))
@@ -145,51 +155,48 @@ int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,
             return verr_set(err, VERR_RANGE, "token id %d is out of range (n_vocab %d)", tokens[t],
                             e->m->hp.n_vocab);
     struct kv_selfextend se;
-    struct note_ctx note = {p ? p->cb : NULL, p ? p->user : NULL, 0};
-    int rc;
-    if (ga_n != 1) {
-        if ((rc = kv_selfextend_init(&se, &fc->kv, ga_n, ga_w, 0, err)))
-            return rc;
-        se.log = note_line;
-        se.log_user = &note;
-    }
-    if ((rc = kv_clear(&fc->kv, err)))
+    return ga_n != 1 ? kv_selfextend_init(&se, &fc->kv, ga_n, ga_w, 0, err) : 0;
+}
+
+int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,
+                   const struct engine_eval_params *p, engine_rows_fn rows, void *user,
+                   double *t_ms, struct verr *err) {
+    const int ga_n = p ? p->ga_n : 1, ga_w = p ? p->ga_w : 512;
+    int rc = eval_check(e, tokens, n_tokens, ga_n, ga_w, err);
+    if (rc)
         return rc;
-    int32_t *pos = malloc((size_t)n_batch * sizeof *pos),
-            *seq = calloc((size_t)n_batch, sizeof *seq);
-    int8_t *want = malloc((size_t)n_batch);
-    if (!pos || !seq || !want) {
-        rc = verr_set(err, VERR_NOMEM, "out of host memory");
+    struct engine_sched_config saved = {0};
+    if (e->sched)
+        saved = e->sched->cfg;
+    // One slot of the whole context, a chunk of n_batch tokens a step.
+    struct engine_sched_config c = {.n_slots = 1, .n_queue_max = 1, .n_step_tokens = -1};
+    if ((rc = engine_sched_configure(e, &c, err)) || (rc = kv_clear(&e->fc->kv, err)))
         goto out;
+    struct eval_loop l = {.p = p, .rows = rows, .user = user};
+    struct engine_request r;
+    engine_request_default(&r);
+    r.tokens = tokens;
+    r.n_tokens = n_tokens;
+    r.n_predict = 0;
+    r.ga_n = ga_n;
+    r.ga_w = ga_w;
+    r.cb = eval_event;
+    r.on_rows = eval_rows;
+    r.user = &l;
+    r.keep_cells = true;
+    double t0 = engine_now_ms();
+    if ((rc = engine_submit(e, &r, NULL, err)))
+        goto out;
+    while ((rc = engine_step(e, err)) == 1 && !l.rc)
+        ;
+    if (rc >= 0 && l.rc) {
+        rc = l.rc > 0 ? verr_set(err, VERR_IO, "writing logits failed") : l.rc;
+        sched_end_all(e, "stopped", NULL);
     }
-    memset(want, 1, (size_t)n_batch);
-    double t0 = engine_now_ms(), spent_in_rows = 0;
-    int32_t n_past = 0;
-    for (int i = 0; i < n_tokens; i += n_batch) {
-        int nb = n_tokens - i < n_batch ? n_tokens - i : n_batch;
-        if (ga_n != 1 && (rc = kv_selfextend_apply(&se, &fc->kv, &n_past, err)))
-            goto out;
-        for (int t = 0; t < nb; t++)
-            pos[t] = n_past + t;
-        struct forward_batch b = {nb, tokens + i, pos, seq, want};
-        if ((rc = executor_decode(e->x, &b, FORWARD_HEAD_LOGITS, NULL, err)))
-            goto out;
-        n_past += nb;
-        double tr = engine_now_ms();
-        if (rows && (rc = rows(user, i, nb, fc->h_logits))) {
-            if (rc > 0)
-                rc = verr_set(err, VERR_IO, "writing logits failed");
-            goto out;
-        }
-        spent_in_rows += engine_now_ms() - tr;
-    }
-    if (t_ms)
-        *t_ms = engine_now_ms() - t0 - spent_in_rows;
-    rc = 0;
+    if (!rc && t_ms)
+        *t_ms = engine_now_ms() - t0 - l.spent_in_rows;
 out:
-    free(pos);
-    free(seq);
-    free(want);
+    engine_sched_configure(e, &saved, NULL);
     return rc;
 }
 

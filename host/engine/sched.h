@@ -32,9 +32,11 @@ struct slot {
     int share_from; // slot whose prompt cells it will share; -1: none
     bool can_share; // no shift can ever move this sequence's prompt cells
     bool started_now;
-    bool cancel;  // engine_cancel from a callback: ends after the step
-    int32_t amax; // the token the backend picked from its row (argmax or sample op)
-    float *last;  // [n_vocab] its row (sampling on the host); kept across requests
+    const char *end_why;    // set during a step (engine_cancel from a callback, on_rows):
+                            // it ends after the step with this reason
+    int chunk_b0, chunk_c0; // its prompt chunk in this step: batch index, prompt index
+    int32_t amax;           // the token the backend picked from its row (argmax or sample op)
+    float *last;            // [n_vocab] its row (sampling on the host); kept across requests
     struct sampler *smp;
     struct tokenizer_stream *stream;
     struct kv_selfextend se;

@@ -175,10 +175,12 @@ static int check_tokens(const int32_t *t, int n, int V, const char *what, struct
 }
 
 static int check_request(const struct engine *e, const struct engine_request *r, struct verr *err) {
-    const int V = e->m->hp.n_vocab, max = e->sched->n_ctx_seq - 4;
+    const int V = e->m->hp.n_vocab, n_batch = e->fc->cfg.n_batch;
+    // llama-cli's limit: room for a few generated tokens after the prompt;
+    // a request that only reads its prompt may fill the context.
+    const int max = e->sched->n_ctx_seq - (r->on_rows ? 0 : 4);
     if (!r->tokens || r->n_tokens < 1)
         return verr_set(err, VERR_RANGE, "the prompt is empty");
-    // llama-cli's limit: room for a few generated tokens after the prompt.
     if (r->n_tokens > max)
         return verr_set(err, VERR_RANGE, "prompt is too long (%d tokens, max %d)", r->n_tokens,
                         max);
@@ -190,6 +192,14 @@ static int check_request(const struct engine *e, const struct engine_request *r,
                         "n_predict %d: -1 (until a stop), -2 (until a stop or the context is "
                         "full) or >= 0",
                         r->n_predict);
+    if (r->on_rows && r->n_predict != 0)
+        return verr_set(err, VERR_RANGE,
+                        "a request that takes every row (on_rows) generates nothing: n_predict "
+                        "%d must be 0",
+                        r->n_predict);
+    if (r->on_rows && e->fc->cfg.n_outputs_max < n_batch)
+        return verr_set(err, VERR_RANGE, "the context keeps logits of %d rows, the batch is %d",
+                        e->fc->cfg.n_outputs_max, n_batch);
     if (r->n_stop_tokens < 0 || r->n_stop_tokens > ENGINE_MAX_STOP_TOKENS ||
         (r->n_stop_tokens > 0 && !r->stop_tokens))
         return verr_set(err, VERR_RANGE, "%d stop tokens: 0 .. %d", r->n_stop_tokens,
@@ -292,9 +302,9 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     // Shared cells would move for every sharer on a shift of one of them
     // (seq_add moves a cell for all its sequences), so only a sequence that
     // can never shift shares.
-    sl->can_share =
-        r->ga_n == 1 && (!r->ctx_shift || r->n_predict == -2 ||
-                         (r->n_predict >= 0 && r->n_tokens + r->n_predict < s->n_ctx_seq));
+    sl->can_share = r->ga_n == 1 && !r->on_rows &&
+                    (!r->ctx_shift || r->n_predict == -2 ||
+                     (r->n_predict >= 0 && r->n_tokens + r->n_predict < s->n_ctx_seq));
     int rc = sampler_create(&sl->smp, &r->sp, e->m->hp.n_vocab, err);
     if (rc)
         return rc;
@@ -346,14 +356,14 @@ static int slot_finish(struct engine *e, struct engine_sched *s, int si, const c
         if (len)
             req_emit(q, ENGINE_EV_TOKEN, -1, txt, len);
     }
-    int rc = kv_seq_rm(&e->fc->kv, si, -1, -1, err);
+    int rc = q->p.keep_cells ? 0 : kv_seq_rm(&e->fc->kv, si, -1, -1, err);
     sampler_free(sl->smp);
     tokenizer_stream_free(sl->stream);
     sl->smp = NULL;
     sl->stream = NULL;
     sl->state = SLOT_FREE;
     sl->rq = NULL;
-    sl->cancel = false;
+    sl->end_why = NULL;
     // Who waited to share its prompt reads it itself.
     for (int t = 0; t < s->cfg.n_slots; t++)
         if (s->slots[t].share_from == si)
@@ -422,7 +432,7 @@ int engine_cancel(struct engine *e, uint64_t id, struct verr *err) {
                         (unsigned long long)id);
     if (si >= 0) {
         if (s->in_step) {
-            s->slots[si].cancel = true;
+            s->slots[si].end_why = "cancelled";
             return 0;
         }
         return slot_finish(e, s, si, "cancelled", true, err);
@@ -491,11 +501,14 @@ static void add_entries(struct engine_sched *s, int si, int nb, struct step_coun
         return;
     }
     const int32_t *prompt = sl->rq->p.tokens;
+    const int8_t all = sl->rq->p.on_rows != NULL;
+    sl->chunk_b0 = n;
+    sl->chunk_c0 = sl->n_consumed;
     for (int t = 0; t < nb; t++) {
         s->tok[n + t] = prompt[sl->n_consumed + t];
         s->pos[n + t] = sl->n_past + t;
         s->seq[n + t] = si;
-        s->want[n + t] = 0;
+        s->want[n + t] = all;
     }
     sl->n_consumed += nb;
     sl->n_past += nb;
@@ -564,8 +577,9 @@ static int step_head(struct engine *e, struct engine_sched *s, int n, enum forwa
             continue;
         const struct engine_request *r = &sl->rq->p;
         bool pen_off = sampler_penalties_off(sl->smp);
-        argmax = argmax && !r->on_logits && r->sp.temp <= 0 && pen_off;
-        sample = sample && !r->on_logits && pen_off && sl->share_from < 0;
+        bool host = r->on_logits || r->on_rows; // wants rows on the host
+        argmax = argmax && !host && r->sp.temp <= 0 && pen_off;
+        sample = sample && !host && pen_off && sl->share_from < 0;
     }
     if (argmax) {
         *head = FORWARD_HEAD_ARGMAX;
@@ -585,6 +599,24 @@ static int step_head(struct engine *e, struct engine_sched *s, int n, enum forwa
             !(s->slots[si].last = malloc(row)))
             return verr_set(err, VERR_NOMEM, "out of host memory");
     return 0;
+}
+
+// After the piece of the step batch from entry i: the rows of the requests
+// that take every row, one call per request and piece.
+static void deliver_rows(struct engine *e, struct engine_sched *s, int i) {
+    const struct forward_ctx *fc = e->fc;
+    for (int o = 0, k; o < fc->n_out; o += k) {
+        const int bi = i + fc->out_batch_idx[o], si = s->seq[bi];
+        for (k = 1; o + k < fc->n_out && s->seq[i + fc->out_batch_idx[o + k]] == si; k++)
+            ;
+        struct slot *sl = si >= 0 && si < s->cfg.n_slots ? &s->slots[si] : NULL;
+        if (!sl || !sl->rq || !sl->rq->p.on_rows || sl->end_why)
+            continue;
+        const struct engine_request *r = &sl->rq->p;
+        if (r->on_rows(r->user, sl->rq->id, sl->chunk_c0 + (bi - sl->chunk_b0), k,
+                       forward_logits(fc, o)))
+            sl->end_why = "stopped";
+    }
 }
 
 // Decodes entries [0, n) of the step batch in pieces of at most n_batch
@@ -621,6 +653,8 @@ static int step_decode(struct engine *e, struct engine_sched *s, int n, enum for
             else
                 memcpy(s->slots[si].last, forward_logits(fc, o), (size_t)V * sizeof(float));
         }
+        if (head == FORWARD_HEAD_LOGITS)
+            deliver_rows(e, s, i);
         o_base += fc->n_out;
         i += nb;
     }
@@ -765,8 +799,8 @@ int engine_step(struct engine *e, struct verr *err) {
         return rc;
     }
     for (int si = 0; si < s->cfg.n_slots; si++)
-        if (s->slots[si].state != SLOT_FREE && s->slots[si].cancel &&
-            (rc = slot_finish(e, s, si, "cancelled", true, err)))
+        if (s->slots[si].state != SLOT_FREE && s->slots[si].end_why &&
+            (rc = slot_finish(e, s, si, s->slots[si].end_why, true, err)))
             return rc;
     return engine_n_active(e) || s->q_len ? 1 : 0;
 }

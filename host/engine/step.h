@@ -72,6 +72,11 @@ typedef int (*engine_req_fn)(void *user, const struct engine_req_event *ev);
 // sample op). Non-zero ends the request ("stopped") after this token.
 typedef int (*engine_req_logits_fn)(void *user, uint64_t id, int32_t pos, const float *logits);
 
+// Optional: every prompt token's logits, rows [n][n_vocab] of its prompt
+// tokens [first, first + n), after each decode. Non-zero ends the request
+// ("stopped") after the step.
+typedef int (*engine_req_rows_fn)(void *user, uint64_t id, int first, int n, const float *logits);
+
 #define ENGINE_MAX_STOP_TOKENS 64
 
 struct engine_request {
@@ -92,7 +97,13 @@ struct engine_request {
     int ga_w;         // self-extend width
     engine_req_fn cb; // optional
     engine_req_logits_fn on_logits; // optional
-    void *user;                     // for both
+    // Optional (engine_eval): with it the request only reads its prompt
+    // (n_predict must be 0), which may then fill the per-slot context; the
+    // context must keep n_batch logits rows.
+    engine_req_rows_fn on_rows;
+    void *user;      // for the three
+    bool keep_cells; // its cells stay in the cache when it ends (engine_eval's
+                     // callers read them); the next request in its slot removes them
 };
 
 // n_predict -1, ctx_shift on, n_keep 0, ga_n 1, ga_w 512, default sampler.
