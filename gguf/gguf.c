@@ -519,9 +519,10 @@ static int magic_check(const uint8_t *p, size_t size, const char *name, struct v
     if (memcmp(p, "GGUF", n) == 0) // an empty file is a truncated one
         return 0;
     char shown[5] = {0}, hex[16] = {0};
+    size_t hl = 0;
     for (size_t i = 0; i < n; i++) {
         shown[i] = (p[i] >= 0x20 && p[i] < 0x7f) ? (char)p[i] : '?';
-        snprintf(hex + 3 * i, sizeof hex - 3 * i, "%s%02x", i ? " " : "", p[i]);
+        hl += (size_t)snprintf(hex + hl, sizeof hex - hl, "%s%02x", i ? " " : "", p[i]);
     }
     return verr_set(err, VERR_FORMAT,
                     "%s: offset 0: not a GGUF file (magic is '%s' = %s, expected 'GGUF')", name,
