@@ -9,5 +9,6 @@ int cmd_tokenize(int argc, char **argv); // tools/cmd_tokenize.c
 int cmd_run(int argc, char **argv);      // tools/cmd_run.c
 int cmd_eval(int argc, char **argv);     // tools/cmd_eval.c
 int cmd_bench(int argc, char **argv);    // tools/cmd_bench.c
+int cmd_serve(int argc, char **argv);    // tools/cmd_serve.c
 
 #endif

@@ -22,6 +22,7 @@ static const struct subcommand subcommands[] = {
     {"gguf", cmd_gguf, "inspect GGUF files (dump)"},
     {"mkmodel", cmd_mkmodel, "write a synthetic model as GGUF"},
     {"bench", cmd_bench, "measure prompt and generation throughput"},
+    {"serve", cmd_serve, "serve the model over HTTP (OpenAI API)"},
 };
 
 static void print_usage(FILE *out) {

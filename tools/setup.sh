@@ -11,6 +11,9 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v git >/dev/null || need+=(git)
 [ -e /usr/include/criterion/criterion.h ] || need+=(libcriterion-dev)
 [ -e /usr/include/cjson/cJSON.h ] || need+=(libcjson-dev)
+[ -e /usr/include/microhttpd.h ] || need+=(libmicrohttpd-dev) # vela serve
+command -v python3 >/dev/null || need+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv) # tests/serve (openai client)
 command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin) # mpirun pipelines (host/mpi.c)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

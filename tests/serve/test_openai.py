@@ -1,0 +1,349 @@
+"""End-to-end tests of `vela serve` through the official openai client
+(tests/serve/run.sh starts the server and sets VELA_SERVE_URL / _KEY / _MODEL).
+
+What they show: completions, chat, streaming (chunks concatenate to the
+non-streamed text at temperature 0), stop strings, n, logprobs, usage
+counts, /tokenize round trips, /metrics counters consistent with what was
+sent; 32 clients x 4 requests each answered as when sent alone; a client
+that disconnects frees its slot; 200+ malformed or hostile requests each get
+the right status and error JSON, and the server answers the same afterwards.
+"""
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import socket
+import time
+import urllib.parse
+
+import openai
+import pytest
+
+URL = os.environ["VELA_SERVE_URL"]
+KEY = os.environ["VELA_SERVE_KEY"]
+MODEL = os.environ["VELA_SERVE_MODEL"]
+HOST = urllib.parse.urlparse(URL).hostname
+PORT = urllib.parse.urlparse(URL).port
+
+
+@pytest.fixture(scope="module")
+def client():
+    return openai.OpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def raw(method, path, body=None, headers=None, key=KEY):
+    """One HTTP request; returns (status, parsed JSON or text)."""
+    h = {"Content-Type": "application/json"}
+    if key:
+        h["Authorization"] = "Bearer " + key
+    h.update(headers or {})
+    c = http.client.HTTPConnection(HOST, PORT, timeout=60)
+    data = body if isinstance(body, (bytes, type(None))) else body.encode()
+    c.request(method, path, body=data, headers=h)
+    r = c.getresponse()
+    text = r.read()
+    c.close()
+    try:
+        return r.status, json.loads(text)
+    except ValueError:
+        return r.status, text.decode(errors="replace")
+
+
+def metrics():
+    status, text = raw("GET", "/metrics")
+    assert status == 200
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(vela_[a-z_]+) ([0-9.e+-]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def complete(client, prompt, **kw):
+    kw.setdefault("temperature", 0)
+    kw.setdefault("max_tokens", 12)
+    return client.completions.create(model=MODEL, prompt=prompt, **kw)
+
+
+def test_health_and_models(client):
+    assert raw("GET", "/health", key=None)[0] == 200
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_completion_and_usage(client):
+    r = complete(client, "Once upon a time", max_tokens=10)
+    assert r.object == "text_completion"
+    assert len(r.choices) == 1 and r.choices[0].finish_reason == "length"
+    status, tok = raw("POST", "/tokenize", json.dumps({"content": "Once upon a time",
+                                                      "add_special": True}))
+    assert status == 200
+    assert r.usage.prompt_tokens == len(tok["tokens"])
+    assert r.usage.completion_tokens == 10
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 10
+
+
+def test_chat(client):
+    r = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=8,
+                                       messages=[{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "Hello"}])
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert isinstance(r.choices[0].message.content, str)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 8
+
+
+def test_stream_concatenates_to_the_whole_text(client):
+    whole = complete(client, "The sea", max_tokens=20).choices[0].text
+    parts, finish, usage = [], None, None
+    for ch in complete(client, "The sea", max_tokens=20, stream=True,
+                       stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for c in ch.choices:
+            parts.append(c.text)
+            finish = c.finish_reason or finish
+    assert "".join(parts) == whole
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == 20
+
+
+def test_chat_stream_concatenates(client):
+    msgs = [{"role": "user", "content": "Tell me a story"}]
+    whole = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0,
+                                           max_tokens=16).choices[0].message.content
+    text = ""
+    for ch in client.chat.completions.create(model=MODEL, messages=msgs, temperature=0,
+                                             max_tokens=16, stream=True):
+        for c in ch.choices:
+            text += c.delta.content or ""
+    assert text == whole
+
+
+def test_stop_string_is_not_emitted(client):
+    whole = complete(client, "A B C", max_tokens=24).choices[0].text
+    # A stop string from the middle of the unconstrained text.
+    cut = len(whole) // 2
+    stop = whole[cut:cut + 3]
+    if len(stop.strip()) < 2:
+        pytest.skip("the generated text has no usable middle")
+    r = complete(client, "A B C", max_tokens=24, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == whole[:whole.index(stop)]
+    assert stop not in r.choices[0].text
+
+
+def test_n_choices_with_seed(client):
+    r = complete(client, "Hello", max_tokens=6, n=3, temperature=0.9, seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    again = complete(client, "Hello", max_tokens=6, n=3, temperature=0.9, seed=7)
+    assert [c.text for c in again.choices] == [c.text for c in r.choices], "seeded: repeatable"
+    assert r.usage.completion_tokens == 18
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=5, logprobs=True,
+                                       top_logprobs=3,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == r.usage.completion_tokens
+    for t in lp:
+        assert t.logprob <= 0
+        assert len(t.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert abs(t.logprob - t.top_logprobs[0].logprob) < 1e-5
+    c = complete(client, "Hi", max_tokens=4, logprobs=2)
+    assert len(c.choices[0].logprobs.token_logprobs) == 4
+
+
+def test_tokenize_round_trip():
+    text = "Hello world, this is vela."
+    status, tok = raw("POST", "/tokenize", json.dumps({"content": text}))
+    assert status == 200 and len(tok["tokens"]) > 0
+    status, de = raw("POST", "/detokenize", json.dumps({"tokens": tok["tokens"]}))
+    assert status == 200 and de["content"] == text
+    status, wp = raw("POST", "/tokenize", json.dumps({"content": text, "with_pieces": True}))
+    assert [p["id"] for p in wp["tokens"]] == tok["tokens"]
+
+
+def test_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(client, "word " * 2000, max_tokens=1)
+    assert e.value.body["code"] == "context_length_exceeded"
+    bad = openai.OpenAI(base_url=URL + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_metrics_count_what_was_sent(client):
+    before = metrics()
+    for i in range(3):
+        complete(client, "count %d" % i, max_tokens=3)
+    after = metrics()
+    assert after["vela_requests_total"] - before["vela_requests_total"] == 3
+    assert after["vela_generated_tokens_total"] - before["vela_generated_tokens_total"] == 9
+    assert after["vela_requests_running"] == 0
+
+
+PROMPTS = ["The quick brown fox", "Once", "In a galaxy far far away there", "1 2 3 4 5",
+           "Hello", "A long time ago in a village near the sea, an old man"]
+
+
+def one(i, k):
+    c = openai.OpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    p = PROMPTS[(i + k) % len(PROMPTS)]
+    n = 4 + (i * 7 + k) % 13
+    if (i + k) % 3 == 0:
+        r = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=n,
+                                      messages=[{"role": "user", "content": p}])
+        return ("chat", p, n), r.choices[0].message.content
+    r = c.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=n)
+    return ("cmpl", p, n), r.choices[0].text
+
+
+def test_concurrent_clients_get_what_they_get_alone(client):
+    jobs = [(i, k) for i in range(32) for k in range(4)]
+    alone = {}
+    for i, k in jobs:
+        key, text = one(i, k)
+        alone.setdefault(key, text)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as ex:
+        results = list(ex.map(lambda a: one(*a), jobs))
+    assert len(results) == 128
+    for key, text in results:
+        assert text == alone[key], key
+
+
+def test_disconnect_frees_the_slot(client):
+    before = metrics()
+    s = socket.create_connection((HOST, PORT))
+    # n_keep asks for context shifts: it would never end by itself
+    body = json.dumps({"model": MODEL, "prompt": "go on forever", "max_tokens": 100000,
+                       "stream": True, "ignore_eos": True, "n_keep": 0})
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+               "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+               % (KEY, len(body), body)).encode())
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += s.recv(4096)
+    assert metrics()["vela_requests_running"] >= 1
+    s.close()
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        m = metrics()
+        if m["vela_requests_running"] == 0 and m["vela_kv_cells_used"] == 0:
+            break
+        time.sleep(0.1)
+    m = metrics()
+    assert m["vela_requests_running"] == 0 and m["vela_kv_cells_used"] == 0
+    assert m["vela_requests_cancelled_total"] == before["vela_requests_cancelled_total"] + 1
+
+
+def hostile_requests():
+    """(method, path, body, headers, expected status) for malformed and hostile input."""
+    cases = []
+    good = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    # broken JSON of every kind
+    for b in ["", "{", "}", "[", "{\"prompt\":", "{\"prompt\": \"x\",}", "nul", "{'a': 1}",
+              "{\"prompt\": \"x\"} trailing", "\x00", "{\"prompt\": \"\\x\"}", "[1,2,3]", "42",
+              "\"str\"", "true", "null"]:
+        cases.append(("POST", "/v1/completions", b, {}, 400))
+    # wrong types and out-of-range values for every field
+    fields = {"prompt": [None, 5, True, {}, [], [-1], [1.5], [[1]]],
+              "max_tokens": [-1, -100, 1e300, "10", 2.5, True, [], {}],
+              "temperature": [-0.1, 2.5, "hot", [], 1e308],
+              "top_p": [-1, 1.01, "x"], "top_k": [-1, 0.5, "x"], "min_p": [-0.5, 2, "x"],
+              "presence_penalty": [-3, 3, "x"], "frequency_penalty": [-2.5, 9, []],
+              "n": [0, -1, 1000, 2.5, "2"], "stream": ["yes", 1, []], "seed": ["s", 1.5, []],
+              "stop": [3, [""], ["x" * 300], [1, 2], {"a": 1}, ["a"] * 20],
+              "logprobs": [-1, 99, "x"], "echo": [True], "model": [3, [], {}],
+              "stream_options": [1, "x", []], "grp_attn_n": [0, -2, "x"],
+              "grp_attn_w": [0, "x"], "n_keep": [-5, "x"]}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    for f, values in fields.items():
+        # an object or a nested array is wrong for every field but stream_options ({} is fine)
+        for v in values + ([[[]]] if f == "stream_options" else [{}, [[]]]):
+            body = dict(good)
+            body[f] = v
+            cases.append(("POST", "/v1/completions", json.dumps(body), {}, 400))
+            if f != "prompt":
+                body = dict(chat)
+                body[f] = v
+                cases.append(("POST", "/v1/chat/completions", json.dumps(body), {}, 400))
+    # chat shapes
+    for msgs in [None, [], "hi", [1], [{}], [{"role": "user"}], [{"role": "x", "content": "a"}],
+                 [{"role": "user", "content": 5}], [{"role": "user", "content": [{"type": "image"}]}],
+                 [{"role": 1, "content": "a"}]]:
+        body = {"model": MODEL, "max_tokens": 1}
+        if msgs is not None:
+            body["messages"] = msgs
+        cases.append(("POST", "/v1/chat/completions", json.dumps(body), {}, 400))
+    cases.append(("POST", "/v1/chat/completions",
+                  json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "a"}],
+                              "response_format": {"type": "json_object"}}), {}, 400))
+    # token ids out of range, a prompt too long, huge numbers
+    cases.append(("POST", "/v1/completions",
+                  json.dumps({"model": MODEL, "prompt": [1, 2, 10**9], "max_tokens": 1}), {}, 400))
+    cases.append(("POST", "/v1/completions",
+                  json.dumps({"model": MODEL, "prompt": [1] * 5000, "max_tokens": 1}), {}, 400))
+    # invalid UTF-8
+    for b in [b'{"prompt": "\xff\xfe"}', b'{"prompt": "a\xc3("}', b'{"prompt": "\xed\xa0\x80"}',
+              b'{"prompt": "\xc0\xaf"}']:
+        cases.append(("POST", "/v1/completions", b, {}, 400))
+    # unknown model, path and method; wrong or missing key
+    cases.append(("POST", "/v1/completions", json.dumps(dict(good, model="other")), {}, 404))
+    for p in ["/", "/v2/completions", "/v1/completions/x", "/v1/../etc/passwd", "/%00", "/admin"]:
+        cases.append(("GET", p, None, {}, 404))
+    for m, p in [("GET", "/v1/completions"), ("PUT", "/v1/chat/completions"),
+                 ("DELETE", "/v1/models"), ("POST", "/health"), ("POST", "/metrics"),
+                 ("GET", "/tokenize")]:
+        cases.append((m, p, None, {}, 405))
+    for h in [{"Authorization": "Bearer nope"}, {"Authorization": "Basic dGVzdA=="},
+              {"Authorization": "Bearer "}, {"Authorization": ""}]:
+        cases.append(("POST", "/v1/completions", json.dumps(good), h, 401))
+    # bodies over --max-body (1 MiB here): 413
+    for n in [(1 << 20) + 1, 10 << 20]:
+        cases.append(("POST", "/v1/completions", b"{" + b" " * n + b"}", {}, 413))
+    # tokenize / detokenize
+    for b in ["{}", "{\"content\": 5}", "[1]", "{\"content\": \"x\", \"add_special\": 3}"]:
+        cases.append(("POST", "/tokenize", b, {}, 400))
+    for b in ["{}", "{\"tokens\": [-1]}", "{\"tokens\": [99999999]}", "{\"tokens\": \"x\"}",
+              "{\"tokens\": [1.5]}"]:
+        cases.append(("POST", "/detokenize", b, {}, 400))
+    return cases
+
+
+def test_hostile_input_gets_errors_and_changes_nothing(client):
+    reference = complete(client, "The same answer", max_tokens=8).choices[0].text
+    cases = hostile_requests()
+    assert len(cases) >= 200, len(cases)
+    for method, path, body, headers, want in cases:
+        h = dict(headers)
+        key = None if "Authorization" in h else KEY
+        status, js = raw(method, path, body, h, key=key)
+        assert status == want, (method, path, str(body)[:80], status, js)
+        assert isinstance(js, dict) and "message" in js["error"] and "type" in js["error"], js
+    # a slow body, sent byte by byte, still gets its answer
+    s = socket.create_connection((HOST, PORT))
+    body = json.dumps({"model": MODEL, "prompt": "slow", "max_tokens": 2}).encode()
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+               "Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+               % (KEY, len(body))).encode())
+    for b in body:
+        s.sendall(bytes([b]))
+        time.sleep(0.002)
+    resp = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        resp += d
+    s.close()
+    assert resp.startswith(b"HTTP/1.1 200")
+    assert complete(client, "The same answer", max_tokens=8).choices[0].text == reference
+    assert metrics()["vela_kv_cells_used"] == 0

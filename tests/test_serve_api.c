@@ -1,0 +1,246 @@
+// The OpenAI request parser and response writer of `vela serve`
+// (tools/serve/api.h): well-formed requests with their defaults, every kind
+// of bad field answered with 400 naming it, UTF-8 validation, the error
+// shape, whole responses and SSE chunks as the OpenAI API defines them.
+#include <criterion/criterion.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "tools/serve/api.h"
+
+static int parse(enum api_kind k, const char *body, struct api_request *r, struct api_error *e) {
+    memset(e, 0, sizeof *e);
+    return api_parse_request(k, body, strlen(body), r, e);
+}
+
+Test(serve_api, completion_defaults_follow_openai) {
+    struct api_request r;
+    struct api_error e;
+    cr_assert_eq(parse(API_COMPLETION, "{\"prompt\": \"hi\"}", &r, &e), 0, "%s", e.message);
+    cr_expect_str_eq(r.prompt, "hi");
+    cr_expect_eq(r.max_tokens, 16, "OpenAI's default for completions");
+    cr_expect_float_eq(r.temperature, 1.0f, 0);
+    cr_expect_float_eq(r.top_p, 1.0f, 0);
+    cr_expect_eq(r.top_k, 0);
+    cr_expect_eq(r.n, 1);
+    cr_expect(!r.stream && !r.logprobs && !r.has_seed && r.n_stop == 0);
+    cr_expect_eq(r.grp_attn_n, 1);
+    api_request_free(&r);
+    cr_assert_eq(
+        parse(API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", &r, &e), 0,
+        "%s", e.message);
+    cr_expect_eq(r.max_tokens, -1, "chat: until a stop or the context is full");
+    cr_expect_eq(r.n_messages, 1);
+    cr_expect_str_eq(r.messages[0].role, "user");
+    cr_expect_str_eq(r.messages[0].content, "x");
+    api_request_free(&r);
+}
+
+Test(serve_api, every_field_is_read) {
+    const char *body =
+        "{\"model\": \"m\", \"prompt\": [1, 2, 3], \"max_tokens\": 7, \"temperature\": 0.5,"
+        " \"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05, \"presence_penalty\": 0.5,"
+        " \"frequency_penalty\": -0.5, \"seed\": 1234, \"stop\": [\"a\", \"bc\"], \"n\": 3,"
+        " \"stream\": true, \"stream_options\": {\"include_usage\": true}, \"logprobs\": 2,"
+        " \"n_keep\": 5, \"grp_attn_n\": 4, \"grp_attn_w\": 256, \"ignore_eos\": true,"
+        " \"unknown_field\": {\"is\": \"ignored\"}, \"user\": \"x\"}";
+    struct api_request r;
+    struct api_error e;
+    cr_assert_eq(parse(API_COMPLETION, body, &r, &e), 0, "%s", e.message);
+    cr_expect_str_eq(r.model, "m");
+    cr_expect_eq(r.n_prompt_tokens, 3);
+    cr_expect_eq(r.prompt_tokens[2], 3);
+    cr_expect_eq(r.max_tokens, 7);
+    cr_expect_float_eq(r.temperature, 0.5f, 0);
+    cr_expect_float_eq(r.top_p, 0.9f, 1e-7);
+    cr_expect_eq(r.top_k, 40);
+    cr_expect_float_eq(r.min_p, 0.05f, 1e-7);
+    cr_expect_float_eq(r.frequency_penalty, -0.5f, 0);
+    cr_expect(r.has_seed && r.seed == 1234);
+    cr_expect_eq(r.n_stop, 2);
+    cr_expect_str_eq(r.stop[1], "bc");
+    cr_expect_eq(r.n, 3);
+    cr_expect(r.stream && r.include_usage && r.logprobs);
+    cr_expect_eq(r.top_logprobs, 2);
+    cr_expect(r.has_n_keep && r.n_keep == 5);
+    cr_expect_eq(r.grp_attn_n, 4);
+    cr_expect_eq(r.grp_attn_w, 256);
+    cr_expect(r.ignore_eos);
+    api_request_free(&r);
+}
+
+Test(serve_api, chat_content_parts_and_max_completion_tokens) {
+    const char *body = "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"},"
+                       " {\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"},"
+                       " {\"type\": \"text\", \"text\": \"b\"}]},"
+                       " {\"role\": \"assistant\", \"content\": null}],"
+                       " \"max_completion_tokens\": 9, \"logprobs\": true, \"top_logprobs\": 3}";
+    struct api_request r;
+    struct api_error e;
+    cr_assert_eq(parse(API_CHAT, body, &r, &e), 0, "%s", e.message);
+    cr_expect_eq(r.n_messages, 3);
+    cr_expect_str_eq(r.messages[1].content, "ab");
+    cr_expect_str_eq(r.messages[2].content, "");
+    cr_expect_eq(r.max_tokens, 9);
+    cr_expect(r.logprobs);
+    cr_expect_eq(r.top_logprobs, 3);
+    api_request_free(&r);
+}
+
+// Each bad body gets a 400 whose message names what is wrong.
+Test(serve_api, bad_fields_are_400_naming_the_field) {
+    const struct {
+        enum api_kind k;
+        const char *body, *want;
+    } cases[] = {
+        {API_COMPLETION, "", "not valid JSON"},
+        {API_COMPLETION, "{\"prompt\": \"x\"", "not valid JSON"},
+        {API_COMPLETION, "[1, 2]", "JSON object"},
+        {API_COMPLETION, "{\"prompt\": \"x\"} trailing", "not valid JSON"},
+        {API_COMPLETION, "{\"prompt\": \"x\"}{}", "not valid JSON"},
+        {API_COMPLETION, "{}", "'prompt' is required"},
+        {API_COMPLETION, "{\"prompt\": 5}", "'prompt' must be"},
+        {API_COMPLETION, "{\"prompt\": []}", "'prompt' is empty"},
+        {API_COMPLETION, "{\"prompt\": [1, -2]}", "token ids"},
+        {API_COMPLETION, "{\"prompt\": [1.5]}", "token ids"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": -1}", "'max_tokens'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 1e300}", "'max_tokens'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": \"10\"}", "'max_tokens' must be"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 2.5}", "integer"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"temperature\": 3}", "'temperature'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"temperature\": true}", "'temperature'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 1.5}", "'top_p'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"top_k\": -1}", "'top_k'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"presence_penalty\": 9}", "'presence_penalty'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", "'n'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"n\": 1000}", "'n'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"stop\": 3}", "'stop'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"stop\": [\"\"]}", "'stop'"},
+        {API_COMPLETION,
+         "{\"prompt\": \"x\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]}",
+         "'stop' has more"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"stream\": \"yes\"}", "'stream'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", "'echo'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 9}", "'logprobs'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"seed\": \"s\"}", "'seed'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"model\": 3}", "'model'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"grp_attn_n\": 0}", "'grp_attn_n'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"stream_options\": 1}", "'stream_options'"},
+        // cJSON refuses a lone surrogate escape as JSON: a 400 either way.
+        {API_COMPLETION, "{\"prompt\": \"\\ud800\"}", "not valid"},
+        {API_CHAT, "{\"messages\": []}", "'messages'"},
+        {API_CHAT, "{\"messages\": \"hi\"}", "'messages'"},
+        {API_CHAT, "{\"messages\": [1]}", "'messages[0]'"},
+        {API_CHAT, "{\"messages\": [{\"content\": \"x\"}]}", "'messages[0].role'"},
+        {API_CHAT, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", "robot"},
+        {API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "content"},
+        {API_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+         "'text'"},
+        {API_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+         "'logprobs': true"},
+        {API_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_object\"}}",
+         "json_object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct api_request r;
+        struct api_error e;
+        cr_expect_eq(parse(cases[i].k, cases[i].body, &r, &e), -1, "case %zu accepted: %s", i,
+                     cases[i].body);
+        cr_expect_eq(e.status, 400, "case %zu: status %d", i, e.status);
+        cr_expect(strstr(e.message, cases[i].want), "case %zu: '%s' lacks '%s'", i, e.message,
+                  cases[i].want);
+        cr_expect_null(r.prompt, "case %zu: a refused request holds nothing", i);
+    }
+}
+
+Test(serve_api, invalid_utf8_bodies_are_refused) {
+    const char bad[] = "{\"prompt\": \"a\xC3\x28\"}"; // C3 then a non-continuation byte
+    struct api_request r;
+    struct api_error e;
+    cr_expect_eq(api_parse_request(API_COMPLETION, bad, sizeof bad - 1, &r, &e), -1);
+    cr_expect(strstr(e.message, "UTF-8"), "%s", e.message);
+    const struct {
+        const char *s;
+        bool ok;
+    } u[] = {
+        {"plain", true},
+        {"\xC3\xA9", true},
+        {"\xE2\x82\xAC", true},
+        {"\xF0\x9F\x98\x80", true},
+        {"\xC0\xAF", false},         // overlong '/'
+        {"\xED\xA0\x80", false},     // a surrogate
+        {"\xF4\x90\x80\x80", false}, // past U+10FFFF
+        {"\xE2\x82", false},         // cut short
+        {"\xFF", false},
+    };
+    for (size_t i = 0; i < sizeof u / sizeof u[0]; i++)
+        cr_expect_eq(api_utf8_valid(u[i].s, strlen(u[i].s)), u[i].ok, "case %zu", i);
+}
+
+Test(serve_api, error_json_has_openai_shape) {
+    struct api_error e;
+    api_fail(&e, 400, "invalid_request_error", "context_length_exceeded", "too long: %d", 9);
+    char *s = api_error_json(&e);
+    cJSON *o = cJSON_Parse(s);
+    cr_assert_not_null(o, "%s", s);
+    cJSON *in = cJSON_GetObjectItem(o, "error");
+    cr_expect_str_eq(cJSON_GetObjectItem(in, "message")->valuestring, "too long: 9");
+    cr_expect_str_eq(cJSON_GetObjectItem(in, "type")->valuestring, "invalid_request_error");
+    cr_expect_str_eq(cJSON_GetObjectItem(in, "code")->valuestring, "context_length_exceeded");
+    cr_expect(cJSON_IsNull(cJSON_GetObjectItem(in, "param")));
+    cJSON_Delete(o);
+    free(s);
+}
+
+Test(serve_api, response_and_chunks) {
+    struct api_choice ch[2] = {{.text = "hello", .len = 5, .finish = "stop"},
+                               {.text = "hi there", .len = 2, .finish = "length"}};
+    struct api_usage u = {.prompt_tokens = 3, .completion_tokens = 4};
+    char *s = api_response_json(API_CHAT, "chatcmpl-1", "m", 42, ch, 2, &u);
+    cJSON *o = cJSON_Parse(s);
+    cr_assert_not_null(o, "%s", s);
+    cr_expect_str_eq(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion");
+    cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 1);
+    cr_expect_eq(cJSON_GetObjectItem(c1, "index")->valueint, 1);
+    cJSON *msg = cJSON_GetObjectItem(c1, "message");
+    cr_expect_str_eq(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
+    cr_expect_str_eq(cJSON_GetObjectItem(msg, "content")->valuestring, "hi", "len, not strlen");
+    cr_expect_str_eq(cJSON_GetObjectItem(c1, "finish_reason")->valuestring, "length");
+    cr_expect_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "total_tokens")->valueint, 7);
+    cJSON_Delete(o);
+    free(s);
+
+    // A stream chunk is one SSE event: "data: " + JSON + a blank line.
+    struct api_choice d = {.text = "x\ny", .len = 3};
+    s = api_chunk_sse(API_CHAT, "chatcmpl-1", "m", 42, 0, &d, true, NULL);
+    size_t n = strlen(s);
+    cr_assert(!strncmp(s, "data: {", 7), "%s", s);
+    cr_assert(n > 9 && strchr(s, '\n') == s + n - 2 && s[n - 1] == '\n',
+              "one line of JSON then a blank line: %s", s);
+    o = cJSON_ParseWithLength(s + 6, n - 8);
+    cr_assert_not_null(o);
+    cr_expect_str_eq(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion.chunk");
+    cJSON *delta =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "delta");
+    cr_expect_str_eq(cJSON_GetObjectItem(delta, "role")->valuestring, "assistant");
+    cr_expect_str_eq(cJSON_GetObjectItem(delta, "content")->valuestring, "x\ny");
+    cJSON_Delete(o);
+    free(s);
+    // The usage chunk has no choices.
+    s = api_chunk_sse(API_COMPLETION, "cmpl-1", "m", 42, 0, NULL, false, &u);
+    o = cJSON_ParseWithLength(s + 6, strlen(s) - 8);
+    cr_assert_not_null(o);
+    cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "choices")), 0);
+    cr_expect_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens")->valueint,
+                 3);
+    cJSON_Delete(o);
+    free(s);
+    cr_expect_str_eq(api_sse_done, "data: [DONE]\n\n");
+}

@@ -1,0 +1,207 @@
+// vela serve: the OpenAI-compatible HTTP server (tools/serve/serve.h).
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf/gguf.h"
+#include "host/engine/engine.h"
+#include "host/tokenizer/chat.h"
+#include "tools/args.h"
+#include "tools/cmds.h"
+#include "tools/common.h"
+#include "tools/progress.h"
+#include "tools/serve/serve.h"
+
+#define SERVE_PARALLEL_MAX 256
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: vela serve -m MODEL [--host 127.0.0.1] [--port 8080] [--parallel N] "
+            "[options]\n\n"
+            "Serves the model over HTTP with the OpenAI API: POST /v1/completions,\n"
+            "/v1/chat/completions (stream: server-sent events), GET /v1/models, /health,\n"
+            "/metrics (Prometheus), POST /tokenize, /detokenize. Requests are decoded\n"
+            "together (continuous batching): a new one joins the running batch at the next\n"
+            "step. Ctrl-C or SIGTERM stops it cleanly.\n\n"
+            "server:\n"
+            "  --host ADDR               IPv4 address to listen on (default: 127.0.0.1, this\n"
+            "                            machine only; 0.0.0.0: every interface)\n"
+            "  --port N                  TCP port (default: 8080; 0: any free port)\n"
+            "  -np, --parallel N         slots: sequences decoded together (1..%d, default: 4).\n"
+            "                            -c is split between them as llama-server does: each\n"
+            "                            request gets -c / N cells of context\n"
+            "  --queue N                 requests waiting for a free slot before new ones get\n"
+            "                            503 (default: 64)\n"
+            "  --api-key KEY             require 'Authorization: Bearer KEY' (all but /health)\n"
+            "  --max-body BYTES          largest request body (default: 4194304; 413 beyond)\n"
+            "  --max-connections N       concurrent connections (default: 256)\n"
+            "  --timeout SECONDS         idle connection timeout (default: 600)\n"
+            "  --alias NAME              the model id /v1/models lists and requests must\n"
+            "                            name (default: the file's base name)\n"
+            "  --chat-template NAME      override the GGUF's tokenizer.chat_template\n"
+            "  -h, --help                this help\n\n"
+            "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
+            "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
+            "it the request ends with finish_reason \"length\"), grp_attn_n / grp_attn_w\n"
+            "(self-extend for this request). Sampling fields left out are off (OpenAI's\n"
+            "defaults: temperature 1, top_p 1, no top_k/min_p).\n",
+            SERVE_PARALLEL_MAX);
+    args_help_model(out);
+}
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+struct serve_flags {
+    struct serve_config sc;
+    const char *chat_template;
+};
+
+// The server's own flags; 1 consumed, 0 not ours, < 0 a bad value.
+static int parse_serve_flag(struct serve_flags *f, int argc, char **argv, int *i,
+                            struct verr *err) {
+    const char *arg = argv[*i];
+    long mb = 0;
+    int rc = 0, v = 0;
+    if (args_is(arg, "--host", NULL))
+        rc = args_value_str(argc, argv, i, &f->sc.host, err);
+    else if (args_is(arg, "--port", NULL))
+        rc = args_value_int(argc, argv, i, 0, 65535, &f->sc.port, err);
+    else if (args_is(arg, "-np", "--parallel"))
+        rc = args_value_int(argc, argv, i, 1, SERVE_PARALLEL_MAX, &f->sc.n_parallel, err);
+    else if (args_is(arg, "--queue", NULL))
+        rc = args_value_int(argc, argv, i, 1, 1 << 16, &f->sc.n_queue_max, err);
+    else if (args_is(arg, "--api-key", NULL))
+        rc = args_value_str(argc, argv, i, &f->sc.api_key, err);
+    else if (args_is(arg, "--max-body", NULL)) {
+        rc = args_value_int(argc, argv, i, 1024, 1 << 30, &v, err);
+        mb = v;
+        f->sc.max_body = (size_t)mb;
+    } else if (args_is(arg, "--max-connections", NULL))
+        rc = args_value_int(argc, argv, i, 1, 1 << 16, &f->sc.max_connections, err);
+    else if (args_is(arg, "--timeout", NULL))
+        rc = args_value_int(argc, argv, i, 1, 1 << 20, &f->sc.timeout_s, err);
+    else if (args_is(arg, "--alias", NULL))
+        rc = args_value_str(argc, argv, i, &f->sc.model_id, err);
+    else if (args_is(arg, "--chat-template", NULL))
+        rc = args_value_str(argc, argv, i, &f->chat_template, err);
+    else
+        return 0;
+    return rc ? rc : 1;
+}
+
+// The model's chat template (or the --chat-template override). A bad
+// override is an error; a file whose template vela cannot format serves
+// completions only, and says so.
+static int pick_template(const char *path, const char *override, struct serve_config *sc,
+                         struct verr *err) {
+    struct gguf_file *f = NULL;
+    int rc = gguf_open(&f, path, err);
+    if (rc)
+        return rc;
+    const char *source = NULL;
+    struct verr terr = {0};
+    rc = chat_template_from_gguf(f, override, &sc->tmpl, &source, &terr);
+    gguf_close(f);
+    if (rc && override) {
+        *err = terr;
+        return rc;
+    }
+    sc->have_tmpl = rc == 0;
+    if (rc)
+        fprintf(stderr, "vela serve: %s; /v1/chat/completions is off\n", terr.msg);
+    else
+        fprintf(stderr, "vela serve: chat template %s (%s)\n", chat_template_name(sc->tmpl),
+                source);
+    return 0;
+}
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static int run_server(struct args_model *am, struct serve_flags *f) {
+    struct verr err = {0};
+    if (!f->sc.model_id)
+        f->sc.model_id = base_name(am->model_path);
+    if (pick_template(am->model_path, f->chat_template, &f->sc, &err)) {
+        fprintf(stderr, "vela serve: %s\n", err.msg);
+        return 2;
+    }
+    struct serve *s = NULL;
+    int port = 0;
+    if (serve_start(&s, &f->sc, &port, &err)) {
+        fprintf(stderr, "vela serve: %s\n", err.msg);
+        return 1;
+    }
+    fprintf(stderr, "vela serve: listening on http://%s:%d (loading %s)\n", f->sc.host, port,
+            am->model_path);
+    struct engine_config ec;
+    args_engine_config(am, &ec);
+    ec.ctx.n_seq_max = f->sc.n_parallel;
+    ec.ctx.n_outputs_max = f->sc.n_parallel;
+    struct load_progress lprog;
+    load_progress_init(&lprog, "vela serve", am->no_progress);
+    ec.progress = load_progress_update;
+    ec.progress_user = &lprog;
+    struct engine *e = NULL;
+    int status = 1;
+    if (engine_open(&e, &ec, &err) || serve_set_engine(s, e, &err)) {
+        fprintf(stderr, "vela serve: %s\n", err.msg);
+        goto out;
+    }
+    fprintf(stderr, "vela serve: ready: model '%s', %d slots of %d tokens, backend %s\n",
+            f->sc.model_id, f->sc.n_parallel, e->fc->cfg.n_ctx / f->sc.n_parallel,
+            e->be->ops->name);
+    fflush(stderr);
+    while (!g_stop) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "vela serve: stopping\n");
+    status = 0;
+out:
+    serve_stop(s);
+    engine_close(e);
+    return status;
+}
+
+int cmd_serve(int argc, char **argv) {
+    struct args_model am;
+    args_model_default(&am);
+    struct serve_flags f = {0};
+    serve_config_default(&f.sc);
+    struct verr err = {0};
+    for (int i = 1; i < argc;) {
+        int rc = 0;
+        enum tools_flag tf = tools_flag_shared("serve", usage, &am, NULL, argc, argv, &i, &rc);
+        if (tf == TOOLS_FLAG_EXIT)
+            return rc;
+        if (tf == TOOLS_FLAG_TAKEN)
+            continue;
+        rc = parse_serve_flag(&f, argc, argv, &i, &err);
+        if (rc < 0) {
+            fprintf(stderr, "vela serve: %s\n", err.msg);
+            return 2;
+        }
+        if (rc == 0)
+            return tools_unknown_option("serve", argv[i]);
+    }
+    if (!am.model_path) {
+        fprintf(stderr, "vela serve: no model given (-m FILE)\n");
+        return 2;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); // a client that leaves mid-stream must not kill the server
+    return run_server(&am, &f);
+}

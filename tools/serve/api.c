@@ -1,0 +1,585 @@
+// OpenAI request parsing and response writing (see api.h).
+#include "tools/serve/api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+const char api_sse_done[] = "data: [DONE]\n\n";
+
+int api_fail(struct api_error *e, int status, const char *type, const char *code, const char *fmt,
+             ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+#define BAD(...) api_fail(e, 400, "invalid_request_error", "invalid_value", __VA_ARGS__)
+
+bool api_utf8_valid(const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t k;
+        unsigned cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            k = 1, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            k = 2, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            k = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            return false;
+        }
+        for (size_t j = 1; j <= k; j++) {
+            if (i + j >= n || (p[i + j] & 0xC0) != 0x80)
+                return false;
+            cp = cp << 6 | (p[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        i += k + 1;
+    }
+    return true;
+}
+
+cJSON *api_json_parse(const char *s, size_t len) {
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(s, len, &end, false);
+    if (!o)
+        return NULL;
+    // cJSON stops after the first value: anything but white space after it
+    // makes the body something else than one JSON value.
+    for (const char *p = end; p < s + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(o);
+            return NULL;
+        }
+    return o;
+}
+
+void api_request_free(struct api_request *r) {
+    free(r->model);
+    free(r->prompt);
+    free(r->prompt_tokens);
+    for (int i = 0; i < r->n_messages; i++) {
+        free(r->messages[i].role);
+        free(r->messages[i].content);
+    }
+    free(r->messages);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d)
+        memcpy(d, s, n + 1);
+    return d;
+}
+
+// A string field (NULL or JSON null: absent) copied into *out; checked UTF-8.
+static int get_string(const cJSON *o, const char *name, char **out, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsString(v))
+        return BAD("'%s' must be a string", name);
+    if (!api_utf8_valid(v->valuestring, strlen(v->valuestring)))
+        return BAD("'%s' is not valid UTF-8", name);
+    if (!(*out = dup_str(v->valuestring)))
+        return api_fail(e, 500, "server_error", NULL, "out of memory");
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *name, bool *out, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsBool(v))
+        return BAD("'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+// A number in [lo, hi]; *present tells whether it was given.
+static int get_num(const cJSON *o, const char *name, double lo, double hi, double *out,
+                   bool *present, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (present)
+        *present = false;
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return BAD("'%s' must be a number", name);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return BAD("'%s' is %g; it must be between %g and %g", name, v->valuedouble, lo, hi);
+    *out = v->valuedouble;
+    if (present)
+        *present = true;
+    return 0;
+}
+
+static int get_int(const cJSON *o, const char *name, double lo, double hi, int64_t *out,
+                   bool *present, struct api_error *e) {
+    double d = 0;
+    bool p = false;
+    if (get_num(o, name, lo, hi, &d, &p, e))
+        return -1;
+    if (p && d != floor(d))
+        return BAD("'%s' must be an integer", name);
+    if (p)
+        *out = (int64_t)d;
+    if (present)
+        *present = p;
+    return 0;
+}
+
+static int get_float(const cJSON *o, const char *name, double lo, double hi, float *out,
+                     struct api_error *e) {
+    double d = *out;
+    if (get_num(o, name, lo, hi, &d, NULL, e))
+        return -1;
+    *out = (float)d;
+    return 0;
+}
+
+static int get_int32(const cJSON *o, const char *name, double lo, double hi, int *out,
+                     struct api_error *e) {
+    int64_t v = *out;
+    if (get_int(o, name, lo, hi, &v, NULL, e))
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+// "stop": a string or an array of strings.
+static int parse_stop(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "stop");
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    const cJSON *items[API_MAX_STOP];
+    int n = 0;
+    if (cJSON_IsString(v)) {
+        items[n++] = v;
+    } else if (cJSON_IsArray(v)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v) {
+            if (n == API_MAX_STOP)
+                return BAD("'stop' has more than %d strings", API_MAX_STOP);
+            items[n++] = it;
+        }
+    } else {
+        return BAD("'stop' must be a string or an array of strings");
+    }
+    for (int i = 0; i < n; i++) {
+        if (!cJSON_IsString(items[i]))
+            return BAD("'stop' must be a string or an array of strings");
+        size_t len = strlen(items[i]->valuestring);
+        if (len == 0 || len > API_MAX_STOP_LEN)
+            return BAD("'stop' strings must be 1 to %d bytes long", API_MAX_STOP_LEN);
+        if (!api_utf8_valid(items[i]->valuestring, len))
+            return BAD("'stop' is not valid UTF-8");
+        if (!(r->stop[r->n_stop] = dup_str(items[i]->valuestring)))
+            return api_fail(e, 500, "server_error", NULL, "out of memory");
+        r->n_stop++;
+    }
+    return 0;
+}
+
+// "prompt": a string, an array holding one string, or an array of token ids.
+static int parse_prompt(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    if (!v || cJSON_IsNull(v))
+        return BAD("'prompt' is required");
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(cJSON_GetArrayItem(v, 0)))
+        v = cJSON_GetArrayItem(v, 0);
+    if (cJSON_IsString(v)) {
+        if (!api_utf8_valid(v->valuestring, strlen(v->valuestring)))
+            return BAD("'prompt' is not valid UTF-8");
+        if (!(r->prompt = dup_str(v->valuestring)))
+            return api_fail(e, 500, "server_error", NULL, "out of memory");
+        return 0;
+    }
+    if (!cJSON_IsArray(v))
+        return BAD("'prompt' must be a string or an array of token ids");
+    int n = cJSON_GetArraySize(v);
+    if (n == 0)
+        return BAD("'prompt' is empty");
+    if (!(r->prompt_tokens = malloc((size_t)n * sizeof *r->prompt_tokens)))
+        return api_fail(e, 500, "server_error", NULL, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
+            it->valuedouble < 0 || it->valuedouble > 2147483647.0)
+            return BAD("'prompt' must be a string or an array of token ids (integers >= 0)");
+        r->prompt_tokens[r->n_prompt_tokens++] = (int32_t)it->valuedouble;
+    }
+    return 0;
+}
+
+// A message's content: a string, null (an assistant turn with tool calls),
+// or an array of parts whose "text" parts are joined.
+static int message_content(const cJSON *c, int i, char **out, struct api_error *e) {
+    if (!c || cJSON_IsNull(c))
+        return (*out = dup_str("")) ? 0 : api_fail(e, 500, "server_error", NULL, "out of memory");
+    if (cJSON_IsString(c)) {
+        if (!api_utf8_valid(c->valuestring, strlen(c->valuestring)))
+            return BAD("'messages[%d].content' is not valid UTF-8", i);
+        return (*out = dup_str(c->valuestring))
+                   ? 0
+                   : api_fail(e, 500, "server_error", NULL, "out of memory");
+    }
+    if (!cJSON_IsArray(c))
+        return BAD("'messages[%d].content' must be a string or an array of parts", i);
+    size_t len = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx))
+            return BAD("'messages[%d].content': only parts of type 'text' are supported", i);
+        len += strlen(tx->valuestring);
+    }
+    char *s = malloc(len + 1);
+    if (!s)
+        return api_fail(e, 500, "server_error", NULL, "out of memory");
+    s[0] = '\0';
+    cJSON_ArrayForEach(p, c) strcat(s, cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
+    if (!api_utf8_valid(s, len)) {
+        free(s);
+        return BAD("'messages[%d].content' is not valid UTF-8", i);
+    }
+    *out = s;
+    return 0;
+}
+
+static int parse_messages(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    if (!v || cJSON_IsNull(v))
+        return BAD("'messages' is required");
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) == 0)
+        return BAD("'messages' must be a non-empty array");
+    int n = cJSON_GetArraySize(v);
+    if (n > API_MAX_MESSAGES)
+        return BAD("'messages' has %d entries (at most %d)", n, API_MAX_MESSAGES);
+    if (!(r->messages = calloc((size_t)n, sizeof *r->messages)))
+        return api_fail(e, 500, "server_error", NULL, "out of memory");
+    static const char *const roles[] = {"system", "user", "assistant", "tool", "developer"};
+    const cJSON *m;
+    cJSON_ArrayForEach(m, v) {
+        int i = r->n_messages;
+        if (!cJSON_IsObject(m))
+            return BAD("'messages[%d]' must be an object", i);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role))
+            return BAD("'messages[%d].role' must be a string", i);
+        bool known = false;
+        for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++)
+            known |= !strcmp(role->valuestring, roles[k]);
+        if (!known)
+            return BAD("'messages[%d].role' is '%.40s'; expected system, user, assistant, tool "
+                       "or developer",
+                       i, role->valuestring);
+        if (!(r->messages[i].role = dup_str(role->valuestring)))
+            return api_fail(e, 500, "server_error", NULL, "out of memory");
+        r->n_messages++;
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if ((!content || cJSON_IsNull(content)) && strcmp(role->valuestring, "assistant"))
+            return BAD("'messages[%d].content' is required for role '%s'", i, role->valuestring);
+        if (message_content(content, i, &r->messages[i].content, e))
+            return -1;
+    }
+    return 0;
+}
+
+// logprobs: chat takes a boolean plus top_logprobs; completions an integer
+// 0..5 that is both.
+static int parse_logprobs(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+    if (r->kind == API_CHAT) {
+        if (get_bool(o, "logprobs", &r->logprobs, e) ||
+            get_int32(o, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &r->top_logprobs, e))
+            return -1;
+        if (r->top_logprobs > 0 && !r->logprobs)
+            return BAD("'top_logprobs' needs 'logprobs': true");
+        return 0;
+    }
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    int64_t n = 0;
+    if (get_int(o, "logprobs", 0, 5, &n, NULL, e))
+        return -1;
+    r->logprobs = true;
+    r->top_logprobs = (int)n;
+    return 0;
+}
+
+static int parse_sampling(const cJSON *o, struct api_request *r, struct api_error *e) {
+    int64_t seed = -1;
+    if (get_float(o, "temperature", 0, 2, &r->temperature, e) ||
+        get_float(o, "top_p", 0, 1, &r->top_p, e) ||
+        get_int32(o, "top_k", 0, 1 << 30, &r->top_k, e) ||
+        get_float(o, "min_p", 0, 1, &r->min_p, e) ||
+        get_float(o, "presence_penalty", -2, 2, &r->presence_penalty, e) ||
+        get_float(o, "frequency_penalty", -2, 2, &r->frequency_penalty, e) ||
+        get_int(o, "seed", -9.2e18, 9.2e18, &seed, &r->has_seed, e))
+        return -1;
+    r->seed = seed;
+    return 0;
+}
+
+static int parse_limits(const cJSON *o, struct api_request *r, struct api_error *e) {
+    // Bounded so that a hostile number cannot size anything; the server
+    // caps generation at the slot's context.
+    const double max_tok = 1 << 24;
+    int64_t mt = 0;
+    bool has_mt = false, has_mct = false;
+    if (get_int(o, "max_tokens", 0, max_tok, &mt, &has_mt, e))
+        return -1;
+    if (has_mt)
+        r->max_tokens = (int)mt;
+    if (get_int(o, "max_completion_tokens", 0, max_tok, &mt, &has_mct, e))
+        return -1;
+    if (has_mct)
+        r->max_tokens = (int)mt;
+    int64_t nk = -1;
+    if (get_int32(o, "n", 1, API_MAX_N, &r->n, e) ||
+        get_int(o, "n_keep", -1, 1 << 24, &nk, &r->has_n_keep, e) ||
+        get_int32(o, "grp_attn_n", 1, 1 << 16, &r->grp_attn_n, e) ||
+        get_int32(o, "grp_attn_w", 1, 1 << 24, &r->grp_attn_w, e))
+        return -1;
+    r->n_keep = (int)nk;
+    return 0;
+}
+
+static int parse_stream(const cJSON *o, struct api_request *r, struct api_error *e) {
+    if (get_bool(o, "stream", &r->stream, e) || get_bool(o, "echo", &r->echo, e) ||
+        get_bool(o, "ignore_eos", &r->ignore_eos, e))
+        return -1;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so))
+            return BAD("'stream_options' must be an object");
+        if (get_bool(so, "include_usage", &r->include_usage, e))
+            return -1;
+    }
+    if (r->echo)
+        return BAD("'echo' is not supported");
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(ty))
+            return BAD("'response_format' must be an object with a 'type'");
+        if (strcmp(ty->valuestring, "text"))
+            return BAD("'response_format' of type '%.40s' is not supported (vela has no "
+                       "grammar-constrained sampling yet; use 'text')",
+                       ty->valuestring);
+    }
+    return 0;
+}
+
+static void request_defaults(enum api_kind k, struct api_request *r) {
+    memset(r, 0, sizeof *r);
+    r->kind = k;
+    r->max_tokens = k == API_COMPLETION ? 16 : -1; // OpenAI's defaults
+    r->temperature = 1.0f;
+    r->top_p = 1.0f;
+    r->seed = -1;
+    r->n = 1;
+    r->n_keep = -1;
+    r->grp_attn_n = 1;
+    r->grp_attn_w = 512;
+}
+
+int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_request *r,
+                      struct api_error *e) {
+    request_defaults(k, r);
+    if (!api_utf8_valid(body, len))
+        return BAD("the request body is not valid UTF-8");
+    cJSON *o = api_json_parse(body, len);
+    if (!o)
+        return api_fail(e, 400, "invalid_request_error", "invalid_json",
+                        "the request body is not valid JSON");
+    int rc = 0;
+    if (!cJSON_IsObject(o))
+        rc = BAD("the request body must be a JSON object");
+    else if (get_string(o, "model", &r->model, e) ||
+             (k == API_COMPLETION ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
+             parse_sampling(o, r, e) || parse_limits(o, r, e) || parse_stop(o, r, e) ||
+             parse_stream(o, r, e) || parse_logprobs(o, r, e))
+        rc = -1;
+    cJSON_Delete(o);
+    if (rc)
+        api_request_free(r);
+    return rc;
+}
+
+char *api_error_json(const struct api_error *e) {
+    cJSON *o = cJSON_CreateObject(), *in = cJSON_CreateObject();
+    if (!o || !in) {
+        cJSON_Delete(o);
+        cJSON_Delete(in);
+        return NULL;
+    }
+    cJSON_AddStringToObject(in, "message", e->message);
+    cJSON_AddStringToObject(in, "type", e->type ? e->type : "server_error");
+    cJSON_AddNullToObject(in, "param");
+    if (e->code)
+        cJSON_AddStringToObject(in, "code", e->code);
+    else
+        cJSON_AddNullToObject(in, "code");
+    cJSON_AddItemToObject(o, "error", in);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+// A string of n bytes (not NUL-terminated) as a JSON string item.
+static cJSON *string_n(const char *s, size_t n) {
+    char *t = malloc(n + 1);
+    if (!t)
+        return NULL;
+    memcpy(t, s, n);
+    t[n] = '\0';
+    cJSON *v = cJSON_CreateString(t);
+    free(t);
+    return v;
+}
+
+// OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]};
+// completions': {tokens, token_logprobs, top_logprobs, text_offset}.
+static cJSON *logprobs_json(enum api_kind k, const struct api_choice *c) {
+    if (!c->lp)
+        return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    if (k == API_CHAT) {
+        cJSON *arr = cJSON_AddArrayToObject(o, "content");
+        for (int i = 0; i < c->n_lp; i++) {
+            const struct api_token_logprob *t = &c->lp[i];
+            cJSON *it = cJSON_CreateObject(), *tops = cJSON_CreateArray();
+            cJSON_AddStringToObject(it, "token", t->token);
+            cJSON_AddNumberToObject(it, "logprob", t->logprob);
+            cJSON_AddNullToObject(it, "bytes");
+            for (int j = 0; j < t->n_top; j++) {
+                cJSON *a = cJSON_CreateObject();
+                cJSON_AddStringToObject(a, "token", t->top[j].token);
+                cJSON_AddNumberToObject(a, "logprob", t->top[j].logprob);
+                cJSON_AddNullToObject(a, "bytes");
+                cJSON_AddItemToArray(tops, a);
+            }
+            cJSON_AddItemToObject(it, "top_logprobs", tops);
+            cJSON_AddItemToArray(arr, it);
+        }
+        return o;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    int off = 0;
+    for (int i = 0; i < c->n_lp; i++) {
+        const struct api_token_logprob *t = &c->lp[i];
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t->token));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->logprob));
+        cJSON *m = cJSON_CreateObject();
+        for (int j = 0; j < t->n_top; j++)
+            cJSON_AddNumberToObject(m, t->top[j].token, t->top[j].logprob);
+        cJSON_AddItemToArray(tops, m);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber(off));
+        off += (int)strlen(t->token);
+    }
+    return o;
+}
+
+static cJSON *choice_json(enum api_kind k, int index, const struct api_choice *c, bool stream,
+                          bool first) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "index", index);
+    cJSON *text = string_n(c->text ? c->text : "", c->text ? c->len : 0);
+    if (k == API_COMPLETION) {
+        cJSON_AddItemToObject(o, "text", text);
+    } else {
+        cJSON *msg = cJSON_CreateObject();
+        if (!stream || first)
+            cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddItemToObject(msg, "content", text);
+        cJSON_AddItemToObject(o, stream ? "delta" : "message", msg);
+    }
+    cJSON_AddItemToObject(o, "logprobs", logprobs_json(k, c));
+    if (c->finish)
+        cJSON_AddStringToObject(o, "finish_reason", c->finish);
+    else
+        cJSON_AddNullToObject(o, "finish_reason");
+    return o;
+}
+
+static cJSON *envelope(enum api_kind k, const char *id, const char *model, int64_t created,
+                       bool stream) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object",
+                            k == API_COMPLETION ? "text_completion"
+                            : stream            ? "chat.completion.chunk"
+                                                : "chat.completion");
+    cJSON_AddNumberToObject(o, "created", (double)created);
+    cJSON_AddStringToObject(o, "model", model);
+    cJSON_AddStringToObject(o, "system_fingerprint", "vela");
+    return o;
+}
+
+static void add_usage(cJSON *o, const struct api_usage *u) {
+    cJSON *us = cJSON_CreateObject();
+    cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(us, "completion_tokens", u->completion_tokens);
+    cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->completion_tokens);
+    cJSON_AddItemToObject(o, "usage", us);
+}
+
+char *api_response_json(enum api_kind k, const char *id, const char *model, int64_t created,
+                        const struct api_choice *choices, int n, const struct api_usage *u) {
+    cJSON *o = envelope(k, id, model, created, false);
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(arr, choice_json(k, i, &choices[i], false, false));
+    if (u)
+        add_usage(o, u);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+char *api_chunk_sse(enum api_kind k, const char *id, const char *model, int64_t created, int index,
+                    const struct api_choice *c, bool first, const struct api_usage *u) {
+    cJSON *o = envelope(k, id, model, created, true);
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    if (c)
+        cJSON_AddItemToArray(arr, choice_json(k, index, c, true, first));
+    if (u)
+        add_usage(o, u);
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!js)
+        return NULL;
+    size_t n = strlen(js);
+    char *s = malloc(n + 9);
+    if (s)
+        snprintf(s, n + 9, "data: %s\n\n", js);
+    cJSON_free(js);
+    return s;
+}

@@ -1,0 +1,145 @@
+// The OpenAI-compatible request and response shapes of `vela serve`:
+// parsing and validating /v1/completions and /v1/chat/completions bodies
+// into a plain struct, and writing responses, stream chunks and errors.
+// Pure functions over cJSON (no engine, no sockets), so every rule here is
+// tested on its own (tests/test_serve_api.c).
+//
+// Follows the OpenAI API; where OpenAI has no equivalent, llama-server
+// (top_k, min_p, n_keep, ignore_eos) and vela's extensions (grp_attn_n /
+// grp_attn_w: self-extend for this request).
+#ifndef VELA_TOOLS_SERVE_API_H
+#define VELA_TOOLS_SERVE_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/verr.h"
+
+#define API_MAX_STOP 8          // stop strings per request (OpenAI: 4; llama-server: more)
+#define API_MAX_STOP_LEN 256    // bytes per stop string
+#define API_MAX_N 16            // choices per request
+#define API_MAX_TOP_LOGPROBS 20 // OpenAI's limit
+#define API_MAX_MESSAGES 1024   // chat messages per request
+
+enum api_kind {
+    API_COMPLETION = 0, // POST /v1/completions
+    API_CHAT = 1,       // POST /v1/chat/completions
+};
+
+struct api_message {
+    char *role;    // "system", "user", "assistant", "tool"
+    char *content; // text (array-of-parts content is joined)
+};
+
+// A parsed request. Strings are owned (api_request_free).
+struct api_request {
+    enum api_kind kind;
+    char *model; // NULL: not given
+
+    // completions: the prompt as text, or as token ids
+    char *prompt;
+    int32_t *prompt_tokens;
+    int n_prompt_tokens;
+    // chat
+    struct api_message *messages;
+    int n_messages;
+
+    int max_tokens;    // -1: until a stop or the context is full
+    float temperature; // 1.0 (OpenAI's default)
+    float top_p;       // 1.0
+    int top_k;         // 0: off
+    float min_p;       // 0: off
+    float presence_penalty;
+    float frequency_penalty;
+    int64_t seed; // -1: random
+    bool has_seed;
+    char *stop[API_MAX_STOP];
+    int n_stop;
+    int n; // choices (1)
+    bool stream;
+    bool include_usage; // stream_options.include_usage
+    bool logprobs;      // chat: logprobs true; completions: logprobs >= 0
+    int top_logprobs;   // alternatives per token (0..API_MAX_TOP_LOGPROBS)
+    bool echo;          // completions: refused when true (not supported)
+    // vela / llama-server extensions
+    int n_keep;      // tokens a context shift keeps (-1: the whole prompt)
+    bool has_n_keep; // n_keep was given: the request asks for context shifts
+    int grp_attn_n;  // 1: off
+    int grp_attn_w;  // 512
+    bool ignore_eos;
+};
+
+void api_request_free(struct api_request *r);
+
+// An error as OpenAI reports it: HTTP status, type and code.
+struct api_error {
+    int status;       // 400, 401, 404, 405, 413, 500, 503
+    const char *type; // "invalid_request_error", "authentication_error", "not_found_error",
+                      // "server_error", "unavailable_error"
+    const char *code; // "context_length_exceeded", "invalid_value", ... or NULL
+    char message[512];
+};
+
+// Parses body (len bytes, not necessarily NUL-terminated) as a request of
+// kind k. Unknown fields are ignored (OpenAI clients send many); a field of
+// the wrong type or out of range, broken JSON, invalid UTF-8, or a missing
+// prompt/messages is a 400 in *e naming the field and what was expected.
+// Returns 0 or -1 (then *r is freed and zeroed).
+int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_request *r,
+                      struct api_error *e);
+
+struct cJSON;
+// Parses s[0..len) as exactly one JSON value (white space around it only);
+// NULL otherwise. Free with cJSON_Delete.
+struct cJSON *api_json_parse(const char *s, size_t len);
+
+// Whether s[0..n) is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
+bool api_utf8_valid(const char *s, size_t n);
+
+// The error body: {"error": {"message", "type", "param": null, "code"}}.
+// malloc'd, NUL-terminated; NULL when out of memory.
+char *api_error_json(const struct api_error *e);
+// Fills e; returns -1 (for `return api_fail(...)`).
+int api_fail(struct api_error *e, int status, const char *type, const char *code, const char *fmt,
+             ...) __attribute__((format(printf, 5, 6)));
+
+// One choice's result, for responses and chunks.
+struct api_logprob_alt {
+    char token[64];
+    float logprob;
+};
+struct api_token_logprob {
+    char token[64]; // the token's text (truncated to fit)
+    float logprob;
+    struct api_logprob_alt top[API_MAX_TOP_LOGPROBS];
+    int n_top;
+};
+struct api_choice {
+    const char *text; // generated text (stop strings removed)
+    size_t len;
+    const char *finish;                 // "stop", "length", or NULL (streaming, not finished)
+    const struct api_token_logprob *lp; // [n_lp] when logprobs were asked for
+    int n_lp;
+};
+
+struct api_usage {
+    int prompt_tokens;
+    int completion_tokens;
+};
+
+// A whole (non-streamed) response with n choices. id: "cmpl-..." or
+// "chatcmpl-...". malloc'd JSON text; NULL when out of memory.
+char *api_response_json(enum api_kind k, const char *id, const char *model, int64_t created,
+                        const struct api_choice *choices, int n, const struct api_usage *u);
+
+// One stream chunk for choice `index` as a complete SSE event
+// ("data: {...}\n\n"). first: the chat role delta goes in it. A usage chunk
+// (choices: []) when c is NULL and u is set. malloc'd; NULL when out of memory.
+char *api_chunk_sse(enum api_kind k, const char *id, const char *model, int64_t created, int index,
+                    const struct api_choice *c, bool first, const struct api_usage *u);
+
+// The SSE terminator "data: [DONE]\n\n".
+extern const char api_sse_done[];
+
+#endif

@@ -1,0 +1,767 @@
+// `vela serve`: HTTP routing, validation and streaming (see serve.h).
+// POLLRDHUP (Linux): the peer closed its end, seen without reading.
+#define _GNU_SOURCE
+#include "tools/serve/serve.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+
+#include "host/tokenizer/tokenizer.h"
+#include "tools/serve/api.h"
+#include "tools/serve/worker.h"
+
+struct serve {
+    struct serve_config cfg;
+    struct MHD_Daemon *d;
+    struct srv_worker w;
+    struct engine *e; // NULL while the model loads
+    atomic_bool ready;
+    atomic_uint_fast64_t next_id;
+    int64_t created;
+    char model_id[256];
+};
+
+// One HTTP request: its body as it arrives.
+struct conn {
+    char *body;
+    size_t len, cap;
+    bool too_big;
+};
+
+void serve_config_default(struct serve_config *c) {
+    memset(c, 0, sizeof *c);
+    c->host = "127.0.0.1";
+    c->port = 8080;
+    c->n_parallel = 4;
+    c->n_queue_max = 64;
+    c->max_body = (size_t)4 << 20;
+    c->max_connections = 256;
+    c->timeout_s = 600;
+}
+
+// --- responses ------------------------------------------------------------------
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type,
+                                 const char *text, size_t len) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, char *json) {
+    if (!json)
+        return send_text(c, 500, "application/json",
+                         "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}",
+                         63);
+    enum MHD_Result ok = send_text(c, status, "application/json", json, strlen(json));
+    free(json);
+    return ok;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, const struct api_error *e) {
+    return send_json(c, (unsigned)e->status, api_error_json(e));
+}
+
+static enum MHD_Result fail(struct MHD_Connection *c, int status, const char *type,
+                            const char *code, const char *msg) {
+    struct api_error e;
+    api_fail(&e, status, type, code, "%s", msg);
+    return send_error(c, &e);
+}
+
+// The client closed its end: nothing more will be read from it.
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return true;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0)
+        return false;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP))
+        return true;
+    char b;
+    return recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+// Waits on r's condition for up to 100 ms (r->mu held).
+static void wait_a_little(struct srv_req *r) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+}
+
+static struct api_usage usage_of(const struct srv_req *r) {
+    struct api_usage u = {.prompt_tokens = r->n_tokens};
+    for (int i = 0; i < r->n_jobs; i++)
+        u.completion_tokens += r->jobs[i].n_gen;
+    return u;
+}
+
+static struct api_choice choice_of(const struct srv_job *j) {
+    return (struct api_choice){.text = j->text,
+                               .len = j->len,
+                               .finish = j->finish,
+                               .lp = j->req->api.logprobs ? j->lp : NULL,
+                               .n_lp = j->n_lp};
+}
+
+// --- non-streamed completions ------------------------------------------------------
+
+static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
+                                      struct srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    while (r->n_done < r->n_jobs) {
+        wait_a_little(r);
+        if (r->n_done < r->n_jobs && client_gone(c)) {
+            pthread_mutex_unlock(&r->mu);
+            srv_worker_cancel(&s->w, r);
+            return MHD_NO;
+        }
+    }
+    struct api_choice ch[API_MAX_N];
+    bool error = false;
+    for (int i = 0; i < r->n_jobs; i++) {
+        ch[i] = choice_of(&r->jobs[i]);
+        error |= !strcmp(r->jobs[i].finish, "error");
+    }
+    struct api_usage u = usage_of(r);
+    char *json =
+        error ? NULL
+              : api_response_json(r->api.kind, r->id, s->model_id, r->created, ch, r->n_jobs, &u);
+    pthread_mutex_unlock(&r->mu);
+    if (error)
+        return fail(c, 500, "server_error", NULL, "the request failed (server shutting down?)");
+    return send_json(c, 200, json);
+}
+
+// --- streamed completions ----------------------------------------------------------
+
+struct stream {
+    struct serve *s;
+    struct srv_req *r;
+    struct MHD_Connection *c;
+    char *out; // SSE bytes not yet handed to MHD
+    size_t off, len, cap;
+    bool role_sent[API_MAX_N], final_sent[API_MAX_N];
+    bool ended;
+};
+
+static int out_add(struct stream *st, char *s) {
+    if (!s)
+        return -1;
+    size_t n = strlen(s);
+    if (st->len + n > st->cap) {
+        size_t cap = st->cap ? st->cap : 1024;
+        while (cap < st->len + n)
+            cap *= 2;
+        char *t = realloc(st->out, cap);
+        if (!t) {
+            free(s);
+            return -1;
+        }
+        st->out = t;
+        st->cap = cap;
+    }
+    memcpy(st->out + st->len, s, n);
+    st->len += n;
+    free(s);
+    return 0;
+}
+
+static char *dup_cstr(const char *s) {
+    char *d = malloc(strlen(s) + 1);
+    if (d)
+        strcpy(d, s);
+    return d;
+}
+
+// New text, logprobs and endings of every choice as SSE events (r->mu held).
+static int stream_collect(struct stream *st) {
+    struct srv_req *r = st->r;
+    const enum api_kind k = r->api.kind;
+    for (int i = 0; i < r->n_jobs; i++) {
+        struct srv_job *j = &r->jobs[i];
+        bool news = j->len > j->sent || j->lp_sent < j->n_lp;
+        if (news || (!st->role_sent[i] && k == API_CHAT)) {
+            struct api_choice ch = {.text = j->text + j->sent,
+                                    .len = j->len - j->sent,
+                                    .lp = r->api.logprobs ? j->lp + j->lp_sent : NULL,
+                                    .n_lp = j->n_lp - j->lp_sent};
+            if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch,
+                                          !st->role_sent[i], NULL)))
+                return -1;
+            st->role_sent[i] = true;
+            j->sent = j->len;
+            j->lp_sent = j->n_lp;
+        }
+        if (j->done && !st->final_sent[i]) {
+            if (!strcmp(j->finish, "error")) {
+                struct api_error e;
+                api_fail(&e, 500, "server_error", NULL, "the request was ended by the server");
+                char *js = api_error_json(&e), *ev = NULL;
+                if (js && (ev = malloc(strlen(js) + 9)))
+                    sprintf(ev, "data: %s\n\n", js);
+                free(js);
+                if (out_add(st, ev))
+                    return -1;
+            } else {
+                struct api_choice ch = {.text = "", .len = 0, .finish = j->finish};
+                if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch, false,
+                                              NULL)))
+                    return -1;
+            }
+            st->final_sent[i] = true;
+        }
+    }
+    if (r->n_done == r->n_jobs) {
+        if (r->api.include_usage) {
+            struct api_usage u = usage_of(r);
+            if (out_add(st,
+                        api_chunk_sse(k, r->id, st->s->model_id, r->created, 0, NULL, false, &u)))
+                return -1;
+        }
+        if (out_add(st, dup_cstr(api_sse_done)))
+            return -1;
+        st->ended = true;
+    }
+    return 0;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct stream *st = cls;
+    struct srv_req *r = st->r;
+    while (st->off == st->len) {
+        if (st->ended)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        st->off = st->len = 0;
+        pthread_mutex_lock(&r->mu);
+        int rc = stream_collect(st);
+        bool empty = st->len == 0 && !st->ended;
+        if (empty)
+            wait_a_little(r);
+        pthread_mutex_unlock(&r->mu);
+        if (rc)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (empty && client_gone(st->c)) {
+            srv_worker_cancel(&st->s->w, r);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+    size_t n = st->len - st->off < max ? st->len - st->off : max;
+    memcpy(buf, st->out + st->off, n);
+    st->off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    struct stream *st = cls;
+    pthread_mutex_lock(&st->r->mu);
+    bool running = st->r->n_done < st->r->n_jobs;
+    pthread_mutex_unlock(&st->r->mu);
+    if (running) // the client left before the end: its cells are freed at the next step
+        srv_worker_cancel(&st->s->w, st->r);
+    srv_req_release(st->r);
+    free(st->out);
+    free(st);
+}
+
+static enum MHD_Result complete_stream(struct serve *s, struct MHD_Connection *c,
+                                       struct srv_req *r) {
+    struct stream *st = calloc(1, sizeof *st);
+    if (!st)
+        return fail(c, 500, "server_error", NULL, "out of memory");
+    st->s = s;
+    st->r = r;
+    st->c = c;
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
+    if (!resp) {
+        free(st);
+        return MHD_NO;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->refs++; // the stream's, released by stream_free
+    pthread_mutex_unlock(&r->mu);
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    enum MHD_Result ok = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+// --- prompts -----------------------------------------------------------------------
+
+// The prompt's tokens: the completion's text or ids, or the chat formatted
+// with the model's template. The template's end-of-turn token joins the stop
+// tokens.
+static int prompt_tokens(struct serve *s, struct api_request *a, int32_t **toks, int *n,
+                         int32_t *stop_tok, struct api_error *e) {
+    const struct tokenizer *tok = s->e->tok;
+    const int V = s->e->m->hp.n_vocab;
+    struct verr err = {0};
+    *stop_tok = -1;
+    if (a->kind == API_COMPLETION && a->prompt_tokens) {
+        for (int i = 0; i < a->n_prompt_tokens; i++)
+            if (a->prompt_tokens[i] >= V)
+                return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                                "'prompt': token id %d is out of range (n_vocab %d)",
+                                a->prompt_tokens[i], V);
+        *toks = a->prompt_tokens;
+        *n = a->n_prompt_tokens;
+        a->prompt_tokens = NULL;
+        return 0;
+    }
+    if (!tok)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "the model has no tokenizer: send 'prompt' as token ids");
+    char *text = a->prompt;
+    size_t len = text ? strlen(text) : 0;
+    bool formatted = false;
+    if (a->kind == API_CHAT) {
+        if (!s->cfg.have_tmpl)
+            return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                            "the model has no usable chat template (start the server with "
+                            "--chat-template NAME)");
+        struct chat_msg msgs[API_MAX_MESSAGES];
+        for (int i = 0; i < a->n_messages; i++)
+            msgs[i] = (struct chat_msg){a->messages[i].role, a->messages[i].content};
+        if (chat_format(s->cfg.tmpl, msgs, (size_t)a->n_messages, true, &text, &len, &err))
+            return api_fail(e, 400, "invalid_request_error", "invalid_value", "%s", err.msg);
+        formatted = true;
+        *stop_tok = chat_eot_token(tok, s->cfg.tmpl);
+    }
+    int rc = tokenizer_encode_alloc(tok, text, len, true, true, toks, n, &err);
+    if (formatted)
+        free(text);
+    if (rc)
+        return api_fail(e, 500, "server_error", NULL, "tokenizing: %s", err.msg);
+    if (*n == 0)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value", "the prompt is empty");
+    return 0;
+}
+
+static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection *c, enum api_kind k,
+                                         struct conn *cn) {
+    struct api_request a;
+    struct api_error e = {0};
+    if (api_parse_request(k, cn->body ? cn->body : "", cn->len, &a, &e))
+        return send_error(c, &e);
+    if (a.model && strcmp(a.model, s->model_id)) {
+        api_fail(&e, 404, "invalid_request_error", "model_not_found",
+                 "the model '%.100s' does not exist; this server serves '%.100s'", a.model,
+                 s->model_id);
+        api_request_free(&a);
+        return send_error(c, &e);
+    }
+    int32_t *toks = NULL, stop_tok = -1;
+    int n = 0;
+    if (prompt_tokens(s, &a, &toks, &n, &stop_tok, &e)) {
+        api_request_free(&a);
+        free(toks);
+        return send_error(c, &e);
+    }
+    struct srv_req *r = srv_req_new(&a, toks, n, s->e->m->hp.n_vocab);
+    if (!r) {
+        api_request_free(&a);
+        free(toks);
+        return fail(c, 500, "server_error", NULL, "out of memory");
+    }
+    if (stop_tok >= 0)
+        r->stop_tokens[r->n_stop_tokens++] = stop_tok;
+    snprintf(r->id, sizeof r->id, "%s-%llx", k == API_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    r->created = (int64_t)time(NULL);
+    srv_worker_submit(&s->w, r);
+    enum MHD_Result ok;
+    if (r->err.status)
+        ok = send_error(c, &r->err);
+    else if (r->api.stream)
+        ok = complete_stream(s, c, r);
+    else
+        ok = complete_whole(s, c, r);
+    srv_req_release(r);
+    return ok;
+}
+
+// --- small endpoints ---------------------------------------------------------------
+
+static enum MHD_Result handle_tokenize(struct serve *s, struct MHD_Connection *c, struct conn *cn) {
+    cJSON *o = api_json_parse(cn->body ? cn->body : "", cn->len);
+    const cJSON *ct = o ? cJSON_GetObjectItemCaseSensitive(o, "content") : NULL;
+    const cJSON *as = o ? cJSON_GetObjectItemCaseSensitive(o, "add_special") : NULL;
+    const cJSON *wp = o ? cJSON_GetObjectItemCaseSensitive(o, "with_pieces") : NULL;
+    if (!cJSON_IsString(ct) || (as && !cJSON_IsBool(as)) || (wp && !cJSON_IsBool(wp)) ||
+        !api_utf8_valid(ct->valuestring, strlen(ct->valuestring)) || !s->e->tok) {
+        cJSON_Delete(o);
+        return fail(c, 400, "invalid_request_error", "invalid_value",
+                    "expected {\"content\": string (UTF-8), \"add_special\": bool, "
+                    "\"with_pieces\": bool}");
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    struct verr err = {0};
+    if (tokenizer_encode_alloc(s->e->tok, ct->valuestring, strlen(ct->valuestring),
+                               cJSON_IsTrue(as), true, &ids, &n, &err)) {
+        cJSON_Delete(o);
+        return fail(c, 500, "server_error", NULL, err.msg);
+    }
+    cJSON *res = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(res, "tokens");
+    for (int i = 0; i < n; i++) {
+        if (!cJSON_IsTrue(wp)) {
+            cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+            continue;
+        }
+        const char *p;
+        size_t len;
+        cJSON *it = cJSON_CreateObject();
+        cJSON_AddNumberToObject(it, "id", ids[i]);
+        if (tokenizer_piece(s->e->tok, ids[i], true, &p, &len, NULL) == 0 &&
+            api_utf8_valid(p, len)) {
+            char *t = malloc(len + 1);
+            if (t) {
+                memcpy(t, p, len);
+                t[len] = '\0';
+                cJSON_AddStringToObject(it, "piece", t);
+                free(t);
+            }
+        }
+        cJSON_AddItemToArray(arr, it);
+    }
+    free(ids);
+    cJSON_Delete(o);
+    char *js = cJSON_PrintUnformatted(res);
+    cJSON_Delete(res);
+    return send_json(c, 200, js);
+}
+
+static enum MHD_Result handle_detokenize(struct serve *s, struct MHD_Connection *c,
+                                         struct conn *cn) {
+    cJSON *o = api_json_parse(cn->body ? cn->body : "", cn->len);
+    const cJSON *tk = o ? cJSON_GetObjectItemCaseSensitive(o, "tokens") : NULL;
+    const int V = s->e->tok ? tokenizer_n_vocab(s->e->tok) : 0;
+    int n = cJSON_IsArray(tk) ? cJSON_GetArraySize(tk) : -1;
+    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    bool ok = n >= 0 && (n == 0 || ids) && V > 0;
+    for (int i = 0; ok && i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(tk, i);
+        ok = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < V &&
+             v->valuedouble == (double)(int32_t)v->valuedouble;
+        if (ok)
+            ids[i] = (int32_t)v->valuedouble;
+    }
+    cJSON_Delete(o);
+    if (!ok) {
+        free(ids);
+        return fail(c, 400, "invalid_request_error", "invalid_value",
+                    "expected {\"tokens\": [ids in the vocabulary]}");
+    }
+    char *text = NULL;
+    size_t len = 0;
+    struct verr err = {0};
+    int rc = n ? tokenizer_decode(s->e->tok, ids, n, false, false, &text, &len, &err) : 0;
+    free(ids);
+    if (rc)
+        return fail(c, 500, "server_error", NULL, err.msg);
+    cJSON *res = cJSON_CreateObject();
+    // A cut multi-byte character would make invalid JSON: replace such text.
+    cJSON_AddStringToObject(res, "content",
+                            !text                       ? ""
+                            : api_utf8_valid(text, len) ? text
+                                                        : "\xEF\xBF\xBD");
+    free(text);
+    char *js = cJSON_PrintUnformatted(res);
+    cJSON_Delete(res);
+    return send_json(c, 200, js);
+}
+
+static enum MHD_Result handle_models(struct serve *s, struct MHD_Connection *c) {
+    cJSON *o = cJSON_CreateObject(), *data = cJSON_CreateArray(), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddStringToObject(m, "id", s->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->created);
+    cJSON_AddStringToObject(m, "owned_by", "vela");
+    cJSON *meta = cJSON_AddObjectToObject(m, "meta");
+    cJSON_AddNumberToObject(meta, "n_vocab", s->e->m->hp.n_vocab);
+    cJSON_AddNumberToObject(meta, "n_ctx_train", s->e->m->hp.n_ctx_train);
+    cJSON_AddNumberToObject(meta, "n_ctx", s->e->fc->cfg.n_ctx);
+    cJSON_AddNumberToObject(meta, "n_ctx_slot", s->e->fc->cfg.n_ctx / s->cfg.n_parallel);
+    cJSON_AddNumberToObject(meta, "n_params", (double)s->e->m->n_params);
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddItemToObject(o, "data", data);
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return send_json(c, 200, js);
+}
+
+// Prometheus text format.
+static void hist_lines(char *buf, size_t cap, size_t *n, const char *name, const char *help,
+                       const uint64_t *h, double sum_ms, uint64_t count) {
+    *n += (size_t)snprintf(buf + *n, cap - *n, "# HELP %s %s\n# TYPE %s histogram\n", name, help,
+                           name);
+    uint64_t cum = 0;
+    for (int b = 0; b < SRV_HIST_BUCKETS; b++) {
+        cum += h[b];
+        if (b == SRV_HIST_BUCKETS - 1)
+            *n += (size_t)snprintf(buf + *n, cap - *n, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                                   (unsigned long long)cum);
+        else
+            *n += (size_t)snprintf(buf + *n, cap - *n, "%s_bucket{le=\"%g\"} %llu\n", name,
+                                   srv_hist_bounds_ms[b] / 1000.0, (unsigned long long)cum);
+    }
+    *n += (size_t)snprintf(buf + *n, cap - *n, "%s_sum %.6f\n%s_count %llu\n", name, sum_ms / 1e3,
+                           name, (unsigned long long)count);
+}
+
+static enum MHD_Result handle_metrics(struct serve *s, struct MHD_Connection *c) {
+    struct srv_metrics m;
+    srv_worker_metrics(&s->w, &m);
+    const double up_s = (engine_now_ms() - m.t_start_ms) / 1e3;
+    char buf[8192];
+    size_t n = 0;
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } rows[] = {
+        {"vela_requests_total", "counter", "completion requests received",
+         (double)m.requests_total},
+        {"vela_requests_ok_total", "counter", "requests that completed", (double)m.requests_ok},
+        {"vela_requests_failed_total", "counter", "requests refused or failed",
+         (double)m.requests_failed},
+        {"vela_requests_cancelled_total", "counter", "requests whose client left before the end",
+         (double)m.requests_cancelled},
+        {"vela_requests_running", "gauge", "requests decoding now", (double)m.running},
+        {"vela_requests_queued", "gauge", "requests waiting for a slot", (double)m.queued},
+        {"vela_prompt_tokens_total", "counter", "prompt tokens of finished requests",
+         (double)m.prompt_tokens},
+        {"vela_generated_tokens_total", "counter", "tokens generated", (double)m.generated_tokens},
+        {"vela_generated_tokens_per_second", "gauge", "tokens generated per second of uptime",
+         up_s > 0 ? (double)m.generated_tokens / up_s : 0},
+        {"vela_kv_cells_used", "gauge", "KV cache cells in use", (double)m.kv_cells_used},
+        {"vela_kv_cells_total", "gauge", "KV cache cells", (double)m.kv_cells_total},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n",
+                              rows[i].name, rows[i].help, rows[i].name, rows[i].type, rows[i].name,
+                              rows[i].v);
+    hist_lines(buf, sizeof buf, &n, "vela_time_to_first_token_seconds",
+               "time from a request's arrival to its first token", m.ttft_hist, m.ttft_sum_ms,
+               m.ttft_count);
+    hist_lines(buf, sizeof buf, &n, "vela_inter_token_latency_seconds",
+               "mean time between a request's tokens", m.itl_hist, m.itl_sum_ms, m.itl_count);
+    return send_text(c, 200, "text/plain; version=0.0.4", buf, n);
+}
+
+// --- routing -----------------------------------------------------------------------
+
+enum route {
+    R_HEALTH,
+    R_MODELS,
+    R_METRICS,
+    R_TOKENIZE,
+    R_DETOKENIZE,
+    R_COMPLETIONS,
+    R_CHAT,
+    R_NONE,
+};
+
+static const struct {
+    const char *path;
+    const char *method;
+    enum route r;
+} routes[] = {
+    {"/health", "GET", R_HEALTH},
+    {"/v1/health", "GET", R_HEALTH},
+    {"/v1/models", "GET", R_MODELS},
+    {"/models", "GET", R_MODELS},
+    {"/metrics", "GET", R_METRICS},
+    {"/tokenize", "POST", R_TOKENIZE},
+    {"/detokenize", "POST", R_DETOKENIZE},
+    {"/v1/completions", "POST", R_COMPLETIONS},
+    {"/completions", "POST", R_COMPLETIONS},
+    {"/v1/chat/completions", "POST", R_CHAT},
+    {"/chat/completions", "POST", R_CHAT},
+};
+
+static bool authorized(const struct serve *s, struct MHD_Connection *c) {
+    if (!s->cfg.api_key)
+        return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    return h && !strncmp(h, "Bearer ", 7) && !strcmp(h + 7, s->cfg.api_key);
+}
+
+static enum MHD_Result dispatch(struct serve *s, struct MHD_Connection *c, const char *url,
+                                const char *method, struct conn *cn) {
+    enum route r = R_NONE;
+    bool path_known = false;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && r == R_NONE; i++)
+        if (!strcmp(url, routes[i].path)) {
+            path_known = true;
+            if (!strcmp(method, routes[i].method))
+                r = routes[i].r;
+        }
+    if (r == R_NONE && path_known)
+        return fail(c, 405, "invalid_request_error", "method_not_allowed",
+                    "method not allowed for this path");
+    if (r == R_NONE)
+        return fail(c, 404, "not_found_error", "not_found", "no such endpoint");
+    if (r == R_HEALTH)
+        return atomic_load(&s->ready)
+                   ? send_text(c, 200, "application/json", "{\"status\":\"ok\"}", 15)
+                   : fail(c, 503, "unavailable_error", "loading", "the model is loading");
+    if (!authorized(s, c))
+        return fail(c, 401, "authentication_error", "invalid_api_key",
+                    "missing or wrong API key (Authorization: Bearer KEY)");
+    if (!atomic_load(&s->ready))
+        return fail(c, 503, "unavailable_error", "loading", "the model is loading");
+    if (cn->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body)",
+                 s->cfg.max_body);
+        return fail(c, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    switch (r) {
+    case R_MODELS:
+        return handle_models(s, c);
+    case R_METRICS:
+        return handle_metrics(s, c);
+    case R_TOKENIZE:
+        return handle_tokenize(s, c, cn);
+    case R_DETOKENIZE:
+        return handle_detokenize(s, c, cn);
+    case R_COMPLETIONS:
+        return handle_completion(s, c, API_COMPLETION, cn);
+    case R_CHAT:
+        return handle_completion(s, c, API_CHAT, cn);
+    default:
+        return MHD_NO;
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+    struct serve *s = cls;
+    struct conn *cn = *con_cls;
+    if (!cn) {
+        if (!(cn = calloc(1, sizeof *cn)))
+            return MHD_NO;
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (cn->too_big || cn->len + n > s->cfg.max_body) {
+            cn->too_big = true; // read and dropped: the answer is a 413 at the end
+            free(cn->body);
+            cn->body = NULL;
+            cn->len = cn->cap = 0;
+            return MHD_YES;
+        }
+        if (cn->len + n + 1 > cn->cap) {
+            size_t cap = cn->cap ? cn->cap : 1024;
+            while (cap < cn->len + n + 1)
+                cap *= 2;
+            char *b = realloc(cn->body, cap);
+            if (!b)
+                return MHD_NO;
+            cn->body = b;
+            cn->cap = cap;
+        }
+        memcpy(cn->body + cn->len, upload, n);
+        cn->len += n;
+        cn->body[cn->len] = '\0';
+        return MHD_YES;
+    }
+    return dispatch(s, c, url, method, cn);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    struct conn *cn = *con_cls;
+    if (cn) {
+        free(cn->body);
+        free(cn);
+    }
+    *con_cls = NULL;
+}
+
+// --- lifecycle ---------------------------------------------------------------------
+
+int serve_start(struct serve **out, const struct serve_config *cfg, int *port_out,
+                struct verr *err) {
+    *out = NULL;
+    struct serve *s = calloc(1, sizeof *s);
+    if (!s)
+        return verr_set(err, VERR_NOMEM, "out of memory");
+    s->cfg = *cfg;
+    s->created = (int64_t)time(NULL);
+    atomic_init(&s->ready, false);
+    atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid());
+    snprintf(s->model_id, sizeof s->model_id, "%s", cfg->model_id ? cfg->model_id : "vela");
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
+    if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1) {
+        free(s);
+        return verr_set(err, VERR_RANGE, "--host '%s': not an IPv4 address", cfg->host);
+    }
+    s->d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+        (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 << 10, MHD_OPTION_END);
+    if (!s->d) {
+        free(s);
+        return verr_set(err, VERR_IO, "cannot listen on %s:%d (in use, or not allowed)", cfg->host,
+                        cfg->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    if (port_out)
+        *port_out = di ? di->port : cfg->port;
+    *out = s;
+    return 0;
+}
+
+int serve_set_engine(struct serve *s, struct engine *e, struct verr *err) {
+    s->e = e;
+    int rc = srv_worker_start(&s->w, e, s->cfg.n_parallel, s->cfg.n_queue_max, err);
+    if (rc)
+        return rc;
+    atomic_store(&s->ready, true);
+    return 0;
+}
+
+void serve_stop(struct serve *s) {
+    if (!s)
+        return;
+    if (s->d)
+        MHD_quiesce_daemon(s->d); // no new connections
+    srv_worker_stop(&s->w);       // running requests end; streams send their error chunk
+    if (s->d)
+        MHD_stop_daemon(s->d); // joins the connection threads
+    srv_worker_free(&s->w);
+    free(s);
+}

@@ -1,0 +1,51 @@
+// `vela serve`: an OpenAI-compatible HTTP server over the engine's step API.
+//
+// HTTP comes from libmicrohttpd (Debian's libmicrohttpd-dev) in its
+// thread-per-connection mode: each connection's thread parses and validates
+// its request, hands it to the one engine thread (tools/serve/worker.h) and
+// waits on it, streaming tokens as server-sent events as they come. A
+// connection's wait is a blocking wait on its own request, which is what
+// that mode is made for; the number of connections is bounded
+// (--max-connections), as are bodies (--max-body), headers, prompt length
+// (the slot's context), max_tokens and idle time (--timeout).
+#ifndef VELA_TOOLS_SERVE_SERVE_H
+#define VELA_TOOLS_SERVE_SERVE_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "gguf/verr.h"
+#include "host/engine/engine.h"
+#include "host/tokenizer/chat.h"
+
+struct serve_config {
+    const char *host;     // "127.0.0.1"
+    int port;             // 8080; 0: any free port (printed)
+    int n_parallel;       // slots (sequences decoded together)
+    int n_queue_max;      // requests waiting for a slot before 503
+    const char *api_key;  // NULL: no authentication
+    size_t max_body;      // bytes of a request body (413 beyond)
+    int max_connections;  // concurrent connections
+    int timeout_s;        // idle connection timeout
+    const char *model_id; // the name /v1/models lists (the file's base name by default)
+    enum chat_template tmpl;
+    bool have_tmpl; // the model has a usable chat template
+    bool verbose;
+};
+
+void serve_config_default(struct serve_config *c);
+
+struct serve;
+
+// Starts listening at once (/health answers 503 "loading" until
+// serve_set_engine). *port_out: the port bound.
+int serve_start(struct serve **out, const struct serve_config *c, int *port_out, struct verr *err);
+// The engine is loaded: starts the engine thread; requests are served from
+// now on.
+int serve_set_engine(struct serve *s, struct engine *e, struct verr *err);
+// Stops accepting, ends running requests (streams get an error chunk),
+// joins every thread. Safe on a partly started server.
+void serve_stop(struct serve *s);
+
+#endif
