@@ -47,6 +47,7 @@
 #include "tools/args.h"
 #include "tools/cmds.h"
 #include "tools/common.h"
+#include "tools/default_model.h"
 #include "tools/progress.h"
 
 #ifndef VELA_COMMIT
@@ -935,6 +936,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "vela bench: no model given (-m FILE)\n");
         return 2;
     }
+    tools_note_synthetic("bench", am.model_path);
     if (n_prompt == 0 && n_gen == 0) {
         fprintf(stderr, "vela bench: nothing to measure (-p 0 and -n 0)\n");
         return 2;

@@ -10,6 +10,7 @@
 #include "tools/args.h"
 #include "tools/cmds.h"
 #include "tools/common.h"
+#include "tools/default_model.h"
 #include "tools/progress.h"
 
 static void usage(FILE *out) {
@@ -138,6 +139,7 @@ int cmd_eval(int argc, char **argv) {
                 "written with 'vela mkmodel')\n");
         return 2;
     }
+    tools_note_synthetic("eval", am.model_path);
     if (ep.ga_n != 1 && ep.ga_w % ep.ga_n != 0) {
         fprintf(stderr, "vela eval: --grp-attn-w %d must be a multiple of --grp-attn-n %d\n",
                 ep.ga_w, ep.ga_n);
