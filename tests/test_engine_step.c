@@ -334,6 +334,11 @@ static void request_64(int i, bool penalties, int32_t *tok, struct engine_reques
         r->n_predict = 60;
         r->ctx_shift = false; // ends on "context full"
     }
+    if (i % 16 == 11) { // self-extend: positions regrouped, ends when its cells are full
+        r->n_predict = 60;
+        r->ga_n = 2;
+        r->ga_w = 8;
+    }
 }
 
 static void sixty_four(bool penalties) {

@@ -10,7 +10,6 @@
 
 #include "gguf/gguf.h"
 #include "host/split/pipeline.h"
-#include "kv/selfextend.h"
 
 double engine_now_ms(void) {
     struct timespec ts;
@@ -154,8 +153,12 @@ static int eval_check(const struct engine *e, const int32_t *tokens, int n_token
         if (tokens[t] < 0 || tokens[t] >= e->m->hp.n_vocab)
             return verr_set(err, VERR_RANGE, "token id %d is out of range (n_vocab %d)", tokens[t],
                             e->m->hp.n_vocab);
-    struct kv_selfextend se;
-    return ga_n != 1 ? kv_selfextend_init(&se, &fc->kv, ga_n, ga_w, 0, err) : 0;
+    struct kv_policy_params pp;
+    kv_policy_params_default(&pp);
+    pp.ga_n = ga_n;
+    pp.ga_w = ga_w;
+    struct kv_policy pol;
+    return kv_policy_init(&pol, &pp, &fc->kv, 0, n_ctx, err);
 }
 
 int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,

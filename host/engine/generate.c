@@ -45,12 +45,16 @@ static int check_params(const struct engine *e, const struct engine_prompt *prom
                         "n_predict %d: -1 (until EOG) or -2 (until the context is "
                         "full) or >= 0",
                         g->n_predict);
-    if (g->ga_n != 1) {
-        struct kv_selfextend se;
-        int rc = kv_selfextend_init(&se, &fc->kv, g->ga_n, g->ga_w, 0, err);
-        if (rc)
-            return rc;
-    }
+    struct kv_policy_params pp;
+    kv_policy_params_default(&pp);
+    pp.ga_n = g->ga_n;
+    pp.ga_w = g->ga_w;
+    pp.se_g = fc->cfg.se_g;
+    pp.se_w = fc->cfg.se_w;
+    struct kv_policy pol;
+    int rc = kv_policy_init(&pol, &pp, &fc->kv, 0, n_ctx_seq, err);
+    if (rc)
+        return rc;
     for (int i = 0; i < n_prompts; i++) {
         const struct engine_prompt *p = &prompts[i];
         if (p->n_tokens < 1 || !p->tokens)

@@ -5,7 +5,7 @@
 #define VELA_HOST_ENGINE_SCHED_H
 
 #include "host/engine/step.h"
-#include "kv/selfextend.h"
+#include "kv/policy.h"
 
 // A submitted request: the caller's description with owned copies.
 struct sched_req {
@@ -25,9 +25,8 @@ struct slot {
     int n_consumed;       // prompt tokens decoded (or shared)
     int32_t n_past;       // position of the next token
     int n_cells;          // cells holding this sequence
-    int n_keep;
-    int32_t next; // the sampled token waiting to be decoded; -1: none yet
-    int out_row;  // index in this step's batch of the row it samples from; -1: none
+    int32_t next;         // the sampled token waiting to be decoded; -1: none yet
+    int out_row;          // index in this step's batch of the row it samples from; -1: none
     int32_t out_pos;
     int share_from; // slot whose prompt cells it will share; -1: none
     bool can_share; // no shift can ever move this sequence's prompt cells
@@ -39,7 +38,7 @@ struct slot {
     float *last;            // [n_vocab] its row (sampling on the host); kept across requests
     struct sampler *smp;
     struct tokenizer_stream *stream;
-    struct kv_selfextend se;
+    struct kv_policy pol; // context shift, self-extend, ... (kv/policy.h)
 };
 
 struct engine_sched {

@@ -174,6 +174,27 @@ static int check_tokens(const int32_t *t, int n, int V, const char *what, struct
     return 0;
 }
 
+// The request's KV policy (kv/policy.h): n_keep as llama-cli resolves it (-1
+// or more than the prompt: the prompt; else BOS kept on top), n_predict -2
+// never shifts, and the exact self-extend of the context's mode
+// (forward_config se_g / se_w) for every request that generates.
+static void policy_params(const struct engine *e, const struct engine_request *r,
+                          struct kv_policy_params *pp) {
+    kv_policy_params_default(pp);
+    pp->n_keep = r->n_keep;
+    if (pp->n_keep < 0 || pp->n_keep > r->n_tokens)
+        pp->n_keep = r->n_tokens;
+    else if (e->tok && tokenizer_bos(e->tok) >= 0 && r->tokens[0] == tokenizer_bos(e->tok))
+        pp->n_keep += 1;
+    pp->ctx_shift = r->ctx_shift && r->n_predict != -2;
+    pp->ga_n = r->ga_n;
+    pp->ga_w = r->ga_w;
+    if (!r->on_rows) {
+        pp->se_g = e->fc->cfg.se_g;
+        pp->se_w = e->fc->cfg.se_w;
+    }
+}
+
 static int check_request(const struct engine *e, const struct engine_request *r, struct verr *err) {
     const int V = e->m->hp.n_vocab, n_batch = e->fc->cfg.n_batch;
     // llama-cli's limit: room for a few generated tokens after the prompt;
@@ -206,11 +227,11 @@ static int check_request(const struct engine *e, const struct engine_request *r,
                         ENGINE_MAX_STOP_TOKENS);
     if ((rc = check_tokens(r->stop_tokens, r->n_stop_tokens, V, "stop ", err)))
         return rc;
-    if (r->ga_n != 1) {
-        struct kv_selfextend se;
-        if ((rc = kv_selfextend_init(&se, &e->fc->kv, r->ga_n, r->ga_w, 0, err)))
-            return rc;
-    }
+    struct kv_policy_params pp;
+    struct kv_policy pol;
+    policy_params(e, r, &pp);
+    if ((rc = kv_policy_init(&pol, &pp, &e->fc->kv, 0, e->sched->n_ctx_seq, err)))
+        return rc;
     return check_sampler(&r->sp, err);
 }
 
@@ -264,7 +285,7 @@ static int req_emit(struct sched_req *q, enum engine_event ev, int32_t tok, cons
     return q->p.cb(q->p.user, &x);
 }
 
-// Routes kv_selfextend's log lines to the request as notes.
+// Routes self-extend's log lines to the request as notes.
 static void note_line(void *user, const char *line) {
     struct slot *sl = user;
     req_emit(sl->rq, ENGINE_EV_NOTE, -1, line, strlen(line));
@@ -292,33 +313,27 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     sl->started_now = true;
     const struct engine_request *r = &q->p;
     q->st.t_start_ms = engine_now_ms();
-    // llama-cli's n_keep: -1 or more than the prompt keeps the prompt; else
-    // the BOS token is kept on top of what was asked.
-    sl->n_keep = r->n_keep;
-    if (sl->n_keep < 0 || sl->n_keep > r->n_tokens)
-        sl->n_keep = r->n_tokens;
-    else if (e->tok && tokenizer_bos(e->tok) >= 0 && r->tokens[0] == tokenizer_bos(e->tok))
-        sl->n_keep += 1;
-    // Shared cells would move for every sharer on a shift of one of them
-    // (seq_add moves a cell for all its sequences), so only a sequence that
-    // can never shift shares.
-    sl->can_share = r->ga_n == 1 && !r->on_rows &&
-                    (!r->ctx_shift || r->n_predict == -2 ||
-                     (r->n_predict >= 0 && r->n_tokens + r->n_predict < s->n_ctx_seq));
-    int rc = sampler_create(&sl->smp, &r->sp, e->m->hp.n_vocab, err);
+    struct kv_policy_params pp;
+    policy_params(e, r, &pp);
+    int rc = kv_policy_init(&sl->pol, &pp, &e->fc->kv, si, s->n_ctx_seq, err);
     if (rc)
+        return rc;
+    if (sl->pol.kind == KV_POLICY_SELFEXTEND) {
+        sl->pol.se.log = note_line;
+        sl->pol.se.log_user = sl;
+    }
+    // Shared cells would move for every sharer when the policy of one of
+    // them moves its positions (seq_add moves a cell for all its
+    // sequences), so only a sequence whose positions never move shares.
+    const int64_t n_positions = r->n_predict >= 0 ? (int64_t)r->n_tokens + r->n_predict : INT64_MAX;
+    sl->can_share = !r->on_rows && !kv_policy_may_move(&sl->pol, n_positions);
+    if ((rc = sampler_create(&sl->smp, &r->sp, e->m->hp.n_vocab, err)))
         return rc;
     q->st.seed = sampler_seed(sl->smp);
     for (int t = 0; t < r->n_tokens; t++)
         sampler_accept(sl->smp, r->tokens[t]);
     if (e->tok && (rc = tokenizer_stream_new(&sl->stream, e->tok, false, err)))
         return rc;
-    if (r->ga_n != 1) {
-        if ((rc = kv_selfextend_init(&sl->se, &e->fc->kv, r->ga_n, r->ga_w, si, err)))
-            return rc;
-        sl->se.log = note_line;
-        sl->se.log_user = sl;
-    }
     // Cells another user of the cache (engine_eval) left: the first request
     // of an idle engine starts from an empty cache.
     bool alone = true;
@@ -450,33 +465,22 @@ int engine_cancel(struct engine *e, uint64_t id, struct verr *err) {
 // The step
 
 // Before the step's entry for a generating slot: room for one more token in
-// its share of the cells, by a context shift if allowed. Returns 1 when the
-// slot must end with "context full".
+// its share of the cells, as its policy makes it (a context shift, or
+// nothing). Returns 1 when the slot must end with "context full".
 static int make_room(struct engine *e, struct engine_sched *s, int si, struct verr *err) {
     struct slot *sl = &s->slots[si];
-    const struct engine_request *r = &sl->rq->p;
-    // Without self-extend, llama-cli's rule: n_past + 1 >= n_ctx. Self-extend
-    // keeps positions low, so there the cells are what runs out.
-    bool full = r->ga_n == 1 ? sl->n_past + 1 >= s->n_ctx_seq : sl->n_cells + 1 > s->n_ctx_seq;
-    if (!full)
-        return 0;
-    if (r->ga_n != 1 || !r->ctx_shift || r->n_predict == -2)
-        return 1;
+    const int32_t n_past = sl->n_past;
     int32_t n_discard = 0;
-    int rc = kv_context_shift(&e->fc->kv, si, sl->n_keep, sl->n_past, &n_discard, err);
-    if (rc)
+    int rc = kv_policy_make_room(&sl->pol, &e->fc->kv, &sl->n_past, &sl->n_cells, &n_discard, err);
+    if (rc < 0 || n_discard <= 0)
         return rc;
-    if (n_discard <= 0)
-        return 1;
     char line[160];
-    snprintf(line, sizeof line, "context shift: n_past = %d, n_keep = %d, n_discard = %d",
-             sl->n_past, sl->n_keep, n_discard);
-    sl->n_past -= n_discard;
-    sl->n_cells -= n_discard;
+    snprintf(line, sizeof line, "context shift: n_past = %d, n_keep = %d, n_discard = %d", n_past,
+             sl->pol.n_keep, n_discard);
     s->st.n_ctx_shifts++;
     sl->rq->st.n_ctx_shifts++;
     req_emit(sl->rq, ENGINE_EV_SHIFT, n_discard, line, strlen(line));
-    return sl->n_past + 1 >= s->n_ctx_seq ? 1 : 0;
+    return rc;
 }
 
 struct step_count {
@@ -527,7 +531,8 @@ static void add_entries(struct engine_sched *s, int si, int nb, struct step_coun
 static int step_build(struct engine *e, struct engine_sched *s, struct step_count *c,
                       struct verr *err) {
     const int n_batch = e->fc->cfg.n_batch;
-    int left = INT_MAX; // prompt tokens the budget still allows
+    int left = INT_MAX; // prompt tokens the budget still allows (may go below 0)
+    bool took_prompt = false;
     if (s->cfg.n_step_tokens > 0) {
         left = s->cfg.n_step_tokens;
         for (int si = 0; si < s->cfg.n_slots; si++)
@@ -550,13 +555,17 @@ static int step_build(struct engine *e, struct engine_sched *s, struct step_coun
         } else {
             nb = sl->rq->p.n_tokens - sl->n_consumed;
             nb = nb < n_batch ? nb : n_batch;
-            nb = nb < left ? nb : left;
+            // Self-extend regroups positions before each chunk, so its chunks
+            // are those of the request alone (n_batch tokens): whole, when
+            // they fit or no other prompt took budget in this step.
+            if (nb > left && (sl->pol.kind != KV_POLICY_SELFEXTEND || took_prompt))
+                nb = sl->pol.kind == KV_POLICY_SELFEXTEND ? 0 : left;
             if (nb <= 0)
                 continue;
             left -= nb;
+            took_prompt = true;
         }
-        if (sl->rq->p.ga_n != 1 &&
-            (rc = kv_selfextend_apply(&sl->se, &e->fc->kv, &sl->n_past, err)))
+        if ((rc = kv_policy_before_batch(&sl->pol, &e->fc->kv, &sl->n_past, err)))
             return rc;
         add_entries(s, si, nb, c);
     }
