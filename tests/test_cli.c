@@ -433,3 +433,17 @@ Test(cli, help_says_what_c0_means) {
     free(out);
     free(err);
 }
+
+// vela serve without -m: the default model too, or how to fetch it (the
+// server itself is tested in tests/serve/).
+Test(cli, serve_without_model) {
+    char *out, *err;
+    setenv("VELA_CACHE", "/nonexistent/vela-cache", 1);
+    cr_expect_eq(run_vela("serve --port 0", &out, &err), 2);
+    cr_expect(strstr(err, "vela serve: no model given (-m MODEL.gguf) and the default model is "
+                          "not in the cache") &&
+                  strstr(err, "bash tools/model_cache.sh"),
+              "%s", err);
+    free(out);
+    free(err);
+}

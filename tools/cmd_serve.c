@@ -11,6 +11,7 @@
 #include "tools/args.h"
 #include "tools/cmds.h"
 #include "tools/common.h"
+#include "tools/default_model.h"
 #include "tools/progress.h"
 #include "tools/serve/serve.h"
 
@@ -18,13 +19,15 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: vela serve -m MODEL [--host 127.0.0.1] [--port 8080] [--parallel N] "
+            "usage: vela serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] "
             "[options]\n\n"
             "Serves the model over HTTP with the OpenAI API: POST /v1/completions,\n"
             "/v1/chat/completions (stream: server-sent events), GET /v1/models, /health,\n"
             "/metrics (Prometheus), POST /tokenize, /detokenize. Requests are decoded\n"
             "together (continuous batching): a new one joins the running batch at the next\n"
-            "step. Ctrl-C or SIGTERM stops it cleanly.\n\n"
+            "step. Ctrl-C or SIGTERM stops it cleanly. Without -m: the default model,\n"
+            "SmolLM2-135M-Instruct, from the cache ($VELA_CACHE or ~/.cache/vela; bash\n"
+            "tools/model_cache.sh fetches it).\n\n"
             "server:\n"
             "  --host ADDR               IPv4 address to listen on (default: 127.0.0.1, this\n"
             "                            machine only; 0.0.0.0: every interface)\n"
@@ -195,9 +198,11 @@ int cmd_serve(int argc, char **argv) {
             return tools_unknown_option("serve", argv[i]);
     }
     if (!am.model_path) {
-        fprintf(stderr, "vela serve: no model given (-m FILE)\n");
-        return 2;
+        int st = tools_use_default_model("serve", &am.model_path);
+        if (st)
+            return st;
     }
+    tools_note_synthetic("serve", am.model_path);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
