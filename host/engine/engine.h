@@ -5,6 +5,11 @@
 // or for many prompts decoded together in one cache (llama.cpp's parallel
 // example: slots, continuous batching, a queue of prompts).
 //
+// Underneath is the step API (host/engine/step.h): requests submitted at any
+// time, one batch per engine_step, cancel. engine_generate_batch,
+// engine_generate and engine_eval_ex are loops over it (generate.c,
+// engine.c) and must not be called while requests of the step API run.
+//
 // Contract: library code, never prints; text and events go through the
 // callback. Timings are measured with CLOCK_MONOTONIC around the decodes
 // (prompt) and around decode + sample (generation).

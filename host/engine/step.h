@@ -64,7 +64,9 @@ struct engine_req_event {
     const struct engine_req_stats *stats; // the request's numbers so far (final at DONE)
 };
 
-// Return non-zero to end the request ("stopped") once this event is handled.
+// The return of a TOKEN event: non-zero ends the request ("stopped") once
+// its token is handled (unless it ends for another reason with that token);
+// other events' returns are ignored.
 typedef int (*engine_req_fn)(void *user, const struct engine_req_event *ev);
 // Optional: the logits row the next token is drawn from, before sampling
 // (pos: the position of the token that produced it). Setting it makes every
