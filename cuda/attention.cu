@@ -53,6 +53,8 @@
 // Bytes kept free under the 48 KiB default for attn_kernel's static shared memory.
 #define ATTN_STATIC_SMEM_SLACK 1024
 
+#include "cuda/attention_se.cuh" // SE: RoPE inside attn_kernel (the unrotated cache)
+
 static __device__ __forceinline__ float attn_load(const float *p) {
     return *p;
 }
@@ -115,7 +117,7 @@ static __device__ __forceinline__ void attn_load_tile(float *dst, int ld, const 
     }
 }
 
-template <typename KT, typename VT, bool VEC>
+template <typename KT, typename VT, bool VEC, bool SE>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_kernel(const struct cuda_attn a, int chunk, int n_split,
                 float *__restrict__ part_acc /* [n_tok*n_head][n_split][head_dim_v] */,
@@ -126,6 +128,8 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     float *sK = sQ + ATTN_ROWS * D;         // [ATTN_BK][D + 1]
     float *sV = sK + ATTN_BK * (D + 1);     // [ATTN_BK][DV]
     int *sPos = (int *)(sV + ATTN_BK * DV); // [ATTN_BK]
+    float *sQf = (float *)(sPos + ATTN_BK); // SE: [ATTN_ROWS][D] the far queries, pre-scaled
+    float *sKf = sQf + ATTN_ROWS * D;       // SE: [ATTN_BK][D + 1] the far keys
     __shared__ int s_max_qpos;
 
     const KT *kcache = (const KT *)a.k;
@@ -147,13 +151,15 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         float val = 0.0f;
         if (gr < n_rows) {
             const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
-            val = a.q[((size_t)t * a.n_head + h) * D + d] * a.scale;
+            val = a.q[((size_t)t * a.n_head + h) * D + d] * (SE ? 1.0f : a.scale);
         }
         sQ[e] = val;
     }
     __syncthreads();
     if (tid < ATTN_ROWS && row0 + tid < n_rows)
         atomicMax(&s_max_qpos, a.q_pos[(row0 + tid) / n_group]);
+    if (SE) // read after the barrier that opens the first tile
+        attn_se_rotate_q(a, sQ, sQf, row0, n_group, n_rows);
 
     // Per-row state; row slot k of this warp is local row warp + k * ATTN_WARPS.
     float m[ATTN_ROWS_PER_WARP], l[ATTN_ROWS_PER_WARP];
@@ -186,6 +192,10 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         attn_load_tile<KT, VEC>(sK, D + 1, kcache, c0, c_end, g, a.n_head_kv, D);
         attn_load_tile<VT, VEC>(sV, DV, vcache, c0, c_end, g, a.n_head_kv, DV);
         __syncthreads();
+        if (SE) {
+            attn_se_rotate_k(a, sK, sKf, D + 1, sPos);
+            __syncthreads();
+        }
 
         const int c = c0 + lane;
         const int cpos = sPos[lane];
@@ -200,8 +210,10 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             }
             float s = -INFINITY;
             if (vis) {
-                const float *qr = sQ + (warp + k * ATTN_WARPS) * D;
-                const float *kr = sK + lane * (D + 1);
+                // SE: a far key scores the far query against the far key
+                const bool far = SE && a.se_g > 1 && !se_is_near(qpos[k], cpos, a.se_w);
+                const float *qr = (far ? sQf : sQ) + (warp + k * ATTN_WARPS) * D;
+                const float *kr = (far ? sKf : sK) + lane * (D + 1);
                 float s0 = 0.0f, s1 = 0.0f;
                 int d = 0;
                 for (; d + 1 < D; d += 2) {
@@ -591,6 +603,9 @@ static struct attn_plan attn_make_plan(const struct cuda_attn *a, int sm_count) 
         sizeof(float) * ((size_t)ATTN_ROWS * a->head_dim + (size_t)ATTN_BK * (a->head_dim + 1) +
                          (size_t)ATTN_BK * a->head_dim_v) +
         sizeof(int) * ATTN_BK;
+    if (a->rope_on) // sQf, sKf
+        p.smem +=
+            sizeof(float) * ((size_t)ATTN_ROWS * a->head_dim + (size_t)ATTN_BK * (a->head_dim + 1));
     return p;
 }
 
@@ -609,7 +624,7 @@ extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_attn *a, int sm
            (size_t)a->n_tok * a->n_head * p.n_split * 2 * sizeof(float);
 }
 
-template <typename KT, typename VT, bool VEC>
+template <typename KT, typename VT, bool VEC, bool SE>
 static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, float *part_acc,
                        float *part_ml, cudaStream_t stream, struct verr *err) {
     // Raised once per device to the most any call can ask for, so a call
@@ -626,24 +641,28 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
         VELA_CUDA_CALL(err, cudaGetDevice(&dev));
         const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
         if (!bit || !(raised.load() & bit)) {
-            const size_t most = sizeof(float) * ((size_t)ATTN_ROWS * CUDA_ATTN_MAX_HEAD_DIM +
-                                                 (size_t)ATTN_BK * (CUDA_ATTN_MAX_HEAD_DIM + 1) +
-                                                 (size_t)ATTN_BK * CUDA_ATTN_MAX_HEAD_DIM) +
-                                sizeof(int) * ATTN_BK;
-            if (cudaFuncSetAttribute(attn_kernel<KT, VT, VEC>,
+            const size_t most =
+                sizeof(float) * ((size_t)ATTN_ROWS * CUDA_ATTN_MAX_HEAD_DIM +
+                                 (size_t)ATTN_BK * (CUDA_ATTN_MAX_HEAD_DIM + 1) +
+                                 (size_t)ATTN_BK * CUDA_ATTN_MAX_HEAD_DIM) +
+                sizeof(int) * ATTN_BK +
+                (SE ? sizeof(float) * ((size_t)ATTN_ROWS * CUDA_ATTN_MAX_HEAD_DIM +
+                                       (size_t)ATTN_BK * (CUDA_ATTN_MAX_HEAD_DIM + 1))
+                    : 0);
+            if (cudaFuncSetAttribute(attn_kernel<KT, VT, VEC, SE>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)most) == cudaSuccess) {
                 raised.fetch_or(bit);
             } else { // a GPU with less shared memory: ask for this call's need only
                 (void)cudaGetLastError();
                 VELA_CUDA_CALL(err, cudaFuncSetAttribute(
-                                        attn_kernel<KT, VT, VEC>,
+                                        attn_kernel<KT, VT, VEC, SE>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p->smem));
             }
         }
     }
     const dim3 grid(p->row_blocks, (unsigned int)a->n_head_kv, (unsigned int)p->n_split);
-    attn_kernel<KT, VT, VEC>
+    attn_kernel<KT, VT, VEC, SE>
         <<<grid, ATTN_THREADS, p->smem, stream>>>(*a, p->chunk, p->n_split, part_acc, part_ml);
     VELA_CHECK_LAUNCH(err, "attn_kernel");
     return VERR_OK;
@@ -655,8 +674,9 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
 // GPUs, or more shared memory than the GPU's opt-in limit.
 static int attn_tc_bk(const struct cuda_attn *a, int cc_major, int smem_optin) {
     const int D = a->head_dim, DV = a->head_dim_v;
-    if (a->type_k != GGML_TYPE_F16 || a->type_v != GGML_TYPE_F16 || a->n_tok < ATTN_TC_MIN_TOK ||
-        cc_major < 7 || D % 16 != 0 || DV % 16 != 0 || (((uintptr_t)a->k | (uintptr_t)a->v) & 15))
+    if (a->rope_on || a->type_k != GGML_TYPE_F16 || a->type_v != GGML_TYPE_F16 ||
+        a->n_tok < ATTN_TC_MIN_TOK || cc_major < 7 || D % 16 != 0 || DV % 16 != 0 ||
+        (((uintptr_t)a->k | (uintptr_t)a->v) & 15))
         return 0;
     if (((int64_t)a->n_tok * (a->n_head / a->n_head_kv) + ATTN_TC_ROWS - 1) / ATTN_TC_ROWS > INT_MAX)
         return 0;
@@ -690,6 +710,25 @@ static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin,
     return VERR_OK;
 }
 
+// attn_launch for the cache types and tile loads of this call.
+template <bool SE>
+static int attn_launch_types(const struct cuda_attn *a, const struct attn_plan *p, bool vec,
+                             float *part_acc, float *part_ml, cudaStream_t stream,
+                             struct verr *err) {
+    const bool k16 = a->type_k == GGML_TYPE_F16, v16 = a->type_v == GGML_TYPE_F16;
+    if (k16 && v16)
+        return vec ? attn_launch<__half, __half, true, SE>(a, p, part_acc, part_ml, stream, err)
+                   : attn_launch<__half, __half, false, SE>(a, p, part_acc, part_ml, stream, err);
+    if (k16)
+        return vec ? attn_launch<__half, float, true, SE>(a, p, part_acc, part_ml, stream, err)
+                   : attn_launch<__half, float, false, SE>(a, p, part_acc, part_ml, stream, err);
+    if (v16)
+        return vec ? attn_launch<float, __half, true, SE>(a, p, part_acc, part_ml, stream, err)
+                   : attn_launch<float, __half, false, SE>(a, p, part_acc, part_ml, stream, err);
+    return vec ? attn_launch<float, float, true, SE>(a, p, part_acc, part_ml, stream, err)
+               : attn_launch<float, float, false, SE>(a, p, part_acc, part_ml, stream, err);
+}
+
 extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, void *scratch,
                                     size_t scratch_bytes, cudaStream_t stream, struct verr *err) {
     if (a->n_tok <= 0 || a->n_head <= 0)
@@ -713,6 +752,10 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
                         "attention: a q8_1 copy needs head_dim_v %% 32 == 0 (got %d) and fewer "
                         "than %d tokens (got %d)",
                         a->head_dim_v, ATTN_TC_MIN_TOK, a->n_tok);
+    if (a->rope_on && (a->se_g < 1 || (a->se_g > 1 && a->se_w < 1) || a->rope.n_rot < 2 ||
+                       a->rope.n_rot % 2 || a->rope.n_rot > a->head_dim))
+        return verr_set(err, VERR_RANGE, "attention: RoPE inside: n_rot %d, G %d, W %d",
+                        a->rope.n_rot, a->se_g, a->se_w);
     if (k16 && v16 && a->n_tok >= ATTN_TC_MIN_TOK) {
         int dev = 0, cc_major = 0, smem_optin = 0;
         VELA_CUDA_CALL(err, cudaGetDevice(&dev));
@@ -741,19 +784,9 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
     // 16-byte tile loads when every K and V row is 16-byte aligned.
     const bool vec = ((uintptr_t)a->k & 15) == 0 && ((uintptr_t)a->v & 15) == 0 &&
                      a->head_dim % (k16 ? 8 : 4) == 0 && a->head_dim_v % (v16 ? 8 : 4) == 0;
-    int rc;
-    if (k16 && v16)
-        rc = vec ? attn_launch<__half, __half, true>(a, &p, part_acc, part_ml, stream, err)
-                 : attn_launch<__half, __half, false>(a, &p, part_acc, part_ml, stream, err);
-    else if (k16)
-        rc = vec ? attn_launch<__half, float, true>(a, &p, part_acc, part_ml, stream, err)
-                 : attn_launch<__half, float, false>(a, &p, part_acc, part_ml, stream, err);
-    else if (v16)
-        rc = vec ? attn_launch<float, __half, true>(a, &p, part_acc, part_ml, stream, err)
-                 : attn_launch<float, __half, false>(a, &p, part_acc, part_ml, stream, err);
-    else
-        rc = vec ? attn_launch<float, float, true>(a, &p, part_acc, part_ml, stream, err)
-                 : attn_launch<float, float, false>(a, &p, part_acc, part_ml, stream, err);
+    const int rc = a->rope_on
+                       ? attn_launch_types<true>(a, &p, vec, part_acc, part_ml, stream, err)
+                       : attn_launch_types<false>(a, &p, vec, part_acc, part_ml, stream, err);
     if (rc || p.n_split == 1)
         return rc;
     attn_combine_kernel<<<(unsigned int)((int64_t)a->n_tok * a->n_head), ATTN_COMBINE_THREADS, 0,

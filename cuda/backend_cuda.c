@@ -570,20 +570,17 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
         return verr_set(&be->err, VERR_RANGE, "rope_kv_store: NULL cache, cells or v");
     if (q && n_head <= 0)
         return verr_set(&be->err, VERR_RANGE, "rope_kv_store: q with %d heads", n_head);
-    struct cuda_rope c;
-    int rc = cu_rope_prepare(be, &c, rp, head_dim, true, "rope_kv_store");
+    struct cuda_rope c = {0}; // rp NULL: n_rot 0, a plain store (the unrotated cache)
+    int rc = rp ? cu_rope_prepare(be, &c, rp, head_dim, true, "rope_kv_store") : VERR_OK;
     if (rc)
         return rc;
     return cuda_rope_apply(k, pos, n_tok, n_head_kv, head_dim, &c, v, k_cache, type_k, v_cache,
-                           type_v, cells, head_dim_v, q, n_head, cb_of(be)->stream, &be->err);
+                           type_v, cells, head_dim_v, rp ? q : NULL, n_head, cb_of(be)->stream,
+                           &be->err);
 }
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
-    if (a->rope)
-        return verr_set(&be->err, VERR_UNSUPPORTED,
-                        "attention: RoPE inside attention (the unrotated cache, self-extend) is "
-                        "not implemented on CUDA yet");
     if (!backend_cache_type_ok(a->type_k) || !backend_cache_type_ok(a->type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
                         ggml_type_name(a->type_k), ggml_type_name(a->type_v));
@@ -617,6 +614,14 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         .head_dim_v = a->head_dim_v,
         .scale = a->scale,
     };
+    if (a->rope) { // the unrotated cache: attn_kernel rotates q and K
+        int rc_rope = cu_rope_prepare(be, &ca.rope, a->rope, a->head_dim, true, "attention");
+        if (rc_rope)
+            return rc_rope;
+        ca.rope_on = 1;
+        ca.se_g = a->se_g;
+        ca.se_w = a->se_w;
+    }
     int rc = cu_scratch_reserve(be, cuda_attention_scratch_bytes(&ca, cb->sm_count));
     const int64_t n_out = (int64_t)a->n_head * a->head_dim_v;
     if (!rc && a->head_dim_v % 32 == 0)

@@ -63,7 +63,8 @@ int cuda_rms_norm_apply(float *out /* [n_rows][n] */, const float *x /* [n_rows]
 
 // --- rope.cu ---------------------------------------------------------------
 // Rotates x in place (k_cache/v_cache NULL), or, the fused KV store: rotates
-// x (= K) in place and writes token t's K and V into cache cell cells[t],
+// x (= K) in place and writes token t's K and V into cache cell cells[t]
+// (c->n_rot 0 with the store: no rotation, the unrotated cache mode),
 // converted to the cache types (F32 or F16); with q (KV store only) the same
 // launch also rotates the n_head_q query heads of q in place.
 int cuda_rope_apply(float *x /* [n_tok][n_head][head_dim] */, const int32_t *pos /* [n_tok] */,
@@ -101,6 +102,13 @@ struct cuda_attn {
     // that follows. Needs head_dim_v % 32 == 0 and n_tok < 16 (the SIMT
     // kernels; VERR_RANGE otherwise).
     void *xq; // [n_tok][n_head * head_dim_v / 32] q8_1 blocks
+    // The unrotated cache mode (host/ops/selfextend.h): rope_on != 0: q and K
+    // arrive unrotated and attn_kernel rotates them with `rope` (magnitude
+    // included), K tile by tile as it reads it; se_g > 1: exact self-extend
+    // picks each score's rotations. Such calls never run on tensor cores.
+    int rope_on;
+    int se_g, se_w;
+    struct cuda_rope rope;
 };
 
 // Scratch bytes the attention call with these sizes needs for its split-K

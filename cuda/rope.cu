@@ -8,40 +8,10 @@
 // contract them; theta_scale, the corr dims and mscale come from the host.
 // What remains different is cosf/sinf (CUDA's are within 2 ulp, glibc's
 // within 1), so results agree to a few float ulps of |x|.
-#include "cuda/cuda_common.cuh"
+#include "cuda/rope.cuh"
 
 #define ROPE_THREADS 64
 #define ROPE_SHIFT_THREADS 128
-
-static __device__ __forceinline__ float rope_ramp(float lo, float hi, int i) {
-    const float d = 0.001f > __fsub_rn(hi, lo) ? 0.001f : __fsub_rn(hi, lo);
-    const float y = __fsub_rn((float)i, lo) / d;
-    const float c = 0.0f > y ? 0.0f : y;
-    return __fsub_rn(1.0f, 1.0f < c ? 1.0f : c);
-}
-
-// cos/sin (times mscale) of pair i at position pos.
-static __device__ __forceinline__ void rope_cos_sin(const struct cuda_rope &c, float pos, int i,
-                                                    float *cs, float *sn) {
-    float theta = pos;
-    for (int j = 0; j < i; j++)
-        theta = __fmul_rn(theta, c.theta_scale);
-    const float theta_extrap = c.freq_factors ? theta / c.freq_factors[i] : theta;
-    const float theta_interp = __fmul_rn(c.freq_scale, theta_extrap);
-    float t = theta_interp;
-    if (c.ext_factor != 0.0f) {
-        const float mix = __fmul_rn(rope_ramp(c.corr_lo, c.corr_hi, i), c.ext_factor);
-        t = __fadd_rn(__fmul_rn(theta_interp, __fsub_rn(1.0f, mix)), __fmul_rn(theta_extrap, mix));
-    }
-    *cs = __fmul_rn(cosf(t), c.mscale);
-    *sn = __fmul_rn(sinf(t), c.mscale);
-}
-
-static __device__ __forceinline__ void rope_rotate(float x0, float x1, float cs, float sn,
-                                                   float *y0, float *y1) {
-    *y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-    *y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
-}
 
 static __device__ __forceinline__ void store_as(float *p, float v) {
     *p = v;
@@ -54,17 +24,6 @@ static __device__ __forceinline__ float load_as(const float *p) {
 }
 static __device__ __forceinline__ float load_as(const __half *p) {
     return __half2float(*p);
-}
-
-// Element offsets of pair i inside a head.
-static __device__ __forceinline__ void rope_pair(int mode, int n_rot, int i, int *e0, int *e1) {
-    if (mode == 2) { // NeoX
-        *e0 = i;
-        *e1 = i + n_rot / 2;
-    } else {
-        *e0 = 2 * i;
-        *e1 = 2 * i + 1;
-    }
 }
 
 // Rotates one head xh in place to position p; kc (or NULL): where the
@@ -180,7 +139,8 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
     if (q && (!k_cache || n_head_q <= 0))
         return verr_set(err, VERR_RANGE, "rope: q (%d heads) goes only with the KV store",
                         n_head_q);
-    if (c->n_rot < 2 || c->n_rot % 2 || c->n_rot > head_dim)
+    // n_rot 0 with the store: K and V stored as they are (the unrotated cache).
+    if ((c->n_rot < 2 && !(k_cache && c->n_rot == 0)) || c->n_rot % 2 || c->n_rot > head_dim)
         return verr_set(err, VERR_RANGE, "rope: n_rot %d must be even and in [2, %d]", c->n_rot,
                         head_dim);
     if (!k_cache) {

@@ -20,6 +20,10 @@
 //   cublas_f16    plain cublasGemmEx, F16 x F16 -> F32, same shapes (the reference)
 //   attn_prefill  attention: the last --prefill-tokens queries of a context of C
 //   attn_decode   attention: one query at the end of a context of C
+//   attn_se_prefill, attn_se_decode: the same with K cached unrotated and exact
+//                 self-extend (G 4, W 1024: host/ops/selfextend.h) inside the
+//                 kernel; same bytes as attn_*, the GB/s and TFLOP/s columns
+//                 count the ordinary work (the rotations are the extra cost)
 //   rope          rope op on Q;  rope_kv_store: fused rope + K/V store into an F16 cache
 //   kv_shift      kv_shift op over all layers of a cache of C cells
 //   rms_norm, argmax
@@ -217,12 +221,15 @@ enum family {
     FAM_RMS_NORM,
     FAM_ARGMAX,
     FAM_MATMUL_TC,
+    FAM_ATTN_SE_PREFILL,
+    FAM_ATTN_SE_DECODE,
 };
 
 static const char *family_name[] = {
-    "matvec",      "matmul", "matvec_qkv",    "matvec_swiglu", "matvec_add", "cublas_f16",
-    "attn_prefill", "attn_decode", "rope", "rope_kv_store", "kv_shift", "rms_norm", "argmax",
-    "matmul_tc"};
+    "matvec",     "matmul",        "matvec_qkv",      "matvec_swiglu",
+    "matvec_add", "cublas_f16",    "attn_prefill",    "attn_decode",
+    "rope",       "rope_kv_store", "kv_shift",        "rms_norm",
+    "argmax",     "matmul_tc",     "attn_se_prefill", "attn_se_decode"};
 
 enum { ACT_NA = 0, ACT_Q8 = 1, ACT_F32 = 2, ACT_SKIP = -1 };
 
@@ -288,6 +295,8 @@ static int run_case(struct bench *b, const struct kcase *k) {
     }
     case FAM_ATTN_PREFILL:
     case FAM_ATTN_DECODE:
+    case FAM_ATTN_SE_PREFILL:
+    case FAM_ATTN_SE_DECODE:
         return op_rc(b, be->ops->attention(be, &k->a));
     case FAM_ROPE:
         return op_rc(
@@ -625,16 +634,20 @@ static void bench_matvec_fused(struct bench *b, const struct shape_model *sm, en
         }
 }
 
-static void bench_attention(struct bench *b, const struct shape_model *sm, bool prefill) {
+// se: K unrotated, exact self-extend inside the kernel (G 4, W 1024).
+static void bench_attention(struct bench *b, const struct shape_model *sm, bool prefill, bool se) {
     const int hd = sm->head_dim;
     for (int ci = 0; ci < b->opt.n_ctxs; ci++) {
         const int ctx = b->opt.ctxs[ci];
         const int n_tok = prefill ? (b->opt.prefill_tok < ctx ? b->opt.prefill_tok : ctx) : 1;
-        struct kcase k = {.fam = prefill ? FAM_ATTN_PREFILL : FAM_ATTN_DECODE,
+        const enum family fam = se ? (prefill ? FAM_ATTN_SE_PREFILL : FAM_ATTN_SE_DECODE)
+                                   : (prefill ? FAM_ATTN_PREFILL : FAM_ATTN_DECODE);
+        struct kcase k = {.fam = fam,
                           .sm = sm,
                           .type = GGML_TYPE_F16,
                           .n_tok = n_tok,
-                          .n_ctx = ctx};
+                          .n_ctx = ctx,
+                          .rp = rope_of(sm)};
         snprintf(k.shape, sizeof k.shape, "%d/%d heads, dim %d", sm->n_head, sm->n_head_kv, hd);
         // queries at positions ctx - n_tok .. ctx - 1: query t sees ctx - n_tok + t + 1 cells
         const double visible = (double)n_tok * (ctx - n_tok) + (double)n_tok * (n_tok + 1) / 2.0;
@@ -693,6 +706,9 @@ static void bench_attention(struct bench *b, const struct shape_model *sm, bool 
             .head_dim = hd,
             .head_dim_v = hd,
             .scale = 1.0f / sqrtf((float)hd),
+            .rope = se ? &k.rp : NULL,
+            .se_g = 4,
+            .se_w = 1024,
         };
         free(h_pos);
         free(h_seq);
@@ -1137,9 +1153,13 @@ int main(int argc, char **argv) {
         if (want_family(&b, FAM_CUBLAS))
             bench_matmul(&b, sm, FAM_CUBLAS);
         if (want_family(&b, FAM_ATTN_PREFILL))
-            bench_attention(&b, sm, true);
+            bench_attention(&b, sm, true, false);
         if (want_family(&b, FAM_ATTN_DECODE))
-            bench_attention(&b, sm, false);
+            bench_attention(&b, sm, false, false);
+        if (want_family(&b, FAM_ATTN_SE_PREFILL))
+            bench_attention(&b, sm, true, true);
+        if (want_family(&b, FAM_ATTN_SE_DECODE))
+            bench_attention(&b, sm, false, true);
         if (want_family(&b, FAM_ROPE))
             bench_rope(&b, sm, false);
         if (want_family(&b, FAM_ROPE_KV_STORE))

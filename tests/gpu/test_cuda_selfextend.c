@@ -1,0 +1,375 @@
+// RoPE inside attention on CUDA (the unrotated cache mode, exact
+// self-extend: host/ops/selfextend.h) against the CPU reference op on random
+// inputs: decode with split-K, prefill (F16 caches with >= 16 tokens, which
+// the rotated-K mode runs on tensor cores, run attn_kernel here), normal and
+// NeoX RoPE, partial rotation, YaRN with frequency factors, several (G, W),
+// several sequences with empty and shared cells; and the KV store with no
+// rotation (rp NULL) bit for bit; a whole tiny model (n_ctx_train 64, 100
+// tokens) with G 2 W 16 in batches of 1 (CUDA graphs) and 25 against the CPU
+// (logits within 1e-4 of max|logit|: f32 activations, the same bound as
+// tests/gpu/test_forward_cuda.c's). Runs as test_emu_cuda_selfextend under the
+// emulator (small shapes: it is slow).
+//
+// Tolerance, relative to max|v|: (1e-4 + 8 sqrt(n_kv) 2^-24). The output
+// is a convex combination of V rows; moving one score by delta moves it by
+// at most 2 delta max|v|. Both sides rotate q and K in float from the same
+// angles (CUDA's cosf/sinf within 2 ulp, glibc's within 1: a rotated
+// element differs by ~2e-7 of |x|), so a score of |s| <= ~10 over <= 128
+// terms differs by ~3e-6, plus the dot products' other summation order
+// (~1e-5); 1e-4 leaves margin. The n_kv-term sums add a random walk of
+// roundings (the second term). A far key scored with the near rotation (or
+// the reverse) moves outputs by ~1e-2 of max|v| and more.
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf/quant.h"
+#include "host/forward/forward.h"
+#include "host/model/model.h"
+#include "host/ops/backend.h"
+#include "tests/gpu/gpu_fixture.h"
+#include "tests/rng_splitmix.h"
+#include "tests/tiny_model.h"
+
+TestSuite(cuda_se, .init = setup, .fini = teardown, .timeout = 900);
+
+struct se_case {
+    int n_tok, n_kv, n_head, n_head_kv, head_dim, n_rot;
+    enum ggml_type tk, tv;
+    enum rope_mode mode;
+    bool yarn; // YaRN ramp + mscale + frequency factors
+    int G, W;  // G 1: RoPE inside attention without grouping
+    int n_seq; // 1: causal (cell c at position c); more: random layout
+    const char *note;
+};
+
+static const struct se_case cases[] = {
+    {1, 700, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, ROPE_MODE_NORMAL, false, 4, 64, 1,
+     "decode split-k G4 W64"},
+    {1, 300, 4, 4, 32, 32, GGML_TYPE_F32, GGML_TYPE_F32, ROPE_MODE_NEOX, true, 3, 20, 1,
+     "decode neox yarn G3 W20"},
+    {20, 160, 4, 2, 32, 16, GGML_TYPE_F16, GGML_TYPE_F16, ROPE_MODE_NEOX, false, 2, 16, 1,
+     "prefill partial rotation G2 W16"},
+    {3, 200, 6, 2, 48, 48, GGML_TYPE_F16, GGML_TYPE_F32, ROPE_MODE_NORMAL, false, 8, 8, 3,
+     "multi-seq G8 W8"},
+    {2, 120, 4, 2, 32, 32, GGML_TYPE_F32, GGML_TYPE_F16, ROPE_MODE_NORMAL, true, 1, 0, 1,
+     "G1: rope inside, no grouping"},
+};
+
+static void *cache_from(const float *f, enum ggml_type t, size_t n) {
+    void *d = malloc(n * 4 + 4);
+    for (size_t i = 0; i < n; i++) {
+        if (t == GGML_TYPE_F16)
+            ((uint16_t *)d)[i] = quant_f32_to_fp16(f[i]);
+        else
+            ((float *)d)[i] = f[i];
+    }
+    return d;
+}
+
+static float *nrand_array(size_t n) {
+    float *x = malloc(n * sizeof *x + 16);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)nrand();
+    return x;
+}
+
+// One buffer uploaded to both backends.
+struct both {
+    void *c, *g;
+};
+
+static struct both both_new(const void *host, size_t bytes) {
+    struct both b;
+    OK(cpu, cpu->ops->alloc(cpu, bytes, &b.c));
+    OK(gpu, gpu->ops->alloc(gpu, bytes, &b.g));
+    if (host) {
+        OK(cpu, cpu->ops->upload(cpu, b.c, host, bytes));
+        OK(gpu, gpu->ops->upload(gpu, b.g, host, bytes));
+    } else {
+        OK(cpu, cpu->ops->memset_zero(cpu, b.c, bytes));
+        OK(gpu, gpu->ops->memset_zero(gpu, b.g, bytes));
+    }
+    return b;
+}
+
+static void both_free(struct both *b) {
+    cpu->ops->free(cpu, b->c);
+    gpu->ops->free(gpu, b->g);
+}
+
+// The rope params of a case; freq_factors: [n_rot/2] on each backend (yarn).
+static struct rope_params case_rope(const struct se_case *c) {
+    struct rope_params rp = {
+        .mode = c->mode,
+        .n_rot = c->n_rot,
+        .n_ctx_orig = 64,
+        .freq_base = 10000.0f,
+        .freq_scale = c->yarn ? 0.25f : 1.0f,
+        .ext_factor = c->yarn ? 1.0f : 0.0f,
+        .attn_factor = 1.0f,
+        .beta_fast = 32.0f,
+        .beta_slow = 1.0f,
+    };
+    return rp;
+}
+
+// Cell positions and sequences, query positions and sequences of a case.
+static void case_layout(const struct se_case *c, int seq_words, int32_t *cell_pos,
+                        uint64_t *cell_seq, int32_t *q_pos, int32_t *q_seq) {
+    for (int i = 0; i < c->n_kv; i++) {
+        if (c->n_seq == 1) {
+            cell_pos[i] = i;
+            cell_seq[(size_t)i * seq_words] = 1;
+            continue;
+        }
+        cell_pos[i] = (rng_u64() % 10 == 0) ? -1 : irand(0, 2 * c->n_kv);
+        if (cell_pos[i] < 0)
+            continue;
+        const int s = irand(0, c->n_seq - 1);
+        cell_seq[(size_t)i * seq_words] |= 1ull << s;
+        if (rng_u64() % 4 == 0)
+            cell_seq[(size_t)i * seq_words] |= 1ull << irand(0, c->n_seq - 1);
+    }
+    for (int t = 0; t < c->n_tok; t++) {
+        q_pos[t] = c->n_seq == 1 ? c->n_kv - c->n_tok + t : irand(c->n_kv, 2 * c->n_kv);
+        q_seq[t] = c->n_seq == 1 ? 0 : irand(0, c->n_seq - 1);
+    }
+}
+
+static double run_case(const struct se_case *c) {
+    const int seq_words = 1;
+    const size_t nq = (size_t)c->n_tok * c->n_head * c->head_dim;
+    const size_t nk = (size_t)c->n_kv * c->n_head_kv * c->head_dim;
+    float *q = nrand_array(nq), *kf = nrand_array(nk), *vf = nrand_array(nk);
+    void *k = cache_from(kf, c->tk, nk), *v = cache_from(vf, c->tv, nk);
+    int32_t *cell_pos = malloc(sizeof(int32_t) * c->n_kv), *q_pos = malloc(4 * c->n_tok);
+    int32_t *q_seq = malloc(4 * c->n_tok);
+    uint64_t *cell_seq = calloc((size_t)c->n_kv, sizeof(uint64_t));
+    case_layout(c, seq_words, cell_pos, cell_seq, q_pos, q_seq);
+    float ff[64];
+    for (int i = 0; i < c->n_rot / 2; i++)
+        ff[i] = 1.0f + 0.05f * (float)i;
+    const size_t esz_k = c->tk == GGML_TYPE_F16 ? 2 : 4, esz_v = c->tv == GGML_TYPE_F16 ? 2 : 4;
+    struct both bq = both_new(q, nq * 4), bk = both_new(k, nk * esz_k),
+                bv = both_new(v, nk * esz_v);
+    struct both bcp = both_new(cell_pos, 4 * (size_t)c->n_kv);
+    struct both bcs = both_new(cell_seq, 8 * (size_t)c->n_kv);
+    struct both bqp = both_new(q_pos, 4 * (size_t)c->n_tok),
+                bqs = both_new(q_seq, 4 * (size_t)c->n_tok);
+    struct both bff = both_new(ff, sizeof ff);
+    const size_t no = (size_t)c->n_tok * c->n_head * c->head_dim;
+    struct both bo = both_new(NULL, no * 4);
+    struct rope_params rc = case_rope(c), rg = rc;
+    rc.freq_factors = c->yarn ? bff.c : NULL;
+    rg.freq_factors = c->yarn ? bff.g : NULL;
+    struct attn_args ac = {
+        .out = bo.c,
+        .q = bq.c,
+        .k = bk.c,
+        .v = bv.c,
+        .type_k = c->tk,
+        .type_v = c->tv,
+        .cell_pos = bcp.c,
+        .cell_seq = bcs.c,
+        .seq_words = seq_words,
+        .q_pos = bqp.c,
+        .q_seq = bqs.c,
+        .n_tok = c->n_tok,
+        .n_kv = c->n_kv,
+        .n_head = c->n_head,
+        .n_head_kv = c->n_head_kv,
+        .head_dim = c->head_dim,
+        .head_dim_v = c->head_dim,
+        .scale = 1.0f / sqrtf((float)c->head_dim),
+        .rope = &rc,
+        .se_g = c->G,
+        .se_w = c->W,
+    };
+    struct attn_args ag = ac;
+    ag.out = bo.g;
+    ag.q = bq.g;
+    ag.k = bk.g;
+    ag.v = bv.g;
+    ag.cell_pos = bcp.g;
+    ag.cell_seq = bcs.g;
+    ag.q_pos = bqp.g;
+    ag.q_seq = bqs.g;
+    ag.rope = &rg;
+    OK(cpu, cpu->ops->attention(cpu, &ac));
+    OK(gpu, gpu->ops->attention(gpu, &ag));
+    float *oc = malloc(no * 4), *og = malloc(no * 4);
+    OK(cpu, cpu->ops->download(cpu, oc, bo.c, no * 4));
+    OK(gpu, gpu->ops->download(gpu, og, bo.g, no * 4));
+    OK(gpu, gpu->ops->sync(gpu));
+    float vmax = 0.0f;
+    for (size_t i = 0; i < nk; i++) {
+        const float a =
+            c->tv == GGML_TYPE_F16 ? fabsf(quant_fp16_to_f32(((uint16_t *)v)[i])) : fabsf(vf[i]);
+        vmax = a > vmax ? a : vmax;
+    }
+    double worst = 0;
+    for (size_t i = 0; i < no; i++)
+        worst = fmax(worst, fabs((double)oc[i] - og[i]));
+    worst /= vmax;
+    const double tol = 1e-4 + 8.0 * sqrt((double)c->n_kv) / 16777216.0;
+    cr_log_info("self-extend attention %s: worst |cuda - cpu| / max|v| = %.3g (tol %.3g)\n",
+                c->note, worst, tol);
+    cr_expect_leq(worst, tol, "%s: %.3g > %.3g", c->note, worst, tol);
+    struct both *bs[] = {&bq, &bk, &bv, &bcp, &bcs, &bqp, &bqs, &bff, &bo};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+        both_free(bs[i]);
+    free(q);
+    free(kf);
+    free(vf);
+    free(k);
+    free(v);
+    free(cell_pos);
+    free(cell_seq);
+    free(q_pos);
+    free(q_seq);
+    free(oc);
+    free(og);
+    return worst;
+}
+
+Test(cuda_se, attention_matches_the_cpu_reference) {
+    REQUIRE_GPU();
+    rng_seed(13);
+    double worst = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        worst = fmax(worst, run_case(&cases[i]));
+    cr_log_info("self-extend attention: worst over the cases %.3g of max|v|\n", worst);
+}
+
+// rope_kv_store with rp NULL stores K and V as they are (bit for bit on
+// both backends) and leaves k and q untouched.
+Test(cuda_se, kv_store_without_rotation) {
+    REQUIRE_GPU();
+    rng_seed(14);
+    const int n_tok = 5, n_head = 4, n_head_kv = 2, D = 32, n_ctx = 16;
+    const size_t nk = (size_t)n_tok * n_head_kv * D, nq = (size_t)n_tok * n_head * D;
+    float *k = nrand_array(nk), *v = nrand_array(nk), *q = nrand_array(nq);
+    const int32_t pos[5] = {3, 9, 27, 81, 243}, cells[5] = {1, 4, 5, 9, 15};
+    const enum ggml_type types[2] = {GGML_TYPE_F32, GGML_TYPE_F16};
+    for (int ti = 0; ti < 2; ti++) {
+        const enum ggml_type t = types[ti];
+        const size_t esz = t == GGML_TYPE_F16 ? 2 : 4, cb = (size_t)n_ctx * n_head_kv * D * esz;
+        struct both bk = both_new(k, nk * 4), bv = both_new(v, nk * 4), bq = both_new(q, nq * 4);
+        struct both bp = both_new(pos, sizeof pos), bc = both_new(cells, sizeof cells);
+        struct both kc = both_new(NULL, cb), vc = both_new(NULL, cb);
+        struct backend *bes[2] = {cpu, gpu};
+        for (int b = 0; b < 2; b++) {
+            struct backend *be = bes[b];
+            OK(be,
+               be->ops->rope_kv_store(be, b ? bq.g : bq.c, n_head, b ? bk.g : bk.c, b ? bv.g : bv.c,
+                                      b ? kc.g : kc.c, t, b ? vc.g : vc.c, t, b ? bp.g : bp.c,
+                                      b ? bc.g : bc.c, n_tok, n_head_kv, D, D, NULL));
+        }
+        void *hk[2], *hv[2];
+        float *hq = malloc(nq * 4);
+        for (int b = 0; b < 2; b++) {
+            hk[b] = malloc(cb);
+            hv[b] = malloc(cb);
+            OK(bes[b], bes[b]->ops->download(bes[b], hk[b], b ? kc.g : kc.c, cb));
+            OK(bes[b], bes[b]->ops->download(bes[b], hv[b], b ? vc.g : vc.c, cb));
+            OK(bes[b], bes[b]->ops->download(bes[b], hq, b ? bq.g : bq.c, nq * 4));
+            OK(bes[b], bes[b]->ops->sync(bes[b]));
+            cr_expect_eq(memcmp(hq, q, nq * 4), 0, "%s: q was rotated", bes[b]->ops->name);
+        }
+        cr_expect_eq(memcmp(hk[0], hk[1], cb), 0, "%s: K cells differ", ggml_type_name(t));
+        cr_expect_eq(memcmp(hv[0], hv[1], cb), 0, "%s: V cells differ", ggml_type_name(t));
+        // cell cells[1] holds token 1's K unrotated
+        const size_t row = (size_t)n_head_kv * D;
+        for (size_t e = 0; e < row; e++) {
+            const float got = t == GGML_TYPE_F16
+                                  ? quant_fp16_to_f32(((uint16_t *)hk[1])[cells[1] * row + e])
+                                  : ((float *)hk[1])[cells[1] * row + e];
+            const float want =
+                t == GGML_TYPE_F16 ? quant_fp16_to_f32(quant_f32_to_fp16(k[row + e])) : k[row + e];
+            cr_expect_eq(got, want, "%s: element %zu rotated", ggml_type_name(t), e);
+        }
+        for (int b = 0; b < 2; b++) {
+            free(hk[b]);
+            free(hv[b]);
+        }
+        free(hq);
+        struct both *bs[] = {&bk, &bv, &bq, &bp, &bc, &kc, &vc};
+        for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+            both_free(bs[i]);
+    }
+    free(k);
+    free(v);
+    free(q);
+}
+
+// Logits [n][V] of tokens 0..n-1 of seq 0 on one backend's model, G 2 W 16.
+static void se_forward(struct model *m, int n_batch, const int32_t *tok, int n, float *out) {
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    cfg.n_ctx = 128;
+    cfg.n_batch = n_batch;
+    cfg.se_g = 2;
+    cfg.se_w = 16;
+    struct forward_ctx fc;
+    struct verr err = {0};
+    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+    const int V = m->hp.n_vocab;
+    int32_t pos[128], seq[128] = {0};
+    int8_t want[128];
+    for (int t = 0; t < n; t++) {
+        pos[t] = t;
+        want[t] = 1;
+    }
+    for (int i = 0; i < n; i += n_batch) {
+        const int nb = n - i < n_batch ? n - i : n_batch;
+        struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i};
+        cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+        memcpy(out + (size_t)i * V, fc.h_logits, sizeof(float) * (size_t)nb * V);
+    }
+    forward_free(&fc);
+}
+
+Test(cuda_se, whole_model_matches_the_cpu) {
+    REQUIRE_GPU();
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "qwen2");
+    c.n_ctx_train = 64;
+    c.n_layer = 1;
+    char path[128];
+    tiny_temp_path(path, sizeof path, "secuda");
+    struct tiny_weights w;
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&c, path, &w, &err), 0, "%s", err.msg);
+    gpu->act_q8 = false;
+    struct model *mc, *mg;
+    cr_assert_eq(model_load_file(&mc, path, cpu, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_load_file(&mg, path, gpu, &err), 0, "%s", err.msg);
+    const int n = 100, V = c.n_vocab;
+    int32_t tok[100];
+    for (int t = 0; t < n; t++)
+        tok[t] = (t * 11 + 2) % V;
+    float *lc = malloc(sizeof(float) * n * V), *lg = malloc(sizeof(float) * n * V);
+    const int batches[2] = {1, 25};
+    for (int bi = 0; bi < 2; bi++) {
+        se_forward(mc, batches[bi], tok, n, lc);
+        se_forward(mg, batches[bi], tok, n, lg);
+        double scale = 1, worst = 0;
+        for (int i = 0; i < n * V; i++) {
+            scale = fmax(scale, fabs(lc[i]));
+            worst = fmax(worst, fabs((double)lg[i] - lc[i]));
+        }
+        cr_log_info("self-extend model, batch %d: cuda vs cpu worst relative logit error %.3g\n",
+                    batches[bi], worst / scale);
+        cr_expect_lt(worst / scale, 1e-4, "batch %d: %.3g", batches[bi], worst / scale);
+    }
+    free(lc);
+    free(lg);
+    model_free(mc);
+    model_free(mg);
+    tiny_weights_free(&w);
+    unlink(path);
+}
