@@ -9,8 +9,10 @@
 //     the text that is a prefix of a stop string) is held back until it is
 //     clearly not one, or handed back by stop_flush when generation ends for
 //     another reason;
-//   - with several stop strings, the one that starts first in the text wins
-//     (the earlier in the list when two start at the same byte).
+//   - the text ends at the first stop string to be complete: later text
+//     cannot move the end earlier (a stream cannot take back what it sent);
+//     when one piece completes several, the one that starts first wins (the
+//     earlier in the list when two start at the same byte).
 // UTF-8: the text handed back never ends inside a character: an incomplete
 // sequence at the end is held back until its remaining bytes come (so a
 // client never sees half a character, even from pieces that split one).
