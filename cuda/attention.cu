@@ -34,6 +34,9 @@
 // walks all tiles in one block per row tile (no split), so the rounding
 // argument above holds for it too (extra empty cells are skipped tiles or
 // zero weights).
+// With rope_on (K cached unrotated; exact self-extend, host/ops/selfextend.h)
+// both kernels rotate q and each K tile in shared memory as they load them:
+// cuda/attention_se.cuh.
 #include <atomic>
 #include <limits.h>
 #include <mma.h>
@@ -355,14 +358,15 @@ __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
 struct attn_tc_layout {
     int ldq, ldk, ldv, lds, ldp, ldo;             // leading dims (elements)
     size_t q, k, v, s, p, o, pos, maxq, bytes;    // byte offsets
+    size_t qf, kf, sf; // SE: far queries [64][ldq], keys [BK][ldk] (f16), scores [64][lds]
 };
 
 static __host__ __device__ __forceinline__ size_t attn_tc_align(size_t x) {
     return (x + 127) & ~(size_t)127;
 }
 
-static __host__ __device__ __forceinline__ struct attn_tc_layout attn_tc_make_layout(int D, int DV,
-                                                                                    int BK) {
+static __host__ __device__ __forceinline__ struct attn_tc_layout
+attn_tc_make_layout(int D, int DV, int BK, bool se) {
     struct attn_tc_layout L;
     L.ldq = D + ATTN_TC_PAD_H;
     L.ldk = D + ATTN_TC_PAD_H;
@@ -379,17 +383,24 @@ static __host__ __device__ __forceinline__ struct attn_tc_layout attn_tc_make_la
     L.o = off;    off = attn_tc_align(off + sizeof(float) * ATTN_TC_ROWS * L.ldo); // [64][ldo]
     L.pos = off;  off += sizeof(int) * BK;                                         // [BK]
     L.maxq = off; off += sizeof(int);
+    L.qf = L.kf = L.sf = 0;
+    if (se) {
+        L.qf = off = attn_tc_align(off);
+        L.kf = off = attn_tc_align(off + sizeof(__half) * ATTN_TC_ROWS * L.ldq);
+        L.sf = off = attn_tc_align(off + sizeof(__half) * BK * L.ldk);
+        off += sizeof(float) * ATTN_TC_ROWS * L.lds;
+    }
     L.bytes = off;
     return L;
 }
 
-template <int BK>
+template <int BK, bool SE>
 __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const struct cuda_attn a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char attn_tc_smem[];
     const int D = a.head_dim, DV = a.head_dim_v;
-    const struct attn_tc_layout L = attn_tc_make_layout(D, DV, BK);
+    const struct attn_tc_layout L = attn_tc_make_layout(D, DV, BK, SE);
     __half *sQ = (__half *)(attn_tc_smem + L.q); // [64][ldq], q * scale
     __half *sK = (__half *)(attn_tc_smem + L.k); // [BK][ldk]
     __half *sV = (__half *)(attn_tc_smem + L.v); // [BK][ldv]
@@ -398,6 +409,10 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
     float *sO = (float *)(attn_tc_smem + L.o);   // [64][ldo], unnormalized
     int *sPos = (int *)(attn_tc_smem + L.pos);   // [BK]
     int *sMaxQ = (int *)(attn_tc_smem + L.maxq);
+    __half *sQf = (__half *)(attn_tc_smem + L.qf); // SE
+    __half *sKf = (__half *)(attn_tc_smem + L.kf); // SE
+    float *sSf = (float *)(attn_tc_smem + L.sf);   // SE
+    const bool grouped = SE && a.se_g > 1;
 
     const __half *kcache = (const __half *)a.k; // [n_kv][n_head_kv][D]
     const __half *vcache = (const __half *)a.v; // [n_kv][n_head_kv][DV]
@@ -409,7 +424,9 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
 
     if (tid == 0)
         *sMaxQ = INT_MIN;
-    for (int e = tid; e < ATTN_TC_ROWS * D; e += ATTN_TC_THREADS) {
+    if (SE)
+        attn_se_tc_q(a, sQ, sQf, L.ldq, g, row0, n_group, n_rows, ATTN_TC_ROWS, ATTN_TC_THREADS);
+    for (int e = tid; !SE && e < ATTN_TC_ROWS * D; e += ATTN_TC_THREADS) {
         const int r = e / D, d = e % D;
         const int64_t gr = row0 + r;
         float val = 0.0f;
@@ -464,26 +481,33 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
             *(uint4 *)(sV + j * L.ldv + d) = val;
         }
         __syncthreads();
+        if (SE) {
+            attn_se_tc_k(a, sK, sKf, L.ldk, sPos, BK, ATTN_TC_THREADS);
+            __syncthreads();
+        }
 
-        // S = Q_w K^T for the warp's 16 rows, BK columns.
-        {
+        // S = Q_w K^T for the warp's 16 rows, BK columns (SE, G > 1: also the
+        // far scores Qf_w Kf^T into sSf).
+        for (int pass = 0; pass < (grouped ? 2 : 1); pass++) {
+            const __half *qs = pass ? sQf : sQ, *ks = pass ? sKf : sK;
+            float *ss = pass ? sSf : sS;
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_acc[BK / 16];
 #pragma unroll
             for (int j = 0; j < BK / 16; j++)
                 wmma::fill_fragment(s_acc[j], 0.0f);
             for (int kk = 0; kk < D; kk += 16) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq;
-                wmma::load_matrix_sync(fq, sQ + warp * 16 * L.ldq + kk, L.ldq);
+                wmma::load_matrix_sync(fq, qs + warp * 16 * L.ldq + kk, L.ldq);
 #pragma unroll
                 for (int j = 0; j < BK / 16; j++) {
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
-                    wmma::load_matrix_sync(fk, sK + j * 16 * L.ldk + kk, L.ldk);
+                    wmma::load_matrix_sync(fk, ks + j * 16 * L.ldk + kk, L.ldk);
                     wmma::mma_sync(s_acc[j], fq, fk, s_acc[j]);
                 }
             }
 #pragma unroll
             for (int j = 0; j < BK / 16; j++)
-                wmma::store_matrix_sync(sS + warp * 16 * L.lds + j * 16, s_acc[j], L.lds,
+                wmma::store_matrix_sync(ss + warp * 16 * L.lds + j * 16, s_acc[j], L.lds,
                                         wmma::mem_row_major);
         }
         __syncwarp();
@@ -491,6 +515,7 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
         // Online softmax of row lr over columns hf*BK/2 .. +BK/2.
         {
             const float *sRow = sS + lr * L.lds;
+            float *sRowF = sSf + lr * L.lds; // SE: far scores, replaced below by the chosen ones
             __half *pRow = sP + lr * L.ldp;
             const int j0 = hf * (BK / 2);
             float mx = -INFINITY;
@@ -502,8 +527,10 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
                     const uint64_t word = a.cell_seq[(size_t)(c0 + j) * a.seq_words + (qseq >> 6)];
                     vis = (word >> (qseq & 63)) & 1u;
                 }
+                if (vis && grouped) // the row's score of j: near or far (selfextend.h)
+                    sRowF[j] = se_is_near(qpos, cpos, a.se_w) ? sRow[j] : sRowF[j];
                 if (vis) {
-                    mx = fmaxf(mx, sRow[j]);
+                    mx = fmaxf(mx, grouped ? sRowF[j] : sRow[j]);
                     vis_bits |= 1u << (j - j0);
                 }
             }
@@ -514,7 +541,8 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
                 alpha = expf(m - m_new); // 0 while m is -inf
                 for (int j = j0; j < j0 + BK / 2; j++) {
                     const bool vis = (vis_bits >> (j - j0)) & 1u;
-                    const __half ph = __float2half_rn(vis ? expf(sRow[j] - m_new) : 0.0f);
+                    const float sj = grouped ? sRowF[j] : sRow[j];
+                    const __half ph = __float2half_rn(vis ? expf(sj - m_new) : 0.0f);
                     pRow[j] = ph;
                     sum += __half2float(ph);
                 }
@@ -674,30 +702,30 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
 // GPUs, or more shared memory than the GPU's opt-in limit.
 static int attn_tc_bk(const struct cuda_attn *a, int cc_major, int smem_optin) {
     const int D = a->head_dim, DV = a->head_dim_v;
-    if (a->rope_on || a->type_k != GGML_TYPE_F16 || a->type_v != GGML_TYPE_F16 ||
-        a->n_tok < ATTN_TC_MIN_TOK || cc_major < 7 || D % 16 != 0 || DV % 16 != 0 ||
-        (((uintptr_t)a->k | (uintptr_t)a->v) & 15))
+    if (a->type_k != GGML_TYPE_F16 || a->type_v != GGML_TYPE_F16 || a->n_tok < ATTN_TC_MIN_TOK ||
+        cc_major < 7 || D % 16 != 0 || DV % 16 != 0 || (((uintptr_t)a->k | (uintptr_t)a->v) & 15))
         return 0;
     if (((int64_t)a->n_tok * (a->n_head / a->n_head_kv) + ATTN_TC_ROWS - 1) / ATTN_TC_ROWS > INT_MAX)
         return 0;
     const int bk = (D > DV ? D : DV) <= 96 ? 64 : 32;
-    return attn_tc_make_layout(D, DV, bk).bytes <= (size_t)smem_optin ? bk : 0;
+    return attn_tc_make_layout(D, DV, bk, a->rope_on).bytes <= (size_t)smem_optin ? bk : 0;
 }
 
-template <int BK>
-static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin,
-                          cudaStream_t stream, struct verr *err) {
-    const size_t smem = attn_tc_make_layout(a->head_dim, a->head_dim_v, BK).bytes;
+template <int BK, bool SE>
+static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin, cudaStream_t stream,
+                          struct verr *err) {
+    const size_t smem = attn_tc_make_layout(a->head_dim, a->head_dim_v, BK, SE).bytes;
     // Raised once per device (as attn_launch does, for CUDA graph capture) to
     // the most any head dims ask for, capped by the device's opt-in limit.
     static std::atomic<unsigned long long> raised{0};
     if (smem > 48 * 1024) {
         const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
         if (!bit || !(raised.load() & bit)) {
-            size_t most = attn_tc_make_layout(CUDA_ATTN_MAX_HEAD_DIM, CUDA_ATTN_MAX_HEAD_DIM, BK).bytes;
+            size_t most =
+                attn_tc_make_layout(CUDA_ATTN_MAX_HEAD_DIM, CUDA_ATTN_MAX_HEAD_DIM, BK, SE).bytes;
             if (most > (size_t)smem_optin)
                 most = (size_t)smem_optin;
-            VELA_CUDA_CALL(err, cudaFuncSetAttribute(attn_tc_kernel<BK>,
+            VELA_CUDA_CALL(err, cudaFuncSetAttribute(attn_tc_kernel<BK, SE>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                      (int)most));
             raised.fetch_or(bit);
@@ -705,7 +733,7 @@ static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin,
     }
     const int64_t n_rows = (int64_t)a->n_tok * (a->n_head / a->n_head_kv);
     const dim3 grid(ceil_div_u(n_rows, ATTN_TC_ROWS), (unsigned int)a->n_head_kv);
-    attn_tc_kernel<BK><<<grid, ATTN_TC_THREADS, smem, stream>>>(*a);
+    attn_tc_kernel<BK, SE><<<grid, ATTN_TC_THREADS, smem, stream>>>(*a);
     VELA_CHECK_LAUNCH(err, "attn_tc_kernel");
     return VERR_OK;
 }
@@ -764,9 +792,11 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
                                                    cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         const int bk = attn_tc_bk(a, cc_major, smem_optin);
         if (bk == 64)
-            return attn_tc_launch<64>(a, dev, smem_optin, stream, err);
+            return a->rope_on ? attn_tc_launch<64, true>(a, dev, smem_optin, stream, err)
+                              : attn_tc_launch<64, false>(a, dev, smem_optin, stream, err);
         if (bk == 32)
-            return attn_tc_launch<32>(a, dev, smem_optin, stream, err);
+            return a->rope_on ? attn_tc_launch<32, true>(a, dev, smem_optin, stream, err)
+                              : attn_tc_launch<32, false>(a, dev, smem_optin, stream, err);
     }
     const struct attn_plan p = attn_make_plan(a, sm_count);
     if (p.row_blocks > INT_MAX || a->n_head_kv > 65535)

@@ -105,7 +105,7 @@ struct cuda_attn {
     // The unrotated cache mode (host/ops/selfextend.h): rope_on != 0: q and K
     // arrive unrotated and attn_kernel rotates them with `rope` (magnitude
     // included), K tile by tile as it reads it; se_g > 1: exact self-extend
-    // picks each score's rotations. Such calls never run on tensor cores.
+    // picks each score's rotations (attn_tc_kernel: on its f16 tiles).
     int rope_on;
     int se_g, se_w;
     struct cuda_rope rope;

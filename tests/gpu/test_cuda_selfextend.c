@@ -1,13 +1,14 @@
 // RoPE inside attention on CUDA (the unrotated cache mode, exact
 // self-extend: host/ops/selfextend.h) against the CPU reference op on random
-// inputs: decode with split-K, prefill (F16 caches with >= 16 tokens, which
-// the rotated-K mode runs on tensor cores, run attn_kernel here), normal and
+// inputs: decode with split-K, prefill on tensor cores (F16 caches, >= 16
+// tokens) and on attn_kernel (F32), normal and
 // NeoX RoPE, partial rotation, YaRN with frequency factors, several (G, W),
 // several sequences with empty and shared cells; and the KV store with no
 // rotation (rp NULL) bit for bit; a whole tiny model (n_ctx_train 64, 100
 // tokens) with G 2 W 16 in batches of 1 (CUDA graphs) and 25 against the CPU
-// (logits within 1e-4 of max|logit|: f32 activations, the same bound as
-// tests/gpu/test_forward_cuda.c's). Runs as test_emu_cuda_selfextend under the
+// (logits within 1e-4 of max|logit| in batches of 1, f32 activations, as
+// tests/gpu/test_forward_cuda.c; 1e-3 for the tensor-core prefill of the
+// F16 cache, as there). Runs as test_emu_cuda_selfextend under the
 // emulator (small shapes: it is slow).
 //
 // Tolerance, relative to max|v|: (1e-4 + 8 sqrt(n_kv) 2^-24). The output
@@ -52,7 +53,11 @@ static const struct se_case cases[] = {
     {1, 300, 4, 4, 32, 32, GGML_TYPE_F32, GGML_TYPE_F32, ROPE_MODE_NEOX, true, 3, 20, 1,
      "decode neox yarn G3 W20"},
     {20, 160, 4, 2, 32, 16, GGML_TYPE_F16, GGML_TYPE_F16, ROPE_MODE_NEOX, false, 2, 16, 1,
-     "prefill partial rotation G2 W16"},
+     "prefill tensor cores partial rotation G2 W16"},
+    {33, 200, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, ROPE_MODE_NORMAL, true, 4, 24, 2,
+     "prefill tensor cores yarn multi-seq G4 W24"},
+    {18, 150, 4, 4, 32, 32, GGML_TYPE_F32, GGML_TYPE_F32, ROPE_MODE_NORMAL, false, 3, 10, 1,
+     "prefill f32 attn_kernel G3 W10"},
     {3, 200, 6, 2, 48, 48, GGML_TYPE_F16, GGML_TYPE_F32, ROPE_MODE_NORMAL, false, 8, 8, 3,
      "multi-seq G8 W8"},
     {2, 120, 4, 2, 32, 32, GGML_TYPE_F32, GGML_TYPE_F16, ROPE_MODE_NORMAL, true, 1, 0, 1,
@@ -215,7 +220,13 @@ static double run_case(const struct se_case *c) {
     for (size_t i = 0; i < no; i++)
         worst = fmax(worst, fabs((double)oc[i] - og[i]));
     worst /= vmax;
-    const double tol = 1e-4 + 8.0 * sqrt((double)c->n_kv) / 16777216.0;
+    // Tensor cores (F16 caches, >= 16 tokens, head dims multiples of 16):
+    // q * scale, the rotated K and P are rounded to f16; 3e-3 of max|v| as
+    // test_cuda_ops.c's 2e-3 for the rotated-K kernel, plus the rotated K's
+    // own rounding (2^-11 relative per element, ~3e-4 on a score).
+    const bool tc =
+        c->tk == GGML_TYPE_F16 && c->tv == GGML_TYPE_F16 && c->n_tok >= 16 && c->head_dim % 16 == 0;
+    const double tol = 1e-4 + 8.0 * sqrt((double)c->n_kv) / 16777216.0 + (tc ? 3e-3 : 0.0);
     cr_log_info("self-extend attention %s: worst |cuda - cpu| / max|v| = %.3g (tol %.3g)\n",
                 c->note, worst, tol);
     cr_expect_leq(worst, tol, "%s: %.3g > %.3g", c->note, worst, tol);
@@ -364,7 +375,8 @@ Test(cuda_se, whole_model_matches_the_cpu) {
         }
         cr_log_info("self-extend model, batch %d: cuda vs cpu worst relative logit error %.3g\n",
                     batches[bi], worst / scale);
-        cr_expect_lt(worst / scale, 1e-4, "batch %d: %.3g", batches[bi], worst / scale);
+        const double tol = batches[bi] >= 16 ? 1e-3 : 1e-4;
+        cr_expect_lt(worst / scale, tol, "batch %d: %.3g", batches[bi], worst / scale);
     }
     free(lc);
     free(lg);
