@@ -697,3 +697,62 @@ Test(engine_step, every_row_request_matches_eval) {
     free(ref);
     free(o);
 }
+
+// A conversation's next turn (reuse_cells): the slot keeps the previous
+// request's cells (keep_cells) and the new prompt, which repeats that
+// request's prompt and generated tokens, decodes only what is new. Its
+// tokens equal the same prompt decoded from an empty cache (greedy; the CPU
+// backend computes a row the same way whatever the batch).
+Test(engine_step, reuse_cells_decodes_only_the_new_part) {
+    struct engine *e = open_engine(128, 16, 1);
+    struct engine_request r;
+    engine_request_default(&r);
+    r.sp.temp = 0;
+    int32_t p1[20];
+    for (int t = 0; t < 20; t++)
+        p1[t] = 1 + (t * 37) % (N_VOCAB - 1);
+    r.tokens = p1;
+    r.n_tokens = 20;
+    r.n_predict = 6;
+    r.keep_cells = true;
+    struct req_out a = {0};
+    submit(e, &r, &a);
+    run_to_end(e);
+    cr_assert_eq(a.n, 6);
+    // The next turn: the first turn's prompt, its answer but the last token
+    // (sampled, never decoded), then 5 new tokens.
+    int32_t p2[40];
+    int n2 = 0;
+    for (int t = 0; t < 20; t++)
+        p2[n2++] = p1[t];
+    for (int t = 0; t < 5; t++)
+        p2[n2++] = a.tok[t];
+    for (int t = 0; t < 5; t++)
+        p2[n2++] = 2 + (t * 11) % (N_VOCAB - 2);
+    r.tokens = p2;
+    r.n_tokens = n2;
+    r.reuse_cells = true;
+    struct req_out b = {0};
+    submit(e, &r, &b);
+    run_to_end(e);
+    cr_expect_eq(b.st.n_prompt_eval, 5, "only the new tokens are decoded (%d were)",
+                 b.st.n_prompt_eval);
+    struct engine *fresh = open_engine(128, 16, 1);
+    r.keep_cells = r.reuse_cells = false;
+    struct req_out c = {0};
+    submit(fresh, &r, &c);
+    run_to_end(fresh);
+    cr_expect_eq(c.st.n_prompt_eval, n2);
+    cr_assert_eq(b.n, c.n);
+    for (int t = 0; t < c.n; t++)
+        cr_expect_eq(b.tok[t], c.tok[t], "token %d", t);
+    // A prompt that differs from the first token on reuses nothing.
+    p2[0] = p2[0] == 5 ? 6 : 5;
+    r.keep_cells = r.reuse_cells = true;
+    struct req_out d = {0};
+    submit(e, &r, &d);
+    run_to_end(e);
+    cr_expect_eq(d.st.n_prompt_eval, n2);
+    engine_close(fresh);
+    engine_close(e);
+}

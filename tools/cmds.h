@@ -10,5 +10,6 @@ int cmd_run(int argc, char **argv);      // tools/cmd_run.c
 int cmd_eval(int argc, char **argv);     // tools/cmd_eval.c
 int cmd_bench(int argc, char **argv);    // tools/cmd_bench.c
 int cmd_serve(int argc, char **argv);    // tools/cmd_serve.c
+int cmd_chat(int argc, char **argv);     // tools/cmd_chat.c
 
 #endif

@@ -22,6 +22,7 @@ static const struct subcommand subcommands[] = {
     {"gguf", cmd_gguf, "inspect GGUF files (dump)"},
     {"mkmodel", cmd_mkmodel, "write a synthetic model as GGUF"},
     {"bench", cmd_bench, "measure prompt and generation throughput"},
+    {"chat", cmd_chat, "chat with the model in the terminal"},
     {"serve", cmd_serve, "serve the model over HTTP (OpenAI API)"},
 };
 

@@ -36,6 +36,12 @@ struct slot {
     int chunk_b0, chunk_c0; // its prompt chunk in this step: batch index, prompt index
     int32_t amax;           // the token the backend picked from its row (argmax or sample op)
     float *last;            // [n_vocab] its row (sampling on the host); kept across requests
+    // The tokens of this slot's cells, positions 0..n_hist-1, while no
+    // policy moved them (hist_ok): what a request with reuse_cells compares
+    // its prompt against. Kept across requests, as `last`.
+    int32_t *hist;
+    int n_hist, cap_hist;
+    bool hist_ok;
     struct sampler *smp;
     struct tokenizer_stream *stream;
     struct kv_policy pol; // context shift, self-extend, ... (kv/policy.h)

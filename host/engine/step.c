@@ -40,6 +40,7 @@ void engine_sched_free(struct engine_sched *s) {
         sampler_free(s->slots[i].smp);
         tokenizer_stream_free(s->slots[i].stream);
         free(s->slots[i].last);
+        free(s->slots[i].hist);
         req_free(s->slots[i].rq);
     }
     for (int i = 0; s->queue && i < s->q_len; i++)
@@ -299,12 +300,54 @@ static bool same_prompt(const struct slot *a, const struct slot *b) {
 
 // Slot si takes request q. On failure the slot stays active and the step's
 // error path ends it.
+// Prompt tokens of r whose cells the slot still holds from its previous
+// request (sl->hist[0..n_hist) at positions 0..n_hist-1): the common
+// prefix, less one token (the last prompt token is decoded again, for its
+// logits). 0 when r does not ask for it or its policy regroups positions.
+static int reusable_prefix(const struct engine *e, const struct slot *sl,
+                           const struct engine_request *r, int n_hist) {
+    if (!r->reuse_cells || r->on_rows || sl->pol.kind == KV_POLICY_SELFEXTEND ||
+        sl->pol.kind == KV_POLICY_EXACT_SE)
+        return 0;
+    int p = 0;
+    while (p < n_hist && p < r->n_tokens - 1 && sl->hist[p] == r->tokens[p])
+        p++;
+    return p;
+}
+
+// Records the tokens decoded at positions n_hist.. of the slot (its history
+// for reuse_cells); a gap (a policy moved positions) ends the record.
+static void hist_add(struct slot *sl, int32_t pos, const int32_t *tok, int n) {
+    if (!sl->hist_ok || pos != sl->n_hist)
+        sl->hist_ok = false;
+    if (!sl->hist_ok)
+        return;
+    if (sl->n_hist + n > sl->cap_hist) {
+        int cap = sl->cap_hist ? sl->cap_hist : 256;
+        while (cap < sl->n_hist + n)
+            cap *= 2;
+        int32_t *t = realloc(sl->hist, (size_t)cap * sizeof *t);
+        if (!t) {
+            sl->hist_ok = false;
+            return;
+        }
+        sl->hist = t;
+        sl->cap_hist = cap;
+    }
+    memcpy(sl->hist + sl->n_hist, tok, (size_t)n * sizeof *tok);
+    sl->n_hist += n;
+}
+
 static int slot_start(struct engine *e, struct engine_sched *s, int si, struct sched_req *q,
                       struct verr *err) {
     struct slot *sl = &s->slots[si];
     float *last = sl->last;
+    int32_t *hist = sl->hist;
+    const int n_hist = sl->hist_ok ? sl->n_hist : 0, cap_hist = sl->cap_hist;
     memset(sl, 0, sizeof *sl);
     sl->last = last;
+    sl->hist = hist;
+    sl->cap_hist = cap_hist;
     sl->state = SLOT_PROMPT;
     sl->rq = q;
     sl->out_row = -1;
@@ -339,6 +382,17 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     bool alone = true;
     for (int t = 0; t < s->cfg.n_slots; t++)
         alone = alone && (t == si || s->slots[t].state == SLOT_FREE);
+    const int reuse = reusable_prefix(e, sl, r, n_hist);
+    if (reuse > 0) {
+        if ((rc = kv_seq_rm(&e->fc->kv, si, reuse, -1, err)))
+            return rc;
+        sl->n_consumed = sl->n_cells = reuse;
+        sl->n_past = reuse;
+        sl->n_hist = reuse;
+        sl->hist_ok = true;
+        return 0;
+    }
+    sl->hist_ok = true; // n_hist 0: this request's tokens are recorded from position 0
     if (e->fc->kv.used &&
         (rc = alone ? kv_clear(&e->fc->kv, err) : kv_seq_rm(&e->fc->kv, si, -1, -1, err)))
         return rc;
@@ -372,6 +426,8 @@ static int slot_finish(struct engine *e, struct engine_sched *s, int si, const c
             req_emit(q, ENGINE_EV_TOKEN, -1, txt, len);
     }
     int rc = q->p.keep_cells ? 0 : kv_seq_rm(&e->fc->kv, si, -1, -1, err);
+    if (!q->p.keep_cells)
+        sl->hist_ok = false;
     sampler_free(sl->smp);
     tokenizer_stream_free(sl->stream);
     sl->smp = NULL;
@@ -493,6 +549,7 @@ static void add_entries(struct engine_sched *s, int si, int nb, struct step_coun
     struct slot *sl = &s->slots[si];
     int n = c->n;
     if (sl->state == SLOT_GEN) {
+        hist_add(sl, sl->n_past, &sl->next, 1);
         s->tok[n] = sl->next;
         s->pos[n] = sl->n_past;
         s->seq[n] = si;
@@ -508,6 +565,7 @@ static void add_entries(struct engine_sched *s, int si, int nb, struct step_coun
     const int8_t all = sl->rq->p.on_rows != NULL;
     sl->chunk_b0 = n;
     sl->chunk_c0 = sl->n_consumed;
+    hist_add(sl, sl->n_past, prompt + sl->n_consumed, nb);
     for (int t = 0; t < nb; t++) {
         s->tok[n + t] = prompt[sl->n_consumed + t];
         s->pos[n + t] = sl->n_past + t;

@@ -106,6 +106,13 @@ struct engine_request {
     void *user;      // for the three
     bool keep_cells; // its cells stay in the cache when it ends (engine_eval's
                      // callers read them); the next request in its slot removes them
+    // The cells its slot kept from the previous request (keep_cells) are
+    // reused for the longest prefix its prompt shares with that request's
+    // tokens (prompt and generated), when no policy moved their positions;
+    // only the rest is decoded (a conversation's history: vela chat). The
+    // reused K/V were computed in other batches than a fresh run would use,
+    // so results may differ from the request alone by float rounding.
+    bool reuse_cells;
 };
 
 // n_predict -1, ctx_shift on, n_keep 0, ga_n 1, ga_w 512, default sampler.
