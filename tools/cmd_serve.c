@@ -15,6 +15,8 @@
 #include "tools/progress.h"
 #include "tools/serve/serve.h"
 
+#ifdef VELA_HAVE_MHD
+
 #define SERVE_PARALLEL_MAX 256
 
 static void usage(FILE *out) {
@@ -210,3 +212,15 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN); // a client that leaves mid-stream must not kill the server
     return run_server(&am, &f);
 }
+
+#else // built without libmicrohttpd
+
+int cmd_serve(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "vela serve: vela was built without libmicrohttpd (install "
+                    "libmicrohttpd-dev, e.g. with tools/setup.sh, and rebuild)\n");
+    return 1;
+}
+
+#endif
