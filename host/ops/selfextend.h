@@ -22,9 +22,10 @@
 // positions (context shift, seq_add) never rewrites K: kv_prepare runs
 // without rope params and the shift is metadata only.
 //
-// The usable context: positions up to (n_ctx_train - W) * G + W - 1 keep
-// every relative position the model sees below n_ctx_train (the largest far
-// relative position is floor(i/G) + W - floor(W/G) - 0 < n_ctx_train).
+// The usable context: for positions i up to (n_ctx_train - W) * G + W - 1 the
+// largest relative position a score uses (a far key at j = 0:
+// floor(i/G) + W - floor(W/G)) is n_ctx_train - 1 when G divides W, at most
+// n_ctx_train otherwise; near keys stay below W.
 #ifndef VELA_HOST_OPS_SELFEXTEND_H
 #define VELA_HOST_OPS_SELFEXTEND_H
 
