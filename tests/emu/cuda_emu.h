@@ -126,17 +126,44 @@ template <typename T> static inline unsigned __match_any_sync(unsigned mask, T v
     return (unsigned)emu_barrier(EMU_W_MATCH_ANY, emu_bits(v), 0, 32, mask, "__match_any_sync", nullptr);
 }
 
+// --- memory checks (emu_check.cpp) ----------------------------------------------------
+// Loads and stores of the converted code reach the checks through GCC's
+// -fsanitize=thread instrumentation; what the emulator does on the
+// kernel's behalf (atomics, cp.async, the cub shim) reports itself here.
+// site: the return address inside the kernel, for the report's source line.
+void emu_chk_access(const void *p, size_t n, int write, int atomic, const void *site);
+// Outside kernels (locks the runtime): bytes now written; a read of device
+// memory that must have been written (else a sticky fault naming `what`).
+void emu_mark_written(const void *p, size_t n);
+void emu_check_written(const void *p, size_t n, const char *what);
+
 // --- atomics (one OS thread runs every device thread: plain read-modify-write) ---
-template <typename T, typename U> static inline T atomicAdd(T *p, U v) { T o = *p; *p = (T)(o + (T)v); return o; }
-template <typename T, typename U> static inline T atomicSub(T *p, U v) { T o = *p; *p = (T)(o - (T)v); return o; }
-template <typename T, typename U> static inline T atomicMax(T *p, U v) { T o = *p; if ((T)v > o) *p = (T)v; return o; }
-template <typename T, typename U> static inline T atomicMin(T *p, U v) { T o = *p; if ((T)v < o) *p = (T)v; return o; }
-template <typename T, typename U> static inline T atomicExch(T *p, U v) { T o = *p; *p = (T)v; return o; }
-template <typename T, typename U> static inline T atomicOr(T *p, U v) { T o = *p; *p = (T)(o | (T)v); return o; }
-template <typename T, typename U> static inline T atomicAnd(T *p, U v) { T o = *p; *p = (T)(o & (T)v); return o; }
-template <typename T, typename U> static inline T atomicXor(T *p, U v) { T o = *p; *p = (T)(o ^ (T)v); return o; }
+// Not instrumented (no_sanitize) but checked as an atomic (initcheck,
+// bounds; never a race); not inlined, so its return address is the
+// kernel's line.
+template <typename T, typename F>
+static __attribute__((no_sanitize_thread, noinline)) T emu_atomic(T *p, F f) {
+    emu_chk_access(p, sizeof(T), 1, 1, __builtin_return_address(0));
+    const T o = *p;
+    *p = f(o);
+    return o;
+}
+#define EMU_ATOMIC(name, expr)                                                                     \
+    template <typename T, typename U> static inline T name(T *p, U v) {                            \
+        return emu_atomic(p, [v](T o) { return (T)(expr); });                                      \
+    }
+// clang-format off (it reads "o & (T)v" as a declaration)
+EMU_ATOMIC(atomicAdd, o + (T)v)
+EMU_ATOMIC(atomicSub, o - (T)v)
+EMU_ATOMIC(atomicMax, (T)v > o ? (T)v : o)
+EMU_ATOMIC(atomicMin, (T)v < o ? (T)v : o)
+EMU_ATOMIC(atomicExch, v)
+EMU_ATOMIC(atomicOr, o | (T)v)
+EMU_ATOMIC(atomicAnd, o &(T)v)
+EMU_ATOMIC(atomicXor, o ^ (T)v)
+// clang-format on
 template <typename T, typename U, typename V> static inline T atomicCAS(T *p, U cmp, V v) {
-    T o = *p; if (o == (T)cmp) *p = (T)v; return o;
+    return emu_atomic(p, [cmp, v](T o) { return o == (T)cmp ? (T)v : o; });
 }
 #define atomicAdd_block atomicAdd
 #define atomicMax_block atomicMax
@@ -289,6 +316,8 @@ static inline emu_cp_async_thread &emu_cp_async_self(void) {
     return s;
 }
 static inline void emu_cp_async_land(const emu_cp_async_copy &c) {
+    emu_chk_access(c.src, c.n - c.zfill, 0, 0, __builtin_return_address(0));
+    emu_chk_access(c.dst, c.n, 1, 0, __builtin_return_address(0));
     memcpy(c.dst, c.src, c.n - c.zfill);
     memset((char *)c.dst + (c.n - c.zfill), 0, c.zfill);
 }

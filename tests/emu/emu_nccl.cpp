@@ -167,6 +167,7 @@ void match_locked(clique *cq) {
                            type_name(r.type));
             } else if (!emu_faulted() && !s.data.empty()) {
                 memcpy(r.buf, s.data.data(), s.data.size());
+                emu_mark_written(r.buf, s.data.size()); // initialised for initcheck
                 g_delivered += s.data.size();
             }
             s.st->r = r.st->r = res;
@@ -244,8 +245,10 @@ ncclResult_t run_group(std::vector<call> &calls) {
         p.type = c.type;
         p.st = std::make_shared<op_state>();
         const size_t bytes = c.count * type_size(c.type);
-        if (c.send && bytes)
+        if (c.send && bytes) {
+            emu_check_written(c.buf, bytes, "ncclSend");
             p.data.assign((const char *)c.buf, (const char *)c.buf + bytes);
+        }
         clique *cq = c.comm->cq;
         mine.emplace_back(cq, p.st);
         touched.insert(cq);

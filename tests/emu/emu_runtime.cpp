@@ -130,7 +130,6 @@ extern "C" cudaError_t cudaPeekAtLastError(void) {
 
 static const size_t EMU_TOTAL_MEM = (size_t)141 << 30;
 static const int EMU_SM = 132;
-static const int EMU_SMEM_OPTIN = 232448; // 227 KiB, as on H100/H200
 static __thread int t_device = 0;
 
 // VELA_EMU_DEVICES emulated devices (default 1): each has its own memory
@@ -276,13 +275,16 @@ static cudaError_t alloc_on(void **p, size_t bytes, int dev) {
         if (bytes > EMU_TOTAL_MEM - g_dev_bytes[dev])
             return ret(cudaErrorMemoryAllocation);
     }
-    void *q = NULL;
-    if (posix_memalign(&q, 256, bytes ? bytes : 1))
+    void *raw = NULL;
+    if (posix_memalign(&raw, 256, bytes + 2 * EMU_ALLOC_RZ))
         return ret(cudaErrorMemoryAllocation);
-    // Fresh device memory is not zero on a GPU either.
-    memset(q, 0xa5, bytes);
+    // Fresh device memory is not zero on a GPU either (and initcheck
+    // reports a kernel reading it before anything wrote it).
+    memset(raw, 0xa5, bytes + 2 * EMU_ALLOC_RZ);
+    void *q = (char *)raw + EMU_ALLOC_RZ;
     std::lock_guard<std::mutex> lk(g_mu);
     g_dev[(const char *)q] = emu_alloc{bytes, dev};
+    emu_chk_alloc(q, bytes);
     g_dev_bytes[dev] += bytes;
     *p = q;
     return cudaSuccess;
@@ -295,7 +297,30 @@ static bool release_alloc(void *p) {
         return false;
     g_dev_bytes[it->second.device] -= it->second.bytes;
     g_dev.erase(it);
+    emu_chk_free(p);
     return true;
+}
+
+static void free_alloc(void *p) {
+    free((char *)p - EMU_ALLOC_RZ);
+}
+
+// Bytes written outside kernels: initialised for initcheck.
+void emu_mark_written(const void *p, size_t n) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    emu_chk_host_write(p, n);
+}
+
+// A copy (or a shim) reading device memory that must have been written.
+void emu_check_written(const void *p, size_t n, const char *what) {
+    char msg[600];
+    bool ok;
+    {
+        std::lock_guard<std::mutex> lk(g_mu);
+        ok = emu_chk_host_read(p, n, msg, sizeof msg);
+    }
+    if (!ok)
+        raise_sticky(cudaErrorLaunchFailure, "%s: %s", what, msg);
 }
 
 extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) { return alloc_on(p, bytes, t_device); }
@@ -304,7 +329,7 @@ extern "C" cudaError_t cudaFree(void *p) {
         return cudaSuccess;
     if (!release_alloc(p))
         return ret(cudaErrorInvalidValue);
-    free(p);
+    free_alloc(p);
     return sync_ret();
 }
 
@@ -373,7 +398,7 @@ extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     }
     if (!release_alloc(p))
         return ret(cudaErrorInvalidValue);
-    free(p);
+    free_alloc(p);
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
@@ -471,14 +496,24 @@ static cudaError_t check_copy(void *dst, const void *src, size_t n, enum cudaMem
     return cudaSuccess;
 }
 
+// A copy as the copy engine makes it: reading device memory never written
+// is an initcheck finding (sticky), the destination is written.
+static void copy_checked(void *dst, const void *src, size_t n, const char *what) {
+    if (g_sticky)
+        return;
+    emu_check_written(src, n, what);
+    memmove(dst, src, n);
+    emu_mark_written(dst, n);
+}
+
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind k) {
     cudaError_t e = check_copy(dst, src, n, k);
     if (e)
         return ret(e);
     if (g_sticky)
         return sync_ret();
-    memmove(dst, src, n);
-    return cudaSuccess;
+    copy_checked(dst, src, n, "cudaMemcpy");
+    return sync_ret();
 }
 extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
                                        enum cudaMemcpyKind k, cudaStream_t s) {
@@ -491,7 +526,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
         stream_of(s)->invalid = true;
         return ret(cudaErrorStreamCaptureUnsupported);
     }
-    return enqueue(s, [=]() { memmove(dst, src, n); });
+    return enqueue(s, [=]() { copy_checked(dst, src, n, "cudaMemcpyAsync"); });
 }
 extern "C" cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size_t n,
                                            cudaStream_t s) {
@@ -504,7 +539,7 @@ extern "C" cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, i
                         "or %p not device %d memory\n", n, dst, dd, src, sd);
         return ret(cudaErrorInvalidValue);
     }
-    return enqueue(s, [=]() { memmove(dst, src, n); });
+    return enqueue(s, [=]() { copy_checked(dst, src, n, "cudaMemcpyPeerAsync"); });
 }
 // A memset runs on a device: its memory must be that device's.
 static cudaError_t check_memset(void *dst, size_t n, int dev, const char *what) {
@@ -528,13 +563,17 @@ extern "C" cudaError_t cudaMemset(void *dst, int v, size_t n) {
     if (g_sticky)
         return sync_ret();
     memset(dst, v, n);
+    emu_mark_written(dst, n);
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
     cudaError_t e = check_memset(dst, n, stream_of(s)->device, "cudaMemsetAsync");
     if (e)
         return ret(e);
-    return enqueue(s, [=]() { memset(dst, v, n); });
+    return enqueue(s, [=]() {
+        memset(dst, v, n);
+        emu_mark_written(dst, n);
+    });
 }
 
 extern "C" cudaError_t cudaStreamCreate(cudaStream_t *s) {
@@ -963,6 +1002,7 @@ static bool resolve_warp(int w) {
     for (int l = 0; l < n; l++)
         if (mask >> l & 1u)
             g_fib[base + l].state = F_READY;
+    emu_chk_warp_barrier(w, mask, present);
     return true;
 }
 
@@ -1012,6 +1052,7 @@ static bool resolve_block(void) {
         g_fib[i].result = r;
         g_fib[i].state = F_READY;
     }
+    emu_chk_block_barrier();
     return true;
 }
 
@@ -1030,6 +1071,47 @@ static void report_stuck(void) {
 
 #define EMU_REDZONE 256
 
+// The schedule (VELA_EMU_SCHEDULE): forward (the default), reverse (also
+// VELA_EMU_REVERSE=1: threads and blocks in descending order) or
+// random:SEED (a seeded random order of the blocks, of the threads in every
+// pass between barriers, and a switch to another thread after about one
+// memory access in eight).
+enum { SCHED_FORWARD, SCHED_REVERSE, SCHED_RANDOM };
+static int g_sched = -1;
+static uint64_t g_rng;
+static int schedule(void) {
+    if (g_sched >= 0)
+        return g_sched;
+    const char *r = getenv("VELA_EMU_REVERSE"), *e = getenv("VELA_EMU_SCHEDULE");
+    g_sched = r && *r == '1' ? SCHED_REVERSE : SCHED_FORWARD;
+    if (e && strcmp(e, "reverse") == 0)
+        g_sched = SCHED_REVERSE;
+    else if (e && strncmp(e, "random", 6) == 0) {
+        g_sched = SCHED_RANDOM;
+        g_rng = (e[6] == ':' ? strtoull(e + 7, NULL, 0) : 1) * 0x9e3779b97f4a7c15ull + 1;
+        fprintf(stderr, "vela-emu: random schedule, seed %s\n", e[6] == ':' ? e + 7 : "1");
+    } else if (e && *e && strcmp(e, "forward") != 0)
+        fprintf(stderr, "vela-emu: VELA_EMU_SCHEDULE=%s: not forward, reverse or random:SEED\n", e);
+    return g_sched;
+}
+uint64_t emu_rand(void) { // splitmix64
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+// Lets the scheduler run other threads before this one goes on.
+void emu_yield(void) {
+    g_fib[g_cur].state = F_READY;
+    to_sched();
+}
+int emu_cur_thread(void) {
+    return g_cur;
+}
+void emu_kernel_fault(const char *msg) {
+    fault("%s", msg);
+}
+
 static void run_block(void) {
     const int n = g_nthreads;
     const size_t sh_bytes = (size_t)(__stop_emu_shared - __start_emu_shared);
@@ -1042,19 +1124,28 @@ static void run_block(void) {
     // VELA_EMU_REVERSE=1 runs threads (and blocks) in descending order: a
     // kernel whose result changes with the order has a race (a read of
     // shared or global memory that another thread writes without a barrier
-    // in between, or a dependency between blocks).
-    static const bool rev = getenv("VELA_EMU_REVERSE") && *getenv("VELA_EMU_REVERSE") == '1';
+    // in between, or a dependency between blocks). The random schedule
+    // shuffles the threads on every pass.
+    const int sched = schedule();
+    static int order[EMU_MAX_THREADS];
+    for (int k = 0; k < n; k++)
+        order[k] = sched == SCHED_REVERSE ? n - 1 - k : k;
     for (;;) {
-        bool all_done = true;
+        bool all_done = true, running = false;
+        if (sched == SCHED_RANDOM)
+            for (int k = n - 1; k > 0; k--)
+                std::swap(order[k], order[emu_rand() % (uint64_t)(k + 1)]);
         for (int k = 0; k < n; k++) {
-            const int i = rev ? n - 1 - k : k;
+            const int i = order[k];
             if (g_fib[i].state == F_READY)
                 resume(i);
             if (g_block_fault)
                 return;
         }
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             all_done &= g_fib[i].state == F_DONE;
+            running |= g_fib[i].state == F_READY; // yielded between accesses
+        }
         if (all_done)
             break;
         bool released = false;
@@ -1062,11 +1153,11 @@ static void run_block(void) {
             released |= resolve_warp(w);
         if (g_block_fault)
             return;
-        if (!released)
+        if (!released && !running)
             released = resolve_block();
         if (g_block_fault)
             return;
-        if (!released) {
+        if (!released && !running) {
             report_stuck();
             return;
         }
@@ -1129,15 +1220,32 @@ static void run_kernel_now(const char *name, dim3 grid, dim3 block, size_t shmem
         g_fib[i].tid.z = (unsigned)i / (block.x * block.y);
     }
     g_block_fault = false;
-    static const bool rev = getenv("VELA_EMU_REVERSE") && *getenv("VELA_EMU_REVERSE") == '1';
-    for (unsigned z = 0; z < grid.z && !g_block_fault; z++)
-        for (unsigned y = 0; y < grid.y && !g_block_fault; y++)
-            for (unsigned x = 0; x < grid.x && !g_block_fault; x++) {
-                blockIdx.x = rev ? grid.x - 1 - x : x;
-                blockIdx.y = rev ? grid.y - 1 - y : y;
-                blockIdx.z = rev ? grid.z - 1 - z : z;
-                run_block();
-            }
+    const int sched = schedule();
+    const uint64_t n_blocks = (uint64_t)grid.x * grid.y * grid.z;
+    const size_t sh_bytes = (size_t)(__stop_emu_shared - __start_emu_shared);
+    emu_chk_launch_begin(name, n_blocks, block, g_stacks,
+                         (size_t)(EMU_STACK + 4096) * EMU_MAX_THREADS, __start_emu_shared,
+                         __start_emu_shared ? sh_bytes : 0, g_dyn_smem, g_dyn_bytes, EMU_REDZONE,
+                         sched == SCHED_RANDOM);
+    std::vector<uint64_t> perm;
+    if (sched == SCHED_RANDOM) { // every block once, in a random order
+        perm.resize(n_blocks);
+        for (uint64_t b = 0; b < n_blocks; b++)
+            perm[b] = b;
+        for (uint64_t b = n_blocks - 1; b > 0; b--)
+            std::swap(perm[b], perm[emu_rand() % (b + 1)]);
+    }
+    for (uint64_t k = 0; k < n_blocks && !g_block_fault; k++) {
+        const uint64_t b = sched == SCHED_RANDOM    ? perm[k]
+                           : sched == SCHED_REVERSE ? n_blocks - 1 - k
+                                                    : k;
+        blockIdx.x = (unsigned)(b % grid.x);
+        blockIdx.y = (unsigned)(b / grid.x % grid.y);
+        blockIdx.z = (unsigned)(b / ((uint64_t)grid.x * grid.y));
+        emu_chk_block_begin(b);
+        run_block();
+    }
+    emu_chk_launch_end();
     g_dyn_smem = NULL;
 }
 
@@ -1335,6 +1443,8 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta,
                 *c = (float)(al * s + prev);
             }
         }
+        for (int j = 0; j < n; j++)
+            emu_mark_written((float *)C + (size_t)j * ldc, (size_t)m * sizeof(float));
     });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -157,6 +157,7 @@ static bool launch_faults(const char *what) {
 static int child(int which) {
     int *d;
     cudaMalloc((void **)&d, 256 * sizeof(int));
+    cudaMemset(d, 0, 256 * sizeof(int)); // initialised: each case shows its own bug only
     switch (which) {
     case 0: divergent_sync_kernel<<<1, 32>>>(d); break;
     case 1: early_exit_sync_kernel<<<1, 64>>>(d); break;
@@ -265,6 +266,7 @@ int main(int argc, char **argv) {
         cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice);
         cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice);
         cudaMemcpy(dc, hc, sizeof hc, cudaMemcpyHostToDevice);
+        cudaMemset(dd, 0, sizeof hd); // the kernel writes half of it; all is copied back
         wmma_kernel<<<1, 64>>>(da, db, dc, dd, b_col);
         cudaMemcpy(hd, dd, sizeof hd, cudaMemcpyDeviceToHost);
         int bad = 0;

@@ -663,6 +663,7 @@ Test(cuda, rms_norm_q8_feeds_the_next_matvec) {
             OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n_out * sizeof(float), &o1));
             OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n_out * sizeof(float), &o2));
             OK(gpu, gpu->ops->alloc(gpu, 64, &dummy));
+            OK(gpu, gpu->ops->memset_zero(gpu, dummy, 64)); // the add reads it (initcheck)
             OK(gpu, gpu->ops->rms_norm(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
             OK(gpu, gpu->ops->matmul(gpu, o1, &bw, xn, NULL, n_tok)); // the q8 copy
             OK(gpu, gpu->ops->rms_norm(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
@@ -1156,6 +1157,7 @@ static void attn_q8_follow(const struct attn_case *c, const struct attn_args *ag
     OK(gpu, gpu->ops->alloc(gpu, (size_t)c->n_tok * n_out * sizeof(float), &o1));
     OK(gpu, gpu->ops->alloc(gpu, (size_t)c->n_tok * n_out * sizeof(float), &o2));
     OK(gpu, gpu->ops->alloc(gpu, 64, &dummy));
+    OK(gpu, gpu->ops->memset_zero(gpu, dummy, 64)); // the add reads it (initcheck)
     gpu->act_q8 = true;
     OK(gpu, gpu->ops->attention(gpu, ag));
     OK(gpu, gpu->ops->matmul(gpu, o1, &bw, ag->out, NULL, c->n_tok)); // the q8 copy

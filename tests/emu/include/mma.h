@@ -170,8 +170,10 @@ static inline mma_args *mma_table(void) {
 }
 } // namespace emu
 
+// Fragments are local memory: not instrumented (no_sanitize_thread), which
+// keeps the emulated tensor-core kernels fast under the sanitizer checks.
 template <typename LA, typename LB>
-static inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
+static __attribute__((no_sanitize_thread)) void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
                             const fragment<matrix_a, 16, 16, 16, __half, LA> &a,
                             const fragment<matrix_b, 16, 16, 16, __half, LB> &b,
                             const fragment<accumulator, 16, 16, 16, float> &c,

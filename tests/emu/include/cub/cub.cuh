@@ -83,11 +83,15 @@ struct DeviceRadixSort {
         K *cur = db.Current(), *alt = db.Alternate();
         const int bits = end_bit - begin_bit;
         const K mask = bits >= (int)sizeof(K) * 8 ? ~(K)0 : (((K)1 << bits) - 1);
+        // The sort runs here, on the host side: initcheck sees its reads and
+        // writes through the runtime.
+        emu_check_written(cur, (size_t)n * sizeof(K), "cub::DeviceRadixSort::SortKeys");
         std::vector<K> v(cur, cur + n);
         std::stable_sort(v.begin(), v.end(), [&](K a, K b) {
             return ((a >> begin_bit) & mask) < ((b >> begin_bit) & mask);
         });
         std::copy(v.begin(), v.end(), alt);
+        emu_mark_written(alt, (size_t)n * sizeof(K));
         db.selector ^= 1;
         return cudaSuccess;
     }
