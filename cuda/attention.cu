@@ -15,7 +15,8 @@
 //   P.V: lane l owns output dims l, l + 32, ... (head_dim_v <= 256: up to 8
 //        accumulators), p_j broadcast with a shuffle.
 // Mask: row t sees cell c iff 0 <= cell_pos[c] <= q_pos[t] and bit q_seq[t]
-// of cell_seq[c] is set. A tile that no row of the block can see (every
+// of cell_seq[c] is set, and with a sliding window (window > 0) also
+// q_pos[t] - cell_pos[c] < window. A tile that no row of the block can see (every
 // cell empty or later than the block's largest q_pos) is skipped before K/V
 // are loaded: in causal prefill that is about half the tiles.
 // Split-K (decode, long context): when (row blocks x KV heads) cannot fill
@@ -133,7 +134,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     int *sPos = (int *)(sV + ATTN_BK * DV); // [ATTN_BK]
     float *sQf = (float *)(sPos + ATTN_BK); // SE: [ATTN_ROWS][D] the far queries, pre-scaled
     float *sKf = sQf + ATTN_ROWS * D;       // SE: [ATTN_BK][D + 1] the far keys
-    __shared__ int s_max_qpos;
+    __shared__ int s_max_qpos, s_min_qpos;
 
     const KT *kcache = (const KT *)a.k;
     const VT *vcache = (const VT *)a.v;
@@ -146,8 +147,10 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     const int c_begin = split * chunk;
     const int c_end = min(a.n_kv, c_begin + chunk);
 
-    if (tid == 0)
+    if (tid == 0) {
         s_max_qpos = INT_MIN;
+        s_min_qpos = INT_MAX;
+    }
     for (int e = tid; e < ATTN_ROWS * D; e += ATTN_THREADS) {
         const int r = e / D, d = e % D;
         const int64_t gr = row0 + r;
@@ -159,8 +162,10 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         sQ[e] = val;
     }
     __syncthreads();
-    if (tid < ATTN_ROWS && row0 + tid < n_rows)
+    if (tid < ATTN_ROWS && row0 + tid < n_rows) {
         atomicMax(&s_max_qpos, a.q_pos[(row0 + tid) / n_group]);
+        atomicMin(&s_min_qpos, a.q_pos[(row0 + tid) / n_group]);
+    }
     if (SE) // read after the barrier that opens the first tile
         attn_se_rotate_q(a, sQ, sQf, row0, n_group, n_rows);
 
@@ -190,7 +195,9 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             p = a.cell_pos[c0 + tid];
         if (tid < ATTN_BK)
             sPos[tid] = p;
-        if (!__syncthreads_or(p >= 0 && p <= s_max_qpos))
+        // A window hides cells every row of the block has left behind.
+        if (!__syncthreads_or(p >= 0 && p <= s_max_qpos &&
+                              (a.window <= 0 || s_min_qpos - p < a.window)))
             continue; // block-uniform
         attn_load_tile<KT, VEC>(sK, D + 1, kcache, c0, c_end, g, a.n_head_kv, D);
         attn_load_tile<VT, VEC>(sV, DV, vcache, c0, c_end, g, a.n_head_kv, DV);
@@ -206,7 +213,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         for (int k = 0; k < ATTN_ROWS_PER_WARP; k++) {
             if (qpos[k] < 0)
                 continue; // warp-uniform: the row belongs to the whole warp
-            bool vis = cpos >= 0 && cpos <= qpos[k];
+            bool vis = cpos >= 0 && cpos <= qpos[k] && (a.window <= 0 || qpos[k] - cpos < a.window);
             if (vis) {
                 const uint64_t word = a.cell_seq[(size_t)c * a.seq_words + (qseq[k] >> 6)];
                 vis = (word >> (qseq[k] & 63)) & 1u;
@@ -522,7 +529,8 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
             uint32_t vis_bits = 0; // bit j - j0: column j visible to the row (BK / 2 <= 32)
             for (int j = j0; j < j0 + BK / 2; j++) {
                 const int cpos = sPos[j];
-                bool vis = qpos >= 0 && cpos >= 0 && cpos <= qpos;
+                bool vis = qpos >= 0 && cpos >= 0 && cpos <= qpos &&
+                           (a.window <= 0 || qpos - cpos < a.window);
                 if (vis) {
                     const uint64_t word = a.cell_seq[(size_t)(c0 + j) * a.seq_words + (qseq >> 6)];
                     vis = (word >> (qseq & 63)) & 1u;
@@ -660,7 +668,7 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
     // it every time).
     static std::atomic<unsigned long long> raised{0};
     // The 48 KiB default covers static + dynamic shared memory: leave room
-    // for the kernel's static s_max_qpos (ptxas allots 128 bytes for it on
+    // for the kernel's static s_max_qpos / s_min_qpos (ptxas allots 128 bytes on
     // sm_90), or dynamic sizes just under 48 KiB (e.g. head dims 128/190:
     // exactly 48 KiB) fail to launch on hardware. The emulator checks the
     // dynamic size alone and cannot catch this.

@@ -512,36 +512,55 @@ static int cu_matmul_add(struct backend *be, float *y, const struct backend_weig
                              cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
 }
 
-static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
-                            const struct backend_weight *w_gate, const struct backend_weight *w_up,
-                            const float *x, int n_tok) {
-    CU_ENTER(be);
-    int rc = cu_check_weight(be, w_gate, "matmul_swiglu");
+// matmul_swiglu / matmul_geglu: one gated mat-vec launch for decode
+// batches, else two matmuls and the elementwise op (epi: CUDA_MV_SWIGLU or
+// CUDA_MV_GEGLU; `what` names the op in messages).
+static int cu_matmul_gated(struct backend *be, float *out, float *up_tmp,
+                           const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                           const float *x, int n_tok, enum cuda_mv_epilogue epi, const char *what) {
+    int rc = cu_check_weight(be, w_gate, what);
     if (!rc)
-        rc = cu_check_weight(be, w_up, "matmul_swiglu");
+        rc = cu_check_weight(be, w_up, what);
     if (rc)
         return rc;
     if (w_gate->n_in != w_up->n_in || w_gate->n_out != w_up->n_out)
         return verr_set(&be->err, VERR_RANGE,
-                        "matmul_swiglu: gate [%lld, %lld] and up [%lld, %lld] differ in shape",
+                        "%s: gate [%lld, %lld] and up [%lld, %lld] differ in shape", what,
                         (long long)w_gate->n_in, (long long)w_gate->n_out, (long long)w_up->n_in,
                         (long long)w_up->n_out);
     if (n_tok <= 0)
         return VERR_OK;
     if (n_tok <= CUDA_MATVEC_MAX_TOK && w_gate->type == w_up->type) {
         if ((const void *)out == (const void *)x)
-            return verr_set(&be->err, VERR_RANGE, "matmul_swiglu: out aliases x");
+            return verr_set(&be->err, VERR_RANGE, "%s: out aliases x", what);
         const struct cuda_mv_seg segs[2] = {{out, w_gate->data, NULL, w_gate->n_out},
                                             {out, w_up->data, NULL, w_up->n_out}};
-        return cu_matvec(be, segs, 2, w_gate->type, w_gate->n_in, x, NULL, n_tok, CUDA_MV_SWIGLU);
+        return cu_matvec(be, segs, 2, w_gate->type, w_gate->n_in, x, NULL, n_tok, epi);
     }
     rc = cu_matmul(be, out, w_gate, x, NULL, n_tok);
     if (!rc)
         rc = cu_matmul(be, up_tmp, w_up, x, NULL, n_tok);
+    const int64_t n = (int64_t)n_tok * w_gate->n_out;
     if (!rc)
-        rc = cuda_swiglu_apply(out, out, up_tmp, (int64_t)n_tok * w_gate->n_out, cb_of(be)->stream,
-                               &be->err);
+        rc = epi == CUDA_MV_GEGLU
+                 ? cuda_geglu_apply(out, out, up_tmp, n, cb_of(be)->stream, &be->err)
+                 : cuda_swiglu_apply(out, out, up_tmp, n, cb_of(be)->stream, &be->err);
     return rc;
+}
+
+static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
+                            const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                            const float *x, int n_tok) {
+    CU_ENTER(be);
+    return cu_matmul_gated(be, out, up_tmp, w_gate, w_up, x, n_tok, CUDA_MV_SWIGLU,
+                           "matmul_swiglu");
+}
+
+static int cu_matmul_geglu(struct backend *be, float *out, float *up_tmp,
+                           const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                           const float *x, int n_tok) {
+    CU_ENTER(be);
+    return cu_matmul_gated(be, out, up_tmp, w_gate, w_up, x, n_tok, CUDA_MV_GEGLU, "matmul_geglu");
 }
 
 static int cu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, int n_head,
@@ -613,6 +632,7 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         .head_dim = a->head_dim,
         .head_dim_v = a->head_dim_v,
         .scale = a->scale,
+        .window = a->window,
     };
     if (a->rope) { // the unrotated cache: attn_kernel rotates q and K
         int rc_rope = cu_rope_prepare(be, &ca.rope, a->rope, a->head_dim, true, "attention");
@@ -653,6 +673,16 @@ static int cu_swiglu(struct backend *be, float *out, const float *gate, const fl
                      int64_t n) {
     CU_ENTER(be);
     return cuda_swiglu_apply(out, gate, up, n, cb_of(be)->stream, &be->err);
+}
+
+static int cu_geglu(struct backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    CU_ENTER(be);
+    return cuda_geglu_apply(out, gate, up, n, cb_of(be)->stream, &be->err);
+}
+
+static int cu_scale(struct backend *be, float *x, float s, int64_t n) {
+    CU_ENTER(be);
+    return cuda_scale_apply(x, s, n, cb_of(be)->stream, &be->err);
 }
 
 static int cu_add(struct backend *be, float *x, const float *y, int64_t n) {
@@ -853,11 +883,14 @@ static const struct backend_ops cuda_ops = {
     .matmul_multi = cu_matmul_multi,
     .matmul_add = cu_matmul_add,
     .matmul_swiglu = cu_matmul_swiglu,
+    .matmul_geglu = cu_matmul_geglu,
     .rope = cu_rope,
     .rope_kv_store = cu_rope_kv_store,
     .attention = cu_attention,
     .kv_shift = cu_kv_shift,
     .swiglu = cu_swiglu,
+    .geglu = cu_geglu,
+    .scale = cu_scale,
     .add = cu_add,
     .get_rows = cu_get_rows,
     .argmax = cu_argmax,

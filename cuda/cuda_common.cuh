@@ -70,6 +70,26 @@ static __device__ __forceinline__ float vela_silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
+// gelu(g) * u, the one expression of the geglu op (elementwise.cu) and of
+// the fused gate/up mat-vecs: the CPU backend's gelu_f16 (host/ops/backend.h,
+// geglu: ggml's f16-table GELU), with every operation rounded as written
+// (no contraction into FMAs) as in the CPU's C.
+static __device__ __forceinline__ float vela_gelu_f16(float g) {
+    if (g <= -10.0f)
+        return 0.0f;
+    if (g >= 10.0f)
+        return g;
+    const float x = __half2float(__float2half_rn(g));
+    const float inner =
+        __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, x),
+                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, x), x)));
+    const float y = __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+    return __half2float(__float2half_rn(y));
+}
+static __device__ __forceinline__ float vela_gelu_mul(float g, float u) {
+    return vela_gelu_f16(g) * u;
+}
+
 static inline unsigned int ceil_div_u(int64_t a, int64_t b) {
     return (unsigned int)((a + b - 1) / b);
 }

@@ -97,6 +97,7 @@ struct cuda_attn {
     const int32_t *q_seq; // [n_tok]
     int n_tok, n_kv, n_head, n_head_kv, head_dim, head_dim_v;
     float scale;
+    int window; // > 0: also q_pos - cell_pos < window (a sliding-window layer)
     // Or NULL: also write out as q8_1 blocks (each output row [n_head *
     // head_dim_v] quantized as quant_q8_1_row does) for the act_q8 mat-vec
     // that follows. Needs head_dim_v % 32 == 0 and n_tok < 16 (the SIMT
@@ -128,11 +129,14 @@ int cuda_attention_apply(const struct cuda_attn *a, int sm_count, void *scratch,
 //   CUDA_MV_ADD:    seg.out[t][o] += W x (+ bias)         (residual folded in)
 //   CUDA_MV_SWIGLU: segs[0].out[t][o] = silu(W0 x) * (W1 x); exactly 2 segs
 //                   with equal n_out, segs[1].out unused, no bias.
+//   CUDA_MV_GEGLU:  the same with gelu (vela_gelu_mul, cuda_geglu_apply's).
 // Per output the arithmetic is the one of a single STORE segment followed by
 // cuda_add_apply / cuda_swiglu_apply, so fused and unfused results are
 // bit-identical.
 #define CUDA_MV_MAX_SEGS 3
-enum cuda_mv_epilogue { CUDA_MV_STORE = 0, CUDA_MV_ADD = 1, CUDA_MV_SWIGLU = 2 };
+enum cuda_mv_epilogue { CUDA_MV_STORE = 0, CUDA_MV_ADD = 1, CUDA_MV_SWIGLU = 2, CUDA_MV_GEGLU = 3 };
+// The gated epilogues (one gate and one up row per output).
+#define CUDA_MV_GATED(epi) ((epi) == CUDA_MV_SWIGLU || (epi) == CUDA_MV_GEGLU)
 struct cuda_mv_seg {
     float *out;         // [n_tok][n_out]
     const void *w;      // [n_out] rows of the type, 16-byte aligned
@@ -163,6 +167,12 @@ int cuda_embed_rows(float *out /* [n_tok][n_in] */, const void *table, enum ggml
 // out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
 int cuda_swiglu_apply(float *out, const float *gate, const float *up, int64_t n,
                       cudaStream_t stream, struct verr *err);
+// out[i] = gelu(gate[i]) * up[i] (the geglu op: ggml's f16-table GELU);
+// out may alias gate or up.
+int cuda_geglu_apply(float *out, const float *gate, const float *up, int64_t n, cudaStream_t stream,
+                     struct verr *err);
+// x[i] *= s
+int cuda_scale_apply(float *x, float s, int64_t n, cudaStream_t stream, struct verr *err);
 // x[i] += y[i]
 int cuda_add_apply(float *x, const float *y, int64_t n, cudaStream_t stream, struct verr *err);
 // out[r] = x[rows[r]]

@@ -1,4 +1,4 @@
-// Elementwise and gather ops: embed (dequantize selected rows), swiglu, add,
+// Elementwise and gather ops: embed (dequantize selected rows), swiglu, geglu, scale, add,
 // get_rows. All are memory-bound grid-stride loops over the output.
 #include "cuda/dequant.cuh"
 
@@ -60,6 +60,19 @@ __global__ static void swiglu_kernel(float *out, const float *gate, const float 
     }
 }
 
+__global__ static void geglu_kernel(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        out[i] = vela_gelu_mul(gate[i], up[i]);
+    }
+}
+
+__global__ static void scale_kernel(float *x, float s, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
 __global__ static void add_kernel(float *x, const float *y, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -118,6 +131,24 @@ extern "C" int cuda_swiglu_apply(float *out, const float *gate, const float *up,
         return VERR_OK;
     swiglu_kernel<<<ew_grid(n), EW_THREADS, 0, stream>>>(out, gate, up, n);
     VELA_CHECK_LAUNCH(err, "swiglu_kernel");
+    return VERR_OK;
+}
+
+extern "C" int cuda_geglu_apply(float *out, const float *gate, const float *up, int64_t n,
+                                cudaStream_t stream, struct verr *err) {
+    if (n <= 0)
+        return VERR_OK;
+    geglu_kernel<<<ew_grid(n), EW_THREADS, 0, stream>>>(out, gate, up, n);
+    VELA_CHECK_LAUNCH(err, "geglu_kernel");
+    return VERR_OK;
+}
+
+extern "C" int cuda_scale_apply(float *x, float s, int64_t n, cudaStream_t stream,
+                                struct verr *err) {
+    if (n <= 0)
+        return VERR_OK;
+    scale_kernel<<<ew_grid(n), EW_THREADS, 0, stream>>>(x, s, n);
+    VELA_CHECK_LAUNCH(err, "scale_kernel");
     return VERR_OK;
 }
 

@@ -151,16 +151,16 @@ __global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
     const int lane = threadIdx.x % VELA_WARP;
     // SWIGLU: a warp takes row g of both matrices; otherwise rows of all
     // segments are numbered one after another.
-    if (g >= (EPI == CUDA_MV_SWIGLU ? a.n_out[0] : a.n_rows))
+    if (g >= (CUDA_MV_GATED(EPI) ? a.n_out[0] : a.n_rows))
         return; // uniform per warp
     int s = 0;
-    if (EPI != CUDA_MV_SWIGLU)
+    if (!CUDA_MV_GATED(EPI))
         s = g < a.row_end[0] ? 0 : g < a.row_end[1] ? 1 : 2;
     const int64_t o = s == 0 ? g : g - MV_PICK(a, row_end, s - 1), n_out = MV_PICK(a, n_out, s);
     float acc[NT];
     mv_row_partial<T, NT, MODE>(acc, MV_PICK(a, w, s) + (size_t)o * row_bytes, x, n_in, n_tok,
                                 lane);
-    if constexpr (EPI == CUDA_MV_SWIGLU) {
+    if constexpr (CUDA_MV_GATED(EPI)) {
         float up[NT];
         mv_row_partial<T, NT, MODE>(up, a.w[1] + (size_t)o * row_bytes, x, n_in, n_tok, lane);
 #pragma unroll
@@ -168,7 +168,8 @@ __global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
             if (t < n_tok) {
                 const float gs = warp_sum(acc[t]), us = warp_sum(up[t]);
                 if (lane == 0)
-                    a.out[0][(size_t)t * n_out + o] = vela_silu_mul(gs, us);
+                    a.out[0][(size_t)t * n_out + o] =
+                        EPI == CUDA_MV_GEGLU ? vela_gelu_mul(gs, us) : vela_silu_mul(gs, us);
             }
         }
         return;
@@ -195,7 +196,7 @@ template <int T, int NT, int MODE>
 static int matvec_launch(const mv_args &a, enum cuda_mv_epilogue epi, size_t row_bytes,
                          const float *x, int64_t n_in, int n_tok, cudaStream_t stream,
                          struct verr *err) {
-    const int64_t rows = epi == CUDA_MV_SWIGLU ? a.n_out[0] : a.n_rows;
+    const int64_t rows = CUDA_MV_GATED(epi) ? a.n_out[0] : a.n_rows;
     const dim3 grid(ceil_div_u(rows, MATVEC_WARPS)), block(MATVEC_WARPS * VELA_WARP);
     switch (epi) {
     case CUDA_MV_STORE:
@@ -204,6 +205,10 @@ static int matvec_launch(const mv_args &a, enum cuda_mv_epilogue epi, size_t row
         break;
     case CUDA_MV_ADD:
         matvec_kernel<T, NT, MODE, CUDA_MV_ADD>
+            <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
+        break;
+    case CUDA_MV_GEGLU:
+        matvec_kernel<T, NT, MODE, CUDA_MV_GEGLU>
             <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
         break;
     default:
@@ -235,12 +240,12 @@ extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum 
     if (n_seg < 1 || n_seg > CUDA_MV_MAX_SEGS)
         return verr_set(err, VERR_RANGE, "matvec: %d segments (1 to %d)", n_seg,
                         CUDA_MV_MAX_SEGS);
-    if (epi != CUDA_MV_STORE && epi != CUDA_MV_ADD && epi != CUDA_MV_SWIGLU)
+    if (epi != CUDA_MV_STORE && epi != CUDA_MV_ADD && !CUDA_MV_GATED(epi))
         return verr_set(err, VERR_RANGE, "matvec: unknown epilogue %d", (int)epi);
-    if (epi == CUDA_MV_SWIGLU &&
+    if (CUDA_MV_GATED(epi) &&
         (n_seg != 2 || segs[0].n_out != segs[1].n_out || segs[0].bias || segs[1].bias))
         return verr_set(err, VERR_RANGE,
-                        "matvec swiglu: needs 2 segments of equal n_out without bias "
+                        "matvec swiglu/geglu: needs 2 segments of equal n_out without bias "
                         "(got %d segments)",
                         n_seg);
     const size_t row_bytes = ggml_row_bytes(type, n_in);

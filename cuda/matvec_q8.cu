@@ -343,7 +343,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
     const unsigned int bx = blockIdx.x;
     const int seg = (bx >= a.first_block[1]) + (bx >= a.first_block[2]);
     const unsigned int fseg = seg == 0 ? 0u : seg == 1 ? a.first_block[1] : a.first_block[2];
-    const bool swiglu = a.epi == CUDA_MV_SWIGLU;
+    const bool swiglu = CUDA_MV_GATED(a.epi); // SWIGLU or GEGLU
     // SWIGLU: the gate row o0 of seg 0 and the up row o0 of seg 1.
     const int64_t o0 = swiglu ? (int64_t)bx : (int64_t)(bx - fseg) * MVQ_ROWS;
     const uint8_t *rows[MVQ_ROWS];
@@ -429,7 +429,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
         }
     __syncthreads();
     const int tid = threadIdx.x;
-    if (a.epi == CUDA_MV_SWIGLU) {
+    if (CUDA_MV_GATED(a.epi)) {
         if (tid < a.n_tok) {
             float g = 0.0f, u = 0.0f;
 #pragma unroll
@@ -437,7 +437,8 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
                 g += red[w][0][tid];
                 u += red[w][1][tid];
             }
-            a.out[0][(size_t)tid * a.n_out[0] + o0] = mvq_silu_mul(g, u);
+            a.out[0][(size_t)tid * a.n_out[0] + o0] =
+                a.epi == CUDA_MV_GEGLU ? vela_gelu_mul(g, u) : mvq_silu_mul(g, u);
         }
     } else if (tid < MVQ_ROWS * NT) {
         // Re-derived here rather than kept live through the main loop.
@@ -478,7 +479,7 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
     if (!segs || n_seg < 1 || n_seg > CUDA_MV_MAX_SEGS)
         return verr_set(err, VERR_RANGE, "matvec q8: %d segments (need 1..%d)", n_seg,
                         CUDA_MV_MAX_SEGS);
-    if (epi != CUDA_MV_STORE && epi != CUDA_MV_ADD && epi != CUDA_MV_SWIGLU)
+    if (epi != CUDA_MV_STORE && epi != CUDA_MV_ADD && !CUDA_MV_GATED(epi))
         return verr_set(err, VERR_RANGE, "matvec q8: unknown epilogue %d", (int)epi);
     if (!quant_q8_1_dot_supported(type))
         return verr_set(err, VERR_UNSUPPORTED, "matvec q8: weight type %s is not supported",
@@ -490,10 +491,10 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
     if (!xq || ((uintptr_t)xq & 3u) != 0)
         return verr_set(err, VERR_RANGE, "matvec q8: q8_1 activations %p are not 4-byte aligned",
                         xq);
-    if (epi == CUDA_MV_SWIGLU &&
+    if (CUDA_MV_GATED(epi) &&
         (n_seg != 2 || segs[0].n_out != segs[1].n_out || segs[0].bias || segs[1].bias))
         return verr_set(err, VERR_RANGE,
-                        "matvec q8: swiglu takes 2 segments of equal n_out and no bias");
+                        "matvec q8: swiglu/geglu takes 2 segments of equal n_out and no bias");
     mvq_args a;
     memset(&a, 0, sizeof a);
     unsigned int n_blocks = 0;
@@ -505,7 +506,7 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
         if (g->n_out > 0 && (!g->w || ((uintptr_t)g->w & 15u) != 0))
             return verr_set(err, VERR_RANGE,
                             "matvec q8: segment %d weights %p are not 16-byte aligned", s, g->w);
-        const bool needs_out = epi != CUDA_MV_SWIGLU || s == 0;
+        const bool needs_out = !CUDA_MV_GATED(epi) || s == 0;
         if (g->n_out > 0 && needs_out && (!g->out || ((uintptr_t)g->out & 3u) != 0))
             return verr_set(err, VERR_RANGE,
                             "matvec q8: segment %d output %p is NULL or not 4-byte aligned", s,
@@ -519,7 +520,7 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
         a.n_out[s] = g->n_out;
         a.first_block[s] = n_blocks;
         const int64_t nb =
-            epi == CUDA_MV_SWIGLU ? (s == 0 ? g->n_out : 0) : (g->n_out + MVQ_ROWS - 1) / MVQ_ROWS;
+            CUDA_MV_GATED(epi) ? (s == 0 ? g->n_out : 0) : (g->n_out + MVQ_ROWS - 1) / MVQ_ROWS;
         if (nb > (int64_t)INT32_MAX - n_blocks)
             return verr_set(err, VERR_RANGE, "matvec q8: %lld output rows are too many",
                             (long long)g->n_out);

@@ -53,6 +53,7 @@ struct lc_case {
     float scale;
     int yarn_orig_ctx;
     bool rope_freqs;
+    int sliding_window, swa_pattern; // gemma3's local layers
 };
 
 // Small shapes: 2 layers; 128 wide for the F32 semantics cases, 256 wide
@@ -120,6 +121,24 @@ static const struct lc_case lc_cases[] = {
      MKMODEL_ARCH_QWEN2, LC_WIDE, .type = GGML_TYPE_Q4_0},
     {"qwen2_tied_q8_0", "--arch qwen2 " LC_WIDE_FLAGS " --tied --type q8_0", LC_W_Q8, GGML_TYPE_F32,
      false, MKMODEL_ARCH_QWEN2, LC_WIDE, .type = GGML_TYPE_Q8_0, .tied = true},
+    // qwen3: per-head Q/K norms, 4 heads x 64 = 256 != n_embd 128
+    {"qwen3_f32", "--arch qwen3 " LC_SMALL_FLAGS(4, 2) " --head-dim 64", LC_EXACT_F32,
+     GGML_TYPE_F32, false, (enum mkmodel_arch)MODEL_ARCH_QWEN3, LC_SMALL(4, 2), .head_dim = 64},
+    {"qwen3_tied_f32_kvf16", "--arch qwen3 " LC_SMALL_FLAGS(4, 2) " --head-dim 64 --tied",
+     LC_KV_F16, GGML_TYPE_F16, false, (enum mkmodel_arch)MODEL_ARCH_QWEN3, LC_SMALL(4, 2),
+     .head_dim = 64, .tied = true},
+    // gemma3: layer 0 local (window 8 < 32 tokens, RoPE base 10000), layer 1
+    // global (base 1e6); embedding scale, sandwich norms, Q/K norms, GeGLU
+    {"gemma3_swa_f32",
+     "--arch gemma3 " LC_SMALL_FLAGS(4, 2) " --head-dim 64 --tied --sliding-window 8 "
+                                           "--swa-pattern 2",
+     LC_EXACT_F32, GGML_TYPE_F32, false, (enum mkmodel_arch)MODEL_ARCH_GEMMA3, LC_SMALL(4, 2),
+     .head_dim = 64, .tied = true, .sliding_window = 8, .swa_pattern = 2},
+    {"gemma3_swa_q8_0",
+     "--arch gemma3 " LC_WIDE_FLAGS " --tied --sliding-window 8 --swa-pattern 2 "
+     "--type q8_0",
+     LC_W_Q8, GGML_TYPE_F32, false, (enum mkmodel_arch)MODEL_ARCH_GEMMA3, LC_WIDE,
+     .type = GGML_TYPE_Q8_0, .tied = true, .sliding_window = 8, .swa_pattern = 2},
 };
 #define LC_N_CASES ((int)(sizeof lc_cases / sizeof lc_cases[0]))
 
@@ -144,6 +163,8 @@ static inline void lc_case_config(const struct lc_case *c, struct mkmodel_config
         cfg->rope_scale = c->scale;
     cfg->yarn_orig_ctx = c->yarn_orig_ctx;
     cfg->rope_freqs = c->rope_freqs;
+    cfg->sliding_window = c->sliding_window;
+    cfg->swa_pattern = c->swa_pattern;
     cfg->n_threads = 2;
 }
 

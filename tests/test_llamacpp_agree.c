@@ -19,7 +19,10 @@
 //   head_dim != n_embd/n_head, biases and tied output all land here, so a
 //   semantic slip cannot hide: YaRN off gives 0.46, NeoX/normal pairing
 //   swapped 0.5, GQA heads mapped h % n_head_kv 0.8, a 1% YaRN magnitude
-//   1e-2, even rope base 10001 for 10000 1.3e-5.
+//   1e-2, even rope base 10001 for 10000 1.3e-5. qwen3's per-head Q/K norms
+//   (worst 2.5e-7) and gemma3's embedding scale, sandwich norms, GeGLU and
+//   sliding window (8.7e-7) too: for gemma3, no window gives 0.13, window 9
+//   for 8 0.024, the local layers' RoPE base 1e6 for 1e4 0.014.
 // - F16 KV cache: 2e-3 (worst 2.0e-4). Both round K and V to F16; llama.cpp
 //   also rounds Q and the softmax weights to F16 before its two attention
 //   products (its F16 mat-mul converts the other operand), which vela keeps

@@ -97,6 +97,14 @@ static void usage(FILE *out) {
         "  --rope-freqs              add rope_freqs.weight with Llama 3.1's factors (llama)\n"
         "  --rope-freqs-factor F     their scale factor, with --rope-freqs (default 8)\n"
         "  --rope-freqs-orig-ctx N   their original context (default 8192)\n"
+        "  --rope-freq-base-swa F    rope.freq_base_swa, the local layers' base (gemma3;\n"
+        "                            default: not written, llama.cpp takes 10000)\n"
+        "\n"
+        "sliding window (gemma3):\n"
+        "  --sliding-window N        attention.sliding_window: local layers see the last N\n"
+        "                            positions (default: none, every layer global)\n"
+        "  --swa-pattern N           attention.sliding_window_pattern: every N-th layer is\n"
+        "                            global (default: not written, llama.cpp takes 6)\n"
         "\n"
         "tokenizer:\n"
         "  --vocab FILE              copy every tokenizer.* key from FILE (e.g. a\n"
@@ -215,6 +223,8 @@ static int *int_flag(struct mkmodel_config *c, const char *f, bool **seen) {
         {"--yarn-orig-ctx", offsetof(struct mkmodel_config, yarn_orig_ctx), &saw.yarn_ctx},
         {"--rope-freqs-orig-ctx", offsetof(struct mkmodel_config, rope_freqs_orig_ctx),
          &saw.freqs_opt},
+        {"--sliding-window", offsetof(struct mkmodel_config, sliding_window), NULL},
+        {"--swa-pattern", offsetof(struct mkmodel_config, swa_pattern), NULL},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(f, t[i].name)) {
@@ -231,6 +241,8 @@ static float *float_flag(struct mkmodel_config *c, const char *f, bool **seen) {
         return &c->norm_eps;
     if (!strcmp(f, "--rope-freq-base"))
         return &c->rope_freq_base;
+    if (!strcmp(f, "--rope-freq-base-swa"))
+        return &c->rope_freq_base_swa;
     if (!strcmp(f, "--rope-scale")) {
         *seen = &saw.rope_scale;
         return &c->rope_scale;

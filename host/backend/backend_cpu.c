@@ -468,19 +468,35 @@ static int cpu_matmul_add(struct backend *be, float *y, const struct backend_wei
 
 static int cpu_swiglu(struct backend *be, float *out, const float *gate, const float *up,
                       int64_t n);
+static int cpu_geglu(struct backend *be, float *out, const float *gate, const float *up, int64_t n);
+typedef int (*cpu_glu_fn)(struct backend *be, float *out, const float *gate, const float *up,
+                          int64_t n);
 
-static int cpu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
-                             const struct backend_weight *w_gate,
-                             const struct backend_weight *w_up, const float *x, int n_tok) {
+// matmul_swiglu / matmul_geglu: the two matmuls, then the activation op glu.
+static int cpu_matmul_gated(struct backend *be, float *out, float *up_tmp,
+                            const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                            const float *x, int n_tok, cpu_glu_fn glu, const char *what) {
     if (!w_gate || !w_up || w_gate->n_in != w_up->n_in || w_gate->n_out != w_up->n_out)
         return verr_set(&be->err, VERR_RANGE,
-                        "cpu matmul_swiglu: gate and up weights must have the same shape");
+                        "cpu %s: gate and up weights must have the same shape", what);
     int rc = cpu_matmul(be, out, w_gate, x, NULL, n_tok);
     if (!rc)
         rc = cpu_matmul(be, up_tmp, w_up, x, NULL, n_tok);
     if (!rc)
-        rc = cpu_swiglu(be, out, out, up_tmp, (int64_t)n_tok * w_gate->n_out);
+        rc = glu(be, out, out, up_tmp, (int64_t)n_tok * w_gate->n_out);
     return rc;
+}
+
+static int cpu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
+                             const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                             const float *x, int n_tok) {
+    return cpu_matmul_gated(be, out, up_tmp, w_gate, w_up, x, n_tok, cpu_swiglu, "matmul_swiglu");
+}
+
+static int cpu_matmul_geglu(struct backend *be, float *out, float *up_tmp,
+                            const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                            const float *x, int n_tok) {
+    return cpu_matmul_gated(be, out, up_tmp, w_gate, w_up, x, n_tok, cpu_geglu, "matmul_geglu");
 }
 
 // ---------------------------------------------------------------------------
@@ -655,7 +671,7 @@ struct attn_job {
 
 static inline bool attn_visible(const struct attn_args *a, int c, int32_t qpos, int qseq) {
     const int32_t p = a->cell_pos[c];
-    if (p < 0 || p > qpos)
+    if (p < 0 || p > qpos || (a->window > 0 && qpos - p >= a->window))
         return false;
     const uint64_t word = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
     return (word >> (qseq % 64)) & 1u;
@@ -897,6 +913,7 @@ struct ew_job {
     float *out;     // [n]
     const float *a; // [n] (swiglu: gate)
     const float *b; // [n] (swiglu: up; add: y)
+    float s;        // scale
 };
 
 static void swiglu_range(void *ctx, int64_t i0, int64_t i1, int thread) {
@@ -906,6 +923,35 @@ static void swiglu_range(void *ctx, int64_t i0, int64_t i1, int thread) {
         const float g = j->a[i];
         j->out[i] = g / (1.0f + expf(-g)) * j->b[i]; // silu(g) * up, as ggml_silu_f32
     }
+}
+
+// GELU, tanh approximation, as ggml's CPU backend computes it (the geglu op,
+// host/ops/backend.h): f16(gelu(f16(g))) inside (-10, 10), where ggml reads
+// its 64Ki-entry f16 table; the constants are ggml's.
+static float gelu_f16(float g) {
+    if (g <= -10.0f)
+        return 0.0f;
+    if (g >= 10.0f)
+        return g;
+    const float x = quant_fp16_to_f32(quant_f32_to_fp16(g));
+    const float y =
+        0.5f * x *
+        (1.0f + tanhf(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x)));
+    return quant_fp16_to_f32(quant_f32_to_fp16(y));
+}
+
+static void geglu_range(void *ctx, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const struct ew_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++)
+        j->out[i] = gelu_f16(j->a[i]) * j->b[i];
+}
+
+static void scale_range(void *ctx, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const struct ew_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++)
+        j->out[i] *= j->s;
 }
 
 static void add_range(void *ctx, int64_t i0, int64_t i1, int thread) {
@@ -923,8 +969,33 @@ static int cpu_swiglu(struct backend *be, float *out, const float *gate, const f
         return VERR_OK;
     if (!out || !gate || !up)
         return verr_set(&be->err, VERR_RANGE, "cpu swiglu: NULL pointer");
-    struct ew_job j = {out, gate, up};
+    struct ew_job j = {out, gate, up, 0.0f};
     threadpool_parallel_for(cpu_state_of(be)->pool, n, 32768, swiglu_range, &j);
+    return VERR_OK;
+}
+
+static int cpu_geglu(struct backend *be, float *out, const float *gate, const float *up,
+                     int64_t n) {
+    if (n < 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu geglu: n %lld < 0", (long long)n);
+    if (n == 0)
+        return VERR_OK;
+    if (!out || !gate || !up)
+        return verr_set(&be->err, VERR_RANGE, "cpu geglu: NULL pointer");
+    struct ew_job j = {out, gate, up, 0.0f};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n, 32768, geglu_range, &j);
+    return VERR_OK;
+}
+
+static int cpu_scale(struct backend *be, float *x, float s, int64_t n) {
+    if (n < 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu scale: n %lld < 0", (long long)n);
+    if (n == 0)
+        return VERR_OK;
+    if (!x)
+        return verr_set(&be->err, VERR_RANGE, "cpu scale: NULL pointer");
+    struct ew_job j = {x, NULL, NULL, s};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n, 32768, scale_range, &j);
     return VERR_OK;
 }
 
@@ -935,7 +1006,7 @@ static int cpu_add(struct backend *be, float *x, const float *y, int64_t n) {
         return VERR_OK;
     if (!x || !y)
         return verr_set(&be->err, VERR_RANGE, "cpu add: NULL pointer");
-    struct ew_job j = {x, NULL, y};
+    struct ew_job j = {x, NULL, y, 0.0f};
     threadpool_parallel_for(cpu_state_of(be)->pool, n, 65536, add_range, &j);
     return VERR_OK;
 }
@@ -1072,11 +1143,14 @@ static const struct backend_ops cpu_ops = {
     .matmul_multi = cpu_matmul_multi,
     .matmul_add = cpu_matmul_add,
     .matmul_swiglu = cpu_matmul_swiglu,
+    .matmul_geglu = cpu_matmul_geglu,
     .rope = cpu_rope,
     .rope_kv_store = cpu_rope_kv_store,
     .attention = cpu_attention,
     .kv_shift = cpu_kv_shift,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
+    .scale = cpu_scale,
     .add = cpu_add,
     .get_rows = cpu_get_rows,
     .argmax = cpu_argmax,

@@ -90,20 +90,34 @@ static int scratch_alloc(struct forward_ctx *fc, size_t bytes, void **out, const
     return 0;
 }
 
-// stage_layers runs llama's block (host/model/arch.h: every struct
-// arch_block field at its zero value but bias_qkv, which the NULL bias
-// pointers carry); a table asking for more is refused here, not
-// miscomputed.
+// stage_layers runs every struct arch_block feature (host/model/arch.h); a
+// table asking for one it does not know (a new field, an unknown
+// activation) is refused here, not miscomputed.
 static int check_block(const struct model_hparams *hp, struct verr *err) {
     const struct arch *a = arch_get(hp->arch);
     const struct arch_block *b = &a->block;
-    if (b->qk_norm || b->post_attn_norm || b->post_ffn_norm || b->ffn != ARCH_FFN_SWIGLU ||
-        b->embd_scale || b->sliding_window_pattern)
+    if (b->ffn != ARCH_FFN_SWIGLU && b->ffn != ARCH_FFN_GEGLU)
         return verr_set(err, VERR_UNSUPPORTED,
-                        "forward: the %s block (Q/K norm, post-norms, GeGLU, embedding scale or "
-                        "sliding window) is not implemented",
-                        a->name);
+                        "forward: the %s block's feed-forward activation %d is not implemented",
+                        a->name, (int)b->ffn);
     return 0;
+}
+
+// The attention scale and the sliding-window layers' RoPE (after
+// forward_rope_resolve): llama.cpp's gemma3 f_attention_scale, and its
+// local layers' base rope_freq_base_train_swa with no frequency scaling (a
+// --rope-freq-base or --rope-scale override applies to the global layers).
+static void init_arch_attn(struct forward_ctx *fc, const struct model_hparams *hp) {
+    const struct arch_block *b = &arch_get(hp->arch)->block;
+    float d = (float)hp->head_dim;
+    if (b->attn_scale_embd_layers && hp->n_layer == b->attn_scale_embd_layers)
+        d = (float)(hp->n_embd / hp->n_head);
+    fc->attn_scale = 1.0f / sqrtf(d);
+    fc->rope_swa = fc->rope;
+    if (hp->sliding_window > 0) {
+        fc->rope_swa.freq_base = hp->rope_freq_base_swa;
+        fc->rope_swa.freq_scale = 1.0f;
+    }
 }
 
 // front: the context is the front of a pipeline (host/split/): it keeps
@@ -136,6 +150,11 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
         return brc;
     if (cfg->se_g > 1)
         fc->cfg.k_unrotated = true;
+    if (cfg->se_g > 1 && hp->sliding_window > 0)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: self-extend with %s's sliding-window layers is not supported: "
+                        "a window over grouped (divided) positions is not defined",
+                        model_arch_name(hp->arch));
     if (!backend_cache_type_ok(cfg->type_k) || !backend_cache_type_ok(cfg->type_v))
         return verr_set(err, VERR_UNSUPPORTED,
                         "forward: KV cache types must be f16 or f32 (got %s, %s)",
@@ -146,7 +165,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
                         "rope: freq_base %g and freq_scale %g must be > 0, original context %d "
                         "must be > 0",
                         fc->rope.freq_base, fc->rope.freq_scale, fc->rope.n_ctx_orig);
-    fc->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    init_arch_attn(fc, hp);
 
     // A stage holds the cache of its own layers only.
     const int n_layer_here = m->layer_end - m->layer_begin;
@@ -442,6 +461,14 @@ int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
     struct backend *be = fc->be;
     const int n_tok = b->n_tok;
     int il = -1; // for OP's message: -1 = outside the layers
+    if (fc->kv.has_shift && fc->m->hp.sliding_window > 0 && !fc->cfg.k_unrotated)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: %s with a sliding window: a shifted KV cache (context shift, "
+                        "self-extend) is not supported: its local and global layers rotate K "
+                        "with different RoPE bases, which the one K shift over all layers "
+                        "cannot do, and a window over self-extend's divided positions is "
+                        "not defined",
+                        model_arch_name(fc->m->hp.arch));
     // The unrotated cache: a pending shift only changes positions (no K rewrite).
     int rc = kv_prepare(&fc->kv, fc->cfg.k_unrotated ? NULL : &fc->rope, err);
     if (rc)
@@ -461,8 +488,12 @@ int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err)
     struct backend *be = fc->be;
     const struct model *m = fc->m;
     int il = -1;
-    OP("embed",
-       be->ops->embed(be, fc->x + (size_t)t0 * m->hp.n_embd, &m->tok_embd, fc->d_tok + t0, n));
+    float *x = fc->x + (size_t)t0 * m->hp.n_embd; // [n][n_embd]
+    OP("embed", be->ops->embed(be, x, &m->tok_embd, fc->d_tok + t0, n));
+    // gemma: scaled by sqrt(n_embd) as llama.cpp does (sqrtf of the float)
+    if (arch_get(m->hp.arch)->block.embd_scale)
+        OP("embedding scale",
+           be->ops->scale(be, x, sqrtf((float)m->hp.n_embd), (int64_t)n * m->hp.n_embd));
     return 0;
 }
 
@@ -470,59 +501,113 @@ int forward_stage_layers(struct forward_ctx *fc, int t0, int n_tok, struct verr 
     return stage_layers(fc, t0, n_tok, kv_n_kv(&fc->kv), err);
 }
 
-// forward_stage_layers with attention over cells [0, n_kv), n_kv >= kv_n_kv.
-static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err) {
+// x += post_norm(w in), or x += w in (one fused op) without a post-norm:
+// the end of a block's attention or feed-forward. `what` names the matrix.
+static int proj_residual(struct forward_ctx *fc, int il, float *x /* [n_tok][n_embd] */,
+                         const struct backend_weight *w, const float *in /* [n_tok][w->n_in] */,
+                         const float *post_norm /* [n_embd] or NULL */, int n_tok, const char *what,
+                         struct verr *err) {
+    struct backend *be = fc->be;
+    const struct model_hparams *hp = &fc->m->hp;
+    if (!post_norm) {
+        OP(what, be->ops->matmul_add(be, x, w, in, n_tok));
+        return 0;
+    }
+    OP(what, be->ops->matmul(be, fc->xn, w, in, NULL, n_tok));
+    OP("post-norm",
+       be->ops->rms_norm(be, fc->xn, fc->xn, post_norm, n_tok, hp->n_embd, hp->norm_eps));
+    OP("residual", be->ops->add(be, x, fc->xn, (int64_t)n_tok * hp->n_embd));
+    return 0;
+}
+
+// One block's attention, added to the residual x [n_tok][n_embd]: norm,
+// Q/K/V, per-head Q/K norms (qwen3, gemma3), RoPE with the layer's
+// parameters and the K/V store, attention over cells [0, n_kv) (through the
+// window on a sliding-window layer), the output projection and, on a
+// sandwich-norm block (gemma3), its norm before the residual add.
+static int layer_attention(struct forward_ctx *fc, int il, float *x, const int32_t *d_pos,
+                           const int32_t *d_seq, const int32_t *d_cells, int n_tok, int n_kv,
+                           struct verr *err) {
     const struct model *m = fc->m;
     const struct model_hparams *hp = &m->hp;
     struct backend *be = fc->be;
+    const struct model_layer *L = &m->layers[il];
+    const int kl = il - m->layer_begin; // this stage's cache holds its layers only
     const int n_embd = hp->n_embd;
-    float *x = fc->x + (size_t)t0 * n_embd;                         // [n_tok][n_embd]
+    const bool swa = model_layer_is_swa(hp, il);
+    const struct rope_params *rp = swa ? &fc->rope_swa : &fc->rope;
+    OP("attn_norm", be->ops->rms_norm(be, fc->xn, x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
+    const struct backend_mm qkv[3] = {
+        {fc->q, &L->wq, L->bq}, {fc->k, &L->wk, L->bk}, {fc->v, &L->wv, L->bv}};
+    OP("attn_q/k/v", be->ops->matmul_multi(be, qkv, 3, fc->xn, n_tok));
+    if (L->attn_q_norm)
+        OP("attn_q_norm", be->ops->rms_norm(be, fc->q, fc->q, L->attn_q_norm, n_tok * hp->n_head,
+                                            hp->head_dim, hp->norm_eps));
+    if (L->attn_k_norm)
+        OP("attn_k_norm", be->ops->rms_norm(be, fc->k, fc->k, L->attn_k_norm, n_tok * hp->n_head_kv,
+                                            hp->head_dim, hp->norm_eps));
+    OP("rope q, k + kv store",
+       be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
+                              fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v, d_pos,
+                              d_cells, n_tok, hp->n_head_kv, hp->head_dim, hp->head_dim_v,
+                              fc->cfg.k_unrotated ? NULL : rp));
+    struct attn_args a = {
+        .out = fc->attn,
+        .q = fc->q,
+        .k = kv_layer_k(&fc->kv, kl),
+        .v = kv_layer_v(&fc->kv, kl),
+        .type_k = fc->kv.cfg.type_k,
+        .type_v = fc->kv.cfg.type_v,
+        .cell_pos = fc->kv.d_cell_pos,
+        .cell_seq = fc->kv.d_cell_seq,
+        .seq_words = fc->kv.seq_words,
+        .q_pos = d_pos,
+        .q_seq = d_seq,
+        .n_tok = n_tok,
+        .n_kv = n_kv,
+        .window = swa ? hp->sliding_window : 0,
+        .n_head = hp->n_head,
+        .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .head_dim_v = hp->head_dim_v,
+        .scale = fc->attn_scale,
+        .rope = fc->cfg.k_unrotated ? rp : NULL,
+        .se_g = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1,
+        .se_w = fc->cfg.se_w,
+    };
+    OP("attention", be->ops->attention(be, &a));
+    return proj_residual(fc, il, x, &L->wo, fc->attn, L->attn_post_norm, n_tok, "attn_output", err);
+}
+
+// One block's feed-forward, added to x: norm, gate/up with the
+// architecture's activation, down projection and, on a sandwich-norm block,
+// its norm before the residual add.
+static int layer_ffn(struct forward_ctx *fc, int il, float *x, int n_tok, struct verr *err) {
+    const struct model *m = fc->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = fc->be;
+    const struct model_layer *L = &m->layers[il];
+    const int n_embd = hp->n_embd;
+    OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
+    if (arch_get(hp->arch)->block.ffn == ARCH_FFN_GEGLU)
+        OP("ffn_gate/up + geglu",
+           be->ops->matmul_geglu(be, fc->gate, fc->up, &L->w_gate, &L->w_up, fc->xn, n_tok));
+    else
+        OP("ffn_gate/up + swiglu",
+           be->ops->matmul_swiglu(be, fc->gate, fc->up, &L->w_gate, &L->w_up, fc->xn, n_tok));
+    return proj_residual(fc, il, x, &L->w_down, fc->gate, L->ffn_post_norm, n_tok, "ffn_down", err);
+}
+
+// forward_stage_layers with attention over cells [0, n_kv), n_kv >= kv_n_kv.
+static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err) {
+    const struct model *m = fc->m;
+    float *x = fc->x + (size_t)t0 * m->hp.n_embd;                   // [n_tok][n_embd]
     const int32_t *d_pos = fc->d_pos + t0, *d_seq = fc->d_seq + t0; // [n_tok]
     const int32_t *d_cells = fc->d_cells + t0;                      // [n_tok]
     for (int il = m->layer_begin; il < m->layer_end; il++) {
-        const struct model_layer *L = &m->layers[il];
-        const int kl = il - m->layer_begin; // this stage's cache holds its layers only
-        // attention
-        OP("attn_norm",
-           be->ops->rms_norm(be, fc->xn, x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
-        const struct backend_mm qkv[3] = {
-            {fc->q, &L->wq, L->bq}, {fc->k, &L->wk, L->bk}, {fc->v, &L->wv, L->bv}};
-        OP("attn_q/k/v", be->ops->matmul_multi(be, qkv, 3, fc->xn, n_tok));
-        OP("rope q, k + kv store",
-           be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
-                                  fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v,
-                                  d_pos, d_cells, n_tok, hp->n_head_kv, hp->head_dim,
-                                  hp->head_dim_v, fc->cfg.k_unrotated ? NULL : &fc->rope));
-        struct attn_args a = {
-            .out = fc->attn,
-            .q = fc->q,
-            .k = kv_layer_k(&fc->kv, kl),
-            .v = kv_layer_v(&fc->kv, kl),
-            .type_k = fc->kv.cfg.type_k,
-            .type_v = fc->kv.cfg.type_v,
-            .cell_pos = fc->kv.d_cell_pos,
-            .cell_seq = fc->kv.d_cell_seq,
-            .seq_words = fc->kv.seq_words,
-            .q_pos = d_pos,
-            .q_seq = d_seq,
-            .n_tok = n_tok,
-            .n_kv = n_kv,
-            .n_head = hp->n_head,
-            .n_head_kv = hp->n_head_kv,
-            .head_dim = hp->head_dim,
-            .head_dim_v = hp->head_dim_v,
-            .scale = fc->attn_scale,
-            .rope = fc->cfg.k_unrotated ? &fc->rope : NULL,
-            .se_g = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1,
-            .se_w = fc->cfg.se_w,
-        };
-        OP("attention", be->ops->attention(be, &a));
-        OP("attn_output + residual", be->ops->matmul_add(be, x, &L->wo, fc->attn, n_tok));
-        // feed-forward
-        OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
-        OP("ffn_gate/up + swiglu",
-           be->ops->matmul_swiglu(be, fc->gate, fc->up, &L->w_gate, &L->w_up, fc->xn, n_tok));
-        OP("ffn_down + residual", be->ops->matmul_add(be, x, &L->w_down, fc->gate, n_tok));
+        int rc = layer_attention(fc, il, x, d_pos, d_seq, d_cells, n_tok, n_kv, err);
+        if (rc || (rc = layer_ffn(fc, il, x, n_tok, err)))
+            return rc;
     }
     return 0;
 }

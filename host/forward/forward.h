@@ -114,7 +114,8 @@ struct forward_ctx {
     struct backend *be; // the model's
     struct forward_config cfg;
     struct rope_params rope;
-    float attn_scale; // 1/sqrt(head_dim)
+    struct rope_params rope_swa; // sliding-window layers' (host/model/model.h)
+    float attn_scale;            // 1/sqrt(head_dim), or the architecture's
     struct kv_cache kv;
 
     // backend scratch, sized once for n_batch tokens / n_out output rows

@@ -10,10 +10,14 @@
 // table's declaration here and its line in `archs`.
 extern const struct arch arch_llama;
 extern const struct arch arch_qwen2;
+extern const struct arch arch_qwen3;
+extern const struct arch arch_gemma3;
 
 static const struct arch *const archs[MODEL_ARCH_COUNT] = {
     [MODEL_ARCH_LLAMA] = &arch_llama,
     [MODEL_ARCH_QWEN2] = &arch_qwen2,
+    [MODEL_ARCH_QWEN3] = &arch_qwen3,
+    [MODEL_ARCH_GEMMA3] = &arch_gemma3,
 };
 
 const struct arch *arch_get(enum model_arch id) {

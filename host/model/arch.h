@@ -23,8 +23,10 @@
 
 // The registry's ids (stable: tests and mkmodel configs use them).
 enum model_arch {
-    MODEL_ARCH_LLAMA = 0, // Llama 2/3, Mistral, TinyLlama: normal RoPE
-    MODEL_ARCH_QWEN2 = 1, // NeoX RoPE, Q/K/V biases
+    MODEL_ARCH_LLAMA = 0,  // Llama 2/3, Mistral, TinyLlama: normal RoPE
+    MODEL_ARCH_QWEN2 = 1,  // NeoX RoPE, Q/K/V biases
+    MODEL_ARCH_QWEN3 = 2,  // NeoX RoPE, per-head Q/K RMS norm
+    MODEL_ARCH_GEMMA3 = 3, // sandwich norms, GeGLU, sliding-window layers
     MODEL_ARCH_COUNT
 };
 
@@ -111,8 +113,15 @@ struct arch_block {
     bool post_ffn_norm;         // likewise of the feed-forward output
     enum arch_ffn ffn;          // the gated activation
     bool embd_scale;            // the embedding is scaled by sqrt(n_embd) (gemma)
-    int sliding_window_pattern; // 0: every layer attends to all; n: sliding window except
-                                // every n-th layer (gemma2/3)
+    int sliding_window_pattern; // 0: every layer attends to all; n: the default of
+                                // {arch}.attention.sliding_window_pattern when the file
+                                // has {arch}.attention.sliding_window: layer il is local
+                                // (windowed) unless il % n == n - 1 (gemma3: 6)
+    // The attention scale of llama.cpp's gemma3 (its f_attention_scale):
+    // 1/sqrt(head_dim), but 1/sqrt(n_embd / n_head) for a model of
+    // `attn_scale_embd_layers` layers (Gemma 3 27B, query_pre_attn_scalar =
+    // n_embd / n_head); 0: always 1/sqrt(head_dim).
+    int attn_scale_embd_layers;
 };
 
 // llama.cpp's checks of this architecture that vela does not share: mkmodel
@@ -181,6 +190,19 @@ extern const struct arch_tensor arch_globals_llama[];
         ARCH_LAYER_MAT("attn_output.weight", N_O, N_EMBD, false, ATTN_O, wo),                      \
         ARCH_LAYER_VEC("ffn_norm.weight", N_EMBD, false, NORM, ffn_norm),                          \
         ARCH_LAYER_MAT("ffn_gate.weight", N_EMBD, N_FF, false, FFN_GATE, w_gate),                  \
+        ARCH_LAYER_MAT("ffn_up.weight", N_EMBD, N_FF, false, FFN_UP, w_up),                        \
+        ARCH_LAYER_MAT("ffn_down.weight", N_FF, N_EMBD, false, FFN_DOWN, w_down)
+
+// The projections of a block without biases (qwen3, gemma3), in llama.cpp's
+// file order: attention's Q, K, V and output; the feed-forward's gate, up
+// and down.
+#define ARCH_LAYER_ATTN_PROJ                                                                       \
+    ARCH_LAYER_MAT("attn_q.weight", N_EMBD, N_Q, false, ATTN_Q, wq),                               \
+        ARCH_LAYER_MAT("attn_k.weight", N_EMBD, N_K, false, ATTN_K, wk),                           \
+        ARCH_LAYER_MAT("attn_v.weight", N_EMBD, N_V, false, ATTN_V, wv),                           \
+        ARCH_LAYER_MAT("attn_output.weight", N_O, N_EMBD, false, ATTN_O, wo)
+#define ARCH_LAYER_FFN_PROJ                                                                        \
+    ARCH_LAYER_MAT("ffn_gate.weight", N_EMBD, N_FF, false, FFN_GATE, w_gate),                      \
         ARCH_LAYER_MAT("ffn_up.weight", N_EMBD, N_FF, false, FFN_UP, w_up),                        \
         ARCH_LAYER_MAT("ffn_down.weight", N_FF, N_EMBD, false, FFN_DOWN, w_down)
 

@@ -122,6 +122,39 @@ static int read_rope_scaling(const struct gguf_file *f, const char *arch, struct
                           err);
 }
 
+// Sliding-window attention, as llama.cpp's gemma3 loader reads it: a window
+// only when {arch}.attention.sliding_window is present and > 0 (and the
+// architecture has local layers); the pattern defaults to the
+// architecture's, the local layers' RoPE base to 10000. A final logit
+// soft-cap (which vela does not apply) is refused rather than ignored.
+static int read_swa(const struct gguf_file *f, const char *arch, const struct arch *ad,
+                    struct model_hparams *hp, struct verr *err) {
+    int rc;
+    float softcap = 0;
+    if ((rc = read_float_key(f, arch, "final_logit_softcapping", false, 0, &softcap, err)))
+        return rc;
+    if (softcap != 0)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "%s: %s.final_logit_softcapping = %g: logit soft-capping is not supported",
+                        file_name(f), arch, softcap);
+    hp->sliding_window = 0;
+    hp->swa_pattern = 0;
+    hp->rope_freq_base_swa = 10000.0f;
+    if (!ad->block.sliding_window_pattern)
+        return 0;
+    if ((rc = read_int_key(f, arch, "attention.sliding_window", false, 0, &hp->sliding_window,
+                           err)) ||
+        (rc = read_int_key(f, arch, "attention.sliding_window_pattern", false,
+                           ad->block.sliding_window_pattern, &hp->swa_pattern, err)) ||
+        (rc = read_float_key(f, arch, "rope.freq_base_swa", false, 10000.0f,
+                             &hp->rope_freq_base_swa, err)))
+        return rc;
+    if (!(hp->rope_freq_base_swa > 0))
+        return verr_set(err, VERR_RANGE, "%s: %s.rope.freq_base_swa = %g must be > 0", file_name(f),
+                        arch, hp->rope_freq_base_swa);
+    return 0;
+}
+
 int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, struct verr *err) {
     memset(hp, 0, sizeof *hp);
     char *arch = NULL;
@@ -196,7 +229,7 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, stru
         goto out;
     }
 
-    if ((rc = read_rope_scaling(f, arch, hp, err)))
+    if ((rc = read_rope_scaling(f, arch, hp, err)) || (rc = read_swa(f, arch, ad, hp, err)))
         goto out;
 
     const struct gguf_tensor_info *te = gguf_find_tensor(f, "token_embd.weight");

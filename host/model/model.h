@@ -52,7 +52,24 @@ struct model_hparams {
     int n_ctx_orig_yarn;    // {arch}.rope.scaling.original_context_length (default n_ctx_train)
     float rope_attn_factor; // {arch}.rope.scaling.attn_factor (default 1)
     bool has_bias_qkv;      // the architecture requires Q/K/V biases (qwen2)
+    // Sliding-window attention (gemma3; all 0 elsewhere): a local layer's
+    // query at position p sees a cell at position c only if p - c <
+    // sliding_window (llama.cpp's LLAMA_SWA_TYPE_STANDARD); which layers are
+    // local: model_layer_is_swa. Local layers rotate with their own RoPE
+    // base and no scaling (llama.cpp's rope_freq_base_train_swa, default
+    // 10000, and rope_freq_scale_train_swa = 1).
+    int sliding_window;       // {arch}.attention.sliding_window; 0: no local layers
+    int swa_pattern;          // {arch}.attention.sliding_window_pattern (the arch's default)
+    float rope_freq_base_swa; // {arch}.rope.freq_base_swa (default 10000)
 };
+
+// Whether layer il attends through the sliding window (llama.cpp's
+// set_swa_pattern: local unless il % pattern == pattern - 1; pattern 0:
+// every layer local).
+static inline bool model_layer_is_swa(const struct model_hparams *hp, int il) {
+    return hp->sliding_window > 0 &&
+           (hp->swa_pattern == 0 || il % hp->swa_pattern < hp->swa_pattern - 1);
+}
 
 // The dims tensor shapes are made of (host/model/arch.h), from hp.
 void model_arch_dims(const struct model_hparams *hp, struct arch_dims *dims);
@@ -74,6 +91,10 @@ struct model_layer {
     struct backend_weight w_gate; // [n_ff][n_embd]
     struct backend_weight w_up;   // [n_ff][n_embd]
     struct backend_weight w_down; // [n_embd][n_ff]
+    float *attn_q_norm;           // [head_dim] F32 or NULL (qwen3, gemma3)
+    float *attn_k_norm;           // [head_dim] F32 or NULL
+    float *attn_post_norm;        // [n_embd] F32 or NULL (gemma3)
+    float *ffn_post_norm;         // [n_embd] F32 or NULL
 };
 
 struct model {

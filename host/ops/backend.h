@@ -68,6 +68,8 @@ struct backend_mm {
 // iff seq q_seq[t] is in cell c's set and cell_pos[c] <= q_pos[t] (and
 // cell_pos[c] >= 0). Heads are grouped (GQA): query head h reads KV head
 // h / (n_head / n_head_kv). Softmax scale `scale` (1/sqrt(head_dim)).
+// With window > 0 (a sliding-window layer) query t sees cell c only if also
+// q_pos[t] - cell_pos[c] < window (llama.cpp's LLAMA_SWA_TYPE_STANDARD).
 // A query row with no visible cell produces zeros.
 struct attn_args {
     float *out;               // [n_tok][n_head][head_dim_v]
@@ -82,7 +84,8 @@ struct attn_args {
     const int32_t *q_pos; // [n_tok]
     const int32_t *q_seq; // [n_tok]
     int n_tok;
-    int n_kv; // cells 0..n_kv-1 are considered
+    int n_kv;   // cells 0..n_kv-1 are considered
+    int window; // 0: no sliding window
     int n_head;
     int n_head_kv;
     int head_dim;
@@ -166,6 +169,13 @@ struct backend_ops {
                          const struct backend_weight *w_gate, const struct backend_weight *w_up,
                          const float *x /* [n_tok][n_in] */, int n_tok);
 
+    // out = geglu(matmul(w_gate, x), matmul(w_up, x)): matmul_swiglu with the
+    // geglu op's activation; same contract.
+    int (*matmul_geglu)(struct backend *be, float *out /* [n_tok][w_gate->n_out] */,
+                        float *up_tmp /* [n_tok][w_up->n_out] */,
+                        const struct backend_weight *w_gate, const struct backend_weight *w_up,
+                        const float *x /* [n_tok][n_in] */, int n_tok);
+
     // Rotates every head of x in place to position pos[t], scaled by mscale.
     int (*rope)(struct backend *be, float *x /* [n_tok][n_head][head_dim] */,
                 const int32_t *pos /* [n_tok] */, int n_tok, int n_head, int head_dim,
@@ -199,6 +209,18 @@ struct backend_ops {
     // out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
     int (*swiglu)(struct backend *be, float *out /* [n] */, const float *gate /* [n] */,
                   const float *up /* [n] */, int64_t n);
+
+    // out[i] = gelu(gate[i]) * up[i]; out may alias gate or up. gelu is the
+    // tanh approximation as ggml's CPU backend computes it for llama.cpp
+    // (GGML_GELU_FP16): gate <= -10 gives 0, gate >= 10 gives gate, else
+    // gate is rounded to f16 and f16(0.5 g (1 + tanhf(sqrt(2/pi) g (1 +
+    // 0.044715 g^2)))) of that g is the product's factor (ggml's table);
+    // the CPU backend's gelu_f16 is the scalar definition.
+    int (*geglu)(struct backend *be, float *out /* [n] */, const float *gate /* [n] */,
+                 const float *up /* [n] */, int64_t n);
+
+    // x[i] *= s
+    int (*scale)(struct backend *be, float *x /* [n] */, float s, int64_t n);
 
     // x[i] += y[i]
     int (*add)(struct backend *be, float *x /* [n] */, const float *y /* [n] */, int64_t n);

@@ -1097,6 +1097,7 @@ struct attn_case {
     bool causal; // cell c holds pos c of sequence 0; queries are the last n_tok positions
     int n_seq;   // random layout: sequences 0..n_seq-1 (seq_words = ceil(n_seq/64))
     const char *note;
+    int window; // sliding window (attn_args.window); 0: none
 };
 
 // Added to the f32 tolerance for cases that run on tensor cores (see
@@ -1104,25 +1105,33 @@ struct attn_case {
 #define ATTN_TC_REL_TOL 2e-3
 
 static const struct attn_case attn_cases[] = {
-    {1, 1, 8, 8, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "one cell"},
-    {1, 100, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "decode gqa4"},
-    {1, 5000, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "decode split-k"},
-    {1, 3000, 4, 4, 256, 256, GGML_TYPE_F32, GGML_TYPE_F16, true, 1, "decode hd256 split-k"},
-    {2, 2000, 14, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 3, "decode gqa7 multi-seq"},
-    {3, 777, 6, 3, 80, 80, GGML_TYPE_F32, GGML_TYPE_F32, false, 2, "hd80"},
-    {33, 33, 8, 4, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "prefill causal"},
-    {64, 200, 12, 4, 96, 96, GGML_TYPE_F32, GGML_TYPE_F16, true, 1, "prefill hd96"},
-    {17, 300, 4, 1, 192, 128, GGML_TYPE_F16, GGML_TYPE_F16, false, 5, "mqa dk192 dv128"},
-    {128, 1500, 8, 8, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "prefill long"},
-    {40, 600, 16, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F32, false, 100, "seq ids >= 64"},
-    {5, 0, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "empty cache"},
+    {1, 1, 8, 8, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "one cell", 0},
+    {1, 100, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "decode gqa4", 0},
+    {1, 5000, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "decode split-k", 0},
+    {1, 3000, 4, 4, 256, 256, GGML_TYPE_F32, GGML_TYPE_F16, true, 1, "decode hd256 split-k", 0},
+    {2, 2000, 14, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 3, "decode gqa7 multi-seq", 0},
+    {3, 777, 6, 3, 80, 80, GGML_TYPE_F32, GGML_TYPE_F32, false, 2, "hd80", 0},
+    {33, 33, 8, 4, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "prefill causal", 0},
+    {64, 200, 12, 4, 96, 96, GGML_TYPE_F32, GGML_TYPE_F16, true, 1, "prefill hd96", 0},
+    {17, 300, 4, 1, 192, 128, GGML_TYPE_F16, GGML_TYPE_F16, false, 5, "mqa dk192 dv128", 0},
+    {128, 1500, 8, 8, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "prefill long", 0},
+    {40, 600, 16, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F32, false, 100, "seq ids >= 64", 0},
+    {5, 0, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "empty cache", 0},
     // head dims that are not whole 16-byte vectors: element-wise tile loads
-    {2, 300, 4, 2, 36, 36, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "hd36 scalar tile loads"},
-    {1, 700, 4, 4, 66, 66, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "hd66 f32 scalar tile loads"},
+    {2, 300, 4, 2, 36, 36, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "hd36 scalar tile loads", 0},
+    {1, 700, 4, 4, 66, 66, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "hd66 f32 scalar tile loads", 0},
     // attn_kernel's dynamic shared memory is exactly 48 KiB here; with its
     // static int that is over the default limit, so the launcher must raise
     // it (hardware only: the emulator counts dynamic shared memory alone)
-    {2, 300, 4, 2, 128, 190, GGML_TYPE_F16, GGML_TYPE_F32, false, 2, "dk128 dv190 48 KiB smem"},
+    {2, 300, 4, 2, 128, 190, GGML_TYPE_F16, GGML_TYPE_F32, false, 2, "dk128 dv190 48 KiB smem", 0},
+    // sliding windows (gemma3's local layers): split-K decode whose early
+    // splits see nothing, prefill rows whose windows end inside a tile, and
+    // random layouts (positions up to 2 n_kv)
+    {1, 5000, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "decode split-k window", 700},
+    {2, 3000, 4, 4, 256, 256, GGML_TYPE_F32, GGML_TYPE_F16, true, 1, "decode hd256 window 1", 1},
+    {20, 200, 4, 2, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "prefill f32 window", 7},
+    {33, 300, 8, 4, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "prefill tc window", 50},
+    {3, 777, 6, 3, 80, 80, GGML_TYPE_F32, GGML_TYPE_F32, false, 2, "random window", 300},
 };
 
 static void *cache_from(const float *f, enum ggml_type t, size_t n) {
@@ -1253,6 +1262,7 @@ static double attn_check_case(const struct attn_case *c, bool q8_follow) {
             .head_dim = c->head_dim,
             .head_dim_v = c->head_dim_v,
             .scale = 1.0f / sqrtf((float)c->head_dim),
+            .window = c->window,
         };
         struct attn_args ag = ac;
         ag.out = bo.g;
@@ -1303,9 +1313,10 @@ static double attn_check_case(const struct attn_case *c, bool q8_follow) {
         if (attn_case_on_tensor_cores(c))
             atol += ATTN_TC_REL_TOL * vmax;
         char what[160];
-        snprintf(what, sizeof what, "attention %s: toks %d kv %d heads %d/%d hd %d/%d %s/%s",
-                 c->note, n_tok, n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v,
-                 ggml_type_name(c->tk), ggml_type_name(c->tv));
+        snprintf(what, sizeof what,
+                 "attention %s: toks %d kv %d heads %d/%d hd %d/%d %s/%s window %d", c->note, n_tok,
+                 n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v, ggml_type_name(c->tk),
+                 ggml_type_name(c->tv), c->window);
         check_close(what, rc, rg, no, NULL, atol, 0.0);
         if (q8_follow && n_tok <= CUDA_MATVEC_MAX_TOK && c->head_dim_v % 32 == 0)
             attn_q8_follow(c, &ag);
@@ -1350,15 +1361,15 @@ Test(cuda, attention) {
 // both sequences, rows that see nothing), every supported head dim (the
 // kernel's KV tile is 64 cells for head dims <= 96, 32 above).
 static const struct attn_case attn_tc_cases[] = {
-    {16, 16, 4, 4, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd64 smallest"},
-    {77, 333, 8, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd64 gqa4 2 seqs"},
-    {200, 600, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd64 causal"},
-    {31, 129, 6, 6, 80, 80, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd80"},
-    {45, 250, 4, 1, 96, 96, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd96 mqa 2 seqs"},
-    {65, 200, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd128 gqa4 causal"},
-    {101, 555, 4, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd128 2 seqs"},
-    {19, 97, 2, 1, 256, 256, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd256 2 seqs"},
-    {37, 150, 2, 2, 256, 256, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd256 causal"},
+    {16, 16, 4, 4, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd64 smallest", 0},
+    {77, 333, 8, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd64 gqa4 2 seqs", 0},
+    {200, 600, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd64 causal", 0},
+    {31, 129, 6, 6, 80, 80, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd80", 0},
+    {45, 250, 4, 1, 96, 96, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd96 mqa 2 seqs", 0},
+    {65, 200, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd128 gqa4 causal", 0},
+    {101, 555, 4, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd128 2 seqs", 0},
+    {19, 97, 2, 1, 256, 256, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "tc hd256 2 seqs", 0},
+    {37, 150, 2, 2, 256, 256, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "tc hd256 causal", 0},
 };
 
 Test(cuda, attention_q8_feeds_the_next_matvec) {
@@ -1407,6 +1418,28 @@ Test(cuda, attention_rejects_large_heads) {
 // ---------------------------------------------------------------------------
 // elementwise, get_rows, argmax
 
+// swiglu (geglu: geglu) of gate g and up u on both backends, the output in
+// a buffer of its own (alias 0), in the gate's (1) or in the up's (2);
+// downloads the results into fresh arrays *rc (CPU) and *rg (CUDA).
+static void glu_run(bool geglu, const float *g, const float *u, int64_t n, int alias, float **rc,
+                    float **rg) {
+    struct dbuf bg = dbuf_new(g, (size_t)n * sizeof(float));
+    struct dbuf bu = dbuf_new(u, (size_t)n * sizeof(float));
+    struct dbuf bo = dbuf_new(NULL, (size_t)n * sizeof(float));
+    struct dbuf *out = alias == 0 ? &bo : alias == 1 ? &bg : &bu;
+    if (geglu) {
+        OK(cpu, cpu->ops->geglu(cpu, out->c, bg.c, bu.c, n));
+        OK(gpu, gpu->ops->geglu(gpu, out->g, bg.g, bu.g, n));
+    } else {
+        OK(cpu, cpu->ops->swiglu(cpu, out->c, bg.c, bu.c, n));
+        OK(gpu, gpu->ops->swiglu(gpu, out->g, bg.g, bu.g, n));
+    }
+    dbuf_get(out, (void **)rc, (void **)rg);
+    dbuf_free(&bg);
+    dbuf_free(&bu);
+    dbuf_free(&bo);
+}
+
 Test(cuda, swiglu_add) {
     REQUIRE_GPU();
     rng_seed(80);
@@ -1419,14 +1452,8 @@ Test(cuda, swiglu_add) {
                 g[0] = -100.0f; // expf(100) is finite; silu ~ -0
                 g[1] = 100.0f;
             }
-            struct dbuf bg = dbuf_new(g, (size_t)n * sizeof(float));
-            struct dbuf bu = dbuf_new(u, (size_t)n * sizeof(float));
-            struct dbuf bo = dbuf_new(NULL, (size_t)n * sizeof(float));
-            struct dbuf *out = alias == 0 ? &bo : alias == 1 ? &bg : &bu;
-            OK(cpu, cpu->ops->swiglu(cpu, out->c, bg.c, bu.c, n));
-            OK(gpu, gpu->ops->swiglu(gpu, out->g, bg.g, bu.g, n));
             float *rc, *rg;
-            dbuf_get(out, (void **)&rc, (void **)&rg);
+            glu_run(false, g, u, n, alias, &rc, &rg);
             char what[64];
             snprintf(what, sizeof what, "swiglu n %lld alias %d", (long long)n, alias);
             // The same expression g / (1 + expf(-g)) * u; CUDA's expf is within
@@ -1435,9 +1462,6 @@ Test(cuda, swiglu_add) {
             check_close(what, rc, rg, (size_t)n, NULL, 1e-30, 1.0 / 1048576);
             free(rc);
             free(rg);
-            dbuf_free(&bg);
-            dbuf_free(&bu);
-            dbuf_free(&bo);
             free(g);
             free(u);
         }
@@ -1537,4 +1561,155 @@ Test(cuda, argmax) {
         dbuf_free(&bo);
         free(l);
     }
+}
+
+// ---------------------------------------------------------------------------
+// gemma3's ops: geglu, matmul_geglu, scale
+
+// The geglu op on both backends rounds gelu(g) to f16 (host/ops/backend.h), so
+// a 1-2 ulp difference of tanhf (glibc vs CUDA) or of the gate (a matmul's
+// summation order) flips that rounding for a few elements: one f16 step,
+// 2^-11 relative. Elements must agree to `tight` relative (the f32 rounding
+// of the product and of the gate) except at most 2% of them, which may
+// differ by up to 1e-3 relative (one f16 step plus the product's rounding).
+// An f32 GELU without the f16 rounding would move most elements by ~1e-4.
+static void check_geglu_close(const char *what, const float *ref, const float *got, size_t n,
+                              const float *scale, double tight) {
+    size_t loose = 0, fails = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double s = scale ? fabs((double)scale[i]) : fabs((double)ref[i]);
+        const double e = fabs((double)got[i] - ref[i]) / (s > 1e-30 ? s : 1e-30);
+        if (!(e <= 1e-3)) {
+            if (fails++ < 5)
+                cr_log_error("%s: element %zu: cuda %.9g, cpu %.9g", what, i, got[i], ref[i]);
+        } else if (e > tight) {
+            loose++;
+        }
+        if (e > worst)
+            worst = e;
+    }
+    cr_log_info("%s: worst relative error %.3g, %zu of %zu past %.1g", what, worst, loose, n,
+                tight);
+    cr_expect_eq(fails, 0, "%s: %zu elements off by more than 1e-3 relative", what, fails);
+    cr_expect_leq(loose, n / 50 + 1, "%s: %zu of %zu elements past %.1g relative", what, loose, n,
+                  tight);
+}
+
+Test(cuda, geglu_scale) {
+    REQUIRE_GPU();
+    rng_seed(81);
+    const int64_t sizes[] = {1, 37, 14336, (1 << 16) + 3};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        for (int alias = 0; alias < 3; alias++) { // out separate, out = gate, out = up
+            const int64_t n = sizes[si];
+            float *g = nrand_array((size_t)n, 4.0f), *u = nrand_array((size_t)n, 1.0f);
+            if (n > 6) { // the table's edges: 0 at <= -10, the identity at >= 10
+                g[0] = -100.0f;
+                g[1] = 100.0f;
+                g[2] = -10.0f;
+                g[3] = 10.0f;
+                g[4] = -9.99f;
+                g[5] = 9.99f;
+            }
+            float *rc, *rg;
+            glu_run(true, g, u, n, alias, &rc, &rg);
+            char what[64];
+            snprintf(what, sizeof what, "geglu n %lld alias %d", (long long)n, alias);
+            // Same f16 factor times u: one f32 rounding, 2^-24.
+            check_geglu_close(what, rc, rg, (size_t)n, NULL, 1.0 / 8388608);
+            if (n > 6) {
+                cr_expect(rc[0] == 0.0f && rg[0] == 0.0f, "geglu(-100) = 0");
+                cr_expect(rc[1] == 100.0f * u[1] && rg[1] == 100.0f * u[1], "geglu(100) = 100 u");
+            }
+            free(rc);
+            free(rg);
+            free(g);
+            free(u);
+        }
+        const int64_t n = sizes[si];
+        float *x = nrand_array((size_t)n, 3.0f);
+        struct dbuf bx = dbuf_new(x, (size_t)n * sizeof(float));
+        OK(cpu, cpu->ops->scale(cpu, bx.c, 25.298221f, n));
+        OK(gpu, gpu->ops->scale(gpu, bx.g, 25.298221f, n));
+        float *rc, *rg;
+        dbuf_get(&bx, (void **)&rc, (void **)&rg);
+        char what[64];
+        snprintf(what, sizeof what, "scale n %lld", (long long)n);
+        check_close(what, rc, rg, (size_t)n, NULL, 0.0, 0.0); // one rounding, the same
+        free(rc);
+        free(rg);
+        dbuf_free(&bx);
+        free(x);
+    }
+}
+
+// matmul_geglu: on CUDA the fused decode mat-vec (f32 and q8_1 activations)
+// equals matmul + matmul + geglu bit for bit, and every path agrees with the
+// CPU's as check_geglu_close allows (the gate differs by the matmul's
+// summation order, ~1e-6 relative; 1e-5 leaves room for cancellation).
+// Batches past CUDA_MATVEC_MAX_TOK take the GEMM path, here with F32
+// weights only: with quantized weights it rounds activations to f16
+// (tests/gpu/test_forward_cuda.c states that tolerance).
+Test(cuda, matmul_geglu) {
+    REQUIRE_GPU();
+    rng_seed(82);
+    const struct {
+        enum ggml_type t;
+        int64_t n_in, n_ff;
+        int n_tok;
+        bool act_q8;
+    } cases[] = {
+        {GGML_TYPE_F32, 96, 160, 1, false},  {GGML_TYPE_F16, 128, 130, 3, false},
+        {GGML_TYPE_Q4_0, 256, 96, 8, false}, {GGML_TYPE_Q4_0, 256, 96, 2, true},
+        {GGML_TYPE_Q4_K, 256, 64, 1, true},  {GGML_TYPE_F32, 64, 96, 20, false},
+        {GGML_TYPE_F32, 128, 64, 9, false},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t n_in = cases[ci].n_in, n_ff = cases[ci].n_ff;
+        const int n_tok = cases[ci].n_tok;
+        const enum ggml_type t = cases[ci].t;
+        cpu->act_q8 = gpu->act_q8 = cases[ci].act_q8;
+        float *x = nrand_array((size_t)n_tok * n_in, 1.0f);
+        void *wg = make_weight(t, n_in, n_ff), *wu = make_weight(t, n_in, n_ff);
+        const size_t wb = ggml_row_bytes(t, n_in) * n_ff, nf = (size_t)n_tok * n_ff;
+        struct dbuf bx = dbuf_new(x, (size_t)n_tok * n_in * sizeof(float));
+        struct dbuf bwg = dbuf_new(wg, wb), bwu = dbuf_new(wu, wb);
+        struct dbuf bo = dbuf_new(NULL, nf * sizeof(float)),
+                    bt = dbuf_new(NULL, nf * sizeof(float));
+        struct dbuf ug = dbuf_new(NULL, nf * sizeof(float)),
+                    uu = dbuf_new(NULL, nf * sizeof(float));
+        const struct backend_weight cg = {bwg.c, t, n_in, n_ff}, cu = {bwu.c, t, n_in, n_ff};
+        const struct backend_weight gg = {bwg.g, t, n_in, n_ff}, gu = {bwu.g, t, n_in, n_ff};
+        OK(cpu, cpu->ops->matmul_geglu(cpu, bo.c, bt.c, &cg, &cu, bx.c, n_tok));
+        OK(gpu, gpu->ops->matmul_geglu(gpu, bo.g, bt.g, &gg, &gu, bx.g, n_tok));
+        OK(gpu, gpu->ops->matmul(gpu, ug.g, &gg, bx.g, NULL, n_tok));
+        OK(gpu, gpu->ops->matmul(gpu, uu.g, &gu, bx.g, NULL, n_tok));
+        OK(gpu, gpu->ops->geglu(gpu, ug.g, ug.g, uu.g, (int64_t)nf));
+        float *rc, *rg;
+        dbuf_get(&bo, (void **)&rc, (void **)&rg);
+        float *unf = gpu_fetch(ug.g, nf), *up = gpu_fetch(uu.g, nf);
+        char what[160];
+        snprintf(what, sizeof what, "matmul_geglu %s n_in %lld n_ff %lld n_tok %d%s",
+                 ggml_type_name(t), (long long)n_in, (long long)n_ff, n_tok,
+                 cases[ci].act_q8 ? " act_q8" : "");
+        count_bit_diffs(what, rg, unf, nf);
+        // relative to |gelu factor * up|'s scale: the up projection's magnitude
+        float *sc = malloc(nf * sizeof *sc);
+        for (size_t i = 0; i < nf; i++)
+            sc[i] = fmaxf(fabsf(rc[i]), 1e-3f * fabsf(up[i]));
+        check_geglu_close(what, rc, rg, nf, sc, 1e-5);
+        free(sc);
+        free(rc);
+        free(rg);
+        free(unf);
+        free(up);
+        struct dbuf *bufs[] = {&bx, &bwg, &bwu, &bo, &bt, &ug, &uu};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            dbuf_free(bufs[i]);
+        free(x);
+        free(wg);
+        free(wu);
+    }
+    cpu->act_q8 = gpu->act_q8 = false;
 }

@@ -289,6 +289,20 @@ int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out
     if ((rc = check_dim(c.rope_freqs_orig_ctx, 1, 1 << 30, "--rope-freqs-orig-ctx", err)))
         return rc;
 
+    if ((c.sliding_window || c.swa_pattern || c.rope_freq_base_swa != 0) &&
+        !a->block.sliding_window_pattern)
+        return verr_set(err, VERR_RANGE,
+                        "--sliding-window / --swa-pattern / --rope-freq-base-swa: %s has no "
+                        "sliding-window layers",
+                        a->name);
+    if (c.sliding_window < 0 || c.swa_pattern < 0 ||
+        !(c.rope_freq_base_swa == 0 ||
+          (c.rope_freq_base_swa > 1 && isfinite(c.rope_freq_base_swa))))
+        return verr_set(err, VERR_RANGE,
+                        "--sliding-window %d, --swa-pattern %d must be >= 0, --rope-freq-base-swa "
+                        "%g a finite number > 1",
+                        c.sliding_window, c.swa_pattern, (double)c.rope_freq_base_swa);
+
     if (c.mix != MKMODEL_MIX_NONE && c.mix != MKMODEL_MIX_Q4_K_M)
         return verr_set(err, VERR_RANGE, "--mix: unknown mix id %d", (int)c.mix);
     if (c.mix == MKMODEL_MIX_Q4_K_M) {
@@ -1294,6 +1308,13 @@ static int set_metadata(struct gguf_writer *w, const struct mkmodel_config *c, b
             rc |= gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
                                       (uint32_t)c->yarn_orig_ctx);
     }
+    if (c->sliding_window > 0)
+        rc |= gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)c->sliding_window);
+    if (c->swa_pattern > 0)
+        rc |= gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"),
+                                  (uint32_t)c->swa_pattern);
+    if (c->rope_freq_base_swa != 0)
+        rc |= gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), c->rope_freq_base_swa);
 #undef KEY
     if (rc)
         return verr_set(err, VERR_NOMEM, "cannot set the model metadata");

@@ -9,7 +9,8 @@
 // - Metadata keys and tensor names, shapes (ggml order: ne[0] is the row
 //   length) and types follow llama.cpp exactly, for every architecture of
 //   host/model/arch.h's registry (`llama`: normal RoPE; `qwen2`: NeoX RoPE,
-//   Q/K/V biases): the tensors are the table's, in its order, required ones
+//   Q/K/V biases; `qwen3`: Q/K norms; `gemma3`: sandwich norms, GeGLU,
+//   sliding window): the tensors are the table's, in its order, required ones
 //   and of the optional ones the untied head and rope_freqs when asked.
 // - The file's bytes depend only on the config (seed included), never on
 //   n_threads.
@@ -117,6 +118,13 @@ struct mkmodel_config {
     bool rope_freqs;         // add rope_freqs.weight, Llama 3.1 factors [--rope-freqs]
     float rope_freqs_factor; // [--rope-freqs-factor] 0: 8
     int rope_freqs_orig_ctx; // [--rope-freqs-orig-ctx] 0: 8192
+
+    // Sliding-window attention (architectures with local layers: gemma3).
+    int sliding_window;       // {arch}.attention.sliding_window [--sliding-window] 0: none
+    int swa_pattern;          // {arch}.attention.sliding_window_pattern [--swa-pattern]
+                              // 0: not written (the architecture's default, 6)
+    float rope_freq_base_swa; // {arch}.rope.freq_base_swa [--rope-freq-base-swa]
+                              // 0: not written (llama.cpp's default, 10000)
 
     bool tied;     // no output.weight: the head reuses token_embd [--tied]
     uint64_t seed; // [--seed]

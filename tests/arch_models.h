@@ -1,0 +1,50 @@
+// Small qwen3 / gemma3 models for the tests of the architectures' forward
+// pass (tests/test_arch_forward.c, tests/gpu/test_forward_cuda_arch.c),
+// written by mkmodel (seed 42, the generated 596-token vocabulary).
+#ifndef VELA_TESTS_ARCH_MODELS_H
+#define VELA_TESTS_ARCH_MODELS_H
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "host/model/arch.h"
+#include "tools/mkmodel/mkmodel.h"
+
+// 2 layers, 4 heads (2 KV heads) of head_dim, n_embd wide (n_head *
+// head_dim != n_embd in the tests), F32 unless type says otherwise. gemma3:
+// tied, `window` (0: none) on layer 0 only (pattern 2), the local layers'
+// RoPE base base_swa (0: llama.cpp's default, 10000).
+static inline void arch_test_config(struct mkmodel_config *c, enum model_arch arch, int n_embd,
+                                    int head_dim, enum ggml_type type, int window, float base_swa) {
+    mkmodel_config_default(c);
+    c->arch = (enum mkmodel_arch)arch;
+    c->n_embd = n_embd;
+    c->n_layer = 2;
+    c->n_head = 4;
+    c->n_head_kv = 2;
+    c->n_ff = 2 * n_embd;
+    c->head_dim = head_dim;
+    c->type = type;
+    c->n_threads = 2;
+    if (arch == MODEL_ARCH_GEMMA3) {
+        c->tied = true;
+        c->sliding_window = window;
+        c->swa_pattern = 2;
+        c->rope_freq_base_swa = base_swa;
+    }
+}
+
+// Writes the model to a fresh temporary file named in path (the caller
+// unlinks it).
+static inline void arch_test_write(const struct mkmodel_config *c, char path[64]) {
+    snprintf(path, 64, "/tmp/vela_test_arch_XXXXXX");
+    const int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    struct verr err = {0};
+    cr_assert_eq(mkmodel_write(c, path, &err), 0, "%s", err.msg);
+}
+
+#endif
