@@ -161,6 +161,37 @@ Test(arch_forward, gemma3_self_extend_refused) {
     af_free(&a);
 }
 
+// Exact self-extend (the unrotated cache: attention rotates q and K with
+// the layer's RoPE) runs on qwen3 past its window W, and on a gemma3 file
+// without a sliding window.
+Test(arch_forward, self_extend_runs_without_window) {
+    for (int arch = 0; arch < 2; arch++) {
+        struct mkmodel_config c;
+        af_config(&c, arch ? MODEL_ARCH_GEMMA3 : MODEL_ARCH_QWEN3, 0);
+        struct af_model a;
+        af_load(&a, &c);
+        struct forward_config cfg;
+        forward_config_default(&cfg);
+        cfg.n_ctx = 64;
+        cfg.n_batch = AF_N_TOK;
+        cfg.se_g = 2;
+        cfg.se_w = 8;
+        struct forward_ctx fc;
+        struct verr err = {0};
+        cr_assert_eq(forward_init(&fc, a.m, &cfg, &err), 0, "%s", err.msg);
+        float *l = malloc(sizeof(float) * AF_N_TOK * a.m->hp.n_vocab);
+        cr_expect_eq(af_decode(&fc, 0, AF_N_TOK, l, &err), 0, "%s", err.msg);
+        for (int i = 0; i < AF_N_TOK * a.m->hp.n_vocab; i++)
+            if (!isfinite(l[i])) {
+                cr_expect_fail("%s: logit %d is %g", model_arch_name(a.m->hp.arch), i, l[i]);
+                break;
+            }
+        free(l);
+        forward_free(&fc);
+        af_free(&a);
+    }
+}
+
 // The hyperparameters as llama.cpp's gemma3 loader reads them.
 Test(arch_forward, gemma3_hparams) {
     struct mkmodel_config c;

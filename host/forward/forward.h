@@ -1,12 +1,17 @@
 // The one forward pass, written against struct backend_ops: a batch of
 // (token, pos, seq_id, wants_logits) entries goes through
-//   embed -> [rms_norm -> q,k,v (+bias) -> rope(q) -> rope_kv_store(k, v)
-//             -> attention over the KV cache -> out proj + residual
-//             -> rms_norm -> swiglu(gate, up) -> down + residual] x n_layer
+//   embed (x sqrt(n_embd): gemma3)
+//   -> [rms_norm -> q,k,v (+bias) -> per-head q/k rms_norm (qwen3, gemma3)
+//       -> rope(q) -> rope_kv_store(k, v) -> attention over the KV cache
+//       (through the sliding window on gemma3's local layers, which rotate
+//       with their own RoPE base) -> out proj (-> rms_norm: gemma3) + residual
+//       -> rms_norm -> swiglu or geglu(gate, up) -> down (-> rms_norm) +
+//       residual] x n_layer
 //   -> rows that want logits -> final norm -> lm head
 // and leaves the logits (or only their argmax) on the host. q,k,v, gate/up +
-// swiglu and proj + residual are the backend's fused matmul ops (one launch
-// each for CUDA decode batches).
+// swiglu/geglu and proj + residual are the backend's fused matmul ops (one
+// launch each for CUDA decode batches). Which optional steps run is the
+// architecture's table (host/model/arch.h, struct arch_block).
 //
 // Contract: scratch buffers are sized for n_batch tokens and n_outputs_max
 // output rows when the context is created and never reallocated; a batch
