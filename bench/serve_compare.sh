@@ -65,8 +65,10 @@ for n in $PARALLEL; do
       "$VELA" serve -m "$model" --host 127.0.0.1 --port "$port" --parallel "$n" -c "$ctx" \
         -t "$THREADS" --no-progress >"$log" 2>&1 &
     else
+      # --no-jinja: llama.cpp's built-in formatters, the ones vela follows, so
+      # both servers see the same prompt tokens.
       "$LLAMA_SERVER" -m "$model" --host 127.0.0.1 --port "$port" -np "$n" -c "$ctx" \
-        -t "$THREADS" >"$log" 2>&1 &
+        -t "$THREADS" --no-jinja >"$log" 2>&1 &
     fi
     pid=$!
     python3 "$repo/bench/serve_load.py" --url "http://127.0.0.1:$port" --label "$s-p$n" \
