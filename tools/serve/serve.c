@@ -388,7 +388,9 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
         free(toks);
         return fail(c, 500, "server_error", NULL, "out of memory");
     }
-    if (stop_tok >= 0)
+    // The template's end of turn ends the answer, unless ignore_eos asks to
+    // go on past end-of-generation tokens (llama-server does the same).
+    if (stop_tok >= 0 && !r->api.ignore_eos)
         r->stop_tokens[r->n_stop_tokens++] = stop_tok;
     snprintf(r->id, sizeof r->id, "%s-%llx", k == API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
