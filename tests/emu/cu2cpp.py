@@ -7,6 +7,10 @@
     extern __shared__ T name[];
  -> T *const name = (T *)emu_dynamic_smem();
 
+    __shared__ T name[N];
+ -> typedef T emu_shared_t_name[N]; emu_shared_t_name &name = emu_shared_var<...>([] {});
+    (a place in the launch's static shared memory, see static_shared)
+
 Everything else (__global__, __shared__, intrinsics) is handled by the
 force-included tests/emu/cuda_emu.h. Line numbers are preserved, so compiler
 messages point into the original file (a #line directive names it).
@@ -110,7 +114,41 @@ def convert(src):
     res = re.sub(r'extern\s+__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)([\w:\s]+?)\s*(\w+)\s*\[\s*\]\s*;',
                  lambda m: '%s *const %s = (%s *)emu_dynamic_smem();' % (m.group(2).strip(), m.group(3), m.group(2).strip()),
                  res)
+    res = re.sub(r'(?<![\w])__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)'
+                 r'((?:typename\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?(?:\s*::\s*\w+)*)'
+                 r'\s+([^;{}()=]+);', static_shared, res)
     return res
+
+
+def split_decls(s):
+    """'a, b[2][3]' -> [('a', ''), ('b', '[2][3]')] (commas outside brackets)."""
+    out = []
+    for d in split_top(s):
+        m = re.fullmatch(r'\s*(\w+)\s*((?:\[[^\]]*\]\s*)*)', d)
+        if not m:
+            raise SystemExit('cu2cpp: cannot read the __shared__ declarator %r' % d)
+        out.append((m.group(1), m.group(2).strip()))
+    return out
+
+
+def static_shared(m):
+    """__shared__ T x[N]; -> a reference into the launch's static shared memory.
+
+    A function-local static would do on the CPU, but GCC puts the statics of
+    function templates in .bss whatever their section, and the runtime must
+    know where every block's shared memory is (refilled with 0xff before a
+    block, watched by racecheck). emu_shared_var<T, align>([] {}) hands out
+    one place per declaration (the lambda's type is unique to it and to the
+    template instance) in the runtime's static shared memory.
+    """
+    align = re.search(r'\d+', m.group(1)).group(0) if m.group(1) else '16'
+    typ = ' '.join(m.group(2).split())
+    parts = []
+    for name, dims in split_decls(m.group(3)):
+        t = 'emu_shared_t_%s' % name
+        parts.append('typedef %s %s%s; %s &%s = emu_shared_var<%s, %s>([] {});' % (
+            typ, t, dims, t, name, t, align))
+    return ' '.join(parts)
 
 
 def main():

@@ -36,10 +36,12 @@
 #define __align__(n) __attribute__((aligned(n)))
 #define __constant__ static
 #define __managed__
-// Static shared memory: one instance per kernel (blocks run one at a time),
-// in a section that the runtime fills with 0xff bytes (NaN floats, -1 ints)
-// before every block, so that reading shared memory no thread wrote this
-// block shows up instead of silently seeing the previous block's values.
+// Static shared memory in converted files is rewritten by cu2cpp.py into
+// emu_shared_var (below). What is left (a __shared__ in a header the .cu
+// includes): one instance per kernel (blocks run one at a time), in a
+// section that the runtime fills with 0xff bytes (NaN floats, -1 ints)
+// before every block, not watched by racecheck; GCC ignores the section in
+// function templates.
 #define __shared__ static __attribute__((section("emu_shared"), aligned(16)))
 
 // --- builtin variables ----------------------------------------------------------
@@ -71,6 +73,14 @@ uint64_t emu_barrier(int op, uint64_t val, int param, int width, unsigned mask, 
                      const void *site);
 unsigned emu_activemask(void);
 void *emu_dynamic_smem(void);
+// Static shared memory (cu2cpp.py rewrites `__shared__ T x[N];`): the place
+// of the declaration `key` in the running launch's static shared memory,
+// the same for every thread of a block, refilled with 0xff before a block.
+void *emu_static_smem(const void *key, size_t size, size_t align);
+template <typename T, size_t A, typename K> static inline T &emu_shared_var(K) {
+    static const char key = 0; // one per declaration (K: its lambda) and template instance
+    return *(T *)emu_static_smem(&key, sizeof(T), A > alignof(T) ? A : alignof(T));
+}
 [[noreturn]] void emu_trap(const char *what);
 
 #define EMU_STR2(x) #x

@@ -42,8 +42,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "cuda_emu.h"
 #include "emu_internal.h"
@@ -196,6 +200,122 @@ static std::string site_name(const void *ra) {
     return s;
 }
 
+// --- traffic (VELA_EMU_TRAFFIC=FILE) ------------------------------------------------------
+// Global loads and stores grouped into warp instructions, as the hardware's
+// load/store units see them: the k-th execution of one instruction (return
+// address) by each lane of a warp is one request. Per request: the bytes the
+// lanes asked for and the distinct 32-byte sectors they touch; per launch:
+// the distinct sectors of all requests. One JSON object per launch is
+// appended to FILE (tests/emu/traffic_report.py turns them into
+// bench/results/kernels-emulated.json).
+struct tr_key {
+    uintptr_t site;
+    uint32_t warp, k;
+    bool operator==(const tr_key &o) const {
+        return site == o.site && warp == o.warp && k == o.k;
+    }
+};
+struct tr_key_hash {
+    size_t operator()(const tr_key &k) const {
+        return std::hash<uint64_t>()(k.site * 0x9e3779b97f4a7c15ull ^
+                                     ((uint64_t)k.warp << 32 | k.k));
+    }
+};
+struct tr_req {
+    uint32_t bytes = 0;
+    bool store = false;
+    std::vector<uint64_t> sectors;                // distinct
+    std::vector<std::pair<uintptr_t, size_t>> at; // distinct addresses (lanes may share one)
+};
+struct tr_dir { // loads or stores of one launch
+    uint64_t requests = 0, bytes = 0, sectors = 0, ideal = 0;
+};
+static FILE *g_traffic;
+static const void *g_kernel_fn;
+
+// "matvec_kernel<(ggml_type)12, 4>" for a kernel's address: the template
+// arguments of the instance (the launch names only the source's T, NT).
+static std::string instance_name(const void *fn) {
+    static std::map<const void *, std::string> cache;
+    auto it = cache.find(fn);
+    if (it != cache.end())
+        return it->second;
+    std::string name;
+    Dl_info di;
+    if (fn && dladdr(fn, &di) && di.dli_fbase) {
+        uintptr_t a = (uintptr_t)fn;
+        if (((const Elf64_Ehdr *)di.dli_fbase)->e_type == ET_DYN)
+            a -= (uintptr_t)di.dli_fbase;
+        char exe[1024] = "", cmd[1200], line[2048];
+        const ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[k > 0 ? k : 0] = 0;
+        snprintf(cmd, sizeof cmd, "addr2line -f -C -e '%s' 0x%lx 2>/dev/null", exe,
+                 (unsigned long)a);
+        FILE *f = popen(cmd, "r");
+        if (f && fgets(line, sizeof line, f)) {
+            int depth = 0;
+            for (const char *c = line; *c && *c != '\n'; c++) {
+                if (*c == '(' && depth == 0)
+                    break; // the parameter list
+                depth += *c == '<' ? 1 : *c == '>' ? -1 : 0;
+                name += *c;
+            }
+        }
+        if (f)
+            pclose(f);
+    }
+    if (name.empty() || name[0] == '?')
+        name = "";
+    cache[fn] = name;
+    return name;
+}
+
+// s as the inside of a JSON string.
+static std::string json_text(const char *s) {
+    std::string o;
+    for (const char *c = s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            o += '\\';
+        o += (unsigned char)*c >= 0x20 ? *c : ' ';
+    }
+    return o;
+}
+static std::unordered_map<uint64_t, uint32_t> g_tr_count; // (site, thread) -> executions
+static std::unordered_map<tr_key, tr_req, tr_key_hash> g_tr_req;
+static std::unordered_set<uint64_t> g_tr_distinct; // sectors of this launch
+static tr_dir g_tr_ld, g_tr_st;
+static uintptr_t g_tr_sh_lo, g_tr_sh_hi; // static shared bytes this launch touched
+
+static void traffic_access(uintptr_t p, size_t n, bool store, const void *ra) {
+    const unsigned t = (unsigned)emu_cur_thread();
+    const uint32_t k = g_tr_count[(uint64_t)(uintptr_t)ra << 10 | t]++;
+    tr_req &r = g_tr_req[tr_key{(uintptr_t)ra, t >> 5, k}];
+    r.bytes += (uint32_t)n;
+    r.store = store;
+    if (std::find(r.at.begin(), r.at.end(), std::make_pair(p, n)) == r.at.end())
+        r.at.emplace_back(p, n);
+    for (uint64_t s = p >> 5; s <= (p + n - 1) >> 5; s++) {
+        if (std::find(r.sectors.begin(), r.sectors.end(), s) == r.sectors.end())
+            r.sectors.push_back(s);
+        g_tr_distinct.insert(s);
+    }
+}
+
+static void traffic_block_end(void) {
+    for (auto &kv : g_tr_req) {
+        tr_dir &d = kv.second.store ? g_tr_st : g_tr_ld;
+        d.requests++;
+        d.bytes += kv.second.bytes;
+        d.sectors += kv.second.sectors.size();
+        size_t distinct = 0; // what a perfectly coalesced access needs: each byte once
+        for (auto &a : kv.second.at)
+            distinct += a.second;
+        d.ideal += (distinct + 31) / 32;
+    }
+    g_tr_req.clear();
+    g_tr_count.clear();
+}
+
 // --- kernel state ------------------------------------------------------------------------
 
 // On while this OS thread runs a kernel's threads; the __tsan_* hooks are
@@ -203,10 +323,10 @@ static std::string site_name(const void *ra) {
 static __thread bool t_on;
 static const char *g_kernel;
 static uintptr_t g_stacks_lo, g_stacks_len;
-static uintptr_t g_sh_lo, g_sh_len;   // static __shared__ section
+static uintptr_t g_sh_lo, g_sh_len;   // static shared memory (emu_static_smem)
 static uintptr_t g_dyn_lo, g_dyn_len; // dynamic shared memory of this launch
 static size_t g_dyn_rz;               // its red zone
-static dim3 g_block;                  // blockDim
+static dim3 g_grid, g_block;          // gridDim, blockDim
 static uint32_t g_launch_base;        // first block tag of this launch
 static uint32_t g_next_tag = 2;
 static uint32_t g_tag; // tag of the running block (0: not tracked)
@@ -231,10 +351,13 @@ struct warp_pairs {
 };
 static warp_pairs g_pairs[32];
 
-void emu_chk_launch_begin(const char *kernel, uint64_t n_blocks, dim3 block, const void *stacks,
-                          size_t stacks_bytes, const void *sh, size_t sh_bytes, const void *dyn,
-                          size_t dyn_bytes, size_t dyn_redzone, bool random) {
+void emu_chk_launch_begin(const char *kernel, const void *fn, dim3 grid, dim3 block,
+                          const void *stacks, size_t stacks_bytes, const void *sh, size_t sh_bytes,
+                          const void *dyn, size_t dyn_bytes, size_t dyn_redzone, bool random) {
     g_kernel = kernel;
+    g_kernel_fn = fn;
+    const uint64_t n_blocks = (uint64_t)grid.x * grid.y * grid.z;
+    g_grid = grid;
     g_stacks_lo = (uintptr_t)stacks;
     g_stacks_len = stacks_bytes;
     g_sh_lo = (uintptr_t)sh;
@@ -273,14 +396,46 @@ void emu_chk_launch_begin(const char *kernel, uint64_t n_blocks, dim3 block, con
     }
     for (auto &c : g_cache)
         c = nullptr;
+    static const char *traffic = getenv("VELA_EMU_TRAFFIC");
+    if (traffic && *traffic && !g_traffic && !(g_traffic = fopen(traffic, "a")))
+        perror(traffic);
+    g_tr_ld = g_tr_st = tr_dir();
+    g_tr_distinct.clear();
+    g_tr_sh_lo = UINTPTR_MAX;
+    g_tr_sh_hi = 0;
     t_on = true;
 }
 
 void emu_chk_launch_end(void) {
     t_on = false;
+    if (!g_traffic)
+        return;
+    traffic_block_end();
+    const std::string name = json_text(g_kernel),
+                      inst = json_text(instance_name(g_kernel_fn).c_str());
+    fprintf(g_traffic,
+            "{\"kernel\": \"%s\", \"instance\": \"%s\", \"grid\": [%u, %u, %u], "
+            "\"block\": [%u, %u, %u], "
+            "\"smem_dynamic\": %zu, \"smem_static\": %zu, \"distinct_sectors\": %zu",
+            name.c_str(), inst.c_str(), g_grid.x, g_grid.y, g_grid.z, g_block.x, g_block.y,
+            g_block.z, (size_t)g_dyn_len,
+            g_tr_sh_hi > g_tr_sh_lo ? (size_t)(g_tr_sh_hi - g_tr_sh_lo) : 0, g_tr_distinct.size());
+    const tr_dir *d[2] = {&g_tr_ld, &g_tr_st};
+    for (int i = 0; i < 2; i++)
+        fprintf(g_traffic,
+                ", \"%s\": {\"requests\": %llu, \"bytes\": %llu, \"sectors\": %llu, "
+                "\"ideal_sectors\": %llu}",
+                i ? "stores" : "loads", (unsigned long long)d[i]->requests,
+                (unsigned long long)d[i]->bytes, (unsigned long long)d[i]->sectors,
+                (unsigned long long)d[i]->ideal);
+    fprintf(g_traffic, "}\n");
+    fflush(g_traffic);
+    g_tr_distinct.clear();
 }
 
 void emu_chk_block_begin(uint64_t linear_block) {
+    if (g_traffic)
+        traffic_block_end(); // the previous block's requests
     g_tag = g_launch_base ? g_launch_base + (uint32_t)linear_block : 0;
     g_gen++;
     if (g_gen == 0) { // wrapped: forget every entry
@@ -351,7 +506,7 @@ static void report(const char *fmt, ...) {
 static std::string shared_name(uintptr_t p) {
     char b[96];
     if (p - g_sh_lo < g_sh_len)
-        snprintf(b, sizeof b, "static __shared__ %p", (void *)p);
+        snprintf(b, sizeof b, "static shared memory + %zu", (size_t)(p - g_sh_lo));
     else
         snprintf(b, sizeof b, "dynamic shared memory + %zu", (size_t)(p - g_dyn_lo));
     return b;
@@ -495,6 +650,14 @@ static inline void chk_access(const void *ptr, size_t n, int kind, const void *r
         shared_access(p, n, kind, ra);
     else
         global_access(a, p, n, kind, ra);
+    if (g_traffic && t_on) {
+        if (!shared && !(kind & A_ATOMIC))
+            traffic_access(p, n, kind & A_WRITE, ra);
+        else if (shared && p - g_sh_lo < g_sh_len) {
+            g_tr_sh_lo = std::min(g_tr_sh_lo, p);
+            g_tr_sh_hi = std::max(g_tr_sh_hi, (uintptr_t)(p + n));
+        }
+    }
     if (g_random && t_on && (emu_rand() & 7) == 0)
         emu_yield(); // another thread may run between any two accesses
 }

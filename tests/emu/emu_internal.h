@@ -46,9 +46,9 @@ void emu_chk_host_write(const void *dst, size_t n);
 // A copy reading device memory: false, with the report in msg, when it
 // reads bytes never written since cudaMalloc.
 bool emu_chk_host_read(const void *src, size_t n, char *msg, size_t msg_size);
-void emu_chk_launch_begin(const char *kernel, uint64_t n_blocks, dim3 block, const void *stacks,
-                          size_t stacks_bytes, const void *sh, size_t sh_bytes, const void *dyn,
-                          size_t dyn_bytes, size_t dyn_redzone, bool random);
+void emu_chk_launch_begin(const char *kernel, const void *fn, dim3 grid, dim3 block,
+                          const void *stacks, size_t stacks_bytes, const void *sh, size_t sh_bytes,
+                          const void *dyn, size_t dyn_bytes, size_t dyn_redzone, bool random);
 void emu_chk_block_begin(uint64_t linear_block);
 void emu_chk_block_barrier(void);
 // A warp barrier released for the lanes of mask (present: the warp's lanes).

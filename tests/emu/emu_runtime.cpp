@@ -898,6 +898,31 @@ unsigned emu_activemask(void) {
 
 void *emu_dynamic_smem(void) { return g_dyn_smem; }
 
+// Static shared memory of the running launch: each declaration (key) gets
+// its place when a thread first reaches it; 48 KiB as on hardware.
+#define EMU_STATIC_SMEM (48 * 1024)
+static char g_static_smem[EMU_STATIC_SMEM] __attribute__((aligned(128)));
+static size_t g_static_used;
+struct static_var {
+    const void *key;
+    size_t off;
+};
+static std::vector<static_var> g_static_vars;
+
+void *emu_static_smem(const void *key, size_t size, size_t align) {
+    for (const static_var &v : g_static_vars)
+        if (v.key == key)
+            return g_static_smem + v.off;
+    const size_t off = (g_static_used + align - 1) / align * align;
+    if (off + size > EMU_STATIC_SMEM) {
+        emu_trap("more than 48 KiB of static shared memory");
+    }
+    g_static_vars.push_back(static_var{key, off});
+    g_static_used = off + size;
+    memset(g_static_smem + off, 0xff, size); // as the rest, before this block
+    return g_static_smem + off;
+}
+
 static const char *state_name(const fiber &f) {
     return f.state == F_DONE ? "returned" : f.state == F_READY ? "running" : f.what;
 }
@@ -1117,6 +1142,7 @@ static void run_block(void) {
     const size_t sh_bytes = (size_t)(__stop_emu_shared - __start_emu_shared);
     if (__start_emu_shared && sh_bytes)
         memset(__start_emu_shared, 0xff, sh_bytes);
+    memset(g_static_smem, 0xff, g_static_used);
     if (g_dyn_smem)
         memset(g_dyn_smem, 0xff, g_dyn_bytes + EMU_REDZONE);
     for (int i = 0; i < n; i++)
@@ -1184,7 +1210,7 @@ extern "C" cudaError_t emu_func_set_attribute(const void *fn, enum cudaFuncAttri
     return cudaSuccess;
 }
 
-static void run_kernel_now(const char *name, dim3 grid, dim3 block, size_t shmem,
+static void run_kernel_now(const char *name, const void *fn, dim3 grid, dim3 block, size_t shmem,
                            const std::function<void()> &body) {
     std::lock_guard<std::mutex> lk(g_mu);
     if (!g_stacks) {
@@ -1222,10 +1248,11 @@ static void run_kernel_now(const char *name, dim3 grid, dim3 block, size_t shmem
     g_block_fault = false;
     const int sched = schedule();
     const uint64_t n_blocks = (uint64_t)grid.x * grid.y * grid.z;
-    const size_t sh_bytes = (size_t)(__stop_emu_shared - __start_emu_shared);
-    emu_chk_launch_begin(name, n_blocks, block, g_stacks,
-                         (size_t)(EMU_STACK + 4096) * EMU_MAX_THREADS, __start_emu_shared,
-                         __start_emu_shared ? sh_bytes : 0, g_dyn_smem, g_dyn_bytes, EMU_REDZONE,
+    g_static_used = 0; // the launch's kernel places its __shared__ variables anew
+    g_static_vars.clear();
+    emu_chk_launch_begin(name, fn, grid, block, g_stacks,
+                         (size_t)(EMU_STACK + 4096) * EMU_MAX_THREADS, g_static_smem,
+                         EMU_STATIC_SMEM, g_dyn_smem, g_dyn_bytes, EMU_REDZONE,
                          sched == SCHED_RANDOM);
     std::vector<uint64_t> perm;
     if (sched == SCHED_RANDOM) { // every block once, in a random order
@@ -1307,10 +1334,10 @@ void emu_run_kernel(const char *name, const void *fn, dim3 grid, dim3 block, siz
                 grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem,
                 stream_of(s)->capturing ? " (captured)" : "");
     std::string nm = name;
-    enqueue(s, [nm, grid, block, shmem, body]() {
+    enqueue(s, [nm, fn, grid, block, shmem, body]() {
         if (g_sticky)
             return; // a faulted context runs nothing more
-        run_kernel_now(nm.c_str(), grid, block, shmem, body);
+        run_kernel_now(nm.c_str(), fn, grid, block, shmem, body);
     });
 }
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime.h>
 
@@ -18,6 +19,16 @@ __global__ void block_sync_kernel(float *out, int good) {
     if (good)
         __syncthreads();
     out[threadIdx.x] = s[63 - threadIdx.x];
+}
+
+// The same in a kernel template (whose statics GCC would not place where
+// the runtime looks: __shared__ is rewritten by cu2cpp.py).
+template <int N> __global__ void tmpl_sync_kernel(float *out, int good) {
+    __shared__ float s[N];
+    s[threadIdx.x] = (float)threadIdx.x;
+    if (good)
+        __syncthreads();
+    out[threadIdx.x] = s[N - 1 - threadIdx.x];
 }
 
 // Missing __syncwarp: lane l reads what lane l ^ 1 wrote.
@@ -132,12 +143,18 @@ __global__ void order_kernel(int *order, int *count, int *flag, int *seen) {
         seen[blockIdx.x] = flag[blockIdx.x];
 }
 
+// For the traffic counters (VELA_EMU_TRAFFIC): 32 lanes load 32 floats,
+// stride 1 (one request, 4 sectors) or 32 (one request, 32 sectors).
+__global__ void stride_kernel(const float *in, float *out, int stride) {
+    out[threadIdx.x] = in[threadIdx.x * stride];
+}
+
 struct check_case {
     const char *name;
     const char *expect; // in the bad run's error message
 };
 static const check_case k_cases[] = {
-    {"missing __syncthreads", "racecheck: WAR hazard on static __shared__"},
+    {"missing __syncthreads", "racecheck: WAR hazard on static shared memory + 128"},
     {"missing __syncwarp", "racecheck: WAR hazard"},
     {"__syncwarp across warps", "racecheck: RAW hazard"},
     {"shuffle naming some lanes", "racecheck: WAR hazard"},
@@ -149,6 +166,7 @@ static const check_case k_cases[] = {
     {"misaligned float4", "memcheck: misaligned 16-byte global read"},
     {"out of bounds of one allocation", "memcheck: out-of-bounds 4-byte global read"},
     {"cross-block write race", "racecheck: global write race"},
+    {"missing __syncthreads in a template", "racecheck: WAR hazard on static shared memory"},
 };
 enum { N_CASES = sizeof k_cases / sizeof k_cases[0] };
 
@@ -203,6 +221,9 @@ static int child(bool bad, int which) {
     case 11:
         block_race_kernel<<<4, 32>>>(io, good);
         break;
+    case 12:
+        tmpl_sync_kernel<64><<<1, 64>>>(out, good);
+        break;
     }
     const cudaError_t e = cudaDeviceSynchronize();
     const char *msg = e != cudaSuccess ? cudaGetErrorString(e) : "no error";
@@ -238,6 +259,17 @@ static int order_child(void) {
     return 0;
 }
 
+// Runs the strided loads with VELA_EMU_TRAFFIC set (by the parent).
+static int traffic_child(void) {
+    float *in, *out;
+    cudaMalloc((void **)&in, 32 * 32 * sizeof(float));
+    cudaMalloc((void **)&out, 32 * sizeof(float));
+    cudaMemset(in, 0, 32 * 32 * sizeof(float));
+    stride_kernel<<<1, 32>>>(in, out, 1);
+    stride_kernel<<<1, 32>>>(in, out, 32);
+    return cudaDeviceSynchronize() == cudaSuccess ? 0 : 1;
+}
+
 static int run(const char *cmd, char *out, size_t n) {
     FILE *f = popen(cmd, "r");
     if (!f)
@@ -252,6 +284,8 @@ int main(int argc, char **argv) {
         return child(strcmp(argv[1], "bad") == 0, atoi(argv[2]));
     if (argc == 2 && strcmp(argv[1], "order") == 0)
         return order_child();
+    if (argc == 2 && strcmp(argv[1], "traffic") == 0)
+        return traffic_child();
     int fail = 0;
     char cmd[4200], out[4096];
     for (int k = 0; k < N_CASES; k++) {
@@ -308,6 +342,32 @@ int main(int argc, char **argv) {
                 differ, stale);
         fail++;
     }
+    // Traffic: a coalesced warp load is one request of 4 sectors (128
+    // bytes), a stride-32 one touches 32 sectors where 4 would do; the
+    // stores are coalesced in both.
+    char tmp[] = "/tmp/vela_emu_traffic_XXXXXX";
+    const int fd = mkstemp(tmp);
+    if (fd >= 0)
+        close(fd);
+    snprintf(cmd, sizeof cmd, "VELA_EMU_TRAFFIC=%s %s traffic 2>/dev/null", tmp, argv[0]);
+    FILE *tf = fd >= 0 && run(cmd, out, sizeof out) == 0 ? fopen(tmp, "r") : NULL;
+    const char *want_lines[2] = {
+        "\"loads\": {\"requests\": 1, \"bytes\": 128, \"sectors\": 4, \"ideal_sectors\": 4}, "
+        "\"stores\": {\"requests\": 1, \"bytes\": 128, \"sectors\": 4, \"ideal_sectors\": 4}",
+        "\"loads\": {\"requests\": 1, \"bytes\": 128, \"sectors\": 32, \"ideal_sectors\": 4}, "
+        "\"stores\": {\"requests\": 1, \"bytes\": 128, \"sectors\": 4, \"ideal_sectors\": 4}"};
+    for (int i = 0; i < 2; i++) {
+        char line[1024] = "";
+        if (!tf || !fgets(line, sizeof line, tf) || !strstr(line, "stride_kernel") ||
+            !strstr(line, want_lines[i])) {
+            fprintf(stderr, "FAIL: traffic of stride_kernel launch %d: %s(want %s)\n", i, line,
+                    want_lines[i]);
+            fail++;
+        }
+    }
+    if (tf)
+        fclose(tf);
+    remove(tmp);
     printf("%s\n", fail ? "selftest_checks FAILED" : "selftest_checks passed");
     return fail != 0;
 }
