@@ -28,9 +28,16 @@ summed):
                  memory only (H200: 2048 threads, 32 blocks, 228 KiB per SM;
                  registers not counted, so an upper bound)
 
-usage: traffic_report.py TRAFFIC.jsonl OUT.json
+usage: traffic_report.py TRAFFIC.jsonl OUT.json [CUDA_DIR GGUF_TYPES_H]
+
+With CUDA_DIR (cuda/) and GGUF_TYPES_H (gguf/types.h), a kernel template
+parameter declared `int T` (vela's convention for the weight type) is named
+by its ggml type: "Q4_K, 8" instead of "12, 8".
 """
+import glob
 import json
+import os
+import re
 import sys
 
 SM_THREADS, SM_BLOCKS, SM_SMEM = 2048, 32, 233472
@@ -43,9 +50,41 @@ def occupancy(threads, smem):
     return round(blocks * threads / SM_THREADS, 3)
 
 
+def ggml_names(types_h):
+    """{12: 'Q4_K', ...} from enum ggml_type."""
+    with open(types_h, encoding='utf-8') as f:
+        return {int(v): n for n, v in re.findall(r'GGML_TYPE_(\w+)\s*=\s*(\d+)', f.read())
+                if n != 'COUNT'}
+
+
+def type_params(cuda_dir):
+    """{kernel: [True if its i-th template parameter is `int T`]} from the sources."""
+    out = {}
+    for path in glob.glob(os.path.join(cuda_dir, '*.cu')):
+        with open(path, encoding='utf-8') as f:
+            src = f.read()
+        for m in re.finditer(r'template\s*<([^<>]*)>\s*__global__', src):
+            k = re.search(r'(\w+_kernel)\s*\(', src[m.end():m.end() + 400])
+            if k:
+                out[k.group(1)] = [p.split() == ['int', 'T'] for p in m.group(1).split(',')]
+    return out
+
+
+def name_types(kernel, targs, params, names):
+    if kernel not in params:
+        return targs
+    args = [a.strip() for a in targs.split(',')] if targs else []
+    for i, a in enumerate(args):
+        if i < len(params[kernel]) and params[kernel][i] and a.lstrip('-').isdigit():
+            args[i] = names.get(int(a), a)
+    return ', '.join(args)
+
+
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 5):
         raise SystemExit(__doc__)
+    params, names = ({}, {}) if len(sys.argv) == 3 else (type_params(sys.argv[3]),
+                                                          ggml_names(sys.argv[4]))
     rows = {}
     with open(sys.argv[1], encoding='utf-8') as f:
         for line in f:
@@ -60,7 +99,8 @@ def main():
             key = (name, tuple(r['grid']), tuple(r['block']), smem)
             row = rows.setdefault(key, {
                 'kernel': base.strip(),
-                'type': targs[:-1].strip() if targs.endswith('>') else '',
+                'type': name_types(base.strip(), targs[:-1].strip(), params, names)
+                        if targs.endswith('>') else '',
                 'shape': 'grid %d,%d,%d block %d,%d,%d' % (tuple(r['grid']) + tuple(r['block'])),
                 'launches': 0, 'requests': 0, 'sectors': 0, 'ideal': 0, 'distinct': 0,
                 'smem': smem,
