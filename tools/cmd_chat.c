@@ -8,6 +8,7 @@
 // after the system message are dropped; within an answer, a full context
 // shifts (keeping the system message).
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,6 +257,20 @@ static int answer(struct chat *c) {
     return 0;
 }
 
+// At a terminal: waits until a line can be read (1) or Ctrl-C was pressed
+// (0). Polling in short slices closes the window where the signal lands
+// between a check of the flag and a blocking read, which would then wait on.
+static int wait_line(void) {
+    for (;;) {
+        if (g_interrupt)
+            return 0;
+        struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+        int r = poll(&p, 1, 100);
+        if (r > 0 || (r < 0 && errno != EINTR))
+            return 1; // a line, end of input, or an error getline reports
+    }
+}
+
 // The conversation loop: reads a line, runs a command or answers it.
 static int chat_loop(struct chat *c) {
     char *line = NULL;
@@ -267,8 +282,10 @@ static int chat_loop(struct chat *c) {
             fflush(stdout);
         }
         errno = 0;
-        ssize_t len = getline(&line, &cap, stdin);
-        if (len < 0 && errno == EINTR && g_interrupt) {
+        // A terminal hands over one line per read, so nothing waits in
+        // stdin's buffer when it is polled; piped input is read as it comes.
+        ssize_t len = tty && !wait_line() ? -1 : getline(&line, &cap, stdin);
+        if (len < 0 && g_interrupt) {
             // Ctrl-C at the prompt: nothing to stop.
             g_interrupt = 0;
             clearerr(stdin);
