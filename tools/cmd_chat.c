@@ -26,6 +26,7 @@
 #include "tools/common.h"
 #include "tools/default_model.h"
 #include "tools/progress.h"
+#include "tools/serve/buf.h"
 
 #define CHAT_MAX_TURNS 4096
 
@@ -76,26 +77,14 @@ struct chat {
     int n_predict;
     bool ignore_eos;
     bool verbose;
-    char *reply; // the answer being written
-    size_t reply_len, reply_cap;
+    struct buf reply; // the answer being written
     bool done;
     const char *why;
 };
 
 static int reply_add(struct chat *c, const char *s, size_t n) {
-    if (c->reply_len + n + 1 > c->reply_cap) {
-        size_t cap = c->reply_cap ? 2 * c->reply_cap : 256;
-        while (cap < c->reply_len + n + 1)
-            cap *= 2;
-        char *t = realloc(c->reply, cap);
-        if (!t)
-            return -1;
-        c->reply = t;
-        c->reply_cap = cap;
-    }
-    memcpy(c->reply + c->reply_len, s, n);
-    c->reply_len += n;
-    c->reply[c->reply_len] = '\0';
+    if (buf_add(&c->reply, s, n))
+        return -1;
     fwrite(s, 1, n, stdout);
     fflush(stdout);
     return 0;
@@ -227,7 +216,7 @@ static int answer(struct chat *c) {
     q.reuse_cells = true; // only what is new since the last turn is decoded
     q.cb = on_event;
     q.user = c;
-    c->reply_len = 0;
+    c->reply.len = 0;
     c->done = false;
     stop_reset(c->stop);
     g_interrupt = 0;
@@ -252,7 +241,7 @@ static int answer(struct chat *c) {
     else if (c->verbose)
         fprintf(stderr, "(%s)\n", c->why ? c->why : "?");
     g_interrupt = 0;
-    if (add_turn(c, "assistant", c->reply ? c->reply : "", c->reply_len))
+    if (add_turn(c, "assistant", c->reply.p ? c->reply.p : "", c->reply.len))
         return 1;
     return 0;
 }
@@ -413,7 +402,7 @@ out:
     drop_turns(c, 0, c->n_turns);
     stop_free(c->stop);
     engine_close(c->e);
-    free(c->reply);
+    buf_free(&c->reply);
     free(c);
     return status;
 }

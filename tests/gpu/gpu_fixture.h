@@ -1,8 +1,7 @@
-// Test helper (header-only, included by gpu/test_cuda_ops.c and
-// gpu/test_cuda_sample.c): a CPU reference backend and a CUDA backend on
-// device 0, made by setup() and destroyed by teardown() (the file's
-// TestSuite names them); without a CUDA device both stay NULL and every test
-// skips itself through REQUIRE_GPU().
+// Test helper (header-only, included by the gpu/test_cuda_*.c op tests): a CPU reference backend
+// and a CUDA backend on device 0, made by setup() and destroyed by teardown() (the file's TestSuite
+// names them); without a CUDA device both stay NULL and every test skips itself through
+// REQUIRE_GPU(). dbuf: one buffer on both backends.
 #ifndef VELA_TESTS_GPU_FIXTURE_H
 #define VELA_TESTS_GPU_FIXTURE_H
 
@@ -36,5 +35,31 @@ static void teardown(void) {
     } while (0)
 
 #define OK(be, call) cr_assert_eq((call), 0, "%s: %s", (be)->ops->name, (be)->err.msg)
+
+// One buffer on both backends holding the same bytes.
+struct dbuf {
+    void *c, *g;
+    size_t bytes;
+};
+
+static inline struct dbuf dbuf_new(const void *host, size_t bytes) {
+    struct dbuf b = {NULL, NULL, bytes};
+    OK(cpu, cpu->ops->alloc(cpu, bytes, &b.c));
+    OK(gpu, gpu->ops->alloc(gpu, bytes, &b.g));
+    if (host) {
+        OK(cpu, cpu->ops->upload(cpu, b.c, host, bytes));
+        OK(gpu, gpu->ops->upload(gpu, b.g, host, bytes));
+    } else {
+        OK(cpu, cpu->ops->memset_zero(cpu, b.c, bytes));
+        OK(gpu, gpu->ops->memset_zero(gpu, b.g, bytes));
+    }
+    return b;
+}
+
+static inline void dbuf_free(struct dbuf *b) {
+    cpu->ops->free(cpu, b->c);
+    gpu->ops->free(gpu, b->g);
+    b->c = b->g = NULL;
+}
 
 #endif

@@ -37,32 +37,6 @@ static float *nrand_array(size_t n, float sigma) {
     return x;
 }
 
-// One buffer on both backends holding the same bytes.
-struct dbuf {
-    void *c, *g;
-    size_t bytes;
-};
-
-static struct dbuf dbuf_new(const void *host, size_t bytes) {
-    struct dbuf b = {NULL, NULL, bytes};
-    OK(cpu, cpu->ops->alloc(cpu, bytes, &b.c));
-    OK(gpu, gpu->ops->alloc(gpu, bytes, &b.g));
-    if (host) {
-        OK(cpu, cpu->ops->upload(cpu, b.c, host, bytes));
-        OK(gpu, gpu->ops->upload(gpu, b.g, host, bytes));
-    } else {
-        OK(cpu, cpu->ops->memset_zero(cpu, b.c, bytes));
-        OK(gpu, gpu->ops->memset_zero(gpu, b.g, bytes));
-    }
-    return b;
-}
-
-static void dbuf_free(struct dbuf *b) {
-    cpu->ops->free(cpu, b->c);
-    gpu->ops->free(gpu, b->g);
-    b->c = b->g = NULL;
-}
-
 // Waits for both backends and downloads b into fresh host arrays.
 static void dbuf_get(const struct dbuf *b, void **hc, void **hg) {
     OK(cpu, cpu->ops->sync(cpu));

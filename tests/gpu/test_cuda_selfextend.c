@@ -82,30 +82,6 @@ static float *nrand_array(size_t n) {
     return x;
 }
 
-// One buffer uploaded to both backends.
-struct both {
-    void *c, *g;
-};
-
-static struct both both_new(const void *host, size_t bytes) {
-    struct both b;
-    OK(cpu, cpu->ops->alloc(cpu, bytes, &b.c));
-    OK(gpu, gpu->ops->alloc(gpu, bytes, &b.g));
-    if (host) {
-        OK(cpu, cpu->ops->upload(cpu, b.c, host, bytes));
-        OK(gpu, gpu->ops->upload(gpu, b.g, host, bytes));
-    } else {
-        OK(cpu, cpu->ops->memset_zero(cpu, b.c, bytes));
-        OK(gpu, gpu->ops->memset_zero(gpu, b.g, bytes));
-    }
-    return b;
-}
-
-static void both_free(struct both *b) {
-    cpu->ops->free(cpu, b->c);
-    gpu->ops->free(gpu, b->g);
-}
-
 // The rope params of a case; freq_factors: [n_rot/2] on each backend (yarn).
 static struct rope_params case_rope(const struct se_case *c) {
     struct rope_params rp = {
@@ -159,15 +135,15 @@ static double run_case(const struct se_case *c) {
     for (int i = 0; i < c->n_rot / 2; i++)
         ff[i] = 1.0f + 0.05f * (float)i;
     const size_t esz_k = c->tk == GGML_TYPE_F16 ? 2 : 4, esz_v = c->tv == GGML_TYPE_F16 ? 2 : 4;
-    struct both bq = both_new(q, nq * 4), bk = both_new(k, nk * esz_k),
-                bv = both_new(v, nk * esz_v);
-    struct both bcp = both_new(cell_pos, 4 * (size_t)c->n_kv);
-    struct both bcs = both_new(cell_seq, 8 * (size_t)c->n_kv);
-    struct both bqp = both_new(q_pos, 4 * (size_t)c->n_tok),
-                bqs = both_new(q_seq, 4 * (size_t)c->n_tok);
-    struct both bff = both_new(ff, sizeof ff);
+    struct dbuf bq = dbuf_new(q, nq * 4), bk = dbuf_new(k, nk * esz_k),
+                bv = dbuf_new(v, nk * esz_v);
+    struct dbuf bcp = dbuf_new(cell_pos, 4 * (size_t)c->n_kv);
+    struct dbuf bcs = dbuf_new(cell_seq, 8 * (size_t)c->n_kv);
+    struct dbuf bqp = dbuf_new(q_pos, 4 * (size_t)c->n_tok),
+                bqs = dbuf_new(q_seq, 4 * (size_t)c->n_tok);
+    struct dbuf bff = dbuf_new(ff, sizeof ff);
     const size_t no = (size_t)c->n_tok * c->n_head * c->head_dim;
-    struct both bo = both_new(NULL, no * 4);
+    struct dbuf bo = dbuf_new(NULL, no * 4);
     struct rope_params rc = case_rope(c), rg = rc;
     rc.freq_factors = c->yarn ? bff.c : NULL;
     rg.freq_factors = c->yarn ? bff.g : NULL;
@@ -230,9 +206,9 @@ static double run_case(const struct se_case *c) {
     cr_log_info("self-extend attention %s: worst |cuda - cpu| / max|v| = %.3g (tol %.3g)\n",
                 c->note, worst, tol);
     cr_expect_leq(worst, tol, "%s: %.3g > %.3g", c->note, worst, tol);
-    struct both *bs[] = {&bq, &bk, &bv, &bcp, &bcs, &bqp, &bqs, &bff, &bo};
+    struct dbuf *bs[] = {&bq, &bk, &bv, &bcp, &bcs, &bqp, &bqs, &bff, &bo};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
-        both_free(bs[i]);
+        dbuf_free(bs[i]);
     free(q);
     free(kf);
     free(vf);
@@ -269,9 +245,9 @@ Test(cuda_se, kv_store_without_rotation) {
     for (int ti = 0; ti < 2; ti++) {
         const enum ggml_type t = types[ti];
         const size_t esz = t == GGML_TYPE_F16 ? 2 : 4, cb = (size_t)n_ctx * n_head_kv * D * esz;
-        struct both bk = both_new(k, nk * 4), bv = both_new(v, nk * 4), bq = both_new(q, nq * 4);
-        struct both bp = both_new(pos, sizeof pos), bc = both_new(cells, sizeof cells);
-        struct both kc = both_new(NULL, cb), vc = both_new(NULL, cb);
+        struct dbuf bk = dbuf_new(k, nk * 4), bv = dbuf_new(v, nk * 4), bq = dbuf_new(q, nq * 4);
+        struct dbuf bp = dbuf_new(pos, sizeof pos), bc = dbuf_new(cells, sizeof cells);
+        struct dbuf kc = dbuf_new(NULL, cb), vc = dbuf_new(NULL, cb);
         struct backend *bes[2] = {cpu, gpu};
         for (int b = 0; b < 2; b++) {
             struct backend *be = bes[b];
@@ -308,9 +284,9 @@ Test(cuda_se, kv_store_without_rotation) {
             free(hv[b]);
         }
         free(hq);
-        struct both *bs[] = {&bk, &bv, &bq, &bp, &bc, &kc, &vc};
+        struct dbuf *bs[] = {&bk, &bv, &bq, &bp, &bc, &kc, &vc};
         for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
-            both_free(bs[i]);
+            dbuf_free(bs[i]);
     }
     free(k);
     free(v);

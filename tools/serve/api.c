@@ -85,14 +85,6 @@ void api_request_free(struct api_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-static char *dup_str(const char *s) {
-    size_t n = strlen(s);
-    char *d = malloc(n + 1);
-    if (d)
-        memcpy(d, s, n + 1);
-    return d;
-}
-
 // A string field (NULL or JSON null: absent) copied into *out; checked UTF-8.
 static int get_string(const cJSON *o, const char *name, char **out, struct api_error *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
@@ -102,7 +94,7 @@ static int get_string(const cJSON *o, const char *name, char **out, struct api_e
         return BAD("'%s' must be a string", name);
     if (!api_utf8_valid(v->valuestring, strlen(v->valuestring)))
         return BAD("'%s' is not valid UTF-8", name);
-    if (!(*out = dup_str(v->valuestring)))
+    if (!(*out = strdup(v->valuestring)))
         return api_fail(e, 500, "server_error", NULL, "out of memory");
     return 0;
 }
@@ -195,7 +187,7 @@ static int parse_stop(const cJSON *o, struct api_request *r, struct api_error *e
             return BAD("'stop' strings must be 1 to %d bytes long", API_MAX_STOP_LEN);
         if (!api_utf8_valid(items[i]->valuestring, len))
             return BAD("'stop' is not valid UTF-8");
-        if (!(r->stop[r->n_stop] = dup_str(items[i]->valuestring)))
+        if (!(r->stop[r->n_stop] = strdup(items[i]->valuestring)))
             return api_fail(e, 500, "server_error", NULL, "out of memory");
         r->n_stop++;
     }
@@ -212,7 +204,7 @@ static int parse_prompt(const cJSON *o, struct api_request *r, struct api_error 
     if (cJSON_IsString(v)) {
         if (!api_utf8_valid(v->valuestring, strlen(v->valuestring)))
             return BAD("'prompt' is not valid UTF-8");
-        if (!(r->prompt = dup_str(v->valuestring)))
+        if (!(r->prompt = strdup(v->valuestring)))
             return api_fail(e, 500, "server_error", NULL, "out of memory");
         return 0;
     }
@@ -237,11 +229,11 @@ static int parse_prompt(const cJSON *o, struct api_request *r, struct api_error 
 // or an array of parts whose "text" parts are joined.
 static int message_content(const cJSON *c, int i, char **out, struct api_error *e) {
     if (!c || cJSON_IsNull(c))
-        return (*out = dup_str("")) ? 0 : api_fail(e, 500, "server_error", NULL, "out of memory");
+        return (*out = strdup("")) ? 0 : api_fail(e, 500, "server_error", NULL, "out of memory");
     if (cJSON_IsString(c)) {
         if (!api_utf8_valid(c->valuestring, strlen(c->valuestring)))
             return BAD("'messages[%d].content' is not valid UTF-8", i);
-        return (*out = dup_str(c->valuestring))
+        return (*out = strdup(c->valuestring))
                    ? 0
                    : api_fail(e, 500, "server_error", NULL, "out of memory");
     }
@@ -296,7 +288,7 @@ static int parse_messages(const cJSON *o, struct api_request *r, struct api_erro
             return BAD("'messages[%d].role' is '%.40s'; expected system, user, assistant, tool "
                        "or developer",
                        i, role->valuestring);
-        if (!(r->messages[i].role = dup_str(role->valuestring)))
+        if (!(r->messages[i].role = strdup(role->valuestring)))
             return api_fail(e, 500, "server_error", NULL, "out of memory");
         r->n_messages++;
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");

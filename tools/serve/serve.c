@@ -34,8 +34,7 @@ struct serve {
 
 // One HTTP request: its body as it arrives.
 struct conn {
-    char *body;
-    size_t len, cap;
+    struct buf body;
     bool too_big;
 };
 
@@ -120,8 +119,8 @@ static struct api_usage usage_of(const struct srv_req *r) {
 }
 
 static struct api_choice choice_of(const struct srv_job *j) {
-    return (struct api_choice){.text = j->text,
-                               .len = j->len,
+    return (struct api_choice){.text = j->text.p,
+                               .len = j->text.len,
                                .finish = j->finish,
                                .lp = j->req->api.logprobs ? j->lp : NULL,
                                .n_lp = j->n_lp};
@@ -162,39 +161,17 @@ struct stream {
     struct serve *s;
     struct srv_req *r;
     struct MHD_Connection *c;
-    char *out; // SSE bytes not yet handed to MHD
-    size_t off, len, cap;
+    struct buf out; // SSE bytes; out.p[off..] not yet handed to MHD
+    size_t off;
     bool role_sent[API_MAX_N], final_sent[API_MAX_N];
     bool ended;
 };
 
+// Appends s (malloc'd; taken) to the stream's pending bytes.
 static int out_add(struct stream *st, char *s) {
-    if (!s)
-        return -1;
-    size_t n = strlen(s);
-    if (st->len + n > st->cap) {
-        size_t cap = st->cap ? st->cap : 1024;
-        while (cap < st->len + n)
-            cap *= 2;
-        char *t = realloc(st->out, cap);
-        if (!t) {
-            free(s);
-            return -1;
-        }
-        st->out = t;
-        st->cap = cap;
-    }
-    memcpy(st->out + st->len, s, n);
-    st->len += n;
+    int rc = s ? buf_add(&st->out, s, strlen(s)) : -1;
     free(s);
-    return 0;
-}
-
-static char *dup_cstr(const char *s) {
-    char *d = malloc(strlen(s) + 1);
-    if (d)
-        strcpy(d, s);
-    return d;
+    return rc;
 }
 
 // New text, logprobs and endings of every choice as SSE events (r->mu held).
@@ -203,17 +180,17 @@ static int stream_collect(struct stream *st) {
     const enum api_kind k = r->api.kind;
     for (int i = 0; i < r->n_jobs; i++) {
         struct srv_job *j = &r->jobs[i];
-        bool news = j->len > j->sent || j->lp_sent < j->n_lp;
+        bool news = j->text.len > j->sent || j->lp_sent < j->n_lp;
         if (news || (!st->role_sent[i] && k == API_CHAT)) {
-            struct api_choice ch = {.text = j->text + j->sent,
-                                    .len = j->len - j->sent,
+            struct api_choice ch = {.text = j->text.p + j->sent,
+                                    .len = j->text.len - j->sent,
                                     .lp = r->api.logprobs ? j->lp + j->lp_sent : NULL,
                                     .n_lp = j->n_lp - j->lp_sent};
             if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch,
                                           !st->role_sent[i], NULL)))
                 return -1;
             st->role_sent[i] = true;
-            j->sent = j->len;
+            j->sent = j->text.len;
             j->lp_sent = j->n_lp;
         }
         if (j->done && !st->final_sent[i]) {
@@ -242,7 +219,7 @@ static int stream_collect(struct stream *st) {
                         api_chunk_sse(k, r->id, st->s->model_id, r->created, 0, NULL, false, &u)))
                 return -1;
         }
-        if (out_add(st, dup_cstr(api_sse_done)))
+        if (out_add(st, strdup(api_sse_done)))
             return -1;
         st->ended = true;
     }
@@ -252,13 +229,13 @@ static int stream_collect(struct stream *st) {
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     struct stream *st = cls;
     struct srv_req *r = st->r;
-    while (st->off == st->len) {
+    while (st->off == st->out.len) {
         if (st->ended)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        st->off = st->len = 0;
+        st->off = st->out.len = 0;
         pthread_mutex_lock(&r->mu);
         int rc = stream_collect(st);
-        bool empty = st->len == 0 && !st->ended;
+        bool empty = st->out.len == 0 && !st->ended;
         if (empty)
             wait_a_little(r);
         pthread_mutex_unlock(&r->mu);
@@ -269,8 +246,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
-    size_t n = st->len - st->off < max ? st->len - st->off : max;
-    memcpy(buf, st->out + st->off, n);
+    size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
+    memcpy(buf, st->out.p + st->off, n);
     st->off += n;
     return (ssize_t)n;
 }
@@ -283,7 +260,7 @@ static void stream_free(void *cls) {
     if (running) // the client left before the end: its cells are freed at the next step
         srv_worker_cancel(&st->s->w, st->r);
     srv_req_release(st->r);
-    free(st->out);
+    buf_free(&st->out);
     free(st);
 }
 
@@ -366,7 +343,7 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
                                          struct conn *cn) {
     struct api_request a;
     struct api_error e = {0};
-    if (api_parse_request(k, cn->body ? cn->body : "", cn->len, &a, &e))
+    if (api_parse_request(k, cn->body.p ? cn->body.p : "", cn->body.len, &a, &e))
         return send_error(c, &e);
     if (a.model && strcmp(a.model, s->model_id)) {
         api_fail(&e, 404, "invalid_request_error", "model_not_found",
@@ -410,7 +387,7 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
 // --- small endpoints ---------------------------------------------------------------
 
 static enum MHD_Result handle_tokenize(struct serve *s, struct MHD_Connection *c, struct conn *cn) {
-    cJSON *o = api_json_parse(cn->body ? cn->body : "", cn->len);
+    cJSON *o = api_json_parse(cn->body.p ? cn->body.p : "", cn->body.len);
     const cJSON *ct = o ? cJSON_GetObjectItemCaseSensitive(o, "content") : NULL;
     const cJSON *as = o ? cJSON_GetObjectItemCaseSensitive(o, "add_special") : NULL;
     const cJSON *wp = o ? cJSON_GetObjectItemCaseSensitive(o, "with_pieces") : NULL;
@@ -460,7 +437,7 @@ static enum MHD_Result handle_tokenize(struct serve *s, struct MHD_Connection *c
 
 static enum MHD_Result handle_detokenize(struct serve *s, struct MHD_Connection *c,
                                          struct conn *cn) {
-    cJSON *o = api_json_parse(cn->body ? cn->body : "", cn->len);
+    cJSON *o = api_json_parse(cn->body.p ? cn->body.p : "", cn->body.len);
     const cJSON *tk = o ? cJSON_GetObjectItemCaseSensitive(o, "tokens") : NULL;
     const int V = s->e->tok ? tokenizer_n_vocab(s->e->tok) : 0;
     int n = cJSON_IsArray(tk) ? cJSON_GetArraySize(tk) : -1;
@@ -676,27 +653,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (cn->too_big || cn->len + n > s->cfg.max_body) {
+        if (cn->too_big || cn->body.len + n > s->cfg.max_body) {
             cn->too_big = true; // read and dropped: the answer is a 413 at the end
-            free(cn->body);
-            cn->body = NULL;
-            cn->len = cn->cap = 0;
+            buf_free(&cn->body);
             return MHD_YES;
         }
-        if (cn->len + n + 1 > cn->cap) {
-            size_t cap = cn->cap ? cn->cap : 1024;
-            while (cap < cn->len + n + 1)
-                cap *= 2;
-            char *b = realloc(cn->body, cap);
-            if (!b)
-                return MHD_NO;
-            cn->body = b;
-            cn->cap = cap;
-        }
-        memcpy(cn->body + cn->len, upload, n);
-        cn->len += n;
-        cn->body[cn->len] = '\0';
-        return MHD_YES;
+        return buf_add(&cn->body, upload, n) ? MHD_NO : MHD_YES;
     }
     return dispatch(s, c, url, method, cn);
 }
@@ -705,7 +667,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     struct conn *cn = *con_cls;
     if (cn) {
-        free(cn->body);
+        buf_free(&cn->body);
         free(cn);
     }
     *con_cls = NULL;

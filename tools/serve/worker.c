@@ -55,7 +55,7 @@ void srv_req_release(struct srv_req *r) {
         return;
     for (int i = 0; i < r->n_jobs; i++) {
         stop_free(r->jobs[i].stop);
-        free(r->jobs[i].text);
+        buf_free(&r->jobs[i].text);
         free(r->jobs[i].lp);
         free(r->jobs[i].row);
     }
@@ -67,23 +67,6 @@ void srv_req_release(struct srv_req *r) {
 }
 
 // --- text and stop strings (under the request's lock) ---------------------------
-
-static int append(struct srv_job *j, const char *s, size_t n) {
-    if (j->len + n + 1 > j->cap) {
-        size_t cap = j->cap ? j->cap : 256;
-        while (cap < j->len + n + 1)
-            cap *= 2;
-        char *t = realloc(j->text, cap);
-        if (!t)
-            return -1;
-        j->text = t;
-        j->cap = cap;
-    }
-    memcpy(j->text + j->len, s, n);
-    j->len += n;
-    j->text[j->len] = '\0';
-    return 0;
-}
 
 // --- logprobs ----------------------------------------------------------------------
 
@@ -167,13 +150,13 @@ static const char *finish_of(const char *why, bool stopping) {
 static void job_done(struct srv_worker *w, struct srv_job *j, const struct engine_req_event *ev) {
     struct srv_req *r = j->req;
     if (!j->finish)
-        j->finish = finish_of(ev->text, w->stopping);
+        j->finish = finish_of(ev->text, w->ending);
     // Nothing more comes: a held-back partial stop string is text after all.
     const char *show = NULL;
     size_t n_show = 0;
     stop_flush(j->stop, &show, &n_show);
     if (n_show)
-        append(j, show, n_show);
+        buf_add(&j->text, show, n_show);
     j->done = true;
     r->n_done++;
     const struct engine_req_stats *st = ev->stats;
@@ -220,7 +203,7 @@ static int on_event(void *user, const struct engine_req_event *ev) {
         size_t n_show = 0;
         if (!j->finish && ev->len &&
             (stop_push(j->stop, ev->text, ev->len, &show, &n_show, NULL) ||
-             append(j, show, n_show)))
+             buf_add(&j->text, show, n_show)))
             stop = 1;
         if (!j->finish && stop_hit(j->stop) >= 0) {
             j->finish = "stop";
@@ -378,6 +361,7 @@ static void *engine_main(void *arg) {
         for (int k = 0; k < act.n; k++) {
             pthread_mutex_lock(&act.r[k]->mu);
             bool c = act.r[k]->cancel || stopping;
+            w->ending = stopping; // their DONE events finish with "error"
             pthread_mutex_unlock(&act.r[k]->mu);
             if (c)
                 cancel_jobs(w, act.r[k]);

@@ -23,13 +23,13 @@
 #include "host/engine/step.h"
 #include "host/engine/stop.h"
 #include "tools/serve/api.h"
+#include "tools/serve/buf.h"
 
 struct srv_job {
     struct srv_req *req;
-    int index;    // the choice
-    uint64_t eid; // the engine's request id (0: not submitted)
-    char *text;   // [len] generated text as it can be shown (stop strings cut out)
-    size_t len, cap;
+    int index;                    // the choice
+    uint64_t eid;                 // the engine's request id (0: not submitted)
+    struct buf text;              // generated text as it can be shown (stop strings cut out)
     size_t sent;                  // bytes of text already streamed
     struct stop_matcher *stop;    // holds back what may begin a stop string
     struct api_token_logprob *lp; // [n_lp]
@@ -88,6 +88,7 @@ struct srv_worker {
     struct srv_req *incoming; // submitted by HTTP threads, not yet seen by the engine thread
     bool wake;                // a cancel or an incoming request is waiting
     bool stopping;
+    bool ending;  // engine thread only: it is cancelling everything to stop
     bool started; // the thread runs
     bool inited;  // mu and cv exist
     struct srv_metrics m;
