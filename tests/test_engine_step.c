@@ -756,3 +756,79 @@ Test(engine_step, reuse_cells_decodes_only_the_new_part) {
     engine_close(fresh);
     engine_close(e);
 }
+
+// A prompt cache over several slots (what vela serve does): each request
+// keeps its cells; a later one takes the free slot whose kept tokens share
+// the longest prefix with its prompt and decodes only the rest, with the
+// tokens it gives alone from an empty cache. A request that starts while
+// the engine is otherwise idle leaves the other slots' kept cells alone; a
+// request sharing its prompt's cells with another (same step) keeps the
+// record of them too; a request without reuse_cells takes a slot that keeps
+// nothing.
+Test(engine_step, prompt_cache_picks_the_slot_with_the_longest_prefix) {
+    const int n_ctx_seq = 96, n_batch = 16;
+    struct engine *e = open_engine(n_ctx_seq, n_batch, 3);
+    struct engine *solo = open_engine(n_ctx_seq, n_batch, 1);
+    struct engine_sched_config sc = {.n_slots = 3, .slot_similarity = 0.5f};
+    struct verr err = {0};
+    cr_assert_eq(engine_sched_configure(e, &sc, &err), 0, "%s", err.msg);
+    int32_t p[3][40];
+    for (int k = 0; k < 3; k++)
+        make_prompt(p[k], 40, 100 + k);
+    struct req_out first[3] = {{0}};
+    for (int k = 0; k < 3; k++) { // one at a time: each starts alone
+        struct engine_request r = greedy_request(p[k], 30, 4);
+        r.keep_cells = r.reuse_cells = true;
+        submit(e, &r, &first[k]);
+        run_to_end(e);
+        cr_expect_eq(first[k].st.n_prompt_reused, 0);
+    }
+    cr_expect_eq(e->fc->kv.used, 3 * (30 + 3), "every slot keeps its prompt and answer");
+    // Prompt 1 (its first 30 tokens and 10 more) goes to prompt 1's slot.
+    for (int round = 0; round < 2; round++) {
+        const int k = round ? 0 : 1;
+        struct engine_request r = greedy_request(p[k], 40, 5);
+        r.keep_cells = r.reuse_cells = true;
+        struct req_out got = {0}, alone;
+        submit(e, &r, &got);
+        run_to_end(e);
+        cr_expect_eq(got.st.n_prompt_reused, 30, "prompt %d: %d tokens reused", k,
+                     got.st.n_prompt_reused);
+        cr_expect_eq(got.st.n_prompt_eval, 10);
+        r.keep_cells = r.reuse_cells = false;
+        run_alone(solo, &r, &alone);
+        expect_same(&got, &alone, "cached prompt", k);
+    }
+    // The same prompt twice in one step: the first reuses its slot's cells,
+    // the second shares them (another slot) and keeps their record: a third
+    // request with that prompt finds it in either.
+    struct req_out a = {0}, b = {0}, c = {0}, alone;
+    struct engine_request r = greedy_request(p[2], 36, 3);
+    r.keep_cells = r.reuse_cells = true;
+    submit(e, &r, &a);
+    submit(e, &r, &b);
+    run_to_end(e);
+    cr_expect_eq(a.st.n_prompt_reused, 30);
+    cr_expect_eq(b.st.n_prompt_eval + b.st.n_prompt_reused, 0,
+                 "the second copy shares the first's cells (eval %d, reused %d)",
+                 b.st.n_prompt_eval, b.st.n_prompt_reused);
+    r.keep_cells = r.reuse_cells = false;
+    run_alone(solo, &r, &alone);
+    expect_same(&a, &alone, "first copy", 0);
+    expect_same(&b, &alone, "second copy", 1);
+    // No reuse asked: it takes a slot and drops that slot's cells only.
+    struct engine_request cold = greedy_request(p[0], 12, 2);
+    submit(e, &cold, &c);
+    run_to_end(e);
+    cr_expect_eq(c.st.n_prompt_reused, 0);
+    cr_expect_eq(c.st.n_prompt_eval, 12);
+    struct req_out d = {0};
+    r.keep_cells = r.reuse_cells = true;
+    submit(e, &r, &d);
+    run_to_end(e);
+    cr_expect_eq(d.st.n_prompt_reused, 35, "still cached after a cold request (%d reused)",
+                 d.st.n_prompt_reused);
+    expect_same(&d, &alone, "after a cold request", 0);
+    engine_close(solo);
+    engine_close(e);
+}

@@ -42,6 +42,7 @@ struct slot {
     int32_t *hist;
     int n_hist, cap_hist;
     bool hist_ok;
+    uint64_t last_used; // the engine's tick when its last request ended (0: never)
     struct sampler *smp;
     struct tokenizer_stream *stream;
     struct kv_policy pol; // context shift, self-extend, ... (kv/policy.h)
@@ -58,6 +59,7 @@ struct engine_sched {
     int32_t *tok, *pos, *seq;
     int8_t *want;
     uint64_t next_id;
+    uint64_t tick; // counts requests ending (slot.last_used)
     struct engine_stats st;
     bool in_step;
     // Set by a hook (engine_generate_batch's stop): the step samples no

@@ -74,6 +74,9 @@ static int sched_resolve(const struct engine *e, const struct engine_sched_confi
         return verr_set(err, VERR_RANGE,
                         "%d slots: the context was opened for %d sequences (%d logits rows)",
                         r.n_slots, fc->cfg.n_seq_max, fc->cfg.n_outputs_max);
+    if (!(r.slot_similarity >= 0 && r.slot_similarity <= 1))
+        return verr_set(err, VERR_RANGE, "slot prompt similarity %g: 0 .. 1",
+                        (double)r.slot_similarity);
     if (r.n_queue_max < 1 || r.n_queue_max > (1 << 20))
         return verr_set(err, VERR_RANGE, "queue of %d requests: 1 .. %d", r.n_queue_max, 1 << 20);
     if (r.n_step_tokens < -1 || (r.n_step_tokens > 0 && r.n_step_tokens <= r.n_slots))
@@ -298,21 +301,58 @@ static bool same_prompt(const struct slot *a, const struct slot *b) {
            !memcmp(x->tokens, y->tokens, (size_t)x->n_tokens * sizeof *x->tokens);
 }
 
-// Slot si takes request q. On failure the slot stays active and the step's
-// error path ends it.
+// The length of the common prefix of a slot's kept tokens and a prompt.
+static int common_prefix(const int32_t *hist, int n_hist, const struct engine_request *r) {
+    int p = 0;
+    while (p < n_hist && p < r->n_tokens && hist[p] == r->tokens[p])
+        p++;
+    return p;
+}
+
 // Prompt tokens of r whose cells the slot still holds from its previous
 // request (sl->hist[0..n_hist) at positions 0..n_hist-1): the common
 // prefix, less one token (the last prompt token is decoded again, for its
-// logits). 0 when r does not ask for it or its policy regroups positions.
+// logits). 0 when r does not ask for it or its policy regroups positions
+// (llama.cpp's self-extend; exact self-extend never moves a position and
+// the context's G and W are the same for every request, so its cells are
+// what a fresh run computes).
 static int reusable_prefix(const struct engine *e, const struct slot *sl,
                            const struct engine_request *r, int n_hist) {
-    if (!r->reuse_cells || r->on_rows || sl->pol.kind == KV_POLICY_SELFEXTEND ||
-        sl->pol.kind == KV_POLICY_EXACT_SE)
+    if (!r->reuse_cells || r->on_rows || sl->pol.kind == KV_POLICY_SELFEXTEND)
         return 0;
-    int p = 0;
-    while (p < n_hist && p < r->n_tokens - 1 && sl->hist[p] == r->tokens[p])
-        p++;
-    return p;
+    int p = common_prefix(sl->hist, n_hist, r);
+    return p < r->n_tokens - 1 ? p : r->n_tokens - 1;
+}
+
+// Whether slot t keeps cells a later request may reuse.
+static bool slot_keeps(const struct slot *t) {
+    return t->hist_ok && t->n_hist > 0;
+}
+
+// The free slot queued request q takes (engine_sched_config.slot_similarity),
+// -1 when none is free.
+static int slot_pick(const struct engine_sched *s, const struct sched_req *q) {
+    int best = -1, best_p = 0, empty = -1, lru = -1;
+    for (int si = 0; si < s->cfg.n_slots; si++) {
+        const struct slot *t = &s->slots[si];
+        if (t->state != SLOT_FREE)
+            continue;
+        if (!slot_keeps(t)) {
+            if (empty < 0)
+                empty = si;
+            continue;
+        }
+        if (lru < 0 || t->last_used < s->slots[lru].last_used)
+            lru = si;
+        if (!q->p.reuse_cells || q->p.on_rows)
+            continue;
+        const int p = common_prefix(t->hist, t->n_hist, &q->p);
+        if (p > best_p && (double)p > (double)s->cfg.slot_similarity * t->n_hist) {
+            best = si;
+            best_p = p;
+        }
+    }
+    return best >= 0 ? best : empty >= 0 ? empty : lru;
 }
 
 // Records the tokens decoded at positions n_hist.. of the slot (its history
@@ -338,12 +378,15 @@ static void hist_add(struct slot *sl, int32_t pos, const int32_t *tok, int n) {
     sl->n_hist += n;
 }
 
+// Slot si takes request q. On failure the slot stays active and the step's
+// error path ends it.
 static int slot_start(struct engine *e, struct engine_sched *s, int si, struct sched_req *q,
                       struct verr *err) {
     struct slot *sl = &s->slots[si];
     float *last = sl->last;
     int32_t *hist = sl->hist;
     const int n_hist = sl->hist_ok ? sl->n_hist : 0, cap_hist = sl->cap_hist;
+    const uint64_t last_used = sl->last_used;
     memset(sl, 0, sizeof *sl);
     sl->last = last;
     sl->hist = hist;
@@ -354,6 +397,7 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     sl->share_from = -1;
     sl->next = -1;
     sl->started_now = true;
+    sl->last_used = last_used;
     const struct engine_request *r = &q->p;
     q->st.t_start_ms = engine_now_ms();
     struct kv_policy_params pp;
@@ -378,11 +422,23 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     if (e->tok && (rc = tokenizer_stream_new(&sl->stream, e->tok, false, err)))
         return rc;
     // Cells another user of the cache (engine_eval) left: the first request
-    // of an idle engine starts from an empty cache.
+    // of an idle engine starts from an empty cache, unless other slots keep
+    // cells for reuse (then the cache holds only the slots' own cells).
     bool alone = true;
     for (int t = 0; t < s->cfg.n_slots; t++)
-        alone = alone && (t == si || s->slots[t].state == SLOT_FREE);
-    const int reuse = reusable_prefix(e, sl, r, n_hist);
+        alone = alone && (t == si || (s->slots[t].state == SLOT_FREE && !slot_keeps(&s->slots[t])));
+    // A request started before this one in this step with the same prompt
+    // (slots are taken in queue order, not slot order: slot_pick) reads it
+    // for both: sharing its cells decodes nothing, reusing kept ones decodes
+    // the rest, so sharing comes first.
+    int share = -1;
+    for (int t = 0; sl->can_share && share < 0 && t < s->cfg.n_slots; t++) {
+        const struct slot *o = &s->slots[t];
+        if (t != si && o->state == SLOT_PROMPT && o->started_now && o->share_from < 0 &&
+            o->can_share && same_prompt(o, sl))
+            share = t;
+    }
+    const int reuse = share >= 0 ? 0 : reusable_prefix(e, sl, r, n_hist);
     if (reuse > 0) {
         if ((rc = kv_seq_rm(&e->fc->kv, si, reuse, -1, err)))
             return rc;
@@ -390,21 +446,14 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
         sl->n_past = reuse;
         sl->n_hist = reuse;
         sl->hist_ok = true;
+        q->st.n_prompt_reused = reuse;
         return 0;
     }
     sl->hist_ok = true; // n_hist 0: this request's tokens are recorded from position 0
     if (e->fc->kv.used &&
         (rc = alone ? kv_clear(&e->fc->kv, err) : kv_seq_rm(&e->fc->kv, si, -1, -1, err)))
         return rc;
-    if (sl->can_share)
-        for (int t = 0; t < si; t++) {
-            const struct slot *o = &s->slots[t];
-            if (o->state == SLOT_PROMPT && o->started_now && o->share_from < 0 && o->can_share &&
-                same_prompt(o, sl)) {
-                sl->share_from = t;
-                break;
-            }
-        }
+    sl->share_from = share;
     return 0;
 }
 
@@ -425,9 +474,12 @@ static int slot_finish(struct engine *e, struct engine_sched *s, int si, const c
         if (len)
             req_emit(q, ENGINE_EV_TOKEN, -1, txt, len);
     }
-    int rc = q->p.keep_cells ? 0 : kv_seq_rm(&e->fc->kv, si, -1, -1, err);
-    if (!q->p.keep_cells)
+    // After a failed step the cells no longer agree with the record: none is kept.
+    const bool keep = q->p.keep_cells && strcmp(why, "error") != 0;
+    int rc = keep ? 0 : kv_seq_rm(&e->fc->kv, si, -1, -1, err);
+    if (!keep)
         sl->hist_ok = false;
+    sl->last_used = ++s->tick;
     sampler_free(sl->smp);
     tokenizer_stream_free(sl->stream);
     sl->smp = NULL;
@@ -751,6 +803,11 @@ static int step_share(struct engine *e, struct engine_sched *s, enum forward_hea
         if (head == FORWARD_HEAD_LOGITS)
             memcpy(sl->last, src->last, (size_t)V * sizeof(float));
         sl->share_from = -1;
+        // Its cells are the source's: so is the record of their tokens.
+        sl->n_hist = 0;
+        sl->hist_ok = src->hist_ok;
+        if (src->hist_ok)
+            hist_add(sl, 0, src->hist, src->n_hist);
     }
     return 0;
 }
@@ -809,9 +866,7 @@ static int step_once(struct engine *e, struct engine_sched *s, struct verr *err)
     int rc;
     for (int si = 0; si < s->cfg.n_slots; si++)
         s->slots[si].started_now = false;
-    for (int si = 0; si < s->cfg.n_slots && s->q_len; si++) {
-        if (s->slots[si].state != SLOT_FREE)
-            continue;
+    for (int si; s->q_len && (si = slot_pick(s, queue_at(s, 0))) >= 0;) {
         struct sched_req *q = queue_at(s, 0);
         s->q_head = (s->q_head + 1) % s->cfg.n_queue_max;
         s->q_len--;

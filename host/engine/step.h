@@ -32,10 +32,11 @@
 
 // One request's numbers; times are engine_now_ms() values or durations in ms.
 struct engine_req_stats {
-    int n_prompt;      // prompt tokens
-    int n_prompt_eval; // of those, decoded for it (0 when it shared another's cells)
-    int n_gen;         // tokens sampled
-    int n_gen_backend; // of those, picked on the backend (argmax or sample op)
+    int n_prompt;        // prompt tokens
+    int n_prompt_eval;   // of those, decoded for it (0 when it shared another's cells)
+    int n_prompt_reused; // of those, found in its slot's kept cells (reuse_cells): not decoded
+    int n_gen;           // tokens sampled
+    int n_gen_backend;   // of those, picked on the backend (argmax or sample op)
     int n_ctx_shifts;
     uint32_t seed; // the sampler seed (the random one picked, once it started)
     double t_submit_ms;
@@ -109,9 +110,14 @@ struct engine_request {
     // The cells its slot kept from the previous request (keep_cells) are
     // reused for the longest prefix its prompt shares with that request's
     // tokens (prompt and generated), when no policy moved their positions;
-    // only the rest is decoded (a conversation's history: vela chat). The
-    // reused K/V were computed in other batches than a fresh run would use,
-    // so results may differ from the request alone by float rounding.
+    // only the rest is decoded (a conversation's history: vela chat; a
+    // server's prompt cache). It takes the free slot whose kept tokens share
+    // the longest prefix with its prompt (engine_sched_config.slot_similarity).
+    // Not with llama.cpp's self-extend (ga_n > 1: its regrouping depends on
+    // where chunks start); exact self-extend reuses (its positions never move).
+    // The reused K/V were computed in other batches than a fresh run would use,
+    // so results may differ from the request alone by float rounding (the CPU
+    // backend computes a row the same way whatever the batch: none there).
     bool reuse_cells;
 };
 
@@ -124,6 +130,14 @@ struct engine_sched_config {
     int n_step_tokens; // token budget of a step (0: the context's n_batch; -1: none, every
                        // prompt being read adds a chunk of n_batch: llama.cpp's parallel
                        // example, what engine_generate_batch uses)
+    // Which free slot a queued request takes (llama-server's
+    // --slot-prompt-similarity): a reuse_cells request takes the one whose
+    // kept tokens share the longest prefix with its prompt, when that prefix
+    // is more than this fraction of the slot's kept tokens (0: any common
+    // prefix; llama-server's default is 0.5); otherwise, and for every other
+    // request, the free slot holding no kept cells with the lowest index, else
+    // the one used least recently (its kept cells are dropped).
+    float slot_similarity;
 };
 
 // Sets the slots, queue and budget; only while no request is active or
