@@ -128,6 +128,22 @@ Test(serve_api, bad_fields_are_400_naming_the_field) {
         {API_COMPLETION, "{\"prompt\": \"x\", \"seed\": \"s\"}", "'seed'"},
         {API_COMPLETION, "{\"prompt\": \"x\", \"model\": 3}", "'model'"},
         {API_COMPLETION, "{\"prompt\": \"x\", \"grp_attn_n\": 0}", "'grp_attn_n'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"cache_prompt\": 1}", "'cache_prompt'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": 4}", "'self_extend' must be"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": {\"n\": 4}}",
+         "'self_extend.w' is required"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": {\"w\": 4}}",
+         "'self_extend.n' is required"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": {\"n\": 0, \"w\": 4}}",
+         "'self_extend.n' is 0"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": -1}}",
+         "'self_extend.w' is -1"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": {\"n\": 2.5, \"w\": 4}}",
+         "'self_extend.n' must be an integer"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": {\"n\": \"2\", \"w\": 4}}",
+         "'self_extend.n' must be an integer"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": {\"n\": 2, \"w\": 4, \"g\": 2}}",
+         "'self_extend.g' is not known"},
         {API_COMPLETION, "{\"prompt\": \"x\", \"stream_options\": 1}", "'stream_options'"},
         // cJSON refuses a lone surrogate escape as JSON: a 400 either way.
         {API_COMPLETION, "{\"prompt\": \"\\ud800\"}", "not valid"},
@@ -243,4 +259,132 @@ Test(serve_api, response_and_chunks) {
     cJSON_Delete(o);
     free(s);
     cr_expect_str_eq(api_sse_done, "data: [DONE]\n\n");
+}
+
+Test(serve_api, cache_prompt_and_self_extend_are_read) {
+    struct api_request r;
+    struct api_error e;
+    cr_assert_eq(parse(API_COMPLETION, "{\"prompt\": \"x\"}", &r, &e), 0, "%s", e.message);
+    cr_expect(r.cache_prompt, "llama-server's default: on");
+    cr_expect_eq(r.se_n, 0, "no self_extend given");
+    api_request_free(&r);
+    cr_assert_eq(parse(API_CHAT,
+                       "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+                       " \"cache_prompt\": false, \"self_extend\": {\"w\": 1024, \"n\": 4}}",
+                       &r, &e),
+                 0, "%s", e.message);
+    cr_expect(!r.cache_prompt);
+    cr_expect_eq(r.se_n, 4);
+    cr_expect_eq(r.se_w, 1024);
+    api_request_free(&r);
+    cr_assert_eq(parse(API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": null}", &r, &e), 0,
+                 "%s", e.message);
+    cr_expect_eq(r.se_n, 0, "null: not given");
+    api_request_free(&r);
+}
+
+// api_check_context on a request of n_prompt tokens; returns the status (0: accepted).
+static int check(const char *body, int n_prompt, const struct api_ctx_limits *l, int *max_gen,
+                 struct api_error *e) {
+    struct api_request r;
+    cr_assert_eq(parse(API_COMPLETION, body, &r, e), 0, "%s", e->message);
+    memset(e, 0, sizeof *e);
+    int rc = api_check_context(&r, n_prompt, l, max_gen, e);
+    api_request_free(&r);
+    cr_assert_eq(rc == 0, e->status == 0);
+    return e->status;
+}
+
+Test(serve_api, context_fields_are_checked_against_the_server) {
+    struct api_error e;
+    int max_gen = 0;
+    // A rotated cache (no --self-extend): llama.cpp's grp_attn_* is the engine's to check;
+    // self_extend cannot run.
+    const struct api_ctx_limits rotated = {.n_ctx_slot = 256, .n_ctx_train = 512, .se_g = 0};
+    cr_expect_eq(check("{\"prompt\": \"x\", \"grp_attn_n\": 2, \"grp_attn_w\": 64}", 100, &rotated,
+                       &max_gen, &e),
+                 0, "%s", e.message);
+    cr_expect_eq(max_gen, -1);
+    cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": 32}}", 10, &rotated,
+                       &max_gen, &e),
+                 400);
+    cr_expect(strstr(e.message, "--self-extend G W"), "%s", e.message);
+    cr_expect_str_eq(e.code, "invalid_value");
+
+    // --self-extend 4 32 on a model trained for 128 tokens: (128 - 32) * 4 + 32 = 416.
+    const struct api_ctx_limits se = {.n_ctx_slot = 600, .n_ctx_train = 128, .se_g = 4, .se_w = 32};
+    cr_expect_eq(check("{\"prompt\": \"x\"}", 200, &se, &max_gen, &e), 0, "%s", e.message);
+    cr_expect_eq(max_gen, 216, "the extended context (416, below the slot's 600) ends it");
+    cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": 32}}", 200, &se,
+                       &max_gen, &e),
+                 0, "the server's own values: %s", e.message);
+    cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 2, \"w\": 32}}", 200, &se,
+                       &max_gen, &e),
+                 400);
+    cr_expect(strstr(e.message, "n = 4, w = 32"), "names the server's values: %s", e.message);
+    cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": 16}}", 200, &se,
+                       &max_gen, &e),
+                 400);
+    cr_expect_eq(check("{\"prompt\": \"x\", \"grp_attn_n\": 2}", 200, &se, &max_gen, &e), 400);
+    cr_expect(strstr(e.message, "exclude each other"), "%s", e.message);
+    // The prompt and 4 more tokens must fit the extended context.
+    cr_expect_eq(check("{\"prompt\": \"x\"}", 412, &se, &max_gen, &e), 0, "%s", e.message);
+    cr_expect_eq(max_gen, 4);
+    cr_expect_eq(check("{\"prompt\": \"x\"}", 413, &se, &max_gen, &e), 400);
+    cr_expect_str_eq(e.code, "context_length_exceeded");
+    cr_expect_str_eq(e.type, "invalid_request_error");
+    cr_expect(strstr(e.message, "413 tokens, max 412") && strstr(e.message, "416") &&
+                  strstr(e.message, "128"),
+              "the sizes: %s", e.message);
+    // A slot smaller than the extended context: the engine's slot limit applies.
+    const struct api_ctx_limits small = {
+        .n_ctx_slot = 300, .n_ctx_train = 128, .se_g = 4, .se_w = 32};
+    cr_expect_eq(check("{\"prompt\": \"x\"}", 200, &small, &max_gen, &e), 0, "%s", e.message);
+    cr_expect_eq(max_gen, -1);
+    // W not below the slot's context, or not below the trained one.
+    const struct api_ctx_limits tight = {
+        .n_ctx_slot = 32, .n_ctx_train = 128, .se_g = 4, .se_w = 32};
+    cr_expect_eq(check("{\"prompt\": \"x\"}", 8, &tight, &max_gen, &e), 400);
+    cr_expect(strstr(e.message, "not below the slot's context of 32"), "%s", e.message);
+    const struct api_ctx_limits wide = {
+        .n_ctx_slot = 4096, .n_ctx_train = 128, .se_g = 4, .se_w = 128};
+    cr_expect_eq(check("{\"prompt\": \"x\"}", 8, &wide, &max_gen, &e), 400);
+    cr_expect(strstr(e.message, "below the trained context 128"), "%s", e.message);
+}
+
+Test(serve_api, usage_reports_cached_tokens_and_timings) {
+    struct api_choice ch = {.text = "a", .len = 1, .finish = "length"};
+    struct api_usage u = {.prompt_tokens = 30,
+                          .completion_tokens = 4,
+                          .cached_tokens = 29,
+                          .timings = true,
+                          .prompt_n = 1,
+                          .prompt_ms = 2,
+                          .predicted_ms = 8};
+    char *s = api_response_json(API_COMPLETION, "cmpl-1", "m", 1, &ch, 1, &u);
+    cJSON *o = cJSON_Parse(s);
+    cr_assert_not_null(o, "%s", s);
+    cJSON *us = cJSON_GetObjectItem(o, "usage");
+    cr_expect_eq(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(us, "prompt_tokens_details"), "cached_tokens")
+            ->valueint,
+        29, "OpenAI's usage.prompt_tokens_details.cached_tokens");
+    cJSON *t = cJSON_GetObjectItem(o, "timings");
+    cr_assert_not_null(t, "llama-server's timings: %s", s);
+    cr_expect_eq(cJSON_GetObjectItem(t, "cache_n")->valueint, 29);
+    cr_expect_eq(cJSON_GetObjectItem(t, "prompt_n")->valueint, 1);
+    cr_expect_eq(cJSON_GetObjectItem(t, "predicted_n")->valueint, 4);
+    cr_expect_float_eq(cJSON_GetObjectItem(t, "predicted_per_second")->valuedouble, 500.0, 1e-9);
+    cJSON_Delete(o);
+    free(s);
+    // Without timings (u.timings false) only the usage object.
+    u.timings = false;
+    s = api_chunk_sse(API_COMPLETION, "cmpl-1", "m", 1, 0, NULL, false, &u);
+    o = cJSON_ParseWithLength(s + 6, strlen(s) - 8);
+    cr_assert_not_null(o);
+    cr_expect_null(cJSON_GetObjectItem(o, "timings"));
+    cr_expect_not_null(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens_details"));
+    cJSON_Delete(o);
+    free(s);
 }

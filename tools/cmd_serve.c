@@ -7,6 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "host/engine/engine.h"
+#include "host/ops/selfextend.h"
 #include "host/tokenizer/chat.h"
 #include "tools/args.h"
 #include "tools/cmds.h"
@@ -46,12 +47,23 @@ static void usage(FILE *out) {
             "  --alias NAME              the model id /v1/models lists and requests must\n"
             "                            name (default: the file's base name)\n"
             "  --chat-template NAME      override the GGUF's tokenizer.chat_template\n"
+            "  -sps, --slot-prompt-similarity F\n"
+            "                            a request takes the free slot whose cached tokens\n"
+            "                            share the longest prefix with its prompt when that\n"
+            "                            prefix is more than F of them (0..1, default: 0.5;\n"
+            "                            0: any common prefix); else the least recently used\n"
+            "  -se, --self-extend G W    exact self-extend for every request (K cached without\n"
+            "                            RoPE): each slot's context grows to\n"
+            "                            (n_ctx_train - W) * G + W; -c is split between slots\n"
             "  -h, --help                this help\n\n"
             "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
             "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
-            "it the request ends with finish_reason \"length\"), grp_attn_n / grp_attn_w\n"
-            "(self-extend for this request). Sampling fields left out are off (OpenAI's\n"
-            "defaults: temperature 1, top_p 1, no top_k/min_p).\n",
+            "it the request ends with finish_reason \"length\"), cache_prompt (default\n"
+            "true: reuse the cells a slot kept from earlier requests, decode only the rest),\n"
+            "grp_attn_n / grp_attn_w (llama.cpp's self-extend for this request, without\n"
+            "--self-extend), self_extend {\"n\": G, \"w\": W} (with --self-extend: the\n"
+            "server's values). Sampling fields left out are off (OpenAI's defaults:\n"
+            "temperature 1, top_p 1, no top_k/min_p).\n",
             SERVE_PARALLEL_MAX);
     args_help_model(out);
 }
@@ -96,7 +108,12 @@ static int parse_serve_flag(struct serve_flags *f, int argc, char **argv, int *i
         rc = args_value_str(argc, argv, i, &f->sc.model_id, err);
     else if (args_is(arg, "--chat-template", NULL))
         rc = args_value_str(argc, argv, i, &f->chat_template, err);
-    else
+    else if (args_is(arg, "-sps", "--slot-prompt-similarity")) {
+        rc = args_value_float(argc, argv, i, &f->sc.slot_similarity, err);
+        if (!rc && !(f->sc.slot_similarity >= 0 && f->sc.slot_similarity <= 1))
+            rc = verr_set(err, VERR_RANGE, "%s: %g must be between 0 and 1", arg,
+                          (double)f->sc.slot_similarity);
+    } else
         return 0;
     return rc ? rc : 1;
 }
@@ -165,6 +182,15 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
     fprintf(stderr, "vela serve: ready: model '%s', %d slots of %d tokens, backend %s\n",
             f->sc.model_id, f->sc.n_parallel, e->fc->cfg.n_ctx / f->sc.n_parallel,
             e->be->ops->name);
+    if (e->fc->cfg.se_g > 1) {
+        const int slot = e->fc->cfg.n_ctx / f->sc.n_parallel;
+        const int64_t ext = se_extended_ctx(e->m->hp.n_ctx_train, e->fc->cfg.se_g, e->fc->cfg.se_w);
+        fprintf(stderr,
+                "vela serve: exact self-extend G %d, W %d: a request may use %lld tokens "
+                "(the trained context %d extends to %lld; a slot holds %d)\n",
+                e->fc->cfg.se_g, e->fc->cfg.se_w, (long long)(ext < slot ? ext : slot),
+                e->m->hp.n_ctx_train, (long long)ext, slot);
+    }
     fflush(stderr);
     while (!g_stop) {
         struct timespec ts = {0, 100 * 1000000L};

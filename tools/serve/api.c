@@ -9,6 +9,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "host/ops/selfextend.h"
+
 const char api_sse_done[] = "data: [DONE]\n\n";
 
 int api_fail(struct api_error *e, int status, const char *type, const char *code, const char *fmt,
@@ -360,9 +362,85 @@ static int parse_limits(const cJSON *o, struct api_request *r, struct api_error 
     return 0;
 }
 
+// "self_extend": {"n": G, "w": W}, both integers >= 1; no other key (a typo
+// would silently run without it).
+static int parse_self_extend(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "self_extend");
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsObject(v))
+        return BAD("'self_extend' must be an object {\"n\": G, \"w\": W}");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (strcmp(it->string, "n") && strcmp(it->string, "w"))
+            return BAD("'self_extend.%.40s' is not known; expected {\"n\": G, \"w\": W}",
+                       it->string);
+    }
+    static const struct {
+        const char *key;
+        double hi;
+    } f[2] = {{"n", 1 << 16}, {"w", 1 << 24}};
+    int out[2];
+    for (int k = 0; k < 2; k++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(v, f[k].key);
+        if (!x)
+            return BAD("'self_extend.%s' is required (group size n, neighbor window w)", f[k].key);
+        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) ||
+            x->valuedouble != floor(x->valuedouble))
+            return BAD("'self_extend.%s' must be an integer", f[k].key);
+        if (x->valuedouble < 1 || x->valuedouble > f[k].hi)
+            return BAD("'self_extend.%s' is %g; it must be between 1 and %g", f[k].key,
+                       x->valuedouble, f[k].hi);
+        out[k] = (int)x->valuedouble;
+    }
+    r->se_n = out[0];
+    r->se_w = out[1];
+    return 0;
+}
+
+int api_check_context(const struct api_request *r, int n_prompt, const struct api_ctx_limits *l,
+                      int *max_gen, struct api_error *e) {
+    *max_gen = -1;
+    const bool exact = l->se_g > 1;
+    if (r->se_n && !exact)
+        return BAD("'self_extend' needs the server started with --self-extend G W (exact "
+                   "self-extend keeps K without RoPE in the cache); this server's cache is "
+                   "rotated: 'grp_attn_n' / 'grp_attn_w' give llama.cpp's approximation");
+    if (r->se_n && (r->se_n != l->se_g || r->se_w != l->se_w))
+        return BAD("'self_extend' {n: %d, w: %d}: this server runs exact self-extend with n = "
+                   "%d, w = %d for every request (the attention takes one group size and window "
+                   "for the whole cache); repeat those values or leave 'self_extend' out",
+                   r->se_n, r->se_w, l->se_g, l->se_w);
+    if (!exact)
+        return 0;
+    if (r->grp_attn_n != 1)
+        return BAD("'grp_attn_n' %d (llama.cpp's self-extend) and this server's exact "
+                   "self-extend (n = %d, w = %d) exclude each other",
+                   r->grp_attn_n, l->se_g, l->se_w);
+    if (l->se_w >= l->n_ctx_slot)
+        return BAD("self-extend window w = %d is not below the slot's context of %d cells "
+                   "(raise -c or lower --parallel)",
+                   l->se_w, l->n_ctx_slot);
+    const int64_t ext = se_extended_ctx(l->n_ctx_train, l->se_g, l->se_w);
+    if (ext <= 0)
+        return BAD("self-extend window w = %d must be below the trained context %d", l->se_w,
+                   l->n_ctx_train);
+    if ((int64_t)n_prompt + 4 > ext)
+        return api_fail(e, 400, "invalid_request_error", "context_length_exceeded",
+                        "prompt is too long (%d tokens, max %lld): exact self-extend (n = %d, "
+                        "w = %d) extends the trained context of %d tokens to (%d - w) * n + w = "
+                        "%lld, which must hold the prompt and 4 more tokens",
+                        n_prompt, (long long)ext - 4, l->se_g, l->se_w, l->n_ctx_train,
+                        l->n_ctx_train, (long long)ext);
+    if (ext < l->n_ctx_slot)
+        *max_gen = (int)(ext - n_prompt);
+    return 0;
+}
+
 static int parse_stream(const cJSON *o, struct api_request *r, struct api_error *e) {
     if (get_bool(o, "stream", &r->stream, e) || get_bool(o, "echo", &r->echo, e) ||
-        get_bool(o, "ignore_eos", &r->ignore_eos, e))
+        get_bool(o, "ignore_eos", &r->ignore_eos, e) ||
+        get_bool(o, "cache_prompt", &r->cache_prompt, e))
         return -1;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
     if (so && !cJSON_IsNull(so)) {
@@ -397,6 +475,7 @@ static void request_defaults(enum api_kind k, struct api_request *r) {
     r->n_keep = -1;
     r->grp_attn_n = 1;
     r->grp_attn_w = 512;
+    r->cache_prompt = true; // llama-server's default
 }
 
 int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_request *r,
@@ -414,7 +493,7 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_
     else if (get_string(o, "model", &r->model, e) ||
              (k == API_COMPLETION ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
              parse_sampling(o, r, e) || parse_limits(o, r, e) || parse_stop(o, r, e) ||
-             parse_stream(o, r, e) || parse_logprobs(o, r, e))
+             parse_stream(o, r, e) || parse_logprobs(o, r, e) || parse_self_extend(o, r, e))
         rc = -1;
     cJSON_Delete(o);
     if (rc)
@@ -540,7 +619,22 @@ static void add_usage(cJSON *o, const struct api_usage *u) {
     cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
     cJSON_AddNumberToObject(us, "completion_tokens", u->completion_tokens);
     cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->completion_tokens);
+    cJSON *det = cJSON_AddObjectToObject(us, "prompt_tokens_details");
+    cJSON_AddNumberToObject(det, "cached_tokens", u->cached_tokens);
     cJSON_AddItemToObject(o, "usage", us);
+    if (!u->timings)
+        return;
+    // llama-server's names; per-token and per-second values as it derives them.
+    cJSON *t = cJSON_AddObjectToObject(o, "timings");
+    cJSON_AddNumberToObject(t, "cache_n", u->cached_tokens);
+    cJSON_AddNumberToObject(t, "prompt_n", u->prompt_n);
+    cJSON_AddNumberToObject(t, "prompt_ms", u->prompt_ms);
+    cJSON_AddNumberToObject(t, "prompt_per_second",
+                            u->prompt_ms > 0 ? 1e3 * u->prompt_n / u->prompt_ms : 0);
+    cJSON_AddNumberToObject(t, "predicted_n", u->completion_tokens);
+    cJSON_AddNumberToObject(t, "predicted_ms", u->predicted_ms);
+    cJSON_AddNumberToObject(t, "predicted_per_second",
+                            u->predicted_ms > 0 ? 1e3 * u->completion_tokens / u->predicted_ms : 0);
 }
 
 char *api_response_json(enum api_kind k, const char *id, const char *model, int64_t created,

@@ -5,8 +5,9 @@
 // tested on its own (tests/test_serve_api.c).
 //
 // Follows the OpenAI API; where OpenAI has no equivalent, llama-server
-// (top_k, min_p, n_keep, ignore_eos) and vela's extensions (grp_attn_n /
-// grp_attn_w: self-extend for this request).
+// (top_k, min_p, n_keep, ignore_eos, cache_prompt, grp_attn_n / grp_attn_w:
+// llama.cpp's self-extend for this request, timings) and vela's extension
+// self_extend {"n": G, "w": W} (exact self-extend, host/ops/selfextend.h).
 #ifndef VELA_TOOLS_SERVE_API_H
 #define VELA_TOOLS_SERVE_API_H
 
@@ -68,6 +69,8 @@ struct api_request {
     int grp_attn_n;  // 1: off
     int grp_attn_w;  // 512
     bool ignore_eos;
+    bool cache_prompt; // reuse a slot's kept cells, keep this request's (default true)
+    int se_n, se_w;    // self_extend {"n": G, "w": W} (0, 0: not given)
 };
 
 void api_request_free(struct api_request *r);
@@ -88,6 +91,28 @@ struct api_error {
 // Returns 0 or -1 (then *r is freed and zeroed).
 int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_request *r,
                       struct api_error *e);
+
+// What a request's context fields are checked against: the server's slots
+// and its cache mode.
+struct api_ctx_limits {
+    int n_ctx_slot;  // cells per slot
+    int n_ctx_train; // the model's trained context
+    int se_g, se_w;  // the server's exact self-extend (--self-extend G W; se_g <= 1: off, the
+                     // cache is rotated)
+};
+
+// The rules of a request's context fields once its prompt has n_prompt
+// tokens (the engine checks the rest: the slot's cells, grp_attn values):
+// - self_extend needs the server's exact self-extend, with its n and w (the
+//   attention takes one G and W for the whole cache): 400 otherwise;
+// - grp_attn_n > 1 (llama.cpp's self-extend) excludes the exact one: 400;
+// - with exact self-extend, w must be below the slot's context, and the
+//   prompt and 4 more tokens (llama-cli's room) must fit the extended context
+//   (n_ctx_train - w) * n + w: 400 context_length_exceeded with the sizes.
+// *max_gen: the most tokens it may generate (the extended context less the
+// prompt when that is below the slot's cells), -1: no bound here.
+int api_check_context(const struct api_request *r, int n_prompt, const struct api_ctx_limits *l,
+                      int *max_gen, struct api_error *e);
 
 struct cJSON;
 // Parses s[0..len) as exactly one JSON value (white space around it only);
@@ -126,6 +151,13 @@ struct api_choice {
 struct api_usage {
     int prompt_tokens;
     int completion_tokens;
+    int cached_tokens; // of the prompt, found in the slot's kept cells
+                       // (usage.prompt_tokens_details.cached_tokens)
+    // llama-server's "timings" object beside "usage" (cache_n: cached_tokens,
+    // predicted_n: completion_tokens), when set.
+    bool timings;
+    int prompt_n; // prompt tokens evaluated
+    double prompt_ms, predicted_ms;
 };
 
 // A whole (non-streamed) response with n choices. id: "cmpl-..." or

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "host/ops/selfextend.h"
 #include "host/tokenizer/tokenizer.h"
 #include "tools/serve/api.h"
 #include "tools/serve/worker.h"
@@ -25,7 +26,8 @@ struct serve {
     struct serve_config cfg;
     struct MHD_Daemon *d;
     struct srv_worker w;
-    struct engine *e; // NULL while the model loads
+    struct engine *e;             // NULL while the model loads
+    struct api_ctx_limits limits; // set with e
     atomic_bool ready;
     atomic_uint_fast64_t next_id;
     int64_t created;
@@ -44,6 +46,7 @@ void serve_config_default(struct serve_config *c) {
     c->port = 8080;
     c->n_parallel = 4;
     c->n_queue_max = 64;
+    c->slot_similarity = 0.5f;
     c->max_body = (size_t)4 << 20;
     c->max_connections = 256;
     c->timeout_s = 600;
@@ -111,10 +114,20 @@ static void wait_a_little(struct srv_req *r) {
     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
 }
 
+// Usage of every choice; the cache and timings are the first choice's (the
+// others share its prompt cells or read the prompt alongside it).
 static struct api_usage usage_of(const struct srv_req *r) {
-    struct api_usage u = {.prompt_tokens = r->n_tokens};
+    const struct engine_req_stats *st = &r->jobs[0].st;
+    struct api_usage u = {.prompt_tokens = r->n_tokens,
+                          .cached_tokens = st->n_prompt_reused,
+                          .timings = true,
+                          .prompt_n = st->n_prompt_eval};
     for (int i = 0; i < r->n_jobs; i++)
         u.completion_tokens += r->jobs[i].n_gen;
+    if (st->t_first_ms > 0) {
+        u.prompt_ms = st->t_first_ms - st->t_start_ms;
+        u.predicted_ms = st->t_last_ms - st->t_first_ms;
+    }
     return u;
 }
 
@@ -359,12 +372,19 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
         free(toks);
         return send_error(c, &e);
     }
+    int max_gen = -1;
+    if (api_check_context(&a, n, &s->limits, &max_gen, &e)) {
+        api_request_free(&a);
+        free(toks);
+        return send_error(c, &e);
+    }
     struct srv_req *r = srv_req_new(&a, toks, n, s->e->m->hp.n_vocab);
     if (!r) {
         api_request_free(&a);
         free(toks);
         return fail(c, 500, "server_error", NULL, "out of memory");
     }
+    r->max_gen = max_gen;
     // The template's end of turn ends the answer, unless ignore_eos asks to
     // go on past end-of-generation tokens (llama-server does the same).
     if (stop_tok >= 0 && !r->api.ignore_eos)
@@ -488,6 +508,14 @@ static enum MHD_Result handle_models(struct serve *s, struct MHD_Connection *c) 
     cJSON_AddNumberToObject(meta, "n_ctx", s->e->fc->cfg.n_ctx);
     cJSON_AddNumberToObject(meta, "n_ctx_slot", s->e->fc->cfg.n_ctx / s->cfg.n_parallel);
     cJSON_AddNumberToObject(meta, "n_params", (double)s->e->m->n_params);
+    if (s->limits.se_g > 1) {
+        cJSON *se = cJSON_AddObjectToObject(meta, "self_extend");
+        cJSON_AddNumberToObject(se, "n", s->limits.se_g);
+        cJSON_AddNumberToObject(se, "w", s->limits.se_w);
+        cJSON_AddNumberToObject(
+            se, "n_ctx_extended",
+            (double)se_extended_ctx(s->limits.n_ctx_train, s->limits.se_g, s->limits.se_w));
+    }
     cJSON_AddItemToArray(data, m);
     cJSON_AddItemToObject(o, "data", data);
     char *js = cJSON_PrintUnformatted(o);
@@ -535,6 +563,12 @@ static enum MHD_Result handle_metrics(struct serve *s, struct MHD_Connection *c)
         {"vela_requests_queued", "gauge", "requests waiting for a slot", (double)m.queued},
         {"vela_prompt_tokens_total", "counter", "prompt tokens of finished requests",
          (double)m.prompt_tokens},
+        {"vela_prompt_tokens_evaluated_total", "counter",
+         "prompt tokens decoded (every choice; not those shared or cached)",
+         (double)m.prompt_tokens_evaluated},
+        {"vela_prompt_tokens_cached_total", "counter",
+         "prompt tokens found in a slot's kept cells (cache_prompt) and not decoded again",
+         (double)m.prompt_tokens_cached},
         {"vela_generated_tokens_total", "counter", "tokens generated", (double)m.generated_tokens},
         {"vela_generated_tokens_per_second", "gauge", "tokens generated per second of uptime",
          up_s > 0 ? (double)m.generated_tokens / up_s : 0},
@@ -711,7 +745,17 @@ int serve_start(struct serve **out, const struct serve_config *cfg, int *port_ou
 
 int serve_set_engine(struct serve *s, struct engine *e, struct verr *err) {
     s->e = e;
-    int rc = srv_worker_start(&s->w, e, s->cfg.n_parallel, s->cfg.n_queue_max, err);
+    s->limits = (struct api_ctx_limits){.n_ctx_slot = e->fc->cfg.n_ctx / s->cfg.n_parallel,
+                                        .n_ctx_train = e->m->hp.n_ctx_train,
+                                        .se_g = e->fc->cfg.se_g,
+                                        .se_w = e->fc->cfg.se_w};
+    if (s->limits.se_g > 1 && s->limits.se_w >= s->limits.n_ctx_slot)
+        return verr_set(err, VERR_RANGE,
+                        "self-extend window W = %d is not below a slot's context of %d cells "
+                        "(-c %d split between %d slots): raise -c or lower --parallel",
+                        s->limits.se_w, s->limits.n_ctx_slot, e->fc->cfg.n_ctx, s->cfg.n_parallel);
+    int rc = srv_worker_start(&s->w, e, s->cfg.n_parallel, s->cfg.n_queue_max,
+                              s->cfg.slot_similarity, err);
     if (rc)
         return rc;
     atomic_store(&s->ready, true);

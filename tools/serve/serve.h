@@ -32,6 +32,8 @@ struct serve_config {
     enum chat_template tmpl;
     bool have_tmpl; // the model has a usable chat template
     bool verbose;
+    // engine_sched_config.slot_similarity (llama-server's --slot-prompt-similarity, 0.5)
+    float slot_similarity;
 };
 
 void serve_config_default(struct serve_config *c);
@@ -42,7 +44,8 @@ struct serve;
 // serve_set_engine). *port_out: the port bound.
 int serve_start(struct serve **out, const struct serve_config *c, int *port_out, struct verr *err);
 // The engine is loaded: starts the engine thread; requests are served from
-// now on.
+// now on. Refused (VERR_RANGE) when the context's exact self-extend window is
+// not below a slot's context (every request would be refused).
 int serve_set_engine(struct serve *s, struct engine *e, struct verr *err);
 // Stops accepting, ends running requests (streams get an error chunk),
 // joins every thread. Safe on a partly started server.

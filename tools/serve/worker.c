@@ -33,6 +33,7 @@ struct srv_req *srv_req_new(struct api_request *api, int32_t *tokens, int n_toke
     r->n_tokens = n_tokens;
     r->n_jobs = r->api.n;
     r->n_vocab = n_vocab;
+    r->max_gen = -1;
     for (int i = 0; i < r->n_jobs; i++) {
         r->jobs[i].req = r;
         r->jobs[i].index = i;
@@ -151,6 +152,8 @@ static void job_done(struct srv_worker *w, struct srv_job *j, const struct engin
     struct srv_req *r = j->req;
     if (!j->finish)
         j->finish = finish_of(ev->text, w->ending);
+    if (ev->stats)
+        j->st = *ev->stats;
     // Nothing more comes: a held-back partial stop string is text after all.
     const char *show = NULL;
     size_t n_show = 0;
@@ -162,6 +165,8 @@ static void job_done(struct srv_worker *w, struct srv_job *j, const struct engin
     const struct engine_req_stats *st = ev->stats;
     pthread_mutex_lock(&w->mu);
     w->m.generated_tokens += (uint64_t)j->n_gen;
+    w->m.prompt_tokens_evaluated += (uint64_t)j->st.n_prompt_eval;
+    w->m.prompt_tokens_cached += (uint64_t)j->st.n_prompt_reused;
     if (j->index == 0)
         w->m.prompt_tokens += (uint64_t)r->n_tokens;
     if (st && st->ttft_ms >= 0 && j->n_gen > 0) {
@@ -237,11 +242,17 @@ static void job_request(struct srv_req *r, int i, struct engine_request *q) {
     // Without max_tokens: until a stop or the slot's context is full. A
     // request that gives n_keep asks for context shifts instead.
     q->n_predict = a->max_tokens >= 0 ? a->max_tokens : (a->has_n_keep ? -1 : -2);
+    if (r->max_gen >= 0 && (q->n_predict < 0 || q->n_predict > r->max_gen))
+        q->n_predict = r->max_gen; // exact self-extend: the extended context ends it
     q->ctx_shift = a->has_n_keep;
     q->n_keep = a->n_keep;
     q->ga_n = a->grp_attn_n;
     q->ga_w = a->grp_attn_w;
     q->ignore_eos = a->ignore_eos;
+    // Prompt caching (llama-server's cache_prompt): the slot keeps this
+    // request's cells for the next one, which decodes only what differs.
+    q->keep_cells = a->cache_prompt;
+    q->reuse_cells = a->cache_prompt;
     q->stop_tokens = r->stop_tokens;
     q->n_stop_tokens = r->n_stop_tokens;
     q->cb = on_event;
@@ -389,12 +400,13 @@ static void *engine_main(void *arg) {
 }
 
 int srv_worker_start(struct srv_worker *w, struct engine *e, int n_slots, int n_queue_max,
-                     struct verr *err) {
+                     float slot_similarity, struct verr *err) {
     memset(w, 0, sizeof *w);
     w->e = e;
     w->n_queue_max = n_queue_max;
     w->m.t_start_ms = engine_now_ms();
-    struct engine_sched_config sc = {.n_slots = n_slots, .n_queue_max = n_queue_max};
+    struct engine_sched_config sc = {
+        .n_slots = n_slots, .n_queue_max = n_queue_max, .slot_similarity = slot_similarity};
     int rc = engine_sched_configure(e, &sc, err);
     if (rc)
         return rc;

@@ -39,6 +39,7 @@ struct srv_job {
     const char *finish; // "stop", "length", "error", NULL while running
     bool done;
     int n_gen;
+    struct engine_req_stats st; // the engine's numbers, final once done
 };
 
 struct srv_req {
@@ -50,6 +51,7 @@ struct srv_req {
     int n_tokens;
     int32_t stop_tokens[2]; // the chat template's end of turn, when it has a token
     int n_stop_tokens;
+    int max_gen; // most tokens a choice may generate (api_check_context); -1: no bound
     int n_jobs;
     struct srv_job jobs[API_MAX_N];
     // set by the engine thread
@@ -71,6 +73,8 @@ struct srv_req {
 struct srv_metrics {
     uint64_t requests_total, requests_ok, requests_failed, requests_cancelled;
     uint64_t prompt_tokens, generated_tokens;
+    // prompt tokens of finished choices decoded, and found in a slot's kept cells
+    uint64_t prompt_tokens_evaluated, prompt_tokens_cached;
     double ttft_sum_ms, itl_sum_ms;
     uint64_t ttft_count, itl_count;
     uint64_t ttft_hist[SRV_HIST_BUCKETS], itl_hist[SRV_HIST_BUCKETS]; // cumulative on output
@@ -95,10 +99,11 @@ struct srv_worker {
     int n_queue_max;
 };
 
-// Starts the engine thread (the engine is configured for n_slots sequences
-// and a queue of n_queue_max requests).
+// Starts the engine thread (the engine is configured for n_slots sequences,
+// a queue of n_queue_max requests and slot_similarity, see
+// engine_sched_config).
 int srv_worker_start(struct srv_worker *w, struct engine *e, int n_slots, int n_queue_max,
-                     struct verr *err);
+                     float slot_similarity, struct verr *err);
 // Ends every running request with "error" finish, stops and joins the thread;
 // later submissions get 503. srv_worker_free then, once no other thread can
 // call in (the HTTP daemon is stopped).
