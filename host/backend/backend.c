@@ -1,6 +1,8 @@
 // Backend lifecycle and device queries shared by every backend.
 #include "host/ops/backend.h"
 
+#include "host/backend/cpu_q8.h"
+
 #include <stddef.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -10,9 +12,16 @@ int backend_create_device(const struct backend_device *d, const struct backend_s
     const int n_threads = s ? s->n_threads : 0;
     int rc = d->kind == BACKEND_DEVICE_CPU ? backend_cpu_create(out, n_threads, err)
                                            : backend_cuda_create(out, d->ordinal, err);
-    if (!rc && s && s->act != BACKEND_ACT_DEFAULT)
+    if (rc)
+        return rc;
+    if (s && s->act != BACKEND_ACT_DEFAULT)
         (*out)->act_q8 = s->act == BACKEND_ACT_Q8;
-    return rc;
+    else if (d->kind == BACKEND_DEVICE_CPU)
+        // The CPU's default: q8 where its SIMD kernels run (cpu_q8.h), as
+        // llama.cpp's CPU backend quantizes activations; the reference f32
+        // path otherwise (the scalar q8 dots would only be slower).
+        (*out)->act_q8 = cpu_q8_isa() != CPU_Q8_ISA_NONE;
+    return VERR_OK;
 }
 
 void backend_destroy(struct backend *be) {

@@ -17,6 +17,7 @@
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "host/backend/cpu_attention.h"
+#include "host/backend/cpu_q8.h"
 #include "host/backend/rope.h"
 #include "host/backend/sampler.h"
 #include "host/backend/threadpool.h"
@@ -31,8 +32,16 @@ struct cpu_state {
     float **scratch;      // [n_threads] buffers of scratch_bytes each (64-byte aligned)
     size_t scratch_bytes;
     struct cpu_attn *attn; // attention's buffers, made on its first call (cpu_attention.h)
-    void *xq; // act_q8: the q8_1 activations of the current matmul
+    void *xq; // act_q8: the q8_1 activations of the current matmul (64-byte aligned)
     size_t xq_bytes;
+    enum cpu_q8_isa q8_isa; // act_q8's SIMD kernels (cpu_q8.h), NONE: the reference dots
+    // The activations xq holds (cpu_matmul_q8_fast): quantized from xq_src;
+    // reused only while xq_shared is set, by a fused op whose matrices all
+    // read the same x during the one call (matmul_multi, the gated matmuls).
+    const float *xq_src;
+    int64_t xq_n_in;
+    int xq_n_tok;
+    bool xq_shared;
 };
 
 static struct cpu_state *cpu_state_of(struct backend *be) {
@@ -336,6 +345,90 @@ static void mm_batch_range(void *ctx, int64_t b0, int64_t b1, int thread) {
     }
 }
 
+// Grows the act_q8 activation buffer to at least `bytes` (64-byte aligned).
+static int cpu_xq_reserve(struct backend *be, size_t bytes) {
+    struct cpu_state *st = cpu_state_of(be);
+    if (bytes <= st->xq_bytes)
+        return VERR_OK;
+    const size_t sz = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    void *p = aligned_alloc(CPU_ALIGN, sz);
+    if (!p)
+        return verr_set(&be->err, VERR_NOMEM, "cpu matmul: out of memory for %zu bytes", sz);
+    free(st->xq);
+    st->xq = p;
+    st->xq_bytes = sz;
+    return VERR_OK;
+}
+
+// act_q8 with the SIMD kernels (cpu_q8.h), for every batch size: the tokens
+// are quantized in parallel (each thread's q8_1 row in its scratch), then
+// the rows are split across threads.
+struct q8_fill_job {
+    struct cpu_q8_x *x;
+    const float *src; // [n_tok][n_in]
+    int64_t n_in;
+    enum cpu_q8_isa isa;
+    float **scratch;
+    _Atomic int failed;
+};
+
+static void q8_fill_range(void *ctx, int64_t t0, int64_t t1, int thread) {
+    struct q8_fill_job *f = ctx;
+    for (int64_t t = t0; t < t1; t++)
+        if (cpu_q8_x_fill(f->isa, f->x, (int)t, f->src + (size_t)t * (size_t)f->n_in, f->n_in,
+                          f->scratch[thread], NULL) != 0)
+            atomic_store(&f->failed, 1);
+}
+
+struct q8_rows_job {
+    struct cpu_q8_job q;
+    enum cpu_q8_isa isa;
+};
+
+static void mm_q8_fast_range(void *ctx, int64_t o0, int64_t o1, int thread) {
+    (void)thread;
+    const struct q8_rows_job *r = ctx;
+    cpu_q8_rows(r->isa, &r->q, o0, o1);
+}
+
+static int cpu_matmul_q8_fast(struct backend *be, const struct mm_job *j) {
+    struct cpu_state *st = cpu_state_of(be);
+    const struct backend_weight *w = j->w;
+    const size_t bytes = cpu_q8_x_bytes(w->n_in, j->n_tok);
+    if (!bytes)
+        return verr_set(&be->err, VERR_RANGE, "cpu matmul: n_in %lld is not a multiple of 32",
+                        (long long)w->n_in);
+    int rc = cpu_xq_reserve(be, bytes);
+    if (!rc)
+        rc = cpu_scratch_reserve(be, (size_t)quant_q8_1_row_bytes(w->n_in), "cpu matmul");
+    if (rc)
+        return rc;
+    struct cpu_q8_x x;
+    cpu_q8_x_init(&x, st->xq, w->n_in, j->n_tok);
+    if (!st->xq_shared || st->xq_src != j->x || st->xq_n_in != w->n_in ||
+        st->xq_n_tok != j->n_tok) {
+        struct q8_fill_job f = {
+            .x = &x, .src = j->x, .n_in = w->n_in, .isa = st->q8_isa, .scratch = st->scratch};
+        atomic_init(&f.failed, 0);
+        st->xq_src = NULL;
+        threadpool_parallel_for(st->pool, j->n_tok, cpu_grain(w->n_in * 4), q8_fill_range, &f);
+        if (atomic_load(&f.failed))
+            return verr_set(&be->err, VERR_RANGE, "cpu matmul: quantizing the activations failed");
+        st->xq_src = j->x;
+        st->xq_n_in = w->n_in;
+        st->xq_n_tok = j->n_tok;
+    }
+    struct q8_rows_job r = {
+        .q = {.w = w->data, .wtype = w->type, .row_bytes = j->row_bytes, .n_in = w->n_in,
+              .n_out = w->n_out, .x = &x, .out = j->out, .bias = j->bias,
+              .accumulate = j->accumulate},
+        .isa = st->q8_isa,
+    };
+    threadpool_parallel_for(st->pool, w->n_out, cpu_grain(w->n_in * j->n_tok), mm_q8_fast_range,
+                            &r);
+    return VERR_OK;
+}
+
 static int cpu_matmul_impl(struct backend *be, float *out, const struct backend_weight *w,
                            const float *x, const float *bias, int n_tok, bool accumulate) {
     size_t rb;
@@ -354,16 +447,12 @@ static int cpu_matmul_impl(struct backend *be, float *out, const struct backend_
         .accumulate = accumulate, .scratch = st->scratch,
     };
     atomic_init(&j.failed, 0);
+    if (be->act_q8 && quant_q8_1_dot_supported(w->type) && st->q8_isa != CPU_Q8_ISA_NONE)
+        return cpu_matmul_q8_fast(be, &j);
     if (be->act_q8 && n_tok <= BACKEND_ACT_Q8_MAX_TOK && quant_q8_1_dot_supported(w->type)) {
-        const size_t xr = (size_t)quant_q8_1_row_bytes(w->n_in), need = xr * (size_t)n_tok;
-        if (need > st->xq_bytes) {
-            void *p = realloc(st->xq, need);
-            if (!p)
-                return verr_set(&be->err, VERR_NOMEM, "cpu matmul: out of memory for %zu bytes",
-                                need);
-            st->xq = p;
-            st->xq_bytes = need;
-        }
+        const size_t xr = (size_t)quant_q8_1_row_bytes(w->n_in);
+        if ((rc = cpu_xq_reserve(be, xr * (size_t)n_tok)))
+            return rc;
         for (int t = 0; t < n_tok; t++)
             if ((rc = quant_q8_1_row(x + (size_t)t * w->n_in, w->n_in, (uint8_t *)st->xq + t * xr,
                                      &be->err)))
@@ -412,7 +501,9 @@ static int cpu_matmul_multi(struct backend *be, const struct backend_mm *mm, int
         if (!mm[i].w || mm[i].w->n_in != mm[0].w->n_in)
             return verr_set(&be->err, VERR_RANGE,
                             "cpu matmul_multi: matrix %d: missing or n_in differs from matrix 0", i);
+        cpu_state_of(be)->xq_shared = i > 0; // the same x for every matrix
         int rc = cpu_matmul(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
+        cpu_state_of(be)->xq_shared = false;
         if (rc)
             return rc;
     }
@@ -440,8 +531,11 @@ static int cpu_matmul_gated(struct backend *be, float *out, float *up_tmp,
         return verr_set(&be->err, VERR_RANGE,
                         "cpu %s: gate and up weights must have the same shape", what);
     int rc = cpu_matmul(be, out, w_gate, x, NULL, n_tok);
-    if (!rc)
+    if (!rc) {
+        cpu_state_of(be)->xq_shared = true; // up reads the x gate just quantized
         rc = cpu_matmul(be, up_tmp, w_up, x, NULL, n_tok);
+        cpu_state_of(be)->xq_shared = false;
+    }
     if (!rc)
         rc = glu(be, out, out, up_tmp, (int64_t)n_tok * w_gate->n_out);
     return rc;
@@ -900,6 +994,7 @@ int backend_cpu_create(struct backend **out, int n_threads, struct verr *err) {
         return verr_wrap(err, "cpu backend");
     }
     st->n_threads = threadpool_size(st->pool);
+    st->q8_isa = cpu_q8_isa();
     st->scratch = calloc((size_t)st->n_threads, sizeof *st->scratch);
     if (!st->scratch) {
         cpu_destroy(be);

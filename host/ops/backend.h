@@ -307,7 +307,11 @@ struct backend {
     // takes x rounded to q8_1 blocks and computes each output as
     // quant_dot_q8_1 (gguf/quant_q8.h) (+ bias), as llama.cpp's CUDA
     // mat-vec does; error about 3e-3 of sum|w x| (tests/test_quant_q8.c).
-    // Off: f32 activations. backend_cuda_create turns it on, the CPU off.
+    // Off: f32 activations. backend_cuda_create turns it on, the CPU off
+    // (backend_cpu_create is the f32 reference; backend_create_device turns
+    // it on for the CPU too, where its SIMD kernels run). The CPU's SIMD
+    // kernels (host/backend/cpu_q8.h) take every batch size, not only decode
+    // batches: same terms as quant_dot_q8_1, summed in another fixed order.
     bool act_q8;
     void *impl; // backend-private state
 };
@@ -359,7 +363,7 @@ void backend_device_name(const struct backend_device *d, char *buf, size_t cap);
 // How a backend is tuned when it is created (every stage of a split gets the
 // same settings).
 enum backend_act {
-    BACKEND_ACT_DEFAULT = 0, // the backend's own default (CUDA: q8, CPU: f32)
+    BACKEND_ACT_DEFAULT = 0, // CUDA: q8; CPU: q8 where its SIMD kernels run, else f32
     BACKEND_ACT_Q8 = 1,      // 8-bit activations, integer dots (backend.act_q8 on)
     BACKEND_ACT_F32 = 2,     // f32 activations (act_q8 off)
 };

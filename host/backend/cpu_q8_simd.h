@@ -1,0 +1,469 @@
+// The kernels of the CPU q8 fast path (cpu_q8.h), written once and compiled
+// once per ISA: the including file defines CPU_Q8_ROWS (the function's name)
+// and CPU_Q8_VNNI (1: AVX-VNNI's vpdpbusd does the byte dots, 0: AVX2's
+// vpmaddubsw + vpmaddwd), and is itself compiled for that ISA.
+//
+// The arithmetic, per 32-element sub-block of a weight row and a token (the
+// names of quant_q8.h): the weights are unpacked to unsigned bytes u (Q8_0
+// keeps its signed bytes, see below), the token's quants qx are signed bytes,
+// and the exact integer sums give the term's integers:
+//   S  = sum u*qx over the 32 elements, LO and HI its halves (elements 0..15,
+//   16..31), sq = sum qx, sqh = sum qx over 16..31 (prepared with x)
+//   Q4_0, Q5_0:  I = S - off*sq (off 8, 16: u = qw + off)   term = (d*dx)*I
+//   Q8_0:        I = S (signed weights: |w| * sign(qx, w))   term = (d*dx)*I
+//   Q4_1, Q5_1:  I = S, K = sq                 term = (d*dx)*I + (m*dx)*K
+//   Q4_K, Q5_K:  I = sc*S, K = mn*sq           term = (d*dx)*I + (-dmin*dx)*K
+//   Q6_K:        I = sc0*(LO - 32*(sq-sqh)) + sc1*(HI - 32*sqh)
+//                                              term = (d*dx)*I
+// which are the reference's integers and float expressions exactly
+// (x + (-y) == x - y and (-a)*b == -(a*b) in IEEE arithmetic). vpmaddubsw
+// adds pairs of u*qx into int16 with saturation: u <= 63 and |qx| <= 127 keep
+// a pair below 16002; Q8_0's |w| <= 128 below 32512, so nothing saturates.
+#include <immintrin.h>
+#include <string.h>
+
+#include "gguf/quant.h"
+#include "gguf/quant_q8.h"
+#include "host/backend/cpu_q8.h"
+
+#if !defined(CPU_Q8_ROWS) || !defined(CPU_Q8_FILL) || !defined(CPU_Q8_VNNI)
+#error "define CPU_Q8_ROWS, CPU_Q8_FILL and CPU_Q8_VNNI before including cpu_q8_simd.h"
+#endif
+
+// How a type's integers become its term (the table above).
+enum q8_kind { KIND_OFF, KIND_Q8_0, KIND_MIN, KIND_KQUANT, KIND_Q6_K };
+
+static inline __attribute__((always_inline)) enum q8_kind kind_of(enum ggml_type t) {
+    switch (t) {
+    case GGML_TYPE_Q8_0:
+        return KIND_Q8_0;
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_1:
+        return KIND_MIN;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+        return KIND_KQUANT;
+    case GGML_TYPE_Q6_K:
+        return KIND_Q6_K;
+    default:
+        return KIND_OFF;
+    }
+}
+
+// One unpacked group of a row: its weights in the transposed layout of
+// cpu_q8.h (u[m] holds bytes 4m..4m+3 of each of the 8 sub-blocks, so one
+// byte-dot per m adds into one int32 lane per sub-block and no horizontal
+// sums are needed) and the factors of the 8 terms.
+struct q8_group {
+    __m256i u[8];               // unsigned weights (Q8_0: see unpack_q8_0)
+    __m256i s[8];               // Q8_0 on AVX2 only: the signed weights
+    _Alignas(32) float p[8];    // d (the scale of I)
+    _Alignas(32) float q[8];    // m or -dmin (the scale of K)
+    _Alignas(32) int32_t c0[8]; // off, sc, or Q6_K's sc0
+    _Alignas(32) int32_t c1[8]; // mn, or Q6_K's sc1
+};
+
+static inline float h2f(const uint8_t *p) {
+    return _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+}
+
+// Byte e of the result is 0x10 where bit e of qh is set, else 0.
+static inline __m256i fifth_bits(uint32_t qh) {
+    const __m256i which = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                            0x0101010101010101LL, 0x0000000000000000LL);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), which);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+// 16 packed bytes -> 32 nibbles: low nibbles (elements 0..15), then high.
+static inline __m256i nibbles16(const uint8_t *qs) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+}
+
+// r[s] = the 8 dwords of sub-block s -> r[m] = dword m of every sub-block.
+static inline __attribute__((always_inline)) void transpose8(__m256i r[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        r[m] = _mm256_permute2x128_si256(u[m], u[m + 4], 0x20);
+        r[m + 4] = _mm256_permute2x128_si256(u[m], u[m + 4], 0x31);
+    }
+}
+
+// Legacy 32-element blocks: sub-blocks s < nsub of group g (natural layout,
+// before the transpose); the rest are zero with zero factors.
+static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_type t,
+                                                                const uint8_t *row, int64_t g,
+                                                                int nsub, struct q8_group *wg) {
+    const size_t bs = t == GGML_TYPE_Q4_0   ? 18
+                      : t == GGML_TYPE_Q4_1 ? 20
+                      : t == GGML_TYPE_Q5_0 ? 22
+                      : t == GGML_TYPE_Q5_1 ? 24
+                                            : 34;
+    for (int s = 0; s < 8; s++) {
+        if (s >= nsub) {
+            wg->u[s] = wg->s[s] = _mm256_setzero_si256();
+            wg->p[s] = wg->q[s] = 0.0f;
+            wg->c0[s] = 0;
+            continue;
+        }
+        const uint8_t *b = row + (size_t)(8 * g + s) * bs;
+        wg->p[s] = h2f(b);
+        wg->q[s] = 0.0f;
+        wg->c0[s] = 0;
+        switch (t) {
+        case GGML_TYPE_Q4_0:
+            wg->u[s] = nibbles16(b + 2);
+            wg->c0[s] = 8;
+            break;
+        case GGML_TYPE_Q4_1:
+            wg->u[s] = nibbles16(b + 4);
+            wg->q[s] = h2f(b + 2);
+            break;
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1: {
+            const int q51 = t == GGML_TYPE_Q5_1;
+            uint32_t qh;
+            memcpy(&qh, b + (q51 ? 4 : 2), 4);
+            wg->u[s] = _mm256_or_si256(nibbles16(b + (q51 ? 8 : 6)), fifth_bits(qh));
+            if (q51)
+                wg->q[s] = h2f(b + 2);
+            else
+                wg->c0[s] = 16;
+            break;
+        }
+        default: // Q8_0
+            wg->s[s] = _mm256_loadu_si256((const __m256i *)(b + 2));
+            break;
+        }
+    }
+    if (t == GGML_TYPE_Q8_0) {
+        transpose8(wg->s);
+        for (int m = 0; m < 8; m++) {
+#if CPU_Q8_VNNI
+            // vpdpbusd does not saturate: u = w + 128 (flip the sign bit),
+            // and the term's integer is S - 128 sq.
+            wg->u[m] = _mm256_xor_si256(wg->s[m], _mm256_set1_epi8((char)0x80));
+#else
+            // AVX2's vpmaddubsw would saturate on w + 128: |w| * sign(qx, w).
+            wg->u[m] = _mm256_abs_epi8(wg->s[m]);
+#endif
+        }
+#if CPU_Q8_VNNI
+        for (int s = 0; s < nsub; s++)
+            wg->c0[s] = 128;
+#endif
+    } else {
+        transpose8(wg->u);
+    }
+}
+
+// 6-bit scale and min of sub-block j of a Q4_K/Q5_K scales[12] field.
+static inline void kquant_scale_min(const uint8_t *sc, int j, int32_t *scale, int32_t *min) {
+    if (j < 4) {
+        *scale = sc[j] & 63;
+        *min = sc[j + 4] & 63;
+    } else {
+        *scale = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
+        *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+// Q4_K / Q5_K: group g is super-block g.
+static inline __attribute__((always_inline)) void unpack_kquant(const bool q5, const uint8_t *row,
+                                                                int64_t g, struct q8_group *wg) {
+    const uint8_t *b = row + (size_t)g * (q5 ? 176 : 144), *qs = b + (q5 ? 48 : 16);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (q5) {
+            const __m256i h0 =
+                _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), one);
+            const __m256i h1 =
+                _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k + 1)), one);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+        }
+        wg->u[2 * k] = lo;
+        wg->u[2 * k + 1] = hi;
+    }
+    transpose8(wg->u);
+    const float d = h2f(b), mdmin = -h2f(b + 2);
+    for (int s = 0; s < 8; s++) {
+        kquant_scale_min(b + 4, s, &wg->c0[s], &wg->c1[s]);
+        wg->p[s] = d;
+        wg->q[s] = mdmin;
+    }
+}
+
+// Q6_K: group g is super-block g (ql[128], qh[64], scales[16], d).
+static inline __attribute__((always_inline)) void unpack_q6_k(const uint8_t *row, int64_t g,
+                                                              struct q8_group *wg) {
+    const uint8_t *b = row + (size_t)g * 210;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    const float d = h2f(b + 208);
+    for (int s = 0; s < 8; s++) {
+        const int h = s / 4, ss = s % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (ss & 1)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        const __m256i lo =
+            _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (ss >> 1))), m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * ss)), m2);
+        wg->u[s] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        wg->p[s] = d;
+        wg->c0[s] = sc[8 * h + 2 * ss];
+        wg->c1[s] = sc[8 * h + 2 * ss + 1];
+    }
+    transpose8(wg->u);
+}
+
+static inline __attribute__((always_inline)) void
+unpack_group(const enum ggml_type t, const uint8_t *row, int64_t g, int nsub, struct q8_group *wg) {
+    switch (t) {
+    case GGML_TYPE_Q4_K:
+        unpack_kquant(false, row, g, wg);
+        break;
+    case GGML_TYPE_Q5_K:
+        unpack_kquant(true, row, g, wg);
+        break;
+    case GGML_TYPE_Q6_K:
+        unpack_q6_k(row, g, wg);
+        break;
+    default:
+        unpack_legacy(t, row, g, nsub, wg);
+        break;
+    }
+}
+
+// acc + the exact sums of u*x in each int32 lane (4 bytes each).
+static inline __m256i dot4(__m256i acc, __m256i u, __m256i x) {
+#if CPU_Q8_VNNI
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+// One group of one token: adds the 8 sub-block terms to acc (lane s: s).
+// xq is the token's group in the transposed layout (cpu_q8.h).
+static inline __attribute__((always_inline)) void
+dot_group(const enum q8_kind kind, const struct q8_group *wg, const int8_t *xq /* [256] */,
+          const float *dx /* [8] */, const int32_t *sq /* [8] */, const int32_t *sqh /* [8] */,
+          __m256 *acc) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int m = 0; m < 8; m++) {
+        __m256i x = _mm256_load_si256((const __m256i *)(xq + 32 * m));
+#if !CPU_Q8_VNNI
+        if (kind == KIND_Q8_0)
+            x = _mm256_sign_epi8(x, wg->s[m]);
+#endif
+        if (m < 4)
+            lo = dot4(lo, wg->u[m], x);
+        else
+            hi = dot4(hi, wg->u[m], x);
+    }
+    const __m256i vsq = _mm256_load_si256((const __m256i *)sq);
+    const __m256i c0 = _mm256_load_si256((const __m256i *)wg->c0);
+    const __m256 vdx = _mm256_load_ps(dx);
+    __m256i ii;
+    switch (kind) {
+    case KIND_OFF:
+        ii = _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_mullo_epi32(c0, vsq));
+        break;
+    case KIND_Q8_0:
+#if CPU_Q8_VNNI
+        ii = _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_mullo_epi32(c0, vsq));
+#else
+        ii = _mm256_add_epi32(lo, hi);
+#endif
+        break;
+    case KIND_KQUANT:
+        ii = _mm256_mullo_epi32(c0, _mm256_add_epi32(lo, hi));
+        break;
+    case KIND_Q6_K: {
+        const __m256i vsqh = _mm256_load_si256((const __m256i *)sqh);
+        const __m256i c1 = _mm256_load_si256((const __m256i *)wg->c1);
+        const __m256i a = _mm256_sub_epi32(lo, _mm256_slli_epi32(_mm256_sub_epi32(vsq, vsqh), 5));
+        const __m256i b = _mm256_sub_epi32(hi, _mm256_slli_epi32(vsqh, 5));
+        ii = _mm256_add_epi32(_mm256_mullo_epi32(c0, a), _mm256_mullo_epi32(c1, b));
+        break;
+    }
+    default: // KIND_MIN
+        ii = _mm256_add_epi32(lo, hi);
+        break;
+    }
+    __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(wg->p), vdx), _mm256_cvtepi32_ps(ii));
+    if (kind == KIND_MIN || kind == KIND_KQUANT) {
+        __m256i kk = vsq;
+        if (kind == KIND_KQUANT)
+            kk = _mm256_mullo_epi32(_mm256_load_si256((const __m256i *)wg->c1), vsq);
+        const __m256 tk =
+            _mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(wg->q), vdx), _mm256_cvtepi32_ps(kk));
+        t = _mm256_add_ps(t, tk);
+    }
+    *acc = _mm256_add_ps(*acc, t);
+}
+
+// The 8 lanes in a fixed pairwise order.
+static inline float sum8(__m256 v) {
+    _Alignas(32) float a[8];
+    _mm256_store_ps(a, v);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+static inline __attribute__((always_inline)) void
+rows_of_type(const enum ggml_type type, const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
+    const enum q8_kind kind = kind_of(type);
+    const struct cpu_q8_x *x = j->x;
+    const int64_t nb = j->n_in / QUANT_Q8_1_BLOCK, ng = (nb + 7) / 8;
+    struct q8_group wg;
+    __m256 acc[CPU_Q8_TILE];
+    for (int t0 = 0; t0 < x->n_tok; t0 += CPU_Q8_TILE) {
+        const int nt = x->n_tok - t0 < CPU_Q8_TILE ? x->n_tok - t0 : CPU_Q8_TILE;
+        for (int64_t o = o0; o < o1; o++) {
+            const uint8_t *row = j->w + (size_t)o * j->row_bytes;
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm256_setzero_ps();
+            for (int64_t g = 0; g < ng; g++) {
+                const int nsub = nb - 8 * g < 8 ? (int)(nb - 8 * g) : 8;
+                unpack_group(type, row, g, nsub, &wg);
+                for (int t = 0; t < nt; t++) {
+                    const size_t tb = (size_t)(t0 + t) * (size_t)x->nb_pad + (size_t)(8 * g);
+                    dot_group(kind, &wg, x->qs + (size_t)(t0 + t) * (size_t)x->n_pad + 256 * g,
+                              x->dx + tb, x->sq + tb, x->sqh + tb, &acc[t]);
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                float s = sum8(acc[t]);
+                if (j->bias)
+                    s += j->bias[o];
+                float *dst = j->out + (size_t)(t0 + t) * (size_t)j->n_out + o;
+                *dst = j->accumulate ? *dst + s : s;
+            }
+        }
+    }
+}
+
+void CPU_Q8_ROWS(const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
+    switch (j->wtype) {
+    case GGML_TYPE_Q4_0:
+        rows_of_type(GGML_TYPE_Q4_0, j, o0, o1);
+        break;
+    case GGML_TYPE_Q4_1:
+        rows_of_type(GGML_TYPE_Q4_1, j, o0, o1);
+        break;
+    case GGML_TYPE_Q5_0:
+        rows_of_type(GGML_TYPE_Q5_0, j, o0, o1);
+        break;
+    case GGML_TYPE_Q5_1:
+        rows_of_type(GGML_TYPE_Q5_1, j, o0, o1);
+        break;
+    case GGML_TYPE_Q8_0:
+        rows_of_type(GGML_TYPE_Q8_0, j, o0, o1);
+        break;
+    case GGML_TYPE_Q4_K:
+        rows_of_type(GGML_TYPE_Q4_K, j, o0, o1);
+        break;
+    case GGML_TYPE_Q5_K:
+        rows_of_type(GGML_TYPE_Q5_K, j, o0, o1);
+        break;
+    case GGML_TYPE_Q6_K:
+        rows_of_type(GGML_TYPE_Q6_K, j, o0, o1);
+        break;
+    default:
+        break; // the caller checked quant_q8_1_dot_supported
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The activations: quant_q8_1_row's blocks, bit for bit, written straight
+// into the layout. Each step is the reference's: amax = max |x| ignoring
+// NaN (vmaxps returns its second operand when the first is NaN), d and its
+// f16 by the same scalar code, q = roundf(x * id) with ties away from zero
+// (trunc, then one step outwards when the exact remainder is >= 0.5), then
+// the clamps in the reference's order (NaN becomes -127).
+
+static inline __m256 round_half_away(__m256 p) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 rem = _mm256_andnot_ps(sign, _mm256_sub_ps(p, t)); // exact
+    const __m256 step = _mm256_or_ps(_mm256_and_ps(p, sign), _mm256_set1_ps(1.0f));
+    return _mm256_add_ps(t,
+                         _mm256_and_ps(_mm256_cmp_ps(rem, _mm256_set1_ps(0.5f), _CMP_GE_OQ), step));
+}
+
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+void CPU_Q8_FILL(struct cpu_q8_x *x, int t, const float *xt, int64_t n_in) {
+    int8_t *qs = x->qs + (size_t)t * (size_t)x->n_pad;
+    float *dx = x->dx + (size_t)t * (size_t)x->nb_pad;
+    int32_t *sq = x->sq + (size_t)t * (size_t)x->nb_pad,
+            *sqh = x->sqh + (size_t)t * (size_t)x->nb_pad;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < x->nb_pad; i++) {
+        int8_t *grp = qs + (i / 8) * CPU_Q8_GROUP + (i % 8) * 4;
+        float d = 0.0f;
+        uint16_t d16 = 0;
+        __m256 v[4];
+        if (i < n_in / QUANT_Q8_1_BLOCK) {
+            __m256 amax = _mm256_setzero_ps();
+            for (int k = 0; k < 4; k++) {
+                v[k] = _mm256_loadu_ps(xt + 32 * i + 8 * k);
+                amax = _mm256_max_ps(_mm256_and_ps(v[k], absmask), amax);
+            }
+            __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+            d = _mm_cvtss_f32(m) / 127.0f;
+            d16 = quant_f32_to_fp16(d);
+        }
+        if ((d16 & 0x7fffu) == 0) { // a zero block (and the padding)
+            for (int m = 0; m < 8; m++)
+                memset(grp + 32 * m, 0, 4);
+            dx[i] = 0.0f;
+            sq[i] = sqh[i] = 0;
+            continue;
+        }
+        const __m256 id = _mm256_set1_ps(1.0f / d);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 r = round_half_away(_mm256_mul_ps(v[k], id));
+            r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+            q[k] = _mm256_cvtps_epi32(r);
+        }
+        // int32 x 32 -> int8 x 32 in element order, then word m to row m.
+        const __m256i b = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _Alignas(32) int32_t words[8];
+        _mm256_store_si256((__m256i *)words, b);
+        for (int m = 0; m < 8; m++)
+            memcpy(grp + 32 * m, &words[m], 4);
+        dx[i] = quant_fp16_to_f32(d16);
+        const __m256i hi = _mm256_add_epi32(q[2], q[3]);
+        sqh[i] = hsum_epi32(hi);
+        sq[i] = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), hi));
+    }
+}
