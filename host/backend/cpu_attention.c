@@ -200,6 +200,17 @@ static void attn_scores_plain(float *sc, size_t ldsc, const float *q, int nr, co
             sc[r * ldsc + c] = attn_dot_plain(q + (size_t)r * D, k + (size_t)c * ldk, D);
 }
 
+// s = visible ? s * scale : -inf over cells [c0, c1); returns the max.
+static float attn_mask_max_plain(float *s, const unsigned char *vis, int c0, int c1, float scale) {
+    float mx = -INFINITY;
+    for (int c = c0; c < c1; c++) {
+        const float x = vis[c] ? s[c] * scale : -INFINITY;
+        s[c] = x;
+        mx = x > mx ? x : mx;
+    }
+    return mx;
+}
+
 // Row softmax numerators over cells [c0, c1) (invisible cells hold -inf):
 // s = attn_exp(s - mx) in place.
 static void attn_exp_plain(float *s, int c0, int c1, float mx) {
@@ -323,6 +334,27 @@ ATTN_AVX2 static inline __m256 attn_exp8(__m256 x) {
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
     const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
     return _mm256_and_ps(_mm256_mul_ps(y, scale), keep);
+}
+
+ATTN_AVX2 static float attn_mask_max_avx2(float *s, const unsigned char *vis, int c0, int c1,
+                                          float scale) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), sc = _mm256_set1_ps(scale);
+    __m256 mx = ninf;
+    int c = c0;
+    for (; c + 8 <= c1; c += 8) {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(vis + c));
+        const __m256 on = _mm256_castsi256_ps(
+            _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(b), _mm256_setzero_si256()));
+        const __m256 x = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(s + c), sc), on);
+        _mm256_storeu_ps(s + c, x);
+        mx = _mm256_max_ps(mx, x);
+    }
+    float m8[8];
+    _mm256_storeu_ps(m8, mx);
+    float m = attn_mask_max_plain(s, vis, c, c1, scale); // the max is exact in any order
+    for (int i = 0; i < 8; i++)
+        m = m8[i] > m ? m8[i] : m;
+    return m;
 }
 
 ATTN_AVX2 static void attn_exp_avx2(float *s, int c0, int c1, float mx) {
@@ -577,19 +609,11 @@ static int attn_tab_reserve(struct cpu_attn *st, const struct rope_params *rp, i
 // ---------------------------------------------------------------------------
 // one work item: tokens [t0, t0 + nt) x KV head hk
 
-static inline bool attn_visible(const struct attn_args *a, int c, int32_t qpos, int qseq) {
-    const int32_t p = a->cell_pos[c];
-    if (p < 0 || p > qpos || (a->window > 0 && qpos - p >= a->window))
-        return false;
-    const uint64_t word = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
-    return (word >> (qseq % 64)) & 1u;
-}
-
 // Scratch of one work item, in floats (the visibility bytes at the end).
 static size_t attn_item_floats(const struct attn_args *a, int tb, int group, size_t ld) {
     const size_t rows = (size_t)tb * group;
     return rows * ld + 2 * rows * a->head_dim + rows * a->head_dim_v + rows * 8 +
-           ((size_t)tb * ld + sizeof(float) - 1) / sizeof(float) + ld + 64;
+           ((size_t)tb * ld + sizeof(float) - 1) / sizeof(float) + 2 * ld + 64;
 }
 
 static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *scr, float *cs_tmp) {
@@ -604,6 +628,9 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
     float *acc = qf + (size_t)R * D;   // [R][Dv]
     float *sum = acc + (size_t)R * Dv; // [R] softmax denominators
     unsigned char *vis = (unsigned char *)(sum + (size_t)R * 8); // [nt][ld]
+    float *packed = (float *)vis + ((size_t)nt * ld + sizeof(float) - 1) / sizeof(float); // [ld]
+    int32_t *kp = (int32_t *)(packed + ld); // [n_kv] cell positions for kp_seq, INT32_MAX: not its
+    int kp_seq = -1;
     int lo[ATTN_ROWS], hi[ATTN_ROWS], n_vis[ATTN_ROWS];
     int LO = a->n_kv, HI = 0;
 
@@ -613,15 +640,29 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
         const int32_t qpos = a->q_pos[tok];
         const int qseq = a->q_seq[tok];
         unsigned char *vt = vis + (size_t)t * ld;
-        int l = a->n_kv, h = 0, n = 0;
-        for (int c = 0; c < a->n_kv; c++) {
-            vt[c] = attn_visible(a, c, qpos, qseq);
-            if (vt[c]) {
-                l = c < l ? c : l;
-                h = c + 1;
-                n++;
+        // The mask (host/ops/backend.h): cell c is visible iff it holds
+        // qseq, 0 <= pos <= qpos and, with a window, qpos - pos < window.
+        if (qseq != kp_seq) { // the cells' positions as the tokens of qseq see them
+            for (int c = 0; c < a->n_kv; c++) {
+                const uint64_t w = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
+                const int32_t p = a->cell_pos[c];
+                kp[c] = p >= 0 && ((w >> (qseq % 64)) & 1u) ? p : INT32_MAX;
             }
+            kp_seq = qseq;
         }
+        if (a->window > 0)
+            for (int c = 0; c < a->n_kv; c++)
+                vt[c] = kp[c] <= qpos && (int64_t)qpos - kp[c] < a->window;
+        else
+            for (int c = 0; c < a->n_kv; c++)
+                vt[c] = kp[c] <= qpos;
+        int l = 0, h = a->n_kv, n = 0;
+        for (int c = 0; c < a->n_kv; c++)
+            n += vt[c];
+        while (l < h && !vt[l])
+            l++;
+        while (h > l && !vt[h - 1])
+            h--;
         lo[t] = l;
         hi[t] = h;
         n_vis[t] = n;
@@ -687,12 +728,13 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
         const unsigned char *vt = vis + (size_t)t * ld;
         for (int g = 0; g < G; g++) {
             float *s = S + (size_t)(t * G + g) * ld;
-            float mx = -INFINITY;
-            for (int c = c0; c < c1; c++) {
-                const float x = vt[c] ? s[c] * a->scale : -INFINITY;
-                s[c] = x;
-                mx = x > mx ? x : mx;
-            }
+            float mx;
+#ifdef ATTN_X86
+            if (avx2)
+                mx = attn_mask_max_avx2(s, vt, c0, c1, a->scale);
+            else
+#endif
+                mx = attn_mask_max_plain(s, vt, c0, c1, a->scale);
 #ifdef ATTN_X86
             if (avx2)
                 attn_exp_avx2(s, c0, c1, mx);
@@ -700,9 +742,7 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
 #endif
                 attn_exp_plain(s, c0, c1, mx);
             float *w = s + c0;
-            if (n_vis[t] != c1 - c0) { // holes: the visible weights, packed after vis
-                float *packed =
-                    (float *)vis + ((size_t)nt * ld + sizeof(float) - 1) / sizeof(float);
+            if (n_vis[t] != c1 - c0) { // holes: the visible weights, packed
                 int k = 0;
                 for (int c = c0; c < c1; c++)
                     if (vt[c])
