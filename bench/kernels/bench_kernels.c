@@ -29,6 +29,12 @@
 //   rms_norm, argmax
 //
 // Without a CUDA device the program says so and exits 0 (CI runs it).
+//
+// Built against the CUDA emulator (tests/emu, VELA_EMU: vela-bench-kernels-emu)
+// nothing is timed: each case runs once, without the L2 flush, with its
+// launches labelled in the emulator's traffic records (emu_traffic_case: the
+// family, model, shape, type and the op's minimum bytes), which
+// bench/kernels/emu_report.py folds into bench/results/kernels-emulated.json.
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -48,6 +54,10 @@
 #include "gguf/types.h"
 #include "host/ops/backend.h"
 
+#ifdef VELA_EMU
+#include "vela_emu.h" // tests/emu/include: emu_traffic_case
+#endif
+
 #ifndef VELA_COMMIT
 #define VELA_COMMIT "unknown"
 #endif
@@ -64,7 +74,12 @@ static const struct shape_model shape_models[] = {
     {"llama2-7b", 4096, 32, 32, 128, 11008, 32000, 32, 10000.0f},
     {"llama3-8b", 4096, 32, 8, 128, 14336, 128256, 32, 500000.0f},
     {"llama3-70b", 8192, 64, 8, 128, 28672, 128256, 80, 500000.0f},
+    // Not a model: Llama-3's head size and grouping (GQA 8) at a width small
+    // enough for the emulated CI gate (tests/emu, emu_traffic_gate); only
+    // when named with --models.
+    {"ci-small", 1024, 8, 1, 128, 2816, 8192, 2, 500000.0f},
 };
+#define N_DEFAULT_MODELS 3
 #define N_SHAPE_MODELS (int)(sizeof shape_models / sizeof shape_models[0])
 
 // The weight types the CUDA backend takes.
@@ -84,11 +99,14 @@ struct options {
     int n_types;
     int ctxs[MAX_LIST];
     int n_ctxs;
+    int tc_tok[MAX_LIST]; // matmul_tc token counts
+    int n_tc_tok;
     int matvec_tok[MAX_LIST];
     int n_matvec_tok;
     int prefill_tok;
     int reps, warmup, device;
-    bool act[2]; // mat-vec activations to time: [0] f32, [1] q8 (backend.act_q8)
+    bool act[2];     // mat-vec activations to time: [0] f32, [1] q8 (backend.act_q8)
+    bool tc_path[2]; // matmul_tc paths: [0] fused, [1] dequant + cuBLAS
 };
 
 // --- context --------------------------------------------------------------------
@@ -177,6 +195,15 @@ static int fill_rows(struct bench *b, void *dev, enum ggml_type type, int64_t ro
     free(buf);
     if (rc)
         return rc;
+#ifdef VELA_EMU
+    // Emulated with VELA_EMU_SAMPLE_BLOCKS (initcheck off, few blocks run):
+    // past 64 MiB the rest keeps the emulator's fill bytes (0xa5: finite
+    // f16 / scales) instead of being tiled, which would touch every byte and
+    // its shadow; the values steer no load or store of the kernels measured.
+    const char *sample = getenv("VELA_EMU_SAMPLE_BLOCKS");
+    if (sample && atoi(sample) >= 2 && rb * (size_t)n_rows > ((size_t)64 << 20))
+        n_rows = hr;
+#endif
     for (int64_t done = hr; done < n_rows;) {
         const int64_t n = done < n_rows - done ? done : n_rows - done;
         CUDA_OK(b, cudaMemcpyAsync((uint8_t *)dev + (size_t)done * rb, dev, (size_t)n * rb,
@@ -223,13 +250,14 @@ enum family {
     FAM_MATMUL_TC,
     FAM_ATTN_SE_PREFILL,
     FAM_ATTN_SE_DECODE,
+    FAM_SAMPLE,
 };
 
 static const char *family_name[] = {
-    "matvec",     "matmul",        "matvec_qkv",      "matvec_swiglu",
-    "matvec_add", "cublas_f16",    "attn_prefill",    "attn_decode",
-    "rope",       "rope_kv_store", "kv_shift",        "rms_norm",
-    "argmax",     "matmul_tc",     "attn_se_prefill", "attn_se_decode"};
+    "matvec",         "matmul",       "matvec_qkv",  "matvec_swiglu", "matvec_add",
+    "cublas_f16",     "attn_prefill", "attn_decode", "rope",          "rope_kv_store",
+    "kv_shift",       "rms_norm",     "argmax",      "matmul_tc",     "attn_se_prefill",
+    "attn_se_decode", "sample"};
 
 enum { ACT_NA = 0, ACT_Q8 = 1, ACT_F32 = 2, ACT_SKIP = -1 };
 
@@ -250,7 +278,8 @@ struct kcase {
     // fused mat-vecs: K and V (qkv) or up (swiglu) beside w; out2/out3 theirs
     struct backend_weight w2, w3;
     float *out2, *out3;
-    void *x16;      // cublas: f16 activations
+    struct sample_params sp; // sample: every row the same (host memory)
+    void *x16;               // cublas: f16 activations
     struct attn_args a;
     struct rope_params rp;
     int32_t *pos, *cells, *delta, *amax;
@@ -272,8 +301,8 @@ static int run_case(struct bench *b, const struct kcase *k) {
         return rc;
     }
     case FAM_MATVEC_QKV: {
-        const struct backend_mm mm[3] = {{k->out, &k->w, NULL}, {k->out2, &k->w2, NULL},
-                                         {k->out3, &k->w3, NULL}};
+        const struct backend_mm mm[3] = {
+            {k->out, &k->w, NULL}, {k->out2, &k->w2, NULL}, {k->out3, &k->w3, NULL}};
         return op_rc(b, be->ops->matmul_multi(be, mm, 3, k->x, k->n_tok));
     }
     case FAM_MATVEC_SWIGLU:
@@ -314,6 +343,12 @@ static int run_case(struct bench *b, const struct kcase *k) {
             b, be->ops->rms_norm(be, k->out, k->x, k->norm_w, k->n_tok, k->sm->n_embd, 1e-5f));
     case FAM_ARGMAX:
         return op_rc(b, be->ops->argmax(be, k->amax, k->x, k->n_tok, k->sm->n_vocab));
+    case FAM_SAMPLE: {
+        struct sample_params sp[64];
+        for (int r = 0; r < k->n_tok && r < 64; r++)
+            sp[r] = k->sp;
+        return op_rc(b, be->ops->sample(be, k->amax, k->x, k->n_tok, k->sm->n_vocab, sp));
+    }
     }
     return -1;
 }
@@ -364,6 +399,27 @@ static int cmp_double(const void *x, const void *y) {
     return (a > c) - (a < c);
 }
 
+#ifdef VELA_EMU
+// The case as the JSON object that labels its launches in the emulator's
+// traffic records (bench/kernels/emu_report.py reads it back).
+static void emu_label(const struct kcase *k) {
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "{\"family\": \"%s\", \"model\": \"%s\", \"shape\": \"%s\", \"type\": \"%s\", "
+             "\"act\": \"%s\", \"path\": \"%s\", \"n_tok\": %d, \"n_ctx\": %d, "
+             "\"bytes_necessary\": %.0f}",
+             family_name[k->fam], k->sm->name, k->shape, ggml_type_name(k->type),
+             k->act == ACT_Q8    ? "q8"
+             : k->act == ACT_F32 ? "f32"
+                                 : "",
+             k->fam != FAM_MATMUL_TC ? ""
+             : k->fused              ? "fused"
+                                     : "dequant+cublas",
+             k->n_tok, k->n_ctx, k->bytes);
+    emu_traffic_case(buf);
+}
+#endif
+
 // Times k and records the result (or the failure) in b->results.
 static void time_case(struct bench *b, struct kcase *k, int setup_rc) {
     const int reps = b->opt.reps;
@@ -374,13 +430,17 @@ static void time_case(struct bench *b, struct kcase *k, int setup_rc) {
         rc = -1;
     }
     for (int i = 0; !rc && i < b->opt.warmup; i++) {
-        rc = flush_l2(b, i);
+        rc = b->flush ? flush_l2(b, i) : 0;
         if (!rc)
             rc = run_case(b, k);
     }
+#ifdef VELA_EMU
+    if (!rc)
+        emu_label(k);
+#endif
     for (int i = 0; !rc && i < reps; i++) {
         float t = 0;
-        if ((rc = flush_l2(b, i + 1)))
+        if (b->flush && (rc = flush_l2(b, i + 1)))
             break;
         cudaError_t e = cudaEventRecord(b->ev0, b->stream);
         if (e == cudaSuccess && (rc = run_case(b, k)) != 0)
@@ -400,6 +460,9 @@ static void time_case(struct bench *b, struct kcase *k, int setup_rc) {
     }
     if (!rc && b->be->ops->sync(b->be))
         rc = op_rc(b, -1);
+#ifdef VELA_EMU
+    emu_traffic_case(NULL);
+#endif
 
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "kernel", family_name[k->fam]);
@@ -528,11 +591,12 @@ static const char *act_tag(int act) {
 static void bench_matmul(struct bench *b, const struct shape_model *sm, enum family fam) {
     struct mat_shape shapes[8];
     const int n_shapes = layer_shapes(sm, shapes);
-    static const int tc_toks[] = {16, 64, 128};
     const int *toks = fam == FAM_MATVEC      ? b->opt.matvec_tok
-                      : fam == FAM_MATMUL_TC ? tc_toks
+                      : fam == FAM_MATMUL_TC ? b->opt.tc_tok
                                              : &b->opt.prefill_tok;
-    const int n_toks = fam == FAM_MATVEC ? b->opt.n_matvec_tok : fam == FAM_MATMUL_TC ? 3 : 1;
+    const int n_toks = fam == FAM_MATVEC      ? b->opt.n_matvec_tok
+                       : fam == FAM_MATMUL_TC ? b->opt.n_tc_tok
+                                              : 1;
     const int n_types = fam == FAM_CUBLAS ? 1 : b->opt.n_types;
     for (int s = 0; s < n_shapes; s++)
         for (int ti = 0; ti < n_types; ti++)
@@ -540,6 +604,8 @@ static void bench_matmul(struct bench *b, const struct shape_model *sm, enum fam
                 const enum ggml_type type = fam == FAM_CUBLAS ? GGML_TYPE_F16 : b->opt.types[ti];
                 // matmul_tc: pass 0 fused, pass 1 dequant + cuBLAS; the fused kernel's types only
                 const bool tc = fam == FAM_MATMUL_TC;
+                if (tc && !b->opt.tc_path[nt % 2])
+                    continue;
                 if (tc) {
                     cuda_matmul_tc_set_max_tok(INT32_MAX);
                     const bool takes = cuda_matmul_tc_takes(type, 1);
@@ -588,50 +654,60 @@ static void bench_matmul(struct bench *b, const struct shape_model *sm, enum fam
 static void bench_matvec_fused(struct bench *b, const struct shape_model *sm, enum family fam) {
     const int64_t q = (int64_t)sm->n_head * sm->head_dim,
                   kv = (int64_t)sm->n_head_kv * sm->head_dim;
-    for (int ti = 0; ti < b->opt.n_types; ti++)
-        for (int nt = 0; nt < b->opt.n_matvec_tok * 2; nt++) {
-            const enum ggml_type type = b->opt.types[ti];
-            const int act = matvec_act_of(b, true, type, nt % 2);
-            if (act == ACT_SKIP)
-                continue;
-            struct kcase k = {
-                .fam = fam, .sm = sm, .type = type, .act = act, .n_tok = b->opt.matvec_tok[nt / 2]};
-            const int64_t n_in = fam == FAM_MATVEC_ADD ? sm->n_ff : sm->n_embd;
-            int64_t outs[3] = {q, kv, kv};
-            int n_w = 3;
-            if (fam == FAM_MATVEC_SWIGLU) {
-                outs[0] = outs[1] = sm->n_ff;
-                n_w = 2;
-            } else if (fam == FAM_MATVEC_ADD) {
-                outs[0] = sm->n_embd;
-                n_w = 1;
-            }
-            snprintf(k.shape, sizeof k.shape, "%s %lldx%lld%s", family_name[fam] + 7,
-                     (long long)n_in, (long long)(outs[0] + (n_w == 3 ? 2 * kv : 0)),
-                     act_tag(act));
-            struct backend_weight *ws[3] = {&k.w, &k.w2, &k.w3};
-            float **os[3] = {&k.out, &k.out2, &k.out3};
-            int rc = 0;
-            k.bytes = (double)k.n_tok * n_in * 4.0;
-            for (int i = 0; i < n_w && !rc; i++) {
-                void *w = NULL;
-                rc = alloc_fill(b, &w, type, n_in, outs[i], 1.0f / sqrtf((float)n_in));
-                *ws[i] = (struct backend_weight){w, type, n_in, outs[i]};
-                k.bytes += (double)ggml_row_bytes(type, n_in) * (double)outs[i];
-                k.flops += 2.0 * (double)n_in * (double)outs[i] * k.n_tok;
+    // matvec_add: ffn_down (n_ff -> n_embd), then attn_output (q -> n_embd):
+    // the forward pass folds the residual add into both
+    const int n_in_cases = fam == FAM_MATVEC_ADD ? 2 : 1;
+    for (int ic = 0; ic < n_in_cases; ic++)
+        for (int ti = 0; ti < b->opt.n_types; ti++)
+            for (int nt = 0; nt < b->opt.n_matvec_tok * 2; nt++) {
+                const enum ggml_type type = b->opt.types[ti];
+                const int act = matvec_act_of(b, true, type, nt % 2);
+                if (act == ACT_SKIP)
+                    continue;
+                struct kcase k = {.fam = fam,
+                                  .sm = sm,
+                                  .type = type,
+                                  .act = act,
+                                  .n_tok = b->opt.matvec_tok[nt / 2]};
+                const int64_t n_in = fam == FAM_MATVEC_ADD ? (ic == 0 ? sm->n_ff : q) : sm->n_embd;
+                int64_t outs[3] = {q, kv, kv};
+                int n_w = 3;
+                if (fam == FAM_MATVEC_SWIGLU) {
+                    outs[0] = outs[1] = sm->n_ff;
+                    n_w = 2;
+                } else if (fam == FAM_MATVEC_ADD) {
+                    outs[0] = sm->n_embd;
+                    n_w = 1;
+                }
+                snprintf(k.shape, sizeof k.shape, "%s %lldx%lld%s", family_name[fam] + 7,
+                         (long long)n_in, (long long)(outs[0] + (n_w == 3 ? 2 * kv : 0)),
+                         act_tag(act));
+                struct backend_weight *ws[3] = {&k.w, &k.w2, &k.w3};
+                float **os[3] = {&k.out, &k.out2, &k.out3};
+                int rc = 0;
+                k.bytes = (double)k.n_tok * n_in * 4.0;
+                for (int i = 0; i < n_w && !rc; i++) {
+                    void *w = NULL;
+                    rc = alloc_fill(b, &w, type, n_in, outs[i], 1.0f / sqrtf((float)n_in));
+                    *ws[i] = (struct backend_weight){w, type, n_in, outs[i]};
+                    k.bytes += (double)ggml_row_bytes(type, n_in) * (double)outs[i];
+                    k.flops += 2.0 * (double)n_in * (double)outs[i] * k.n_tok;
+                    // matvec_add reads y (y += W x): it must hold values
+                    if (!rc && fam == FAM_MATVEC_ADD)
+                        rc = alloc_fill(b, (void **)os[i], GGML_TYPE_F32, outs[i], k.n_tok, 1.0f);
+                    else if (!rc)
+                        rc = dev_alloc(b, (size_t)k.n_tok * (size_t)outs[i] * sizeof(float),
+                                       (void **)os[i]);
+                }
+                // outputs written: q+k+v, n_ff (swiglu), n_embd read and written (add)
+                k.bytes += (double)k.n_tok * 4.0 *
+                           (fam == FAM_MATVEC_QKV      ? (double)(q + 2 * kv)
+                            : fam == FAM_MATVEC_SWIGLU ? (double)sm->n_ff
+                                                       : 2.0 * sm->n_embd);
                 if (!rc)
-                    rc = dev_alloc(b, (size_t)k.n_tok * (size_t)outs[i] * sizeof(float),
-                                   (void **)os[i]);
+                    rc = alloc_fill(b, (void **)&k.x, GGML_TYPE_F32, n_in, k.n_tok, 1.0f);
+                time_case(b, &k, rc);
             }
-            // outputs written: q+k+v, n_ff (swiglu), n_embd read and written (add)
-            k.bytes += (double)k.n_tok * 4.0 *
-                       (fam == FAM_MATVEC_QKV ? (double)(q + 2 * kv)
-                        : fam == FAM_MATVEC_SWIGLU ? (double)sm->n_ff
-                                                   : 2.0 * sm->n_embd);
-            if (!rc)
-                rc = alloc_fill(b, (void **)&k.x, GGML_TYPE_F32, n_in, k.n_tok, 1.0f);
-            time_case(b, &k, rc);
-        }
 }
 
 // se: K unrotated, exact self-extend inside the kernel (G 4, W 1024).
@@ -819,11 +895,19 @@ static void bench_rms_norm(struct bench *b, const struct shape_model *sm) {
     }
 }
 
-static void bench_argmax(struct bench *b, const struct shape_model *sm) {
-    const int rows[2] = {1, 64};
+// argmax (1 and 64 rows) or, with sample, the sampling op: top-k 40, top-p
+// 0.95, min-p 0.05, temperature 0.8 (llama.cpp's defaults), 1 and 8 rows;
+// both read n_vocab logits per row.
+static void bench_argmax(struct bench *b, const struct shape_model *sm, bool sample) {
+    const int rows[2] = {1, sample ? 8 : 64};
     for (int ri = 0; ri < 2; ri++) {
-        struct kcase k = {.fam = FAM_ARGMAX, .sm = sm, .type = GGML_TYPE_F32, .n_tok = rows[ri]};
-        snprintf(k.shape, sizeof k.shape, "n_vocab %d", sm->n_vocab);
+        struct kcase k = {.fam = sample ? FAM_SAMPLE : FAM_ARGMAX,
+                          .sm = sm,
+                          .type = GGML_TYPE_F32,
+                          .n_tok = rows[ri]};
+        k.sp = (struct sample_params){
+            .temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .u = 0.5};
+        snprintf(k.shape, sizeof k.shape, "n_vocab %d%s", sm->n_vocab, sample ? " top-k 40" : "");
         k.bytes = (double)k.n_tok * sm->n_vocab * 4.0 + k.n_tok * 4.0;
         k.flops = (double)k.n_tok * sm->n_vocab;
         int rc = alloc_fill(b, (void **)&k.x, GGML_TYPE_F32, sm->n_vocab, k.n_tok, 4.0f);
@@ -847,13 +931,18 @@ static void usage(FILE *out) {
         "  --json FILE            write the results as JSON to FILE\n"
         "  --filter LIST          only these kernels (comma list): matvec, matmul,\n"
         "                         matmul_tc, cublas_f16, attn_prefill, attn_decode, rope,\n"
-        "                         rope_kv_store, kv_shift, rms_norm, argmax\n"
-        "  --models LIST          shapes: llama2-7b,llama3-8b,llama3-70b (default: all)\n"
+        "                         rope_kv_store, kv_shift, rms_norm, argmax, sample,\n"
+        "                         matvec_qkv, matvec_swiglu, matvec_add, attn_se_prefill,\n"
+        "                         attn_se_decode\n"
+        "  --models LIST          shapes: llama2-7b,llama3-8b,llama3-70b (default: these\n"
+        "                         three), ci-small (1024 wide, GQA 8: the emulated CI gate)\n"
         "  --types LIST           weight types for matvec/matmul (default: f32,f16,bf16,\n"
         "                         q8_0,q4_0,q4_1,q5_0,q5_1,q4_K,q5_K,q6_K)\n"
         "  --ctx LIST             attention / kv_shift contexts (default: 512,4096,16384,32768)\n"
         "  --matvec-tok LIST      tokens per mat-vec call (default: 1,8)\n"
         "  --prefill-tokens N     tokens of the prefill cases (default: 512)\n"
+        "  --tc-tok LIST          tokens of the matmul_tc cases (default: 16,64,128)\n"
+        "  --tc-path LIST         matmul_tc paths: fused, cublas (default: both)\n"
         "  --matvec-act LIST      activations of the mat-vec families: q8 (the CUDA\n"
         "                         default, dp4a), f32 (default: q8,f32; F32/F16/BF16\n"
         "                         weights always f32)\n"
@@ -918,13 +1007,25 @@ static int add_mvtok(struct options *o, const char *s) {
     return parse_pos_int(s, 64, &o->matvec_tok[o->n_matvec_tok++]);
 }
 
+static int add_tctok(struct options *o, const char *s) {
+    if (o->n_tc_tok == MAX_LIST)
+        return -1;
+    return parse_pos_int(s, 1 << 16, &o->tc_tok[o->n_tc_tok++]);
+}
+
 // 0: run; 1: exit 0 (help); 2: usage error.
 static int parse_args(struct options *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->prefill_tok = 512;
     o->act[0] = o->act[1] = true;
+    o->tc_path[0] = o->tc_path[1] = true;
+#ifdef VELA_EMU
+    o->reps = 1; // emulated: counted, not timed
+    o->warmup = 0;
+#else
     o->reps = 10;
     o->warmup = 2;
+#endif
     bool models = false, quick = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -967,6 +1068,22 @@ static int parse_args(struct options *o, int argc, char **argv) {
             o->n_matvec_tok = 0;
             if (parse_list(a, v, add_mvtok, o))
                 return 2;
+        } else if (!strcmp(a, "--tc-tok")) {
+            NEED_VALUE;
+            o->n_tc_tok = 0;
+            if (parse_list(a, v, add_tctok, o))
+                return 2;
+        } else if (!strcmp(a, "--tc-path")) {
+            NEED_VALUE;
+            o->tc_path[0] = strstr(v, "fused") != NULL;
+            o->tc_path[1] = strstr(v, "cublas") != NULL;
+            if (!o->tc_path[0] && !o->tc_path[1]) {
+                fprintf(stderr,
+                        "vela-bench-kernels: --tc-path: '%s' names neither fused nor "
+                        "cublas\n",
+                        v);
+                return 2;
+            }
         } else if (!strcmp(a, "--matvec-act")) {
             NEED_VALUE;
             o->act[0] = o->act[1] = false;
@@ -1025,7 +1142,7 @@ static int parse_args(struct options *o, int argc, char **argv) {
         o->warmup = o->warmup < 1 ? o->warmup : 1;
     }
     if (!models)
-        for (int i = 0; i < N_SHAPE_MODELS; i++)
+        for (int i = 0; i < N_DEFAULT_MODELS; i++)
             o->model_on[i] = true;
     if (o->n_types == 0)
         for (int i = 0; i < N_ALL_TYPES; i++)
@@ -1034,6 +1151,8 @@ static int parse_args(struct options *o, int argc, char **argv) {
         parse_list("--ctx", "512,4096,16384,32768", add_ctx, o);
     if (o->n_matvec_tok == 0)
         parse_list("--matvec-tok", "1,8", add_mvtok, o);
+    if (o->n_tc_tok == 0)
+        parse_list("--tc-tok", "16,64,128", add_tctok, o);
     return 0;
 }
 
@@ -1092,12 +1211,15 @@ int main(int argc, char **argv) {
     b.stream = (cudaStream_t)backend_cuda_stream(b.be);
     // Twice L2 (at least 64 MiB): whatever the last op left there is gone.
     b.flush_bytes = 2 * b.dev.l2_bytes > ((size_t)64 << 20) ? 2 * b.dev.l2_bytes : (size_t)64 << 20;
+#ifdef VELA_EMU
+    b.flush_bytes = 0; // emulated: no caches to flush
+#endif
     cublasStatus_t cs = cublasCreate(&b.cublas);
     if (cs == CUBLAS_STATUS_SUCCESS)
         cs = cublasSetStream(b.cublas, b.stream);
     if (!b.stream || cudaEventCreate(&b.ev0) != cudaSuccess ||
         cudaEventCreate(&b.ev1) != cudaSuccess || cs != CUBLAS_STATUS_SUCCESS ||
-        dev_alloc(&b, b.flush_bytes, &b.flush)) {
+        (b.flush_bytes && dev_alloc(&b, b.flush_bytes, &b.flush))) {
         fprintf(stderr, "vela-bench-kernels: setup failed: %s %s\n", b.err,
                 cs != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(cs) : "");
         backend_destroy(b.be);
@@ -1169,7 +1291,9 @@ int main(int argc, char **argv) {
         if (want_family(&b, FAM_RMS_NORM))
             bench_rms_norm(&b, sm);
         if (want_family(&b, FAM_ARGMAX))
-            bench_argmax(&b, sm);
+            bench_argmax(&b, sm, false);
+        if (want_family(&b, FAM_SAMPLE))
+            bench_argmax(&b, sm, true);
     }
     cJSON_AddNumberToObject(root, "n_failed", b.n_failed);
 

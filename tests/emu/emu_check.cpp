@@ -126,7 +126,7 @@ void emu_chk_host_write(const void *dst, size_t n) {
 
 bool emu_chk_host_read(const void *src, size_t n, char *msg, size_t msg_size) {
     chk_alloc *a = find_padded((uintptr_t)src);
-    if (!a || (uintptr_t)src < a->base)
+    if (!a || (uintptr_t)src < a->base || emu_sample_blocks())
         return true;
     const size_t off = (uintptr_t)src - a->base;
     for (size_t i = 0; i < n && off + i < a->bytes; i++)
@@ -205,9 +205,11 @@ static std::string site_name(const void *ra) {
 // load/store units see them: the k-th execution of one instruction (return
 // address) by each lane of a warp is one request. Per request: the bytes the
 // lanes asked for and the distinct 32-byte sectors they touch; per launch:
-// the distinct sectors of all requests. One JSON object per launch is
-// appended to FILE (tests/emu/traffic_report.py turns them into
-// bench/results/kernels-emulated.json).
+// the distinct sectors loaded and stored, and how many of them more than one
+// block touched. One JSON object per launch is appended to FILE, labelled
+// with emu_traffic_case's JSON if one is set (bench/kernels/emu_report.py
+// makes bench/results/kernels-emulated.json of them; tests/emu/
+// traffic_report.py folds any such file by kernel and grid).
 struct tr_key {
     uintptr_t site;
     uint32_t warp, k;
@@ -283,6 +285,14 @@ static std::string json_text(const char *s) {
 static std::unordered_map<uint64_t, uint32_t> g_tr_count; // (site, thread) -> executions
 static std::unordered_map<tr_key, tr_req, tr_key_hash> g_tr_req;
 static std::unordered_set<uint64_t> g_tr_distinct; // sectors of this launch
+// [store]: the sectors this launch loaded / stored -> the block that touched
+// them first, or TR_SHARED once a second block did (a sampled launch scales
+// only the others: README.md, Traffic).
+static std::unordered_map<uint64_t, uint64_t> g_tr_dist_dir[2];
+static const uint64_t TR_SHARED = ~0ull;
+static uint64_t g_tr_block;   // linear index of the running block
+static std::string g_tr_case; // emu_traffic_case's label
+static uint64_t g_tr_blocks_run, g_tr_blocks_total;
 static tr_dir g_tr_ld, g_tr_st;
 static uintptr_t g_tr_sh_lo, g_tr_sh_hi; // static shared bytes this launch touched
 
@@ -298,7 +308,36 @@ static void traffic_access(uintptr_t p, size_t n, bool store, const void *ra) {
         if (std::find(r.sectors.begin(), r.sectors.end(), s) == r.sectors.end())
             r.sectors.push_back(s);
         g_tr_distinct.insert(s);
+        auto ins = g_tr_dist_dir[store].emplace(s, g_tr_block);
+        if (!ins.second && ins.first->second != g_tr_block)
+            ins.first->second = TR_SHARED;
     }
+}
+
+extern "C" void emu_traffic_case(const char *json) {
+    g_tr_case = json ? json : "";
+}
+
+uint64_t emu_sample_blocks(void) {
+    static const uint64_t n = [] {
+        const char *e = getenv("VELA_EMU_SAMPLE_BLOCKS");
+        const uint64_t v = e && *e ? strtoull(e, NULL, 10) : 0;
+        if (v == 1)
+            fprintf(stderr, "vela-emu: VELA_EMU_SAMPLE_BLOCKS=1: need at least 2 (first and "
+                            "last block); running every block\n");
+        if (v >= 2)
+            fprintf(stderr,
+                    "vela-emu: at most %llu blocks per launch (VELA_EMU_SAMPLE_BLOCKS): "
+                    "initcheck is off, results are incomplete\n",
+                    (unsigned long long)v);
+        return v >= 2 ? v : 0;
+    }();
+    return n;
+}
+
+void emu_chk_launch_blocks(uint64_t run, uint64_t total) {
+    g_tr_blocks_run = run;
+    g_tr_blocks_total = total;
 }
 
 static void traffic_block_end(void) {
@@ -401,6 +440,9 @@ void emu_chk_launch_begin(const char *kernel, const void *fn, dim3 grid, dim3 bl
         perror(traffic);
     g_tr_ld = g_tr_st = tr_dir();
     g_tr_distinct.clear();
+    g_tr_dist_dir[0].clear();
+    g_tr_dist_dir[1].clear();
+    g_tr_blocks_run = g_tr_blocks_total = (uint64_t)grid.x * grid.y * grid.z;
     g_tr_sh_lo = UINTPTR_MAX;
     g_tr_sh_hi = 0;
     t_on = true;
@@ -420,6 +462,18 @@ void emu_chk_launch_end(void) {
             name.c_str(), inst.c_str(), g_grid.x, g_grid.y, g_grid.z, g_block.x, g_block.y,
             g_block.z, (size_t)g_dyn_len,
             g_tr_sh_hi > g_tr_sh_lo ? (size_t)(g_tr_sh_hi - g_tr_sh_lo) : 0, g_tr_distinct.size());
+    size_t shared[2] = {0, 0};
+    for (int i = 0; i < 2; i++)
+        for (auto &kv : g_tr_dist_dir[i])
+            shared[i] += kv.second == TR_SHARED;
+    fprintf(g_traffic,
+            ", \"distinct_load_sectors\": %zu, \"distinct_store_sectors\": %zu, "
+            "\"shared_load_sectors\": %zu, \"shared_store_sectors\": %zu, "
+            "\"blocks_run\": %llu, \"blocks_total\": %llu",
+            g_tr_dist_dir[0].size(), g_tr_dist_dir[1].size(), shared[0], shared[1],
+            (unsigned long long)g_tr_blocks_run, (unsigned long long)g_tr_blocks_total);
+    if (!g_tr_case.empty())
+        fprintf(g_traffic, ", \"case\": %s", g_tr_case.c_str());
     const tr_dir *d[2] = {&g_tr_ld, &g_tr_st};
     for (int i = 0; i < 2; i++)
         fprintf(g_traffic,
@@ -431,12 +485,15 @@ void emu_chk_launch_end(void) {
     fprintf(g_traffic, "}\n");
     fflush(g_traffic);
     g_tr_distinct.clear();
+    g_tr_dist_dir[0].clear();
+    g_tr_dist_dir[1].clear();
 }
 
 void emu_chk_block_begin(uint64_t linear_block) {
     if (g_traffic)
         traffic_block_end(); // the previous block's requests
     g_tag = g_launch_base ? g_launch_base + (uint32_t)linear_block : 0;
+    g_tr_block = linear_block;
     g_gen++;
     if (g_gen == 0) { // wrapped: forget every entry
         memset(g_sh_shadow, 0, g_sh_shadow_n * sizeof(sh_ent));
@@ -601,7 +658,9 @@ static void global_access(chk_alloc *a, uintptr_t p, size_t n, int kind, const v
     }
     const size_t off = p - a->base;
     uint32_t *sh = a->shadow + off;
-    if (kind & (A_READ | A_ATOMIC)) {
+    // Sampled launches (VELA_EMU_SAMPLE_BLOCKS) leave outputs of skipped
+    // blocks unwritten: no initcheck then.
+    if ((kind & (A_READ | A_ATOMIC)) && !emu_sample_blocks()) {
         for (size_t i = 0; i < n; i++)
             if (!sh[i]) {
                 report("initcheck: %zu-byte global %s at %p (allocation %p of %zu bytes + %zu): "

@@ -54,6 +54,11 @@ void emu_chk_block_barrier(void);
 // A warp barrier released for the lanes of mask (present: the warp's lanes).
 void emu_chk_warp_barrier(int warp, unsigned mask, unsigned present);
 void emu_chk_launch_end(void);
+// VELA_EMU_SAMPLE_BLOCKS (read once): 0 runs every block; N >= 2: a launch
+// of more than N blocks runs N of them, evenly spaced (README.md, Traffic).
+uint64_t emu_sample_blocks(void);
+// The launch about to end ran `run` of its `total` blocks.
+void emu_chk_launch_blocks(uint64_t run, uint64_t total);
 // The runtime's side: a fault of the running block (sticky), the running
 // thread (linear index in the block), the random schedule's generator and
 // a yield of the running thread (VELA_EMU_SCHEDULE=random).

@@ -1262,7 +1262,14 @@ static void run_kernel_now(const char *name, const void *fn, dim3 grid, dim3 blo
         for (uint64_t b = n_blocks - 1; b > 0; b--)
             std::swap(perm[b], perm[emu_rand() % (b + 1)]);
     }
-    for (uint64_t k = 0; k < n_blocks && !g_block_fault; k++) {
+    // VELA_EMU_SAMPLE_BLOCKS=N: n_run of the blocks, the j-th of them block
+    // j * (n_blocks - 1) / (n_run - 1) in the order above (first and last
+    // always; evenly spaced, so a homogeneous grid's per-block traffic scales).
+    const uint64_t sample = emu_sample_blocks();
+    const uint64_t n_run = sample && n_blocks > sample ? sample : n_blocks;
+    for (uint64_t j = 0; j < n_run && !g_block_fault; j++) {
+        const uint64_t k =
+            n_run == n_blocks ? j : (uint64_t)((unsigned __int128)j * (n_blocks - 1) / (n_run - 1));
         const uint64_t b = sched == SCHED_RANDOM    ? perm[k]
                            : sched == SCHED_REVERSE ? n_blocks - 1 - k
                                                     : k;
@@ -1272,6 +1279,7 @@ static void run_kernel_now(const char *name, const void *fn, dim3 grid, dim3 blo
         emu_chk_block_begin(b);
         run_block();
     }
+    emu_chk_launch_blocks(n_run, n_blocks);
     emu_chk_launch_end();
     g_dyn_smem = NULL;
 }

@@ -4,7 +4,10 @@
 Reads the JSON lines the emulator appends to $VELA_EMU_TRAFFIC (one object
 per kernel launch, tests/emu/emu_check.cpp) and writes one row per kernel and
 launch shape (launches of the same kernel, grid, block and shared memory are
-summed):
+summed): a quick look at any program's traffic, e.g. the op tests' (cmake
+target emu_traffic_tests). The report at model shapes, per op call and with
+the compiled facts, is bench/kernels/emu_report.py's
+(bench/results/kernels-emulated.json).
 
     kernel       the kernel's name without template arguments
     type         the instance's template arguments ("" if none), as the
