@@ -121,6 +121,16 @@ static __device__ __forceinline__ void attn_load_tile(float *dst, int ld, const 
     }
 }
 
+// Occupancy (sm_90, ptxas -v; bench/README.md's emulated report): 111
+// registers per thread, 25% theoretical occupancy, under the 50% the decode
+// path aims for. Why it stays: each lane keeps 32 float accumulators of its
+// output rows, and K/V tiles are widened to float in shared memory; a decode
+// block spends its time streaming K/V, with each thread's 16-byte loads of a
+// tile independent of each other, so fewer resident warps still keep many
+// loads in flight (the split-K grid adds blocks as the KV range grows). The
+// bytes moved are within 1.03x of K/V read once at 4k and 32k keys. Ways to
+// raise it if a GPU run shows latency-bound decode attention: one row per
+// warp, a register cap, half-precision tiles.
 template <typename KT, typename VT, bool VEC, bool SE>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_kernel(const struct cuda_attn a, int chunk, int n_split,

@@ -328,6 +328,13 @@ struct mvq_args {
     int warp_smem; // bytes of one warp's shared slice
 };
 
+// Occupancy (sm_90, ptxas -v; bench/README.md's emulated report): 50% or
+// more for every type but Q5_K (76 registers, 37.5%): its fifth bits and
+// 6-bit scales and mins are decoded next to the nibbles, and the row's bytes
+// are staged in shared memory per warp, so each lane has several independent
+// loads in flight; the bytes moved stay within 1.012x of the weights read
+// once. A __launch_bounds__ minimum-blocks hint (to 64 registers) is the
+// first thing to try on a GPU, checking ptxas for spills.
 template <int T, int NT>
 __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(const mvq_args a) {
     typedef mvq_traits<T> tr;
