@@ -132,10 +132,12 @@ static void check_all_types(rows_fn rows, const char *isa) {
     for (size_t i = 0; i < N_TYPES; i++) {
         const enum ggml_type t = q8_types[i];
         const int bs = (int)ggml_type_get(t)->block_size;
-        // n_in: one group; several groups; (legacy types) a partial last group
-        const int64_t sizes[] = {256, 1024, bs == 32 ? 576 : 512, bs == 32 ? 96 : 768};
+        // n_in: one group; several groups; (legacy types) a last group of 2,
+        // 3 or 7 sub-blocks (padded to 8)
+        const int64_t sizes[] = {256, 1024, bs == 32 ? 576 : 512, bs == 32 ? 96 : 768,
+                                 bs == 32 ? 224 : 1280};
         double worst = 0.0;
-        for (size_t k = 0; k < 4; k++)
+        for (size_t k = 0; k < 5; k++)
             for (int n_tok = 1; n_tok <= 2 * CPU_Q8_TILE + 3; n_tok += 17) {
                 const double e = check_case(rows, t, sizes[k], 19, n_tok);
                 worst = e > worst ? e : worst;
