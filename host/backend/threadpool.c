@@ -2,33 +2,93 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-// One job at a time: the caller publishes (fn, ctx, n, chunk) under `mu`,
-// bumps `generation` and wakes the workers; every thread claims chunks from
-// the atomic `next` until the range is exhausted; the last worker to finish
-// signals `done_cv`. Workers sleep on `start_cv` between jobs.
+// One job at a time: the caller publishes (fn, ctx, n, chunk), then bumps
+// `generation` (release); every thread claims chunks from the atomic `next`
+// until the range is exhausted; each worker decrements `active` when done.
+//
+// Waiting spins first, then sleeps: a decode step is hundreds of short jobs
+// (tens of microseconds each), and a futex wake-up per job costs about as
+// much as the job. So a worker polls `generation` for up to spin_ns after
+// its last job before it sleeps on `start_cv`, and the caller polls `active`
+// for as long before it sleeps on `done_cv`. Between requests (an idle
+// server) the workers sleep and use no CPU. VELA_SPIN_US sets the budget
+// (0: always sleep at once, the old behaviour).
 struct threadpool {
-    int size;                 // threads that run work, caller included
-    pthread_t *threads;       // [size - 1] workers
-    int n_started;            // workers actually running (for cleanup)
+    int size;           // threads that run work, caller included
+    pthread_t *threads; // [size - 1] workers
+    int n_started;      // workers actually running (for cleanup)
+    int64_t spin_ns;    // how long a waiting thread polls before it sleeps
 
-    pthread_mutex_t mu;
+    pthread_mutex_t mu; // guards the sleeping side: start_cv, done_cv, quit
     pthread_cond_t start_cv;
     pthread_cond_t done_cv;
-    uint64_t generation;      // bumped once per job
-    int active;               // workers still inside the current job
-    int quit;
+    _Atomic uint64_t generation; // bumped once per job
+    _Atomic int active;          // workers still inside the current job
+    _Atomic int quit;
 
     threadpool_fn fn;
     void *ctx;
     int64_t n;
     int64_t chunk;
-    _Atomic int64_t next;     // first unclaimed index
+    _Atomic int64_t next; // first unclaimed index
 };
+
+static int64_t pool_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// One poll interval: a few pause instructions, and every 16th time a
+// sched_yield, so that a thread this one waits for (or any other) gets the
+// core when the machine has more runnable threads than cores; without it a
+// spinning caller can hold the core its worker needs for the whole budget.
+static inline void pool_cpu_relax(unsigned i) {
+    if ((i & 15) == 0) {
+        sched_yield();
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+// Polls until *flag != value or spin_ns pass; true when it changed.
+static bool pool_spin_u64(const _Atomic uint64_t *flag, uint64_t value, int64_t spin_ns) {
+    if (spin_ns <= 0)
+        return atomic_load_explicit(flag, memory_order_acquire) != value;
+    const int64_t until = pool_now_ns() + spin_ns;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(flag, memory_order_acquire) != value)
+            return true;
+        pool_cpu_relax(i);
+        if ((i & 63) == 0 && pool_now_ns() > until)
+            return false;
+    }
+}
+
+static bool pool_spin_zero(const _Atomic int *flag, int64_t spin_ns) {
+    const int64_t until = spin_ns > 0 ? pool_now_ns() + spin_ns : 0;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(flag, memory_order_acquire) == 0)
+            return true;
+        if (spin_ns <= 0)
+            return false;
+        pool_cpu_relax(i);
+        if ((i & 63) == 0 && pool_now_ns() > until)
+            return false;
+    }
+}
 
 struct worker_arg {
     struct threadpool *tp;
@@ -50,22 +110,27 @@ static void *pool_worker_main(void *p) {
     free(p);
     struct threadpool *tp = arg.tp;
     uint64_t seen = 0;
-    pthread_mutex_lock(&tp->mu);
     for (;;) {
-        while (tp->generation == seen && !tp->quit)
-            pthread_cond_wait(&tp->start_cv, &tp->mu);
-        if (tp->quit)
+        if (!pool_spin_u64(&tp->generation, seen, tp->spin_ns)) {
+            pthread_mutex_lock(&tp->mu);
+            while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->quit))
+                pthread_cond_wait(&tp->start_cv, &tp->mu);
+            pthread_mutex_unlock(&tp->mu);
+        }
+        if (atomic_load(&tp->quit))
             break;
-        seen = tp->generation;
-        pthread_mutex_unlock(&tp->mu);
+        seen = atomic_load_explicit(&tp->generation, memory_order_acquire);
 
         pool_run_chunks(tp, arg.thread);
 
-        pthread_mutex_lock(&tp->mu);
-        if (--tp->active == 0)
+        if (atomic_fetch_sub_explicit(&tp->active, 1, memory_order_acq_rel) == 1) {
+            // The last one out wakes a caller that stopped spinning (under
+            // the mutex, so the wake cannot fall between its check and wait).
+            pthread_mutex_lock(&tp->mu);
             pthread_cond_signal(&tp->done_cv);
+            pthread_mutex_unlock(&tp->mu);
+        }
     }
-    pthread_mutex_unlock(&tp->mu);
     return NULL;
 }
 
@@ -87,7 +152,18 @@ int threadpool_create(struct threadpool **out, int n_threads, struct verr *err) 
     if (!tp)
         return verr_set(err, VERR_NOMEM, "threadpool: out of memory");
     tp->size = n_threads;
+    tp->spin_ns = 200 * 1000; // 200 us
+    const char *spin = getenv("VELA_SPIN_US");
+    if (spin && *spin) {
+        char *end;
+        const long us = strtol(spin, &end, 10);
+        if (*end == '\0' && us >= 0 && us <= 1000000)
+            tp->spin_ns = (int64_t)us * 1000;
+    }
     atomic_init(&tp->next, 0);
+    atomic_init(&tp->generation, 0);
+    atomic_init(&tp->active, 0);
+    atomic_init(&tp->quit, 0);
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->start_cv, NULL);
     pthread_cond_init(&tp->done_cv, NULL);
@@ -124,7 +200,8 @@ void threadpool_free(struct threadpool *tp) {
     if (!tp)
         return;
     pthread_mutex_lock(&tp->mu);
-    tp->quit = 1;
+    atomic_store(&tp->quit, 1);
+    atomic_fetch_add(&tp->generation, 1); // ends the spinning of every worker
     pthread_cond_broadcast(&tp->start_cv);
     pthread_mutex_unlock(&tp->mu);
     for (int i = 0; i < tp->n_started; i++)
@@ -156,21 +233,26 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
     if (chunk < grain)
         chunk = grain;
 
-    pthread_mutex_lock(&tp->mu);
     tp->fn = fn;
     tp->ctx = ctx;
     tp->n = n;
     tp->chunk = chunk;
     atomic_store_explicit(&tp->next, 0, memory_order_relaxed);
-    tp->active = tp->size - 1;
-    tp->generation++;
+    atomic_store_explicit(&tp->active, tp->size - 1, memory_order_relaxed);
+    // Publishing: the job's fields above happen before this release; a
+    // spinning worker's acquire load of generation sees them. A sleeping
+    // one is woken under the mutex (it checks generation under it).
+    pthread_mutex_lock(&tp->mu);
+    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_release);
     pthread_cond_broadcast(&tp->start_cv);
     pthread_mutex_unlock(&tp->mu);
 
     pool_run_chunks(tp, 0);
 
-    pthread_mutex_lock(&tp->mu);
-    while (tp->active > 0)
-        pthread_cond_wait(&tp->done_cv, &tp->mu);
-    pthread_mutex_unlock(&tp->mu);
+    if (!pool_spin_zero(&tp->active, tp->spin_ns)) {
+        pthread_mutex_lock(&tp->mu);
+        while (atomic_load_explicit(&tp->active, memory_order_acquire) > 0)
+            pthread_cond_wait(&tp->done_cv, &tp->mu);
+        pthread_mutex_unlock(&tp->mu);
+    }
 }
