@@ -117,6 +117,13 @@ def git_commit():
         return None
 
 
+def exact(row):
+    """Stricter than found: the first number the model writes is the key
+    (' 593533.' holds 59353 but is not it)."""
+    m = re.search(r"\d+", row.get("output", ""))
+    return bool(m) and m.group(0) == str(row["key"])
+
+
 def key_of(row):
     return (row["length_target"], row["depth"], row["mode"], row["G"], row["W"])
 
@@ -135,8 +142,10 @@ def table(doc):
     gw = sorted({(r["G"], r["W"]) for r in rows if r["mode"] != "none"})
     gw_text = ", ".join(f"G={g}, W={w}" for g, w in gw) or "-"
     head = ["length (tokens)"] + [MODE_NAMES[m] for m in MODES]
-    lines = [f"Passkey retrieval, {doc.get('model', '?')}, found / prompts ({gw_text}; "
-             f"depths {', '.join(str(d) for d in doc.get('depths', []))})", "",
+    lines = [f"Passkey retrieval, {doc.get('model', '?')}: prompts whose answer holds the key's "
+             f"5 digits, of those run ({gw_text}; depths "
+             f"{', '.join(f'{d:g}' for d in doc.get('depths', []))}); in brackets, those whose "
+             "first number is exactly the key", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n in lengths:
         real = sorted({r["length_tokens"] for r in rows if r["length_target"] == n})
@@ -148,9 +157,10 @@ def table(doc):
                 cells.append("not run")
                 continue
             k = sum(1 for r in sel if r["found"])
+            x = sum(1 for r in sel if exact(r))
             depths = ", ".join(f"{r['depth']:g}" for r in sorted(sel, key=lambda r: r["depth"])
                                if not r["found"])
-            cells.append(f"{k}/{len(sel)} ({100.0 * k / len(sel):.0f}%)" +
+            cells.append(f"{k}/{len(sel)} [{x}/{len(sel)}]" +
                          (f", missed at depth {depths}" if depths else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
