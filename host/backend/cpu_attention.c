@@ -616,90 +616,122 @@ static size_t attn_item_floats(const struct attn_args *a, int tb, int group, siz
            ((size_t)tb * ld + sizeof(float) - 1) / sizeof(float) + 2 * ld + 64;
 }
 
-static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *scr, float *cs_tmp) {
+// A work item's state: its rows (nt tokens x G query heads of KV head hk)
+// and their buffers in the thread's scratch (attn_item_floats).
+struct attn_item {
+    int t0, nt, hk, G, R;
+    float *S;           // [R][ld] scores, then weights
+    float *qn;          // [R][D] q (rotated at i with rope)
+    float *qf;          // [R][D] q rotated for far keys
+    float *acc;         // [R][Dv]
+    float *sum;         // [R] softmax denominators
+    unsigned char *vis; // [nt][ld]
+    float *packed;      // [ld]
+    int32_t *kp;        // [n_kv] cell positions for kp_seq, INT32_MAX: not its
+    int lo[ATTN_ROWS], hi[ATTN_ROWS], n_vis[ATTN_ROWS]; // each token's visible range
+    int LO, HI;                                         // their union
+};
+
+static void attn_item_init(const struct attn_job *j, int t0, int nt, int hk, float *scr,
+                           struct attn_item *it) {
     const struct attn_args *a = j->a;
-    const int D = a->head_dim, Dv = a->head_dim_v, G = j->group, R = nt * G;
     const size_t ld = j->ld;
-    const size_t ldk = (size_t)a->n_head_kv * D, ldv = (size_t)a->n_head_kv * Dv;
-    const bool avx2 = j->st->avx2;
-    float *S = scr;                    // [R][ld] scores, then weights
-    float *qn = S + (size_t)R * ld;    // [R][D] q (rotated at i with rope)
-    float *qf = qn + (size_t)R * D;    // [R][D] q rotated for far keys
-    float *acc = qf + (size_t)R * D;   // [R][Dv]
-    float *sum = acc + (size_t)R * Dv; // [R] softmax denominators
-    unsigned char *vis = (unsigned char *)(sum + (size_t)R * 8); // [nt][ld]
-    float *packed = (float *)vis + ((size_t)nt * ld + sizeof(float) - 1) / sizeof(float); // [ld]
-    int32_t *kp = (int32_t *)(packed + ld); // [n_kv] cell positions for kp_seq, INT32_MAX: not its
-    int kp_seq = -1;
-    int lo[ATTN_ROWS], hi[ATTN_ROWS], n_vis[ATTN_ROWS];
-    int LO = a->n_kv, HI = 0;
+    it->t0 = t0;
+    it->nt = nt;
+    it->hk = hk;
+    it->G = j->group;
+    it->R = nt * j->group;
+    it->S = scr;
+    it->qn = it->S + (size_t)it->R * ld;
+    it->qf = it->qn + (size_t)it->R * a->head_dim;
+    it->acc = it->qf + (size_t)it->R * a->head_dim;
+    it->sum = it->acc + (size_t)it->R * a->head_dim_v;
+    it->vis = (unsigned char *)(it->sum + (size_t)it->R * 8);
+    it->packed = (float *)it->vis + ((size_t)nt * ld + sizeof(float) - 1) / sizeof(float);
+    it->kp = (int32_t *)(it->packed + ld);
+    it->LO = a->n_kv;
+    it->HI = 0;
+}
 
-    // q rows, visibility, ranges
-    for (int t = 0; t < nt; t++) {
-        const int tok = t0 + t;
-        const int32_t qpos = a->q_pos[tok];
-        const int qseq = a->q_seq[tok];
-        unsigned char *vt = vis + (size_t)t * ld;
-        // The mask (host/ops/backend.h): cell c is visible iff it holds
-        // qseq, 0 <= pos <= qpos and, with a window, qpos - pos < window.
-        if (qseq != kp_seq) { // the cells' positions as the tokens of qseq see them
-            for (int c = 0; c < a->n_kv; c++) {
-                const uint64_t w = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
-                const int32_t p = a->cell_pos[c];
-                kp[c] = p >= 0 && ((w >> (qseq % 64)) & 1u) ? p : INT32_MAX;
-            }
-            kp_seq = qseq;
+// Token t's visibility row and range. The mask (host/ops/backend.h): cell c
+// is visible iff it holds qseq, 0 <= pos <= qpos and, with a window,
+// qpos - pos < window.
+static void attn_item_visibility(const struct attn_job *j, struct attn_item *it, int t,
+                                 int *kp_seq) {
+    const struct attn_args *a = j->a;
+    const int32_t qpos = a->q_pos[it->t0 + t];
+    const int qseq = a->q_seq[it->t0 + t];
+    unsigned char *vt = it->vis + (size_t)t * j->ld;
+    int32_t *kp = it->kp;
+    if (qseq != *kp_seq) { // the cells' positions as the tokens of qseq see them
+        for (int c = 0; c < a->n_kv; c++) {
+            const uint64_t w = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
+            const int32_t p = a->cell_pos[c];
+            kp[c] = p >= 0 && ((w >> (qseq % 64)) & 1u) ? p : INT32_MAX;
         }
-        if (a->window > 0)
-            for (int c = 0; c < a->n_kv; c++)
-                vt[c] = kp[c] <= qpos && (int64_t)qpos - kp[c] < a->window;
-        else
-            for (int c = 0; c < a->n_kv; c++)
-                vt[c] = kp[c] <= qpos;
-        int l = 0, h = a->n_kv, n = 0;
-        for (int c = 0; c < a->n_kv; c++)
-            n += vt[c];
-        while (l < h && !vt[l])
-            l++;
-        while (h > l && !vt[h - 1])
-            h--;
-        lo[t] = l;
-        hi[t] = h;
-        n_vis[t] = n;
-        LO = l < LO ? l : LO;
-        HI = h > HI ? h : HI;
-        for (int g = 0; g < G; g++) {
-            const float *q = a->q + ((size_t)tok * a->n_head + (size_t)hk * G + g) * D;
-            float *dn = qn + (size_t)(t * G + g) * D;
-            memcpy(dn, q, (size_t)D * sizeof(float));
-            if (!a->rope)
-                continue;
-            const struct rope_params *rp = a->rope;
-            const float *cs = attn_cs_row(j->st, rp, qpos, cs_tmp);
-            rope_rotate_f32(dn, cs, rp->n_rot, rp->mode);
-            if (!j->k_far)
-                continue;
-            float *df = qf + (size_t)(t * G + g) * D;
-            memcpy(df, q, (size_t)D * sizeof(float));
-            cs = attn_cs_row(j->st, rp, se_q_pos_far(qpos, a->se_g, a->se_w), cs_tmp);
-            rope_rotate_f32(df, cs, rp->n_rot, rp->mode);
-        }
+        *kp_seq = qseq;
     }
-    memset(acc, 0, (size_t)R * Dv * sizeof(float));
-    const float *kn = j->k_near + (size_t)hk * D;
-    const float *kf = j->k_far ? j->k_far + (size_t)hk * D : NULL;
-    const float *v = j->v + (size_t)hk * Dv;
+    if (a->window > 0)
+        for (int c = 0; c < a->n_kv; c++)
+            vt[c] = kp[c] <= qpos && (int64_t)qpos - kp[c] < a->window;
+    else
+        for (int c = 0; c < a->n_kv; c++)
+            vt[c] = kp[c] <= qpos;
+    int l = 0, h = a->n_kv, n = 0;
+    for (int c = 0; c < a->n_kv; c++)
+        n += vt[c];
+    while (l < h && !vt[l])
+        l++;
+    while (h > l && !vt[h - 1])
+        h--;
+    it->lo[t] = l;
+    it->hi[t] = h;
+    it->n_vis[t] = n;
+    it->LO = l < it->LO ? l : it->LO;
+    it->HI = h > it->HI ? h : it->HI;
+}
 
-    // scores, a tile of cells at a time for every token
-    for (int cb = LO; cb < HI; cb += ATTN_CB) {
-        const int ce = cb + ATTN_CB < HI ? cb + ATTN_CB : HI;
-        for (int t = 0; t < nt; t++) {
-            const int c0 = cb > lo[t] ? cb : lo[t], c1 = ce < hi[t] ? ce : hi[t];
+// Token t's query rows: copied, and with RoPE inside attention rotated at
+// its position (and at its grouped position for far keys).
+static void attn_item_queries(const struct attn_job *j, struct attn_item *it, int t,
+                              float *cs_tmp) {
+    const struct attn_args *a = j->a;
+    const int D = a->head_dim, tok = it->t0 + t;
+    const int32_t qpos = a->q_pos[tok];
+    for (int g = 0; g < it->G; g++) {
+        const float *q = a->q + ((size_t)tok * a->n_head + (size_t)it->hk * it->G + g) * D;
+        float *dn = it->qn + (size_t)(t * it->G + g) * D;
+        memcpy(dn, q, (size_t)D * sizeof(float));
+        if (!a->rope)
+            continue;
+        const struct rope_params *rp = a->rope;
+        const float *cs = attn_cs_row(j->st, rp, qpos, cs_tmp);
+        rope_rotate_f32(dn, cs, rp->n_rot, rp->mode);
+        if (!j->k_far)
+            continue;
+        float *df = it->qf + (size_t)(t * it->G + g) * D;
+        memcpy(df, q, (size_t)D * sizeof(float));
+        cs = attn_cs_row(j->st, rp, se_q_pos_far(qpos, a->se_g, a->se_w), cs_tmp);
+        rope_rotate_f32(df, cs, rp->n_rot, rp->mode);
+    }
+}
+
+// Scores, a tile of cells at a time for every token.
+static void attn_item_scores(const struct attn_job *j, struct attn_item *it) {
+    const struct attn_args *a = j->a;
+    const int D = a->head_dim, G = it->G;
+    const size_t ld = j->ld, ldk = (size_t)a->n_head_kv * D;
+    const float *kn = j->k_near + (size_t)it->hk * D;
+    const float *kf = j->k_far ? j->k_far + (size_t)it->hk * D : NULL;
+    for (int cb = it->LO; cb < it->HI; cb += ATTN_CB) {
+        const int ce = cb + ATTN_CB < it->HI ? cb + ATTN_CB : it->HI;
+        for (int t = 0; t < it->nt; t++) {
+            const int c0 = cb > it->lo[t] ? cb : it->lo[t], c1 = ce < it->hi[t] ? ce : it->hi[t];
             if (c0 >= c1)
                 continue;
-            float *st = S + (size_t)t * G * ld;
-            const float *qnt = qn + (size_t)t * G * D, *qft = qf + (size_t)t * G * D;
-            const int32_t qpos = a->q_pos[t0 + t];
+            float *st = it->S + (size_t)t * G * ld;
+            const float *qnt = it->qn + (size_t)t * G * D, *qft = it->qf + (size_t)t * G * D;
+            const int32_t qpos = a->q_pos[it->t0 + t];
             // near keys are those with pos > qpos - W: a contiguous run only
             // when cells are in position order, so the choice is per cell,
             // computed in runs of cells of the same kind.
@@ -710,7 +742,7 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
                 while (e < c1 && (!kf || se_is_near(qpos, a->cell_pos[e], a->se_w)) == near)
                     e++;
 #ifdef ATTN_X86
-                if (avx2)
+                if (j->st->avx2)
                     attn_scores_avx2(st, ld, near ? qnt : qft, G, near ? kn : kf, ldk, c, e, D);
                 else
 #endif
@@ -719,15 +751,20 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
             }
         }
     }
+}
 
-    // mask, max, exp, sums
-    for (int t = 0; t < nt; t++) {
-        if (lo[t] >= hi[t])
+// Mask, max, exp and the softmax sums of every row.
+static void attn_item_softmax(const struct attn_job *j, struct attn_item *it) {
+    const struct attn_args *a = j->a;
+    const bool avx2 = j->st->avx2;
+    (void)avx2;
+    for (int t = 0; t < it->nt; t++) {
+        if (it->lo[t] >= it->hi[t])
             continue;
-        const int c0 = lo[t], c1 = hi[t];
-        const unsigned char *vt = vis + (size_t)t * ld;
-        for (int g = 0; g < G; g++) {
-            float *s = S + (size_t)(t * G + g) * ld;
+        const int c0 = it->lo[t], c1 = it->hi[t];
+        const unsigned char *vt = it->vis + (size_t)t * j->ld;
+        for (int g = 0; g < it->G; g++) {
+            float *s = it->S + (size_t)(t * it->G + g) * j->ld;
             float mx;
 #ifdef ATTN_X86
             if (avx2)
@@ -742,52 +779,72 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
 #endif
                 attn_exp_plain(s, c0, c1, mx);
             float *w = s + c0;
-            if (n_vis[t] != c1 - c0) { // holes: the visible weights, packed
+            if (it->n_vis[t] != c1 - c0) { // holes: the visible weights, packed
                 int k = 0;
                 for (int c = c0; c < c1; c++)
                     if (vt[c])
-                        packed[k++] = s[c];
-                w = packed;
+                        it->packed[k++] = s[c];
+                w = it->packed;
             }
 #ifdef ATTN_X86
             if (avx2)
-                sum[t * G + g] = attn_sum_avx2(w, n_vis[t]);
+                it->sum[t * it->G + g] = attn_sum_avx2(w, it->n_vis[t]);
             else
 #endif
-                sum[t * G + g] = attn_sum_plain(w, n_vis[t]);
+                it->sum[t * it->G + g] = attn_sum_plain(w, it->n_vis[t]);
         }
     }
+}
 
-    // P.V, the same tiles
-    for (int cb = LO; cb < HI; cb += ATTN_CB) {
-        const int ce = cb + ATTN_CB < HI ? cb + ATTN_CB : HI;
-        for (int t = 0; t < nt; t++) {
-            const int c0 = cb > lo[t] ? cb : lo[t], c1 = ce < hi[t] ? ce : hi[t];
+// P.V over the same tiles, then each row divided by its sum into out.
+static void attn_item_output(const struct attn_job *j, struct attn_item *it) {
+    const struct attn_args *a = j->a;
+    const int Dv = a->head_dim_v, G = it->G;
+    const size_t ld = j->ld, ldv = (size_t)a->n_head_kv * Dv;
+    const float *v = j->v + (size_t)it->hk * Dv;
+    memset(it->acc, 0, (size_t)it->R * Dv * sizeof(float));
+    for (int cb = it->LO; cb < it->HI; cb += ATTN_CB) {
+        const int ce = cb + ATTN_CB < it->HI ? cb + ATTN_CB : it->HI;
+        for (int t = 0; t < it->nt; t++) {
+            const int c0 = cb > it->lo[t] ? cb : it->lo[t], c1 = ce < it->hi[t] ? ce : it->hi[t];
             if (c0 >= c1)
                 continue;
+            float *acc = it->acc + (size_t)t * G * Dv;
+            const float *w = it->S + (size_t)t * G * ld;
 #ifdef ATTN_X86
-            if (avx2)
-                attn_pv_avx2(acc + (size_t)t * G * Dv, G, S + (size_t)t * G * ld, ld, v, ldv, c0,
-                             c1, Dv);
+            if (j->st->avx2)
+                attn_pv_avx2(acc, G, w, ld, v, ldv, c0, c1, Dv);
             else
 #endif
-                attn_pv_plain(acc + (size_t)t * G * Dv, G, S + (size_t)t * G * ld, ld, v, ldv, c0,
-                              c1, Dv);
+                attn_pv_plain(acc, G, w, ld, v, ldv, c0, c1, Dv);
         }
     }
-
-    for (int t = 0; t < nt; t++)
+    for (int t = 0; t < it->nt; t++)
         for (int g = 0; g < G; g++) {
             const int r = t * G + g;
-            float *out = a->out + ((size_t)(t0 + t) * a->n_head + (size_t)hk * G + g) * Dv;
-            if (lo[t] >= hi[t]) { // a row that sees nothing is defined as zeros
+            float *out = a->out + ((size_t)(it->t0 + t) * a->n_head + (size_t)it->hk * G + g) * Dv;
+            if (it->lo[t] >= it->hi[t]) { // a row that sees nothing is defined as zeros
                 memset(out, 0, (size_t)Dv * sizeof(float));
                 continue;
             }
-            const float inv = 1.0f / sum[r];
+            const float inv = 1.0f / it->sum[r];
             for (int d = 0; d < Dv; d++)
-                out[d] = acc[(size_t)r * Dv + d] * inv;
+                out[d] = it->acc[(size_t)r * Dv + d] * inv;
         }
+}
+
+// Tokens [t0, t0 + nt) x KV head hk, in the steps above.
+static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *scr, float *cs_tmp) {
+    struct attn_item it;
+    attn_item_init(j, t0, nt, hk, scr, &it);
+    int kp_seq = -1;
+    for (int t = 0; t < nt; t++) {
+        attn_item_visibility(j, &it, t, &kp_seq);
+        attn_item_queries(j, &it, t, cs_tmp);
+    }
+    attn_item_scores(j, &it);
+    attn_item_softmax(j, &it);
+    attn_item_output(j, &it);
 }
 
 static void attn_items_range(void *ctx, int64_t i0, int64_t i1, int thread) {
