@@ -300,3 +300,39 @@ Test(cpu_q8, backend_matmul_uses_it_for_every_batch) {
     free(out);
     free(xq);
 }
+
+// matmul_multi quantizes x once for its q8 matrices. When its first matrix
+// takes another path (F16 here), nothing of an earlier call may be reused:
+// two calls with the same x buffer holding different values must each match
+// separate matmuls of their own x, bit for bit.
+Test(cpu_q8, matmul_multi_never_reuses_an_earlier_calls_x) {
+    if (cpu_q8_isa() == CPU_Q8_ISA_NONE)
+        cr_skip_test("no AVX2");
+    rng_seed(106);
+    struct backend *be = NULL;
+    struct verr err = {0};
+    cr_assert_eq(backend_cpu_create(&be, 2, &err), 0, "%s", err.msg);
+    be->act_q8 = true;
+    const int64_t n_in = 256, n_out = 24;
+    const int n_tok = 3;
+    uint8_t *w16 = rand_blocks(GGML_TYPE_F16, n_in, n_out, RAND_SIGN_FIRST);
+    uint8_t *wq = rand_blocks(GGML_TYPE_Q4_0, n_in, n_out, RAND_SIGN_FIRST);
+    const struct backend_weight b16 = {
+        .data = w16, .type = GGML_TYPE_F16, .n_in = n_in, .n_out = n_out};
+    const struct backend_weight bq = {
+        .data = wq, .type = GGML_TYPE_Q4_0, .n_in = n_in, .n_out = n_out};
+    float *x = rand_x(n_in, n_tok), *x2 = rand_x(n_in, n_tok);
+    float o0[3 * 24], o1[3 * 24], ref[3 * 24];
+    const struct backend_mm mm[2] = {{.out = o0, .w = &b16}, {.out = o1, .w = &bq}};
+    cr_assert_eq(be->ops->matmul_multi(be, mm, 2, x, n_tok), 0, "%s", be->err.msg);
+    memcpy(x, x2, sizeof(float) * (size_t)(n_in * n_tok)); // same buffer, new values
+    cr_assert_eq(be->ops->matmul_multi(be, mm, 2, x, n_tok), 0, "%s", be->err.msg);
+    cr_assert_eq(be->ops->matmul(be, ref, &bq, x2, NULL, n_tok), 0, "%s", be->err.msg);
+    cr_assert_eq(memcmp(o1, ref, sizeof ref), 0,
+                 "the second matmul_multi used the first call's quantized x");
+    be->ops->destroy(be);
+    free(w16);
+    free(wq);
+    free(x);
+    free(x2);
+}

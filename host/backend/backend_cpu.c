@@ -29,18 +29,18 @@
 struct cpu_state {
     struct threadpool *pool;
     int n_threads;
-    float **scratch;      // [n_threads] buffers of scratch_bytes each (64-byte aligned)
+    float **scratch; // [n_threads] buffers of scratch_bytes each (64-byte aligned)
     size_t scratch_bytes;
     struct cpu_attn *attn; // attention's buffers, made on its first call (cpu_attention.h)
-    void *xq; // act_q8: the q8_1 activations of the current matmul (64-byte aligned)
+    void *xq;              // act_q8: the q8_1 activations of the current matmul (64-byte aligned)
     size_t xq_bytes;
     enum cpu_q8_isa q8_isa; // act_q8's SIMD kernels (cpu_q8.h), NONE: the reference dots
-    // The activations xq holds (cpu_matmul_q8_fast): quantized from xq_src;
-    // reused only while xq_shared is set, by a fused op whose matrices all
-    // read the same x during the one call (matmul_multi, the gated matmuls).
-    const float *xq_src;
-    int64_t xq_n_in;
-    int xq_n_tok;
+    // xq_valid: xq holds the activations of the op running now, quantized by
+    // an earlier matrix of it. Set by cpu_matmul_q8_fast, cleared by every
+    // matmul that is not marked xq_shared; a fused op whose matrices all read
+    // the same x (matmul_multi, the gated matmuls) marks its later matrices
+    // xq_shared, so they skip quantizing again.
+    bool xq_valid;
     bool xq_shared;
 };
 
@@ -67,9 +67,8 @@ static int cpu_scratch_reserve(struct backend *be, size_t bytes, const char *wha
                 st->scratch[j] = NULL;
             }
             st->scratch_bytes = 0;
-            return verr_set(&be->err, VERR_NOMEM,
-                            "%s: out of memory for %d x %zu bytes of scratch", what,
-                            st->n_threads, sz);
+            return verr_set(&be->err, VERR_NOMEM, "%s: out of memory for %d x %zu bytes of scratch",
+                            what, st->n_threads, sz);
         }
     }
     st->scratch_bytes = sz;
@@ -157,8 +156,7 @@ static int cpu_memset_zero(struct backend *be, void *dst, size_t bytes) {
     if (bytes == 0)
         return VERR_OK;
     if (!dst)
-        return verr_set(&be->err, VERR_RANGE, "cpu memset_zero: NULL pointer for %zu bytes",
-                        bytes);
+        return verr_set(&be->err, VERR_RANGE, "cpu memset_zero: NULL pointer for %zu bytes", bytes);
     memset(dst, 0, bytes);
     return VERR_OK;
 }
@@ -179,8 +177,8 @@ static int cpu_check_weight(struct backend *be, const struct backend_weight *w, 
         return verr_set(&be->err, VERR_RANGE, "cpu %s: weight shape %lld x %lld is empty", what,
                         (long long)w->n_out, (long long)w->n_in);
     if (!quant_can_dequantize(w->type))
-        return verr_set(&be->err, VERR_UNSUPPORTED, "cpu %s: weight type %s is not supported",
-                        what, ggml_type_name(w->type));
+        return verr_set(&be->err, VERR_UNSUPPORTED, "cpu %s: weight type %s is not supported", what,
+                        ggml_type_name(w->type));
     *row_bytes = ggml_row_bytes(w->type, w->n_in);
     if (*row_bytes == 0)
         return verr_set(&be->err, VERR_RANGE,
@@ -217,9 +215,9 @@ static int cpu_embed(struct backend *be, float *out, const struct backend_weight
 // rms_norm
 
 struct rms_job {
-    float *out;         // [n_rows][n]
-    const float *x;     // [n_rows][n]
-    const float *w;     // [n]
+    float *out;     // [n_rows][n]
+    const float *x; // [n_rows][n]
+    const float *w; // [n]
     int n;
     float eps;
 };
@@ -242,8 +240,8 @@ static void rms_norm_range(void *ctx, int64_t r0, int64_t r1, int thread) {
     }
 }
 
-static int cpu_rms_norm(struct backend *be, float *out, const float *x, const float *w,
-                        int n_rows, int n, float eps) {
+static int cpu_rms_norm(struct backend *be, float *out, const float *x, const float *w, int n_rows,
+                        int n, float eps) {
     if (n_rows < 0 || n <= 0)
         return verr_set(&be->err, VERR_RANGE, "cpu rms_norm: shape %d x %d", n_rows, n);
     if (n_rows == 0)
@@ -270,17 +268,17 @@ static int cpu_rms_norm(struct backend *be, float *out, const float *x, const fl
 // whether it comes alone or in a batch (tests/test_ops_cpu.c checks this).
 
 struct mm_job {
-    float *out;                     // [n_tok][w->n_out]
+    float *out; // [n_tok][w->n_out]
     const struct backend_weight *w;
-    const float *x;                 // [n_tok][w->n_in]
-    const float *bias;              // [w->n_out] or NULL
+    const float *x;    // [n_tok][w->n_in]
+    const float *bias; // [w->n_out] or NULL
     int n_tok;
-    size_t row_bytes;               // of one stored weight row
-    bool accumulate;                // out += W x (matmul_add) instead of out = W x
-    const uint8_t *xq;              // act_q8: x as q8_1 rows of xq_row bytes, else NULL
+    size_t row_bytes;  // of one stored weight row
+    bool accumulate;   // out += W x (matmul_add) instead of out = W x
+    const uint8_t *xq; // act_q8: x as q8_1 rows of xq_row bytes, else NULL
     size_t xq_row;
     int64_t rows_per_block;
-    float **scratch;                // per thread [rows_per_block][w->n_in]
+    float **scratch;    // per thread [rows_per_block][w->n_in]
     _Atomic int failed; // a dequantization error (not expected after the checks)
 };
 
@@ -326,8 +324,8 @@ static void mm_batch_range(void *ctx, int64_t b0, int64_t b1, int thread) {
         const int64_t o1 = o0 + j->rows_per_block < n_out ? o0 + j->rows_per_block : n_out;
         for (int64_t o = o0; o < o1; o++) {
             float *dst = deq + (size_t)(o - o0) * n_in;
-            if (quant_dequantize_row(j->w->type, wd + (size_t)o * j->row_bytes, dst, n_in,
-                                     NULL) != 0) {
+            if (quant_dequantize_row(j->w->type, wd + (size_t)o * j->row_bytes, dst, n_in, NULL) !=
+                0) {
                 atomic_store(&j->failed, 1);
                 memset(dst, 0, (size_t)n_in * sizeof(float));
             }
@@ -357,26 +355,27 @@ static int cpu_xq_reserve(struct backend *be, size_t bytes) {
     free(st->xq);
     st->xq = p;
     st->xq_bytes = sz;
+    st->xq_valid = false;
     return VERR_OK;
 }
 
 // act_q8 with the SIMD kernels (cpu_q8.h), for every batch size: the tokens
-// are quantized in parallel (each thread's q8_1 row in its scratch), then
-// the rows are split across threads.
+// are quantized in parallel (unless an earlier matrix of the same fused op
+// did, xq_valid), then the rows are split across threads.
 struct q8_fill_job {
     struct cpu_q8_x *x;
     const float *src; // [n_tok][n_in]
     int64_t n_in;
-    enum cpu_q8_isa isa;
-    float **scratch;
+    enum cpu_q8_isa isa; // not NONE: the SIMD fill, which needs no scratch
     _Atomic int failed;
 };
 
 static void q8_fill_range(void *ctx, int64_t t0, int64_t t1, int thread) {
+    (void)thread;
     struct q8_fill_job *f = ctx;
     for (int64_t t = t0; t < t1; t++)
-        if (cpu_q8_x_fill(f->isa, f->x, (int)t, f->src + (size_t)t * (size_t)f->n_in, f->n_in,
-                          f->scratch[thread], NULL) != 0)
+        if (cpu_q8_x_fill(f->isa, f->x, (int)t, f->src + (size_t)t * (size_t)f->n_in, f->n_in, NULL,
+                          NULL) != 0)
             atomic_store(&f->failed, 1);
 }
 
@@ -399,28 +398,27 @@ static int cpu_matmul_q8_fast(struct backend *be, const struct mm_job *j) {
         return verr_set(&be->err, VERR_RANGE, "cpu matmul: n_in %lld is not a multiple of 32",
                         (long long)w->n_in);
     int rc = cpu_xq_reserve(be, bytes);
-    if (!rc)
-        rc = cpu_scratch_reserve(be, (size_t)quant_q8_1_row_bytes(w->n_in), "cpu matmul");
     if (rc)
         return rc;
     struct cpu_q8_x x;
     cpu_q8_x_init(&x, st->xq, w->n_in, j->n_tok);
-    if (!st->xq_shared || st->xq_src != j->x || st->xq_n_in != w->n_in ||
-        st->xq_n_tok != j->n_tok) {
-        struct q8_fill_job f = {
-            .x = &x, .src = j->x, .n_in = w->n_in, .isa = st->q8_isa, .scratch = st->scratch};
+    if (!st->xq_valid) {
+        struct q8_fill_job f = {.x = &x, .src = j->x, .n_in = w->n_in, .isa = st->q8_isa};
         atomic_init(&f.failed, 0);
-        st->xq_src = NULL;
         threadpool_parallel_for(st->pool, j->n_tok, cpu_grain(w->n_in * 4), q8_fill_range, &f);
         if (atomic_load(&f.failed))
             return verr_set(&be->err, VERR_RANGE, "cpu matmul: quantizing the activations failed");
-        st->xq_src = j->x;
-        st->xq_n_in = w->n_in;
-        st->xq_n_tok = j->n_tok;
+        st->xq_valid = true;
     }
     struct q8_rows_job r = {
-        .q = {.w = w->data, .wtype = w->type, .row_bytes = j->row_bytes, .n_in = w->n_in,
-              .n_out = w->n_out, .x = &x, .out = j->out, .bias = j->bias,
+        .q = {.w = w->data,
+              .wtype = w->type,
+              .row_bytes = j->row_bytes,
+              .n_in = w->n_in,
+              .n_out = w->n_out,
+              .x = &x,
+              .out = j->out,
+              .bias = j->bias,
               .accumulate = j->accumulate},
         .isa = st->q8_isa,
     };
@@ -442,9 +440,17 @@ static int cpu_matmul_impl(struct backend *be, float *out, const struct backend_
     if (!out || !x)
         return verr_set(&be->err, VERR_RANGE, "cpu matmul: NULL out or x");
     struct cpu_state *st = cpu_state_of(be);
+    if (!st->xq_shared) // a new x: nothing quantized before may be reused
+        st->xq_valid = false;
     struct mm_job j = {
-        .out = out, .w = w, .x = x, .bias = bias, .n_tok = n_tok, .row_bytes = rb,
-        .accumulate = accumulate, .scratch = st->scratch,
+        .out = out,
+        .w = w,
+        .x = x,
+        .bias = bias,
+        .n_tok = n_tok,
+        .row_bytes = rb,
+        .accumulate = accumulate,
+        .scratch = st->scratch,
     };
     atomic_init(&j.failed, 0);
     if (be->act_q8 && quant_q8_1_dot_supported(w->type) && st->q8_isa != CPU_Q8_ISA_NONE)
@@ -500,7 +506,8 @@ static int cpu_matmul_multi(struct backend *be, const struct backend_mm *mm, int
     for (int i = 0; i < n; i++) {
         if (!mm[i].w || mm[i].w->n_in != mm[0].w->n_in)
             return verr_set(&be->err, VERR_RANGE,
-                            "cpu matmul_multi: matrix %d: missing or n_in differs from matrix 0", i);
+                            "cpu matmul_multi: matrix %d: missing or n_in differs from matrix 0",
+                            i);
         cpu_state_of(be)->xq_shared = i > 0; // the same x for every matrix
         int rc = cpu_matmul(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
         cpu_state_of(be)->xq_shared = false;
@@ -559,21 +566,21 @@ static int cpu_matmul_geglu(struct backend *be, float *out, float *up_tmp,
 struct rope_job {
     const struct rope_params *rp;
     struct rope_consts rc;
-    float **scratch;         // per thread [n_rot/2][2]
+    float **scratch; // per thread [n_rot/2][2]
     // rope / rope_kv_store
-    float *x;                // [n_tok][n_head][head_dim]
-    const int32_t *pos;      // [n_tok]
+    float *x;           // [n_tok][n_head][head_dim]
+    const int32_t *pos; // [n_tok]
     int n_head;
     int head_dim;
     // rope_kv_store
-    const float *v;          // [n_tok][n_head][head_dim_v]
-    void *k_cache;           // [n_ctx][n_head][head_dim]
-    void *v_cache;           // [n_ctx][n_head][head_dim_v]
+    const float *v; // [n_tok][n_head][head_dim_v]
+    void *k_cache;  // [n_ctx][n_head][head_dim]
+    void *v_cache;  // [n_ctx][n_head][head_dim_v]
     enum ggml_type type_k, type_v;
-    const int32_t *cells;    // [n_tok]
+    const int32_t *cells; // [n_tok]
     int head_dim_v;
     // kv_shift
-    const int32_t *delta;    // [n_ctx]
+    const int32_t *delta; // [n_ctx]
     int n_layer;
     int n_ctx;
 };
@@ -594,8 +601,8 @@ static void rope_tokens_range(void *ctx, int64_t t0, int64_t t1, int thread) {
             const size_t vrow = (size_t)j->n_head * j->head_dim_v;
             cpu_store_row((char *)j->k_cache + c * row * cpu_cache_elt_size(j->type_k), j->type_k,
                           j->x + t * row, (int64_t)row);
-            cpu_store_row((char *)j->v_cache + c * vrow * cpu_cache_elt_size(j->type_v),
-                          j->type_v, j->v + t * vrow, (int64_t)vrow);
+            cpu_store_row((char *)j->v_cache + c * vrow * cpu_cache_elt_size(j->type_v), j->type_v,
+                          j->v + t * vrow, (int64_t)vrow);
         }
     }
 }
@@ -636,16 +643,24 @@ static int cpu_rope_kv_store(struct backend *be, float *q, int n_head, float *k,
                              int n_tok, int n_head_kv, int head_dim, int head_dim_v,
                              const struct rope_params *rp) {
     if (n_tok < 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim_v <= 0)
-        return verr_set(&be->err, VERR_RANGE, "cpu rope_kv_store: shape %d x %d x (%d, %d)",
-                        n_tok, n_head_kv, head_dim, head_dim_v);
+        return verr_set(&be->err, VERR_RANGE, "cpu rope_kv_store: shape %d x %d x (%d, %d)", n_tok,
+                        n_head_kv, head_dim, head_dim_v);
     if (!cpu_is_cache_type(type_k) || !cpu_is_cache_type(type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "cpu rope_kv_store: cache types %s/%s, only f32 and f16 are supported",
                         ggml_type_name(type_k), ggml_type_name(type_v));
     struct rope_job j = {
-        .x = k, .pos = pos, .n_head = n_head_kv, .head_dim = head_dim, .v = v,
-        .k_cache = k_cache, .v_cache = v_cache, .type_k = type_k, .type_v = type_v,
-        .cells = cells, .head_dim_v = head_dim_v,
+        .x = k,
+        .pos = pos,
+        .n_head = n_head_kv,
+        .head_dim = head_dim,
+        .v = v,
+        .k_cache = k_cache,
+        .v_cache = v_cache,
+        .type_k = type_k,
+        .type_v = type_v,
+        .cells = cells,
+        .head_dim_v = head_dim_v,
     };
     int rc = rp ? cpu_rope_prepare(be, &j, rp, head_dim, true, "cpu rope_kv_store") : VERR_OK;
     if (rc || n_tok == 0)
@@ -667,8 +682,8 @@ static int cpu_rope_kv_store(struct backend *be, float *q, int n_head, float *k,
 static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {
     const struct rope_job *j = ctx;
     float *cs = j->scratch[thread];
-    const size_t row = (size_t)j->n_head * j->head_dim;      // elements of one cell
-    const size_t layer = (size_t)j->n_ctx * row;             // elements of one layer
+    const size_t row = (size_t)j->n_head * j->head_dim; // elements of one cell
+    const size_t layer = (size_t)j->n_ctx * row;        // elements of one layer
     for (int64_t c = c0; c < c1; c++) {
         if (j->delta[c] == 0)
             continue;
@@ -679,8 +694,7 @@ static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {
                 if (j->type_k == GGML_TYPE_F32)
                     rope_rotate_f32((float *)j->k_cache + off, cs, j->rp->n_rot, j->rp->mode);
                 else
-                    rope_rotate_f16((uint16_t *)j->k_cache + off, cs, j->rp->n_rot,
-                                    j->rp->mode);
+                    rope_rotate_f16((uint16_t *)j->k_cache + off, cs, j->rp->n_rot, j->rp->mode);
             }
         }
     }
@@ -697,8 +711,13 @@ static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k
                         "cpu kv_shift: cache type %s, only f32 and f16 are supported",
                         ggml_type_name(type_k));
     struct rope_job j = {
-        .n_head = n_head_kv, .head_dim = head_dim, .k_cache = k_cache, .type_k = type_k,
-        .delta = delta, .n_layer = n_layer, .n_ctx = n_ctx,
+        .n_head = n_head_kv,
+        .head_dim = head_dim,
+        .k_cache = k_cache,
+        .type_k = type_k,
+        .delta = delta,
+        .n_layer = n_layer,
+        .n_ctx = n_ctx,
     };
     // magnitude = false: a pure rotation; K carries attn_factor / mscale from
     // the store already, and llama.cpp's re-application on every shift grows
@@ -709,8 +728,7 @@ static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k
     if (!k_cache || !delta)
         return verr_set(&be->err, VERR_RANGE, "cpu kv_shift: NULL k_cache or delta");
     threadpool_parallel_for(cpu_state_of(be)->pool, n_ctx,
-                            cpu_grain((int64_t)n_layer * n_head_kv * head_dim), kv_shift_range,
-                            &j);
+                            cpu_grain((int64_t)n_layer * n_head_kv * head_dim), kv_shift_range, &j);
     return VERR_OK;
 }
 
@@ -837,16 +855,16 @@ static int cpu_get_rows(struct backend *be, float *out, const float *x, const in
         return verr_set(&be->err, VERR_RANGE, "cpu get_rows: NULL pointer");
     for (int r = 0; r < n_out_rows; r++)
         if (rows[r] < 0)
-            return verr_set(&be->err, VERR_RANGE, "cpu get_rows: row %d at %d is negative",
-                            rows[r], r);
+            return verr_set(&be->err, VERR_RANGE, "cpu get_rows: row %d at %d is negative", rows[r],
+                            r);
     for (int r = 0; r < n_out_rows; r++)
         memmove(out + (size_t)r * n, x + (size_t)rows[r] * n, (size_t)n * sizeof(float));
     return VERR_OK;
 }
 
 struct argmax_job {
-    int32_t *out;           // [n_rows]
-    const float *logits;    // [n_rows][n_vocab]
+    int32_t *out;        // [n_rows]
+    const float *logits; // [n_rows][n_vocab]
     int n_vocab;
 };
 
@@ -886,8 +904,8 @@ static int cpu_argmax(struct backend *be, int32_t *out, const float *logits, int
 // sample: host/sampler.c's chain, row by row, with the draws given
 
 struct sample_job {
-    int32_t *out;                   // [n_rows]
-    const float *logits;            // [n_rows][n_vocab]
+    int32_t *out;        // [n_rows]
+    const float *logits; // [n_rows][n_vocab]
     int n_vocab;
     const struct sample_params *sp; // [n_rows]
     float **scratch;                // per thread [n_vocab] struct sampler_cand
