@@ -716,6 +716,15 @@ static void attn_item_queries(const struct attn_job *j, struct attn_item *it, in
     }
 }
 
+// Cells [*c0, *c1) of the tile starting at cb that token t may see (its
+// visible range clipped to the tile); false when there are none.
+static inline bool attn_item_tile(const struct attn_item *it, int cb, int t, int *c0, int *c1) {
+    const int ce = cb + ATTN_CB < it->HI ? cb + ATTN_CB : it->HI;
+    *c0 = cb > it->lo[t] ? cb : it->lo[t];
+    *c1 = ce < it->hi[t] ? ce : it->hi[t];
+    return *c0 < *c1;
+}
+
 // Scores, a tile of cells at a time for every token.
 static void attn_item_scores(const struct attn_job *j, struct attn_item *it) {
     const struct attn_args *a = j->a;
@@ -724,10 +733,9 @@ static void attn_item_scores(const struct attn_job *j, struct attn_item *it) {
     const float *kn = j->k_near + (size_t)it->hk * D;
     const float *kf = j->k_far ? j->k_far + (size_t)it->hk * D : NULL;
     for (int cb = it->LO; cb < it->HI; cb += ATTN_CB) {
-        const int ce = cb + ATTN_CB < it->HI ? cb + ATTN_CB : it->HI;
         for (int t = 0; t < it->nt; t++) {
-            const int c0 = cb > it->lo[t] ? cb : it->lo[t], c1 = ce < it->hi[t] ? ce : it->hi[t];
-            if (c0 >= c1)
+            int c0, c1;
+            if (!attn_item_tile(it, cb, t, &c0, &c1))
                 continue;
             float *st = it->S + (size_t)t * G * ld;
             const float *qnt = it->qn + (size_t)t * G * D, *qft = it->qf + (size_t)t * G * D;
@@ -804,10 +812,9 @@ static void attn_item_output(const struct attn_job *j, struct attn_item *it) {
     const float *v = j->v + (size_t)it->hk * Dv;
     memset(it->acc, 0, (size_t)it->R * Dv * sizeof(float));
     for (int cb = it->LO; cb < it->HI; cb += ATTN_CB) {
-        const int ce = cb + ATTN_CB < it->HI ? cb + ATTN_CB : it->HI;
         for (int t = 0; t < it->nt; t++) {
-            const int c0 = cb > it->lo[t] ? cb : it->lo[t], c1 = ce < it->hi[t] ? ce : it->hi[t];
-            if (c0 >= c1)
+            int c0, c1;
+            if (!attn_item_tile(it, cb, t, &c0, &c1))
                 continue;
             float *acc = it->acc + (size_t)t * G * Dv;
             const float *w = it->S + (size_t)t * G * ld;
