@@ -109,6 +109,11 @@ struct cuda_attn {
     // picks each score's rotations (attn_tc_kernel: on its f16 tiles).
     int rope_on;
     int se_g, se_w;
+    // NULL, or per query token t: q_se[2t] = G, q_se[2t + 1] = W (device
+    // memory), replacing se_g / se_w for that token (struct attn_args.q_se:
+    // G < 1 reads as 1, W < 1 as 1). A block whose rows use several G > 1
+    // rotates its K tile once per distinct G.
+    const int32_t *q_se; // [n_tok][2] or NULL
     struct cuda_rope rope;
 };
 
