@@ -690,3 +690,159 @@ Test(exact_selfextend, cli_flags_and_errors) {
     cr_assert(strstr(errs, "W (neighbor window) = '0'"), "%s", errs);
     fixture_close(&fx);
 }
+
+// --- the attention op with (G, W) per query token (struct attn_args.q_se) ----
+
+// One mixed call of the CPU attention op against ref_attention, token by
+// token: sequences 0, 1 and 5 of 120, 70 and 30 cells shuffled through the
+// cache (with empty cells), 16 query tokens of the three interleaved, each
+// with its own (G, W): G = 1, (4, 16), (3, 100: wider than two of the
+// sequences) and (2, 8). NeoX RoPE on 24 of 32 dims; F32 and F16 caches (the
+// reference reads the cache's values, F16 ones decoded).
+// Tolerance 2e-6 absolute on outputs bounded by max |v| = 1: q and K are
+// rotated in float32 from float32 cos/sin (errors of a few 1e-7 relative),
+// scores are dots of 32 float products (|q k| <= 1, ~6 roundings, scaled by
+// 1/sqrt(32)), which moves each softmax weight by a few 1e-7 relative, and
+// the float sums over <= 120 cells add about as much (worst seen ~1e-7); a
+// wrong rule (a token given another token's G or W) moves outputs by 1e-2
+// and more.
+Test(exact_selfextend, op_per_token_g_w_matches_the_formula) {
+    enum { H = 6, HK = 2, D = 32, NKV = 240, NT = 16 };
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "qwen2");
+    c.n_head = H;
+    c.n_head_kv = HK;
+    c.head_dim = D;
+    const struct tiny_rope r = {.neox = 1,
+                                .n_rot = 24,
+                                .n_ctx_orig = 64,
+                                .freq_base = 10000,
+                                .freq_scale = 1,
+                                .attn_factor = 1,
+                                .beta_fast = 32,
+                                .beta_slow = 1};
+    const struct rope_params rp = {.mode = ROPE_MODE_NEOX,
+                                   .n_rot = 24,
+                                   .n_ctx_orig = 64,
+                                   .freq_base = 10000,
+                                   .freq_scale = 1,
+                                   .attn_factor = 1,
+                                   .beta_fast = 32,
+                                   .beta_slow = 1};
+    const int seqs[3] = {0, 1, 5}, len[3] = {120, 70, 30};
+    const int gw[4][2] = {{1, 1}, {4, 16}, {3, 100}, {2, 8}};
+    struct backend *be;
+    struct verr err = {0};
+    cr_assert_eq(backend_cpu_create(&be, 2, &err), 0, "%s", err.msg);
+    uint64_t s = 77;
+    // per sequence: Q, K, V rows [len][...] at positions 0 .. len-1 (double)
+    double *Q[3], *K[3], *Vv[3];
+    for (int q = 0; q < 3; q++) {
+        Q[q] = malloc(sizeof(double) * len[q] * H * D);
+        K[q] = malloc(sizeof(double) * len[q] * HK * D);
+        Vv[q] = malloc(sizeof(double) * len[q] * HK * D);
+        for (int i = 0; i < len[q] * H * D; i++)
+            Q[q][i] = (float)tiny_rand(&s);
+    }
+    int32_t cell_pos[NKV], cell_sq[NKV];
+    for (int c0 = 0, q = 0; q < 3; q++)
+        for (int p = 0; p < len[q]; p++, c0++) {
+            cell_pos[c0] = p;
+            cell_sq[c0] = q;
+        }
+    for (int c0 = 220; c0 < NKV; c0++)
+        cell_pos[c0] = cell_sq[c0] = -1;
+    for (int i = NKV - 1; i > 0; i--) { // shuffle
+        const int k = (int)((tiny_rand(&s) + 1) * 0.5 * (i + 1)) % (i + 1);
+        int32_t x = cell_pos[i];
+        cell_pos[i] = cell_pos[k];
+        cell_pos[k] = x;
+        x = cell_sq[i];
+        cell_sq[i] = cell_sq[k];
+        cell_sq[k] = x;
+    }
+    uint64_t cell_seq[NKV];
+    for (int c0 = 0; c0 < NKV; c0++)
+        cell_seq[c0] = cell_sq[c0] < 0 ? 0 : 1ull << seqs[cell_sq[c0]];
+    // tokens: sequence t % 3, positions spread over it, (G, W) t % 4 (so the
+    // pairs rotate over the sequences)
+    int32_t q_pos[NT], q_seq[NT], q_se[2 * NT], q_sq[NT];
+    float q[NT * H * D], out[NT * H * D];
+    for (int t = 0; t < NT; t++) {
+        q_sq[t] = t % 3;
+        q_seq[t] = seqs[q_sq[t]];
+        q_pos[t] = len[q_sq[t]] - 1 - (t / 3) * len[q_sq[t]] / 6;
+        q_se[2 * t] = gw[t % 4][0];
+        q_se[2 * t + 1] = gw[t % 4][1];
+        for (int i = 0; i < H * D; i++)
+            q[t * H * D + i] = (float)Q[q_sq[t]][(size_t)q_pos[t] * H * D + i];
+    }
+    float kf[NKV * HK * D], vf[NKV * HK * D];
+    uint16_t kh[NKV * HK * D], vh[NKV * HK * D];
+    double *att = malloc(sizeof(double) * 120 * H * D), worst[2] = {0, 0};
+    for (int f16 = 0; f16 < 2; f16++) {
+        for (int i = 0; i < NKV * HK * D; i++) {
+            kf[i] = (float)tiny_rand(&s);
+            vf[i] = (float)tiny_rand(&s);
+            kh[i] = quant_f32_to_fp16(kf[i]);
+            vh[i] = quant_f32_to_fp16(vf[i]);
+        }
+        for (int c0 = 0; c0 < NKV; c0++) // the reference's rows: the cache's values
+            for (int i = 0; cell_sq[c0] >= 0 && i < HK * D; i++) {
+                const size_t e = (size_t)c0 * HK * D + i, o = (size_t)cell_pos[c0] * HK * D + i;
+                K[cell_sq[c0]][o] = f16 ? quant_fp16_to_f32(kh[e]) : kf[e];
+                Vv[cell_sq[c0]][o] = f16 ? quant_fp16_to_f32(vh[e]) : vf[e];
+            }
+        const enum ggml_type ty = f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+        struct attn_args a = {
+            .out = out,
+            .q = q,
+            .k = f16 ? (const void *)kh : kf,
+            .v = f16 ? (const void *)vh : vf,
+            .type_k = ty,
+            .type_v = ty,
+            .cell_pos = cell_pos,
+            .cell_seq = cell_seq,
+            .seq_words = 1,
+            .q_pos = q_pos,
+            .q_seq = q_seq,
+            .n_tok = NT,
+            .n_kv = NKV,
+            .n_head = H,
+            .n_head_kv = HK,
+            .head_dim = D,
+            .head_dim_v = D,
+            .scale = 1.0f / sqrtf((float)D),
+            .rope = &rp,
+            .se_g = 1,
+            .se_w = 1,
+            .q_se = q_se,
+        };
+        cr_assert_eq(be->ops->attention(be, &a), 0, "%s", be->err.msg);
+        int32_t pos[120];
+        for (int p = 0; p < 120; p++)
+            pos[p] = p;
+        for (int t = 0; t < NT; t++) {
+            const int sq = q_sq[t];
+            ref_attention(&c, &r, Q[sq], K[sq], Vv[sq], pos, len[sq], q_se[2 * t], q_se[2 * t + 1],
+                          att);
+            for (int i = 0; i < H * D; i++) {
+                const double e = fabs(out[t * H * D + i] - att[(size_t)q_pos[t] * H * D + i]);
+                worst[f16] = fmax(worst[f16], e);
+                cr_expect_leq(e, 2e-6, "%s cache, token %d (seq %d pos %d G %d W %d) [%d]: %g",
+                              f16 ? "f16" : "f32", t, q_seq[t], q_pos[t], q_se[2 * t],
+                              q_se[2 * t + 1], i, e);
+            }
+        }
+    }
+    cr_log_info("op with (G, W) per token vs float64: worst |error| f32 cache %.3g, f16 cache "
+                "%.3g (tol 2e-6)\n",
+                worst[0], worst[1]);
+    for (int k = 0; k < 3; k++) {
+        free(Q[k]);
+        free(K[k]);
+        free(Vv[k]);
+    }
+    free(att);
+    backend_destroy(be);
+}

@@ -900,3 +900,238 @@ Test(cpu, attention_mask_random_vs_naive) {
     backend_destroy(b1);
     backend_destroy(b3);
 }
+
+// ---------------------------------------------------------------------------
+// attention with RoPE inside (the unrotated cache) and exact self-extend per
+// query token (struct attn_args.q_se)
+
+enum { SE_H = 6, SE_HKV = 2, SE_D = 36, SE_DV = 40, SE_SW = 2, SE_MAXTOK = 64, SE_NKV = 310 };
+
+// A batch over an unrotated cache: sequences 0, 1 and 70 (the second bitset
+// word) of 150, 90 and 40 cells at positions 0.., shuffled through the cache
+// with 30 empty cells between them; n_tok query tokens of random sequences at
+// random positions (a few past the sequence's last cell); random q, K, V
+// (F32, or F16 when f16); RoPE on 32 of the 36 dims (normal or NeoX).
+struct se_batch {
+    float *q, *kf, *vf, *out;
+    uint16_t *kh, *vh;
+    int32_t cell_pos[SE_NKV], q_pos[SE_MAXTOK], q_seq[SE_MAXTOK], q_se[2 * SE_MAXTOK];
+    uint64_t cell_seq[SE_NKV * SE_SW];
+    struct rope_params rp;
+    struct attn_args a;
+};
+
+static void se_batch_make(struct se_batch *b, int n_tok, bool f16, bool neox, uint64_t seed) {
+    enum { NKV = SE_NKV };
+    memset(b, 0, sizeof *b);
+    rng_seed(seed);
+    const int seqs[3] = {0, 1, 70}, len[3] = {150, 90, 40};
+    b->q = frand_array((size_t)n_tok * SE_H * SE_D, 1.0f);
+    b->kf = frand_array((size_t)NKV * SE_HKV * SE_D, 1.0f);
+    b->vf = frand_array((size_t)NKV * SE_HKV * SE_DV, 1.0f);
+    b->out = malloc(sizeof(float) * n_tok * SE_H * SE_DV);
+    int c = 0;
+    for (int s = 0; s < 3; s++)
+        for (int p = 0; p < len[s]; p++, c++) {
+            b->cell_pos[c] = p;
+            set_seq(b->cell_seq, SE_SW, c, seqs[s]);
+        }
+    for (; c < NKV; c++)
+        b->cell_pos[c] = -1;
+    for (int i = NKV - 1; i > 0; i--) { // shuffle the cells
+        const int k = irand(0, i);
+        const int32_t p = b->cell_pos[i];
+        b->cell_pos[i] = b->cell_pos[k];
+        b->cell_pos[k] = p;
+        for (int w = 0; w < SE_SW; w++) {
+            const uint64_t x = b->cell_seq[i * SE_SW + w];
+            b->cell_seq[i * SE_SW + w] = b->cell_seq[k * SE_SW + w];
+            b->cell_seq[k * SE_SW + w] = x;
+        }
+    }
+    for (int t = 0; t < n_tok; t++) {
+        const int s = irand(0, 2);
+        b->q_seq[t] = seqs[s];
+        b->q_pos[t] = irand(0, len[s] + 4);
+    }
+    const void *k = b->kf, *v = b->vf;
+    if (f16) {
+        b->kh = malloc(sizeof(uint16_t) * NKV * SE_HKV * SE_D);
+        b->vh = malloc(sizeof(uint16_t) * NKV * SE_HKV * SE_DV);
+        for (int i = 0; i < NKV * SE_HKV * SE_D; i++)
+            b->kh[i] = quant_f32_to_fp16(b->kf[i]);
+        for (int i = 0; i < NKV * SE_HKV * SE_DV; i++)
+            b->vh[i] = quant_f32_to_fp16(b->vf[i]);
+        k = b->kh;
+        v = b->vh;
+    }
+    b->rp = (struct rope_params){
+        .mode = neox ? ROPE_MODE_NEOX : ROPE_MODE_NORMAL,
+        .n_rot = 32,
+        .n_ctx_orig = 64,
+        .freq_base = 10000.0f,
+        .freq_scale = 1.0f,
+        .attn_factor = 1.0f,
+        .beta_fast = 32.0f,
+        .beta_slow = 1.0f,
+    };
+    const enum ggml_type ty = f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    b->a = (struct attn_args){
+        .out = b->out,
+        .q = b->q,
+        .k = k,
+        .v = v,
+        .type_k = ty,
+        .type_v = ty,
+        .cell_pos = b->cell_pos,
+        .cell_seq = b->cell_seq,
+        .seq_words = SE_SW,
+        .q_pos = b->q_pos,
+        .q_seq = b->q_seq,
+        .n_tok = n_tok,
+        .n_kv = NKV,
+        .n_head = SE_H,
+        .n_head_kv = SE_HKV,
+        .head_dim = SE_D,
+        .head_dim_v = SE_DV,
+        .scale = 1.0f / sqrtf((float)SE_D),
+        .rope = &b->rp,
+        .se_g = 1,
+        .se_w = 1,
+    };
+}
+
+static void se_batch_free(struct se_batch *b) {
+    free(b->q);
+    free(b->kf);
+    free(b->vf);
+    free(b->out);
+    free(b->kh);
+    free(b->vh);
+}
+
+// One attention call into out; plain: with VELA_CPU_ATTN=plain, which the
+// backend reads on its first attention call (so a backend is plain or not
+// for its whole life, whichever way it is called later).
+static void se_call(struct backend *be, bool plain, const struct attn_args *a0, float *out) {
+    struct attn_args a = *a0;
+    a.out = out;
+    if (plain)
+        setenv("VELA_CPU_ATTN", "plain", 1);
+    const int rc = be->ops->attention(be, &a);
+    unsetenv("VELA_CPU_ATTN");
+    cr_assert_eq(rc, 0, "%s", be->err.msg);
+}
+
+// Per-token (G, W) choices of the mixed calls, as q_se holds them, and what
+// they read as (G < 1 -> 1, W < 1 -> 1). Set 0: G = 1 (also written as 0 and
+// -2), and G = 4, 3, 2 with W = 16, 100 (above the lengths of sequences 1 and
+// 70) and -3 (-> 1). Set 1: G = 1 .. 9, nine values, more distinct G than
+// the far copies held at once (rounds).
+struct se_choice {
+    int g, w;   // in q_se
+    int rg, rw; // as read
+};
+static const struct se_choice se_set0[] = {
+    {1, 0, 1, 1}, {4, 16, 4, 16}, {3, 100, 3, 100}, {0, 7, 1, 7}, {2, -3, 2, 1}, {-2, 5, 1, 5},
+};
+static const struct se_choice se_set1[] = {
+    {1, 1, 1, 1},   {2, 9, 2, 9},   {3, 13, 3, 13}, {4, 17, 4, 17}, {5, 21, 5, 21},
+    {6, 25, 6, 25}, {7, 29, 7, 29}, {8, 33, 8, 33}, {9, 37, 9, 37},
+};
+
+// Mixed calls (every token its own (G, W) from a set, on 3 threads) against
+// scalar ones (q_se NULL, se_g / se_w = one choice's values, on 1 thread) over
+// the same batch: each token's rows are the scalar call's bit for bit; and
+// the AVX2 kernels' bits are the plain ones'. F32 and F16 caches, normal and
+// NeoX RoPE, 1 to 64 tokens.
+Test(cpu, attention_selfextend_per_token_equals_scalar) {
+    struct backend *b1 = mk_backend(1), *b3 = mk_backend(3);
+    struct backend *p1 = mk_backend(1), *p3 = mk_backend(3); // plain kernels
+    const int ntoks[] = {1, 2, 7, 33, 64};
+    const size_t row = (size_t)SE_H * SE_DV;
+    float *mix = malloc(sizeof(float) * SE_MAXTOK * row),
+          *ref = malloc(sizeof *ref * SE_MAXTOK * row);
+    float *one = malloc(sizeof(float) * SE_MAXTOK * row);
+    int n_far_rows = 0;
+    for (int set = 0; set < 2; set++)
+        for (int f16 = 0; f16 < 2; f16++)
+            for (int ni = 0; ni < 5; ni++) {
+                const struct se_choice *ch = set ? se_set1 : se_set0;
+                const int n_ch = set ? 9 : 6, n = ntoks[ni];
+                struct se_batch b;
+                se_batch_make(&b, n, f16, (ni + set) % 2, 1000 + 100 * set + 10 * f16 + ni);
+                int pick[SE_MAXTOK];
+                for (int t = 0; t < n; t++) {
+                    pick[t] = irand(0, n_ch - 1);
+                    b.q_se[2 * t] = ch[pick[t]].g;
+                    b.q_se[2 * t + 1] = ch[pick[t]].w;
+                    n_far_rows += ch[pick[t]].rg > 1 && b.q_pos[t] >= ch[pick[t]].rw;
+                }
+                b.a.q_se = b.q_se;
+                b.a.se_g = 5; // q_se replaces the scalars
+                b.a.se_w = 3;
+                se_call(b3, false, &b.a, mix);
+                se_call(p3, true, &b.a, ref);
+                cr_expect_arr_eq(mix, ref, sizeof(float) * n * row,
+                                 "set %d f16 %d n_tok %d: AVX2 and plain differ", set, f16, n);
+                struct attn_args s = b.a;
+                s.q_se = NULL;
+                for (int k = 0; k < n_ch; k++) {
+                    s.se_g = ch[k].rg;
+                    s.se_w = ch[k].rw;
+                    for (int plain = 0; plain < 2; plain++) {
+                        se_call(plain ? p1 : b1, plain, &s, one);
+                        for (int t = 0; t < n; t++)
+                            if (pick[t] == k)
+                                cr_expect_arr_eq(mix + t * row, one + t * row, sizeof(float) * row,
+                                                 "set %d f16 %d n_tok %d plain %d: token %d (G %d, "
+                                                 "W %d, pos %d) differs from its scalar call",
+                                                 set, f16, n, plain, t, ch[k].g, ch[k].w,
+                                                 b.q_pos[t]);
+                    }
+                }
+                se_batch_free(&b);
+            }
+    cr_log_info("self-extend per token: %d token rows with far keys compared", n_far_rows);
+    cr_expect_gt(n_far_rows, 100, "the batches exercise far keys");
+    free(mix);
+    free(ref);
+    free(one);
+    backend_destroy(b1);
+    backend_destroy(b3);
+    backend_destroy(p1);
+    backend_destroy(p3);
+}
+
+// q_se with every token at the scalars' (G, W) is the scalar call bit for
+// bit (G = 4 and 3 with W below and above the sequences' lengths, and G = 1),
+// also when the scalars say otherwise (q_se wins).
+Test(cpu, attention_selfextend_uniform_q_se_equals_scalar) {
+    struct backend *be = mk_backend(3);
+    const int gw[4][2] = {{4, 16}, {3, 100}, {1, 1}, {2, 1}};
+    const size_t row = (size_t)SE_H * SE_DV;
+    float *want = malloc(sizeof(float) * SE_MAXTOK * row);
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int k = 0; k < 4; k++) {
+            struct se_batch b;
+            se_batch_make(&b, 33, f16, k % 2, 2000 + 10 * f16 + k);
+            b.a.se_g = gw[k][0];
+            b.a.se_w = gw[k][1];
+            se_call(be, false, &b.a, want);
+            for (int t = 0; t < 33; t++) {
+                b.q_se[2 * t] = gw[k][0];
+                b.q_se[2 * t + 1] = gw[k][1];
+            }
+            b.a.q_se = b.q_se;
+            b.a.se_g = gw[k][0] == 1 ? 4 : 1;
+            b.a.se_w = 8;
+            se_call(be, false, &b.a, b.out);
+            cr_expect_arr_eq(b.out, want, sizeof(float) * 33 * row,
+                             "f16 %d, G %d W %d: q_se differs from the scalars", f16, gw[k][0],
+                             gw[k][1]);
+            se_batch_free(&b);
+        }
+    free(want);
+    backend_destroy(be);
+}

@@ -4,13 +4,21 @@
 // How a call runs:
 //   1. K (and V) are made float32 once per call where the cache is F16; in
 //      the unrotated mode (a->rope) each key is also rotated once per call at
-//      its cell's position (near) and, with G > 1, at pos / G (far), from
-//      cos/sin rows kept per position across calls (struct attn_rope_tab).
+//      its cell's position (near) and, for each distinct G > 1 among the
+//      tokens' self-extend (G, W) (se_g / se_w, or q_se per token), at pos / G
+//      (a far copy per G), from cos/sin rows kept per position across calls
+//      (struct attn_rope_tab). At most ATTN_FAR_MAX far copies exist at once:
+//      with more distinct G the call runs in rounds, each making the far
+//      copies of the next ATTN_FAR_MAX values of G (ascending) and computing
+//      only the rows of the tokens using them (the first round also those
+//      with G = 1, which need no far keys: far equals near).
 //   2. Work items are (block of query tokens, KV head). An item computes the
 //      scores of its query rows (the group of query heads reading that KV
 //      head, for each token of the block) over the visible cells in tiles of
 //      ATTN_CB cells, so that each key tile is read from memory once per item;
 //      then per row: mask, max, exp and the sum; then P.V over the same tiles.
+//      Each token's scores take near or far keys by its own W, the far ones
+//      from its own G's copy.
 //
 // What each output row is, whatever the batch, the block or the thread:
 //   score(c) = dot(q, k_c) * scale, the dot as eight running sums (lane j
@@ -22,7 +30,8 @@
 // Every step is a float multiply or add in a fixed order (no FMA, no
 // reassociation), so the AVX2 kernels and the plain C ones give the same
 // bits, and results are bit-identical for any thread count and batch split.
-// A row that sees nothing is zeros.
+// A row that sees nothing is zeros. A token's rows depend on nothing of the
+// other tokens (their (G, W) included): the same bits in any batch.
 #include "host/backend/cpu_attention.h"
 
 #include <math.h>
@@ -43,6 +52,7 @@
 #define ATTN_CB 64             // cells per tile: 64 keys of 64 floats = 16 KiB, within L1
 #define ATTN_ROWS 48           // query rows per work item (tokens x heads of the group)
 #define ATTN_TAB_MAX (1 << 20) // positions the cos/sin table may hold (beyond: per-call rows)
+#define ATTN_FAR_MAX 4         // far-rotated copies of K at once (distinct G > 1 per round)
 
 // cos/sin rows [pos][n_rot] for positions [0, n), made with rope_cache_fill
 // for the params in rp (and the frequency factors copied in ff): the very
@@ -61,7 +71,7 @@ struct cpu_attn {
     bool avx2;               // the AVX2 kernels run here (same bits as the plain ones)
     unsigned char **scratch; // [n_threads] buffers of scratch_bytes each (64-byte aligned)
     size_t scratch_bytes;
-    float *kbuf; // K as float32: [n_kv][n_head_kv][head_dim] near, then far
+    float *kbuf; // K as float32: [n_kv][n_head_kv][head_dim] near, then the far copies
     size_t kbuf_floats;
     float *vbuf; // V as float32 when the cache is F16: [n_kv][n_head_kv][head_dim_v]
     size_t vbuf_floats;
@@ -458,13 +468,18 @@ struct attn_job {
     const struct attn_args *a;
     struct cpu_attn *st;
     const float *k_near; // [n_kv][n_head_kv][head_dim] float32 (rotated at pos with rope)
-    const float *k_far;  // [n_kv][n_head_kv][head_dim] rotated at pos / G; NULL: no far keys
-    const float *v;      // [n_kv][n_head_kv][head_dim_v] float32
-    int group;           // n_head / n_head_kv
-    int tb;              // tokens per work item
-    int n_tb;            // token blocks
-    size_t ld;           // scores row stride (floats): n_kv rounded up to 8, + 8
-    float **tmp;         // per thread [n_rot]: a cos/sin row beyond the table
+    // The round's far copies: k_far[i] [n_kv][n_head_kv][head_dim] rotated at
+    // pos / far_g[i] (far_g ascending, each > 1); n_far of them.
+    const float *k_far[ATTN_FAR_MAX];
+    int far_g[ATTN_FAR_MAX];
+    int n_far;
+    bool with_g1;   // the round computes the tokens with G = 1 too (the first round)
+    const float *v; // [n_kv][n_head_kv][head_dim_v] float32
+    int group;      // n_head / n_head_kv
+    int tb;         // tokens per work item
+    int n_tb;       // token blocks
+    size_t ld;      // scores row stride (floats): n_kv rounded up to 8, + 8
+    float **tmp;    // per thread [n_rot]: a cos/sin row beyond the table
 };
 
 // F16 -> F32 of the plain path: a table filled once from quant_fp16_to_f32
@@ -515,45 +530,62 @@ static const float *attn_cs_row(const struct cpu_attn *st, const struct rope_par
 struct attn_prep {
     const struct attn_args *a;
     struct cpu_attn *st;
-    float *k_near, *k_far, *v; // NULL where nothing is to be made
-    float **tmp;               // per thread [n_rot] floats
+    float *k_near, *v;          // NULL where nothing is to be made
+    float *k_far[ATTN_FAR_MAX]; // the round's far copies (rope only), for G = far_g[i]
+    const int *far_g;           // [n_far]
+    int n_far;
+    float **tmp; // per thread [n_rot] floats
 };
+
+// Rotates the n_head_kv heads of one key row at position p.
+static void attn_rotate_row(const struct attn_prep *j, float *k, int32_t p, int thread) {
+    const struct rope_params *rp = j->a->rope;
+    const float *cs = attn_cs_row(j->st, rp, p, j->tmp[thread]);
+    for (int h = 0; h < j->a->n_head_kv; h++)
+        rope_rotate_f32(k + (size_t)h * j->a->head_dim, cs, rp->n_rot, rp->mode);
+}
+
+// Cell c's keys: the near row where j->k_near (float32, rotated at its
+// position with rope) and each far copy (rotated at pos / far_g[i]), all from
+// the same widened row (widening is exact). Empty cells get zeros: never
+// visible, and the scores stay finite.
+static void attn_prep_k(const struct attn_prep *j, int64_t c, int thread) {
+    const struct attn_args *a = j->a;
+    const size_t krow = (size_t)a->n_head_kv * a->head_dim;
+    const size_t ek = a->type_k == GGML_TYPE_F16 ? 2 : 4;
+    const int32_t p = a->cell_pos[c];
+    float *kn = j->k_near ? j->k_near + c * krow : NULL;
+    float *src = kn ? kn : j->k_far[0] + c * krow; // n_far >= 1 without k_near
+    if (p < 0) {
+        if (kn)
+            memset(kn, 0, krow * sizeof(float));
+        for (int i = 0; i < j->n_far; i++)
+            memset(j->k_far[i] + c * krow, 0, krow * sizeof(float));
+        return;
+    }
+    attn_widen(src, (const char *)a->k + c * krow * ek, a->type_k, krow, j->st->avx2);
+    if (!a->rope)
+        return;
+    for (int i = 0; i < j->n_far; i++)
+        if (j->k_far[i] + c * krow != src)
+            memcpy(j->k_far[i] + c * krow, src, krow * sizeof(float));
+    if (kn)
+        attn_rotate_row(j, kn, p, thread);
+    for (int i = 0; i < j->n_far; i++)
+        attn_rotate_row(j, j->k_far[i] + c * krow, se_k_pos_far(p, j->far_g[i]), thread);
+}
 
 static void attn_prep_range(void *ctx, int64_t c0, int64_t c1, int thread) {
     const struct attn_prep *j = ctx;
     const struct attn_args *a = j->a;
-    const size_t krow = (size_t)a->n_head_kv * a->head_dim;
     const size_t vrow = (size_t)a->n_head_kv * a->head_dim_v;
-    const size_t ek = a->type_k == GGML_TYPE_F16 ? 2 : 4, ev = a->type_v == GGML_TYPE_F16 ? 2 : 4;
+    const size_t ev = a->type_v == GGML_TYPE_F16 ? 2 : 4;
     for (int64_t c = c0; c < c1; c++) {
-        const int32_t p = a->cell_pos[c];
         if (j->v)
             attn_widen(j->v + c * vrow, (const char *)a->v + c * vrow * ev, a->type_v, vrow,
                        j->st->avx2);
-        if (!j->k_near)
-            continue;
-        float *kn = j->k_near + c * krow;
-        if (p < 0) { // empty: never visible; zeros keep the scores finite
-            memset(kn, 0, krow * sizeof(float));
-            if (j->k_far)
-                memset(j->k_far + c * krow, 0, krow * sizeof(float));
-            continue;
-        }
-        attn_widen(kn, (const char *)a->k + c * krow * ek, a->type_k, krow, j->st->avx2);
-        const struct rope_params *rp = a->rope;
-        if (!rp)
-            continue;
-        float *kf = j->k_far ? j->k_far + c * krow : NULL;
-        if (kf)
-            memcpy(kf, kn, krow * sizeof(float));
-        const float *cs = attn_cs_row(j->st, rp, p, j->tmp[thread]);
-        for (int h = 0; h < a->n_head_kv; h++)
-            rope_rotate_f32(kn + (size_t)h * a->head_dim, cs, rp->n_rot, rp->mode);
-        if (!kf)
-            continue;
-        cs = attn_cs_row(j->st, rp, se_k_pos_far(p, a->se_g), j->tmp[thread]);
-        for (int h = 0; h < a->n_head_kv; h++)
-            rope_rotate_f32(kf + (size_t)h * a->head_dim, cs, rp->n_rot, rp->mode);
+        if (j->k_near || j->n_far)
+            attn_prep_k(j, c, thread);
     }
 }
 
@@ -630,6 +662,9 @@ struct attn_item {
     int32_t *kp;        // [n_kv] cell positions for kp_seq, INT32_MAX: not its
     int lo[ATTN_ROWS], hi[ATTN_ROWS], n_vis[ATTN_ROWS]; // each token's visible range
     int LO, HI;                                         // their union
+    bool on[ATTN_ROWS]; // the token's rows are computed in this round
+    int far[ATTN_ROWS]; // its far copy (index into k_far), -1: no far keys
+    int w[ATTN_ROWS];   // its W (with far >= 0)
 };
 
 static void attn_item_init(const struct attn_job *j, int t0, int nt, int hk, float *scr,
@@ -651,6 +686,31 @@ static void attn_item_init(const struct attn_job *j, int t0, int nt, int hk, flo
     it->kp = (int32_t *)(it->packed + ld);
     it->LO = a->n_kv;
     it->HI = 0;
+}
+
+// Token t's exact self-extend: G and W from q_se (G < 1 and W < 1 read as
+// 1) or the call's se_g / se_w; G = 1 without rope.
+static inline void attn_tok_se(const struct attn_args *a, int tok, int *g, int *w) {
+    const int gg = a->q_se ? a->q_se[2 * tok] : a->se_g;
+    const int ww = a->q_se ? a->q_se[2 * tok + 1] : a->se_w;
+    *g = !a->rope || gg < 1 ? 1 : gg;
+    *w = ww < 1 ? 1 : ww;
+}
+
+// Whether token t is computed in this round, and its far keys: none with
+// G = 1, nor when its position is below W (a visible key, at j <= i < W, is
+// always near: the same scores), else its G's copy of the round.
+static void attn_item_token_se(const struct attn_job *j, struct attn_item *it, int t) {
+    int g, w;
+    attn_tok_se(j->a, it->t0 + t, &g, &w);
+    it->w[t] = w;
+    it->far[t] = -1;
+    it->on[t] = g == 1 && j->with_g1;
+    for (int i = 0; i < j->n_far; i++)
+        if (j->far_g[i] == g) {
+            it->on[t] = true;
+            it->far[t] = j->a->q_pos[it->t0 + t] < w ? -1 : i;
+        }
 }
 
 // Token t's visibility row and range. The mask (host/ops/backend.h): cell c
@@ -692,7 +752,7 @@ static void attn_item_visibility(const struct attn_job *j, struct attn_item *it,
 }
 
 // Token t's query rows: copied, and with RoPE inside attention rotated at
-// its position (and at its grouped position for far keys).
+// its position (and, when it has far keys, at its grouped position).
 static void attn_item_queries(const struct attn_job *j, struct attn_item *it, int t,
                               float *cs_tmp) {
     const struct attn_args *a = j->a;
@@ -707,11 +767,11 @@ static void attn_item_queries(const struct attn_job *j, struct attn_item *it, in
         const struct rope_params *rp = a->rope;
         const float *cs = attn_cs_row(j->st, rp, qpos, cs_tmp);
         rope_rotate_f32(dn, cs, rp->n_rot, rp->mode);
-        if (!j->k_far)
+        if (it->far[t] < 0)
             continue;
         float *df = it->qf + (size_t)(t * it->G + g) * D;
         memcpy(df, q, (size_t)D * sizeof(float));
-        cs = attn_cs_row(j->st, rp, se_q_pos_far(qpos, a->se_g, a->se_w), cs_tmp);
+        cs = attn_cs_row(j->st, rp, se_q_pos_far(qpos, j->far_g[it->far[t]], it->w[t]), cs_tmp);
         rope_rotate_f32(df, cs, rp->n_rot, rp->mode);
     }
 }
@@ -731,7 +791,6 @@ static void attn_item_scores(const struct attn_job *j, struct attn_item *it) {
     const int D = a->head_dim, G = it->G;
     const size_t ld = j->ld, ldk = (size_t)a->n_head_kv * D;
     const float *kn = j->k_near + (size_t)it->hk * D;
-    const float *kf = j->k_far ? j->k_far + (size_t)it->hk * D : NULL;
     for (int cb = it->LO; cb < it->HI; cb += ATTN_CB) {
         for (int t = 0; t < it->nt; t++) {
             int c0, c1;
@@ -740,14 +799,16 @@ static void attn_item_scores(const struct attn_job *j, struct attn_item *it) {
             float *st = it->S + (size_t)t * G * ld;
             const float *qnt = it->qn + (size_t)t * G * D, *qft = it->qf + (size_t)t * G * D;
             const int32_t qpos = a->q_pos[it->t0 + t];
+            const int W = it->w[t];
+            const float *kf = it->far[t] < 0 ? NULL : j->k_far[it->far[t]] + (size_t)it->hk * D;
             // near keys are those with pos > qpos - W: a contiguous run only
             // when cells are in position order, so the choice is per cell,
             // computed in runs of cells of the same kind.
             int c = c0;
             while (c < c1) {
-                const bool near = !kf || se_is_near(qpos, a->cell_pos[c], a->se_w);
+                const bool near = !kf || se_is_near(qpos, a->cell_pos[c], W);
                 int e = c + 1;
-                while (e < c1 && (!kf || se_is_near(qpos, a->cell_pos[e], a->se_w)) == near)
+                while (e < c1 && (!kf || se_is_near(qpos, a->cell_pos[e], W)) == near)
                     e++;
 #ifdef ATTN_X86
                 if (j->st->avx2)
@@ -827,7 +888,7 @@ static void attn_item_output(const struct attn_job *j, struct attn_item *it) {
         }
     }
     for (int t = 0; t < it->nt; t++)
-        for (int g = 0; g < G; g++) {
+        for (int g = 0; g < G && it->on[t]; g++) {
             const int r = t * G + g;
             float *out = a->out + ((size_t)(it->t0 + t) * a->n_head + (size_t)it->hk * G + g) * Dv;
             if (it->lo[t] >= it->hi[t]) { // a row that sees nothing is defined as zeros
@@ -846,6 +907,11 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
     attn_item_init(j, t0, nt, hk, scr, &it);
     int kp_seq = -1;
     for (int t = 0; t < nt; t++) {
+        attn_item_token_se(j, &it, t);
+        if (!it.on[t]) { // another round's: no cells, no output
+            it.lo[t] = it.hi[t] = it.n_vis[t] = 0;
+            continue;
+        }
         attn_item_visibility(j, &it, t, &kp_seq);
         attn_item_queries(j, &it, t, cs_tmp);
     }
@@ -910,6 +976,111 @@ static int attn_check(const struct attn_args *a, struct verr *err) {
     return VERR_OK;
 }
 
+// The next round's values of G: of the distinct G > 1 of the call's tokens
+// above `after`, the ATTN_FAR_MAX smallest (or all when fewer), ascending.
+// Returns how many.
+static int attn_next_gs(const struct attn_args *a, int after, int gs[ATTN_FAR_MAX]) {
+    int n = 0;
+    for (int t = 0; t < a->n_tok; t++) {
+        int g, w;
+        attn_tok_se(a, t, &g, &w);
+        if (g <= after) // after >= 1: G = 1 is never a far copy
+            continue;
+        int k = 0;
+        while (k < n && gs[k] < g)
+            k++;
+        if (k == ATTN_FAR_MAX || (k < n && gs[k] == g))
+            continue;
+        if (n == ATTN_FAR_MAX) // g displaces the largest
+            n--;
+        memmove(gs + k + 1, gs + k, (size_t)(n - k) * sizeof *gs);
+        gs[k] = g;
+        n++;
+    }
+    return n;
+}
+
+// The call's buffers: K as float32 (near, then n_far far copies) where it is
+// to be made, V as float32 from an F16 cache, and the cos/sin table up to the
+// largest position. Fills p's pointers (NULL where nothing is to be made).
+static int attn_reserve(struct cpu_attn *st, const struct attn_args *a, int n_far,
+                        struct attn_prep *p, struct verr *err) {
+    const size_t n_kv = (size_t)a->n_kv;
+    const size_t kf = n_kv * a->n_head_kv * a->head_dim, vf = n_kv * a->n_head_kv * a->head_dim_v;
+    const bool make_k = a->rope || a->type_k != GGML_TYPE_F32;
+    const bool make_v = a->type_v != GGML_TYPE_F32;
+    int rc;
+    if (make_k && (rc = attn_buf_reserve(&st->kbuf, &st->kbuf_floats, kf * (1 + n_far), err)))
+        return rc;
+    if (make_v && (rc = attn_buf_reserve(&st->vbuf, &st->vbuf_floats, vf, err)))
+        return rc;
+    p->k_near = make_k ? st->kbuf : NULL;
+    for (int i = 0; i < n_far; i++)
+        p->k_far[i] = st->kbuf + kf * (1 + i);
+    p->v = make_v ? st->vbuf : NULL;
+    if (!a->rope)
+        return VERR_OK;
+    int32_t maxp = 0; // far positions are at most their near ones
+    for (int c = 0; c < a->n_kv; c++)
+        maxp = a->cell_pos[c] > maxp ? a->cell_pos[c] : maxp;
+    for (int t = 0; t < a->n_tok; t++)
+        maxp = a->q_pos[t] > maxp ? a->q_pos[t] : maxp;
+    return attn_tab_reserve(st, a->rope, (int64_t)maxp + 1, err);
+}
+
+// The work items (blocks of tokens x KV heads, enough of them for every
+// thread) and each thread's scratch: the item's buffers, then a cos/sin row
+// for positions beyond the table (tmpp[thread]).
+static int attn_layout(struct cpu_attn *st, const struct attn_args *a, struct attn_job *j,
+                       float **tmpp, struct verr *err) {
+    const int group = a->n_head / a->n_head_kv;
+    int tb = ATTN_ROWS / group < 1 ? 1 : ATTN_ROWS / group;
+    tb = tb > a->n_tok ? a->n_tok : tb;
+    while (tb > 1 && (int64_t)((a->n_tok + tb - 1) / tb) * a->n_head_kv < 4 * st->n_threads)
+        tb /= 2;
+    j->group = group;
+    j->tb = tb;
+    j->n_tb = (a->n_tok + tb - 1) / tb;
+    j->ld = ((size_t)a->n_kv + 7) / 8 * 8 + 8;
+    const size_t item = attn_item_floats(a, tb, group, j->ld);
+    const size_t cs_floats = (size_t)st->n_threads * (a->rope ? a->rope->n_rot : 0);
+    int rc = attn_scratch_reserve(st, (item + cs_floats) * sizeof(float), err);
+    if (rc)
+        return rc;
+    for (int i = 0; i < st->n_threads; i++)
+        tmpp[i] = (float *)st->scratch[i] + item;
+    j->tmp = tmpp;
+    return VERR_OK;
+}
+
+// Runs the rounds (see the top of the file): round by round the far copies
+// of the next values of G, then every work item for the tokens of the round.
+static void attn_rounds(struct threadpool *pool, const struct attn_args *a, struct attn_prep *p,
+                        struct attn_job *j, int n_far) {
+    const int64_t grain = (int64_t)(4096 / (a->n_head_kv * (a->head_dim + a->head_dim_v))) + 1;
+    j->k_near = p->k_near ? p->k_near : (const float *)a->k;
+    j->v = p->v ? p->v : (const float *)a->v;
+    j->with_g1 = true;
+    j->n_far = p->n_far = n_far;
+    p->far_g = j->far_g;
+    for (;;) {
+        for (int i = 0; i < n_far; i++)
+            j->k_far[i] = p->k_far[i];
+        if (p->k_near || p->v || p->n_far)
+            threadpool_parallel_for(pool, a->n_kv, grain, attn_prep_range, p);
+        threadpool_parallel_for(pool, (int64_t)j->n_tb * a->n_head_kv, 1, attn_items_range, j);
+        if (n_far < ATTN_FAR_MAX)
+            return;
+        // near keys and V are made, the G = 1 rows done: the next values of G
+        p->k_near = p->v = NULL;
+        j->with_g1 = false;
+        n_far = attn_next_gs(a, j->far_g[n_far - 1], j->far_g);
+        if (n_far == 0)
+            return;
+        j->n_far = p->n_far = n_far;
+    }
+}
+
 int cpu_attention_run(struct cpu_attn **stp, struct threadpool *pool, const struct attn_args *a,
                       struct verr *err) {
     int rc = attn_check(a, err);
@@ -921,63 +1092,20 @@ int cpu_attention_run(struct cpu_attn **stp, struct threadpool *pool, const stru
             return verr_set(err, VERR_NOMEM, "cpu attention: out of memory");
         *stp = st;
     }
-    const int group = a->n_head / a->n_head_kv;
-    const bool far = a->rope && a->se_g > 1;
-    const size_t n_kv = (size_t)a->n_kv;
-    const size_t kf = n_kv * a->n_head_kv * a->head_dim, vf = n_kv * a->n_head_kv * a->head_dim_v;
-
-    // K and V as float32 (rotated with rope)
+    struct attn_job j = {.a = a, .st = st};
+    const int n_far = attn_next_gs(a, 1, j.far_g);
     struct attn_prep p = {.a = a, .st = st};
-    const bool make_k = a->rope || a->type_k != GGML_TYPE_F32;
-    const bool make_v = a->type_v != GGML_TYPE_F32;
-    if (make_k && (rc = attn_buf_reserve(&st->kbuf, &st->kbuf_floats, kf * (far ? 2 : 1), err)))
-        return rc;
-    if (make_v && (rc = attn_buf_reserve(&st->vbuf, &st->vbuf_floats, vf, err)))
-        return rc;
-    p.k_near = make_k ? st->kbuf : NULL;
-    p.k_far = far ? st->kbuf + kf : NULL;
-    p.v = make_v ? st->vbuf : NULL;
-    const int n_rot = a->rope ? a->rope->n_rot : 0;
-    if (a->rope) {
-        int32_t maxp = 0;
-        for (int c = 0; c < a->n_kv; c++)
-            maxp = a->cell_pos[c] > maxp ? a->cell_pos[c] : maxp;
-        for (int t = 0; t < a->n_tok; t++)
-            maxp = a->q_pos[t] > maxp ? a->q_pos[t] : maxp;
-        if ((rc = attn_tab_reserve(st, a->rope, (int64_t)maxp + 1, err)))
-            return rc;
-    }
-
-    // work items: blocks of tokens x KV heads, enough of them for every thread
-    int tb = ATTN_ROWS / group < 1 ? 1 : ATTN_ROWS / group;
-    tb = tb > a->n_tok ? a->n_tok : tb;
-    while (tb > 1 && (int64_t)((a->n_tok + tb - 1) / tb) * a->n_head_kv < 4 * st->n_threads)
-        tb /= 2;
-    struct attn_job j = {.a = a, .st = st, .group = group, .tb = tb};
-    j.n_tb = (a->n_tok + tb - 1) / tb;
-    j.ld = (n_kv + 7) / 8 * 8 + 8;
-    const size_t cs_floats = (size_t)st->n_threads * n_rot;
-    rc = attn_scratch_reserve(
-        st, (attn_item_floats(a, tb, group, j.ld) + cs_floats) * sizeof(float), err);
-    if (rc)
+    if ((rc = attn_reserve(st, a, n_far, &p, err)))
         return rc;
     float *tmp[ATTN_ROWS];
     float **tmpp = st->n_threads <= ATTN_ROWS ? tmp : malloc((size_t)st->n_threads * sizeof *tmpp);
     if (!tmpp)
         return verr_set(err, VERR_NOMEM, "cpu attention: out of memory");
-    // each thread's rows for positions beyond the table sit past its item scratch
-    for (int i = 0; i < st->n_threads; i++)
-        tmpp[i] = (float *)st->scratch[i] + attn_item_floats(a, tb, group, j.ld);
-    p.tmp = j.tmp = tmpp;
-    if (p.k_near || p.v)
-        threadpool_parallel_for(
-            pool, a->n_kv, (int64_t)(4096 / (a->n_head_kv * (a->head_dim + a->head_dim_v))) + 1,
-            attn_prep_range, &p);
-    j.k_near = p.k_near ? p.k_near : (const float *)a->k;
-    j.k_far = p.k_far;
-    j.v = p.v ? p.v : (const float *)a->v;
-    threadpool_parallel_for(pool, (int64_t)j.n_tb * a->n_head_kv, 1, attn_items_range, &j);
+    if (!(rc = attn_layout(st, a, &j, tmpp, err))) {
+        p.tmp = tmpp;
+        attn_rounds(pool, a, &p, &j, n_far);
+    }
     if (tmpp != tmp)
         free(tmpp);
-    return VERR_OK;
+    return rc;
 }
