@@ -14,8 +14,9 @@
 //   host/ops/selfextend.h): attention groups far positions itself, so
 //   nothing moves: positions grow past the trained context up to the
 //   extended one and the share is full when its cells are. It needs the
-//   forward context in the unrotated cache mode with the same G and W
-//   (forward_config.se_g / se_w); the policy only carries them.
+//   forward context in the unrotated cache mode, and the sequence's tokens
+//   decoded with the same G and W (forward_batch.se, or the context's
+//   forward_config.se_g / se_w); the policy only carries them.
 // Bounded-cache eviction policies are meant to plug in the same way.
 #ifndef VELA_KV_POLICY_H
 #define VELA_KV_POLICY_H

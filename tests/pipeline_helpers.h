@@ -75,7 +75,7 @@ static inline float *decode_seq(struct run *r, int seq, int p0, int n, int nb, i
             sq[t] = seq;
             want[t] = 1;
         }
-        struct forward_batch b = {k, tok, pos, sq, want};
+        struct forward_batch b = {k, tok, pos, sq, want, NULL};
         struct verr err = {0};
         cr_assert_eq(executor_decode(r->x, &b, FORWARD_HEAD_LOGITS, NULL, &err), 0, "%s", err.msg);
         cr_assert_eq(r->fc->n_out, k);

@@ -63,7 +63,7 @@ static int af_decode(struct forward_ctx *fc, int p0, int n, float *out, struct v
         pos[t] = p0 + t;
         want[t] = 1;
     }
-    const struct forward_batch b = {n, tok, pos, seq, want};
+    const struct forward_batch b = {n, tok, pos, seq, want, NULL};
     int rc = forward_decode(fc, &b, err);
     const size_t V = (size_t)fc->m->hp.n_vocab;
     for (int r = 0; !rc && out && r < n; r++)

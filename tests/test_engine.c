@@ -25,10 +25,10 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "tools/args.h"
 #include "host/engine/engine.h"
 #include "host/forward/forward.h"
 #include "tiny_model.h"
+#include "tools/args.h"
 
 // Logit tolerances, relative to the largest |logit| of the fresh evaluation
 // (logits here are a few units). A wrong position gives errors of 0.3 to 0.4
@@ -153,7 +153,7 @@ static int shift_logits(void *user, int seq, int32_t pos, const float *logits) {
         p[t] = t;
     struct verr err = {0};
     cr_assert_eq(kv_clear(&c->fresh.kv, &err), 0, "%s", err.msg);
-    struct forward_batch b = {c->n, c->ctx, p, s, NULL};
+    struct forward_batch b = {c->n, c->ctx, p, s, NULL, NULL};
     cr_assert_eq(forward_decode(&c->fresh, &b, &err), 0, "%s", err.msg);
     double e = rel_err(logits, forward_logits(&c->fresh, 0), c->fresh.m->hp.n_vocab);
     c->n_checked++;
@@ -318,7 +318,7 @@ static double selfextend_case(const char *path, enum ggml_type kv, int n, int n_
     int8_t *want = calloc(n, 1);
     for (int t = k.first_last; t < n; t++)
         want[t] = 1;
-    struct forward_batch b = {n, tok, pos_out, seq, want};
+    struct forward_batch b = {n, tok, pos_out, seq, want, NULL};
     cr_assert_eq(forward_decode(&fresh, &b, &err), 0, "%s", err.msg);
     cr_assert_eq(fresh.n_out, k.n_last);
     double worst = worst_rows(&k, &fresh);
@@ -656,7 +656,7 @@ Test(engine, bad_input_leaves_cache_unchanged) {
 
     // a sequence id outside the cache and a batch larger than it, at the forward pass
     int32_t pos[1] = {10}, seq[1] = {2};
-    struct forward_batch b = {1, tok, pos, seq, NULL};
+    struct forward_batch b = {1, tok, pos, seq, NULL, NULL};
     cr_expect_eq(forward_decode(e->fc, &b, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "sequence id 2"), "%s", err.msg);
     expect_unchanged(&e->fc->kv, &before, "a bad sequence id");

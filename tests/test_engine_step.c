@@ -42,8 +42,9 @@ static void teardown(void) {
 
 TestSuite(engine_step, .init = setup, .fini = teardown);
 
-// n_slots sequences of n_ctx_seq cells each.
-static struct engine *open_engine(int n_ctx_seq, int n_batch, int n_slots) {
+// n_slots sequences of n_ctx_seq cells each; unrot: K cached unrotated
+// (--kv-unrotated), so that requests may choose their own exact self-extend.
+static struct engine *open_engine_kv(int n_ctx_seq, int n_batch, int n_slots, bool unrot) {
     struct args_model am;
     args_model_default(&am);
     am.model_path = model_path;
@@ -52,6 +53,7 @@ static struct engine *open_engine(int n_ctx_seq, int n_batch, int n_slots) {
     am.n_ctx = n_ctx_seq * n_slots;
     am.n_batch = n_batch;
     am.type_k = am.type_v = GGML_TYPE_F32;
+    am.k_unrotated = unrot;
     struct engine_config op;
     args_engine_config(&am, &op);
     op.ctx.n_seq_max = n_slots;
@@ -60,6 +62,10 @@ static struct engine *open_engine(int n_ctx_seq, int n_batch, int n_slots) {
     struct verr err = {0};
     cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);
     return e;
+}
+
+static struct engine *open_engine(int n_ctx_seq, int n_batch, int n_slots) {
+    return open_engine_kv(n_ctx_seq, n_batch, n_slots, false);
 }
 
 // What one request's callback saw.
@@ -446,6 +452,59 @@ Test(engine_step, shared_prompt_and_stop_tokens) {
     free(o);
 }
 
+// Requests with their own exact self-extend (engine_request se_g / se_w) on
+// a context caching K unrotated, decoded in the same steps: each gives what
+// it gives alone. The same prompt with other values is read again (its
+// logits differ), with the same values it is shared; kept cells serve a
+// request with other values only below the smaller window.
+Test(engine_step, requests_with_their_own_self_extend_match_each_alone) {
+    const int n_ctx_seq = 96, n_batch = 8;
+    struct engine *solo = open_engine_kv(n_ctx_seq, n_batch, 1, true);
+    int32_t p[2][40];
+    make_prompt(p[0], 40, 71);
+    make_prompt(p[1], 40, 72);
+    struct engine_request r[4];
+    const int se[4][2] = {{2, 16}, {4, 8}, {0, 0}, {2, 16}};
+    for (int i = 0; i < 4; i++) {
+        r[i] = greedy_request(p[i == 2], 40, 24);
+        r[i].se_g = se[i][0];
+        r[i].se_w = se[i][1];
+    }
+    struct req_out *o = calloc(8, sizeof *o);
+    for (int i = 0; i < 3; i++)
+        run_alone(solo, &r[i], &o[4 + i]);
+    cr_expect_neq(memcmp(o[4].tok, o[5].tok, sizeof o[4].tok), 0,
+                  "(2, 16) and (4, 8) should differ on a 40-token prompt");
+    struct engine *e = open_engine_kv(n_ctx_seq, n_batch, 4, true);
+    for (int i = 0; i < 4; i++)
+        submit(e, &r[i], &o[i]);
+    run_to_end(e);
+    for (int i = 0; i < 4; i++)
+        expect_same(&o[i], &o[4 + (i == 3 ? 0 : i)], "request", i);
+    cr_expect_eq(o[1].st.n_prompt_eval, 40, "another G/W reads the prompt itself");
+    cr_expect_eq(o[3].st.n_prompt_eval, 0, "the same G/W shares it");
+    engine_close(e);
+
+    // Prompt cache: kept cells of the (2, 16) request, then the same prompt
+    // with (4, 8): positions 0..7 are reused; then without self-extend after
+    // the (4, 8) request: 0..7 again.
+    struct engine_request k[3] = {r[0], r[1], r[0]};
+    k[2].se_g = 1;
+    for (int i = 0; i < 3; i++)
+        k[i].keep_cells = k[i].reuse_cells = true;
+    struct req_out *ko = calloc(3, sizeof *ko);
+    for (int i = 0; i < 3; i++) {
+        submit(solo, &k[i], &ko[i]);
+        run_to_end(solo);
+    }
+    cr_expect_eq(ko[1].st.n_prompt_reused, 8, "reused %d", ko[1].st.n_prompt_reused);
+    expect_same(&ko[1], &o[5], "reusing request", 1);
+    cr_expect_eq(ko[2].st.n_prompt_reused, 8, "(4, 8) kept: %d", ko[2].st.n_prompt_reused);
+    engine_close(solo);
+    free(ko);
+    free(o);
+}
+
 // ---------------------------------------------------------------------------
 // Bad input: a clear error, nothing changed
 
@@ -521,6 +580,12 @@ Test(engine_step, bad_input_is_refused_and_changes_nothing) {
     r = ok;
     r.sp.temp = NAN;
     refused(e, &r, VERR_RANGE, "not a finite number");
+    r = ok;
+    r.se_g = 4;
+    r.se_w = 8;
+    refused(e, &r, VERR_RANGE, "needs a context that caches K unrotated");
+    r.se_g = -1;
+    refused(e, &r, VERR_RANGE, "group size G = -1");
     cr_expect_eq(engine_cancel(e, 12345, &err), VERR_NOTFOUND);
     cr_expect_eq(engine_cancel(e, 0, &err), VERR_NOTFOUND);
     struct engine_sched_config c = {.n_slots = 1};

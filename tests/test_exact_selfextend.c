@@ -234,7 +234,7 @@ static void decode_all(struct forward_ctx *fc, const int32_t *tok, int n, int p0
     struct verr err = {0};
     for (int i = 0; i < n; i += n_batch) {
         const int nb = n - i < n_batch ? n - i : n_batch;
-        struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i};
+        struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i, NULL};
         cr_assert_eq(forward_decode(fc, &b, &err), 0, "forward_decode: %s", err.msg);
         memcpy(out + (size_t)i * V, fc->h_logits, sizeof(float) * (size_t)nb * V);
     }
@@ -449,8 +449,78 @@ Test(exact_selfextend, context_shift_equals_fresh_evaluation) {
     fixture_close(&fx);
 }
 
+// The tiny model of fx loaded as vela's commands load it (run_load: one
+// backend, or a stage per device with devices "cpu,cpu"), 8-token batches,
+// 384 cells, kv_type caches; exact self-extend (G, W) for the whole context
+// (G 0: none), K cached unrotated when unrot or G > 1.
+static void open_run(const struct fixture *fx, const char *devices, enum ggml_type kv_type, int G,
+                     int W, bool unrot, struct run *r) {
+    struct args_model a;
+    args_model_default(&a);
+    a.backend = LOAD_BACKEND_CPU;
+    a.n_threads = 2;
+    a.devices = devices;
+    a.n_ctx = 384;
+    a.n_batch = 8;
+    a.type_k = a.type_v = kv_type;
+    a.se_g = G;
+    a.se_w = W;
+    a.k_unrotated = unrot;
+    struct verr err = {0};
+    cr_assert_eq(run_load(r, &a, fx->path, &err), 0, "%s", err.msg);
+    cr_assert(!devices || split_pipeline(r->x), "not split");
+}
+
+// Decodes n_seq sequences (tok[s][0..len[s])) interleaved, `per` tokens of
+// each in a batch (every row wanting logits, at most 8), through r; se[s] =
+// (G, W) of sequence s goes in forward_batch.se (se NULL: the context's).
+// got[s]: the logits [len[s]][n_vocab] of sequence s.
+static void decode_interleaved(struct run *r, int32_t *const *tok, const int *len, int n_seq,
+                               int per, const int (*se)[2], float **got) {
+    const int V = r->m->hp.n_vocab;
+    int done[4] = {0};
+    int32_t bt[8], bp[8], bs[8], bse[16];
+    int8_t want[8];
+    memset(want, 1, sizeof want);
+    for (;;) {
+        int nb = 0;
+        for (int s = 0; s < n_seq; s++)
+            for (int k = 0; k < per && done[s] < len[s] && nb < 8; k++, nb++) {
+                bt[nb] = tok[s][done[s]];
+                bp[nb] = done[s]++;
+                bs[nb] = s;
+                bse[2 * nb] = se ? se[s][0] : 0;
+                bse[2 * nb + 1] = se ? se[s][1] : 0;
+            }
+        if (nb == 0)
+            break;
+        struct forward_batch b = {nb, bt, bp, bs, want, se ? bse : NULL};
+        struct verr err = {0};
+        cr_assert_eq(executor_decode(r->x, &b, FORWARD_HEAD_LOGITS, NULL, &err), 0, "%s", err.msg);
+        for (int i = 0; i < nb; i++)
+            memcpy(got[bs[i]] + (size_t)bp[i] * V, forward_logits(r->fc, i), sizeof(float) * V);
+    }
+}
+
+// Relative RMS of one sequence's logits got [n][n_vocab] against the
+// float64 rule with (G, W) over its tokens at positions 0..n-1.
+static double seq_rel_rms(const struct fixture *fx, const int32_t *tok, int n, int G, int W,
+                          const float *got) {
+    const size_t nv = (size_t)n * fx->cfg.n_vocab;
+    int32_t *pos = malloc(sizeof(int32_t) * n);
+    double *ref = malloc(sizeof(double) * nv);
+    for (int t = 0; t < n; t++)
+        pos[t] = t;
+    ref_logits(fx, tok, pos, n, G, W, ref);
+    const double e = rel_rms(got, ref, nv);
+    free(pos);
+    free(ref);
+    return e;
+}
+
 // Three sequences of different lengths, interleaved in shared batches of one
-// cache, each against the reference of its own tokens.
+// cache with the context's G and W, each against the reference of its own
+// tokens.
 Test(exact_selfextend, several_sequences_in_one_cache) {
     struct tiny_cfg c;
     small_cfg(&c, "qwen2");
@@ -459,53 +529,77 @@ Test(exact_selfextend, several_sequences_in_one_cache) {
     const int V = c.n_vocab, G = 3, W = 12;
     const int len[3] = {100, 150, 70};
     int32_t *tok[3];
-    for (int s = 0; s < 3; s++)
+    float *got[3];
+    for (int s = 0; s < 3; s++) {
         tok[s] = make_tokens(len[s], V, 10 + s);
+        got[s] = malloc(sizeof(float) * (size_t)len[s] * V);
+    }
     for (int f16 = 0; f16 < 2; f16++) {
-        struct se_run sr = {G, W, 32, 384, f16 ? GGML_TYPE_F16 : GGML_TYPE_F32};
-        struct forward_ctx fc;
-        ctx_open(&fx, &sr, 3, &fc);
-        float *got[3];
-        int done[3] = {0, 0, 0};
-        for (int s = 0; s < 3; s++)
-            got[s] = malloc(sizeof(float) * (size_t)len[s] * V);
-        int32_t bt[32], bp[32], bs[32];
-        while (done[0] < len[0] || done[1] < len[1] || done[2] < len[2]) {
-            int nb = 0;
-            for (int s = 0; s < 3; s++) // up to 5 + 3s tokens of each sequence
-                for (int k = 0; k < 5 + 3 * s && done[s] + k < len[s]; k++, nb++) {
-                    bt[nb] = tok[s][done[s] + k];
-                    bp[nb] = done[s] + k;
-                    bs[nb] = s;
-                }
-            int8_t want[32];
-            memset(want, 1, sizeof want);
-            struct forward_batch b = {nb, bt, bp, bs, want};
-            struct verr err = {0};
-            cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
-            for (int r = 0; r < nb; r++)
-                memcpy(got[bs[r]] + (size_t)bp[r] * V, forward_logits(&fc, r), sizeof(float) * V);
-            for (int r = 0; r < nb; r++)
-                done[bs[r]] = bp[r] + 1 > done[bs[r]] ? bp[r] + 1 : done[bs[r]];
-        }
-        forward_free(&fc);
+        struct run r;
+        open_run(&fx, NULL, f16 ? GGML_TYPE_F16 : GGML_TYPE_F32, G, W, false, &r);
+        decode_interleaved(&r, tok, len, 3, 1 + 2 * f16, NULL, got);
+        close_run(&r);
         for (int s = 0; s < 3; s++) {
-            int32_t *pos = malloc(sizeof(int32_t) * len[s]);
-            for (int t = 0; t < len[s]; t++)
-                pos[t] = t;
-            double *ref = malloc(sizeof(double) * (size_t)len[s] * V);
-            ref_logits(&fx, tok[s], pos, len[s], G, W, ref);
-            const double e = rel_rms(got[s], ref, (size_t)len[s] * V);
+            const double e = seq_rel_rms(&fx, tok[s], len[s], G, W, got[s]);
             const double tol = f16 ? TOL_F16 : TOL_F32;
             cr_assert_leq(e, tol, "seq %d (%s cache): rel RMS %.3g > %.1g", s, f16 ? "f16" : "f32",
                           e, tol);
-            free(pos);
-            free(ref);
-            free(got[s]);
         }
     }
-    for (int s = 0; s < 3; s++)
+    for (int s = 0; s < 3; s++) {
         free(tok[s]);
+        free(got[s]);
+    }
+    fixture_close(&fx);
+}
+
+// G and W chosen per sequence (forward_batch.se) in one cache and in the
+// same batches: (3, 12), (2, 20) and none (G 1). Each sequence matches the
+// float64 rule with its own values, equals bit for bit a run of it alone in
+// a context whose G and W are its values, and two CPU stages give the same
+// bits as one.
+Test(exact_selfextend, each_sequence_its_own_g_and_w) {
+    struct tiny_cfg c;
+    small_cfg(&c, "qwen2");
+    c.n_layer = 4;
+    struct fixture fx;
+    fixture_open(&fx, &c);
+    const int V = c.n_vocab, n_seq = 3;
+    const int se[3][2] = {{3, 12}, {2, 20}, {1, 0}};
+    const int len[3] = {150, 110, 60};
+    int32_t *tok[3];
+    float *got[2][3];
+    for (int s = 0; s < n_seq; s++) {
+        tok[s] = make_tokens(len[s], V, 20 + s);
+        for (int d = 0; d < 2; d++)
+            got[d][s] = malloc(sizeof(float) * (size_t)len[s] * V);
+    }
+    for (int d = 0; d < 2; d++) { // one stage, then --devices cpu,cpu
+        struct run r;
+        open_run(&fx, d ? "cpu,cpu" : NULL, GGML_TYPE_F32, 0, 0, true, &r);
+        decode_interleaved(&r, tok, len, n_seq, 3, se, got[d]);
+        close_run(&r);
+    }
+    double worst = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const size_t n = (size_t)len[s] * V;
+        cr_assert_eq(memcmp(got[0][s], got[1][s], sizeof(float) * n), 0,
+                     "seq %d: --devices cpu,cpu differs from one stage", s);
+        const double e = seq_rel_rms(&fx, tok[s], len[s], se[s][0], se[s][1], got[0][s]);
+        worst = fmax(worst, e);
+        cr_assert_leq(e, TOL_F32, "seq %d (G %d W %d): rel RMS %.3g > %.1g", s, se[s][0], se[s][1],
+                      e, TOL_F32);
+        struct se_run sr = {se[s][0], se[s][1], 8, 384, GGML_TYPE_F32};
+        float *alone = run_prompt(&fx, &sr, tok[s], len[s]);
+        cr_assert_eq(memcmp(got[0][s], alone, sizeof(float) * n), 0,
+                     "seq %d (G %d W %d) differs from a run alone with its values", s, se[s][0],
+                     se[s][1]);
+        free(alone);
+        free(got[0][s]);
+        free(got[1][s]);
+        free(tok[s]);
+    }
+    cr_log_info("own G/W per sequence: worst rel RMS vs float64 %.3g\n", worst);
     fixture_close(&fx);
 }
 
@@ -554,6 +648,34 @@ Test(exact_selfextend, two_cpu_stages_bit_for_bit) {
     free(ref);
     free(logits[0]);
     free(logits[1]);
+    fixture_close(&fx);
+}
+
+// forward_batch.se: refused on a rotated cache and with bad values (the
+// message names the token), nothing claimed.
+Test(exact_selfextend, bad_per_token_values_are_refused) {
+    struct tiny_cfg c;
+    small_cfg(&c, "llama");
+    struct fixture fx;
+    fixture_open(&fx, &c);
+    for (int unrot = 0; unrot < 2; unrot++) {
+        struct se_run sr = {unrot ? 1 : 0, 0, 8, 128, GGML_TYPE_F32};
+        struct forward_ctx fc;
+        ctx_open(&fx, &sr, 1, &fc);
+        const int bad[][2] = {{2, 0}, {0, 8}, {-2, 8}, {4, 64}, {4, 100}};
+        for (size_t k = 0; k < (unrot ? sizeof bad / sizeof bad[0] : 1); k++) {
+            int32_t tok[2] = {1, 2}, pos[2] = {0, 1}, seq[2] = {0, 0};
+            int32_t se[4] = {1, 0, bad[k][0], bad[k][1]};
+            struct forward_batch b = {2, tok, pos, seq, NULL, se};
+            struct verr err = {0};
+            const int rc = forward_decode(&fc, &b, &err);
+            cr_assert(rc == VERR_RANGE || rc == VERR_UNSUPPORTED, "G %d W %d accepted (rc %d)",
+                      bad[k][0], bad[k][1], rc);
+            cr_assert(strstr(err.msg, unrot ? "token 1" : "unrotated"), "message: %s", err.msg);
+            cr_assert_eq(fc.kv.used, 0, "cells were claimed");
+        }
+        forward_free(&fc);
+    }
     fixture_close(&fx);
 }
 

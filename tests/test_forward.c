@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/ops/backend.h"
 #include "host/forward/forward.h"
 #include "host/model/model.h"
+#include "host/ops/backend.h"
 #include "tiny_model.h"
 
 #define TOL_F32 1e-5
@@ -95,7 +95,7 @@ static void run_forward(struct fixture *fx, const int32_t *tokens, int n, int p0
     }
     for (int i = 0; i < n; i += n_batch) {
         int nb = n - i < n_batch ? n - i : n_batch;
-        struct forward_batch b = {nb, tokens + i, pos + i, seq + i, want + i};
+        struct forward_batch b = {nb, tokens + i, pos + i, seq + i, want + i, NULL};
         cr_assert_eq(forward_decode(&fc, &b, &err), 0, "forward_decode: %s", err.msg);
         cr_assert_eq(fc.n_out, nb);
         for (int r = 0; r < nb; r++)
@@ -335,7 +335,7 @@ Test(forward, two_sequences_one_batch) {
     double worst = 0;
     for (int start = 0; start < n; start += 8) {
         int cnt = n - start < 8 ? n - start : 8;
-        struct forward_batch b = {cnt, tok + start, pos + start, seq + start, want + start};
+        struct forward_batch b = {cnt, tok + start, pos + start, seq + start, want + start, NULL};
         cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
         for (int r = 0; r < cnt; r++) {
             int i = start + r;
@@ -362,7 +362,7 @@ Test(forward, argmax_matches_logits) {
     struct verr err = {0};
     open_llama_ctx(&fx, &fc, 32, 8);
     int32_t tok[4] = {1, 2, 3, 4}, pos[4] = {0, 1, 2, 3}, seq[4] = {0};
-    struct forward_batch b = {4, tok, pos, seq, NULL};
+    struct forward_batch b = {4, tok, pos, seq, NULL, NULL};
     cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
     cr_assert_eq(fc.n_out, 1, "NULL logits flags: the last row only");
     const float *l = forward_logits(&fc, 0);
@@ -384,7 +384,7 @@ Test(forward, bad_batches) {
     struct verr err = {0};
     open_llama_ctx(&fx, &fc, 8, 4);
     int32_t tok[5] = {1, 64, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, seq[5] = {0};
-    struct forward_batch b = {2, tok, pos, seq, NULL};
+    struct forward_batch b = {2, tok, pos, seq, NULL, NULL};
     cr_expect_eq(forward_decode(&fc, &b, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "token id 64") != NULL, "%s", err.msg);
     b.n_tok = 5;
@@ -397,7 +397,7 @@ Test(forward, bad_batches) {
     b.pos = pos2;
     cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
     int32_t pos3[1] = {8};
-    struct forward_batch one = {1, tok, pos3, seq, NULL};
+    struct forward_batch one = {1, tok, pos3, seq, NULL, NULL};
     cr_expect_eq(forward_decode(&fc, &one, &err), VERR_FULL, "%s", err.msg);
     cr_expect_eq(kv_seq_pos_max(&fc.kv, 0), 7);
     forward_free(&fc);
@@ -414,7 +414,7 @@ Test(forward, cpu_has_no_graphs) {
     cr_assert_null(fx.m->be->ops->graph_begin);
     cr_expect(!fc.graphs_on);
     int32_t tok = 5, pos = 0, seq = 0;
-    struct forward_batch b = {1, &tok, &pos, &seq, NULL};
+    struct forward_batch b = {1, &tok, &pos, &seq, NULL, NULL};
     cr_assert_eq(forward_decode_argmax(&fc, &b, &err), 0, "%s", err.msg);
     cr_expect_eq(fc.graph_stats.recorded, 0);
     cr_expect_eq(fc.graph_stats.replays, 0);

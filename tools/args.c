@@ -279,6 +279,11 @@ int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct
         *i += 1;
         return 1;
     }
+    if (args_is(arg, "--kv-unrotated", NULL)) {
+        a->k_unrotated = true;
+        *i += 1;
+        return 1;
+    }
     if (args_is(arg, "--matvec-act", NULL)) {
         static const struct choice acts[] = {{"q8", BACKEND_ACT_Q8}, {"f32", BACKEND_ACT_F32}};
         int rc = value_choice(argc, argv, i, "--matvec-act", acts, 2,
@@ -343,7 +348,11 @@ void args_help_model(FILE *out) {
             "                            the usable context to (n_ctx_train - W) * G + W and "
             "sizes the\n"
             "                            cache for it (unless -c); K is cached unrotated. -v "
-            "prints it\n",
+            "prints it\n"
+            "  --kv-unrotated            cache K without RoPE; attention rotates it (a context "
+            "shift then\n"
+            "                            rewrites no K; serve: requests may choose their own "
+            "self_extend)\n",
             FORWARD_CTX_CAP);
 }
 
@@ -419,6 +428,7 @@ void args_ctx_config(const struct args_model *a, struct forward_config *fc) {
     fc->type_v = a->type_v;
     fc->rope = a->rope;
     fc->no_graph = a->no_cuda_graph;
+    fc->k_unrotated = a->k_unrotated;
     fc->se_g = a->se_g;
     fc->se_w = a->se_w;
 }

@@ -46,6 +46,11 @@ struct slot {
     struct sampler *smp;
     struct tokenizer_stream *stream;
     struct kv_policy pol; // context shift, self-extend, ... (kv/policy.h)
+    // The exact self-extend G and W (G 1: off) its request's tokens attend
+    // with, and the ones its kept cells (hist) were computed with: K/V of
+    // later layers come from earlier layers' attention, so a request with
+    // other values reuses only cells no far key reached (se_shared_prefix).
+    int se_g, se_w;
 };
 
 struct engine_sched {
@@ -57,6 +62,7 @@ struct engine_sched {
     struct sample_params *rows; // [n_slots] this step's sample rows, in batch order
     int cap;                    // the step batch: n_slots * n_batch entries
     int32_t *tok, *pos, *seq;
+    int32_t *se; // [cap][2] each entry's exact self-extend G, W (the slot's)
     int8_t *want;
     uint64_t next_id;
     uint64_t tick; // counts requests ending (slot.last_used)

@@ -7,6 +7,7 @@
 
 #include "host/engine/sched.h"
 #include "host/forward/executor.h"
+#include "host/ops/selfextend.h"
 
 void engine_request_default(struct engine_request *r) {
     memset(r, 0, sizeof *r);
@@ -51,6 +52,7 @@ void engine_sched_free(struct engine_sched *s) {
     free(s->tok);
     free(s->pos);
     free(s->seq);
+    free(s->se);
     free(s->want);
     free(s);
 }
@@ -120,8 +122,9 @@ int engine_sched_configure(struct engine *e, const struct engine_sched_config *c
     s->tok = malloc((size_t)s->cap * sizeof *s->tok);
     s->pos = malloc((size_t)s->cap * sizeof *s->pos);
     s->seq = malloc((size_t)s->cap * sizeof *s->seq);
+    s->se = malloc((size_t)s->cap * 2 * sizeof *s->se);
     s->want = malloc((size_t)s->cap);
-    if (!s->slots || !s->queue || !s->rows || !s->tok || !s->pos || !s->seq || !s->want) {
+    if (!s->slots || !s->queue || !s->rows || !s->tok || !s->pos || !s->seq || !s->se || !s->want) {
         engine_sched_free(s);
         return verr_set(err, VERR_NOMEM, "out of host memory");
     }
@@ -178,10 +181,19 @@ static int check_tokens(const int32_t *t, int n, int V, const char *what, struct
     return 0;
 }
 
+// The exact self-extend G and W request r attends with (G 1: off; W then 0):
+// its own, or the context's (forward_config se_g / se_w).
+static void request_se(const struct engine *e, const struct engine_request *r, int *g, int *w) {
+    const struct forward_config *c = &e->fc->cfg;
+    *g = r->se_g != 0 ? r->se_g : c->se_g > 1 ? c->se_g : 1;
+    *w = r->se_g != 0 ? r->se_w : c->se_w;
+    if (*g == 1)
+        *w = 0;
+}
+
 // The request's KV policy (kv/policy.h): n_keep as llama-cli resolves it (-1
 // or more than the prompt: the prompt; else BOS kept on top), n_predict -2
-// never shifts, and the exact self-extend of the context's mode
-// (forward_config se_g / se_w) for every request that generates.
+// never shifts, and its exact self-extend (request_se) when it generates.
 static void policy_params(const struct engine *e, const struct engine_request *r,
                           struct kv_policy_params *pp) {
     kv_policy_params_default(pp);
@@ -193,10 +205,31 @@ static void policy_params(const struct engine *e, const struct engine_request *r
     pp->ctx_shift = r->ctx_shift && r->n_predict != -2;
     pp->ga_n = r->ga_n;
     pp->ga_w = r->ga_w;
-    if (!r->on_rows) {
-        pp->se_g = e->fc->cfg.se_g;
-        pp->se_w = e->fc->cfg.se_w;
-    }
+    if (!r->on_rows)
+        request_se(e, r, &pp->se_g, &pp->se_w);
+}
+
+// A request's own self-extend values: G 0 (the context's), 1 (off) or > 1
+// with a W the model allows, on a context that caches K unrotated.
+static int check_request_se(const struct engine *e, const struct engine_request *r,
+                            struct verr *err) {
+    int n_ctx_se;
+    if (r->se_g < 0)
+        return verr_set(err, VERR_RANGE,
+                        "self-extend: group size G = %d: 0 (the context's), 1 (off) or more",
+                        r->se_g);
+    if (r->se_g <= 1)
+        return 0;
+    if (!e->fc->cfg.k_unrotated)
+        return verr_set(err, VERR_RANGE,
+                        "self-extend G = %d for one request needs a context that caches K "
+                        "unrotated (k_unrotated, or se_g > 1 for every request)",
+                        r->se_g);
+    if (e->m->hp.sliding_window > 0)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "self-extend with %s's sliding-window layers is not supported",
+                        model_arch_name(e->m->hp.arch));
+    return forward_selfextend_ctx(&e->m->hp, r->se_g, r->se_w, &n_ctx_se, err);
 }
 
 static int check_request(const struct engine *e, const struct engine_request *r, struct verr *err) {
@@ -230,6 +263,8 @@ static int check_request(const struct engine *e, const struct engine_request *r,
         return verr_set(err, VERR_RANGE, "%d stop tokens: 0 .. %d", r->n_stop_tokens,
                         ENGINE_MAX_STOP_TOKENS);
     if ((rc = check_tokens(r->stop_tokens, r->n_stop_tokens, V, "stop ", err)))
+        return rc;
+    if ((rc = check_request_se(e, r, err)))
         return rc;
     struct kv_policy_params pp;
     struct kv_policy pol;
@@ -297,7 +332,7 @@ static void note_line(void *user, const char *line) {
 
 static bool same_prompt(const struct slot *a, const struct slot *b) {
     const struct engine_request *x = &a->rq->p, *y = &b->rq->p;
-    return x->n_tokens == y->n_tokens &&
+    return a->se_g == b->se_g && a->se_w == b->se_w && x->n_tokens == y->n_tokens &&
            !memcmp(x->tokens, y->tokens, (size_t)x->n_tokens * sizeof *x->tokens);
 }
 
@@ -313,14 +348,17 @@ static int common_prefix(const int32_t *hist, int n_hist, const struct engine_re
 // request (sl->hist[0..n_hist) at positions 0..n_hist-1): the common
 // prefix, less one token (the last prompt token is decoded again, for its
 // logits). 0 when r does not ask for it or its policy regroups positions
-// (llama.cpp's self-extend; exact self-extend never moves a position and
-// the context's G and W are the same for every request, so its cells are
-// what a fresh run computes).
-static int reusable_prefix(const struct engine *e, const struct slot *sl,
-                           const struct engine_request *r, int n_hist) {
+// (llama.cpp's self-extend). Exact self-extend never moves a position; the
+// kept cells were computed with (kept_g, kept_w), so with other values only
+// the positions no far key reached are what a fresh run computes
+// (se_same_prefix).
+static int reusable_prefix(const struct slot *sl, const struct engine_request *r, int n_hist,
+                           int kept_g, int kept_w) {
     if (!r->reuse_cells || r->on_rows || sl->pol.kind == KV_POLICY_SELFEXTEND)
         return 0;
     int p = common_prefix(sl->hist, n_hist, r);
+    const int32_t same = se_same_prefix(kept_g, kept_w, sl->se_g, sl->se_w);
+    p = p < same ? p : same;
     return p < r->n_tokens - 1 ? p : r->n_tokens - 1;
 }
 
@@ -387,6 +425,7 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     int32_t *hist = sl->hist;
     const int n_hist = sl->hist_ok ? sl->n_hist : 0, cap_hist = sl->cap_hist;
     const uint64_t last_used = sl->last_used;
+    const int kept_g = sl->se_g, kept_w = sl->se_w; // what hist's cells were computed with
     memset(sl, 0, sizeof *sl);
     sl->last = last;
     sl->hist = hist;
@@ -399,6 +438,7 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     sl->started_now = true;
     sl->last_used = last_used;
     const struct engine_request *r = &q->p;
+    request_se(e, r, &sl->se_g, &sl->se_w);
     q->st.t_start_ms = engine_now_ms();
     struct kv_policy_params pp;
     policy_params(e, r, &pp);
@@ -438,7 +478,7 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
             o->can_share && same_prompt(o, sl))
             share = t;
     }
-    const int reuse = share >= 0 ? 0 : reusable_prefix(e, sl, r, n_hist);
+    const int reuse = share >= 0 ? 0 : reusable_prefix(sl, r, n_hist, kept_g, kept_w);
     if (reuse > 0) {
         if ((rc = kv_seq_rm(&e->fc->kv, si, reuse, -1, err)))
             return rc;
@@ -605,6 +645,8 @@ static void add_entries(struct engine_sched *s, int si, int nb, struct step_coun
         s->tok[n] = sl->next;
         s->pos[n] = sl->n_past;
         s->seq[n] = si;
+        s->se[2 * n] = sl->se_g;
+        s->se[2 * n + 1] = sl->se_w;
         s->want[n] = 1;
         sl->out_row = n;
         sl->out_pos = sl->n_past;
@@ -622,6 +664,8 @@ static void add_entries(struct engine_sched *s, int si, int nb, struct step_coun
         s->tok[n + t] = prompt[sl->n_consumed + t];
         s->pos[n + t] = sl->n_past + t;
         s->seq[n + t] = si;
+        s->se[2 * (n + t)] = sl->se_g;
+        s->se[2 * (n + t) + 1] = sl->se_w;
         s->want[n + t] = all;
     }
     sl->n_consumed += nb;
@@ -752,7 +796,9 @@ static int step_decode(struct engine *e, struct engine_sched *s, int n, enum for
     int o_base = 0; // output rows of the step before entry i
     for (int i = 0; i < n;) {
         int nb = n - i < piece ? n - i : piece;
-        struct forward_batch b = {nb, s->tok + i, s->pos + i, s->seq + i, s->want + i};
+        struct forward_batch b = {nb,          s->tok + i,
+                                  s->pos + i,  s->seq + i,
+                                  s->want + i, fc->cfg.k_unrotated ? s->se + 2 * i : NULL};
         const struct sample_params *rows = head == FORWARD_HEAD_SAMPLE ? s->rows + o_base : NULL;
         int rc = executor_decode(e->x, &b, head, rows, err);
         if (rc == VERR_FULL && nb > 1) {

@@ -94,11 +94,17 @@ struct engine_request {
                                 // being reported
     int n_stop_tokens;          // <= ENGINE_MAX_STOP_TOKENS
     // Policy when its context is full (engine.h: context shift, self-extend).
-    bool ctx_shift;   // default on; off: it ends with "context full"
-    int n_keep;       // tokens kept on a context shift (-1: the prompt; BOS kept on top)
-    int ga_n;         // self-extend group factor (1: off); excludes the context shift
-    int ga_w;         // self-extend width
-    engine_req_fn cb; // optional
+    bool ctx_shift; // default on; off: it ends with "context full"
+    int n_keep;     // tokens kept on a context shift (-1: the prompt; BOS kept on top)
+    int ga_n;       // self-extend group factor (1: off); excludes the context shift
+    int ga_w;       // self-extend width
+    // Exact self-extend (host/ops/selfextend.h) for this request: se_g 0:
+    // the context's (forward_config se_g / se_w); 1: off; > 1: group size G
+    // with neighbor window se_w (1 <= W < n_ctx_train and below the per-slot
+    // context), which needs a context that caches K unrotated
+    // (forward_config k_unrotated or se_g > 1). Not with ga_n > 1.
+    int se_g, se_w;
+    engine_req_fn cb;               // optional
     engine_req_logits_fn on_logits; // optional
     // Optional (engine_eval): with it the request only reads its prompt
     // (n_predict must be 0), which may then fill the per-slot context; the

@@ -214,6 +214,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
         {(void **)&fc->d_cells, nb * sizeof(int32_t), "cells"},
         {(void **)&fc->d_rows, no * sizeof(int32_t), "rows"},
         {(void **)&fc->d_argmax, no * sizeof(int32_t), "argmax"},
+        {(void **)&fc->d_se, fc->cfg.k_unrotated ? nb * 2 * sizeof(int32_t) : 0, "self-extend"},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if ((rc = scratch_alloc(fc, bufs[i].bytes, bufs[i].p, bufs[i].what, err)))
@@ -223,7 +224,9 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     fc->h_argmax = malloc(no * sizeof(int32_t));
     fc->h_cells = malloc(nb * sizeof(int32_t));
     fc->h_rows = malloc(no * sizeof(int32_t));
-    if (!fc->out_batch_idx || !fc->h_logits || !fc->h_argmax || !fc->h_cells || !fc->h_rows) {
+    fc->h_se = malloc(nb * 2 * sizeof(int32_t));
+    if (!fc->out_batch_idx || !fc->h_logits || !fc->h_argmax || !fc->h_cells || !fc->h_rows ||
+        !fc->h_se) {
         rc = verr_set(err, VERR_NOMEM, "forward: out of host memory (logits for %zu rows)", no);
         goto fail;
     }
@@ -252,9 +255,9 @@ void forward_free(struct forward_ctx *fc) {
     for (int i = 0; i < FORWARD_GRAPH_CACHE; i++)
         if (fc->graphs[i].exec)
             fc->be->ops->graph_destroy(fc->be, fc->graphs[i].exec);
-    void *dev[] = {fc->x,     fc->xn,      fc->q,      fc->k,       fc->v,     fc->attn,
-                   fc->gate,  fc->up,      fc->xo,     fc->logits,  fc->d_tok, fc->d_pos,
-                   fc->d_seq, fc->d_cells, fc->d_rows, fc->d_argmax};
+    void *dev[] = {fc->x,     fc->xn,      fc->q,      fc->k,        fc->v,     fc->attn,
+                   fc->gate,  fc->up,      fc->xo,     fc->logits,   fc->d_tok, fc->d_pos,
+                   fc->d_seq, fc->d_cells, fc->d_rows, fc->d_argmax, fc->d_se};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             fc->be->ops->free(fc->be, dev[i]);
@@ -264,6 +267,7 @@ void forward_free(struct forward_ctx *fc) {
     free(fc->h_argmax);
     free(fc->h_cells);
     free(fc->h_rows);
+    free(fc->h_se);
     memset(fc, 0, sizeof *fc);
 }
 
@@ -395,6 +399,35 @@ static int decode_step_graph(struct forward_ctx *fc, int n_tok, int n_out, bool 
     return 0;
 }
 
+// b->se: only in the unrotated cache mode; each G >= 1, each W as
+// forward_selfextend_ctx wants it when G > 1, and no G > 1 on a model with
+// sliding-window layers (init's rule for cfg.se_g).
+static int check_batch_se(const struct forward_ctx *fc, const struct forward_batch *b,
+                          struct verr *err) {
+    const struct model_hparams *hp = &fc->m->hp;
+    if (!b->se)
+        return 0;
+    if (!fc->cfg.k_unrotated)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: self-extend per token needs K cached unrotated (the context "
+                        "was created without k_unrotated or se_g > 1)");
+    for (int t = 0; t < b->n_tok; t++) {
+        const int g = b->se[2 * t], w = b->se[2 * t + 1];
+        int n_ctx_se;
+        if (g == 1)
+            continue;
+        int rc = forward_selfextend_ctx(hp, g, w, &n_ctx_se, err);
+        if (rc)
+            return verr_wrap(err, "forward: token %d", t);
+        if (hp->sliding_window > 0)
+            return verr_set(err, VERR_UNSUPPORTED,
+                            "forward: token %d: self-extend with %s's sliding-window layers is "
+                            "not supported",
+                            t, model_arch_name(hp->arch));
+    }
+    return 0;
+}
+
 int forward_batch_begin(struct forward_ctx *fc, const struct forward_batch *b, int *n_out_p,
                         struct verr *err) {
     const struct model_hparams *hp = &fc->m->hp;
@@ -412,6 +445,9 @@ int forward_batch_begin(struct forward_ctx *fc, const struct forward_batch *b, i
             return verr_set(err, VERR_RANGE, "forward: token %d: negative position %d", t,
                             b->pos[t]);
     }
+    int rc = check_batch_se(fc, b, err);
+    if (rc)
+        return rc;
     int n_out = 0;
     for (int t = 0; t < n_tok; t++) {
         bool want = b->logits ? b->logits[t] != 0 : t == n_tok - 1;
@@ -424,8 +460,7 @@ int forward_batch_begin(struct forward_ctx *fc, const struct forward_batch *b, i
         fc->out_batch_idx[n_out] = t;
         n_out++;
     }
-    int rc = kv_find_slot(&fc->kv, b->pos, b->seq, n_tok, fc->h_cells, err);
-    if (rc)
+    if ((rc = kv_find_slot(&fc->kv, b->pos, b->seq, n_tok, fc->h_cells, err)))
         return rc;
     *n_out_p = n_out;
     return 0;
@@ -481,6 +516,17 @@ int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
     OP("upload cells", be->ops->upload(be, fc->d_cells, cells, (size_t)n_tok * i32));
     if (n_out > 0 && fc->m->layer_end == fc->m->hp.n_layer)
         OP("upload rows", be->ops->upload(be, fc->d_rows, rows, (size_t)n_out * i32));
+    if (fc->cfg.k_unrotated) {
+        const int32_t *se = b->se;
+        if (!se) { // the context's own G and W for every token
+            for (int t = 0; t < n_tok; t++) {
+                fc->h_se[2 * t] = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1;
+                fc->h_se[2 * t + 1] = fc->cfg.se_w > 0 ? fc->cfg.se_w : 1;
+            }
+            se = fc->h_se;
+        }
+        OP("upload self-extend", be->ops->upload(be, fc->d_se, se, (size_t)n_tok * 2 * i32));
+    }
     return 0;
 }
 
@@ -525,8 +571,7 @@ static int proj_residual(struct forward_ctx *fc, int il, float *x /* [n_tok][n_e
 // parameters and the K/V store, attention over cells [0, n_kv) (through the
 // window on a sliding-window layer), the output projection and, on a
 // sandwich-norm block (gemma3), its norm before the residual add.
-static int layer_attention(struct forward_ctx *fc, int il, float *x, const int32_t *d_pos,
-                           const int32_t *d_seq, const int32_t *d_cells, int n_tok, int n_kv,
+static int layer_attention(struct forward_ctx *fc, int il, float *x, int t0, int n_tok, int n_kv,
                            struct verr *err) {
     const struct model *m = fc->m;
     const struct model_hparams *hp = &m->hp;
@@ -536,6 +581,8 @@ static int layer_attention(struct forward_ctx *fc, int il, float *x, const int32
     const int n_embd = hp->n_embd;
     const bool swa = model_layer_is_swa(hp, il);
     const struct rope_params *rp = swa ? &fc->rope_swa : &fc->rope;
+    const int32_t *d_pos = fc->d_pos + t0, *d_seq = fc->d_seq + t0; // [n_tok]
+    const int32_t *d_cells = fc->d_cells + t0;                      // [n_tok]
     OP("attn_norm", be->ops->rms_norm(be, fc->xn, x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
     const struct backend_mm qkv[3] = {
         {fc->q, &L->wq, L->bq}, {fc->k, &L->wk, L->bk}, {fc->v, &L->wv, L->bv}};
@@ -574,6 +621,7 @@ static int layer_attention(struct forward_ctx *fc, int il, float *x, const int32
         .rope = fc->cfg.k_unrotated ? rp : NULL,
         .se_g = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1,
         .se_w = fc->cfg.se_w,
+        .q_se = fc->cfg.k_unrotated ? fc->d_se + 2 * t0 : NULL, // [n_tok][2]
     };
     OP("attention", be->ops->attention(be, &a));
     return proj_residual(fc, il, x, &L->wo, fc->attn, L->attn_post_norm, n_tok, "attn_output", err);
@@ -601,11 +649,9 @@ static int layer_ffn(struct forward_ctx *fc, int il, float *x, int n_tok, struct
 // forward_stage_layers with attention over cells [0, n_kv), n_kv >= kv_n_kv.
 static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err) {
     const struct model *m = fc->m;
-    float *x = fc->x + (size_t)t0 * m->hp.n_embd;                   // [n_tok][n_embd]
-    const int32_t *d_pos = fc->d_pos + t0, *d_seq = fc->d_seq + t0; // [n_tok]
-    const int32_t *d_cells = fc->d_cells + t0;                      // [n_tok]
+    float *x = fc->x + (size_t)t0 * m->hp.n_embd; // [n_tok][n_embd]
     for (int il = m->layer_begin; il < m->layer_end; il++) {
-        int rc = layer_attention(fc, il, x, d_pos, d_seq, d_cells, n_tok, n_kv, err);
+        int rc = layer_attention(fc, il, x, t0, n_tok, n_kv, err);
         if (rc || (rc = layer_ffn(fc, il, x, n_tok, err)))
             return rc;
     }

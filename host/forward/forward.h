@@ -112,6 +112,14 @@ struct forward_batch {
     const int32_t *pos;   // [n_tok]
     const int32_t *seq;   // [n_tok]
     const int8_t *logits; // [n_tok] non-zero: this entry wants logits; NULL: the last only
+    // Exact self-extend per token (host/ops/selfextend.h), for contexts in
+    // the unrotated cache mode (cfg.k_unrotated, or cfg.se_g > 1): se[2t] is
+    // token t's group size G >= 1 (1: ordinary attention) and se[2t + 1] its
+    // neighbor window W (1 <= W < n_ctx_train when G > 1). Sequences of one
+    // batch may so use different values (K is cached unrotated); a sequence
+    // keeps its values, since the K/V of later layers come from earlier
+    // layers' attention. NULL: cfg.se_g / se_w for every token.
+    const int32_t *se; // [n_tok][2] or NULL
 };
 
 struct forward_ctx {
@@ -140,6 +148,7 @@ struct forward_ctx {
     int32_t *d_cells;  // [n_batch]
     int32_t *d_rows;   // [n_out]
     int32_t *d_argmax; // [n_out]
+    int32_t *d_se;     // [n_batch][2] each token's (G, W); the unrotated cache mode only
 
     // host results of the last decode
     int n_out;              // rows that wanted logits
@@ -148,6 +157,7 @@ struct forward_ctx {
     int32_t *h_argmax;      // [n_out] (forward_decode_argmax)
     int32_t *h_cells;       // [n_batch] scratch
     int32_t *h_rows;        // [n_out] scratch
+    int32_t *h_se;          // [n_batch][2] scratch: cfg's (G, W) per token (unrotated mode)
     // forward_decode_sample's rows during its decode (host memory, [n_out]),
     // read by the head stage (forward_stage_head); NULL otherwise.
     const struct sample_params *sp;
@@ -196,7 +206,7 @@ int forward_decode_head(struct forward_ctx *fc, const struct forward_batch *b,
                         enum forward_head head, const struct sample_params *sp, struct verr *err);
 
 // The first half of every decode, for drivers of several stages
-// (host/split/): checks the batch, lists its output rows (fc->h_rows and
+// (host/split/): checks the batch (b->se included), lists its output rows (fc->h_rows and
 // fc->out_batch_idx, *n_out of them) and claims its cells (fc->h_cells,
 // kv_find_slot). On an error nothing was claimed. After a later failure,
 // forward_batch_undo gives the cells back.
@@ -210,8 +220,9 @@ void forward_batch_undo(struct forward_ctx *fc, const struct forward_batch *b);
 // decode never share rows and can be in flight on several stages at once.
 
 // kv_prepare on fc's cache (the pending shift, the mirrors), then uploads the
-// batch's tokens, positions, seq ids, cells [n_tok] and output rows [n_out]
-// (batch indices, ascending).
+// batch's tokens, positions, seq ids, cells [n_tok], output rows [n_out]
+// (batch indices, ascending) and, in the unrotated cache mode, each token's
+// self-extend G and W (b->se or the context's).
 int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
                          const int32_t *cells, const int32_t *rows, int n_out, struct verr *err);
 // x rows [t0, t0+n) = embeddings of the batch's tokens (first stage only).

@@ -101,8 +101,9 @@ struct attn_args {
     // Exact self-extend chosen per query (only with rope): NULL, or backend
     // memory where q_se[2t] is token t's G and q_se[2t + 1] its W, which then
     // replace se_g / se_w for that token. Tokens of one batch (of different
-    // sequences) may so use different G and W, or none (G = 1). K is stored
-    // unrotated, so nothing in the cache depends on them. The caller checks
+    // sequences) may so use different G and W, or none (G = 1): K is stored
+    // unrotated, so the op's inputs do not depend on them (the K/V a later
+    // layer stores do: they come from this attention). The caller checks
     // the values (forward_batch_begin: G >= 1, and 1 <= W when G > 1); a
     // backend reads G < 1 as 1 (ordinary attention) and W < 1 as 1.
     const int32_t *q_se; // [n_tok][2] or NULL

@@ -62,6 +62,24 @@ static inline int64_t se_extended_ctx(int n_ctx_train, int g, int w) {
     return n > INT32_MAX ? 0 : n;
 }
 
+// How many leading positions of a sequence get the same K/V in every layer
+// under the rules (G1, W1) and (G2, W2) (G 1: ordinary attention): all
+// (INT32_MAX) when the rules are the same, else the positions below each W
+// with G > 1, whose queries have no far key and attend as ordinary
+// attention does. A cache reusing one run's cells for another uses this.
+static inline int32_t se_same_prefix(int g1, int w1, int g2, int w2) {
+    if (g1 <= 1 && g2 <= 1)
+        return INT32_MAX;
+    if (g1 == g2 && w1 == w2)
+        return INT32_MAX;
+    int32_t n = INT32_MAX;
+    if (g1 > 1 && w1 < n)
+        n = w1 > 0 ? w1 : 0;
+    if (g2 > 1 && w2 < n)
+        n = w2 > 0 ? w2 : 0;
+    return n;
+}
+
 #undef SE_HD
 
 #endif

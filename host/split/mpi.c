@@ -31,6 +31,7 @@ enum { MSG_DECODE = 1, MSG_QUIT = 2 };
 struct msg_hdr {
     int32_t kind, n_tok, n_out, argmax_only;
     int32_t lo, hi, head, used, has_shift, seq_words;
+    int32_t has_se;    // the batch's per-token self-extend values follow its seq ids
     uint32_t n_clears; // rank 0's kv.n_clears (mod 2^32): a rank behind clears its K/V first
 };
 
@@ -55,6 +56,7 @@ int pipeline_mpi_send_decode(struct pipeline_ctl *ctl, const struct forward_batc
                         .used = kv->used,
                         .has_shift = kv->has_shift,
                         .seq_words = kv->seq_words,
+                        .has_se = b->se != NULL,
                         .n_clears = (uint32_t)kv->n_clears};
     const size_t nt = (size_t)b->n_tok * sizeof(int32_t), nc = (size_t)(hi - lo);
     int rc;
@@ -62,6 +64,7 @@ int pipeline_mpi_send_decode(struct pipeline_ctl *ctl, const struct forward_batc
         (rc = ctl->bcast(ctl, (void *)b->token, nt, err)) ||
         (rc = ctl->bcast(ctl, (void *)b->pos, nt, err)) ||
         (rc = ctl->bcast(ctl, (void *)b->seq, nt, err)) ||
+        (b->se && (rc = ctl->bcast(ctl, (void *)b->se, 2 * nt, err))) ||
         (rc = ctl->bcast(ctl, (void *)cells, nt, err)) ||
         (rc = ctl->bcast(ctl, (void *)rows, (size_t)n_out * sizeof(int32_t), err)) ||
         (rc = ctl->bcast(ctl, kv->pos + lo, nc * sizeof(int32_t), err)) ||
@@ -78,6 +81,7 @@ void pipeline_mpi_decode_free(struct pipeline_mpi_decode *d) {
     free(d->seq);
     free(d->cells);
     free(d->rows);
+    free(d->se);
     memset(d, 0, sizeof *d);
 }
 
@@ -111,15 +115,18 @@ int pipeline_mpi_recv_decode(struct pipeline_ctl *ctl, struct kv_cache *kv,
     d->seq = malloc(nt * 4);
     d->cells = malloc(nt * 4);
     d->rows = malloc((size_t)(h.n_out + 1) * 4);
+    d->se = h.has_se ? malloc(nt * 8) : NULL;
     int32_t *pos = malloc((nc + 1) * 4), *delta = malloc((nc + 1) * 4);
     uint64_t *seq = malloc((nc * (size_t)h.seq_words + 1) * 8);
-    if (!d->token || !d->pos || !d->seq || !d->cells || !d->rows || !pos || !delta || !seq) {
+    if (!d->token || !d->pos || !d->seq || !d->cells || !d->rows || !pos || !delta || !seq ||
+        (h.has_se && !d->se)) {
         rc = verr_set(err, VERR_NOMEM, "out of host memory");
         goto out;
     }
     if ((rc = ctl->bcast(ctl, d->token, nt * 4, err)) ||
         (rc = ctl->bcast(ctl, d->pos, nt * 4, err)) ||
         (rc = ctl->bcast(ctl, d->seq, nt * 4, err)) ||
+        (d->se && (rc = ctl->bcast(ctl, d->se, nt * 8, err))) ||
         (rc = ctl->bcast(ctl, d->cells, nt * 4, err)) ||
         (rc = ctl->bcast(ctl, d->rows, (size_t)h.n_out * 4, err)) ||
         (rc = ctl->bcast(ctl, pos, nc * 4, err)) || (rc = ctl->bcast(ctl, delta, nc * 4, err)) ||

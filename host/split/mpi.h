@@ -46,6 +46,7 @@ struct pipeline_mpi_decode {
     int n_tok, n_out;
     int32_t *token, *pos, *seq, *cells; // [n_tok]
     int32_t *rows;                      // [n_out]
+    int32_t *se;                        // [n_tok][2] the batch's self-extend G, W, or NULL
 };
 
 int pipeline_mpi_send_decode(struct pipeline_ctl *ctl, const struct forward_batch *b,

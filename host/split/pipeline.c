@@ -608,7 +608,7 @@ int pipeline_serve(struct pipeline_ctx *pc, struct verr *err) {
             return rc;
         if (d.quit)
             return 0;
-        struct forward_batch b = {d.n_tok, d.token, d.pos, d.seq, NULL};
+        struct forward_batch b = {d.n_tok, d.token, d.pos, d.seq, NULL, d.se};
         rc = run_stages(pc, &b, d.cells, d.rows, d.n_out, d.argmax_only, NULL, NULL, err);
         pipeline_mpi_decode_free(&d);
         if (rc)

@@ -6,16 +6,18 @@
 // the middle of the window and reused). Logits, argmax ids and sampled ids
 // must be bit-identical with graphs on and off: the replayed kernels are the
 // eager ones with the same arguments except n_kv, and attention's result does
-// not depend on n_kv within a bucket (host/backend.h). Skips itself without a
-// CUDA device.
+// not depend on n_kv within a bucket (host/backend.h). The same again with K
+// cached unrotated and each sequence attending with its own exact
+// self-extend G and W (forward_batch.se, uploaded before every replay).
+// Skips itself without a CUDA device.
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/ops/backend.h"
 #include "host/forward/forward.h"
 #include "host/model/model.h"
+#include "host/ops/backend.h"
 #include "tests/tiny_model.h"
 
 #define N_STEPS 480
@@ -51,13 +53,17 @@ static void keep_outputs(struct forward_ctx *fc, enum mode mode, struct result *
     }
 }
 
-static void run_script(struct model *m, bool graphs, enum mode mode, struct result *r) {
+// se: NULL (the default rotated cache), or each sequence's (G, W) on an
+// unrotated cache.
+static void run_script(struct model *m, bool graphs, enum mode mode, const int (*se)[2],
+                       struct result *r) {
     struct forward_config cfg;
     forward_config_default(&cfg);
     cfg.n_ctx = 1024; // buckets of 256: four windows
     cfg.n_batch = 64;
     cfg.n_seq_max = 2;
     cfg.no_graph = !graphs;
+    cfg.k_unrotated = se != NULL;
     struct forward_ctx fc;
     struct verr err = {0};
     cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
@@ -69,13 +75,15 @@ static void run_script(struct model *m, bool graphs, enum mode mode, struct resu
     int32_t n_past[2] = {0, 0}, last[2] = {0, 0};
     static const int plen[2] = {24, 40};
     for (int s = 0; s < 2; s++) {
-        int32_t tok[64], pos[64], seq[64];
+        int32_t tok[64], pos[64], seq[64], bse[128];
         for (int t = 0; t < plen[s]; t++) {
             tok[t] = (t * 11 + 3 + s * 17) % V;
             pos[t] = t;
             seq[t] = s;
+            bse[2 * t] = se ? se[s][0] : 0;
+            bse[2 * t + 1] = se ? se[s][1] : 0;
         }
-        struct forward_batch b = {plen[s], tok, pos, seq, NULL};
+        struct forward_batch b = {plen[s], tok, pos, seq, NULL, se ? bse : NULL};
         struct sample_params sp = {
             .temp = 0.9f, .top_k = 20, .top_p = 0.95f, .min_p = 0.02f, .u = 0.5};
         decode_or_die(&fc, mode, &b, &sp);
@@ -92,7 +100,7 @@ static void run_script(struct model *m, bool graphs, enum mode mode, struct resu
                          err.msg);
             n_past[s] -= discard;
         }
-        int32_t tok[2], pos[2], seq[2];
+        int32_t tok[2], pos[2], seq[2], bse[4];
         int n = 0;
         for (int s = 0; s < 2; s++) {
             if (s == 0 && step % 7 == 3)
@@ -100,6 +108,8 @@ static void run_script(struct model *m, bool graphs, enum mode mode, struct resu
             tok[n] = mode == MODE_LOGITS ? (step * 7 + s * 13 + 5) % V : last[s];
             pos[n] = n_past[s];
             seq[n] = s;
+            bse[2 * n] = se ? se[s][0] : 0;
+            bse[2 * n + 1] = se ? se[s][1] : 0;
             n++;
         }
         const int8_t want[2] = {1, 1};
@@ -110,7 +120,7 @@ static void run_script(struct model *m, bool graphs, enum mode mode, struct resu
                                            .top_p = 0.95f,
                                            .min_p = 0.02f,
                                            .u = (double)((step * 37 + i * 11) % 97) / 97.0};
-        struct forward_batch b = {n, tok, pos, seq, want};
+        struct forward_batch b = {n, tok, pos, seq, want, se ? bse : NULL};
         decode_or_die(&fc, mode, &b, sp);
         keep_outputs(&fc, mode, r);
         for (int i = 0; i < n; i++) {
@@ -129,7 +139,7 @@ static void run_script(struct model *m, bool graphs, enum mode mode, struct resu
     forward_free(&fc);
 }
 
-static void compare_modes(enum mode mode) {
+static void compare_modes(enum mode mode, const int (*se)[2]) {
     if (backend_cuda_device_count() == 0)
         cr_skip_test("no CUDA device present");
     char path[128];
@@ -152,8 +162,8 @@ static void compare_modes(enum mode mode) {
     on.ids = malloc(sizeof(int32_t) * MAX_ROWS);
     off.ids = malloc(sizeof(int32_t) * MAX_ROWS);
     cr_assert(on.logits && off.logits && on.ids && off.ids);
-    run_script(m, false, mode, &off);
-    run_script(m, true, mode, &on);
+    run_script(m, false, mode, se, &off);
+    run_script(m, true, mode, se, &on);
 
     cr_assert_eq(on.n_rows, off.n_rows);
     // bit-identical: the same kernels on the same inputs (see the top comment)
@@ -185,15 +195,21 @@ static void compare_modes(enum mode mode) {
 }
 
 Test(cuda_graph, logits_on_off_identical) {
-    compare_modes(MODE_LOGITS);
+    compare_modes(MODE_LOGITS, NULL);
 }
 
 Test(cuda_graph, argmax_on_off_identical) {
-    compare_modes(MODE_ARGMAX);
+    compare_modes(MODE_ARGMAX, NULL);
 }
 
 Test(cuda_graph, sample_on_off_identical) {
-    compare_modes(MODE_SAMPLE);
+    compare_modes(MODE_SAMPLE, NULL);
+}
+
+// The two sequences' steps mix (4, 16) and (2, 40) rows in one attention.
+Test(cuda_graph, self_extend_per_sequence_on_off_identical) {
+    static const int se[2][2] = {{4, 16}, {2, 40}};
+    compare_modes(MODE_LOGITS, se);
 }
 
 Test(cuda_graph, env_turns_graphs_off) {

@@ -29,10 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/ops/backend.h"
+#include "host/backend/sampler.h"
 #include "host/forward/forward.h"
 #include "host/model/model.h"
-#include "host/backend/sampler.h"
+#include "host/ops/backend.h"
 #include "tests/tiny_model.h"
 
 static void run_tokens(struct model *m, int n_batch, enum ggml_type kv, const int32_t *tok, int n,
@@ -54,7 +54,7 @@ static void run_tokens(struct model *m, int n_batch, enum ggml_type kv, const in
     }
     for (int i = 0; i < n; i += n_batch) {
         int nb = n - i < n_batch ? n - i : n_batch;
-        struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i};
+        struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i, NULL};
         int rc = argmax ? forward_decode_argmax(&fc, &b, &err) : forward_decode(&fc, &b, &err);
         cr_assert_eq(rc, 0, "%s: %s", m->be->ops->name, err.msg);
         for (int r = 0; r < nb; r++) {
@@ -113,8 +113,8 @@ static void compare_backends(const struct tiny_cfg *cfg, double tol, double tol_
             const double tol_b = batches[bi] < n       ? tol_dec
                                  : kt == GGML_TYPE_F16 ? fmax(tol, 1e-3) // tensor cores
                                                        : tol;
-            cr_expect_lt(worst / scale, tol_b, "%s: %s KV, batch %d: worst relative error %g", label,
-                         ggml_type_name(kt), batches[bi], worst / scale);
+            cr_expect_lt(worst / scale, tol_b, "%s: %s KV, batch %d: worst relative error %g",
+                         label, ggml_type_name(kt), batches[bi], worst / scale);
         }
         // argmax on the device agrees with the CPU wherever the top two
         // logits are not within the tolerance of each other
@@ -349,7 +349,7 @@ Test(forward_cuda, decode_sample_matches_host_chain) {
     forward_config_default(&cfg);
     cfg.n_ctx = 64;
     cfg.n_batch = n;
-    struct forward_batch b = {n, tok, pos, seq, want};
+    struct forward_batch b = {n, tok, pos, seq, want, NULL};
     struct forward_ctx fc;
     cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
     cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);

@@ -59,7 +59,7 @@ static void arch_logits(struct model *m, int n_batch, enum ggml_type kv, float *
     const size_t V = (size_t)m->hp.n_vocab;
     for (int i = 0; i < ARCH_N_TOK; i += n_batch) {
         const int nb = ARCH_N_TOK - i < n_batch ? ARCH_N_TOK - i : n_batch;
-        const struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i};
+        const struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i, NULL};
         cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s: %s", m->be->ops->name, err.msg);
         for (int r = 0; r < nb; r++)
             memcpy(out + (size_t)(i + r) * V, forward_logits(&fc, r), V * sizeof(float));
