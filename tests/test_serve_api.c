@@ -308,25 +308,58 @@ Test(serve_api, context_fields_are_checked_against_the_server) {
     cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": 32}}", 10, &rotated,
                        &max_gen, &e),
                  400);
-    cr_expect(strstr(e.message, "--self-extend G W"), "%s", e.message);
+    cr_expect(strstr(e.message, "--self-extend G W or --kv-unrotated"), "%s", e.message);
     cr_expect_str_eq(e.code, "invalid_value");
+    // n = 1 (off) runs anywhere.
+    cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 1, \"w\": 1}}", 10, &rotated,
+                       &max_gen, &e),
+                 0, "%s", e.message);
 
     // --self-extend 4 32 on a model trained for 128 tokens: (128 - 32) * 4 + 32 = 416.
-    const struct api_ctx_limits se = {.n_ctx_slot = 600, .n_ctx_train = 128, .se_g = 4, .se_w = 32};
+    const struct api_ctx_limits se = {
+        .n_ctx_slot = 600, .n_ctx_train = 128, .se_g = 4, .se_w = 32, .k_unrotated = true};
     cr_expect_eq(check("{\"prompt\": \"x\"}", 200, &se, &max_gen, &e), 0, "%s", e.message);
     cr_expect_eq(max_gen, 216, "the extended context (416, below the slot's 600) ends it");
     cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": 32}}", 200, &se,
                        &max_gen, &e),
                  0, "the server's own values: %s", e.message);
+    // A request's own values: (128 - 32) * 2 + 32 = 224, (128 - 16) * 4 + 16 = 464.
     cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 2, \"w\": 32}}", 200, &se,
                        &max_gen, &e),
-                 400);
-    cr_expect(strstr(e.message, "n = 4, w = 32"), "names the server's values: %s", e.message);
+                 0, "%s", e.message);
+    cr_expect_eq(max_gen, 24);
     cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": 16}}", 200, &se,
                        &max_gen, &e),
-                 400);
+                 0, "%s", e.message);
+    cr_expect_eq(max_gen, 264);
+    cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 2, \"w\": 32}}", 221, &se,
+                       &max_gen, &e),
+                 400, "224 holds 220 prompt tokens and 4 more, not 221");
+    cr_expect(strstr(e.message, "n = 2, w = 32") && strstr(e.message, "224"), "%s", e.message);
+    cr_expect_eq(
+        check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 1, \"w\": 1}}", 200, &se, &max_gen, &e),
+        0, "off for this request: %s", e.message);
+    cr_expect_eq(max_gen, -1);
     cr_expect_eq(check("{\"prompt\": \"x\", \"grp_attn_n\": 2}", 200, &se, &max_gen, &e), 400);
     cr_expect(strstr(e.message, "exclude each other"), "%s", e.message);
+    cr_expect_eq(check("{\"prompt\": \"x\", \"grp_attn_n\": 2, \"self_extend\": {\"n\": 1, "
+                       "\"w\": 1}}",
+                       100, &se, &max_gen, &e),
+                 0, "llama.cpp's self-extend once the exact one is off: %s", e.message);
+
+    // --kv-unrotated alone: no exact self-extend unless a request asks.
+    const struct api_ctx_limits unrot = {
+        .n_ctx_slot = 600, .n_ctx_train = 128, .se_g = 0, .k_unrotated = true};
+    cr_expect_eq(check("{\"prompt\": \"x\"}", 200, &unrot, &max_gen, &e), 0, "%s", e.message);
+    cr_expect_eq(max_gen, -1);
+    cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": 32}}", 200, &unrot,
+                       &max_gen, &e),
+                 0, "%s", e.message);
+    cr_expect_eq(max_gen, 216);
+    cr_expect_eq(check("{\"prompt\": \"x\", \"self_extend\": {\"n\": 4, \"w\": 600}}", 20, &unrot,
+                       &max_gen, &e),
+                 400);
+    cr_expect(strstr(e.message, "not below the slot's context of 600"), "%s", e.message);
     // The prompt and 4 more tokens must fit the extended context.
     cr_expect_eq(check("{\"prompt\": \"x\"}", 412, &se, &max_gen, &e), 0, "%s", e.message);
     cr_expect_eq(max_gen, 4);
@@ -338,16 +371,16 @@ Test(serve_api, context_fields_are_checked_against_the_server) {
               "the sizes: %s", e.message);
     // A slot smaller than the extended context: the engine's slot limit applies.
     const struct api_ctx_limits small = {
-        .n_ctx_slot = 300, .n_ctx_train = 128, .se_g = 4, .se_w = 32};
+        .n_ctx_slot = 300, .n_ctx_train = 128, .se_g = 4, .se_w = 32, .k_unrotated = true};
     cr_expect_eq(check("{\"prompt\": \"x\"}", 200, &small, &max_gen, &e), 0, "%s", e.message);
     cr_expect_eq(max_gen, -1);
     // W not below the slot's context, or not below the trained one.
     const struct api_ctx_limits tight = {
-        .n_ctx_slot = 32, .n_ctx_train = 128, .se_g = 4, .se_w = 32};
+        .n_ctx_slot = 32, .n_ctx_train = 128, .se_g = 4, .se_w = 32, .k_unrotated = true};
     cr_expect_eq(check("{\"prompt\": \"x\"}", 8, &tight, &max_gen, &e), 400);
     cr_expect(strstr(e.message, "not below the slot's context of 32"), "%s", e.message);
     const struct api_ctx_limits wide = {
-        .n_ctx_slot = 4096, .n_ctx_train = 128, .se_g = 4, .se_w = 128};
+        .n_ctx_slot = 4096, .n_ctx_train = 128, .se_g = 4, .se_w = 128, .k_unrotated = true};
     cr_expect_eq(check("{\"prompt\": \"x\"}", 8, &wide, &max_gen, &e), 400);
     cr_expect(strstr(e.message, "below the trained context 128"), "%s", e.message);
 }

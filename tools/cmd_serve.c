@@ -52,18 +52,21 @@ static void usage(FILE *out) {
             "                            share the longest prefix with its prompt when that\n"
             "                            prefix is more than F of them (0..1, default: 0.5;\n"
             "                            0: any common prefix); else the least recently used\n"
-            "  -se, --self-extend G W    exact self-extend for every request (K cached without\n"
-            "                            RoPE): each slot's context grows to\n"
+            "  -se, --self-extend G W    exact self-extend for requests that name none (K\n"
+            "                            cached without RoPE): each slot's context grows to\n"
             "                            (n_ctx_train - W) * G + W; -c is split between slots\n"
+            "  --kv-unrotated            K cached without RoPE, so that requests may choose\n"
+            "                            their own self_extend (on with --self-extend)\n"
             "  -h, --help                this help\n\n"
             "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
             "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
             "it the request ends with finish_reason \"length\"), cache_prompt (default\n"
             "true: reuse the cells a slot kept from earlier requests, decode only the rest),\n"
             "grp_attn_n / grp_attn_w (llama.cpp's self-extend for this request, without\n"
-            "--self-extend), self_extend {\"n\": G, \"w\": W} (with --self-extend: the\n"
-            "server's values). Sampling fields left out are off (OpenAI's defaults:\n"
-            "temperature 1, top_p 1, no top_k/min_p).\n",
+            "--self-extend), self_extend {\"n\": G, \"w\": W} (exact self-extend for this\n"
+            "request, with --self-extend or --kv-unrotated; n 1: off). Sampling fields\n"
+            "left out are off (OpenAI's defaults: temperature 1, top_p 1, no\n"
+            "top_k/min_p).\n",
             SERVE_PARALLEL_MAX);
     args_help_model(out);
 }

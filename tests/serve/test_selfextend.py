@@ -5,9 +5,11 @@ plain (a slot of 128 cells), one with --self-extend 4 32 (the cache keeps K
 without RoPE; each request may use (128 - 32) * 4 + 32 = 416 tokens, slots
 of 600 cells). A prompt longer than the trained context is refused by the
 plain server and answered by the other, with the tokens `vela run
---self-extend 4 32` gives; the request fields are checked (self_extend must be
-the server's values, grp_attn_n excludes it, the extended context bounds the
-prompt and the answer); prompt caching works under it; llama.cpp's
+--self-extend 4 32` gives; a request may choose its own self_extend, also
+beside others with other values in the same batches, and on a server started
+with --kv-unrotated only; the request fields are checked (grp_attn_n excludes
+it, the extended context bounds the prompt and the answer); prompt caching
+works under it, across requests with other values too; llama.cpp's
 grp_attn_n / grp_attn_w still run per request on the plain server; a window
 not below a slot's context is refused at startup.
 (tests/serve/run.sh sets VELA_BIN and VELA_SERVE_WORK.)
@@ -16,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 import urllib.request
 import urllib.error
@@ -73,6 +76,14 @@ def extended():
     p, url, log = start("selfextend", ["-np", "2", "-c", "1200", "--self-extend", str(G), str(W)])
     assert url, open(log).read()
     assert "exact self-extend G 4, W 32: a request may use 416 tokens" in open(log).read()
+    yield url
+    stop(p)
+
+
+@pytest.fixture(scope="module")
+def unrotated():
+    p, url, log = start("unrotated", ["-np", "2", "-c", "1200", "--kv-unrotated"])
+    assert url, open(log).read()
     yield url
     stop(p)
 
@@ -142,10 +153,65 @@ def test_long_prompt_answered_with_self_extend_and_refused_without(plain, extend
     assert status == 200 and same["choices"][0]["text"] == text
 
 
+def run_answer(prompt, g, w, n=8):
+    """What `vela run --self-extend g w` answers to prompt (greedy, n tokens)."""
+    ext = (N_CTX_TRAIN - w) * g + w
+    run = subprocess.run([VELA, "run", "-m", model_path(), "--backend", "cpu", "-t", "2",
+                          "--self-extend", str(g), str(w), "-c", str(ext), "--temp", "0",
+                          "-n", str(n), "-p", prompt],
+                         capture_output=True, check=True)
+    out = run.stdout.decode("utf-8", errors="replace")
+    assert out.startswith(prompt)
+    return out[len(prompt):].rstrip("\n")
+
+
+def test_self_extend_per_request_beside_other_values(extended, unrotated):
+    # two requests at once in the server's two slots, so their tokens share
+    # batches: one with its own values (2, 16: 240 tokens usable), one with
+    # the server's (4, 32); each answers as vela run does with its values
+    prompt, n = text_of(extended, 200, 230)
+    assert N_CTX_TRAIN < n < (N_CTX_TRAIN - 16) * 2 + 16 - 8
+    got = {}
+
+    def ask(key, **kw):
+        got[key] = complete(extended, prompt, cache_prompt=False, **kw)
+
+    threads = [threading.Thread(target=ask, args=("own",), kwargs={"self_extend": {"n": 2, "w": 16}}),
+               threading.Thread(target=ask, args=("server",))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got["own"][0] == 200 and got["server"][0] == 200, got
+    own = got["own"][1]["choices"][0]["text"]
+    assert own == run_answer(prompt, 2, 16)
+    assert got["server"][1]["choices"][0]["text"] == run_answer(prompt, G, W)
+    # a server started with --kv-unrotated only: the request's values
+    status, js = complete(unrotated, prompt, self_extend={"n": 2, "w": 16})
+    assert status == 200 and js["choices"][0]["text"] == own, js
+    # n = 1 turns it off for the request: beyond the trained context then,
+    # as a plain server with 600-cell slots would run it
+    status, off = complete(extended, prompt, self_extend={"n": 1, "w": 1})
+    status2, plain_js = complete(unrotated, prompt)
+    assert status == status2 == 200
+    assert off["choices"][0]["text"] == plain_js["choices"][0]["text"]
+
+
+def test_prompt_cache_across_self_extend_values(extended):
+    # cells kept from a (4, 32) request serve a (2, 16) one only below
+    # position 16: the first 16 positions saw no far key under either rule
+    prompt, n = text_of(extended, 180, 200)
+    status, a = complete(extended, prompt)
+    assert status == 200
+    status, b = complete(extended, prompt, self_extend={"n": 2, "w": 16})
+    status2, cold = complete(extended, prompt, self_extend={"n": 2, "w": 16},
+                             cache_prompt=False)
+    assert status == status2 == 200
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == 16
+    assert b["choices"][0]["text"] == cold["choices"][0]["text"]
+
+
 def test_request_fields_checked_against_the_server(plain, extended):
-    status, js = complete(extended, "hello", self_extend={"n": 2, "w": W})
-    assert status == 400 and js["error"]["code"] == "invalid_value"
-    assert "n = 4, w = 32" in js["error"]["message"]
     for bad in [{"n": 0, "w": W}, {"n": G, "w": 0}, {"n": G}, {"n": G, "w": W, "x": 1}]:
         status, js = complete(extended, "hello", self_extend=bad)
         assert status == 400 and "self_extend" in js["error"]["message"], (bad, js)
@@ -153,15 +219,28 @@ def test_request_fields_checked_against_the_server(plain, extended):
     assert status == 400 and "exclude each other" in js["error"]["message"]
     status, js = complete(plain, "hello", self_extend={"n": G, "w": W})
     assert status == 400 and "--self-extend" in js["error"]["message"]
+    assert "--kv-unrotated" in js["error"]["message"]
+    # a window not below the slot's 600 cells, or the trained context
+    status, js = complete(extended, "hello", self_extend={"n": 2, "w": 600})
+    assert status == 400 and "not below the slot's context" in js["error"]["message"], js
+    status, js = complete(extended, "hello", self_extend={"n": 2, "w": N_CTX_TRAIN})
+    assert status == 400 and "below the trained context" in js["error"]["message"], js
     # chat takes the same fields
     status, js = post(extended, "/v1/chat/completions",
                       {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                       "self_extend": {"n": 3, "w": W}})
+                       "self_extend": {"n": 3, "w": 600}})
     assert status == 400
+    status, js = post(extended, "/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                       "self_extend": {"n": 3, "w": W}})
+    assert status == 200, js
     status, models = 200, json.loads(urllib.request.urlopen(extended + "/v1/models").read())
     meta = models["data"][0]["meta"]
     assert meta["self_extend"] == {"n": G, "w": W, "n_ctx_extended": EXTENDED}
+    assert meta["self_extend_per_request"] is True
     assert meta["n_ctx_slot"] == 600
+    models = json.loads(urllib.request.urlopen(plain + "/v1/models").read())
+    assert models["data"][0]["meta"]["self_extend_per_request"] is False
 
 
 def test_extended_context_bounds_prompt_and_answer(extended):

@@ -401,37 +401,35 @@ static int parse_self_extend(const cJSON *o, struct api_request *r, struct api_e
 int api_check_context(const struct api_request *r, int n_prompt, const struct api_ctx_limits *l,
                       int *max_gen, struct api_error *e) {
     *max_gen = -1;
-    const bool exact = l->se_g > 1;
-    if (r->se_n && !exact)
-        return BAD("'self_extend' needs the server started with --self-extend G W (exact "
-                   "self-extend keeps K without RoPE in the cache); this server's cache is "
-                   "rotated: 'grp_attn_n' / 'grp_attn_w' give llama.cpp's approximation");
-    if (r->se_n && (r->se_n != l->se_g || r->se_w != l->se_w))
-        return BAD("'self_extend' {n: %d, w: %d}: this server runs exact self-extend with n = "
-                   "%d, w = %d for every request (the attention takes one group size and window "
-                   "for the whole cache); repeat those values or leave 'self_extend' out",
-                   r->se_n, r->se_w, l->se_g, l->se_w);
-    if (!exact)
+    // The request's own values, else the server's (n 1: off).
+    const int g = r->se_n ? r->se_n : l->se_g > 1 ? l->se_g : 1;
+    const int w = r->se_n ? r->se_w : l->se_w;
+    if (g > 1 && !l->k_unrotated)
+        return BAD("'self_extend' needs the server started with --self-extend G W or "
+                   "--kv-unrotated (exact self-extend keeps K without RoPE in the cache); this "
+                   "server's cache is rotated: 'grp_attn_n' / 'grp_attn_w' give llama.cpp's "
+                   "approximation");
+    if (g <= 1)
         return 0;
     if (r->grp_attn_n != 1)
-        return BAD("'grp_attn_n' %d (llama.cpp's self-extend) and this server's exact "
-                   "self-extend (n = %d, w = %d) exclude each other",
-                   r->grp_attn_n, l->se_g, l->se_w);
-    if (l->se_w >= l->n_ctx_slot)
+        return BAD("'grp_attn_n' %d (llama.cpp's self-extend) and exact self-extend (n = %d, "
+                   "w = %d%s) exclude each other",
+                   r->grp_attn_n, g, w, r->se_n ? "" : ", the server's");
+    if (w >= l->n_ctx_slot)
         return BAD("self-extend window w = %d is not below the slot's context of %d cells "
                    "(raise -c or lower --parallel)",
-                   l->se_w, l->n_ctx_slot);
-    const int64_t ext = se_extended_ctx(l->n_ctx_train, l->se_g, l->se_w);
+                   w, l->n_ctx_slot);
+    const int64_t ext = se_extended_ctx(l->n_ctx_train, g, w);
     if (ext <= 0)
-        return BAD("self-extend window w = %d must be below the trained context %d", l->se_w,
+        return BAD("self-extend window w = %d must be below the trained context %d", w,
                    l->n_ctx_train);
     if ((int64_t)n_prompt + 4 > ext)
         return api_fail(e, 400, "invalid_request_error", "context_length_exceeded",
                         "prompt is too long (%d tokens, max %lld): exact self-extend (n = %d, "
                         "w = %d) extends the trained context of %d tokens to (%d - w) * n + w = "
                         "%lld, which must hold the prompt and 4 more tokens",
-                        n_prompt, (long long)ext - 4, l->se_g, l->se_w, l->n_ctx_train,
-                        l->n_ctx_train, (long long)ext);
+                        n_prompt, (long long)ext - 4, g, w, l->n_ctx_train, l->n_ctx_train,
+                        (long long)ext);
     if (ext < l->n_ctx_slot)
         *max_gen = (int)(ext - n_prompt);
     return 0;

@@ -95,16 +95,19 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_
 // What a request's context fields are checked against: the server's slots
 // and its cache mode.
 struct api_ctx_limits {
-    int n_ctx_slot;  // cells per slot
-    int n_ctx_train; // the model's trained context
-    int se_g, se_w;  // the server's exact self-extend (--self-extend G W; se_g <= 1: off, the
-                     // cache is rotated)
+    int n_ctx_slot;   // cells per slot
+    int n_ctx_train;  // the model's trained context
+    int se_g, se_w;   // the server's exact self-extend for requests that name none
+                      // (--self-extend G W; se_g <= 1: off)
+    bool k_unrotated; // K is cached unrotated (--self-extend or --kv-unrotated): a
+                      // request may choose its own self_extend
 };
 
 // The rules of a request's context fields once its prompt has n_prompt
 // tokens (the engine checks the rest: the slot's cells, grp_attn values):
-// - self_extend needs the server's exact self-extend, with its n and w (the
-//   attention takes one G and W for the whole cache): 400 otherwise;
+// - a request's exact self-extend is its self_extend {n, w}, else the
+//   server's; n > 1 needs K cached unrotated (l->k_unrotated): 400 otherwise;
+//   n = 1 turns it off for the request;
 // - grp_attn_n > 1 (llama.cpp's self-extend) excludes the exact one: 400;
 // - with exact self-extend, w must be below the slot's context, and the
 //   prompt and 4 more tokens (llama-cli's room) must fit the extended context

@@ -516,6 +516,8 @@ static enum MHD_Result handle_models(struct serve *s, struct MHD_Connection *c) 
             se, "n_ctx_extended",
             (double)se_extended_ctx(s->limits.n_ctx_train, s->limits.se_g, s->limits.se_w));
     }
+    // Whether a request may send its own self_extend {n, w}.
+    cJSON_AddBoolToObject(meta, "self_extend_per_request", s->limits.k_unrotated);
     cJSON_AddItemToArray(data, m);
     cJSON_AddItemToObject(o, "data", data);
     char *js = cJSON_PrintUnformatted(o);
@@ -748,7 +750,8 @@ int serve_set_engine(struct serve *s, struct engine *e, struct verr *err) {
     s->limits = (struct api_ctx_limits){.n_ctx_slot = e->fc->cfg.n_ctx / s->cfg.n_parallel,
                                         .n_ctx_train = e->m->hp.n_ctx_train,
                                         .se_g = e->fc->cfg.se_g,
-                                        .se_w = e->fc->cfg.se_w};
+                                        .se_w = e->fc->cfg.se_w,
+                                        .k_unrotated = e->fc->cfg.k_unrotated};
     if (s->limits.se_g > 1 && s->limits.se_w >= s->limits.n_ctx_slot)
         return verr_set(err, VERR_RANGE,
                         "self-extend window W = %d is not below a slot's context of %d cells "

@@ -248,6 +248,8 @@ static void job_request(struct srv_req *r, int i, struct engine_request *q) {
     q->n_keep = a->n_keep;
     q->ga_n = a->grp_attn_n;
     q->ga_w = a->grp_attn_w;
+    q->se_g = a->se_n; // 0: the server's (the context's)
+    q->se_w = a->se_w;
     q->ignore_eos = a->ignore_eos;
     // Prompt caching (llama-server's cache_prompt): the slot keeps this
     // request's cells for the next one, which decodes only what differs.
