@@ -18,6 +18,7 @@
 # Output dir (--out, default $WORK/out): at most 8 files, each small,
 # so that it can come back from a device machine whole:
 #   SUMMARY.json  vela.json  kernels.json  kernels.md  llamacpp.json  run.log
+#   kernels-attn-se.json/.md  attention vs exact self-extend at 4k/16k/64k (#13)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -166,6 +167,15 @@ stage_kernels() {
   [ "$QUICK" = 1 ] && extra=(--quick)
   "$BUILD/bench/vela-bench-kernels" "${extra[@]}" --json "$RAW/kernels.json" >"$RAW/kernels.md" \
     2>>"$RAW/run.log" || log "kernels: some cases failed (see kernels.json)"
+  # Exact self-extend (#13) against ordinary attention at 4k, 16k and 64k keys:
+  # the same bytes, the rotations and the far scores are the extra work.
+  log "kernels: attention, ordinary vs exact self-extend, 4k/16k/64k"
+  local reps=()
+  [ "$QUICK" = 1 ] && reps=(-r 3)
+  "$BUILD/bench/vela-bench-kernels" --filter attn_decode,attn_se_decode,attn_prefill,attn_se_prefill \
+    --models llama3-8b,llama2-7b --ctx 4096,16384,65536 "${reps[@]}" \
+    --json "$RAW/kernels-attn-se.json" >"$RAW/kernels-attn-se.md" 2>>"$RAW/run.log" \
+    || log "kernels: some attention cases failed (see kernels-attn-se.json)"
 }
 
 stage_llama_build() {
@@ -297,6 +307,8 @@ for r in rows:
 EOF
   [ -f "$RAW/kernels.json" ] && cp "$RAW/kernels.json" "$OUT/kernels.json"
   [ -f "$RAW/kernels.md" ] && cp "$RAW/kernels.md" "$OUT/kernels.md"
+  [ -f "$RAW/kernels-attn-se.json" ] && cp "$RAW/kernels-attn-se.json" "$OUT/"
+  [ -f "$RAW/kernels-attn-se.md" ] && cp "$RAW/kernels-attn-se.md" "$OUT/"
   cp "$RAW/run.log" "$OUT/run.log"
 }
 
