@@ -171,20 +171,10 @@ static void ref_logits(const struct fixture *fx, const int32_t *tok, const int32
             tiny_matvec(o, L->wo, att + (size_t)t * nq, nq, E, NULL);
             for (int e = 0; e < E; e++)
                 xt[e] += o[e];
-            tiny_rmsnorm(xn, xt, L->ffn_norm, E, c->norm_eps);
-            tiny_matvec(g, L->wg, xn, E, F, NULL);
-            tiny_matvec(u, L->wu, xn, E, F, NULL);
-            for (int k = 0; k < F; k++)
-                g[k] = g[k] / (1 + exp(-g[k])) * u[k];
-            tiny_matvec(o, L->wd, g, F, E, NULL);
-            for (int e = 0; e < E; e++)
-                xt[e] += o[e];
+            tiny_ffn_residual(c, L, xt, xn, g, u, o);
         }
     }
-    for (int t = 0; t < n; t++) {
-        tiny_rmsnorm(xn, x + (size_t)t * E, w->output_norm, E, c->norm_eps);
-        tiny_matvec(logits + (size_t)t * c->n_vocab, w->output, xn, E, c->n_vocab, NULL);
-    }
+    tiny_head_logits(c, w, x, n, xn, logits);
     free(x);
     free(xn);
     free(Q);

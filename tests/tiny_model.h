@@ -417,6 +417,31 @@ static inline void tiny_rmsnorm(double *out, const double *x, const float *w, in
         out[i] = x[i] * s * w[i];
 }
 
+// One token's feed-forward block added to its residual row xt [n_embd]:
+// rms_norm, SwiGLU(gate, up), down. Scratch: xn, o [n_embd], g, u [n_ff].
+static inline void tiny_ffn_residual(const struct tiny_cfg *c, const struct tiny_layer *L,
+                                     double *xt, double *xn, double *g, double *u, double *o) {
+    const int E = c->n_embd, F = c->n_ff;
+    tiny_rmsnorm(xn, xt, L->ffn_norm, E, c->norm_eps);
+    tiny_matvec(g, L->wg, xn, E, F, NULL);
+    tiny_matvec(u, L->wu, xn, E, F, NULL);
+    for (int i = 0; i < F; i++)
+        g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+    tiny_matvec(o, L->wd, g, F, E, NULL);
+    for (int i = 0; i < E; i++)
+        xt[i] += o[i];
+}
+
+// Final norm and LM head: logits [n][n_vocab] of residual rows x [n][n_embd]
+// (scratch xn [n_embd]).
+static inline void tiny_head_logits(const struct tiny_cfg *c, const struct tiny_weights *w,
+                                    const double *x, int n, double *xn, double *logits) {
+    for (int t = 0; t < n; t++) {
+        tiny_rmsnorm(xn, x + (size_t)t * c->n_embd, w->output_norm, c->n_embd, c->norm_eps);
+        tiny_matvec(logits + (size_t)t * c->n_vocab, w->output, xn, c->n_embd, c->n_vocab, NULL);
+    }
+}
+
 // Logits [n][n_vocab] of one sequence of tokens at positions pos[0..n)
 // (each token attends to the tokens before it in the list with pos <= its own).
 static inline void tiny_reference(const struct tiny_cfg *c, const struct tiny_weights *w,
@@ -479,22 +504,10 @@ static inline void tiny_reference(const struct tiny_cfg *c, const struct tiny_we
             for (int i = 0; i < E; i++)
                 x[(size_t)t * E + i] += o[i];
         }
-        for (int t = 0; t < n; t++) {
-            double *xt = x + (size_t)t * E;
-            tiny_rmsnorm(xn, xt, L->ffn_norm, E, c->norm_eps);
-            tiny_matvec(g, L->wg, xn, E, F, NULL);
-            tiny_matvec(u, L->wu, xn, E, F, NULL);
-            for (int i = 0; i < F; i++)
-                g[i] = g[i] / (1 + exp(-g[i])) * u[i];
-            tiny_matvec(o, L->wd, g, F, E, NULL);
-            for (int i = 0; i < E; i++)
-                xt[i] += o[i];
-        }
+        for (int t = 0; t < n; t++)
+            tiny_ffn_residual(c, L, x + (size_t)t * E, xn, g, u, o);
     }
-    for (int t = 0; t < n; t++) {
-        tiny_rmsnorm(xn, x + (size_t)t * E, w->output_norm, E, c->norm_eps);
-        tiny_matvec(logits + (size_t)t * c->n_vocab, w->output, xn, E, c->n_vocab, NULL);
-    }
+    tiny_head_logits(c, w, x, n, xn, logits);
     free(x);
     free(xn);
     free(q);
