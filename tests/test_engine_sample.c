@@ -15,9 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/args.h"
 #include "host/engine/engine.h"
-#include "tiny_model.h"
+#include "tests/engine_helpers.h"
 
 #define MAX_SEQ 8
 #define MAX_TOK 256
@@ -30,12 +29,7 @@ static void setup(void) {
     cfg.n_vocab = 96;
     cfg.n_ctx_train = 512;
     cfg.seed = 77;
-    struct tiny_weights w;
-    model_path = malloc(128);
-    tiny_temp_path(model_path, 128, "engsample");
-    struct verr err = {0};
-    cr_assert_eq(tiny_write(&cfg, model_path, &w, &err), 0, "tiny_write: %s", err.msg);
-    tiny_weights_free(&w);
+    model_path = engine_test_model(&cfg, "engsample");
 }
 
 static void teardown(void) {
@@ -46,22 +40,9 @@ static void teardown(void) {
 TestSuite(engine_sample, .init = setup, .fini = teardown);
 
 static struct engine *open_engine(int n_ctx, int n_par, const char *devices) {
-    struct args_model am;
-    args_model_default(&am);
-    am.model_path = model_path;
-    am.backend = LOAD_BACKEND_CPU;
-    am.n_threads = 2;
-    am.n_ctx = n_ctx;
-    am.n_batch = 16;
-    am.devices = devices;
-    struct engine_config op;
-    args_engine_config(&am, &op);
-    op.ctx.n_seq_max = n_par;
-    op.ctx.n_outputs_max = n_par;
-    struct engine *e = NULL;
-    struct verr err = {0};
-    cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);
-    return e;
+    const struct engine_test_cfg c = {
+        .n_ctx = n_ctx, .n_batch = 16, .n_seq = n_par, .devices = devices};
+    return engine_test_open(model_path, &c);
 }
 
 struct tokens {

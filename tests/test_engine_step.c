@@ -14,8 +14,7 @@
 #include <string.h>
 
 #include "host/engine/step.h"
-#include "tiny_model.h"
-#include "tools/args.h"
+#include "tests/engine_helpers.h"
 
 #define MAX_TOK 128
 #define N_VOCAB 300
@@ -27,12 +26,7 @@ static void setup(void) {
     tiny_cfg_default(&cfg, "llama");
     cfg.vocab = true;
     cfg.n_vocab = N_VOCAB;
-    struct tiny_weights w;
-    model_path = malloc(128);
-    tiny_temp_path(model_path, 128, "engstep");
-    struct verr err = {0};
-    cr_assert_eq(tiny_write(&cfg, model_path, &w, &err), 0, "tiny_write: %s", err.msg);
-    tiny_weights_free(&w);
+    model_path = engine_test_model(&cfg, "engstep");
 }
 
 static void teardown(void) {
@@ -45,23 +39,12 @@ TestSuite(engine_step, .init = setup, .fini = teardown);
 // n_slots sequences of n_ctx_seq cells each; unrot: K cached unrotated
 // (--kv-unrotated), so that requests may choose their own exact self-extend.
 static struct engine *open_engine_kv(int n_ctx_seq, int n_batch, int n_slots, bool unrot) {
-    struct args_model am;
-    args_model_default(&am);
-    am.model_path = model_path;
-    am.backend = LOAD_BACKEND_CPU;
-    am.n_threads = 2;
-    am.n_ctx = n_ctx_seq * n_slots;
-    am.n_batch = n_batch;
-    am.type_k = am.type_v = GGML_TYPE_F32;
-    am.k_unrotated = unrot;
-    struct engine_config op;
-    args_engine_config(&am, &op);
-    op.ctx.n_seq_max = n_slots;
-    op.ctx.n_outputs_max = n_slots;
-    struct engine *e = NULL;
-    struct verr err = {0};
-    cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);
-    return e;
+    const struct engine_test_cfg c = {.n_ctx = n_ctx_seq * n_slots,
+                                      .n_batch = n_batch,
+                                      .n_seq = n_slots,
+                                      .f32_cache = true,
+                                      .k_unrotated = unrot};
+    return engine_test_open(model_path, &c);
 }
 
 static struct engine *open_engine(int n_ctx_seq, int n_batch, int n_slots) {

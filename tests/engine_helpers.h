@@ -1,0 +1,59 @@
+// Engine tests' common scaffolding: a tiny model written to a temp file, and
+// an engine opened on it the way vela's commands open one (tools/args.h).
+#ifndef VELA_TESTS_ENGINE_HELPERS_H
+#define VELA_TESTS_ENGINE_HELPERS_H
+
+#include <criterion/criterion.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "host/engine/engine.h"
+#include "tests/tiny_model.h"
+#include "tools/args.h"
+
+// Writes the tiny model `cfg` to a temp file named after tag; returns its
+// path (malloc'd; the caller unlinks and frees it).
+static inline char *engine_test_model(const struct tiny_cfg *cfg, const char *tag) {
+    struct tiny_weights w;
+    char *path = malloc(128);
+    cr_assert(path);
+    tiny_temp_path(path, 128, tag);
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(cfg, path, &w, &err), 0, "tiny_write: %s", err.msg);
+    tiny_weights_free(&w);
+    return path;
+}
+
+struct engine_test_cfg {
+    int n_ctx;           // cells in all
+    int n_batch;         // tokens per forward pass
+    int n_seq;           // sequences, each with a logits row per decode
+    const char *devices; // NULL: one CPU backend; "cpu,cpu": two stages
+    bool f32_cache;      // F32 K/V (default F16)
+    bool k_unrotated;    // --kv-unrotated
+};
+
+// An engine on the model at path: CPU backend, 2 threads, as c says.
+static inline struct engine *engine_test_open(const char *path, const struct engine_test_cfg *c) {
+    struct args_model am;
+    args_model_default(&am);
+    am.model_path = path;
+    am.backend = LOAD_BACKEND_CPU;
+    am.n_threads = 2;
+    am.n_ctx = c->n_ctx;
+    am.n_batch = c->n_batch;
+    am.devices = c->devices;
+    if (c->f32_cache)
+        am.type_k = am.type_v = GGML_TYPE_F32;
+    am.k_unrotated = c->k_unrotated;
+    struct engine_config op;
+    args_engine_config(&am, &op);
+    op.ctx.n_seq_max = c->n_seq;
+    op.ctx.n_outputs_max = c->n_seq;
+    struct engine *e = NULL;
+    struct verr err = {0};
+    cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);
+    return e;
+}
+
+#endif
