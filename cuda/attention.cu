@@ -37,7 +37,9 @@
 // zero weights).
 // With rope_on (K cached unrotated; exact self-extend, host/ops/selfextend.h)
 // both kernels rotate q and each K tile in shared memory as they load them:
-// cuda/attention_se.cuh.
+// cuda/attention_se.cuh. With G and W per token (q_se) a block rotates its K
+// tile once per distinct G > 1 of its rows (same bits per row as a call with
+// that row's G and W for all; the plan does not depend on them).
 #include <atomic>
 #include <limits.h>
 #include <mma.h>
@@ -57,14 +59,14 @@
 // Bytes kept free under the 48 KiB default for attn_kernel's static shared memory.
 #define ATTN_STATIC_SMEM_SLACK 1024
 
-#include "cuda/attention_se.cuh" // SE: RoPE inside attn_kernel (the unrotated cache)
-
 static __device__ __forceinline__ float attn_load(const float *p) {
     return *p;
 }
 static __device__ __forceinline__ float attn_load(const __half *p) {
     return __half2float(*p);
 }
+
+#include "cuda/attention_se.cuh" // SE: RoPE inside attn_kernel (the unrotated cache)
 
 // 16 bytes of cache elements widened to float (exact for f16).
 static __device__ __forceinline__ void attn_widen(const uint4 &u, const float *, float *f) {
@@ -121,6 +123,53 @@ static __device__ __forceinline__ void attn_load_tile(float *dst, int ld, const 
     }
 }
 
+// q row . K row over D floats, two interleaved fma chains (every score of
+// attn_kernel is computed by this one function: the same bits in any pass).
+static __device__ __forceinline__ float attn_dot(const float *qr, const float *kr, int D) {
+    float s0 = 0.0f, s1 = 0.0f;
+    int d = 0;
+    for (; d + 1 < D; d += 2) {
+        s0 = fmaf(qr[d], kr[d], s0);
+        s1 = fmaf(qr[d + 1], kr[d + 1], s1);
+    }
+    if (d < D)
+        s0 = fmaf(qr[d], kr[d], s0);
+    return s0 + s1;
+}
+
+// SE with several distinct G > 1 in the block (G per token): passes 1 ..
+// n_se - 1 of a tile whose K / far K (of list[0]) scores are done. Pass p
+// rotates the tile's far K for list[p] from the cache into sKf, when a row
+// of that G has a far key in the tile (bit k of `later`: row slot k's key of
+// this lane is visible, far, and of a later pass), and gives those rows
+// their far scores s[k]. Block-uniform; 0 iterations in the uniform case.
+// Costs per further G and tile: 2 barriers, the K tile read again (L2),
+// ATTN_BK * n_rot/2 cos/sin pairs; the dot products are those the rows
+// skipped in pass 0, so none are added.
+template <typename KT>
+static __device__ void attn_se_later_passes(const struct cuda_attn &a,
+                                            float (&s)[ATTN_ROWS_PER_WARP], unsigned later,
+                                            const int (&qpass)[ATTN_ROWS_PER_WARP], int n_se,
+                                            const int *list, const float *sQf, float *sKf,
+                                            const KT *kcache, int c0, int c_end, const int *sPos) {
+    const int D = a.head_dim, warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
+    for (int p = 1; p < n_se; p++) {
+        bool need = false;
+#pragma unroll
+        for (int k = 0; k < ATTN_ROWS_PER_WARP; k++)
+            need = need || (((later >> k) & 1u) && qpass[k] == p);
+        if (!__syncthreads_or(need)) // also: the last pass's sKf is consumed
+            continue;                // block-uniform
+        attn_se_far_k(a.rope, a.n_head_kv, D, sKf, D + 1, kcache, c0, c_end, (int)blockIdx.y, sPos,
+                      list[p]);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < ATTN_ROWS_PER_WARP; k++)
+            if (((later >> k) & 1u) && qpass[k] == p)
+                s[k] = attn_dot(sQf + (warp + k * ATTN_WARPS) * D, sKf + lane * (D + 1), D);
+    }
+}
+
 // Occupancy (sm_90, ptxas -v; bench/README.md's emulated report): 111
 // registers per thread, 25% theoretical occupancy, under the 50% the decode
 // path aims for. Why it stays: each lane keeps 32 float accumulators of its
@@ -131,8 +180,12 @@ static __device__ __forceinline__ void attn_load_tile(float *dst, int ld, const 
 // bytes moved are within 1.03x of K/V read once at 4k and 32k keys. Ways to
 // raise it if a GPU run shows latency-bound decode attention: one row per
 // warp, a register cap, half-precision tiles.
+// SE (RoPE inside): 4 blocks per SM asked for, i.e. at most 128 registers:
+// without it ptxas gave the F16/F16 VEC instance 96 registers and 88 bytes
+// of spills once G per token was added (122..128 registers, no spills with
+// it; CUDA 13.0, sm_90). The other instances are as without SE.
 template <typename KT, typename VT, bool VEC, bool SE>
-__global__ static void __launch_bounds__(ATTN_THREADS)
+__global__ static void __launch_bounds__(ATTN_THREADS, SE ? 4 : 0)
     attn_kernel(const struct cuda_attn a, int chunk, int n_split,
                 float *__restrict__ part_acc /* [n_tok*n_head][n_split][head_dim_v] */,
                 float *__restrict__ part_ml /* [n_tok*n_head][n_split][2] */) {
@@ -145,6 +198,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     float *sQf = (float *)(sPos + ATTN_BK); // SE: [ATTN_ROWS][D] the far queries, pre-scaled
     float *sKf = sQf + ATTN_ROWS * D;       // SE: [ATTN_BK][D + 1] the far keys
     __shared__ int s_max_qpos, s_min_qpos;
+    __shared__ int s_se_g[ATTN_ROWS], s_se_n; // SE: the rows' distinct G > 1 (attn_se_list_build)
 
     const KT *kcache = (const KT *)a.k;
     const VT *vcache = (const VT *)a.v;
@@ -171,6 +225,8 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         }
         sQ[e] = val;
     }
+    if (SE && warp == 0)
+        attn_se_list_build(a, row0, ATTN_ROWS, n_group, n_rows, s_se_g, &s_se_n);
     __syncthreads();
     if (tid < ATTN_ROWS && row0 + tid < n_rows) {
         atomicMax(&s_max_qpos, a.q_pos[(row0 + tid) / n_group]);
@@ -183,6 +239,10 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     float m[ATTN_ROWS_PER_WARP], l[ATTN_ROWS_PER_WARP];
     float acc[ATTN_ROWS_PER_WARP][ATTN_DV_LANE];
     int qpos[ATTN_ROWS_PER_WARP], qseq[ATTN_ROWS_PER_WARP];
+    // SE: the row's keys at cell positions <= qfar are far (its G > 1 and
+    // !se_is_near with its W); qpass: the pass of its G (-1: G 1).
+    int qfar[ATTN_ROWS_PER_WARP], qpass[ATTN_ROWS_PER_WARP];
+    const int n_se = SE ? s_se_n : 0;
 #pragma unroll
     for (int k = 0; k < ATTN_ROWS_PER_WARP; k++) {
         const int64_t gr = row0 + warp + k * ATTN_WARPS;
@@ -191,6 +251,11 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         qseq[k] = valid ? a.q_seq[gr / n_group] : -1;
         if (qseq[k] < 0 || (qseq[k] >> 6) >= a.seq_words)
             qpos[k] = -1; // a sequence id outside the bitset sees nothing
+        int G = 1, W = 1;
+        if (SE && valid)
+            attn_se_gw(a, gr / n_group, &G, &W);
+        qfar[k] = G > 1 ? qpos[k] - W : -1;
+        qpass[k] = SE ? attn_se_pass(s_se_g, n_se, G) : -1;
         m[k] = -INFINITY;
         l[k] = 0.0f;
 #pragma unroll
@@ -212,15 +277,19 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         attn_load_tile<KT, VEC>(sK, D + 1, kcache, c0, c_end, g, a.n_head_kv, D);
         attn_load_tile<VT, VEC>(sV, DV, vcache, c0, c_end, g, a.n_head_kv, DV);
         __syncthreads();
-        if (SE) {
-            attn_se_rotate_k(a, sK, sKf, D + 1, sPos);
+        if (SE) { // the near K and the far K of the block's first G
+            attn_se_rotate_k(a, sK, n_se > 0 ? sKf : nullptr, D + 1, sPos,
+                             n_se > 0 ? s_se_g[0] : 1);
             __syncthreads();
         }
 
         const int c = c0 + lane;
         const int cpos = sPos[lane];
+        float s[ATTN_ROWS_PER_WARP];
+        unsigned vis_bits = 0, later = 0; // bit k: row slot k sees the key / scores it later
 #pragma unroll
         for (int k = 0; k < ATTN_ROWS_PER_WARP; k++) {
+            s[k] = -INFINITY;
             if (qpos[k] < 0)
                 continue; // warp-uniform: the row belongs to the whole warp
             bool vis = cpos >= 0 && cpos <= qpos[k] && (a.window <= 0 || qpos[k] - cpos < a.window);
@@ -228,28 +297,32 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
                 const uint64_t word = a.cell_seq[(size_t)c * a.seq_words + (qseq[k] >> 6)];
                 vis = (word >> (qseq[k] & 63)) & 1u;
             }
-            float s = -INFINITY;
-            if (vis) {
-                // SE: a far key scores the far query against the far key
-                const bool far = SE && a.se_g > 1 && !se_is_near(qpos[k], cpos, a.se_w);
-                const float *qr = (far ? sQf : sQ) + (warp + k * ATTN_WARPS) * D;
-                const float *kr = (far ? sKf : sK) + lane * (D + 1);
-                float s0 = 0.0f, s1 = 0.0f;
-                int d = 0;
-                for (; d + 1 < D; d += 2) {
-                    s0 = fmaf(qr[d], kr[d], s0);
-                    s1 = fmaf(qr[d + 1], kr[d + 1], s1);
-                }
-                if (d < D)
-                    s0 = fmaf(qr[d], kr[d], s0);
-                s = s0 + s1;
-            }
-            const float tile_max = warp_max(s);
+            if (!vis)
+                continue;
+            vis_bits |= 1u << k;
+            // SE: a far key scores the far query against the far key (of the
+            // row's G: the one in sKf now, or a later pass's)
+            const bool far = SE && cpos <= qfar[k];
+            if (far && qpass[k] > 0)
+                later |= 1u << k;
+            else
+                s[k] = attn_dot((far ? sQf : sQ) + (warp + k * ATTN_WARPS) * D,
+                                (far ? sKf : sK) + lane * (D + 1), D);
+        }
+        if (SE)
+            attn_se_later_passes(a, s, later, qpass, n_se, s_se_g, sQf, sKf, kcache, c0, c_end,
+                                 sPos);
+
+#pragma unroll
+        for (int k = 0; k < ATTN_ROWS_PER_WARP; k++) {
+            if (qpos[k] < 0)
+                continue; // warp-uniform
+            const float tile_max = warp_max(s[k]);
             if (tile_max == -INFINITY)
                 continue; // warp-uniform: nothing visible in this tile
             const float m_new = fmaxf(m[k], tile_max);
             const float alpha = expf(m[k] - m_new); // 0 while m[k] is -inf
-            const float pj = vis ? expf(s - m_new) : 0.0f;
+            const float pj = (vis_bits >> k) & 1u ? expf(s[k] - m_new) : 0.0f;
             l[k] = l[k] * alpha + warp_sum(pj);
 #pragma unroll
             for (int i = 0; i < ATTN_DV_LANE; i++)
@@ -373,9 +446,10 @@ __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
 #define ATTN_TC_PAD_F 4
 
 struct attn_tc_layout {
-    int ldq, ldk, ldv, lds, ldp, ldo;             // leading dims (elements)
-    size_t q, k, v, s, p, o, pos, maxq, bytes;    // byte offsets
+    int ldq, ldk, ldv, lds, ldp, ldo;          // leading dims (elements)
+    size_t q, k, v, s, p, o, pos, maxq, bytes; // byte offsets
     size_t qf, kf, sf; // SE: far queries [64][ldq], keys [BK][ldk] (f16), scores [64][lds]
+    size_t se;         // SE: int [1 + 64]: n distinct G > 1, then the G (attn_se_list_build)
 };
 
 static __host__ __device__ __forceinline__ size_t attn_tc_align(size_t x) {
@@ -392,6 +466,7 @@ attn_tc_make_layout(int D, int DV, int BK, bool se) {
     L.ldp = BK + ATTN_TC_PAD_H;
     L.ldo = DV + ATTN_TC_PAD_F;
     size_t off = 0;
+    // clang-format off
     L.q = off;    off = attn_tc_align(off + sizeof(__half) * ATTN_TC_ROWS * L.ldq); // [64][ldq]
     L.k = off;    off = attn_tc_align(off + sizeof(__half) * BK * L.ldk);          // [BK][ldk]
     L.v = off;    off = attn_tc_align(off + sizeof(__half) * BK * L.ldv);          // [BK][ldv]
@@ -400,15 +475,83 @@ attn_tc_make_layout(int D, int DV, int BK, bool se) {
     L.o = off;    off = attn_tc_align(off + sizeof(float) * ATTN_TC_ROWS * L.ldo); // [64][ldo]
     L.pos = off;  off += sizeof(int) * BK;                                         // [BK]
     L.maxq = off; off += sizeof(int);
-    L.qf = L.kf = L.sf = 0;
+    // clang-format on
+    L.qf = L.kf = L.sf = L.se = 0;
     if (se) {
         L.qf = off = attn_tc_align(off);
         L.kf = off = attn_tc_align(off + sizeof(__half) * ATTN_TC_ROWS * L.ldq);
         L.sf = off = attn_tc_align(off + sizeof(__half) * BK * L.ldk);
-        off += sizeof(float) * ATTN_TC_ROWS * L.lds;
+        L.se = off = off + sizeof(float) * ATTN_TC_ROWS * L.lds;
+        off += sizeof(int) * (1 + ATTN_TC_ROWS);
     }
     L.bytes = off;
     return L;
+}
+
+// attn_tc_kernel: S = Q_w K^T for warp w's 16 rows of qs [64][ldq] and the
+// BK keys of ks [BK][ldk] (f16), into ss [64][lds] (f32).
+template <int BK>
+static __device__ __forceinline__ void attn_tc_scores(const __half *qs, const __half *ks, float *ss,
+                                                      const struct attn_tc_layout &L, int D,
+                                                      int warp) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_acc[BK / 16];
+#pragma unroll
+    for (int j = 0; j < BK / 16; j++)
+        wmma::fill_fragment(s_acc[j], 0.0f);
+    for (int kk = 0; kk < D; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq;
+        wmma::load_matrix_sync(fq, qs + warp * 16 * L.ldq + kk, L.ldq);
+#pragma unroll
+        for (int j = 0; j < BK / 16; j++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
+            wmma::load_matrix_sync(fk, ks + j * 16 * L.ldk + kk, L.ldk);
+            wmma::mma_sync(s_acc[j], fq, fk, s_acc[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < BK / 16; j++)
+        wmma::store_matrix_sync(ss + warp * 16 * L.lds + j * 16, s_acc[j], L.lds,
+                                wmma::mem_row_major);
+}
+
+// attn_tc_kernel, SE with several distinct G > 1 in the block (G per
+// token): passes 1 .. n_se - 1 of a tile whose near scores (sS) and far
+// scores of list[0] (sSf) are done. This lane owns columns j0 .. j0 + BK/2
+// of row lr (its pass rpass, far keys at cell positions <= qfar). Pass p
+// first moves the far scores of the previous pass's rows into sS (far
+// columns), then, when a row of list[p] has a far key in the tile, rotates
+// the far K of list[p] from the cache into sKf and computes Qf K^T into sSf
+// (warps without such rows skip the product). The last pass's rows take
+// their far scores from sSf in the softmax, as in the uniform case (no
+// further pass). Block-uniform. Costs per further G and tile: 2 barriers,
+// the K tile read again (L2), BK * n_rot/2 cos/sin pairs, one more Q K^T
+// product for each warp with rows of that G.
+template <int BK>
+static __device__ void
+attn_tc_se_later_passes(const struct cuda_attn &a, const struct attn_tc_layout &L, int n_se,
+                        const int *list, int rpass, int qfar, int lr, int j0, int c0,
+                        const int *sPos, const __half *sQf, __half *sKf, float *sS, float *sSf) {
+    const int warp = threadIdx.x / VELA_WARP;
+    float *sRow = sS + lr * L.lds;
+    const float *sRowF = sSf + lr * L.lds;
+    for (int p = 1; p < n_se; p++) {
+        bool need = false;
+        for (int j = j0; j < j0 + BK / 2; j++) {
+            const bool far = sPos[j] >= 0 && sPos[j] <= qfar;
+            if (far && rpass == p - 1)
+                sRow[j] = sRowF[j];
+            need = need || (far && rpass == p);
+        }
+        if (!__syncthreads_or(need)) // also: sKf and sSf of the last pass are consumed
+            continue;                // block-uniform
+        attn_se_tc_far_k(a.rope, a.n_head_kv, a.head_dim, sKf, L.ldk, (const __half *)a.k, c0,
+                         (int)blockIdx.y, sPos, BK, ATTN_TC_THREADS, list[p]);
+        __syncthreads();
+        if (__any_sync(VELA_FULL_MASK, rpass == p))
+            attn_tc_scores<BK>(sQf, sKf, sSf, L, a.head_dim, warp);
+        __syncwarp();
+    }
 }
 
 template <int BK, bool SE>
@@ -429,7 +572,7 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
     __half *sQf = (__half *)(attn_tc_smem + L.qf); // SE
     __half *sKf = (__half *)(attn_tc_smem + L.kf); // SE
     float *sSf = (float *)(attn_tc_smem + L.sf);   // SE
-    const bool grouped = SE && a.se_g > 1;
+    int *sSe = (int *)(attn_tc_smem + L.se);       // SE: [0] n, [1..] the rows' distinct G > 1
 
     const __half *kcache = (const __half *)a.k; // [n_kv][n_head_kv][D]
     const __half *vcache = (const __half *)a.v; // [n_kv][n_head_kv][DV]
@@ -443,6 +586,8 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
         *sMaxQ = INT_MIN;
     if (SE)
         attn_se_tc_q(a, sQ, sQf, L.ldq, g, row0, n_group, n_rows, ATTN_TC_ROWS, ATTN_TC_THREADS);
+    if (SE && warp == 0)
+        attn_se_list_build(a, row0, ATTN_TC_ROWS, n_group, n_rows, sSe + 1, sSe);
     for (int e = tid; !SE && e < ATTN_TC_ROWS * D; e += ATTN_TC_THREADS) {
         const int r = e / D, d = e % D;
         const int64_t gr = row0 + r;
@@ -468,9 +613,22 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
     float *oRow = sO + lr * L.ldo; // [DV]
     for (int d = hf; d < DV; d += 2)
         oRow[d] = 0.0f;
-    __syncthreads(); // sMaxQ initialised
+    __syncthreads(); // sMaxQ initialised, sSe written
     if (hf == 0 && gr < n_rows)
         atomicMax(sMaxQ, a.q_pos[gr / n_group]);
+    // SE: the row's pass (-1: G 1) and far keys (cell positions <= qfar,
+    // !se_is_near with its W); the rows of the last pass pick far scores in
+    // the softmax.
+    int n_se = 0, rpass = -1, qfar = -1;
+    if (SE) {
+        int G = 1, W = 1;
+        if (gr < n_rows)
+            attn_se_gw(a, gr / n_group, &G, &W);
+        n_se = sSe[0];
+        rpass = attn_se_pass(sSe + 1, n_se, G);
+        qfar = G > 1 ? qpos - W : -1;
+    }
+    const bool pick_far = SE && rpass >= 0 && rpass == n_se - 1;
 
     for (int c0 = 0; c0 < a.n_kv; c0 += BK) {
         __syncthreads(); // the previous tile is consumed; sMaxQ is final
@@ -498,41 +656,26 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
             *(uint4 *)(sV + j * L.ldv + d) = val;
         }
         __syncthreads();
-        if (SE) {
-            attn_se_tc_k(a, sK, sKf, L.ldk, sPos, BK, ATTN_TC_THREADS);
+        if (SE) { // the near K and the far K of the block's first G
+            attn_se_tc_k(a, sK, n_se > 0 ? sKf : nullptr, L.ldk, sPos, BK, ATTN_TC_THREADS,
+                         n_se > 0 ? sSe[1] : 1);
             __syncthreads();
         }
 
-        // S = Q_w K^T for the warp's 16 rows, BK columns (SE, G > 1: also the
-        // far scores Qf_w Kf^T into sSf).
-        for (int pass = 0; pass < (grouped ? 2 : 1); pass++) {
-            const __half *qs = pass ? sQf : sQ, *ks = pass ? sKf : sK;
-            float *ss = pass ? sSf : sS;
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_acc[BK / 16];
-#pragma unroll
-            for (int j = 0; j < BK / 16; j++)
-                wmma::fill_fragment(s_acc[j], 0.0f);
-            for (int kk = 0; kk < D; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq;
-                wmma::load_matrix_sync(fq, qs + warp * 16 * L.ldq + kk, L.ldq);
-#pragma unroll
-                for (int j = 0; j < BK / 16; j++) {
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
-                    wmma::load_matrix_sync(fk, ks + j * 16 * L.ldk + kk, L.ldk);
-                    wmma::mma_sync(s_acc[j], fq, fk, s_acc[j]);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < BK / 16; j++)
-                wmma::store_matrix_sync(ss + warp * 16 * L.lds + j * 16, s_acc[j], L.lds,
-                                        wmma::mem_row_major);
-        }
+        // S = Q_w K^T for the warp's 16 rows, BK columns (SE: also the far
+        // scores Qf_w Kf^T into sSf when the warp has rows of the first G).
+        attn_tc_scores<BK>(sQ, sK, sS, L, D, warp);
+        if (SE && n_se > 0 && __any_sync(VELA_FULL_MASK, rpass == 0))
+            attn_tc_scores<BK>(sQf, sKf, sSf, L, D, warp);
         __syncwarp();
+        if (SE && n_se > 1)
+            attn_tc_se_later_passes<BK>(a, L, n_se, sSe + 1, rpass, qfar, lr, hf * (BK / 2), c0,
+                                        sPos, sQf, sKf, sS, sSf);
 
         // Online softmax of row lr over columns hf*BK/2 .. +BK/2.
         {
-            const float *sRow = sS + lr * L.lds;
-            float *sRowF = sSf + lr * L.lds; // SE: far scores, replaced below by the chosen ones
+            float *sRow = sS + lr * L.lds; // SE: far scores of the last pass replace near below
+            const float *sRowF = sSf + lr * L.lds;
             __half *pRow = sP + lr * L.ldp;
             const int j0 = hf * (BK / 2);
             float mx = -INFINITY;
@@ -545,21 +688,21 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const s
                     const uint64_t word = a.cell_seq[(size_t)(c0 + j) * a.seq_words + (qseq >> 6)];
                     vis = (word >> (qseq & 63)) & 1u;
                 }
-                if (vis && grouped) // the row's score of j: near or far (selfextend.h)
-                    sRowF[j] = se_is_near(qpos, cpos, a.se_w) ? sRow[j] : sRowF[j];
+                if (vis && pick_far && cpos <= qfar) // far (selfextend.h)
+                    sRow[j] = sRowF[j];
                 if (vis) {
-                    mx = fmaxf(mx, grouped ? sRowF[j] : sRow[j]);
+                    mx = fmaxf(mx, sRow[j]);
                     vis_bits |= 1u << (j - j0);
                 }
             }
             mx = fmaxf(mx, __shfl_xor_sync(VELA_FULL_MASK, mx, 1));
             const float m_new = fmaxf(m, mx);
             float alpha = 1.0f, sum = 0.0f;
-            if (m_new != -INFINITY) { // else: nothing visible yet, P is all 0
+            if (m_new != -INFINITY) {    // else: nothing visible yet, P is all 0
                 alpha = expf(m - m_new); // 0 while m is -inf
                 for (int j = j0; j < j0 + BK / 2; j++) {
                     const bool vis = (vis_bits >> (j - j0)) & 1u;
-                    const float sj = grouped ? sRowF[j] : sRow[j];
+                    const float sj = sRow[j];
                     const __half ph = __float2half_rn(vis ? expf(sj - m_new) : 0.0f);
                     pRow[j] = ph;
                     sum += __half2float(ph);
@@ -678,8 +821,8 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
     // it every time).
     static std::atomic<unsigned long long> raised{0};
     // The 48 KiB default covers static + dynamic shared memory: leave room
-    // for the kernel's static s_max_qpos / s_min_qpos (ptxas allots 128 bytes on
-    // sm_90), or dynamic sizes just under 48 KiB (e.g. head dims 128/190:
+    // for the kernel's static s_max_qpos / s_min_qpos / s_se_g / s_se_n (ptxas
+    // allots 128 bytes on sm_90), or dynamic sizes just under 48 KiB (e.g. head dims 128/190:
     // exactly 48 KiB) fail to launch on hardware. The emulator checks the
     // dynamic size alone and cannot catch this.
     if (p->smem > 48 * 1024 - ATTN_STATIC_SMEM_SLACK) {
@@ -723,7 +866,8 @@ static int attn_tc_bk(const struct cuda_attn *a, int cc_major, int smem_optin) {
     if (a->type_k != GGML_TYPE_F16 || a->type_v != GGML_TYPE_F16 || a->n_tok < ATTN_TC_MIN_TOK ||
         cc_major < 7 || D % 16 != 0 || DV % 16 != 0 || (((uintptr_t)a->k | (uintptr_t)a->v) & 15))
         return 0;
-    if (((int64_t)a->n_tok * (a->n_head / a->n_head_kv) + ATTN_TC_ROWS - 1) / ATTN_TC_ROWS > INT_MAX)
+    if (((int64_t)a->n_tok * (a->n_head / a->n_head_kv) + ATTN_TC_ROWS - 1) / ATTN_TC_ROWS >
+        INT_MAX)
         return 0;
     const int bk = (D > DV ? D : DV) <= 96 ? 64 : 32;
     return attn_tc_make_layout(D, DV, bk, a->rope_on).bytes <= (size_t)smem_optin ? bk : 0;
@@ -798,16 +942,19 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
                         "attention: a q8_1 copy needs head_dim_v %% 32 == 0 (got %d) and fewer "
                         "than %d tokens (got %d)",
                         a->head_dim_v, ATTN_TC_MIN_TOK, a->n_tok);
-    if (a->rope_on && (a->se_g < 1 || (a->se_g > 1 && a->se_w < 1) || a->rope.n_rot < 2 ||
-                       a->rope.n_rot % 2 || a->rope.n_rot > a->head_dim))
+    // q_se: each token's G and W replace se_g / se_w (read as >= 1 in the kernels)
+    const bool se_bad = !a->q_se && (a->se_g < 1 || (a->se_g > 1 && a->se_w < 1));
+    if (a->rope_on &&
+        (se_bad || a->rope.n_rot < 2 || a->rope.n_rot % 2 || a->rope.n_rot > a->head_dim))
         return verr_set(err, VERR_RANGE, "attention: RoPE inside: n_rot %d, G %d, W %d",
                         a->rope.n_rot, a->se_g, a->se_w);
     if (k16 && v16 && a->n_tok >= ATTN_TC_MIN_TOK) {
         int dev = 0, cc_major = 0, smem_optin = 0;
         VELA_CUDA_CALL(err, cudaGetDevice(&dev));
-        VELA_CUDA_CALL(err, cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
-        VELA_CUDA_CALL(err, cudaDeviceGetAttribute(&smem_optin,
-                                                   cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        VELA_CUDA_CALL(err,
+                       cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+        VELA_CUDA_CALL(
+            err, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         const int bk = attn_tc_bk(a, cc_major, smem_optin);
         if (bk == 64)
             return a->rope_on ? attn_tc_launch<64, true>(a, dev, smem_optin, stream, err)

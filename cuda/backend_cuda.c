@@ -641,6 +641,7 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         ca.rope_on = 1;
         ca.se_g = a->se_g;
         ca.se_w = a->se_w;
+        ca.q_se = a->q_se; // each token's own G and W, or NULL
     }
     int rc = cu_scratch_reserve(be, cuda_attention_scratch_bytes(&ca, cb->sm_count));
     const int64_t n_out = (int64_t)a->n_head * a->head_dim_v;

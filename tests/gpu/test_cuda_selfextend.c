@@ -8,8 +8,10 @@
 // tokens) with G 2 W 16 in batches of 1 (CUDA graphs) and 25 against the CPU
 // (logits within 1e-4 of max|logit| in batches of 1, f32 activations, as
 // tests/gpu/test_forward_cuda.c; 1e-3 for the tensor-core prefill of the
-// F16 cache, as there). Runs as test_emu_cuda_selfextend under the
-// emulator (small shapes: it is slow).
+// F16 cache, as there); G and W per query token (attn_args.q_se: several
+// sequences with their own values in one call, both kernels) against one
+// scalar call per (G, W), bit for bit on CUDA. Runs as
+// test_emu_cuda_selfextend under the emulator (small shapes: it is slow).
 //
 // Tolerance, relative to max|v|: (1e-4 + 8 sqrt(n_kv) 2^-24). The output
 // is a convex combination of V rows; moving one score by delta moves it by
@@ -232,6 +234,266 @@ Test(cuda_se, attention_matches_the_cpu_reference) {
     cr_log_info("self-extend attention: worst over the cases %.3g of max|v|\n", worst);
 }
 
+// G and W per query token (attn_args.q_se): the tokens of several
+// sequences, each with its own (G, W), in one call. The reference for a
+// token is the call with its (G, W) as the scalar se_g / se_w (q_se NULL)
+// for the whole batch: on the CUDA backend the token's rows must be the same
+// bits (a row's scores, softmax and P.V do not depend on the other rows;
+// attn_tc_kernel too: a wmma result element depends on its own row and
+// column only), on the CPU backend within run_case's tolerance. Sequence s
+// uses mix_gw[s]: G 1, two G > 1 with different W (one not a multiple of
+// G, so that the key at i - j = W scores differently near and far), the
+// first G again with another W (one pass, W per row), G 0 (read as 1).
+// Blocks mix them (mix_layout).
+static const int mix_gw[5][2] = {{1, 0}, {2, 8}, {3, 10}, {2, 16}, {0, 5}};
+
+enum mix_layout {
+    MIX_RANDOM,      // case_layout's random cells and sequences
+    MIX_INTERLEAVED, // its random cells; token t of sequence t % n_seq
+    MIX_DENSE,       // cell c: sequence c % n_seq at position c / n_seq (every
+                     // position there, so every distance); token t of sequence
+                     // t % n_seq at one of its last 4 positions (batched decode)
+};
+
+struct mix_case {
+    struct se_case c; // G, W unused (per token); n_seq 5 (mix_gw)
+    enum mix_layout layout;
+};
+
+static const struct mix_case mix_cases[] = {
+    {{5, 300, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, ROPE_MODE_NORMAL, false, 0, 0, 5,
+      "decode split-k f16, dense"},
+     MIX_DENSE},
+    {{12, 200, 6, 2, 48, 32, GGML_TYPE_F32, GGML_TYPE_F16, ROPE_MODE_NEOX, true, 0, 0, 5,
+      "attn_kernel f32/f16 neox yarn partial, random"},
+     MIX_RANDOM},
+    {{18, 150, 4, 2, 32, 32, GGML_TYPE_F32, GGML_TYPE_F32, ROPE_MODE_NORMAL, false, 0, 0, 5,
+      "prefill f32 attn_kernel, interleaved"},
+     MIX_INTERLEAVED},
+    {{40, 160, 4, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, ROPE_MODE_NORMAL, true, 0, 0, 5,
+      "prefill tensor cores BK 64 yarn, dense"},
+     MIX_DENSE},
+    {{20, 120, 4, 4, 128, 96, GGML_TYPE_F16, GGML_TYPE_F16, ROPE_MODE_NEOX, false, 0, 0, 5,
+      "prefill tensor cores BK 32 neox partial, random"},
+     MIX_RANDOM},
+    {{7, 90, 4, 1, 32, 32, GGML_TYPE_F32, GGML_TYPE_F32, ROPE_MODE_NORMAL, false, 0, 0, 5,
+      "decode f32 gqa 4, interleaved"},
+     MIX_INTERLEAVED},
+};
+
+// Cells and queries of a mix case (seq_words 1).
+static void mix_layout(const struct se_case *c, enum mix_layout layout, int32_t *cell_pos,
+                       uint64_t *cell_seq, int32_t *q_pos, int32_t *q_seq) {
+    case_layout(c, 1, cell_pos, cell_seq, q_pos, q_seq);
+    for (int t = 0; layout != MIX_RANDOM && t < c->n_tok; t++)
+        q_seq[t] = t % c->n_seq;
+    if (layout != MIX_DENSE)
+        return;
+    for (int i = 0; i < c->n_kv; i++) {
+        cell_pos[i] = i / c->n_seq;
+        cell_seq[i] = 1ull << (i % c->n_seq);
+    }
+    for (int t = 0; t < c->n_tok; t++)
+        q_pos[t] = c->n_kv / c->n_seq - 1 - irand(0, 3);
+}
+
+// One case's inputs on both backends; q_se [n_tok][2]: the (G, W) of each
+// token's sequence, seq_gw[q_seq[t]] (also written to q_se_out).
+struct mix_io {
+    struct dbuf q, k, v, cp, cs, qp, qs, ff, se, o;
+    float vmax;
+    size_t no; // output floats
+};
+
+static struct mix_io mix_inputs(const struct se_case *c, enum mix_layout layout,
+                                const int (*seq_gw)[2], int32_t *q_se) {
+    const size_t nq = (size_t)c->n_tok * c->n_head * c->head_dim;
+    const size_t nk = (size_t)c->n_kv * c->n_head_kv * c->head_dim;
+    float *q = nrand_array(nq), *kf = nrand_array(nk), *vf = nrand_array(nk);
+    void *k = cache_from(kf, c->tk, nk), *v = cache_from(vf, c->tv, nk);
+    int32_t *cell_pos = malloc(4 * (size_t)c->n_kv), *q_pos = malloc(4 * (size_t)c->n_tok);
+    int32_t *q_seq = malloc(4 * (size_t)c->n_tok);
+    uint64_t *cell_seq = calloc((size_t)c->n_kv, sizeof(uint64_t));
+    mix_layout(c, layout, cell_pos, cell_seq, q_pos, q_seq);
+    for (int t = 0; t < c->n_tok; t++) {
+        q_se[2 * t] = seq_gw[q_seq[t]][0];
+        q_se[2 * t + 1] = seq_gw[q_seq[t]][1];
+    }
+    float ff[64];
+    for (int i = 0; i < c->n_rot / 2; i++)
+        ff[i] = 1.0f + 0.05f * (float)i;
+    struct mix_io io;
+    io.vmax = 0.0f;
+    for (size_t i = 0; i < nk; i++) {
+        const float a =
+            c->tv == GGML_TYPE_F16 ? fabsf(quant_fp16_to_f32(((uint16_t *)v)[i])) : fabsf(vf[i]);
+        io.vmax = a > io.vmax ? a : io.vmax;
+    }
+    const size_t ek = c->tk == GGML_TYPE_F16 ? 2 : 4, ev = c->tv == GGML_TYPE_F16 ? 2 : 4;
+    io.q = dbuf_new(q, nq * 4);
+    io.k = dbuf_new(k, nk * ek);
+    io.v = dbuf_new(v, nk * ev);
+    io.cp = dbuf_new(cell_pos, 4 * (size_t)c->n_kv);
+    io.cs = dbuf_new(cell_seq, 8 * (size_t)c->n_kv);
+    io.qp = dbuf_new(q_pos, 4 * (size_t)c->n_tok);
+    io.qs = dbuf_new(q_seq, 4 * (size_t)c->n_tok);
+    io.ff = dbuf_new(ff, sizeof ff);
+    io.se = dbuf_new(q_se, 8 * (size_t)c->n_tok);
+    io.no = (size_t)c->n_tok * c->n_head * c->head_dim;
+    io.o = dbuf_new(NULL, io.no * 4);
+    free(q);
+    free(kf);
+    free(vf);
+    free(k);
+    free(v);
+    free(cell_pos);
+    free(cell_seq);
+    free(q_pos);
+    free(q_seq);
+    return io;
+}
+
+static void mix_free(struct mix_io *io) {
+    struct dbuf *bs[] = {&io->q,  &io->k,  &io->v,  &io->cp, &io->cs,
+                         &io->qp, &io->qs, &io->ff, &io->se, &io->o};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+        dbuf_free(bs[i]);
+}
+
+// The case's attention on backend be (b: 0 CPU, 1 CUDA) with scalar G, W
+// and q_se (the uploaded per-token values) or not, into out (host).
+static void mix_call(struct backend *be, int b, const struct se_case *c, struct mix_io *io, int G,
+                     int W, bool per_token, float *out) {
+    struct rope_params rp = case_rope(c);
+    rp.freq_factors = c->yarn ? (b ? io->ff.g : io->ff.c) : NULL;
+    struct attn_args a = {
+        .out = b ? io->o.g : io->o.c,
+        .q = b ? io->q.g : io->q.c,
+        .k = b ? io->k.g : io->k.c,
+        .v = b ? io->v.g : io->v.c,
+        .type_k = c->tk,
+        .type_v = c->tv,
+        .cell_pos = b ? io->cp.g : io->cp.c,
+        .cell_seq = b ? io->cs.g : io->cs.c,
+        .seq_words = 1,
+        .q_pos = b ? io->qp.g : io->qp.c,
+        .q_seq = b ? io->qs.g : io->qs.c,
+        .n_tok = c->n_tok,
+        .n_kv = c->n_kv,
+        .n_head = c->n_head,
+        .n_head_kv = c->n_head_kv,
+        .head_dim = c->head_dim,
+        .head_dim_v = c->head_dim,
+        .scale = 1.0f / sqrtf((float)c->head_dim),
+        .rope = &rp,
+        .se_g = G,
+        .se_w = W,
+        .q_se = per_token ? (b ? io->se.g : io->se.c) : NULL,
+    };
+    OK(be, be->ops->attention(be, &a));
+    OK(be, be->ops->download(be, out, a.out, io->no * 4));
+    OK(be, be->ops->sync(be));
+}
+
+// A token's (G, W) as the kernels read them: G, W < 1 as 1; W unused at G 1.
+static void mix_eff(const int32_t *gw, int *G, int *W) {
+    *G = gw[0] < 1 ? 1 : gw[0];
+    *W = *G == 1 ? 1 : (gw[1] < 1 ? 1 : gw[1]);
+}
+
+static bool mix_tc(const struct se_case *c) {
+    return c->tk == GGML_TYPE_F16 && c->tv == GGML_TYPE_F16 && c->n_tok >= 16 &&
+           c->head_dim % 16 == 0;
+}
+
+// The mixed call against one scalar call per distinct effective (G, W);
+// returns the worst |cuda - cpu| / max|v| and counts differing CUDA bits.
+static double run_mix_case(const struct mix_case *mc) {
+    const struct se_case *c = &mc->c;
+    const int n_tok = c->n_tok;
+    int32_t *q_se = malloc(8 * (size_t)n_tok);
+    struct mix_io io = mix_inputs(c, mc->layout, mix_gw, q_se);
+    const size_t row = (size_t)c->n_head * c->head_dim; // a token's output floats
+    float *mixed = malloc(io.no * 4), *rg = malloc(io.no * 4), *rc = malloc(io.no * 4);
+    // scalar G, W that every token overrides
+    mix_call(gpu, 1, c, &io, 5, 3, true, mixed);
+    double worst = 0.0, worst_bits = 0.0;
+    size_t differ = 0, checked = 0;
+    for (int s = 0; s < c->n_seq; s++) {
+        int G, W;
+        mix_eff(mix_gw[s], &G, &W);
+        bool seen = false; // an earlier sequence with the same effective (G, W)
+        for (int s2 = 0; s2 < s; s2++) {
+            int G2, W2;
+            mix_eff(mix_gw[s2], &G2, &W2);
+            seen = seen || (G2 == G && W2 == W);
+        }
+        if (seen)
+            continue;
+        mix_call(gpu, 1, c, &io, G, W, false, rg);
+        mix_call(cpu, 0, c, &io, G, W, false, rc);
+        for (int t = 0; t < n_tok; t++) {
+            int Gt, Wt;
+            mix_eff(&q_se[2 * t], &Gt, &Wt);
+            if (Gt != G || Wt != W)
+                continue;
+            checked++;
+            for (size_t i = t * row; i < (t + 1) * row; i++) {
+                worst = fmax(worst, fabs((double)mixed[i] - rc[i]) / io.vmax);
+                worst_bits = fmax(worst_bits, fabs((double)mixed[i] - rg[i]) / io.vmax);
+            }
+            differ += memcmp(mixed + t * row, rg + t * row, row * 4) != 0;
+        }
+    }
+    const double tol = 1e-4 + 8.0 * sqrt((double)c->n_kv) / 16777216.0 + (mix_tc(c) ? 3e-3 : 0.0);
+    cr_log_info(
+        "self-extend per-token G/W, %s: %zu tokens, vs cuda scalar calls: %zu differ (worst "
+        "%.3g of max|v|); vs cpu: %.3g (tol %.3g)\n",
+        c->note, checked, differ, worst_bits, worst, tol);
+    cr_expect_eq(checked, (size_t)n_tok, "%s: %zu of %d tokens checked", c->note, checked, n_tok);
+    cr_expect_eq(differ, 0, "%s: %zu tokens differ from their scalar call", c->note, differ);
+    cr_expect_leq(worst, tol, "%s: %.3g > %.3g", c->note, worst, tol);
+    mix_free(&io);
+    free(q_se);
+    free(mixed);
+    free(rg);
+    free(rc);
+    return worst;
+}
+
+Test(cuda_se, per_token_g_w_matches_scalar_calls) {
+    REQUIRE_GPU();
+    rng_seed(15);
+    double worst = 0;
+    for (size_t i = 0; i < sizeof mix_cases / sizeof mix_cases[0]; i++)
+        worst = fmax(worst, run_mix_case(&mix_cases[i]));
+    cr_log_info("self-extend per-token G/W: worst vs cpu over the cases %.3g of max|v|\n", worst);
+}
+
+// q_se with the same (G, W) for every token: the scalar call's bits.
+Test(cuda_se, per_token_uniform_is_the_scalar_call) {
+    REQUIRE_GPU();
+    rng_seed(16);
+    const int gw[3][2] = {{3, 10}, {1, 7}, {2, 16}};
+    for (size_t i = 0; i < sizeof mix_cases / sizeof mix_cases[0]; i++) {
+        const struct se_case *c = &mix_cases[i].c;
+        const int *u = gw[i % 3];
+        const int seq_gw[5][2] = {
+            {u[0], u[1]}, {u[0], u[1]}, {u[0], u[1]}, {u[0], u[1]}, {u[0], u[1]}};
+        int32_t *q_se = malloc(8 * (size_t)c->n_tok);
+        struct mix_io io = mix_inputs(c, mix_cases[i].layout, seq_gw, q_se);
+        float *a = malloc(io.no * 4), *b = malloc(io.no * 4);
+        mix_call(gpu, 1, c, &io, 5, 3, true, a);
+        mix_call(gpu, 1, c, &io, u[0], u[1], false, b);
+        cr_expect_eq(memcmp(a, b, io.no * 4), 0,
+                     "%s: uniform G %d W %d differs from the scalar call", c->note, u[0], u[1]);
+        mix_free(&io);
+        free(q_se);
+        free(a);
+        free(b);
+    }
+}
+
 // rope_kv_store with rp NULL stores K and V as they are (bit for bit on
 // both backends) and leaves k and q untouched.
 Test(cuda_se, kv_store_without_rotation) {
@@ -313,7 +575,7 @@ static void se_forward(struct model *m, int n_batch, const int32_t *tok, int n, 
     }
     for (int i = 0; i < n; i += n_batch) {
         const int nb = n - i < n_batch ? n - i : n_batch;
-        struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i};
+        struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i, NULL};
         cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s: %s", m->be->ops->name, err.msg);
         memcpy(out + (size_t)i * V, fc.h_logits, sizeof(float) * (size_t)nb * V);
     }
