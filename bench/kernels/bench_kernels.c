@@ -24,6 +24,9 @@
 //                 self-extend (G 4, W 1024: host/ops/selfextend.h) inside the
 //                 kernel; same bytes as attn_*, the GB/s and TFLOP/s columns
 //                 count the ordinary work (the rotations are the extra cost)
+//   attn_se_mixed G and W per token (attn_args.q_se): 8 and --prefill-tokens
+//                 queries, q_se uniform (G 4) and with G 2, 3, 4, 8 in turn
+//                 (every block mixes four G): what mixing costs
 //   rope          rope op on Q;  rope_kv_store: fused rope + K/V store into an F16 cache
 //   kv_shift      kv_shift op over all layers of a cache of C cells
 //   rms_norm, argmax
@@ -251,13 +254,14 @@ enum family {
     FAM_ATTN_SE_PREFILL,
     FAM_ATTN_SE_DECODE,
     FAM_SAMPLE,
+    FAM_ATTN_SE_MIXED,
 };
 
 static const char *family_name[] = {
-    "matvec",         "matmul",       "matvec_qkv",  "matvec_swiglu", "matvec_add",
-    "cublas_f16",     "attn_prefill", "attn_decode", "rope",          "rope_kv_store",
-    "kv_shift",       "rms_norm",     "argmax",      "matmul_tc",     "attn_se_prefill",
-    "attn_se_decode", "sample"};
+    "matvec",         "matmul",       "matvec_qkv",   "matvec_swiglu", "matvec_add",
+    "cublas_f16",     "attn_prefill", "attn_decode",  "rope",          "rope_kv_store",
+    "kv_shift",       "rms_norm",     "argmax",       "matmul_tc",     "attn_se_prefill",
+    "attn_se_decode", "sample",       "attn_se_mixed"};
 
 enum { ACT_NA = 0, ACT_Q8 = 1, ACT_F32 = 2, ACT_SKIP = -1 };
 
@@ -326,6 +330,7 @@ static int run_case(struct bench *b, const struct kcase *k) {
     case FAM_ATTN_DECODE:
     case FAM_ATTN_SE_PREFILL:
     case FAM_ATTN_SE_DECODE:
+    case FAM_ATTN_SE_MIXED:
         return op_rc(b, be->ops->attention(be, &k->a));
     case FAM_ROPE:
         return op_rc(
@@ -710,86 +715,133 @@ static void bench_matvec_fused(struct bench *b, const struct shape_model *sm, en
             }
 }
 
+// How an attention case gives each query its exact self-extend (G, W).
+enum se_mix {
+    SE_CALL = 0,    // the call's se_g / se_w (q_se NULL): G 4, W 1024
+    SE_UNIFORM = 1, // q_se with G 4, W 1024 for every token
+    SE_MIXED = 2,   // q_se with G 2, 3, 4, 8 in turn (W 1024): blocks mix four G
+};
+
+// q_se for n_tok tokens as mix says (malloc'd host memory).
+static int32_t *se_mix_table(enum se_mix mix, int n_tok) {
+    static const int gs[4] = {2, 3, 4, 8};
+    int32_t *t = malloc((size_t)n_tok * 2 * sizeof *t);
+    for (int i = 0; t && i < n_tok; i++) {
+        t[2 * i] = mix == SE_MIXED ? gs[i % 4] : 4;
+        t[2 * i + 1] = 1024;
+    }
+    return t;
+}
+
+// One attention case: n_tok queries at the end of a context of ctx cells
+// (one sequence, F16 cache); se: K unrotated, exact self-extend inside the
+// kernel with G and W as mix says.
+static void attention_case(struct bench *b, const struct shape_model *sm, enum family fam, int ctx,
+                           int n_tok, bool se, enum se_mix mix) {
+    const int hd = sm->head_dim;
+    struct kcase k = {.fam = fam,
+                      .sm = sm,
+                      .type = GGML_TYPE_F16,
+                      .n_tok = n_tok,
+                      .n_ctx = ctx,
+                      .rp = rope_of(sm)};
+    snprintf(k.shape, sizeof k.shape, "%d/%d heads, dim %d%s", sm->n_head, sm->n_head_kv, hd,
+             mix == SE_MIXED     ? ", 4 G mixed"
+             : mix == SE_UNIFORM ? ", q_se uniform"
+                                 : "");
+    // queries at positions ctx - n_tok .. ctx - 1: query t sees ctx - n_tok + t + 1 cells
+    const double visible = (double)n_tok * (ctx - n_tok) + (double)n_tok * (n_tok + 1) / 2.0;
+    const double kv_bytes = 2.0 * ctx * sm->n_head_kv * hd * 2.0; // K and V, f16
+    const double qo_bytes = 2.0 * n_tok * sm->n_head * hd * 4.0;  // q in, out
+    k.bytes = kv_bytes + qo_bytes + ctx * (4.0 + 8.0) + n_tok * 8.0;
+    k.flops = 4.0 * sm->n_head * hd * visible;
+
+    int32_t *h_pos = malloc((size_t)ctx * sizeof *h_pos);
+    uint64_t *h_seq = malloc((size_t)ctx * sizeof *h_seq);
+    int32_t *h_qseq = calloc((size_t)n_tok, sizeof *h_qseq);
+    int32_t *h_se = mix != SE_CALL ? se_mix_table(mix, n_tok) : NULL;
+    int rc = 0;
+    if (!h_pos || !h_seq || !h_qseq || (mix != SE_CALL && !h_se)) {
+        snprintf(b->err, sizeof b->err, "out of host memory");
+        rc = -1;
+    }
+    for (int c = 0; !rc && c < ctx; c++) {
+        h_pos[c] = c;
+        h_seq[c] = 1; // sequence 0
+    }
+    void *q = NULL, *cell_seq = NULL;
+    int32_t *cell_pos = NULL, *q_pos = NULL, *q_seq = NULL, *q_se = NULL;
+    if (!rc)
+        rc = alloc_fill(b, &q, GGML_TYPE_F32, (int64_t)sm->n_head * hd, n_tok, 1.0f);
+    if (!rc)
+        rc = alloc_fill(b, &k.k_cache, GGML_TYPE_F16, (int64_t)sm->n_head_kv * hd, ctx, 1.0f);
+    if (!rc)
+        rc = alloc_fill(b, &k.v_cache, GGML_TYPE_F16, (int64_t)sm->n_head_kv * hd, ctx, 1.0f);
+    if (!rc)
+        rc = dev_alloc(b, (size_t)n_tok * sm->n_head * hd * sizeof(float), (void **)&k.out);
+    if (!rc)
+        rc = alloc_i32(b, &cell_pos, h_pos, ctx);
+    if (!rc && (rc = dev_alloc(b, (size_t)ctx * sizeof(uint64_t), &cell_seq)) == 0)
+        rc = op_rc(b, b->be->ops->upload(b->be, cell_seq, h_seq, (size_t)ctx * sizeof(uint64_t)));
+    if (!rc)
+        rc = alloc_i32(b, &q_pos, h_pos + (ctx - n_tok), n_tok);
+    if (!rc)
+        rc = alloc_i32(b, &q_seq, h_qseq, n_tok);
+    if (!rc && h_se)
+        rc = alloc_i32(b, &q_se, h_se, 2 * n_tok);
+    k.a = (struct attn_args){
+        .out = k.out,
+        .q = q,
+        .k = k.k_cache,
+        .v = k.v_cache,
+        .type_k = GGML_TYPE_F16,
+        .type_v = GGML_TYPE_F16,
+        .cell_pos = cell_pos,
+        .cell_seq = cell_seq,
+        .seq_words = 1,
+        .q_pos = q_pos,
+        .q_seq = q_seq,
+        .n_tok = n_tok,
+        .n_kv = ctx,
+        .n_head = sm->n_head,
+        .n_head_kv = sm->n_head_kv,
+        .head_dim = hd,
+        .head_dim_v = hd,
+        .scale = 1.0f / sqrtf((float)hd),
+        .rope = se ? &k.rp : NULL,
+        .se_g = 4,
+        .se_w = 1024,
+        .q_se = q_se,
+    };
+    free(h_pos);
+    free(h_seq);
+    free(h_qseq);
+    free(h_se);
+    time_case(b, &k, rc);
+}
+
 // se: K unrotated, exact self-extend inside the kernel (G 4, W 1024).
 static void bench_attention(struct bench *b, const struct shape_model *sm, bool prefill, bool se) {
-    const int hd = sm->head_dim;
     for (int ci = 0; ci < b->opt.n_ctxs; ci++) {
         const int ctx = b->opt.ctxs[ci];
         const int n_tok = prefill ? (b->opt.prefill_tok < ctx ? b->opt.prefill_tok : ctx) : 1;
         const enum family fam = se ? (prefill ? FAM_ATTN_SE_PREFILL : FAM_ATTN_SE_DECODE)
                                    : (prefill ? FAM_ATTN_PREFILL : FAM_ATTN_DECODE);
-        struct kcase k = {.fam = fam,
-                          .sm = sm,
-                          .type = GGML_TYPE_F16,
-                          .n_tok = n_tok,
-                          .n_ctx = ctx,
-                          .rp = rope_of(sm)};
-        snprintf(k.shape, sizeof k.shape, "%d/%d heads, dim %d", sm->n_head, sm->n_head_kv, hd);
-        // queries at positions ctx - n_tok .. ctx - 1: query t sees ctx - n_tok + t + 1 cells
-        const double visible = (double)n_tok * (ctx - n_tok) + (double)n_tok * (n_tok + 1) / 2.0;
-        const double kv_bytes = 2.0 * ctx * sm->n_head_kv * hd * 2.0; // K and V, f16
-        const double qo_bytes = 2.0 * n_tok * sm->n_head * hd * 4.0;  // q in, out
-        k.bytes = kv_bytes + qo_bytes + ctx * (4.0 + 8.0) + n_tok * 8.0;
-        k.flops = 4.0 * sm->n_head * hd * visible;
+        attention_case(b, sm, fam, ctx, n_tok, se, SE_CALL);
+    }
+}
 
-        int32_t *h_pos = malloc((size_t)ctx * sizeof *h_pos);
-        uint64_t *h_seq = malloc((size_t)ctx * sizeof *h_seq);
-        int32_t *h_qseq = calloc((size_t)n_tok, sizeof *h_qseq);
-        int rc = 0;
-        if (!h_pos || !h_seq || !h_qseq) {
-            snprintf(b->err, sizeof b->err, "out of host memory");
-            rc = -1;
-        }
-        for (int c = 0; !rc && c < ctx; c++) {
-            h_pos[c] = c;
-            h_seq[c] = 1; // sequence 0
-        }
-        void *q = NULL, *cell_seq = NULL;
-        int32_t *cell_pos = NULL, *q_pos = NULL, *q_seq = NULL;
-        if (!rc)
-            rc = alloc_fill(b, &q, GGML_TYPE_F32, (int64_t)sm->n_head * hd, n_tok, 1.0f);
-        if (!rc)
-            rc = alloc_fill(b, &k.k_cache, GGML_TYPE_F16, (int64_t)sm->n_head_kv * hd, ctx, 1.0f);
-        if (!rc)
-            rc = alloc_fill(b, &k.v_cache, GGML_TYPE_F16, (int64_t)sm->n_head_kv * hd, ctx, 1.0f);
-        if (!rc)
-            rc = dev_alloc(b, (size_t)n_tok * sm->n_head * hd * sizeof(float), (void **)&k.out);
-        if (!rc)
-            rc = alloc_i32(b, &cell_pos, h_pos, ctx);
-        if (!rc && (rc = dev_alloc(b, (size_t)ctx * sizeof(uint64_t), &cell_seq)) == 0)
-            rc = op_rc(b,
-                       b->be->ops->upload(b->be, cell_seq, h_seq, (size_t)ctx * sizeof(uint64_t)));
-        if (!rc)
-            rc = alloc_i32(b, &q_pos, h_pos + (ctx - n_tok), n_tok);
-        if (!rc)
-            rc = alloc_i32(b, &q_seq, h_qseq, n_tok);
-        k.a = (struct attn_args){
-            .out = k.out,
-            .q = q,
-            .k = k.k_cache,
-            .v = k.v_cache,
-            .type_k = GGML_TYPE_F16,
-            .type_v = GGML_TYPE_F16,
-            .cell_pos = cell_pos,
-            .cell_seq = cell_seq,
-            .seq_words = 1,
-            .q_pos = q_pos,
-            .q_seq = q_seq,
-            .n_tok = n_tok,
-            .n_kv = ctx,
-            .n_head = sm->n_head,
-            .n_head_kv = sm->n_head_kv,
-            .head_dim = hd,
-            .head_dim_v = hd,
-            .scale = 1.0f / sqrtf((float)hd),
-            .rope = se ? &k.rp : NULL,
-            .se_g = 4,
-            .se_w = 1024,
-        };
-        free(h_pos);
-        free(h_seq);
-        free(h_qseq);
-        time_case(b, &k, rc);
+// Exact self-extend with G and W per token (attn_args.q_se): 8 tokens (the
+// SIMT kernel) and --prefill-tokens (tensor cores), each uniform and with
+// four G mixed in every block, to show what mixing costs.
+static void bench_attention_mixed(struct bench *b, const struct shape_model *sm) {
+    for (int ci = 0; ci < b->opt.n_ctxs; ci++) {
+        const int ctx = b->opt.ctxs[ci];
+        const int toks[2] = {8, b->opt.prefill_tok < ctx ? b->opt.prefill_tok : ctx};
+        for (int ti = 0; ti < 2; ti++)
+            for (int mix = SE_UNIFORM; mix <= SE_MIXED; mix++)
+                attention_case(b, sm, FAM_ATTN_SE_MIXED, ctx, toks[ti] < ctx ? toks[ti] : ctx, true,
+                               (enum se_mix)mix);
     }
 }
 
@@ -933,7 +985,7 @@ static void usage(FILE *out) {
         "                         matmul_tc, cublas_f16, attn_prefill, attn_decode, rope,\n"
         "                         rope_kv_store, kv_shift, rms_norm, argmax, sample,\n"
         "                         matvec_qkv, matvec_swiglu, matvec_add, attn_se_prefill,\n"
-        "                         attn_se_decode\n"
+        "                         attn_se_decode, attn_se_mixed\n"
         "  --models LIST          shapes: llama2-7b,llama3-8b,llama3-70b (default: these\n"
         "                         three), ci-small (1024 wide, GQA 8: the emulated CI gate)\n"
         "  --types LIST           weight types for matvec/matmul (default: f32,f16,bf16,\n"
@@ -1282,6 +1334,8 @@ int main(int argc, char **argv) {
             bench_attention(&b, sm, true, true);
         if (want_family(&b, FAM_ATTN_SE_DECODE))
             bench_attention(&b, sm, false, true);
+        if (want_family(&b, FAM_ATTN_SE_MIXED))
+            bench_attention_mixed(&b, sm);
         if (want_family(&b, FAM_ROPE))
             bench_rope(&b, sm, false);
         if (want_family(&b, FAM_ROPE_KV_STORE))

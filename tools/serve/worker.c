@@ -164,6 +164,10 @@ static void job_done(struct srv_worker *w, struct srv_job *j, const struct engin
     r->n_done++;
     const struct engine_req_stats *st = ev->stats;
     pthread_mutex_lock(&w->mu);
+    // The client may read /metrics as soon as its answer is out, before the
+    // step ends and update_gauges recounts: this job no longer runs.
+    if (w->m.running > 0)
+        w->m.running--;
     w->m.generated_tokens += (uint64_t)j->n_gen;
     w->m.prompt_tokens_evaluated += (uint64_t)j->st.n_prompt_eval;
     w->m.prompt_tokens_cached += (uint64_t)j->st.n_prompt_reused;
