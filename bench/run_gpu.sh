@@ -172,7 +172,7 @@ stage_kernels() {
   log "kernels: attention, ordinary vs exact self-extend, 4k/16k/64k"
   local reps=()
   [ "$QUICK" = 1 ] && reps=(-r 3)
-  "$BUILD/bench/vela-bench-kernels" --filter attn_decode,attn_se_decode,attn_prefill,attn_se_prefill \
+  "$BUILD/bench/vela-bench-kernels" --filter attn_decode,attn_se_decode,attn_prefill,attn_se_prefill,attn_se_mixed \
     --models llama3-8b,llama2-7b --ctx 4096,16384,65536 "${reps[@]}" \
     --json "$RAW/kernels-attn-se.json" >"$RAW/kernels-attn-se.md" 2>>"$RAW/run.log" \
     || log "kernels: some attention cases failed (see kernels-attn-se.json)"
