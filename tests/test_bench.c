@@ -187,6 +187,44 @@ Test(bench, cpu_parallel_json) {
     free(errs);
 }
 
+// -d: every test again on top of a filled cache, in llama-bench's order and
+// names; the JSON's n_depth says which, and the bytes a run reads grow with
+// the cells it sees. The -v lines show the prefix filled once per test.
+Test(bench, cpu_depth_json) {
+    char args[1024], *out, *errs;
+    snprintf(args, sizeof args,
+             "bench -m %s --backend cpu -t 1 -p 8 -n 4 -b 4 -r 2 --parallel 1,2 -d 0,20 --json -v",
+             model_path);
+    int rc = run_vela(args, &out, &errs);
+    cr_assert_eq(rc, 0, "exit %d, stderr: %s", rc, errs);
+    cJSON *root = cJSON_Parse(out);
+    cr_assert_not_null(root, "stdout is not JSON: %s", out);
+    const cJSON *tests = cJSON_GetObjectItemCaseSensitive(root, "tests");
+    cr_assert_eq(cJSON_GetArraySize(tests), 6, "3 tests x 2 depths");
+    const struct {
+        const char *name, *kind;
+        int par, depth;
+        double tokens;
+    } want[] = {{"pp8", "pp", 1, 0, 8},        {"tg4", "tg", 1, 0, 4},
+                {"tg4 x2", "tg", 2, 0, 8},     {"pp8 @ d20", "pp", 1, 20, 8},
+                {"tg4 @ d20", "tg", 1, 20, 4}, {"tg4 x2 @ d20", "tg", 2, 20, 8}};
+    for (int i = 0; i < 6; i++) {
+        const cJSON *t = cJSON_GetArrayItem(tests, i);
+        check_test(t, want[i].name, want[i].kind, want[i].par, want[i].tokens, 2);
+        cr_assert_eq((int)num(t, "n_depth"), want[i].depth, "%s: n_depth", want[i].name);
+        if (i >= 3) // the same test over 20 more cells reads more
+            cr_assert(num(t, "bytes_per_run") >
+                          num(cJSON_GetArrayItem(tests, i - 3), "bytes_per_run"),
+                      "%s: bytes_per_run", want[i].name);
+    }
+    cr_assert_not_null(strstr(errs, "pp8 @ d20: depth 20 filled"), "%s", errs);
+    cr_assert_not_null(strstr(errs, "tg4 x2 @ d20: depth 20 filled"), "%s", errs);
+    cr_assert_null(strstr(errs, "tg4 x2: depth"), "no fill at depth 0: %s", errs);
+    cJSON_Delete(root);
+    free(out);
+    free(errs);
+}
+
 Test(bench, cpu_table) {
     char args[1024], *out, *errs;
     snprintf(args, sizeof args, "bench -m %s --backend cpu -p 8 -n 4 -b 4 -r 1", model_path);
@@ -372,6 +410,15 @@ Test(bench, errors) {
         {"bench -m %s -r 0", 2, "-r"},
         {"bench -m %s --parallel 1,x", 2, "--parallel"},
         {"bench -m %s --parallel 0", 2, "--parallel"},
+        {"bench -m %s -d -1", 2, "-d: -1 is out of range"},
+        {"bench -m %s -d 0,x", 2, "-d: '0,x' is not a list of numbers"},
+        // depth + test beyond the model's context (2048), and beyond -c too
+        {"bench -m %s --backend cpu -d 2000 -p 64 -n 0 -r 1", 2,
+         "-d 2000 with -p 64 / -n 0 need a context of 2064 tokens, beyond the model's 2048 (its "
+         "context_length): pass -c 2064"},
+        {"bench -m %s --backend cpu -d 100,2040 -p 0 -n 4 --parallel 1,3 -c 2050 -r 1", 2,
+         "-d 2040 with -p 0 / -n 4 need a context of 2052 tokens, beyond the model's 2048 (its "
+         "context_length) and -c 2050: pass -c 2052"},
         {"bench -m %s --backend tpu", 2, "--backend"},
         {"bench -m %s -p 0 -n 0", 2, "nothing to measure"},
         // beyond the model's context (2048) only when -c asks for it

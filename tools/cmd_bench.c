@@ -7,6 +7,14 @@
 //   starts from an empty context too). With --parallel P (P > 1) each step is
 //   one batch of P tokens, one per sequence, and the figure is the aggregate
 //   P * N / time.
+// - At depth D (-d D, D > 0; "pp512 @ d4096", "tg128 @ d4096"): before the
+//   test's first run the cache gets D random tokens of sequence 0 at
+//   positions [0, D) (untimed), shared with sequences 1..P-1 by kv_seq_cp;
+//   the test's tokens go at positions D, D + 1, ... on top of it. Each run
+//   then starts from that same prefix: its own cells are removed after it
+//   (kv_seq_rm of positions >= D, every sequence) instead of refilling as
+//   llama-bench does (the same cells, and the K/V the prefix wrote are
+//   untouched). D = 0 clears the cache before each run, as before.
 // Each test runs once untimed (warm-up), then -r times; t/s is the mean and
 // sample standard deviation over the repetitions. Timing covers the decode
 // calls only (forward_decode ends with a backend sync); tokens are random
@@ -56,6 +64,8 @@
 
 #define BENCH_MAX_PARALLEL 16
 #define BENCH_PARALLEL_CAP 4096
+#define BENCH_MAX_DEPTHS 16
+#define BENCH_DEPTH_CAP (1 << 24)
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -68,6 +78,9 @@ static void usage(FILE *out) {
             "  -n, --n-gen N             decode steps per tg test; 0 skips it (default: 128)\n"
             "  --parallel N[,N...]       sequences decoding at once in the tg tests, one token\n"
             "                            each per step (default: 1), e.g. 1,8,32,64,128,256\n"
+            "  -d, --n-depth N[,N...]    run every test on top of N cached tokens (filled\n"
+            "                            untimed, the same prefix for each repetition and\n"
+            "                            sequence): \"pp512 @ d4096\" (default: 0)\n"
             "  -r, --repetitions N       timed repetitions of each test (default: 5)\n"
             "  --full-logits             download every logits row to the host (llama.cpp's\n"
             "                            behaviour) instead of only its argmax\n"
@@ -110,8 +123,10 @@ static double stddev_of(const double *v, int n) {
     return sqrt(s / (n - 1));
 }
 
-// "1,8,32" -> values; VERR_RANGE naming --parallel otherwise.
-static int parse_parallel(const char *s, int *vals, int *n_vals, struct verr *err) {
+// "1,8,32" -> values in [lo, hi], at most max_n of them; VERR_RANGE naming
+// flag otherwise.
+static int parse_list(const char *flag, const char *s, long lo, long hi, int max_n, int *vals,
+                      int *n_vals, struct verr *err) {
     int n = 0;
     const char *p = s;
     for (;;) {
@@ -119,12 +134,11 @@ static int parse_parallel(const char *s, int *vals, int *n_vals, struct verr *er
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || errno || (*end != ',' && *end != '\0'))
-            return verr_set(err, VERR_RANGE, "--parallel: '%s' is not a list of numbers", s);
-        if (v < 1 || v > BENCH_PARALLEL_CAP)
-            return verr_set(err, VERR_RANGE, "--parallel: %ld is out of range [1, %d]", v,
-                            BENCH_PARALLEL_CAP);
-        if (n == BENCH_MAX_PARALLEL)
-            return verr_set(err, VERR_RANGE, "--parallel: at most %d values", BENCH_MAX_PARALLEL);
+            return verr_set(err, VERR_RANGE, "%s: '%s' is not a list of numbers", flag, s);
+        if (v < lo || v > hi)
+            return verr_set(err, VERR_RANGE, "%s: %ld is out of range [%ld, %ld]", flag, v, lo, hi);
+        if (n == max_n)
+            return verr_set(err, VERR_RANGE, "%s: at most %d values", flag, max_n);
         vals[n++] = (int)v;
         if (*end == '\0')
             break;
@@ -223,7 +237,8 @@ struct test {
     enum test_kind kind;
     int n_tokens;   // -p for pp, -n for tg (steps)
     int n_parallel; // tg: sequences; pp: 1
-    char name[48];  // "pp512", "tg128", "tg128 x32"
+    int n_depth;    // tokens cached before the test's (-d)
+    char name[48];  // "pp512", "tg128", "tg128 x32", "tg128 @ d4096"
     // results
     double *samples_ts; // [reps]
     double *samples_s;  // [reps] seconds per run
@@ -329,22 +344,23 @@ static void test_cost(struct test *t, const struct split_model *smod, enum ggml_
     const double mm = 2.0 * layer_matmul_params(smod);
     const struct model *mh = head_model(smod);
     const double head = 2.0 * (double)mh->output.n_in * (double)mh->output.n_out;
+    const double d = t->n_depth;
     t->bytes = t->flops = 0;
     if (t->kind == TEST_PP) {
         const int p = t->n_tokens;
         t->tokens = p;
         for (int pos = 0; pos < p; pos += n_batch) {
             const int n = p - pos < n_batch ? p - pos : n_batch;
-            t->bytes += weight_bytes(smod, n) + (double)(pos + n) * cell;
+            t->bytes += weight_bytes(smod, n) + (d + pos + n) * cell;
             t->flops += head; // the last token of each batch wants logits
         }
-        // query at position i sees i + 1 cells
-        t->flops += mm * p + attn * ((double)p * (p + 1) / 2.0);
+        // query at position d + i sees d + i + 1 cells
+        t->flops += mm * p + attn * (d * p + (double)p * (p + 1) / 2.0);
     } else {
         const int n = t->n_tokens, P = t->n_parallel;
         t->tokens = (double)n * P;
-        // step s: every sequence sees s + 1 cells
-        const double visible = (double)n * (n + 1) / 2.0;
+        // step s: every sequence sees d + s + 1 cells
+        const double visible = d * n + (double)n * (n + 1) / 2.0;
         t->bytes = n * weight_bytes(smod, P) + P * visible * cell;
         t->flops = (mm + head) * t->tokens + attn * P * visible;
     }
@@ -362,6 +378,7 @@ struct runner {
     struct executor *x;
     bool full_logits;
     int n_vocab;
+    int pp_batch;             // a pp test's tokens per decode (the executor's may be larger)
     int32_t *tok, *pos, *seq; // [n_batch]
     int8_t *want;             // [n_batch]
 };
@@ -373,22 +390,48 @@ static int decode(struct runner *r, int n, const int8_t *want, struct verr *err)
                            NULL, err);
 }
 
-// One run of test t from an empty cache; *secs: the time spent decoding.
+// The depth prefix of test t (untimed): the cache cleared, then n_depth
+// random tokens of sequence 0 at positions [0, n_depth) in batches of the
+// executor's n_batch, only the last of each wanting logits, and the cells
+// shared with sequences 1..n_parallel-1 (kv_seq_cp).
+static int fill_depth(struct runner *r, const struct test *t, struct verr *err) {
+    struct kv_cache *kv = &r->x->fc->kv;
+    int rc = kv_clear(kv, err);
+    uint64_t s = 0x5DEECE66Dull;
+    const int nb = r->x->fc->cfg.n_batch;
+    for (int p0 = 0; !rc && p0 < t->n_depth; p0 += nb) {
+        const int n = t->n_depth - p0 < nb ? t->n_depth - p0 : nb;
+        for (int i = 0; i < n; i++) {
+            r->tok[i] = (int32_t)(rng_next(&s) % (uint64_t)r->n_vocab);
+            r->pos[i] = p0 + i;
+            r->seq[i] = 0;
+        }
+        rc = decode(r, n, NULL, err);
+    }
+    for (int j = 1; !rc && j < t->n_parallel; j++)
+        rc = kv_seq_cp(kv, 0, j, 0, t->n_depth, err);
+    return rc ? verr_wrap(err, "filling the cache to depth %d", t->n_depth) : 0;
+}
+
+// One run of test t on top of its depth prefix: from an empty cache at depth
+// 0, else with every cell at a position >= n_depth removed first (a previous
+// run's); *secs: the time spent decoding.
 static int run_once(struct runner *r, const struct test *t, uint64_t seed, double *secs,
                     struct verr *err) {
-    int rc = kv_clear(&r->x->fc->kv, err);
+    const int D = t->n_depth;
+    int rc = D == 0 ? kv_clear(&r->x->fc->kv, err) : kv_seq_rm(&r->x->fc->kv, -1, D, -1, err);
     if (rc)
         return rc;
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     const int V = r->n_vocab;
     double elapsed = 0;
     if (t->kind == TEST_PP) {
-        const int nb = r->x->fc->cfg.n_batch;
+        const int nb = r->pp_batch;
         for (int p0 = 0; p0 < t->n_tokens; p0 += nb) {
             const int n = t->n_tokens - p0 < nb ? t->n_tokens - p0 : nb;
             for (int i = 0; i < n; i++) {
                 r->tok[i] = (int32_t)(rng_next(&s) % (uint64_t)V);
-                r->pos[i] = p0 + i;
+                r->pos[i] = D + p0 + i;
                 r->seq[i] = 0;
             }
             double t0 = now_s();
@@ -402,7 +445,7 @@ static int run_once(struct runner *r, const struct test *t, uint64_t seed, doubl
         for (int step = 0; step < t->n_tokens; step++) {
             for (int j = 0; j < P; j++) {
                 r->tok[j] = (int32_t)(rng_next(&s) % (uint64_t)V);
-                r->pos[j] = step;
+                r->pos[j] = D + step;
                 r->seq[j] = j;
                 r->want[j] = 1;
             }
@@ -422,22 +465,27 @@ static int run_test(struct test *t, struct split_model *smod, const struct args_
     struct forward_config cfg;
     args_ctx_config(am, &cfg);
     forward_config_resolve(&cfg, &smod->m->hp);
-    int need;
+    // the cells: the depth prefix (shared by the sequences) and the test's
+    int need = t->n_depth, batch;
     if (t->kind == TEST_PP) {
-        need = t->n_tokens;
-        cfg.n_batch = am->n_batch < t->n_tokens ? am->n_batch : t->n_tokens;
+        need += t->n_tokens;
+        batch = am->n_batch < t->n_tokens ? am->n_batch : t->n_tokens;
         cfg.n_seq_max = 1;
         cfg.n_outputs_max = 1;
     } else {
-        need = t->n_tokens * t->n_parallel;
-        cfg.n_batch = t->n_parallel;
+        need += t->n_tokens * t->n_parallel;
+        batch = t->n_parallel;
         cfg.n_seq_max = t->n_parallel;
         cfg.n_outputs_max = t->n_parallel;
     }
+    // the prefix is filled in batches of -b (at most the depth)
+    const int fill = am->n_batch < t->n_depth ? am->n_batch : t->n_depth;
+    cfg.n_batch = fill > batch ? fill : batch;
     cfg.n_ctx = am->n_ctx > need ? am->n_ctx : need;
-    test_cost(t, smod, cfg.type_k, cfg.type_v, cfg.n_batch);
+    test_cost(t, smod, cfg.type_k, cfg.type_v, batch);
 
-    struct runner r = {.full_logits = full_logits, .n_vocab = smod->m->hp.n_vocab};
+    struct runner r = {
+        .full_logits = full_logits, .n_vocab = smod->m->hp.n_vocab, .pp_batch = batch};
     int rc = split_executor_create(&r.x, smod, &cfg, false, err);
     if (rc)
         return verr_wrap(err, "%s", t->name);
@@ -452,7 +500,14 @@ static int run_test(struct test *t, struct split_model *smod, const struct args_
         rc = verr_set(err, VERR_NOMEM, "out of host memory");
         goto out;
     }
-    double secs = 0;
+    double secs = 0, t0 = now_s();
+    if (t->n_depth > 0 && (rc = fill_depth(&r, t, err))) {
+        verr_wrap(err, "%s", t->name);
+        goto out;
+    }
+    if (verbose && t->n_depth > 0)
+        fprintf(stderr, "vela bench: %s: depth %d filled in %.3f s\n", t->name, t->n_depth,
+                now_s() - t0);
     if ((rc = run_once(&r, t, 0, &secs, err))) { // warm-up
         verr_wrap(err, "%s: warm-up", t->name);
         goto out;
@@ -786,6 +841,7 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
         cJSON_AddNumberToObject(o, "n_prompt", t->kind == TEST_PP ? t->n_tokens : 0);
         cJSON_AddNumberToObject(o, "n_gen", t->kind == TEST_TG ? t->n_tokens : 0);
         cJSON_AddNumberToObject(o, "n_parallel", t->n_parallel);
+        cJSON_AddNumberToObject(o, "n_depth", t->n_depth);
         cJSON_AddNumberToObject(o, "n_tokens", t->tokens);
         cJSON_AddNumberToObject(o, "avg_ts", mean_of(t->samples_ts, rp->reps));
         cJSON_AddNumberToObject(o, "stddev_ts", stddev_of(t->samples_ts, rp->reps));
@@ -832,6 +888,34 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
 }
 
 // --- the command -----------------------------------------------------------------------
+
+// The tests, in llama-bench's order: for each depth, pp first, then tg for
+// each --parallel; a depth D > 0 is " @ dD" after the name. Returns how many.
+static int make_tests(int n_prompt, int n_gen, const int *par, int n_par, const int *depth,
+                      int n_depth, struct test *tests) {
+    int n = 0;
+    for (int di = 0; di < n_depth; di++) {
+        char at[24] = "";
+        if (depth[di] > 0)
+            snprintf(at, sizeof at, " @ d%d", depth[di]);
+        if (n_prompt > 0) {
+            struct test *t = &tests[n++];
+            *t = (struct test){
+                .kind = TEST_PP, .n_tokens = n_prompt, .n_parallel = 1, .n_depth = depth[di]};
+            snprintf(t->name, sizeof t->name, "pp%d%s", n_prompt, at);
+        }
+        for (int k = 0; n_gen > 0 && k < n_par; k++) {
+            struct test *t = &tests[n++];
+            *t = (struct test){
+                .kind = TEST_TG, .n_tokens = n_gen, .n_parallel = par[k], .n_depth = depth[di]};
+            if (par[k] == 1)
+                snprintf(t->name, sizeof t->name, "tg%d%s", n_gen, at);
+            else
+                snprintf(t->name, sizeof t->name, "tg%d x%d%s", n_gen, par[k], at);
+        }
+    }
+    return n;
+}
 
 // The library's configuration for the flags and a context of n_ctx cells
 // (0: the model's), batches of n_batch tokens (the plan's scratch: a tg
@@ -887,6 +971,7 @@ int cmd_bench(int argc, char **argv) {
     args_model_default(&am);
     int n_prompt = 512, n_gen = 128, reps = 5;
     int par[BENCH_MAX_PARALLEL] = {1}, n_par = 1;
+    int depth[BENCH_MAX_DEPTHS] = {0}, n_depth = 1;
     bool json = false, full_logits = false, split_compare = false, no_stage_times = false;
     struct verr err = {0};
     for (int i = 1; i < argc;) {
@@ -907,7 +992,14 @@ int cmd_bench(int argc, char **argv) {
             const char *s = NULL;
             rc = args_value_str(argc, argv, &i, &s, &err);
             if (!rc)
-                rc = parse_parallel(s, par, &n_par, &err);
+                rc = parse_list("--parallel", s, 1, BENCH_PARALLEL_CAP, BENCH_MAX_PARALLEL, par,
+                                &n_par, &err);
+        } else if (args_is(arg, "-d", "--n-depth")) {
+            const char *s = NULL;
+            rc = args_value_str(argc, argv, &i, &s, &err);
+            if (!rc)
+                rc = parse_list("-d", s, 0, BENCH_DEPTH_CAP, BENCH_MAX_DEPTHS, depth, &n_depth,
+                                &err);
         } else if (args_is(arg, "--json", NULL)) {
             json = true;
             i++;
@@ -942,24 +1034,10 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
 
-    // The tests, in llama-bench's order: pp first, then tg for each --parallel.
-    struct test tests[1 + BENCH_MAX_PARALLEL];
-    int n_tests = 0;
-    memset(tests, 0, sizeof tests);
-    if (n_prompt > 0) {
-        tests[n_tests] = (struct test){.kind = TEST_PP, .n_tokens = n_prompt, .n_parallel = 1};
-        snprintf(tests[n_tests].name, sizeof tests[n_tests].name, "pp%d", n_prompt);
-        n_tests++;
-    }
-    if (n_gen > 0)
-        for (int k = 0; k < n_par; k++) {
-            struct test *t = &tests[n_tests++];
-            *t = (struct test){.kind = TEST_TG, .n_tokens = n_gen, .n_parallel = par[k]};
-            if (par[k] == 1)
-                snprintf(t->name, sizeof t->name, "tg%d", n_gen);
-            else
-                snprintf(t->name, sizeof t->name, "tg%d x%d", n_gen, par[k]);
-        }
+    // The tests, in llama-bench's order: for each depth pp first, then tg for
+    // each --parallel.
+    static struct test tests[BENCH_MAX_DEPTHS * (1 + BENCH_MAX_PARALLEL)];
+    const int n_tests = make_tests(n_prompt, n_gen, par, n_par, depth, n_depth, tests);
 
     // Under mpirun the other ranks serve one forward context each
     // (host/mpi.h) and bench makes one per test: refuse before they load.
@@ -1003,19 +1081,29 @@ int cmd_bench(int argc, char **argv) {
 
     // The tests' largest context, batch and logits rows: what the load's
     // memory check (and a split's plan) must allow for.
-    int max_par = 1;
+    int max_par = 1, max_depth = 0;
     for (int k = 0; k < n_par; k++)
         max_par = par[k] > max_par ? par[k] : max_par;
+    for (int k = 0; k < n_depth; k++)
+        max_depth = depth[k] > max_depth ? depth[k] : max_depth;
     int load_ctx = am.n_ctx, load_batch = 1, load_out = 1;
+    long longest = 0; // the most positions a sequence of a test reaches
     if (n_prompt > 0) {
-        load_ctx = n_prompt > load_ctx ? n_prompt : load_ctx;
+        const long need = (long)max_depth + n_prompt;
+        load_ctx = need > load_ctx ? (int)(need < (1L << 30) ? need : (1L << 30)) : load_ctx;
         load_batch = am.n_batch < n_prompt ? am.n_batch : n_prompt;
+        longest = need;
     }
     if (n_gen > 0) {
-        const long need = (long)n_gen * max_par;
+        const long need = (long)max_depth + (long)n_gen * max_par;
         load_ctx = need > load_ctx ? (int)(need < (1L << 30) ? need : (1L << 30)) : load_ctx;
         load_batch = max_par > load_batch ? max_par : load_batch;
         load_out = max_par;
+        longest = (long)max_depth + n_gen > longest ? (long)max_depth + n_gen : longest;
+    }
+    if (max_depth > 0) { // the prefix is filled in batches of -b
+        const int fill = am.n_batch < max_depth ? am.n_batch : max_depth;
+        load_batch = fill > load_batch ? fill : load_batch;
     }
 
     int status = 1;
@@ -1096,8 +1184,11 @@ int cmd_bench(int argc, char **argv) {
     f = NULL;
     const struct model *m = sm.m;
     struct backend *be = sm.be;
-    if (args_selfextend_check(&am, &m->hp, load_ctx, n_prompt, stderr, &err)) {
-        fprintf(stderr, "vela bench: %s\n", err.msg);
+    if (args_selfextend_check(&am, &m->hp, load_ctx, (int)longest, stderr, &err)) {
+        if (max_depth > 0)
+            fprintf(stderr, "vela bench: -d %d: %s\n", max_depth, err.msg);
+        else
+            fprintf(stderr, "vela bench: %s\n", err.msg);
         goto out;
     }
     // A context beyond the model's would run for minutes on text the model
@@ -1105,10 +1196,15 @@ int cmd_bench(int argc, char **argv) {
     // checked above against its extended context).
     if (am.se_g <= 1 && m->hp.n_ctx_train > 0 && load_ctx > m->hp.n_ctx_train &&
         am.n_ctx < load_ctx) {
+        char dflag[48] = "", cflag[48] = "";
+        if (max_depth > 0)
+            snprintf(dflag, sizeof dflag, "-d %d with ", max_depth);
+        if (am.n_ctx > 0)
+            snprintf(cflag, sizeof cflag, " and -c %d", am.n_ctx);
         fprintf(stderr,
-                "vela bench: -p %d / -n %d need a context of %d tokens, beyond the model's %d "
-                "(its context_length): pass -c %d to run them anyway\n",
-                n_prompt, n_gen, load_ctx, m->hp.n_ctx_train, load_ctx);
+                "vela bench: %s-p %d / -n %d need a context of %d tokens, beyond the model's %d "
+                "(its context_length)%s: pass -c %d to run them anyway\n",
+                dflag, n_prompt, n_gen, load_ctx, m->hp.n_ctx_train, cflag, load_ctx);
         status = 2;
         goto out;
     }
