@@ -8,9 +8,10 @@
 // tokens) with G 2 W 16 in batches of 1 (CUDA graphs) and 25 against the CPU
 // (logits within 1e-4 of max|logit| in batches of 1, f32 activations, as
 // tests/gpu/test_forward_cuda.c; 1e-3 for the tensor-core prefill of the
-// F16 cache, as there); G and W per query token (attn_args.q_se: several
-// sequences with their own values in one call, both kernels) against one
-// scalar call per (G, W), bit for bit on CUDA. Runs as
+// F16 cache, as there), and with two sequences with their own (G, W) in the
+// same batches (forward_batch.se) likewise; G and W per query token
+// (attn_args.q_se: several sequences with their own values in one call, both
+// kernels) against one scalar call per (G, W), bit for bit on CUDA. Runs as
 // test_emu_cuda_selfextend under the emulator (small shapes: it is slow).
 //
 // Tolerance, relative to max|v|: (1e-4 + 8 sqrt(n_kv) 2^-24). The output
@@ -582,6 +583,44 @@ static void se_forward(struct model *m, int n_batch, const int32_t *tok, int n, 
     forward_free(&fc);
 }
 
+// Logits [2][n][V] of two sequences decoded side by side on one backend's
+// model, each with its own exact self-extend (forward_batch.se): seq 0 reads
+// tok with (2, 16), seq 1 reads tok reversed with (3, 8), n_batch / 2 tokens
+// of each per batch (K cached unrotated, no context default).
+static void se_forward_two(struct model *m, int n_batch, const int32_t *tok, int n, float *out) {
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    cfg.n_ctx = 256;
+    cfg.n_batch = n_batch;
+    cfg.n_seq_max = 2;
+    cfg.k_unrotated = true;
+    struct forward_ctx fc;
+    struct verr err = {0};
+    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+    const int V = m->hp.n_vocab, per = n_batch / 2;
+    static const int32_t se_of[2][2] = {{2, 16}, {3, 8}};
+    for (int i = 0; i < n; i += per) {
+        int32_t bt[64], bp[64], bs[64], bse[128];
+        int8_t want[64];
+        int nb = 0;
+        for (int s = 0; s < 2; s++)
+            for (int t = i; t < i + per && t < n; t++, nb++) {
+                bt[nb] = s ? tok[n - 1 - t] : tok[t];
+                bp[nb] = t;
+                bs[nb] = s;
+                bse[2 * nb] = se_of[s][0];
+                bse[2 * nb + 1] = se_of[s][1];
+                want[nb] = 1;
+            }
+        struct forward_batch b = {nb, bt, bp, bs, want, bse};
+        cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+        for (int r = 0; r < nb; r++)
+            memcpy(out + ((size_t)bs[r] * n + bp[r]) * V, forward_logits(&fc, r),
+                   sizeof(float) * V);
+    }
+    forward_free(&fc);
+}
+
 Test(cuda_se, whole_model_matches_the_cpu) {
     REQUIRE_GPU();
     struct tiny_cfg c;
@@ -615,6 +654,26 @@ Test(cuda_se, whole_model_matches_the_cpu) {
                     batches[bi], worst / scale);
         const double tol = batches[bi] >= 16 ? 1e-3 : 1e-4;
         cr_expect_lt(worst / scale, tol, "batch %d: %.3g", batches[bi], worst / scale);
+    }
+    free(lc);
+    free(lg);
+    // Two sequences with their own G and W in the same batches: 1 token of
+    // each (graphs, attn_kernel) and 13 of each (tensor cores: 26 tokens).
+    lc = malloc(sizeof(float) * 2 * n * V);
+    lg = malloc(sizeof(float) * 2 * n * V);
+    const int pairs[2] = {2, 26};
+    for (int bi = 0; bi < 2; bi++) {
+        se_forward_two(mc, pairs[bi], tok, n, lc);
+        se_forward_two(mg, pairs[bi], tok, n, lg);
+        double scale = 1, worst = 0;
+        for (int i = 0; i < 2 * n * V; i++) {
+            scale = fmax(scale, fabs(lc[i]));
+            worst = fmax(worst, fabs((double)lg[i] - lc[i]));
+        }
+        cr_log_info("own G/W per sequence, batch %d: cuda vs cpu worst relative error %.3g\n",
+                    pairs[bi], worst / scale);
+        const double tol = pairs[bi] >= 16 ? 1e-3 : 1e-4;
+        cr_expect_lt(worst / scale, tol, "two sequences, batch %d: %.3g", pairs[bi], worst / scale);
     }
     free(lc);
     free(lg);
