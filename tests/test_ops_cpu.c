@@ -1135,3 +1135,193 @@ Test(cpu, attention_selfextend_uniform_q_se_equals_scalar) {
     free(want);
     backend_destroy(be);
 }
+
+// ---------------------------------------------------------------------------
+// the decode path (calls of a few tokens: host/backend/cpu_attention.c, K and
+// V read from the cache a tile at a time, the cells split into chunks
+// between threads) against the item path (a batch of many tokens) over the
+// same cells: a token's rows must be the same bits either way
+
+enum { DP_NKV = 1700, DP_T = 24, DP_SW = 2, DP_MAXH = 9, DP_MAXD = 64 };
+
+struct dp_case {
+    int h, hkv, d, dv;  // heads, KV heads, head_dim, head_dim_v
+    bool f16, shuffled; // F16 cache; cells shuffled (else runs in position order)
+    int mode;           // 0: rotated cache, 1: with a window, 2: RoPE inside + q_se, 3: both
+    float q[DP_T * DP_MAXH * DP_MAXD], *kf, *vf;
+    uint16_t *kh, *vh;
+    int32_t cell_pos[DP_NKV], q_pos[DP_T], q_seq[DP_T], q_se[2 * DP_T];
+    uint64_t cell_seq[DP_NKV * DP_SW];
+    struct rope_params rp;
+    struct attn_args a;
+};
+
+// Sequences 0, 1 and 70 of 800, 500 and 250 cells at positions 0.., with 150
+// empty cells: in runs (sequence 0, 50 empty, sequence 1, ...) or shuffled
+// (holes in every range; some cells shared by two sequences). Tokens at
+// random positions of random sequences (a few past the last cell), one of an
+// unused sequence and one at position -1 (they see nothing).
+static void dp_cells(struct dp_case *k) {
+    const int seqs[3] = {0, 1, 70}, len[3] = {800, 500, 250};
+    int c = 0;
+    memset(k->cell_seq, 0, sizeof k->cell_seq);
+    for (int s = 0; s < 3; s++) {
+        for (int p = 0; p < len[s]; p++, c++) {
+            k->cell_pos[c] = p;
+            set_seq(k->cell_seq, DP_SW, c, seqs[s]);
+        }
+        for (int e = 0; e < 50; e++, c++)
+            k->cell_pos[c] = -1;
+    }
+    for (int i = DP_NKV - 1; k->shuffled && i > 0; i--) {
+        const int j = irand(0, i);
+        const int32_t p = k->cell_pos[i];
+        k->cell_pos[i] = k->cell_pos[j];
+        k->cell_pos[j] = p;
+        for (int w = 0; w < DP_SW; w++) {
+            const uint64_t x = k->cell_seq[i * DP_SW + w];
+            k->cell_seq[i * DP_SW + w] = k->cell_seq[j * DP_SW + w];
+            k->cell_seq[j * DP_SW + w] = x;
+        }
+    }
+    for (int i = 0; k->shuffled && i < 40; i++) { // shared cells
+        const int j = irand(0, DP_NKV - 1);
+        if (k->cell_pos[j] >= 0)
+            set_seq(k->cell_seq, DP_SW, j, seqs[irand(0, 2)]);
+    }
+    for (int t = 0; t < DP_T; t++) {
+        const int s = irand(0, 2);
+        k->q_seq[t] = seqs[s];
+        k->q_pos[t] = irand(0, len[s] + 4);
+        const struct se_choice *ch = &se_set0[irand(0, 5)];
+        k->q_se[2 * t] = ch->g;
+        k->q_se[2 * t + 1] = ch->w;
+    }
+    k->q_seq[5] = 9;   // no cell holds it
+    k->q_pos[11] = -1; // below every cell
+}
+
+static void dp_make(struct dp_case *k, uint64_t seed) {
+    rng_seed(seed);
+    const size_t nk = (size_t)DP_NKV * k->hkv * k->d, nv = (size_t)DP_NKV * k->hkv * k->dv;
+    for (int i = 0; i < DP_T * k->h * k->d; i++)
+        k->q[i] = frand();
+    k->kf = frand_array(nk, 1.0f);
+    k->vf = frand_array(nv, 1.0f);
+    k->kh = malloc(nk * sizeof(uint16_t));
+    k->vh = malloc(nv * sizeof(uint16_t));
+    for (size_t i = 0; i < nk; i++)
+        k->kh[i] = quant_f32_to_fp16(k->kf[i]);
+    for (size_t i = 0; i < nv; i++)
+        k->vh[i] = quant_f32_to_fp16(k->vf[i]);
+    dp_cells(k);
+    k->rp = (struct rope_params){.mode = ROPE_MODE_NEOX,
+                                 .n_rot = 32,
+                                 .n_ctx_orig = 64,
+                                 .freq_base = 10000.0f,
+                                 .freq_scale = 1.0f,
+                                 .attn_factor = 1.0f,
+                                 .beta_fast = 32.0f,
+                                 .beta_slow = 1.0f};
+    const enum ggml_type ty = k->f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    k->a = (struct attn_args){
+        .q = k->q,
+        .k = k->f16 ? (const void *)k->kh : k->kf,
+        .v = k->f16 ? (const void *)k->vh : k->vf,
+        .type_k = ty,
+        .type_v = ty,
+        .cell_pos = k->cell_pos,
+        .cell_seq = k->cell_seq,
+        .seq_words = DP_SW,
+        .q_pos = k->q_pos,
+        .q_seq = k->q_seq,
+        .n_tok = DP_T,
+        .n_kv = DP_NKV,
+        .window = k->mode % 2 ? 300 : 0,
+        .n_head = k->h,
+        .n_head_kv = k->hkv,
+        .head_dim = k->d,
+        .head_dim_v = k->dv,
+        .scale = 1.0f / sqrtf((float)k->d),
+        .rope = k->mode >= 2 ? &k->rp : NULL,
+        .se_g = 1,
+        .se_w = 1,
+        .q_se = k->mode >= 2 ? k->q_se : NULL,
+    };
+}
+
+// Tokens [t0, t0 + n) of k's batch as a call of their own into out.
+static void dp_call(struct backend *be, bool plain, const struct dp_case *k, int t0, int n,
+                    float *out) {
+    struct attn_args s = k->a;
+    s.q = k->q + (size_t)t0 * k->h * k->d;
+    s.q_pos = k->q_pos + t0;
+    s.q_seq = k->q_seq + t0;
+    s.q_se = s.q_se ? k->q_se + 2 * t0 : NULL;
+    s.n_tok = n;
+    se_call(be, plain, &s, out);
+}
+
+// Every token alone (1 thread, AVX2 and plain) and in threes (3 threads):
+// its rows are those of the batch of 24 (the item path) bit for bit; on the
+// rotated cache without a window also within 1e-4 of the naive float64
+// attention. Two shapes (6 heads over 2 of 36 / 40 dims, SmolLM2's 9 over 3
+// of 64), F32 and F16 caches, cells in runs and shuffled, 4 chunks of cells.
+Test(cpu, attention_decode_path_equals_batch) {
+    struct backend *b1 = mk_backend(1), *b3 = mk_backend(3), *p1 = mk_backend(1);
+    const int shapes[2][4] = {{6, 2, 36, 40}, {9, 3, 64, 64}};
+    float *all = malloc(sizeof(float) * DP_T * DP_MAXH * DP_MAXD);
+    float *one = malloc(sizeof(float) * 3 * DP_MAXH * DP_MAXD);
+    double *want = malloc(sizeof(double) * DP_T * DP_MAXH * DP_MAXD);
+    struct dp_case *k = calloc(1, sizeof *k);
+    int n_cases = 0;
+    for (int sh = 0; sh < 2; sh++)
+        for (int cfg = 0; cfg < 16; cfg++) {
+            *k = (struct dp_case){.h = shapes[sh][0],
+                                  .hkv = shapes[sh][1],
+                                  .d = shapes[sh][2],
+                                  .dv = shapes[sh][3],
+                                  .f16 = cfg & 1,
+                                  .shuffled = (cfg >> 1) & 1,
+                                  .mode = cfg >> 2};
+            dp_make(k, 3000 + 16 * sh + cfg);
+            const size_t row = (size_t)k->h * k->dv;
+            dp_call(b3, false, k, 0, DP_T, all);
+            if (k->mode == 0)
+                naive_attention(want, &k->a);
+            for (int t = 0; t < DP_T; t++)
+                for (int plain = 0; plain < 2; plain++) {
+                    dp_call(plain ? p1 : b1, plain, k, t, 1, one);
+                    cr_expect_arr_eq(one, all + t * row, sizeof(float) * row,
+                                     "shape %d cfg %d plain %d: token %d (pos %d) alone differs "
+                                     "from the batch",
+                                     sh, cfg, plain, t, k->q_pos[t]);
+                    for (int i = 0; k->mode == 0 && i < (int)row; i++)
+                        cr_expect(fabs(one[i] - want[t * row + i]) <= 1e-4,
+                                  "shape %d cfg %d: token %d [%d] %.9g vs naive %.9g", sh, cfg, t,
+                                  i, (double)one[i], want[t * row + i]);
+                }
+            for (int t = 0; t < DP_T; t += 3) {
+                dp_call(b3, false, k, t, 3, one);
+                cr_expect_arr_eq(one, all + t * row, sizeof(float) * 3 * row,
+                                 "shape %d cfg %d: tokens %d..%d differ from the batch", sh, cfg, t,
+                                 t + 2);
+            }
+            for (int i = 0; i < (int)row; i++)
+                cr_expect(all[5 * row + i] == 0.0f && all[11 * row + i] == 0.0f,
+                          "rows that see nothing are zeros");
+            free(k->kf);
+            free(k->vf);
+            free(k->kh);
+            free(k->vh);
+            n_cases++;
+        }
+    cr_log_info("decode path vs batch: %d cases x %d tokens", n_cases, DP_T);
+    free(k);
+    free(all);
+    free(one);
+    free(want);
+    backend_destroy(b1);
+    backend_destroy(b3);
+    backend_destroy(p1);
+}

@@ -1,7 +1,12 @@
 // The CPU backend's attention op (cpu_attention.h): plain float32, the
 // reference the CUDA kernels are tested against.
 //
-// How a call runs:
+// A call takes one of two paths, which compute the same rows to the bit
+// (below): the item path for batches (prefill, many sequences), the decode
+// path for calls of at most ATTN_DEC_TOK tokens and ATTN_DEC_ROWS query rows
+// whose values of G fit one round.
+//
+// The item path:
 //   1. K (and V) are made float32 once per call where the cache is F16; in
 //      the unrotated mode (a->rope) each key is also rotated once per call at
 //      its cell's position (near) and, for each distinct G > 1 among the
@@ -19,6 +24,25 @@
 //      then per row: mask, max, exp and the sum; then P.V over the same tiles.
 //      Each token's scores take near or far keys by its own W, the far ones
 //      from its own G's copy.
+//
+// The decode path (a step of generation over a long cache: making every
+// cell float32 up front, and rotating it, costs more memory traffic than the
+// attention itself, and (token block, KV head) items leave threads idle when
+// there are fewer KV heads than threads):
+//   1. Work items are chunks of ATTN_CHUNK cells, every token and head: the
+//      visibility, then the scores a tile of ATTN_CB cells at a time, K read
+//      straight from the cache (F16 converted in the kernel: the same floats
+//      as widening first), or with RoPE inside attention made float32 and
+//      rotated for that tile only, near and far rows as the tile's tokens
+//      need them; then each row's mask and its max over the chunk.
+//   2. A row's max is the max of its chunks' (exact in any order); items are
+//      chunks again: the weights attn_exp(s - max).
+//   3. Items are slices of the (KV head, ATTN_DB dims of V) blocks, one per
+//      thread: P.V a tile at a time, V straight from the cache, then each
+//      row's sum (over all its cells, as below) and the division.
+// The chunks and slices only split the work: every score, weight and output
+// element is computed by the same operations in the same order as in the
+// item path, whichever chunk or thread computes it.
 //
 // What each output row is, whatever the batch, the block or the thread:
 //   score(c) = dot(q, k_c) * scale, the dot as eight running sums (lane j
@@ -53,6 +77,10 @@
 #define ATTN_ROWS 48           // query rows per work item (tokens x heads of the group)
 #define ATTN_TAB_MAX (1 << 20) // positions the cos/sin table may hold (beyond: per-call rows)
 #define ATTN_FAR_MAX 4         // far-rotated copies of K at once (distinct G > 1 per round)
+#define ATTN_DEC_TOK 8         // the decode path: calls of at most this many tokens
+#define ATTN_DEC_ROWS 64       // ... and of at most this many query rows (tokens x heads)
+#define ATTN_CHUNK 512         // its cells per work item of scores (a multiple of ATTN_CB)
+#define ATTN_DB 32             // its dims of V per work item of P.V (the AVX2 kernel's block)
 
 // cos/sin rows [pos][n_rot] for positions [0, n), made with rope_cache_fill
 // for the params in rp (and the frequency factors copied in ff): the very
@@ -75,6 +103,8 @@ struct cpu_attn {
     size_t kbuf_floats;
     float *vbuf; // V as float32 when the cache is F16: [n_kv][n_head_kv][head_dim_v]
     size_t vbuf_floats;
+    float *dbuf; // the decode path's shared buffers (struct attn_dec)
+    size_t dbuf_floats;
     struct attn_rope_tab tab;
 };
 
@@ -122,6 +152,7 @@ void cpu_attention_free(struct cpu_attn *st) {
     free(st->scratch);
     free(st->kbuf);
     free(st->vbuf);
+    free(st->dbuf);
     free(st->tab.cs);
     free(st);
 }
@@ -190,24 +221,39 @@ static inline float attn_tree8(const float s[8]) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-static float attn_dot_plain(const float *a, const float *b, int n) {
+// K and V reach the kernels as float32 or, where h, as F16 (the cache's
+// own rows): element i of row p is the same float either way (widening is
+// exact), so the arithmetic and its bits do not depend on h.
+static float attn_fp16_table[1 << 16];
+
+static inline float attn_el(const void *p, size_t i, bool h) {
+    return h ? attn_fp16_table[((const uint16_t *)p)[i]] : ((const float *)p)[i];
+}
+
+static inline const void *attn_at(const void *p, size_t i, bool h) {
+    return (const char *)p + i * (h ? sizeof(uint16_t) : sizeof(float));
+}
+
+static float attn_dot_plain(const float *a, const void *b, int n, bool h) {
     float acc[8] = {0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
         for (int j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
+            acc[j] += a[i + j] * attn_el(b, (size_t)(i + j), h);
     float s = attn_tree8(acc);
     for (; i < n; i++)
-        s += a[i] * b[i];
+        s += a[i] * attn_el(b, (size_t)i, h);
     return s;
 }
 
-// sc[r][c] = dot(q[r], k_c) for nr rows and cells [c0, c1); k_c = k + c * ldk.
-static void attn_scores_plain(float *sc, size_t ldsc, const float *q, int nr, const float *k,
-                              size_t ldk, int c0, int c1, int D) {
+// sc[r][c] = dot(q[r], k_c) for nr rows and cells [c0, c1); k_c = k + c * ldk
+// elements (F16 where h).
+static void attn_scores_plain(float *sc, size_t ldsc, const float *q, int nr, const void *k,
+                              size_t ldk, int c0, int c1, int D, bool h) {
     for (int r = 0; r < nr; r++)
         for (int c = c0; c < c1; c++)
-            sc[r * ldsc + c] = attn_dot_plain(q + (size_t)r * D, k + (size_t)c * ldk, D);
+            sc[r * ldsc + c] =
+                attn_dot_plain(q + (size_t)r * D, attn_at(k, (size_t)c * ldk, h), D, h);
 }
 
 // s = visible ? s * scale : -inf over cells [c0, c1); returns the max.
@@ -240,26 +286,34 @@ static float attn_sum_plain(const float *w, int n) {
 
 // acc[r][d] += p[r][c] * v_c[d] for cells [c0, c1) in order, skipping a cell
 // whose p is 0 in every row (invisible: nothing is added, as if skipped).
-static void attn_pv_plain(float *acc, int nr, const float *p, size_t ldp, const float *v,
-                          size_t ldv, int c0, int c1, int Dv) {
+static void attn_pv_plain(float *acc, int nr, const float *p, size_t ldp, const void *v, size_t ldv,
+                          int c0, int c1, int Dv, bool h) {
     for (int c = c0; c < c1; c++) {
         bool any = false;
         for (int r = 0; r < nr; r++)
             any |= p[r * ldp + c] != 0.0f;
         if (!any)
             continue;
-        const float *vc = v + (size_t)c * ldv;
+        const void *vc = attn_at(v, (size_t)c * ldv, h);
         for (int r = 0; r < nr; r++) {
             const float w = p[r * ldp + c];
             float *o = acc + (size_t)r * Dv;
             for (int d = 0; d < Dv; d++)
-                o[d] += w * vc[d];
+                o[d] += w * attn_el(vc, (size_t)d, h);
         }
     }
 }
 
 #ifdef ATTN_X86
 #define ATTN_AVX2 __attribute__((target("avx2,f16c")))
+#define ATTN_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
+
+// Elements [i, i + 8) of row p (F16 where h) as floats.
+ATTN_AVX2_INLINE static inline __m256 attn_ld8(const void *p, size_t i, bool h) {
+    if (h)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
 
 // The 8 lanes of a, b, c, d each combined as attn_tree8: {ta, tb, tc, td}.
 ATTN_AVX2 static inline __m128 attn_tree8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -269,25 +323,27 @@ ATTN_AVX2 static inline __m128 attn_tree8x4(__m256 a, __m256 b, __m256 c, __m256
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// Two rows (or one: q1 == NULL) against 4 cells; D a multiple of 8.
-ATTN_AVX2 static inline void attn_dot_2x4(float *s0, float *s1, const float *q0, const float *q1,
-                                          const float *k, size_t ldk, int D) {
+// Two rows (or one: q1 == NULL) against 4 cells (F16 where h); D a multiple of 8.
+ATTN_AVX2_INLINE static inline void attn_dot_2x4(float *s0, float *s1, const float *q0,
+                                                 const float *q1, const void *k, size_t ldk, int D,
+                                                 bool h) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-    const float *k0 = k, *k1 = k + ldk, *k2 = k + 2 * ldk, *k3 = k + 3 * ldk;
+    const void *k0 = k, *k1 = attn_at(k, ldk, h), *k2 = attn_at(k, 2 * ldk, h),
+               *k3 = attn_at(k, 3 * ldk, h);
     if (q1) {
         for (int i = 0; i < D; i += 8) {
             const __m256 x0 = _mm256_loadu_ps(q0 + i), x1 = _mm256_loadu_ps(q1 + i);
-            __m256 kv = _mm256_loadu_ps(k0 + i);
+            __m256 kv = attn_ld8(k0, (size_t)i, h);
             a00 = _mm256_add_ps(a00, _mm256_mul_ps(x0, kv));
             a10 = _mm256_add_ps(a10, _mm256_mul_ps(x1, kv));
-            kv = _mm256_loadu_ps(k1 + i);
+            kv = attn_ld8(k1, (size_t)i, h);
             a01 = _mm256_add_ps(a01, _mm256_mul_ps(x0, kv));
             a11 = _mm256_add_ps(a11, _mm256_mul_ps(x1, kv));
-            kv = _mm256_loadu_ps(k2 + i);
+            kv = attn_ld8(k2, (size_t)i, h);
             a02 = _mm256_add_ps(a02, _mm256_mul_ps(x0, kv));
             a12 = _mm256_add_ps(a12, _mm256_mul_ps(x1, kv));
-            kv = _mm256_loadu_ps(k3 + i);
+            kv = attn_ld8(k3, (size_t)i, h);
             a03 = _mm256_add_ps(a03, _mm256_mul_ps(x0, kv));
             a13 = _mm256_add_ps(a13, _mm256_mul_ps(x1, kv));
         }
@@ -295,33 +351,41 @@ ATTN_AVX2 static inline void attn_dot_2x4(float *s0, float *s1, const float *q0,
     } else {
         for (int i = 0; i < D; i += 8) {
             const __m256 x0 = _mm256_loadu_ps(q0 + i);
-            a00 = _mm256_add_ps(a00, _mm256_mul_ps(x0, _mm256_loadu_ps(k0 + i)));
-            a01 = _mm256_add_ps(a01, _mm256_mul_ps(x0, _mm256_loadu_ps(k1 + i)));
-            a02 = _mm256_add_ps(a02, _mm256_mul_ps(x0, _mm256_loadu_ps(k2 + i)));
-            a03 = _mm256_add_ps(a03, _mm256_mul_ps(x0, _mm256_loadu_ps(k3 + i)));
+            a00 = _mm256_add_ps(a00, _mm256_mul_ps(x0, attn_ld8(k0, (size_t)i, h)));
+            a01 = _mm256_add_ps(a01, _mm256_mul_ps(x0, attn_ld8(k1, (size_t)i, h)));
+            a02 = _mm256_add_ps(a02, _mm256_mul_ps(x0, attn_ld8(k2, (size_t)i, h)));
+            a03 = _mm256_add_ps(a03, _mm256_mul_ps(x0, attn_ld8(k3, (size_t)i, h)));
         }
     }
     _mm_storeu_ps(s0, attn_tree8x4(a00, a01, a02, a03));
 }
 
-ATTN_AVX2 static void attn_scores_avx2(float *sc, size_t ldsc, const float *q, int nr,
-                                       const float *k, size_t ldk, int c0, int c1, int D) {
-    if (D % 8 != 0) {
-        attn_scores_plain(sc, ldsc, q, nr, k, ldk, c0, c1, D);
-        return;
-    }
+ATTN_AVX2_INLINE static inline void attn_scores_avx2_t(float *sc, size_t ldsc, const float *q,
+                                                       int nr, const void *k, size_t ldk, int c0,
+                                                       int c1, int D, bool h) {
     int c = c0;
     for (; c + 4 <= c1; c += 4) {
-        const float *kc = k + (size_t)c * ldk;
+        const void *kc = attn_at(k, (size_t)c * ldk, h);
         int r = 0;
         for (; r + 2 <= nr; r += 2)
             attn_dot_2x4(sc + r * ldsc + c, sc + (r + 1) * ldsc + c, q + (size_t)r * D,
-                         q + (size_t)(r + 1) * D, kc, ldk, D);
+                         q + (size_t)(r + 1) * D, kc, ldk, D, h);
         if (r < nr)
-            attn_dot_2x4(sc + r * ldsc + c, NULL, q + (size_t)r * D, NULL, kc, ldk, D);
+            attn_dot_2x4(sc + r * ldsc + c, NULL, q + (size_t)r * D, NULL, kc, ldk, D, h);
     }
     if (c < c1)
-        attn_scores_plain(sc, ldsc, q, nr, k, ldk, c, c1, D);
+        attn_scores_plain(sc, ldsc, q, nr, k, ldk, c, c1, D, h);
+}
+
+// attn_scores_plain's scores, four cells at a time (the tail: plain).
+ATTN_AVX2 static void attn_scores_avx2(float *sc, size_t ldsc, const float *q, int nr,
+                                       const void *k, size_t ldk, int c0, int c1, int D, bool h) {
+    if (D % 8 != 0)
+        attn_scores_plain(sc, ldsc, q, nr, k, ldk, c0, c1, D, h);
+    else if (h)
+        attn_scores_avx2_t(sc, ldsc, q, nr, k, ldk, c0, c1, D, true);
+    else
+        attn_scores_avx2_t(sc, ldsc, q, nr, k, ldk, c0, c1, D, false);
 }
 
 ATTN_AVX2 static inline __m256 attn_exp8(__m256 x) {
@@ -387,9 +451,11 @@ ATTN_AVX2 static float attn_sum_avx2(const float *w, int n) {
     return attn_tree8(s8);
 }
 
-// acc rows r0 (and r1 unless NULL) += p * v over cells [c0, c1), 32 dims.
-ATTN_AVX2 static inline void attn_pv_2x32(float *o0, float *o1, const float *p0, const float *p1,
-                                          const float *v, size_t ldv, int c0, int c1) {
+// acc rows r0 (and r1 unless NULL) += p * v over cells [c0, c1), 32 dims
+// (F16 where h).
+ATTN_AVX2_INLINE static inline void attn_pv_2x32(float *o0, float *o1, const float *p0,
+                                                 const float *p1, const void *v, size_t ldv, int c0,
+                                                 int c1, bool h) {
     __m256 a0 = _mm256_loadu_ps(o0), a1 = _mm256_loadu_ps(o0 + 8);
     __m256 a2 = _mm256_loadu_ps(o0 + 16), a3 = _mm256_loadu_ps(o0 + 24);
     if (o1) {
@@ -398,18 +464,18 @@ ATTN_AVX2 static inline void attn_pv_2x32(float *o0, float *o1, const float *p0,
         for (int c = c0; c < c1; c++) {
             if (p0[c] == 0.0f && p1[c] == 0.0f)
                 continue;
-            const float *vc = v + (size_t)c * ldv;
+            const void *vc = attn_at(v, (size_t)c * ldv, h);
             const __m256 w0 = _mm256_set1_ps(p0[c]), w1 = _mm256_set1_ps(p1[c]);
-            __m256 x = _mm256_loadu_ps(vc);
+            __m256 x = attn_ld8(vc, 0, h);
             a0 = _mm256_add_ps(a0, _mm256_mul_ps(w0, x));
             b0 = _mm256_add_ps(b0, _mm256_mul_ps(w1, x));
-            x = _mm256_loadu_ps(vc + 8);
+            x = attn_ld8(vc, 8, h);
             a1 = _mm256_add_ps(a1, _mm256_mul_ps(w0, x));
             b1 = _mm256_add_ps(b1, _mm256_mul_ps(w1, x));
-            x = _mm256_loadu_ps(vc + 16);
+            x = attn_ld8(vc, 16, h);
             a2 = _mm256_add_ps(a2, _mm256_mul_ps(w0, x));
             b2 = _mm256_add_ps(b2, _mm256_mul_ps(w1, x));
-            x = _mm256_loadu_ps(vc + 24);
+            x = attn_ld8(vc, 24, h);
             a3 = _mm256_add_ps(a3, _mm256_mul_ps(w0, x));
             b3 = _mm256_add_ps(b3, _mm256_mul_ps(w1, x));
         }
@@ -421,12 +487,12 @@ ATTN_AVX2 static inline void attn_pv_2x32(float *o0, float *o1, const float *p0,
         for (int c = c0; c < c1; c++) {
             if (p0[c] == 0.0f)
                 continue;
-            const float *vc = v + (size_t)c * ldv;
+            const void *vc = attn_at(v, (size_t)c * ldv, h);
             const __m256 w0 = _mm256_set1_ps(p0[c]);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(w0, _mm256_loadu_ps(vc)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(w0, _mm256_loadu_ps(vc + 8)));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(w0, _mm256_loadu_ps(vc + 16)));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(w0, _mm256_loadu_ps(vc + 24)));
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(w0, attn_ld8(vc, 0, h)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(w0, attn_ld8(vc, 8, h)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(w0, attn_ld8(vc, 16, h)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(w0, attn_ld8(vc, 24, h)));
         }
     }
     _mm256_storeu_ps(o0, a0);
@@ -435,29 +501,39 @@ ATTN_AVX2 static inline void attn_pv_2x32(float *o0, float *o1, const float *p0,
     _mm256_storeu_ps(o0 + 24, a3);
 }
 
-// The same as attn_pv_plain. A cell is skipped when its p is 0 in the rows
-// of the call; with two rows of one token that is the plain rule (both rows
-// see the same cells), and a skipped cell adds nothing either way.
-ATTN_AVX2 static void attn_pv_avx2(float *acc, int nr, const float *p, size_t ldp, const float *v,
-                                   size_t ldv, int c0, int c1, int Dv) {
+ATTN_AVX2_INLINE static inline void attn_pv_avx2_t(float *acc, int nr, const float *p, size_t ldp,
+                                                   const void *v, size_t ldv, int c0, int c1,
+                                                   int Dv, bool h) {
     int d = 0;
     for (; d + 32 <= Dv; d += 32) {
+        const void *vd = attn_at(v, (size_t)d, h);
         int r = 0;
         for (; r + 2 <= nr; r += 2)
             attn_pv_2x32(acc + (size_t)r * Dv + d, acc + (size_t)(r + 1) * Dv + d, p + r * ldp,
-                         p + (r + 1) * ldp, v + d, ldv, c0, c1);
+                         p + (r + 1) * ldp, vd, ldv, c0, c1, h);
         if (r < nr)
-            attn_pv_2x32(acc + (size_t)r * Dv + d, NULL, p + r * ldp, NULL, v + d, ldv, c0, c1);
+            attn_pv_2x32(acc + (size_t)r * Dv + d, NULL, p + r * ldp, NULL, vd, ldv, c0, c1, h);
     }
     for (; d < Dv; d++) // dims past the last 32: each element is its own sum
         for (int c = c0; c < c1; c++) {
-            const float *vc = v + (size_t)c * ldv;
+            const void *vc = attn_at(v, (size_t)c * ldv, h);
             for (int r = 0; r < nr; r++) {
                 const float w = p[r * ldp + c];
                 if (w != 0.0f)
-                    acc[(size_t)r * Dv + d] += w * vc[d];
+                    acc[(size_t)r * Dv + d] += w * attn_el(vc, (size_t)d, h);
             }
         }
+}
+
+// The same as attn_pv_plain. A cell is skipped when its p is 0 in the rows
+// of the call; with two rows of one token that is the plain rule (both rows
+// see the same cells), and a skipped cell adds nothing either way.
+ATTN_AVX2 static void attn_pv_avx2(float *acc, int nr, const float *p, size_t ldp, const void *v,
+                                   size_t ldv, int c0, int c1, int Dv, bool h) {
+    if (h)
+        attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, c0, c1, Dv, true);
+    else
+        attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, c0, c1, Dv, false);
 }
 #endif
 
@@ -484,7 +560,6 @@ struct attn_job {
 
 // F16 -> F32 of the plain path: a table filled once from quant_fp16_to_f32
 // (the AVX2 path's F16C conversion is exact too: the same floats).
-static float attn_fp16_table[1 << 16];
 static pthread_once_t attn_fp16_once = PTHREAD_ONCE_INIT;
 
 static void attn_fp16_table_init(void) {
@@ -545,34 +620,48 @@ static void attn_rotate_row(const struct attn_prep *j, float *k, int32_t p, int 
         rope_rotate_f32(k + (size_t)h * j->a->head_dim, cs, rp->n_rot, rp->mode);
 }
 
-// Cell c's keys: the near row where j->k_near (float32, rotated at its
-// position with rope) and each far copy (rotated at pos / far_g[i]), all from
-// the same widened row (widening is exact). Empty cells get zeros: never
-// visible, and the scores stay finite.
-static void attn_prep_k(const struct attn_prep *j, int64_t c, int thread) {
+// Cell c's keys into kn, the near row (float32, rotated at its position
+// with rope; NULL: not made), and into each non-NULL kf[i], i < n_far (the far
+// copy rotated at pos / far_g[i]), all from the same widened row (widening is
+// exact). At least one is non-NULL. Empty cells get zeros: never visible, and
+// the scores stay finite.
+static void attn_make_k(const struct attn_prep *j, int64_t c, float *kn, float *const *kf,
+                        int thread) {
     const struct attn_args *a = j->a;
     const size_t krow = (size_t)a->n_head_kv * a->head_dim;
     const size_t ek = a->type_k == GGML_TYPE_F16 ? 2 : 4;
     const int32_t p = a->cell_pos[c];
-    float *kn = j->k_near ? j->k_near + c * krow : NULL;
-    float *src = kn ? kn : j->k_far[0] + c * krow; // n_far >= 1 without k_near
+    float *src = kn;
+    for (int i = 0; i < j->n_far && !src; i++)
+        src = kf[i];
     if (p < 0) {
         if (kn)
             memset(kn, 0, krow * sizeof(float));
         for (int i = 0; i < j->n_far; i++)
-            memset(j->k_far[i] + c * krow, 0, krow * sizeof(float));
+            if (kf[i])
+                memset(kf[i], 0, krow * sizeof(float));
         return;
     }
     attn_widen(src, (const char *)a->k + c * krow * ek, a->type_k, krow, j->st->avx2);
     if (!a->rope)
         return;
     for (int i = 0; i < j->n_far; i++)
-        if (j->k_far[i] + c * krow != src)
-            memcpy(j->k_far[i] + c * krow, src, krow * sizeof(float));
+        if (kf[i] && kf[i] != src)
+            memcpy(kf[i], src, krow * sizeof(float));
     if (kn)
         attn_rotate_row(j, kn, p, thread);
     for (int i = 0; i < j->n_far; i++)
-        attn_rotate_row(j, j->k_far[i] + c * krow, se_k_pos_far(p, j->far_g[i]), thread);
+        if (kf[i])
+            attn_rotate_row(j, kf[i], se_k_pos_far(p, j->far_g[i]), thread);
+}
+
+// Cell c's rows of the call's buffers (attn_make_k).
+static void attn_prep_k(const struct attn_prep *j, int64_t c, int thread) {
+    const size_t krow = (size_t)j->a->n_head_kv * j->a->head_dim;
+    float *kf[ATTN_FAR_MAX] = {0};
+    for (int i = 0; i < j->n_far; i++)
+        kf[i] = j->k_far[i] + c * krow;
+    attn_make_k(j, c, j->k_near ? j->k_near + c * krow : NULL, kf, thread);
 }
 
 static void attn_prep_range(void *ctx, int64_t c0, int64_t c1, int thread) {
@@ -812,10 +901,12 @@ static void attn_item_scores(const struct attn_job *j, struct attn_item *it) {
                     e++;
 #ifdef ATTN_X86
                 if (j->st->avx2)
-                    attn_scores_avx2(st, ld, near ? qnt : qft, G, near ? kn : kf, ldk, c, e, D);
+                    attn_scores_avx2(st, ld, near ? qnt : qft, G, near ? kn : kf, ldk, c, e, D,
+                                     false);
                 else
 #endif
-                    attn_scores_plain(st, ld, near ? qnt : qft, G, near ? kn : kf, ldk, c, e, D);
+                    attn_scores_plain(st, ld, near ? qnt : qft, G, near ? kn : kf, ldk, c, e, D,
+                                      false);
                 c = e;
             }
         }
@@ -881,10 +972,10 @@ static void attn_item_output(const struct attn_job *j, struct attn_item *it) {
             const float *w = it->S + (size_t)t * G * ld;
 #ifdef ATTN_X86
             if (j->st->avx2)
-                attn_pv_avx2(acc, G, w, ld, v, ldv, c0, c1, Dv);
+                attn_pv_avx2(acc, G, w, ld, v, ldv, c0, c1, Dv, false);
             else
 #endif
-                attn_pv_plain(acc, G, w, ld, v, ldv, c0, c1, Dv);
+                attn_pv_plain(acc, G, w, ld, v, ldv, c0, c1, Dv, false);
         }
     }
     for (int t = 0; t < it->nt; t++)
@@ -1000,6 +1091,463 @@ static int attn_next_gs(const struct attn_args *a, int after, int gs[ATTN_FAR_MA
     return n;
 }
 
+// ---------------------------------------------------------------------------
+// the decode path: a few tokens over the whole cache (see the top)
+
+// The decode path's call: its buffers shared by the steps are in st->dbuf.
+struct attn_dec {
+    const struct attn_args *a;
+    struct cpu_attn *st;
+    struct attn_prep prep; // a, st, far_g, n_far and tmp, for attn_make_k
+    int G, R;              // group; rows: row tok * n_head + head (head = hk * G + g)
+    int n_ch, n_db, n_sl;  // chunks of ATTN_CHUNK cells; blocks of ATTN_DB dims of V; slices
+    size_t ld, krow;       // scores row stride (as the items'); floats of a K cell
+    bool tiles;            // K is made a tile at a time (rotated: RoPE inside attention)
+    bool hk, hv;           // else K, and V always, are read from the cache: F16 where set
+    float *S;              // [R][ld] scores, then weights
+    float *qn, *qf;        // [R][D] the queries (qf: for far keys)
+    float *cmax;           // [n_ch][R] each chunk's max of a row's visible scores
+    float *mx;             // [R] the row's max
+    unsigned char *vis;    // [n_tok][ld]
+    int *clo, *chi;        // [n_ch][n_tok] a chunk's visible cells of a token: first, last + 1
+    int lo[ATTN_DEC_TOK], hi[ATTN_DEC_TOK], n_vis[ATTN_DEC_TOK]; // a token's, all chunks
+    int far[ATTN_DEC_TOK], w[ATTN_DEC_TOK];                      // its far copy (-1: none) and W
+    int far_g[ATTN_FAR_MAX];
+    size_t thr_floats; // each thread's scratch: K tiles, acc, packed weights, a cos/sin row
+};
+
+// Whether the call takes the decode path: few rows (n_tok <= ATTN_DEC_TOK and
+// n_tok * n_head <= ATTN_DEC_ROWS) and the far copies of one round.
+static bool attn_dec_fits(const struct attn_args *a) {
+    if (a->n_tok > ATTN_DEC_TOK || (int64_t)a->n_tok * a->n_head > ATTN_DEC_ROWS)
+        return false;
+    int gs[ATTN_FAR_MAX];
+    const int n = attn_next_gs(a, 1, gs);
+    return n < ATTN_FAR_MAX || attn_next_gs(a, gs[n - 1], gs) == 0;
+}
+
+// Floats of the shared buffers, and of each thread's.
+static size_t attn_dec_shared_floats(const struct attn_dec *d) {
+    const struct attn_args *a = d->a;
+    const size_t R = (size_t)d->R, nt = (size_t)a->n_tok;
+    return R * d->ld + 2 * R * a->head_dim + (size_t)d->n_ch * R + R + (nt * d->ld + 3) / 4 +
+           2 * (size_t)d->n_ch * nt + 64;
+}
+
+static size_t attn_dec_thread_floats(const struct attn_dec *d) {
+    const struct attn_args *a = d->a;
+    const size_t rows = (size_t)a->n_tok * d->G;
+    return (size_t)(1 + d->prep.n_far) * ATTN_CB * d->krow +
+           (size_t)a->n_head_kv * d->n_db * rows * ATTN_DB + d->ld +
+           (a->rope ? a->rope->n_rot : 0) + 64;
+}
+
+// Lays out the buffers of d in st (grown as needed).
+static int attn_dec_layout(struct cpu_attn *st, struct attn_dec *d, float **tmpp,
+                           struct verr *err) {
+    const struct attn_args *a = d->a;
+    const size_t nt = (size_t)a->n_tok;
+    int rc = attn_buf_reserve(&st->dbuf, &st->dbuf_floats, attn_dec_shared_floats(d), err);
+    if (rc || (rc = attn_scratch_reserve(st, d->thr_floats * sizeof(float), err)))
+        return rc;
+    d->S = st->dbuf;
+    d->qn = d->S + (size_t)d->R * d->ld;
+    d->qf = d->qn + (size_t)d->R * a->head_dim;
+    d->cmax = d->qf + (size_t)d->R * a->head_dim;
+    d->mx = d->cmax + (size_t)d->n_ch * d->R;
+    d->vis = (unsigned char *)(d->mx + d->R);
+    d->clo = (int *)(d->mx + d->R + (nt * d->ld + 3) / 4);
+    d->chi = d->clo + (size_t)d->n_ch * nt;
+    const size_t cs = d->thr_floats - (a->rope ? a->rope->n_rot : 0) - 64;
+    for (int i = 0; i < st->n_threads; i++)
+        tmpp[i] = (float *)st->scratch[i] + cs;
+    d->prep.tmp = tmpp;
+    return VERR_OK;
+}
+
+// Each token's far copy and W, and its query rows (as attn_item_queries).
+static void attn_dec_queries(struct attn_dec *d) {
+    const struct attn_args *a = d->a;
+    const int D = a->head_dim;
+    for (int t = 0; t < a->n_tok; t++) {
+        int g, w;
+        attn_tok_se(a, t, &g, &w);
+        d->w[t] = w;
+        d->far[t] = -1;
+        for (int i = 0; i < d->prep.n_far; i++)
+            if (d->far_g[i] == g && a->q_pos[t] >= w)
+                d->far[t] = i;
+        for (int h = 0; h < a->n_head; h++) {
+            const size_t r = (size_t)t * a->n_head + h;
+            memcpy(d->qn + r * D, a->q + r * D, (size_t)D * sizeof(float));
+            if (!a->rope)
+                continue;
+            const struct rope_params *rp = a->rope;
+            const int32_t qpos = a->q_pos[t];
+            rope_rotate_f32(d->qn + r * D, attn_cs_row(d->st, rp, qpos, d->prep.tmp[0]), rp->n_rot,
+                            rp->mode);
+            if (d->far[t] < 0)
+                continue;
+            memcpy(d->qf + r * D, a->q + r * D, (size_t)D * sizeof(float));
+            const int32_t pf = se_q_pos_far(qpos, g, w);
+            rope_rotate_f32(d->qf + r * D, attn_cs_row(d->st, rp, pf, d->prep.tmp[0]), rp->n_rot,
+                            rp->mode);
+        }
+    }
+}
+
+// Chunk ch's visibility for every token (the mask of attn_item_visibility)
+// and the chunk's visible range per token (clo = chi = the chunk's first
+// cell when it has none).
+static void attn_dec_visibility(struct attn_dec *d, int ch) {
+    const struct attn_args *a = d->a;
+    const int C0 = ch * ATTN_CHUNK, C1 = C0 + ATTN_CHUNK < a->n_kv ? C0 + ATTN_CHUNK : a->n_kv;
+    for (int t = 0; t < a->n_tok; t++) {
+        const int32_t qpos = a->q_pos[t];
+        const int qseq = a->q_seq[t];
+        unsigned char *vt = d->vis + (size_t)t * d->ld;
+        int l = C1, h = C0;
+        for (int c = C0; c < C1; c++) {
+            const uint64_t wd = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
+            const int32_t p = a->cell_pos[c];
+            const int32_t kp = p >= 0 && ((wd >> (qseq % 64)) & 1u) ? p : INT32_MAX;
+            vt[c] = kp <= qpos && (a->window <= 0 || (int64_t)qpos - kp < a->window);
+            if (vt[c]) {
+                l = c < l ? c : l;
+                h = c + 1;
+            }
+        }
+        d->clo[ch * a->n_tok + t] = l < h ? l : C0;
+        d->chi[ch * a->n_tok + t] = l < h ? h : C0;
+    }
+}
+
+// Asks for the bytes [p, p + n) to be brought into the cache (the next
+// tile's rows while this one's are computed: the loads of the kernels come
+// one after another, and alone they leave the memory idle).
+static inline void attn_prefetch(const void *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64)
+        __builtin_prefetch((const char *)p + o);
+}
+
+// Token t's cells [*c0, *c1) in the tile [cb, ce) (its chunk's visible
+// range clipped); false when none.
+static inline bool attn_dec_clip(const struct attn_dec *d, int ch, int t, int cb, int ce, int *c0,
+                                 int *c1) {
+    const int l = d->clo[ch * d->a->n_tok + t], h = d->chi[ch * d->a->n_tok + t];
+    *c0 = cb > l ? cb : l;
+    *c1 = ce < h ? ce : h;
+    return *c0 < *c1;
+}
+
+// The keys tile [cb, ce) of chunk ch: the near rows and far copies some
+// token's scores read there, of the cells [m0, m1) some token reads, into
+// kt (near at kt, far copy i at kt + (1 + i) * ATTN_CB * krow; cell c at row c - cb).
+static void attn_dec_keys(const struct attn_dec *d, int ch, int cb, int ce, float *kt, int thread) {
+    const struct attn_args *a = d->a;
+    bool need[1 + ATTN_FAR_MAX] = {false};
+    int m0 = ce, m1 = cb;
+    for (int t = 0; t < a->n_tok; t++) {
+        int c0, c1;
+        if (!attn_dec_clip(d, ch, t, cb, ce, &c0, &c1))
+            continue;
+        m0 = c0 < m0 ? c0 : m0;
+        m1 = c1 > m1 ? c1 : m1;
+        for (int c = c0; c < c1; c++) {
+            const bool near = d->far[t] < 0 || se_is_near(a->q_pos[t], a->cell_pos[c], d->w[t]);
+            need[near ? 0 : 1 + d->far[t]] = true;
+        }
+    }
+    const size_t tile = (size_t)ATTN_CB * d->krow;
+    for (int c = m0; c < m1; c++) {
+        float *kf[ATTN_FAR_MAX] = {0};
+        bool any = need[0];
+        for (int i = 0; i < d->prep.n_far; i++) {
+            kf[i] = need[1 + i] ? kt + (1 + i) * tile + (size_t)(c - cb) * d->krow : NULL;
+            any |= need[1 + i];
+        }
+        if (any)
+            attn_make_k(&d->prep, c, need[0] ? kt + (size_t)(c - cb) * d->krow : NULL, kf, thread);
+    }
+}
+
+// Token t's scores over [c0, c1) of the tile at cb, every KV head: near or
+// far keys per cell by the token's W (as attn_item_scores).
+static void attn_dec_scores_tok(const struct attn_dec *d, int t, int cb, int c0, int c1,
+                                const float *kt) {
+    const struct attn_args *a = d->a;
+    const int D = a->head_dim, G = d->G;
+    const int32_t qpos = a->q_pos[t];
+    const size_t tile = (size_t)ATTN_CB * d->krow;
+    const bool h = !d->tiles && d->hk;
+    for (int hk = 0; hk < a->n_head_kv; hk++) {
+        const size_t r0 = (size_t)t * a->n_head + (size_t)hk * G;
+        float *st = d->S + r0 * d->ld + cb;
+        const void *kn = d->tiles ? (const void *)(kt + (size_t)hk * D)
+                                  : attn_at(a->k, (size_t)cb * d->krow + (size_t)hk * D, h);
+        const float *kf = d->far[t] < 0 ? NULL : kt + (1 + d->far[t]) * tile + (size_t)hk * D;
+        int c = c0;
+        while (c < c1) {
+            const bool near = !kf || se_is_near(qpos, a->cell_pos[c], d->w[t]);
+            int e = c + 1;
+            while (e < c1 && (!kf || se_is_near(qpos, a->cell_pos[e], d->w[t])) == near)
+                e++;
+            const float *q = (near ? d->qn : d->qf) + r0 * D;
+#ifdef ATTN_X86
+            if (d->st->avx2)
+                attn_scores_avx2(st, d->ld, q, G, near ? kn : kf, d->krow, c - cb, e - cb, D, h);
+            else
+#endif
+                attn_scores_plain(st, d->ld, q, G, near ? kn : kf, d->krow, c - cb, e - cb, D, h);
+            c = e;
+        }
+    }
+}
+
+// Step 1 of chunk ch: visibility, scores a tile at a time, then each row's
+// mask and max over the chunk's visible range.
+static void attn_dec_chunk_scores(void *ctx, int64_t i0, int64_t i1, int thread) {
+    struct attn_dec *d = ctx;
+    const struct attn_args *a = d->a;
+    float *kt = (float *)d->st->scratch[thread];
+    for (int ch = (int)i0; ch < i1; ch++) {
+        attn_dec_visibility(d, ch);
+        const int C0 = ch * ATTN_CHUNK, C1 = C0 + ATTN_CHUNK < a->n_kv ? C0 + ATTN_CHUNK : a->n_kv;
+        for (int cb = C0; cb < C1; cb += ATTN_CB) {
+            const int ce = cb + ATTN_CB < C1 ? cb + ATTN_CB : C1;
+            const int pe = ce + ATTN_CB < a->n_kv ? ce + ATTN_CB : a->n_kv;
+            if (ce < pe)
+                attn_prefetch(attn_at(a->k, (size_t)ce * d->krow, d->hk),
+                              (size_t)(pe - ce) * d->krow * (d->hk ? 2 : 4));
+            if (d->tiles)
+                attn_dec_keys(d, ch, cb, ce, kt, thread);
+            for (int t = 0; t < a->n_tok; t++) {
+                int c0, c1;
+                if (attn_dec_clip(d, ch, t, cb, ce, &c0, &c1))
+                    attn_dec_scores_tok(d, t, cb, c0, c1, kt);
+            }
+        }
+        for (int r = 0; r < d->R; r++) {
+            const int t = r / a->n_head, l = d->clo[ch * a->n_tok + t];
+            const int h = d->chi[ch * a->n_tok + t];
+            const unsigned char *vt = d->vis + (size_t)t * d->ld;
+            float *s = d->S + (size_t)r * d->ld;
+#ifdef ATTN_X86
+            if (d->st->avx2)
+                d->cmax[(size_t)ch * d->R + r] = attn_mask_max_avx2(s, vt, l, h, a->scale);
+            else
+#endif
+                d->cmax[(size_t)ch * d->R + r] = attn_mask_max_plain(s, vt, l, h, a->scale);
+        }
+    }
+}
+
+// Between steps 1 and 2: each token's visible range and count, each row's
+// max (the max of its chunks' maxima: exact in any order).
+static void attn_dec_ranges(struct attn_dec *d) {
+    const struct attn_args *a = d->a;
+    for (int t = 0; t < a->n_tok; t++) {
+        int l = a->n_kv, h = 0, n = 0;
+        for (int ch = 0; ch < d->n_ch; ch++) {
+            const int cl = d->clo[ch * a->n_tok + t], chh = d->chi[ch * a->n_tok + t];
+            if (cl >= chh)
+                continue;
+            l = cl < l ? cl : l;
+            h = chh;
+            for (int c = cl; c < chh; c++)
+                n += d->vis[(size_t)t * d->ld + c];
+        }
+        d->lo[t] = l < h ? l : 0;
+        d->hi[t] = l < h ? h : 0;
+        d->n_vis[t] = n;
+    }
+    for (int r = 0; r < d->R; r++) {
+        float m = -INFINITY;
+        for (int ch = 0; ch < d->n_ch; ch++) {
+            const float x = d->cmax[(size_t)ch * d->R + r];
+            m = x > m ? x : m;
+        }
+        d->mx[r] = m;
+    }
+}
+
+// Step 2 of chunk ch: the weights attn_exp(s - max) over its visible range,
+// and zeros in the rest of the token's range within the chunk (cells no
+// chunk scored: invisible, as the items' -inf gives).
+static void attn_dec_chunk_exp(void *ctx, int64_t i0, int64_t i1, int thread) {
+    struct attn_dec *d = ctx;
+    const struct attn_args *a = d->a;
+    (void)thread;
+    for (int ch = (int)i0; ch < i1; ch++) {
+        const int C0 = ch * ATTN_CHUNK, C1 = C0 + ATTN_CHUNK < a->n_kv ? C0 + ATTN_CHUNK : a->n_kv;
+        for (int r = 0; r < d->R; r++) {
+            const int t = r / a->n_head, l = d->clo[ch * a->n_tok + t];
+            const int h = d->chi[ch * a->n_tok + t];
+            float *s = d->S + (size_t)r * d->ld;
+            const int z0 = C0 > d->lo[t] ? C0 : d->lo[t], z1 = C1 < d->hi[t] ? C1 : d->hi[t];
+            for (int c = z0; c < z1; c++)
+                if (c < l || c >= h)
+                    s[c] = 0.0f;
+            if (l >= h)
+                continue;
+#ifdef ATTN_X86
+            if (d->st->avx2)
+                attn_exp_avx2(s, l, h, d->mx[r]);
+            else
+#endif
+                attn_exp_plain(s, l, h, d->mx[r]);
+        }
+    }
+}
+
+// Row r's softmax sum (as attn_item_softmax): its visible weights, packed
+// into pk where the range has holes.
+static float attn_dec_sum(const struct attn_dec *d, int r, float *pk) {
+    const int t = r / d->a->n_head;
+    const float *s = d->S + (size_t)r * d->ld;
+    const float *w = s + d->lo[t];
+    if (d->n_vis[t] != d->hi[t] - d->lo[t]) {
+        const unsigned char *vt = d->vis + (size_t)t * d->ld;
+        int k = 0;
+        for (int c = d->lo[t]; c < d->hi[t]; c++)
+            if (vt[c])
+                pk[k++] = s[c];
+        w = pk;
+    }
+#ifdef ATTN_X86
+    if (d->st->avx2)
+        return attn_sum_avx2(w, d->n_vis[t]);
+#endif
+    return attn_sum_plain(w, d->n_vis[t]);
+}
+
+// The tokens' cells [*LO, *HI): the union of their visible ranges.
+static void attn_dec_union(const struct attn_dec *d, int *LO, int *HI) {
+    *LO = d->a->n_kv;
+    *HI = 0;
+    for (int t = 0; t < d->a->n_tok; t++)
+        if (d->lo[t] < d->hi[t]) {
+            *LO = d->lo[t] < *LO ? d->lo[t] : *LO;
+            *HI = d->hi[t] > *HI ? d->hi[t] : *HI;
+        }
+}
+
+// Where block b of V's dims starts in a cell's row: KV head b / n_db, dims
+// from (b % n_db) * ATTN_DB.
+static inline size_t attn_dec_block_off(const struct attn_dec *d, int b) {
+    return (size_t)(b / d->n_db) * d->a->head_dim_v + (size_t)(b % d->n_db) * ATTN_DB;
+}
+
+// acc += P.V for the blocks [b0, b1) of (KV head, ATTN_DB dims of V): block
+// b is head b / n_db, dims from (b % n_db) * ATTN_DB, its rows' sums at acc +
+// (b - b0) * n_tok * G * ATTN_DB. A tile at a time over each token's range
+// (as attn_item_output), every block of the tile before the next tile, so
+// that the V rows are read as one stream; V straight from the cache.
+static void attn_dec_pv(const struct attn_dec *d, int b0, int b1, float *acc) {
+    const struct attn_args *a = d->a;
+    const int G = d->G, Dv = a->head_dim_v;
+    const size_t ldv = (size_t)a->n_head_kv * Dv, blk = (size_t)a->n_tok * G * ATTN_DB;
+    int LO, HI;
+    attn_dec_union(d, &LO, &HI);
+    for (int cb = LO; cb < HI; cb += ATTN_CB) {
+        const int ce = cb + ATTN_CB < HI ? cb + ATTN_CB : HI;
+        const int pe = ce + ATTN_CB < HI ? ce + ATTN_CB : HI;
+        const size_t p0 = attn_dec_block_off(d, b0), p1 = attn_dec_block_off(d, b1 - 1) + ATTN_DB;
+        for (int c = ce; c < pe; c++) // the next tile's bytes of the blocks
+            attn_prefetch(attn_at(a->v, c * ldv + p0, d->hv), (p1 - p0) * (d->hv ? 2 : 4));
+        for (int b = b0; b < b1; b++) {
+            const int hk = b / d->n_db, d0 = (b % d->n_db) * ATTN_DB;
+            const int bw = Dv - d0 < ATTN_DB ? Dv - d0 : ATTN_DB;
+            const void *v = attn_at(a->v, cb * ldv + (size_t)hk * Dv + d0, d->hv);
+            for (int t = 0; t < a->n_tok; t++) {
+                const int c0 = cb > d->lo[t] ? cb : d->lo[t], c1 = ce < d->hi[t] ? ce : d->hi[t];
+                if (c0 >= c1)
+                    continue;
+                const float *p = d->S + ((size_t)t * a->n_head + (size_t)hk * G) * d->ld + cb;
+                float *at = acc + (size_t)(b - b0) * blk + (size_t)t * G * bw;
+#ifdef ATTN_X86
+                if (d->st->avx2)
+                    attn_pv_avx2(at, G, p, d->ld, v, ldv, c0 - cb, c1 - cb, bw, d->hv);
+                else
+#endif
+                    attn_pv_plain(at, G, p, d->ld, v, ldv, c0 - cb, c1 - cb, bw, d->hv);
+            }
+        }
+    }
+}
+
+// Step 3, slice i of n_sl: the blocks [i * nb / n_sl, (i + 1) * nb / n_sl)
+// of (KV head, dims of V) (attn_dec_pv), then each row divided by its sum
+// into out (zeros for a row that sees nothing). Every element is computed
+// alone, so the slicing changes no bits.
+static void attn_dec_outputs(void *ctx, int64_t i0, int64_t i1, int thread) {
+    struct attn_dec *d = ctx;
+    const struct attn_args *a = d->a;
+    const int G = d->G, Dv = a->head_dim_v, nb = a->n_head_kv * d->n_db;
+    const size_t blk = (size_t)a->n_tok * G * ATTN_DB;
+    float *acc = (float *)d->st->scratch[thread] + (size_t)(1 + d->prep.n_far) * ATTN_CB * d->krow;
+    float *pk = acc + (size_t)nb * blk;
+    for (int64_t i = i0; i < i1; i++) {
+        const int b0 = (int)(i * nb / d->n_sl), b1 = (int)((i + 1) * nb / d->n_sl);
+        memset(acc, 0, (size_t)(b1 - b0) * blk * sizeof(float));
+        attn_dec_pv(d, b0, b1, acc);
+        for (int b = b0; b < b1; b++) {
+            const int hk = b / d->n_db, d0 = (b % d->n_db) * ATTN_DB;
+            const int bw = Dv - d0 < ATTN_DB ? Dv - d0 : ATTN_DB;
+            for (int t = 0; t < a->n_tok; t++)
+                for (int g = 0; g < G; g++) {
+                    const size_t r = (size_t)t * a->n_head + (size_t)hk * G + g;
+                    float *out = a->out + r * Dv + d0;
+                    const float *ar = acc + (size_t)(b - b0) * blk + (size_t)(t * G + g) * bw;
+                    if (d->lo[t] >= d->hi[t]) {
+                        memset(out, 0, (size_t)bw * sizeof(float));
+                        continue;
+                    }
+                    const float inv = 1.0f / attn_dec_sum(d, (int)r, pk);
+                    for (int e = 0; e < bw; e++)
+                        out[e] = ar[e] * inv;
+                }
+        }
+    }
+}
+
+// The decode path (attn_dec_fits): queries, then the three steps.
+static int attn_dec_run(struct cpu_attn *st, struct threadpool *pool, const struct attn_args *a,
+                        float **tmpp, struct verr *err) {
+    struct attn_dec d = {.a = a, .st = st, .prep = {.a = a, .st = st}};
+    d.prep.n_far = attn_next_gs(a, 1, d.far_g);
+    d.prep.far_g = d.far_g;
+    d.G = a->n_head / a->n_head_kv;
+    d.R = a->n_tok * a->n_head;
+    d.n_ch = (a->n_kv + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    d.n_db = (a->head_dim_v + ATTN_DB - 1) / ATTN_DB;
+    d.n_sl = a->n_head_kv * d.n_db < st->n_threads ? a->n_head_kv * d.n_db : st->n_threads;
+    d.ld = ((size_t)a->n_kv + 7) / 8 * 8 + 8;
+    d.krow = (size_t)a->n_head_kv * a->head_dim;
+    d.tiles = a->rope != NULL;
+    d.hk = a->type_k == GGML_TYPE_F16;
+    d.hv = a->type_v == GGML_TYPE_F16;
+    d.thr_floats = attn_dec_thread_floats(&d);
+    int rc = attn_dec_layout(st, &d, tmpp, err);
+    if (rc)
+        return rc;
+    if (a->rope) {
+        int32_t maxp = 0; // far positions are at most their near ones
+        for (int c = 0; c < a->n_kv; c++)
+            maxp = a->cell_pos[c] > maxp ? a->cell_pos[c] : maxp;
+        for (int t = 0; t < a->n_tok; t++)
+            maxp = a->q_pos[t] > maxp ? a->q_pos[t] : maxp;
+        if ((rc = attn_tab_reserve(st, a->rope, (int64_t)maxp + 1, err)))
+            return rc;
+    }
+    attn_dec_queries(&d);
+    threadpool_parallel_for(pool, d.n_ch, 1, attn_dec_chunk_scores, &d);
+    attn_dec_ranges(&d);
+    threadpool_parallel_for(pool, d.n_ch, 1, attn_dec_chunk_exp, &d);
+    threadpool_parallel_for(pool, d.n_sl, 1, attn_dec_outputs, &d);
+    return VERR_OK;
+}
+
 // The call's buffers: K as float32 (near, then n_far far copies) where it is
 // to be made, V as float32 from an F16 cache, and the cos/sin table up to the
 // largest position. Fills p's pointers (NULL where nothing is to be made).
@@ -1081,6 +1629,20 @@ static void attn_rounds(struct threadpool *pool, const struct attn_args *a, stru
     }
 }
 
+// The item path: K and V made once, then the rounds.
+static int attn_items_run(struct cpu_attn *st, struct threadpool *pool, const struct attn_args *a,
+                          float **tmpp, struct verr *err) {
+    struct attn_job j = {.a = a, .st = st};
+    const int n_far = attn_next_gs(a, 1, j.far_g);
+    struct attn_prep p = {.a = a, .st = st};
+    int rc = attn_reserve(st, a, n_far, &p, err);
+    if (rc || (rc = attn_layout(st, a, &j, tmpp, err)))
+        return rc;
+    p.tmp = tmpp;
+    attn_rounds(pool, a, &p, &j, n_far);
+    return VERR_OK;
+}
+
 int cpu_attention_run(struct cpu_attn **stp, struct threadpool *pool, const struct attn_args *a,
                       struct verr *err) {
     int rc = attn_check(a, err);
@@ -1092,19 +1654,12 @@ int cpu_attention_run(struct cpu_attn **stp, struct threadpool *pool, const stru
             return verr_set(err, VERR_NOMEM, "cpu attention: out of memory");
         *stp = st;
     }
-    struct attn_job j = {.a = a, .st = st};
-    const int n_far = attn_next_gs(a, 1, j.far_g);
-    struct attn_prep p = {.a = a, .st = st};
-    if ((rc = attn_reserve(st, a, n_far, &p, err)))
-        return rc;
     float *tmp[ATTN_ROWS];
     float **tmpp = st->n_threads <= ATTN_ROWS ? tmp : malloc((size_t)st->n_threads * sizeof *tmpp);
     if (!tmpp)
         return verr_set(err, VERR_NOMEM, "cpu attention: out of memory");
-    if (!(rc = attn_layout(st, a, &j, tmpp, err))) {
-        p.tmp = tmpp;
-        attn_rounds(pool, a, &p, &j, n_far);
-    }
+    rc = attn_dec_fits(a) ? attn_dec_run(st, pool, a, tmpp, err)
+                          : attn_items_run(st, pool, a, tmpp, err);
     if (tmpp != tmp)
         free(tmpp);
     return rc;
