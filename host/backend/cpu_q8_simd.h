@@ -53,18 +53,34 @@ static inline __attribute__((always_inline)) enum q8_kind kind_of(enum ggml_type
 // One unpacked group of a row: its weights in the transposed layout of
 // cpu_q8.h (u[m] holds bytes 4m..4m+3 of each of the 8 sub-blocks, so one
 // byte-dot per m adds into one int32 lane per sub-block and no horizontal
-// sums are needed) and the factors of the 8 terms.
+// sums are needed) and the factors of the 8 terms, lane s for sub-block s.
+// The factors are built in registers (no scalar stores read back as a
+// vector, which stall store forwarding once per group).
 struct q8_group {
-    __m256i u[8];               // unsigned weights (Q8_0: see unpack_q8_0)
-    __m256i s[8];               // Q8_0 on AVX2 only: the signed weights
-    _Alignas(32) float p[8];    // d (the scale of I)
-    _Alignas(32) float q[8];    // m or -dmin (the scale of K)
-    _Alignas(32) int32_t c0[8]; // off, sc, or Q6_K's sc0
-    _Alignas(32) int32_t c1[8]; // mn, or Q6_K's sc1
+    __m256i u[8]; // unsigned weights (Q8_0: see unpack_q8_0)
+    __m256i s[8]; // Q8_0 on AVX2 only: the signed weights
+    __m256 p;     // d (the scale of I)
+    __m256 q;     // m or -dmin (the scale of K)
+    __m256i c0;   // off, sc, or Q6_K's sc0
+    __m256i c1;   // mn, or Q6_K's sc1
 };
 
 static inline float h2f(const uint8_t *p) {
     return _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+}
+
+static inline short ld16(const uint8_t *p) {
+    return (short)(p[0] | (p[1] << 8));
+}
+
+// The f16 field at byte `off` of the 8 blocks (bs bytes each) from b, as
+// floats (exact, as h2f); blocks s >= nsub give 0.
+static inline __attribute__((always_inline)) __m256 h2f8(const uint8_t *b, size_t bs, size_t off,
+                                                         int nsub) {
+    short h[8];
+    for (int s = 0; s < 8; s++)
+        h[s] = s < nsub ? ld16(b + (size_t)s * bs + off) : 0;
+    return _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]));
 }
 
 // Byte e of the result is 0x10 where bit e of qh is set, else 0.
@@ -113,25 +129,17 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
                       : t == GGML_TYPE_Q5_0 ? 22
                       : t == GGML_TYPE_Q5_1 ? 24
                                             : 34;
+    const uint8_t *b0 = row + (size_t)(8 * g) * bs;
     for (int s = 0; s < 8; s++) {
         if (s >= nsub) {
             wg->u[s] = wg->s[s] = _mm256_setzero_si256();
-            wg->p[s] = wg->q[s] = 0.0f;
-            wg->c0[s] = 0;
             continue;
         }
-        const uint8_t *b = row + (size_t)(8 * g + s) * bs;
-        wg->p[s] = h2f(b);
-        wg->q[s] = 0.0f;
-        wg->c0[s] = 0;
+        const uint8_t *b = b0 + (size_t)s * bs;
         switch (t) {
         case GGML_TYPE_Q4_0:
-            wg->u[s] = nibbles16(b + 2);
-            wg->c0[s] = 8;
-            break;
         case GGML_TYPE_Q4_1:
-            wg->u[s] = nibbles16(b + 4);
-            wg->q[s] = h2f(b + 2);
+            wg->u[s] = nibbles16(b + (t == GGML_TYPE_Q4_1 ? 4 : 2));
             break;
         case GGML_TYPE_Q5_0:
         case GGML_TYPE_Q5_1: {
@@ -139,10 +147,6 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
             uint32_t qh;
             memcpy(&qh, b + (q51 ? 4 : 2), 4);
             wg->u[s] = _mm256_or_si256(nibbles16(b + (q51 ? 8 : 6)), fifth_bits(qh));
-            if (q51)
-                wg->q[s] = h2f(b + 2);
-            else
-                wg->c0[s] = 16;
             break;
         }
         default: // Q8_0
@@ -150,6 +154,12 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
             break;
         }
     }
+    // The factors: d; m for Q4_1/Q5_1; the offset for Q4_0/Q5_0 (and Q8_0 on
+    // VNNI). Past nsub the weights and d are 0, so those terms are 0.
+    wg->p = h2f8(b0, bs, 0, nsub);
+    wg->q =
+        t == GGML_TYPE_Q4_1 || t == GGML_TYPE_Q5_1 ? h2f8(b0, bs, 2, nsub) : _mm256_setzero_ps();
+    wg->c0 = _mm256_set1_epi32(t == GGML_TYPE_Q4_0 ? 8 : t == GGML_TYPE_Q5_0 ? 16 : 0);
     if (t == GGML_TYPE_Q8_0) {
         transpose8(wg->s);
         for (int m = 0; m < 8; m++) {
@@ -163,8 +173,7 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
 #endif
         }
 #if CPU_Q8_VNNI
-        for (int s = 0; s < nsub; s++)
-            wg->c0[s] = 128;
+        wg->c0 = _mm256_set1_epi32(128);
 #endif
     } else {
         transpose8(wg->u);
@@ -203,12 +212,13 @@ static inline __attribute__((always_inline)) void unpack_kquant(const bool q5, c
         wg->u[2 * k + 1] = hi;
     }
     transpose8(wg->u);
-    const float d = h2f(b), mdmin = -h2f(b + 2);
-    for (int s = 0; s < 8; s++) {
-        kquant_scale_min(b + 4, s, &wg->c0[s], &wg->c1[s]);
-        wg->p[s] = d;
-        wg->q[s] = mdmin;
-    }
+    int32_t sc[8], mn[8];
+    for (int s = 0; s < 8; s++)
+        kquant_scale_min(b + 4, s, &sc[s], &mn[s]);
+    wg->c0 = _mm256_setr_epi32(sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7]);
+    wg->c1 = _mm256_setr_epi32(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]);
+    wg->p = _mm256_set1_ps(h2f(b));
+    wg->q = _mm256_set1_ps(-h2f(b + 2));
 }
 
 // Q6_K: group g is super-block g (ql[128], qh[64], scales[16], d).
@@ -226,10 +236,15 @@ static inline __attribute__((always_inline)) void unpack_q6_k(const uint8_t *row
             _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (ss >> 1))), m4);
         const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * ss)), m2);
         wg->u[s] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-        wg->p[s] = d;
-        wg->c0[s] = sc[8 * h + 2 * ss];
-        wg->c1[s] = sc[8 * h + 2 * ss + 1];
     }
+    // sc0 of sub-block s = 4h + ss is scales[8h + 2ss], sc1 the next one:
+    // the even and the odd bytes of scales[16], widened.
+    const __m128i scv = _mm_loadu_si128((const __m128i *)sc);
+    const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i odd = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    wg->c0 = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(scv, even));
+    wg->c1 = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(scv, odd));
+    wg->p = _mm256_set1_ps(d);
     transpose8(wg->u);
 }
 
@@ -280,7 +295,7 @@ dot_group(const enum q8_kind kind, const struct q8_group *wg, const int8_t *xq /
             hi = dot4(hi, wg->u[m], x);
     }
     const __m256i vsq = _mm256_load_si256((const __m256i *)sq);
-    const __m256i c0 = _mm256_load_si256((const __m256i *)wg->c0);
+    const __m256i c0 = wg->c0;
     const __m256 vdx = _mm256_load_ps(dx);
     __m256i ii;
     switch (kind) {
@@ -299,7 +314,7 @@ dot_group(const enum q8_kind kind, const struct q8_group *wg, const int8_t *xq /
         break;
     case KIND_Q6_K: {
         const __m256i vsqh = _mm256_load_si256((const __m256i *)sqh);
-        const __m256i c1 = _mm256_load_si256((const __m256i *)wg->c1);
+        const __m256i c1 = wg->c1;
         const __m256i a = _mm256_sub_epi32(lo, _mm256_slli_epi32(_mm256_sub_epi32(vsq, vsqh), 5));
         const __m256i b = _mm256_sub_epi32(hi, _mm256_slli_epi32(vsqh, 5));
         ii = _mm256_add_epi32(_mm256_mullo_epi32(c0, a), _mm256_mullo_epi32(c1, b));
@@ -309,13 +324,12 @@ dot_group(const enum q8_kind kind, const struct q8_group *wg, const int8_t *xq /
         ii = _mm256_add_epi32(lo, hi);
         break;
     }
-    __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(wg->p), vdx), _mm256_cvtepi32_ps(ii));
+    __m256 t = _mm256_mul_ps(_mm256_mul_ps(wg->p, vdx), _mm256_cvtepi32_ps(ii));
     if (kind == KIND_MIN || kind == KIND_KQUANT) {
         __m256i kk = vsq;
         if (kind == KIND_KQUANT)
-            kk = _mm256_mullo_epi32(_mm256_load_si256((const __m256i *)wg->c1), vsq);
-        const __m256 tk =
-            _mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(wg->q), vdx), _mm256_cvtepi32_ps(kk));
+            kk = _mm256_mullo_epi32(wg->c1, vsq);
+        const __m256 tk = _mm256_mul_ps(_mm256_mul_ps(wg->q, vdx), _mm256_cvtepi32_ps(kk));
         t = _mm256_add_ps(t, tk);
     }
     *acc = _mm256_add_ps(*acc, t);
