@@ -69,17 +69,11 @@ static __device__ __forceinline__ void attn_se_item_dims(const struct cuda_rope 
         rope_pair(rp.mode, rp.n_rot, k, e0, e1);
 }
 
-// Token t's group size G and neighbor window W: a.q_se's (< 1 read as 1)
-// or the call's se_g / se_w.
+// Token t's group size G and neighbor window W (se_token_gw, the rule the
+// CPU op follows too).
 static __device__ __forceinline__ void attn_se_gw(const struct cuda_attn &a, int64_t t, int *G,
                                                   int *W) {
-    int g = a.se_g, w = a.se_w;
-    if (a.q_se) {
-        g = a.q_se[2 * t];
-        w = a.q_se[2 * t + 1];
-    }
-    *G = max(g, 1);
-    *W = max(w, 1);
+    se_token_gw(a.q_se, a.se_g, a.se_w, t, G, W);
 }
 
 // Called by warp 0 of a block whose local rows are global rows row0 ..

@@ -780,10 +780,9 @@ static void attn_item_init(const struct attn_job *j, int t0, int nt, int hk, flo
 // Token t's exact self-extend: G and W from q_se (G < 1 and W < 1 read as
 // 1) or the call's se_g / se_w; G = 1 without rope.
 static inline void attn_tok_se(const struct attn_args *a, int tok, int *g, int *w) {
-    const int gg = a->q_se ? a->q_se[2 * tok] : a->se_g;
-    const int ww = a->q_se ? a->q_se[2 * tok + 1] : a->se_w;
-    *g = !a->rope || gg < 1 ? 1 : gg;
-    *w = ww < 1 ? 1 : ww;
+    se_token_gw(a->q_se, a->se_g, a->se_w, tok, g, w);
+    if (!a->rope)
+        *g = 1;
 }
 
 // Whether token t is computed in this round, and its far keys: none with
@@ -802,6 +801,20 @@ static void attn_item_token_se(const struct attn_job *j, struct attn_item *it, i
         }
 }
 
+// Cell c's position as the tokens of sequence qseq see it: its position
+// when it holds qseq, else INT32_MAX (never visible).
+static inline int32_t attn_cell_pos_for(const struct attn_args *a, int c, int qseq) {
+    const uint64_t w = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
+    const int32_t p = a->cell_pos[c];
+    return p >= 0 && ((w >> (qseq % 64)) & 1u) ? p : INT32_MAX;
+}
+
+// Whether a query at qpos sees a key at kp (attn_cell_pos_for's): causal,
+// and within the window when there is one.
+static inline bool attn_visible(const struct attn_args *a, int32_t kp, int32_t qpos) {
+    return kp <= qpos && (a->window <= 0 || (int64_t)qpos - kp < a->window);
+}
+
 // Token t's visibility row and range. The mask (host/ops/backend.h): cell c
 // is visible iff it holds qseq, 0 <= pos <= qpos and, with a window,
 // qpos - pos < window.
@@ -813,19 +826,12 @@ static void attn_item_visibility(const struct attn_job *j, struct attn_item *it,
     unsigned char *vt = it->vis + (size_t)t * j->ld;
     int32_t *kp = it->kp;
     if (qseq != *kp_seq) { // the cells' positions as the tokens of qseq see them
-        for (int c = 0; c < a->n_kv; c++) {
-            const uint64_t w = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
-            const int32_t p = a->cell_pos[c];
-            kp[c] = p >= 0 && ((w >> (qseq % 64)) & 1u) ? p : INT32_MAX;
-        }
+        for (int c = 0; c < a->n_kv; c++)
+            kp[c] = attn_cell_pos_for(a, c, qseq);
         *kp_seq = qseq;
     }
-    if (a->window > 0)
-        for (int c = 0; c < a->n_kv; c++)
-            vt[c] = kp[c] <= qpos && (int64_t)qpos - kp[c] < a->window;
-    else
-        for (int c = 0; c < a->n_kv; c++)
-            vt[c] = kp[c] <= qpos;
+    for (int c = 0; c < a->n_kv; c++)
+        vt[c] = attn_visible(a, kp[c], qpos);
     int l = 0, h = a->n_kv, n = 0;
     for (int c = 0; c < a->n_kv; c++)
         n += vt[c];
@@ -840,6 +846,21 @@ static void attn_item_visibility(const struct attn_job *j, struct attn_item *it,
     it->HI = h > it->HI ? h : it->HI;
 }
 
+// One query head q [D] copied to dn and, with RoPE inside attention (rp),
+// rotated at qpos; with df also copied there and rotated at pf, its far
+// position. Both paths make their query rows with this.
+static void attn_query_head(const struct cpu_attn *st, const struct rope_params *rp, const float *q,
+                            int D, int32_t qpos, float *dn, float *df, int32_t pf, float *cs_tmp) {
+    memcpy(dn, q, (size_t)D * sizeof(float));
+    if (!rp)
+        return;
+    rope_rotate_f32(dn, attn_cs_row(st, rp, qpos, cs_tmp), rp->n_rot, rp->mode);
+    if (!df)
+        return;
+    memcpy(df, q, (size_t)D * sizeof(float));
+    rope_rotate_f32(df, attn_cs_row(st, rp, pf, cs_tmp), rp->n_rot, rp->mode);
+}
+
 // Token t's query rows: copied, and with RoPE inside attention rotated at
 // its position (and, when it has far keys, at its grouped position).
 static void attn_item_queries(const struct attn_job *j, struct attn_item *it, int t,
@@ -847,21 +868,13 @@ static void attn_item_queries(const struct attn_job *j, struct attn_item *it, in
     const struct attn_args *a = j->a;
     const int D = a->head_dim, tok = it->t0 + t;
     const int32_t qpos = a->q_pos[tok];
+    const bool far = a->rope && it->far[t] >= 0;
+    const int32_t pf = far ? se_q_pos_far(qpos, j->far_g[it->far[t]], it->w[t]) : 0;
     for (int g = 0; g < it->G; g++) {
-        const float *q = a->q + ((size_t)tok * a->n_head + (size_t)it->hk * it->G + g) * D;
-        float *dn = it->qn + (size_t)(t * it->G + g) * D;
-        memcpy(dn, q, (size_t)D * sizeof(float));
-        if (!a->rope)
-            continue;
-        const struct rope_params *rp = a->rope;
-        const float *cs = attn_cs_row(j->st, rp, qpos, cs_tmp);
-        rope_rotate_f32(dn, cs, rp->n_rot, rp->mode);
-        if (it->far[t] < 0)
-            continue;
-        float *df = it->qf + (size_t)(t * it->G + g) * D;
-        memcpy(df, q, (size_t)D * sizeof(float));
-        cs = attn_cs_row(j->st, rp, se_q_pos_far(qpos, j->far_g[it->far[t]], it->w[t]), cs_tmp);
-        rope_rotate_f32(df, cs, rp->n_rot, rp->mode);
+        const size_t r = (size_t)(t * it->G + g) * D;
+        attn_query_head(j->st, a->rope,
+                        a->q + ((size_t)tok * a->n_head + (size_t)it->hk * it->G + g) * D, D, qpos,
+                        it->qn + r, far ? it->qf + r : NULL, pf, cs_tmp);
     }
 }
 
@@ -1177,21 +1190,12 @@ static void attn_dec_queries(struct attn_dec *d) {
         for (int i = 0; i < d->prep.n_far; i++)
             if (d->far_g[i] == g && a->q_pos[t] >= w)
                 d->far[t] = i;
+        const bool far = a->rope && d->far[t] >= 0;
+        const int32_t pf = far ? se_q_pos_far(a->q_pos[t], g, w) : 0;
         for (int h = 0; h < a->n_head; h++) {
-            const size_t r = (size_t)t * a->n_head + h;
-            memcpy(d->qn + r * D, a->q + r * D, (size_t)D * sizeof(float));
-            if (!a->rope)
-                continue;
-            const struct rope_params *rp = a->rope;
-            const int32_t qpos = a->q_pos[t];
-            rope_rotate_f32(d->qn + r * D, attn_cs_row(d->st, rp, qpos, d->prep.tmp[0]), rp->n_rot,
-                            rp->mode);
-            if (d->far[t] < 0)
-                continue;
-            memcpy(d->qf + r * D, a->q + r * D, (size_t)D * sizeof(float));
-            const int32_t pf = se_q_pos_far(qpos, g, w);
-            rope_rotate_f32(d->qf + r * D, attn_cs_row(d->st, rp, pf, d->prep.tmp[0]), rp->n_rot,
-                            rp->mode);
+            const size_t r = ((size_t)t * a->n_head + h) * D;
+            attn_query_head(d->st, a->rope, a->q + r, D, a->q_pos[t], d->qn + r,
+                            far ? d->qf + r : NULL, pf, d->prep.tmp[0]);
         }
     }
 }
@@ -1208,10 +1212,7 @@ static void attn_dec_visibility(struct attn_dec *d, int ch) {
         unsigned char *vt = d->vis + (size_t)t * d->ld;
         int l = C1, h = C0;
         for (int c = C0; c < C1; c++) {
-            const uint64_t wd = a->cell_seq[(size_t)c * a->seq_words + (size_t)(qseq / 64)];
-            const int32_t p = a->cell_pos[c];
-            const int32_t kp = p >= 0 && ((wd >> (qseq % 64)) & 1u) ? p : INT32_MAX;
-            vt[c] = kp <= qpos && (a->window <= 0 || (int64_t)qpos - kp < a->window);
+            vt[c] = attn_visible(a, attn_cell_pos_for(a, c, qseq), qpos);
             if (vt[c]) {
                 l = c < l ? c : l;
                 h = c + 1;

@@ -516,16 +516,17 @@ int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
     OP("upload cells", be->ops->upload(be, fc->d_cells, cells, (size_t)n_tok * i32));
     if (n_out > 0 && fc->m->layer_end == fc->m->hp.n_layer)
         OP("upload rows", be->ops->upload(be, fc->d_rows, rows, (size_t)n_out * i32));
-    if (fc->cfg.k_unrotated) {
-        const int32_t *se = b->se;
-        if (!se) { // the context's own G and W for every token
-            for (int t = 0; t < n_tok; t++) {
-                fc->h_se[2 * t] = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1;
-                fc->h_se[2 * t + 1] = fc->cfg.se_w > 0 ? fc->cfg.se_w : 1;
-            }
-            se = fc->h_se;
+    if (fc->cfg.k_unrotated && b->se) {
+        OP("upload self-extend", be->ops->upload(be, fc->d_se, b->se, (size_t)n_tok * 2 * i32));
+        fc->se_default_n = 0;
+    } else if (fc->cfg.k_unrotated && n_tok > fc->se_default_n) {
+        // the context's own G and W for every token, uploaded once per size
+        for (int t = 0; t < n_tok; t++) {
+            fc->h_se[2 * t] = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1;
+            fc->h_se[2 * t + 1] = fc->cfg.se_w > 0 ? fc->cfg.se_w : 1;
         }
-        OP("upload self-extend", be->ops->upload(be, fc->d_se, se, (size_t)n_tok * 2 * i32));
+        OP("upload self-extend", be->ops->upload(be, fc->d_se, fc->h_se, (size_t)n_tok * 2 * i32));
+        fc->se_default_n = n_tok;
     }
     return 0;
 }

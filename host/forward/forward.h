@@ -149,6 +149,7 @@ struct forward_ctx {
     int32_t *d_rows;   // [n_out]
     int32_t *d_argmax; // [n_out]
     int32_t *d_se;     // [n_batch][2] each token's (G, W); the unrotated cache mode only
+    int se_default_n;  // leading entries of d_se that hold cfg's (G, W) (batches without se)
 
     // host results of the last decode
     int n_out;              // rows that wanted logits

@@ -62,6 +62,19 @@ static inline int64_t se_extended_ctx(int n_ctx_train, int g, int w) {
     return n > INT32_MAX ? 0 : n;
 }
 
+// Query token t's G and W in an attention call (struct attn_args.q_se): its
+// pair of q_se ([n_tok][2]) when given, else the call's (g, w); values
+// below 1 read as 1 (G 1: ordinary attention).
+static inline SE_HD void se_token_gw(const int32_t *q_se, int g, int w, int64_t t, int *g_out,
+                                     int *w_out) {
+    if (q_se) {
+        g = q_se[2 * t];
+        w = q_se[2 * t + 1];
+    }
+    *g_out = g < 1 ? 1 : g;
+    *w_out = w < 1 ? 1 : w;
+}
+
 // How many leading positions of a sequence get the same K/V in every layer
 // under the rules (G1, W1) and (G2, W2) (G 1: ordinary attention): all
 // (INT32_MAX) when the rules are the same, else the positions below each W
