@@ -1044,7 +1044,7 @@ static const struct se_choice se_set1[] = {
 // scalar ones (q_se NULL, se_g / se_w = one choice's values, on 1 thread) over
 // the same batch: each token's rows are the scalar call's bit for bit; and
 // the AVX2 kernels' bits are the plain ones'. F32 and F16 caches, normal and
-// NeoX RoPE, 1 to 64 tokens.
+// NeoX RoPE on 32 or 20 of the 36 dims, 1 to 64 tokens.
 Test(cpu, attention_selfextend_per_token_equals_scalar) {
     struct backend *b1 = mk_backend(1), *b3 = mk_backend(3);
     struct backend *p1 = mk_backend(1), *p3 = mk_backend(3); // plain kernels
@@ -1061,6 +1061,7 @@ Test(cpu, attention_selfextend_per_token_equals_scalar) {
                 const int n_ch = set ? 9 : 6, n = ntoks[ni];
                 struct se_batch b;
                 se_batch_make(&b, n, f16, (ni + set) % 2, 1000 + 100 * set + 10 * f16 + ni);
+                b.rp.n_rot = set ? 20 : 32; // 10 pairs: the AVX2 rotation's plain tail
                 int pick[SE_MAXTOK];
                 for (int t = 0; t < n; t++) {
                     pick[t] = irand(0, n_ch - 1);

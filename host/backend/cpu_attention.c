@@ -535,6 +535,46 @@ ATTN_AVX2 static void attn_pv_avx2(float *acc, int nr, const float *p, size_t ld
     else
         attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, c0, c1, Dv, false);
 }
+
+// rope_rotate_f32 of the first pairs of one head from x (F16 where h) into
+// y (y may be x when F32), 8 (NeoX) or 4 (normal) at a time: each element is
+// the same two products and one add or subtract as there (no FMA; x0*s +
+// x1*c and x1*c + x0*s are the same float), so the same bits. Returns the
+// pairs done.
+ATTN_AVX2_INLINE static inline int attn_rotate_avx2_t(float *y, const void *x, const float *cs,
+                                                      int half, enum rope_mode mode, bool h) {
+    int i = 0;
+    if (mode == ROPE_MODE_NEOX) {
+        // Pair i is (x[i], x[i + half]); cs holds c_i s_i interleaved: split
+        // 8 pairs' values into c_i..c_i+7 and s_i..s_i+7.
+        for (; i + 8 <= half; i += 8) {
+            const __m256 a = _mm256_loadu_ps(cs + 2 * i), b = _mm256_loadu_ps(cs + 2 * i + 8);
+            const __m256d ci = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)); // c0 c1 c4 c5 | c2 c3 c6 c7
+            const __m256d si = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
+            const __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(ci, 0xD8));
+            const __m256 s = _mm256_castpd_ps(_mm256_permute4x64_pd(si, 0xD8));
+            const __m256 x0 = attn_ld8(x, (size_t)i, h), x1 = attn_ld8(x, (size_t)(half + i), h);
+            _mm256_storeu_ps(y + i, _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s)));
+            _mm256_storeu_ps(y + half + i, _mm256_add_ps(_mm256_mul_ps(x0, s), _mm256_mul_ps(x1, c)));
+        }
+        return i;
+    }
+    // Pair i is (x[2i], x[2i + 1]), in the same places as its c_i s_i.
+    for (; i + 4 <= half; i += 4) {
+        const __m256 v = _mm256_loadu_ps(cs + 2 * i);
+        const __m256 c = _mm256_moveldup_ps(v), s = _mm256_movehdup_ps(v);
+        const __m256 xv = attn_ld8(x, (size_t)(2 * i), h);
+        const __m256 xs = _mm256_permute_ps(xv, 0xB1); // x1 x0 x3 x2 ...
+        _mm256_storeu_ps(y + 2 * i, _mm256_addsub_ps(_mm256_mul_ps(xv, c), _mm256_mul_ps(xs, s)));
+    }
+    return i;
+}
+
+ATTN_AVX2 static int attn_rotate_avx2(float *y, const void *x, const float *cs, int half,
+                                      enum rope_mode mode, bool h) {
+    return h ? attn_rotate_avx2_t(y, x, cs, half, mode, true)
+             : attn_rotate_avx2_t(y, x, cs, half, mode, false);
+}
 #endif
 
 // ---------------------------------------------------------------------------
@@ -612,28 +652,53 @@ struct attn_prep {
     float **tmp; // per thread [n_rot] floats
 };
 
-// Rotates the n_head_kv heads of one key row at position p.
-static void attn_rotate_row(const struct attn_prep *j, float *k, int32_t p, int thread) {
-    const struct rope_params *rp = j->a->rope;
-    const float *cs = attn_cs_row(j->st, rp, p, j->tmp[thread]);
-    for (int h = 0; h < j->a->n_head_kv; h++)
-        rope_rotate_f32(k + (size_t)h * j->a->head_dim, cs, rp->n_rot, rp->mode);
+// One head of a cache row, x (F16 where h), rotated by the cos/sin row cs
+// into y (y may be x when F32): exactly rope_rotate_f32 of its float32
+// copy. Pairs by the AVX2 kernel where it runs, the rest here; dims n_rot..
+// copied (widened).
+static void attn_rotate_head(float *y, const void *x, bool h, const float *cs,
+                             const struct rope_params *rp, int head_dim, bool avx2) {
+    const int half = rp->n_rot / 2;
+    const int step0 = rp->mode == ROPE_MODE_NEOX ? 1 : 2, off = rp->mode == ROPE_MODE_NEOX ? half : 1;
+    int i = 0;
+#ifdef ATTN_X86
+    if (avx2)
+        i = attn_rotate_avx2(y, x, cs, half, rp->mode, h);
+#endif
+    for (; i < half; i++) {
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        const float x0 = attn_el(x, (size_t)(i * step0), h), x1 = attn_el(x, (size_t)(i * step0 + off), h);
+        y[i * step0] = x0 * c - x1 * s;
+        y[i * step0 + off] = x0 * s + x1 * c;
+    }
+    if (y != x)
+        attn_widen(y + rp->n_rot, attn_at(x, (size_t)rp->n_rot, h),
+                   h ? GGML_TYPE_F16 : GGML_TYPE_F32, (size_t)(head_dim - rp->n_rot), avx2);
+}
+
+// The n_head_kv heads of cell c's cache row rotated at position p into y.
+static void attn_rotate_row(const struct attn_prep *j, float *y, int64_t c, int32_t p, int thread) {
+    const struct attn_args *a = j->a;
+    const bool h = a->type_k == GGML_TYPE_F16;
+    const size_t krow = (size_t)a->n_head_kv * a->head_dim;
+    const void *x = attn_at(a->k, (size_t)c * krow, h);
+    const float *cs = attn_cs_row(j->st, a->rope, p, j->tmp[thread]);
+    for (int hk = 0; hk < a->n_head_kv; hk++) {
+        const size_t o = (size_t)hk * a->head_dim;
+        attn_rotate_head(y + o, attn_at(x, o, h), h, cs, a->rope, a->head_dim, j->st->avx2);
+    }
 }
 
 // Cell c's keys into kn, the near row (float32, rotated at its position
 // with rope; NULL: not made), and into each non-NULL kf[i], i < n_far (the far
-// copy rotated at pos / far_g[i]), all from the same widened row (widening is
-// exact). At least one is non-NULL. Empty cells get zeros: never visible, and
-// the scores stay finite.
+// copy rotated at pos / far_g[i]), each made from the cache row (widening is
+// exact: the same floats as rotating a widened copy). At least one is
+// non-NULL. Empty cells get zeros: never visible, and the scores stay finite.
 static void attn_make_k(const struct attn_prep *j, int64_t c, float *kn, float *const *kf,
                         int thread) {
     const struct attn_args *a = j->a;
     const size_t krow = (size_t)a->n_head_kv * a->head_dim;
-    const size_t ek = a->type_k == GGML_TYPE_F16 ? 2 : 4;
     const int32_t p = a->cell_pos[c];
-    float *src = kn;
-    for (int i = 0; i < j->n_far && !src; i++)
-        src = kf[i];
     if (p < 0) {
         if (kn)
             memset(kn, 0, krow * sizeof(float));
@@ -642,17 +707,16 @@ static void attn_make_k(const struct attn_prep *j, int64_t c, float *kn, float *
                 memset(kf[i], 0, krow * sizeof(float));
         return;
     }
-    attn_widen(src, (const char *)a->k + c * krow * ek, a->type_k, krow, j->st->avx2);
-    if (!a->rope)
+    if (!a->rope) { // no far copies without rope
+        const bool h = a->type_k == GGML_TYPE_F16;
+        attn_widen(kn, attn_at(a->k, (size_t)c * krow, h), a->type_k, krow, j->st->avx2);
         return;
-    for (int i = 0; i < j->n_far; i++)
-        if (kf[i] && kf[i] != src)
-            memcpy(kf[i], src, krow * sizeof(float));
+    }
     if (kn)
-        attn_rotate_row(j, kn, p, thread);
+        attn_rotate_row(j, kn, c, p, thread);
     for (int i = 0; i < j->n_far; i++)
         if (kf[i])
-            attn_rotate_row(j, kf[i], se_k_pos_far(p, j->far_g[i]), thread);
+            attn_rotate_row(j, kf[i], c, se_k_pos_far(p, j->far_g[i]), thread);
 }
 
 // Cell c's rows of the call's buffers (attn_make_k).
