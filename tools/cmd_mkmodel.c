@@ -16,19 +16,22 @@
 #include "tools/cmds.h"
 #include "tools/mkmodel/mkmodel.h"
 
-// "--arch llama|qwen2   llama: normal RoPE; qwen2: ...": the registry's.
+// "--arch llama|qwen2|...", then one line per architecture with its summary:
+// the registry's.
 static void arch_usage(FILE *out) {
-    char flag[128] = "--arch ", help[512] = "";
+    char flag[128] = "--arch ";
+    for (int i = 0, n = 0; i < MODEL_ARCH_COUNT; i++) {
+        const struct arch *a = arch_get((enum model_arch)i);
+        if (a)
+            snprintf(flag + strlen(flag), sizeof flag - strlen(flag), "%s%s", n++ ? "|" : "",
+                     a->name);
+    }
+    fprintf(out, "  %s\n%28sarchitecture (default llama):\n", flag, "");
     for (int i = 0; i < MODEL_ARCH_COUNT; i++) {
         const struct arch *a = arch_get((enum model_arch)i);
-        if (!a)
-            continue;
-        const bool more = strlen(help) > 0;
-        snprintf(flag + strlen(flag), sizeof flag - strlen(flag), "%s%s", more ? "|" : "", a->name);
-        snprintf(help + strlen(help), sizeof help - strlen(help), "%s%s: %s", more ? "; " : "",
-                 a->name, a->summary);
+        if (a)
+            fprintf(out, "%28s  %s: %s\n", "", a->name, a->summary);
     }
-    fprintf(out, "  %-26s%s (default llama)\n", flag, help);
 }
 
 static void usage(FILE *out) {
