@@ -19,6 +19,12 @@
 # so that it can come back from a device machine whole:
 #   SUMMARY.json  vela.json  kernels.json  kernels.md  llamacpp.json  run.log
 #   kernels-attn-se.json/.md  attention vs exact self-extend at 4k/16k/64k (#13)
+#
+# Environment: VELA_DEADLINE (epoch seconds): every bench command is cut at
+# it (timeout) and skipped when under 15 s are left, so that a caller with a
+# fixed device time (tests/gpu/session.sh) keeps time for the summary;
+# VELA_F32ACT=0 skips the --matvec-act f32 decode runs; LLAMA_JOBS (default
+# all cores) and LLAMA_NICE (default 0) for the llama.cpp build.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,11 +48,16 @@ N_GEN=${N_GEN:-128}
 # BACKEND=cpu and VELA_BENCH_BUILD=<a CPU build dir> dry-run the models, vela
 # and summary stages on a machine without a GPU (with small --models).
 BACKEND=${BACKEND:-cuda}
-# Flash attention on (vela's attention is a flash kernel). The flag spelling
-# is that of llama.cpp early 2025 (llama-bench -fa 0|1, batched-bench -fa);
-# newer releases take -fa on|off|auto: override these for them.
+# Flash attention on (vela's attention is a flash kernel). llama-bench takes
+# -fa 1 in early-2025 and in current releases (where 1 means on).
 LLAMA_BENCH_ARGS=${LLAMA_BENCH_ARGS:-"-ngl 99 -fa 1"}
-LLAMA_BATCHED_ARGS=${LLAMA_BATCHED_ARGS:-"-ngl 99 -fa"}
+# batched-bench's bare -fa (early 2025) became -fa on|off|auto: when unset,
+# the llama stage picks the spelling from its --help.
+LLAMA_BATCHED_ARGS=${LLAMA_BATCHED_ARGS:-}
+VELA_DEADLINE=${VELA_DEADLINE:-}
+VELA_F32ACT=${VELA_F32ACT:-1}
+LLAMA_JOBS=${LLAMA_JOBS:-}
+LLAMA_NICE=${LLAMA_NICE:-0}
 # llama.cpp's commit: $LLAMACPP_COMMIT, else the file VELA_LLAMACPP_COMMIT in
 # the source dir, else git in the source dir, else llama-bench's build_commit.
 LLAMACPP_COMMIT=${LLAMACPP_COMMIT:-}
@@ -86,6 +97,15 @@ if [ -z "$LLAMA_BUILD" ] && [ -n "$LLAMA_SRC" ]; then LLAMA_BUILD=$WORK/llama; f
 NPROC=$(nproc 2>/dev/null || echo 4)
 
 log() { echo "[run_gpu $(date -u +%H:%M:%S)] $*" | tee -a "$RAW/run.log" >&2; }
+
+# timed CMD...: CMD under `timeout` at VELA_DEADLINE (none: no limit);
+# returns 124 without running it when under 15 s are left.
+timed() {
+  if [ -z "$VELA_DEADLINE" ]; then "$@"; return; fi
+  local left=$((VELA_DEADLINE - $(date +%s)))
+  if [ $left -lt 15 ]; then log "deadline: skipped: ${*:1:3} ..."; return 124; fi
+  timeout "$left" "$@"
+}
 
 model_names() {
   local IFS=';'
@@ -134,7 +154,7 @@ stage_models() {
     if [ -s "$f" ]; then log "models: $name exists"; continue; fi
     log "models: writing $name ($(model_flags "$name"))"
     # shellcheck disable=SC2046
-    "$BUILD/vela" mkmodel $(model_flags "$name") -q -o "$f"
+    "$BUILD/vela" mkmodel $(model_flags "$name") -q -o "$f.part" && mv "$f.part" "$f"
   done
   du -h "$MODELS_DIR"/*.gguf | tee -a "$RAW/run.log"
 }
@@ -142,19 +162,20 @@ stage_models() {
 stage_vela() {
   for name in $(model_names); do
     log "vela: bench $name"
-    "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p "$N_PROMPT" \
+    timed "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p "$N_PROMPT" \
       -n "$N_GEN" -r "$REPS" --json >"$RAW/vela-$name.json" 2>>"$RAW/run.log" \
       || log "vela: bench failed on $name"
     # the decode mat-vec with f32 activations too (the default is q8, backend.act_q8)
     case $name in *f16*) ;; *)
-      "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p 0 -n "$N_GEN" \
+      [ "$VELA_F32ACT" = 0 ] ||
+      timed "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p 0 -n "$N_GEN" \
         -r "$REPS" --matvec-act f32 --json >"$RAW/vela-$name-f32act.json" 2>>"$RAW/run.log" \
         || log "vela: bench --matvec-act f32 failed on $name" ;;
     esac
   done
   if model_names | grep -qx "$PARALLEL_MODEL"; then
     log "vela: bench $PARALLEL_MODEL --parallel $PARALLEL"
-    "$BUILD/vela" bench -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" --backend "$BACKEND" -p 0 \
+    timed "$BUILD/vela" bench -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" --backend "$BACKEND" -p 0 \
       -n "$N_GEN" -r 3 --parallel "$PARALLEL" --json \
       >"$RAW/vela-$PARALLEL_MODEL-parallel.json" 2>>"$RAW/run.log" \
       || log "vela: bench --parallel failed on $PARALLEL_MODEL"
@@ -165,14 +186,14 @@ stage_kernels() {
   log "kernels: vela-bench-kernels"
   local extra=()
   [ "$QUICK" = 1 ] && extra=(--quick)
-  "$BUILD/bench/vela-bench-kernels" "${extra[@]}" --json "$RAW/kernels.json" >"$RAW/kernels.md" \
+  timed "$BUILD/bench/vela-bench-kernels" "${extra[@]}" --json "$RAW/kernels.json" >"$RAW/kernels.md" \
     2>>"$RAW/run.log" || log "kernels: some cases failed (see kernels.json)"
   # Exact self-extend (#13) against ordinary attention at 4k, 16k and 64k keys:
   # the same bytes, the rotations and the far scores are the extra work.
   log "kernels: attention, ordinary vs exact self-extend, 4k/16k/64k"
   local reps=()
   [ "$QUICK" = 1 ] && reps=(-r 3)
-  "$BUILD/bench/vela-bench-kernels" --filter attn_decode,attn_se_decode,attn_prefill,attn_se_prefill,attn_se_mixed \
+  timed "$BUILD/bench/vela-bench-kernels" --filter attn_decode,attn_se_decode,attn_prefill,attn_se_prefill,attn_se_mixed \
     --models llama3-8b,llama2-7b --ctx 4096,16384,65536 "${reps[@]}" \
     --json "$RAW/kernels-attn-se.json" >"$RAW/kernels-attn-se.md" 2>>"$RAW/run.log" \
     || log "kernels: some attention cases failed (see kernels-attn-se.json)"
@@ -185,11 +206,15 @@ stage_llama_build() {
     return
   fi
   log "llama-build: llama.cpp (CUDA, sm_$ARCH) from $LLAMA_SRC into $LLAMA_BUILD"
+  # LLAMA_OPENSSL: newer trees only (older ones ignore it, with a warning)
   cmake -S "$LLAMA_SRC" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON >>"$RAW/llama-build.log" 2>&1
-  cmake --build "$LLAMA_BUILD" -j "$NPROC" --target llama-bench llama-batched-bench \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON \
+    >>"$RAW/llama-build.log" 2>&1
+  nice -n "$LLAMA_NICE" cmake --build "$LLAMA_BUILD" -j "${LLAMA_JOBS:-$NPROC}" \
+    --target llama-bench llama-batched-bench \
     >>"$RAW/llama-build.log" 2>&1 || { tail -40 "$RAW/llama-build.log" >&2; exit 1; }
+  log "llama-build: done"
 }
 
 stage_llama() {
@@ -206,18 +231,22 @@ stage_llama() {
   for name in $(model_names); do
     log "llama: llama-bench $name"
     # shellcheck disable=SC2086
-    "$lb" -m "$MODELS_DIR/$name.gguf" -p "$N_PROMPT" -n "$N_GEN" -r "$REPS" $LLAMA_BENCH_ARGS \
+    timed "$lb" -m "$MODELS_DIR/$name.gguf" -p "$N_PROMPT" -n "$N_GEN" -r "$REPS" $LLAMA_BENCH_ARGS \
       -o json >"$RAW/llamacpp-$name.json" 2>>"$RAW/llama-run.log" \
       || log "llama: llama-bench failed on $name"
   done
   if model_names | grep -qx "$PARALLEL_MODEL" && [ -x "$bb" ]; then
-    local maxpl
+    local maxpl bargs=$LLAMA_BATCHED_ARGS
+    if [ -z "$bargs" ]; then
+      bargs="-ngl 99 -fa"
+      "$bb" --help 2>&1 | grep -q 'on|off|auto' && bargs="-ngl 99 -fa on"
+    fi
     maxpl=$(echo "$PARALLEL" | tr ',' '\n' | sort -n | tail -1)
     log "llama: llama-batched-bench $PARALLEL_MODEL -npl $PARALLEL"
     # pp 1: batched-bench needs a prompt token; each sequence then decodes N_GEN tokens
     # shellcheck disable=SC2086
-    "$bb" -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" -c $((maxpl * (N_GEN + 1) + 256)) -b 2048 \
-      -ub 512 -npp 1 -ntg "$N_GEN" -npl "$PARALLEL" $LLAMA_BATCHED_ARGS --output-format jsonl \
+    timed "$bb" -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" -c $((maxpl * (N_GEN + 1) + 256)) -b 2048 \
+      -ub 512 -npp 1 -ntg "$N_GEN" -npl "$PARALLEL" $bargs --output-format jsonl \
       >"$RAW/llamacpp-$PARALLEL_MODEL-parallel.jsonl" 2>>"$RAW/llama-run.log" \
       || log "llama: llama-batched-bench failed"
   fi

@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# tests/gpu/session.sh: all that a session with a lent GPU runs (issue #15),
+# in one device call inside a fixed time budget, most important first:
+#   1. build vela for sm_90 and run the GPU tests (tests/gpu/run_device.sh);
+#      llama.cpp builds beside it on the spare cores when --llama-src is given
+#   2. compute-sanitizer memcheck over the GPU test binaries; then, while
+#      llama.cpp is still building, racecheck, synccheck and initcheck
+#   3. per model, most wanted first: write it (vela mkmodel, the next one in
+#      the background), vela bench, llama-bench on the same file, delete it;
+#      after the fourth model, bench/kernels: the quick table and exact
+#      self-extend against ordinary attention at 4k/16k/64k keys (#13)
+#   4. the sanitizer runs that are still missing, while time is left
+# then SUMMARY.json/.md, gpu-tests.json and the logs into OUT (8 files at
+# most, what the device tool brings back). Nothing is timed while something
+# else runs on the GPU or llama.cpp is building; the next model is written
+# meanwhile by two low-priority threads (mkmodel is mostly disk writes).
+#
+# usage: VELA_COMMIT=<sha> bash tests/gpu/session.sh [--out DIR] [--budget S]
+#          [--llama-src DIR | --llama-build DIR] [--models LIST] [--work DIR]
+#          [--dry-run BUILD_DIR]
+#   --budget S       seconds for this call, summary included (default 540:
+#                    a device command may run 600)
+#   --llama-src DIR  llama.cpp sources (bench/llamacpp_src.sh makes them)
+#   --llama-build D  a llama.cpp build with bin/llama-bench (no build step)
+#   --models LIST    comma list of names from MODELS below (default: all)
+#   --work DIR       work dir, kept between calls (default build-gpu-session)
+#   --dry-run B      no GPU: CPU backend, two tiny models, B's build as it is
+#                    (CI runs this; GPU tests there report skipped); no
+#                    sanitizer unless VELA_SANITIZER names one to run
+# Call it again at once when the budget ran out (a device machine stays warm
+# 30 s): whatever is done (the builds, the tests, each sanitizer run, each
+# model's benches) is kept in the work dir and not done again.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+T0=$(date +%s)
+BUDGET=540
+OUTDIR=${OUT:-}
+LLAMA_SRC=""
+LLAMA_BUILT=""
+PICK=""
+W=$ROOT/build-gpu-session
+DRY=""
+# name|mkmodel flags|extra: the issue's eight, most used first; "f32act" also
+# times decode with f32 activations, "par" adds 8 and 64 parallel sequences.
+MODELS=(
+  "llama3-8b-q4_k_m|--preset llama3-8b --type q4_k_m|f32act par"
+  "llama2-7b-q4_0|--preset llama2-7b --type q4_0|f32act"
+  "llama2-7b-q8_0|--preset llama2-7b --type q8_0|"
+  "llama3-8b-q4_0|--preset llama3-8b --type q4_0|"
+  "llama2-7b-f16|--preset llama2-7b --type f16|"
+  "llama3-8b-q8_0|--preset llama3-8b --type q8_0|"
+  "llama2-7b-q4_k_m|--preset llama2-7b --type q4_k_m|"
+  "llama3-8b-f16|--preset llama3-8b --type f16|"
+)
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUTDIR=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --llama-src) LLAMA_SRC=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --llama-build) LLAMA_BUILT=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --models) PICK=$2; shift 2 ;;
+    --work) W=$2; shift 2 ;;
+    --dry-run) DRY=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "session.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+case "$BUDGET" in ''|*[!0-9]*) echo "session.sh: --budget '$BUDGET': seconds expected" >&2; exit 2 ;; esac
+if [ -n "$DRY" ]; then
+  MODELS=("tiny|--preset tiny|f32act par" "tiny-q8|--preset tiny --type q8_0|")
+fi
+if [ -n "$PICK" ]; then
+  kept=()
+  for n in ${PICK//,/ }; do
+    m=$(printf '%s\n' "${MODELS[@]}" | grep "^$n|") \
+      || { echo "session.sh: --models: unknown model '$n'" >&2; exit 2; }
+    kept+=("$m")
+  done
+  MODELS=("${kept[@]}")
+fi
+DEADLINE=$((T0 + BUDGET))
+RESERVE=25 # seconds kept for the summary and packing
+mkdir -p "$W/state" "$W/logs"
+W=$(cd "$W" && pwd)
+[ -n "$OUTDIR" ] || OUTDIR=$W/out
+mkdir -p "$OUTDIR"
+cd "$ROOT"
+LOG=$W/logs/session.log
+STEPS=$W/state/steps.tsv # step, seconds, result: session.json's rows
+log() { echo "[session +$(($(date +%s) - T0))s] $*" | tee -a "$LOG" >&2; }
+left() { echo $((DEADLINE - RESERVE - $(date +%s))); }
+# step NAME CMD...: runs CMD, records its seconds and exit status.
+step() {
+  local name=$1 t=$(date +%s) rc
+  shift
+  log "$name: start"
+  "$@"
+  rc=$?
+  printf '%s\t%s\t%s\n' "$name" $(($(date +%s) - t)) "$rc" >>"$STEPS"
+  log "$name: rc=$rc, $(($(date +%s) - t)) s"
+  return $rc
+}
+done_mark() { touch "$W/state/$1.done"; }
+is_done() { [ -f "$W/state/$1.done" ]; }
+
+. tests/gpu/devdeps.sh
+NPROC=$(nproc 2>/dev/null || echo 4)
+log "budget ${BUDGET}s, $NPROC cores, $(nvidia-smi --query-gpu=name,driver_version \
+  --format=csv,noheader 2>/dev/null || echo 'no GPU'), commit ${VELA_COMMIT:-unknown}"
+
+B=$W/build
+[ -n "$DRY" ] && B=$DRY
+DEV=(bash tests/gpu/run_device.sh --build-dir "$B" --out "$W/device-out" --gpu-only)
+[ -n "$DRY" ] && DEV+=(--no-build)
+BENCH_ENV=(VELA_BENCH_BUILD="$B" VELA_BENCH_WORK="$W/bench" VELA_DEADLINE=$((DEADLINE - RESERVE))
+  N_PROMPT=512 N_GEN=128 PARALLEL=8,64)
+[ -n "$DRY" ] && BENCH_ENV+=(BACKEND=cpu N_PROMPT=16 N_GEN=4 PARALLEL=2)
+RUN_GPU=(bash bench/run_gpu.sh --out "$W/bench-out" --reps 3)
+LLAMA_BIN=$W/bench/llama/bin
+[ -n "$LLAMA_SRC" ] && RUN_GPU+=(--llama-src "$LLAMA_SRC")
+if [ -n "$LLAMA_BUILT" ]; then
+  RUN_GPU+=(--llama-build "$LLAMA_BUILT")
+  LLAMA_BIN=$LLAMA_BUILT/bin
+  LLAMA_SRC=$LLAMA_BUILT # "llama.cpp wanted" below; never built again
+fi
+
+# --- 1. llama.cpp in the background, vela and the GPU tests in front --------
+llama_pid=""
+if [ -n "$LLAMA_SRC" ] && [ ! -x "$LLAMA_BIN/llama-bench" ]; then
+  # The spare cores: vela's build comes first, and nothing is timed before it ends.
+  (env "${BENCH_ENV[@]}" LLAMA_NICE=10 LLAMA_JOBS=$((NPROC > 4 ? NPROC - 2 : NPROC)) \
+     timeout $(($(left) > 0 ? $(left) : 1)) "${RUN_GPU[@]}" llama-build \
+     >"$W/logs/llama-build.out" 2>&1) &
+  llama_pid=$!
+  log "llama-build: started (pid $llama_pid)"
+fi
+llama_building() { [ -n "$llama_pid" ] && kill -0 "$llama_pid" 2>/dev/null; }
+
+if ! is_done gpu-tests; then
+  step gpu-tests timeout $(($(left) > 0 ? $(left) : 1)) env VELA_COMMIT="${VELA_COMMIT:-}" \
+    "${DEV[@]}" --no-sanitizer
+  [ -f "$B/ctest.log" ] && done_mark gpu-tests
+fi
+if [ ! -x "$B/vela" ]; then
+  log "no vela binary in $B (build failed: logs.tar.gz, build-logs/build.log): summary only"
+  DEADLINE=$(date +%s) # every later step sees no time left
+  RESERVE=0
+fi
+
+# --- 2. sanitizers: memcheck first, the others while llama.cpp builds -------
+sanitize() { # TOOLS SECONDS (--sanitizer-only needs the tests' log: it would build otherwise)
+  { [ -z "$DRY" ] || [ -n "${VELA_SANITIZER:-}" ]; } && [ -f "$B/ctest.log" ] &&
+    command -v "${VELA_SANITIZER:-compute-sanitizer}" >/dev/null || return 0
+  local s=$2
+  [ "$s" -gt "$(left)" ] && s=$(left)
+  [ "$s" -ge 10 ] || return 0
+  step "sanitizer:$1" env VELA_COMMIT="${VELA_COMMIT:-}" "${DEV[@]}" --sanitizer-only \
+    --sanitizer-tools "$1" --sanitizer-budget "$s" --sanitizer-timeout 60 >/dev/null
+}
+sanitize memcheck 120
+while llama_building && [ "$(left)" -gt 300 ]; do
+  before=$(ls "$B/sanitizer" 2>/dev/null | wc -l)
+  sanitize racecheck,synccheck,initcheck 60
+  [ "$(ls "$B/sanitizer" 2>/dev/null | wc -l)" -gt "$before" ] || break # all done
+done
+if llama_building; then
+  log "llama-build: waiting (at most until 300 s before the deadline)"
+  while llama_building && [ "$(left)" -gt 300 ]; do sleep 2; done
+fi
+llama_building && log "llama-build: still building; benches run without llama.cpp for now"
+
+# --- 3. models: write, vela bench, llama-bench, delete ------------------------
+MODELS_DIR=$W/bench/models
+mkdir -p "$MODELS_DIR"
+m_name() { echo "${1%%|*}"; }
+m_flags() { local r=${1#*|}; echo "${r%%|*}"; }
+m_extra() { echo "${1##*|}"; }
+spec_of() { printf '%s\n' "${MODELS[@]}" | grep "^$1|"; }
+# Writes model $1 unless it exists (a half-written file is removed; extra
+# mkmodel flags, e.g. --threads, follow the name).
+write_model() {
+  local s n f
+  s=$(spec_of "$1"); n=$(m_name "$s"); f=$MODELS_DIR/$n.gguf
+  shift
+  [ -s "$f" ] && return 0
+  # shellcheck disable=SC2046
+  "$B/vela" mkmodel $(m_flags "$s") "$@" -q -o "$f.part" >>"$W/logs/mkmodel.log" 2>&1 \
+    && mv "$f.part" "$f" || { rm -f "$f.part"; return 1; }
+}
+# Models kept for a llama.cpp run that has not happened yet are dropped,
+# oldest first, when under 30 GB are free (the largest model is 16 GB).
+make_room() {
+  local k
+  for k in "${names[@]}"; do
+    [ "$(df -P -BG "$MODELS_DIR" | awk 'NR==2 {print int($4)}')" -ge 30 ] && return 0
+    [ -s "$MODELS_DIR/$k.gguf" ] || continue
+    log "disk: under 30 GB free: $k deleted before llama.cpp ran on it"
+    rm -f "$MODELS_DIR/$k.gguf"
+  done
+}
+prefetch_pid=""
+bench_model() { # NAME
+  local s n extra f32=0 par=PARALLEL_MODEL=none
+  s=$(spec_of "$1"); n=$(m_name "$s"); extra=$(m_extra "$s")
+  [[ " $extra " == *" f32act "* ]] && f32=1
+  [[ " $extra " == *" par "* ]] && par=PARALLEL_MODEL=$n
+  if ! is_done "vela-$n"; then
+    step "vela:$n" env "${BENCH_ENV[@]}" VELA_F32ACT=$f32 "$par" "${RUN_GPU[@]}" \
+      --models "$n:$(m_flags "$s")" vela >/dev/null 2>>"$W/logs/bench.err"
+    python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$W/bench/raw/vela-$n.json" \
+      2>/dev/null && done_mark "vela-$n"
+  fi
+  if [ -x "$LLAMA_BIN/llama-bench" ] && ! llama_building && ! is_done "llama-$n"; then
+    step "llama:$n" env "${BENCH_ENV[@]}" "$par" "${RUN_GPU[@]}" --models "$n:$(m_flags "$s")" \
+      llama >/dev/null 2>>"$W/logs/bench.err"
+    python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$W/bench/raw/llamacpp-$n.json" \
+      2>/dev/null && done_mark "llama-$n"
+  fi
+}
+# GPU events: a llama.cpp build on the CPU does not disturb them.
+run_kernels() {
+  is_done kernels || [ "$(left)" -lt 60 ] && return 0
+  step kernels env "${BENCH_ENV[@]}" "${RUN_GPU[@]}" --quick kernels >/dev/null \
+    2>>"$W/logs/bench.err" && [ -s "$W/bench/raw/kernels-attn-se.json" ] && done_mark kernels
+}
+names=()
+for s in "${MODELS[@]}"; do names+=("$(m_name "$s")"); done
+for i in "${!names[@]}"; do
+  n=${names[$i]}
+  [ "$i" = 4 ] && run_kernels
+  need_llama=0
+  [ -n "$LLAMA_SRC" ] && ! is_done "llama-$n" && need_llama=1
+  if is_done "vela-$n" && [ $need_llama = 0 ]; then continue; fi
+  [ "$(left)" -gt 40 ] || { log "models: no time left for $n and after"; break; }
+  [ -n "$prefetch_pid" ] && wait "$prefetch_pid"
+  prefetch_pid=""
+  make_room
+  step "mkmodel:$n" write_model "$n" || { log "mkmodel: $n failed (logs/mkmodel.log)"; continue; }
+  nxt=${names[$((i + 1))]:-}
+  if [ -n "$nxt" ]; then
+    make_room
+    (renice -n 19 -p $BASHPID >/dev/null; write_model "$nxt" --threads 2) &
+    prefetch_pid=$!
+  fi
+  bench_model "$n"
+  # Keep the file only while llama.cpp still has to run on it.
+  if ! { [ -n "$LLAMA_SRC" ] && ! is_done "llama-$n"; }; then rm -f "$MODELS_DIR/$n.gguf"; fi
+done
+[ -n "$prefetch_pid" ] && wait "$prefetch_pid"
+run_kernels
+
+# llama.cpp finished late: the models it has not run yet, while they are on disk.
+if [ -n "$LLAMA_SRC" ]; then
+  while llama_building && [ "$(left)" -gt 60 ]; do sleep 2; done
+  for n in "${names[@]}"; do
+    [ -s "$MODELS_DIR/$n.gguf" ] && [ "$(left)" -gt 30 ] && bench_model "$n" \
+      && is_done "llama-$n" && rm -f "$MODELS_DIR/$n.gguf"
+  done
+fi
+
+# --- 4. the sanitizer runs still missing ------------------------------------
+sanitize memcheck,racecheck,synccheck,initcheck $(($(left) - 5))
+
+# --- summary --------------------------------------------------------------------
+llama_building && { log "llama-build: still running at the deadline: stopped"; kill "$llama_pid" 2>/dev/null; }
+mnames=""
+for s in "${MODELS[@]}"; do mnames+="$(m_name "$s"):$(m_flags "$s");"; done
+env "${BENCH_ENV[@]}" VELA_DEADLINE= PARALLEL_MODEL="$(m_name "${MODELS[0]}")" "${RUN_GPU[@]}" \
+  --models "$mnames" summary >"$W/logs/summary.out" 2>&1 || log "summary failed (logs/summary.out)"
+python3 - "$W" "$OUTDIR" "$T0" "$BUDGET" <<'PY'
+import glob, json, os, sys, tarfile, time
+w, out, t0, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def load(p):
+    try: return json.load(open(p))
+    except (OSError, ValueError): return None
+tests = load(f"{w}/device-out/gpu-tests.json") or {}
+summ = load(f"{w}/bench-out/SUMMARY.json") or {"rows": []}
+steps = []
+if os.path.exists(f"{w}/state/steps.tsv"):
+    for line in open(f"{w}/state/steps.tsv"):
+        name, secs, rc = line.rstrip("\n").split("\t")
+        steps.append({"step": name, "seconds": int(secs), "rc": int(rc)})
+session = {"commit": tests.get("commit"), "date": tests.get("date"), "device": tests.get("device"),
+           "budget_s": budget, "elapsed_s": int(time.time()) - t0, "steps": steps,
+           "done": sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{w}/state/*.done"))}
+json.dump(session, open(f"{out}/session.json", "w"), indent=1)
+for name in ("gpu-tests.json",):
+    if os.path.exists(f"{w}/device-out/{name}"):
+        open(f"{out}/{name}", "w").write(open(f"{w}/device-out/{name}").read())
+for name in ("SUMMARY.json", "kernels.json", "kernels-attn-se.json"):
+    if os.path.exists(f"{w}/bench-out/{name}"):
+        open(f"{out}/{name}", "w").write(open(f"{w}/bench-out/{name}").read())
+# SUMMARY.md: what a person reads first.
+fmt = lambda v, f: (f % v) if isinstance(v, (int, float)) else "-"
+md = [f"# GPU session: {tests.get('device') or 'no GPU'}", "",
+      f"commit {tests.get('commit')}, {tests.get('date')}, driver {tests.get('driver')}, "
+      f"CUDA {tests.get('cuda')}, llama.cpp {summ.get('llamacpp_commit')}", "",
+      f"GPU tests: {tests.get('passed')} passed, {tests.get('failed')} failed, "
+      f"{tests.get('skipped')} skipped. Sanitizer: {json.dumps(tests.get('sanitizer'))}", "",
+      "| model | test | vela t/s | llama.cpp t/s | ratio | bw |", "|---|---|---:|---:|---:|---:|"]
+for r in summ.get("rows", []):
+    md.append(f"| {r['model']} | {r['test']} | {fmt(r['vela_tps'], '%.1f')} | "
+              f"{fmt(r['llamacpp_tps'], '%.1f')} | {fmt(r['ratio'], '%.2fx')} | "
+              f"{fmt(r['bw_frac'] and 100 * r['bw_frac'], '%.0f%%')} |")
+md += ["", "Steps: " + ", ".join(f"{s['step']} {s['seconds']}s" + ("" if s["rc"] == 0 else f" (rc {s['rc']})")
+                                  for s in steps)]
+open(f"{out}/SUMMARY.md", "w").write("\n".join(md) + "\n")
+with tarfile.open(f"{out}/logs.tar.gz", "w:gz") as tar:
+    for d in ("logs", "device-out", "bench-out", "bench/raw", "build/logs", "build/sanitizer"):
+        if os.path.isdir(f"{w}/{d}"):
+            tar.add(f"{w}/{d}", arcname=d.replace("/", "-"))
+print("\n".join(md))
+PY
+log "done: $(ls "$OUTDIR" | tr '\n' ' ')"
