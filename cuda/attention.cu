@@ -554,8 +554,14 @@ attn_tc_se_later_passes(const struct cuda_attn &a, const struct attn_tc_layout &
     }
 }
 
+// __launch_bounds__: for the exact self-extend variant with BK 32 (head dims
+// over 96), 4 blocks a multiprocessor (at most 128 registers): left to
+// itself, ptxas kept it at 96 and spilled 52 bytes a thread (sm_90, after
+// attn_se_walk); with the bound it takes 116 and spills none. BK 64 takes
+// 128 without spilling as it is, and spills 12 bytes under the bound.
 template <int BK, bool SE>
-__global__ static void __launch_bounds__(ATTN_TC_THREADS) attn_tc_kernel(const struct cuda_attn a) {
+__global__ static void __launch_bounds__(ATTN_TC_THREADS, (SE && BK == 32) ? 4 : 0)
+    attn_tc_kernel(const struct cuda_attn a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char attn_tc_smem[];

@@ -4,8 +4,11 @@
 // cell's position, and with G > 1 also far (q at floor(i/G) + W - floor(W/G),
 // k at floor(j/G)) into a second copy. Each key is read from memory once,
 // as in the rotated-K mode; the extra work is arithmetic: per tile of
-// ATTN_BK cells and KV head, ATTN_BK * n_rot/2 (x2 with G > 1) cos/sin pairs
-// with their running products, and per block the same for its query rows.
+// ATTN_BK cells and KV head, ATTN_BK * n_rot/2 (x2 with G > 1) cos/sin pairs,
+// and per block the same for its query rows. Each thread takes a run of
+// consecutive pairs of one row (attn_se_run) and carries the angle's running
+// product along it, one multiplication a pair: rope_cos_sin alone forms pair
+// k's with k of them (about 2,000 a 64-pair head, more than its cos/sin).
 // attn_tc_kernel (prefill on tensor cores) does the same on its f16 tiles:
 // the rotated q and K are rounded to f16 as its q * scale already is, and
 // with G > 1 it runs the Q K^T product twice (near and far).
@@ -24,38 +27,57 @@
 #include "cuda/rope.cuh"
 #include "host/ops/selfextend.h"
 
-// Item k of one head of head_dim floats: pair k of the rotated dims
-// (k < n_rot/2) rotated at pos_n into yn and at pos_f into yf (NULL: near
-// only), or dim n_rot + k - n_rot/2 copied to both; every value times s.
-// yn may alias x (each item reads and writes its own elements only). x: floats
-// (shared memory) or a cache row (F32 / F16, widened exactly by attn_load).
-template <typename T>
-static __device__ __forceinline__ void attn_se_item(const struct cuda_rope &rp, const T *x,
-                                                    float *yn, float *yf, int k, int pos_n,
-                                                    int pos_f, float s) {
-    const int half = rp.n_rot / 2;
-    if (k >= half) {
-        const int d = rp.n_rot + (k - half);
-        const float v = attn_load(x + d) * s;
-        yn[d] = v;
-        if (yf)
-            yf[d] = v;
-        return;
+// Threads share a rows x per grid of head items (item k < n_rot/2: pair k;
+// then the copied dims n_rot ..) as runs of consecutive items of one row,
+// threads / rows of them a row (at least 1), so that each thread walks the
+// angle chain along its run: one multiplication a pair, where pair k alone
+// takes k (rope_theta). A thread's rows are r0, r0 + dr, ... < rows, its run
+// [k0, k1); a thread past the last whole row group gets none.
+struct attn_se_run {
+    int r0, dr, k0, k1;
+};
+
+static __device__ __forceinline__ attn_se_run attn_se_run_of(int rows, int per, int threads) {
+    const int tpr = threads >= rows ? threads / rows : 1, chunk = (per + tpr - 1) / tpr;
+    const int tid = threadIdx.x;
+    attn_se_run u;
+    u.r0 = tid < tpr * (threads / tpr) ? tid / tpr : rows;
+    u.dr = threads / tpr;
+    u.k0 = (tid % tpr) * chunk;
+    u.k1 = min(per, u.k0 + chunk);
+    return u;
+}
+
+// Items [k0, k1) of one head: pair(e0, e1, cn, sn, cf, sf) for each pair k,
+// with the cos/sin of its near (pos_n) and, when far, its far (pos_f) angle,
+// each the bits of rope_cos_sin (the running product carried from pair k - 1
+// to k by one multiplication); copy(d) for each copied dim d.
+template <typename Pair, typename Copy>
+static __device__ __forceinline__ void attn_se_walk(const struct cuda_rope &rp, int k0, int k1,
+                                                    int pos_n, int pos_f, bool far, Pair pair,
+                                                    Copy copy) {
+    const int half = rp.n_rot / 2, kp = min(k1, half);
+    float tn = 0.0f, tf = 0.0f;
+    if (k0 < kp) {
+        tn = rope_theta(rp, (float)pos_n, k0);
+        if (far)
+            tf = rope_theta(rp, (float)pos_f, k0);
     }
-    int e0, e1;
-    rope_pair(rp.mode, rp.n_rot, k, &e0, &e1);
-    const float x0 = attn_load(x + e0), x1 = attn_load(x + e1);
-    float cs, sn, y0, y1;
-    rope_cos_sin(rp, (float)pos_n, k, &cs, &sn);
-    rope_rotate(x0, x1, cs, sn, &y0, &y1);
-    yn[e0] = y0 * s;
-    yn[e1] = y1 * s;
-    if (yf) {
-        rope_cos_sin(rp, (float)pos_f, k, &cs, &sn);
-        rope_rotate(x0, x1, cs, sn, &y0, &y1);
-        yf[e0] = y0 * s;
-        yf[e1] = y1 * s;
+#pragma unroll 1
+    for (int k = k0; k < kp; k++) {
+        int e0, e1;
+        rope_pair(rp.mode, rp.n_rot, k, &e0, &e1);
+        float cn, sn, cf = 0.0f, sf = 0.0f;
+        rope_cos_sin_theta(rp, tn, k, &cn, &sn);
+        tn = __fmul_rn(tn, rp.theta_scale);
+        if (far) {
+            rope_cos_sin_theta(rp, tf, k, &cf, &sf);
+            tf = __fmul_rn(tf, rp.theta_scale);
+        }
+        pair(e0, e1, cn, sn, cf, sf);
     }
+    for (int k = max(k0, half); k < k1; k++)
+        copy(rp.n_rot + (k - half));
 }
 
 // The elements of item k of a head: pair k (k < n_rot/2), or the one copied
@@ -120,16 +142,37 @@ static __device__ __forceinline__ int attn_se_pass(const int *list, int n, int G
 static __device__ void attn_se_rotate_q(const struct cuda_attn &a, float *sQ, float *sQf,
                                         int64_t row0, int n_group, int64_t n_rows) {
     const int per = a.rope.n_rot / 2 + (a.head_dim - a.rope.n_rot), D = a.head_dim;
-    for (int e = threadIdx.x; e < ATTN_ROWS * per; e += ATTN_THREADS) {
-        const int r = e / per;
+    const float s = a.scale;
+    const attn_se_run u = attn_se_run_of(ATTN_ROWS, per, ATTN_THREADS);
+    for (int r = u.r0; r < ATTN_ROWS; r += u.dr) {
         const int64_t gr = row0 + r;
         int i = 0, G = 1, W = 1; // unseen rows: any angle
         if (gr < n_rows) {
             i = max(a.q_pos[gr / n_group], 0);
             attn_se_gw(a, gr / n_group, &G, &W);
         }
-        attn_se_item(a.rope, sQ + r * D, sQ + r * D, G > 1 ? sQf + r * D : nullptr, e % per, i,
-                     se_q_pos_far(i, G, W), a.scale);
+        float *q = sQ + r * D, *qf = sQf + r * D;
+        const bool far = G > 1;
+        attn_se_walk(
+            a.rope, u.k0, u.k1, i, se_q_pos_far(i, G, W), far,
+            [&](int e0, int e1, float cn, float sn, float cf, float sf) {
+                const float x0 = q[e0], x1 = q[e1];
+                float y0, y1;
+                rope_rotate(x0, x1, cn, sn, &y0, &y1);
+                q[e0] = y0 * s;
+                q[e1] = y1 * s;
+                if (far) {
+                    rope_rotate(x0, x1, cf, sf, &y0, &y1);
+                    qf[e0] = y0 * s;
+                    qf[e1] = y1 * s;
+                }
+            },
+            [&](int d) {
+                const float v = q[d] * s;
+                q[d] = v;
+                if (far)
+                    qf[d] = v;
+            });
     }
 }
 
@@ -139,11 +182,22 @@ static __device__ void attn_se_rotate_q(const struct cuda_attn &a, float *sQ, fl
 static __device__ void attn_se_rotate_k(const struct cuda_attn &a, float *sK, float *sKf, int ld,
                                         const int *sPos, int G) {
     const int per = a.rope.n_rot / 2 + (a.head_dim - a.rope.n_rot);
-    for (int e = threadIdx.x; e < ATTN_BK * per; e += ATTN_THREADS) {
-        const int j = e / per;
+    const attn_se_run u = attn_se_run_of(ATTN_BK, per, ATTN_THREADS);
+    for (int j = u.r0; j < ATTN_BK; j += u.dr) {
         const int p = sPos[j] > 0 ? sPos[j] : 0; // empty cells are masked: any angle
-        attn_se_item(a.rope, sK + j * ld, sK + j * ld, sKf ? sKf + j * ld : nullptr, e % per, p,
-                     se_k_pos_far(p, G), 1.0f);
+        float *k = sK + j * ld, *kf = sKf ? sKf + j * ld : nullptr;
+        attn_se_walk(
+            a.rope, u.k0, u.k1, p, se_k_pos_far(p, G), kf != nullptr,
+            [&](int e0, int e1, float cn, float sn, float cf, float sf) {
+                const float x0 = k[e0], x1 = k[e1];
+                rope_rotate(x0, x1, cn, sn, &k[e0], &k[e1]);
+                if (kf)
+                    rope_rotate(x0, x1, cf, sf, &kf[e0], &kf[e1]);
+            },
+            [&](int d) {
+                if (kf)
+                    kf[d] = k[d];
+            });
     }
 }
 
@@ -157,17 +211,25 @@ static __device__ void attn_se_far_k(struct cuda_rope rp, int n_head_kv, int D, 
                                      const T *cache, int c0, int c_end, int g, const int *sPos,
                                      int G) {
     const int per = rp.n_rot / 2 + (D - rp.n_rot);
-    for (int e = threadIdx.x; e < ATTN_BK * per; e += ATTN_THREADS) {
-        const int j = e / per, k = e % per;
+    const attn_se_run u = attn_se_run_of(ATTN_BK, per, ATTN_THREADS);
+    for (int j = u.r0; j < ATTN_BK; j += u.dr) {
         const int p = sPos[j] > 0 ? sPos[j] : 0;
-        if (c0 + j < c_end) {
-            const T *x = cache + ((size_t)(c0 + j) * n_head_kv + g) * D;
-            attn_se_item(rp, x, sKf + j * ld, nullptr, k, se_k_pos_far(p, G), 0, 1.0f);
-        } else { // never read: no row sees the cell
-            int e0, e1;
-            attn_se_item_dims(rp, k, &e0, &e1);
-            sKf[j * ld + e0] = sKf[j * ld + e1] = 0.0f;
+        float *y = sKf + j * ld;
+        if (c0 + j >= c_end) { // never read: no row sees the cell
+            for (int k = u.k0; k < u.k1; k++) {
+                int e0, e1;
+                attn_se_item_dims(rp, k, &e0, &e1);
+                y[e0] = y[e1] = 0.0f;
+            }
+            continue;
         }
+        const T *x = cache + ((size_t)(c0 + j) * n_head_kv + g) * D;
+        attn_se_walk(
+            rp, u.k0, u.k1, se_k_pos_far(p, G), 0, false,
+            [&](int e0, int e1, float cs, float sn, float, float) {
+                rope_rotate(attn_load(x + e0), attn_load(x + e1), cs, sn, &y[e0], &y[e1]);
+            },
+            [&](int d) { y[d] = attn_load(x + d); });
     }
 }
 
@@ -178,50 +240,44 @@ static __device__ void attn_se_far_k(struct cuda_rope rp, int n_head_kv, int D, 
 static __device__ void attn_se_tc_q(const struct cuda_attn &a, __half *qn, __half *qf, int ld,
                                     int g, int64_t row0, int n_group, int64_t n_rows, int rows,
                                     int threads) {
-    const int D = a.head_dim, half = a.rope.n_rot / 2, per = half + (D - a.rope.n_rot);
-    for (int e = threadIdx.x; e < rows * per; e += threads) {
-        const int r = e / per, k = e % per;
+    const int D = a.head_dim, per = a.rope.n_rot / 2 + (D - a.rope.n_rot);
+    const float s = a.scale;
+    const attn_se_run u = attn_se_run_of(rows, per, threads);
+    for (int r = u.r0; r < rows; r += u.dr) {
         const int64_t gr = row0 + r;
-        int e0, e1;
-        attn_se_item_dims(a.rope, k, &e0, &e1);
-        float n0 = 0.0f, n1 = 0.0f, f0 = 0.0f, f1 = 0.0f;
-        if (gr < n_rows) {
-            const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
-            const float *x = a.q + ((size_t)t * a.n_head + h) * D;
-            const int i = max(a.q_pos[t], 0); // unseen rows: any angle
-            int G, W;
-            attn_se_gw(a, t, &G, &W);
-            if (k >= half) {
-                n0 = f0 = x[e0] * a.scale;
-            } else {
-                float cs, sn;
-                rope_cos_sin(a.rope, (float)i, k, &cs, &sn);
-                rope_rotate(x[e0], x[e1], cs, sn, &n0, &n1);
-                rope_cos_sin(a.rope, (float)se_q_pos_far(i, G, W), k, &cs, &sn);
-                rope_rotate(x[e0], x[e1], cs, sn, &f0, &f1);
-                n0 *= a.scale, n1 *= a.scale, f0 *= a.scale, f1 *= a.scale;
+        __half *yn = qn + r * ld, *yf = qf + r * ld;
+        if (gr >= n_rows) {
+            for (int k = u.k0; k < u.k1; k++) {
+                int e0, e1;
+                attn_se_item_dims(a.rope, k, &e0, &e1);
+                yn[e0] = yn[e1] = yf[e0] = yf[e1] = __float2half_rn(0.0f);
             }
+            continue;
         }
-        qn[r * ld + e0] = __float2half_rn(n0);
-        qf[r * ld + e0] = __float2half_rn(f0);
-        if (k < half) {
-            qn[r * ld + e1] = __float2half_rn(n1);
-            qf[r * ld + e1] = __float2half_rn(f1);
-        }
+        const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
+        const float *x = a.q + ((size_t)t * a.n_head + h) * D;
+        const int i = max(a.q_pos[t], 0); // unseen rows: any angle
+        int G, W;
+        attn_se_gw(a, t, &G, &W);
+        attn_se_walk(
+            a.rope, u.k0, u.k1, i, se_q_pos_far(i, G, W), true,
+            [&](int e0, int e1, float cn, float sn, float cf, float sf) {
+                float n0, n1, f0, f1;
+                rope_rotate(x[e0], x[e1], cn, sn, &n0, &n1);
+                rope_rotate(x[e0], x[e1], cf, sf, &f0, &f1);
+                yn[e0] = __float2half_rn(n0 * s);
+                yn[e1] = __float2half_rn(n1 * s);
+                yf[e0] = __float2half_rn(f0 * s);
+                yf[e1] = __float2half_rn(f1 * s);
+            },
+            [&](int d) { yn[d] = yf[d] = __float2half_rn(x[d] * s); });
     }
 }
 
-// Item k of a K row: x0, x1 (f16 values; e0 == e1 for a copied dim) rotated
-// at position p into y [ld halves a row], rounded to f16.
-static __device__ __forceinline__ void attn_se_tc_item(const struct cuda_rope &rp, float x0,
-                                                       float x1, int k, int e0, int e1, int p,
-                                                       __half *y) {
-    if (k >= rp.n_rot / 2) {
-        y[e0] = __float2half_rn(x0);
-        return;
-    }
-    float cs, sn, y0, y1;
-    rope_cos_sin(rp, (float)p, k, &cs, &sn);
+// x0, x1 rotated by cs, sn into y[e0], y[e1], rounded to f16.
+static __device__ __forceinline__ void attn_se_tc_rot(float x0, float x1, float cs, float sn,
+                                                      __half *y, int e0, int e1) {
+    float y0, y1;
     rope_rotate(x0, x1, cs, sn, &y0, &y1);
     y[e0] = __float2half_rn(y0);
     y[e1] = __float2half_rn(y1);
@@ -233,15 +289,22 @@ static __device__ __forceinline__ void attn_se_tc_item(const struct cuda_rope &r
 static __device__ void attn_se_tc_k(const struct cuda_attn &a, __half *kn, __half *kf, int ld,
                                     const int *sPos, int bk, int threads, int G) {
     const int per = a.rope.n_rot / 2 + (a.head_dim - a.rope.n_rot);
-    for (int e = threadIdx.x; e < bk * per; e += threads) {
-        const int j = e / per, k = e % per;
+    const attn_se_run u = attn_se_run_of(bk, per, threads);
+    for (int j = u.r0; j < bk; j += u.dr) {
         const int p = sPos[j] > 0 ? sPos[j] : 0; // empty cells are zeros and masked
-        int e0, e1;
-        attn_se_item_dims(a.rope, k, &e0, &e1);
-        const float x0 = __half2float(kn[j * ld + e0]), x1 = __half2float(kn[j * ld + e1]);
-        attn_se_tc_item(a.rope, x0, x1, k, e0, e1, p, kn + j * ld);
-        if (kf)
-            attn_se_tc_item(a.rope, x0, x1, k, e0, e1, se_k_pos_far(p, G), kf + j * ld);
+        __half *yn = kn + j * ld, *yf = kf ? kf + j * ld : nullptr;
+        attn_se_walk(
+            a.rope, u.k0, u.k1, p, se_k_pos_far(p, G), yf != nullptr,
+            [&](int e0, int e1, float cn, float sn, float cf, float sf) {
+                const float x0 = __half2float(yn[e0]), x1 = __half2float(yn[e1]);
+                attn_se_tc_rot(x0, x1, cn, sn, yn, e0, e1);
+                if (yf)
+                    attn_se_tc_rot(x0, x1, cf, sf, yf, e0, e1);
+            },
+            [&](int d) {
+                if (yf)
+                    yf[d] = yn[d];
+            });
     }
 }
 
@@ -256,18 +319,18 @@ static __device__ __noinline__ void attn_se_tc_far_k(struct cuda_rope rp, int n_
                                                      int c0, int g, const int *sPos, int bk,
                                                      int threads, int G) {
     const int per = rp.n_rot / 2 + (D - rp.n_rot);
-    for (int e = threadIdx.x; e < bk * per; e += threads) {
-        const int j = e / per, k = e % per;
+    const attn_se_run u = attn_se_run_of(bk, per, threads);
+    for (int j = u.r0; j < bk; j += u.dr) {
         const int p = sPos[j] > 0 ? sPos[j] : 0;
-        int e0, e1;
-        attn_se_item_dims(rp, k, &e0, &e1);
-        float x0 = 0.0f, x1 = 0.0f;
-        if (sPos[j] >= 0) {
-            const __half *x = cache + ((size_t)(c0 + j) * n_head_kv + g) * D;
-            x0 = __half2float(x[e0]);
-            x1 = __half2float(x[e1]);
-        }
-        attn_se_tc_item(rp, x0, x1, k, e0, e1, se_k_pos_far(p, G), kf + j * ld);
+        __half *y = kf + j * ld;
+        const __half *x = sPos[j] >= 0 ? cache + ((size_t)(c0 + j) * n_head_kv + g) * D : nullptr;
+        attn_se_walk(
+            rp, u.k0, u.k1, se_k_pos_far(p, G), 0, false,
+            [&](int e0, int e1, float cs, float sn, float, float) {
+                const float x0 = x ? __half2float(x[e0]) : 0.0f, x1 = x ? __half2float(x[e1]) : 0.0f;
+                attn_se_tc_rot(x0, x1, cs, sn, y, e0, e1);
+            },
+            [&](int d) { y[d] = __float2half_rn(x ? __half2float(x[d]) : 0.0f); });
     }
 }
 

@@ -14,12 +14,19 @@ static __device__ __forceinline__ float rope_ramp(float lo, float hi, int i) {
     return __fsub_rn(1.0f, 1.0f < c ? 1.0f : c);
 }
 
-// cos/sin (times mscale) of pair i at position pos.
-static __device__ __forceinline__ void rope_cos_sin(const struct cuda_rope &c, float pos, int i,
-                                                    float *cs, float *sn) {
+// The running product of pair i at position pos: pos * theta_scale^i as i
+// float multiplications in a row. Pair i + 1's is __fmul_rn(it, theta_scale):
+// a loop over consecutive pairs walks it with one multiplication a pair.
+static __device__ __forceinline__ float rope_theta(const struct cuda_rope &c, float pos, int i) {
     float theta = pos;
     for (int j = 0; j < i; j++)
         theta = __fmul_rn(theta, c.theta_scale);
+    return theta;
+}
+
+// cos/sin (times mscale) of pair i whose running product is theta (rope_theta).
+static __device__ __forceinline__ void rope_cos_sin_theta(const struct cuda_rope &c, float theta,
+                                                          int i, float *cs, float *sn) {
     const float theta_extrap = c.freq_factors ? theta / c.freq_factors[i] : theta;
     const float theta_interp = __fmul_rn(c.freq_scale, theta_extrap);
     float t = theta_interp;
@@ -29,6 +36,12 @@ static __device__ __forceinline__ void rope_cos_sin(const struct cuda_rope &c, f
     }
     *cs = __fmul_rn(cosf(t), c.mscale);
     *sn = __fmul_rn(sinf(t), c.mscale);
+}
+
+// cos/sin (times mscale) of pair i at position pos.
+static __device__ __forceinline__ void rope_cos_sin(const struct cuda_rope &c, float pos, int i,
+                                                    float *cs, float *sn) {
+    rope_cos_sin_theta(c, rope_theta(c, pos, i), i, cs, sn);
 }
 
 static __device__ __forceinline__ void rope_rotate(float x0, float x1, float cs, float sn,
