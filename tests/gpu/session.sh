@@ -12,8 +12,10 @@
 #   4. the sanitizer runs that are still missing, while time is left
 # then SUMMARY.json/.md, gpu-tests.json and the logs into OUT (8 files at
 # most, what the device tool brings back). Nothing is timed while something
-# else runs on the GPU or llama.cpp is building; the next model is written
-# meanwhile by two low-priority threads (mkmodel is mostly disk writes).
+# else runs on the GPU; vela's benches wait for llama.cpp's build until 300 s
+# before the deadline, and past that run beside it (session.json and
+# SUMMARY.md name them); the next model is written meanwhile by two
+# low-priority threads (mkmodel is mostly disk writes).
 #
 # usage: VELA_COMMIT=<sha> bash tests/gpu/session.sh [--out DIR] [--budget S]
 #          [--llama-src DIR | --llama-build DIR] [--models LIST] [--work DIR]
@@ -101,6 +103,13 @@ step() {
   log "$name: rc=$rc, $(($(date +%s) - t)) s"
   return $rc
 }
+# quiet FILE CMD...: CMD with its output dropped and its errors added to FILE
+# (inside a step, whose own lines still reach the console).
+quiet() {
+  local f=$1
+  shift
+  "$@" >/dev/null 2>>"$f"
+}
 done_mark() { touch "$W/state/$1.done"; }
 is_done() { [ -f "$W/state/$1.done" ]; }
 
@@ -155,8 +164,9 @@ sanitize() { # TOOLS SECONDS (--sanitizer-only needs the tests' log: it would bu
   local s=$2
   [ "$s" -gt "$(left)" ] && s=$(left)
   [ "$s" -ge 10 ] || return 0
-  step "sanitizer:$1" env VELA_COMMIT="${VELA_COMMIT:-}" "${DEV[@]}" --sanitizer-only \
-    --sanitizer-tools "$1" --sanitizer-budget "$s" --sanitizer-timeout 60 >/dev/null
+  step "sanitizer:$1" quiet "$W/logs/sanitizer.err" env VELA_COMMIT="${VELA_COMMIT:-}" \
+    "${DEV[@]}" --sanitizer-only --sanitizer-tools "$1" --sanitizer-budget "$s" \
+    --sanitizer-timeout 60
 }
 sanitize memcheck 120
 while llama_building && [ "$(left)" -gt 300 ]; do
@@ -206,14 +216,15 @@ bench_model() { # NAME
   [[ " $extra " == *" f32act "* ]] && f32=1
   [[ " $extra " == *" par "* ]] && par=PARALLEL_MODEL=$n
   if ! is_done "vela-$n"; then
-    step "vela:$n" env "${BENCH_ENV[@]}" VELA_F32ACT=$f32 "$par" "${RUN_GPU[@]}" \
-      --models "$n:$(m_flags "$s")" vela >/dev/null 2>>"$W/logs/bench.err"
+    llama_building && touch "$W/state/beside-llama-build-$n"
+    step "vela:$n" quiet "$W/logs/bench.err" env "${BENCH_ENV[@]}" VELA_F32ACT=$f32 "$par" \
+      "${RUN_GPU[@]}" --models "$n:$(m_flags "$s")" vela
     python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$W/bench/raw/vela-$n.json" \
       2>/dev/null && done_mark "vela-$n"
   fi
   if [ -x "$LLAMA_BIN/llama-bench" ] && ! llama_building && ! is_done "llama-$n"; then
-    step "llama:$n" env "${BENCH_ENV[@]}" "$par" "${RUN_GPU[@]}" --models "$n:$(m_flags "$s")" \
-      llama >/dev/null 2>>"$W/logs/bench.err"
+    step "llama:$n" quiet "$W/logs/bench.err" env "${BENCH_ENV[@]}" "$par" "${RUN_GPU[@]}" \
+      --models "$n:$(m_flags "$s")" llama
     python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$W/bench/raw/llamacpp-$n.json" \
       2>/dev/null && done_mark "llama-$n"
   fi
@@ -221,8 +232,8 @@ bench_model() { # NAME
 # GPU events: a llama.cpp build on the CPU does not disturb them.
 run_kernels() {
   is_done kernels || [ "$(left)" -lt 60 ] && return 0
-  step kernels env "${BENCH_ENV[@]}" "${RUN_GPU[@]}" --quick kernels >/dev/null \
-    2>>"$W/logs/bench.err" && [ -s "$W/bench/raw/kernels-attn-se.json" ] && done_mark kernels
+  step kernels quiet "$W/logs/bench.err" env "${BENCH_ENV[@]}" "${RUN_GPU[@]}" --quick kernels \
+    && [ -s "$W/bench/raw/kernels-attn-se.json" ] && done_mark kernels
 }
 names=()
 for s in "${MODELS[@]}"; do names+=("$(m_name "$s")"); done
@@ -283,7 +294,10 @@ if os.path.exists(f"{w}/state/steps.tsv"):
         steps.append({"step": name, "seconds": int(secs), "rc": int(rc)})
 session = {"commit": tests.get("commit"), "date": tests.get("date"), "device": tests.get("device"),
            "budget_s": budget, "elapsed_s": int(time.time()) - t0, "steps": steps,
-           "done": sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{w}/state/*.done"))}
+           "done": sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{w}/state/*.done")),
+           # vela benches timed while llama.cpp was still building (nice 10)
+           "timed_beside_llama_build": sorted(os.path.basename(p)[len("beside-llama-build-"):]
+                                              for p in glob.glob(f"{w}/state/beside-llama-build-*"))}
 json.dump(session, open(f"{out}/session.json", "w"), indent=1)
 for name in ("gpu-tests.json",):
     if os.path.exists(f"{w}/device-out/{name}"):
@@ -303,6 +317,9 @@ for r in summ.get("rows", []):
     md.append(f"| {r['model']} | {r['test']} | {fmt(r['vela_tps'], '%.1f')} | "
               f"{fmt(r['llamacpp_tps'], '%.1f')} | {fmt(r['ratio'], '%.2fx')} | "
               f"{fmt(r['bw_frac'] and 100 * r['bw_frac'], '%.0f%%')} |")
+if session["timed_beside_llama_build"]:
+    md += ["", "vela timed while llama.cpp was still building: "
+           + ", ".join(session["timed_beside_llama_build"])]
 md += ["", "Steps: " + ", ".join(f"{s['step']} {s['seconds']}s" + ("" if s["rc"] == 0 else f" (rc {s['rc']})")
                                   for s in steps)]
 open(f"{out}/SUMMARY.md", "w").write("\n".join(md) + "\n")
