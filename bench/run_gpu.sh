@@ -22,7 +22,9 @@
 #
 # Environment: VELA_DEADLINE (epoch seconds): every bench command is cut at
 # it (timeout) and skipped when under 15 s are left, so that a caller with a
-# fixed device time (tests/gpu/session.sh) keeps time for the summary;
+# fixed device time (tests/gpu/session.sh) keeps time for the summary, and
+# VELA_STEP_MAX (seconds, default 300) bounds each one, so that a hang costs
+# that much and no more;
 # VELA_F32ACT=0 skips the --matvec-act f32 decode runs; LLAMA_JOBS (default
 # all cores) and LLAMA_NICE (default 0) for the llama.cpp build.
 set -euo pipefail
@@ -55,6 +57,7 @@ LLAMA_BENCH_ARGS=${LLAMA_BENCH_ARGS:-"-ngl 99 -fa 1"}
 # the llama stage picks the spelling from its --help.
 LLAMA_BATCHED_ARGS=${LLAMA_BATCHED_ARGS:-}
 VELA_DEADLINE=${VELA_DEADLINE:-}
+VELA_STEP_MAX=${VELA_STEP_MAX:-300}
 VELA_F32ACT=${VELA_F32ACT:-1}
 LLAMA_JOBS=${LLAMA_JOBS:-}
 LLAMA_NICE=${LLAMA_NICE:-0}
@@ -98,13 +101,19 @@ NPROC=$(nproc 2>/dev/null || echo 4)
 
 log() { echo "[run_gpu $(date -u +%H:%M:%S)] $*" | tee -a "$RAW/run.log" >&2; }
 
-# timed CMD...: CMD under `timeout` at VELA_DEADLINE (none: no limit);
-# returns 124 without running it when under 15 s are left.
+# timed CMD...: CMD under `timeout`: VELA_STEP_MAX seconds, or less to end
+# by VELA_DEADLINE; returns 124 without running it when under 15 s are left.
 timed() {
-  if [ -z "$VELA_DEADLINE" ]; then "$@"; return; fi
-  local left=$((VELA_DEADLINE - $(date +%s)))
-  if [ $left -lt 15 ]; then log "deadline: skipped: ${*:1:3} ..."; return 124; fi
+  local left=$VELA_STEP_MAX
+  if [ -n "$VELA_DEADLINE" ]; then
+    left=$((VELA_DEADLINE - $(date +%s)))
+    if [ $left -lt 15 ]; then log "deadline: skipped: ${*:1:3} ..."; return 124; fi
+    [ $left -gt "$VELA_STEP_MAX" ] && left=$VELA_STEP_MAX
+  fi
   timeout "$left" "$@"
+  local rc=$?
+  [ $rc -eq 124 ] && log "timeout after ${left}s: ${*:1:3} ..."
+  return $rc
 }
 
 model_names() {

@@ -123,7 +123,7 @@ B=$W/build
 DEV=(bash tests/gpu/run_device.sh --build-dir "$B" --out "$W/device-out" --gpu-only)
 [ -n "$DRY" ] && DEV+=(--no-build)
 BENCH_ENV=(VELA_BENCH_BUILD="$B" VELA_BENCH_WORK="$W/bench" VELA_DEADLINE=$((DEADLINE - RESERVE))
-  N_PROMPT=512 N_GEN=128 PARALLEL=8,64)
+  VELA_STEP_MAX=180 N_PROMPT=512 N_GEN=128 PARALLEL=8,64)
 [ -n "$DRY" ] && BENCH_ENV+=(BACKEND=cpu N_PROMPT=16 N_GEN=4 PARALLEL=2)
 RUN_GPU=(bash bench/run_gpu.sh --out "$W/bench-out" --reps 3)
 LLAMA_BIN=$W/bench/llama/bin
@@ -311,7 +311,10 @@ md = [f"# GPU session: {tests.get('device') or 'no GPU'}", "",
       f"commit {tests.get('commit')}, {tests.get('date')}, driver {tests.get('driver')}, "
       f"CUDA {tests.get('cuda')}, llama.cpp {summ.get('llamacpp_commit')}", "",
       f"GPU tests: {tests.get('passed')} passed, {tests.get('failed')} failed, "
-      f"{tests.get('skipped')} skipped. Sanitizer: {json.dumps(tests.get('sanitizer'))}", "",
+      f"{tests.get('skipped')} skipped. Sanitizer: {json.dumps(tests.get('sanitizer'))}"
+      + (" (compute-sanitizer refused the device: 'Device not supported')"
+         if any(r.get("unsupported") for r in (tests.get("sanitizer_runs") or {}).values()) else ""),
+      "",
       "| model | test | vela t/s | llama.cpp t/s | ratio | bw |", "|---|---|---:|---:|---:|---:|"]
 for r in summ.get("rows", []):
     md.append(f"| {r['model']} | {r['test']} | {fmt(r['vela_tps'], '%.1f')} | "
