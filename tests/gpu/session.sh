@@ -10,8 +10,9 @@
 #      after the fourth model, bench/kernels: the quick table and exact
 #      self-extend against ordinary attention at 4k/16k/64k keys (#13)
 #   4. the sanitizer runs that are still missing, while time is left
-# then SUMMARY.json/.md, gpu-tests.json and the logs into OUT (8 files at
-# most, what the device tool brings back). Nothing is timed while something
+# SUMMARY.json/.md, gpu-tests.json and the logs go into OUT (8 files at most,
+# what the device tool brings back) after every step that adds results, so
+# that a call cut off at its limit still brings them back. Nothing is timed while something
 # else runs on the GPU; vela's benches wait for llama.cpp's build until 300 s
 # before the deadline, and past that run beside it (session.json and
 # SUMMARY.md name them); the next model is written meanwhile by two
@@ -81,6 +82,11 @@ if [ -n "$PICK" ]; then
   done
   MODELS=("${kept[@]}")
 fi
+# A model spec "name|flags|extra" and its parts.
+m_name() { echo "${1%%|*}"; }
+m_flags() { local r=${1#*|}; echo "${r%%|*}"; }
+m_extra() { echo "${1##*|}"; }
+spec_of() { printf '%s\n' "${MODELS[@]}" | grep "^$1|"; }
 DEADLINE=$((T0 + BUDGET))
 RESERVE=25 # seconds kept for the summary and packing
 mkdir -p "$W/state" "$W/logs"
@@ -134,6 +140,71 @@ if [ -n "$LLAMA_BUILT" ]; then
   LLAMA_SRC=$LLAMA_BUILT # "llama.cpp wanted" below; never built again
 fi
 
+# publish print|quiet: SUMMARY.json/.md, gpu-tests.json, the kernels JSON,
+# session.json and logs.tar.gz into OUT from what is done so far (again after
+# each step that adds results, so that a call cut off at its limit still
+# brings them back); print: SUMMARY.md on the console too.
+publish() {
+  local mnames="" s
+  for s in "${MODELS[@]}"; do mnames+="$(m_name "$s"):$(m_flags "$s");"; done
+  env "${BENCH_ENV[@]}" VELA_DEADLINE= PARALLEL_MODEL="$(m_name "${MODELS[0]}")" "${RUN_GPU[@]}" \
+    --models "$mnames" summary >"$W/logs/summary.out" 2>&1 || log "summary failed (logs/summary.out)"
+  python3 - "$W" "$OUTDIR" "$T0" "$BUDGET" "$1" <<'PY'
+import glob, json, os, sys, tarfile, time
+w, out, t0, budget, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+def load(p):
+    try: return json.load(open(p))
+    except (OSError, ValueError): return None
+tests = load(f"{w}/device-out/gpu-tests.json") or {}
+summ = load(f"{w}/bench-out/SUMMARY.json") or {"rows": []}
+steps = []
+if os.path.exists(f"{w}/state/steps.tsv"):
+    for line in open(f"{w}/state/steps.tsv"):
+        name, secs, rc = line.rstrip("\n").split("\t")
+        steps.append({"step": name, "seconds": int(secs), "rc": int(rc)})
+session = {"commit": tests.get("commit"), "date": tests.get("date"), "device": tests.get("device"),
+           "budget_s": budget, "elapsed_s": int(time.time()) - t0, "steps": steps,
+           "done": sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{w}/state/*.done")),
+           # vela benches timed while llama.cpp was still building (nice 10)
+           "timed_beside_llama_build": sorted(os.path.basename(p)[len("beside-llama-build-"):]
+                                              for p in glob.glob(f"{w}/state/beside-llama-build-*"))}
+json.dump(session, open(f"{out}/session.json", "w"), indent=1)
+for name in ("gpu-tests.json",):
+    if os.path.exists(f"{w}/device-out/{name}"):
+        open(f"{out}/{name}", "w").write(open(f"{w}/device-out/{name}").read())
+for name in ("SUMMARY.json", "kernels.json", "kernels-attn-se.json"):
+    if os.path.exists(f"{w}/bench-out/{name}"):
+        open(f"{out}/{name}", "w").write(open(f"{w}/bench-out/{name}").read())
+# SUMMARY.md: what a person reads first.
+fmt = lambda v, f: (f % v) if isinstance(v, (int, float)) else "-"
+md = [f"# GPU session: {tests.get('device') or 'no GPU'}", "",
+      f"commit {tests.get('commit')}, {tests.get('date')}, driver {tests.get('driver')}, "
+      f"CUDA {tests.get('cuda')}, llama.cpp {summ.get('llamacpp_commit')}", "",
+      f"GPU tests: {tests.get('passed')} passed, {tests.get('failed')} failed, "
+      f"{tests.get('skipped')} skipped. Sanitizer: {json.dumps(tests.get('sanitizer'))}"
+      + (" (compute-sanitizer refused the device: 'Device not supported')"
+         if any(r.get("unsupported") for r in (tests.get("sanitizer_runs") or {}).values()) else ""),
+      "",
+      "| model | test | vela t/s | llama.cpp t/s | ratio | bw |", "|---|---|---:|---:|---:|---:|"]
+for r in summ.get("rows", []):
+    md.append(f"| {r['model']} | {r['test']} | {fmt(r['vela_tps'], '%.1f')} | "
+              f"{fmt(r['llamacpp_tps'], '%.1f')} | {fmt(r['ratio'], '%.2fx')} | "
+              f"{fmt(r['bw_frac'] and 100 * r['bw_frac'], '%.0f%%')} |")
+if session["timed_beside_llama_build"]:
+    md += ["", "vela timed while llama.cpp was still building: "
+           + ", ".join(session["timed_beside_llama_build"])]
+md += ["", "Steps: " + ", ".join(f"{s['step']} {s['seconds']}s" + ("" if s["rc"] == 0 else f" (rc {s['rc']})")
+                                  for s in steps)]
+open(f"{out}/SUMMARY.md", "w").write("\n".join(md) + "\n")
+with tarfile.open(f"{out}/logs.tar.gz", "w:gz") as tar:
+    for d in ("logs", "device-out", "bench-out", "bench/raw", "build/logs", "build/sanitizer"):
+        if os.path.isdir(f"{w}/{d}"):
+            tar.add(f"{w}/{d}", arcname=d.replace("/", "-"))
+if mode == "print":
+    print("\n".join(md))
+PY
+}
+
 # --- 1. llama.cpp in the background, vela and the GPU tests in front --------
 llama_pid=""
 if [ -n "$LLAMA_SRC" ] && [ ! -x "$LLAMA_BIN/llama-bench" ]; then
@@ -150,6 +221,7 @@ if ! is_done gpu-tests; then
   step gpu-tests timeout $(($(left) > 0 ? $(left) : 1)) env VELA_COMMIT="${VELA_COMMIT:-}" \
     "${DEV[@]}" --no-sanitizer
   [ -f "$B/ctest.log" ] && done_mark gpu-tests
+  publish quiet
 fi
 if [ ! -x "$B/vela" ]; then
   log "no vela binary in $B (build failed: logs.tar.gz, build-logs/build.log): summary only"
@@ -169,6 +241,7 @@ sanitize() { # TOOLS SECONDS (--sanitizer-only needs the tests' log: it would bu
     --sanitizer-timeout 60
 }
 sanitize memcheck 120
+publish quiet
 while llama_building && [ "$(left)" -gt 300 ]; do
   before=$(ls "$B/sanitizer" 2>/dev/null | wc -l)
   sanitize racecheck,synccheck,initcheck 60
@@ -183,10 +256,6 @@ llama_building && log "llama-build: still building; benches run without llama.cp
 # --- 3. models: write, vela bench, llama-bench, delete ------------------------
 MODELS_DIR=$W/bench/models
 mkdir -p "$MODELS_DIR"
-m_name() { echo "${1%%|*}"; }
-m_flags() { local r=${1#*|}; echo "${r%%|*}"; }
-m_extra() { echo "${1##*|}"; }
-spec_of() { printf '%s\n' "${MODELS[@]}" | grep "^$1|"; }
 # Writes model $1 unless it exists (a half-written file is removed; extra
 # mkmodel flags, e.g. --threads, follow the name).
 write_model() {
@@ -255,6 +324,7 @@ for i in "${!names[@]}"; do
     prefetch_pid=$!
   fi
   bench_model "$n"
+  publish quiet
   # Keep the file only while llama.cpp still has to run on it.
   if ! { [ -n "$LLAMA_SRC" ] && ! is_done "llama-$n"; }; then rm -f "$MODELS_DIR/$n.gguf"; fi
 done
@@ -275,61 +345,5 @@ sanitize memcheck,racecheck,synccheck,initcheck $(($(left) - 5))
 
 # --- summary --------------------------------------------------------------------
 llama_building && { log "llama-build: still running at the deadline: stopped"; kill "$llama_pid" 2>/dev/null; }
-mnames=""
-for s in "${MODELS[@]}"; do mnames+="$(m_name "$s"):$(m_flags "$s");"; done
-env "${BENCH_ENV[@]}" VELA_DEADLINE= PARALLEL_MODEL="$(m_name "${MODELS[0]}")" "${RUN_GPU[@]}" \
-  --models "$mnames" summary >"$W/logs/summary.out" 2>&1 || log "summary failed (logs/summary.out)"
-python3 - "$W" "$OUTDIR" "$T0" "$BUDGET" <<'PY'
-import glob, json, os, sys, tarfile, time
-w, out, t0, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-def load(p):
-    try: return json.load(open(p))
-    except (OSError, ValueError): return None
-tests = load(f"{w}/device-out/gpu-tests.json") or {}
-summ = load(f"{w}/bench-out/SUMMARY.json") or {"rows": []}
-steps = []
-if os.path.exists(f"{w}/state/steps.tsv"):
-    for line in open(f"{w}/state/steps.tsv"):
-        name, secs, rc = line.rstrip("\n").split("\t")
-        steps.append({"step": name, "seconds": int(secs), "rc": int(rc)})
-session = {"commit": tests.get("commit"), "date": tests.get("date"), "device": tests.get("device"),
-           "budget_s": budget, "elapsed_s": int(time.time()) - t0, "steps": steps,
-           "done": sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{w}/state/*.done")),
-           # vela benches timed while llama.cpp was still building (nice 10)
-           "timed_beside_llama_build": sorted(os.path.basename(p)[len("beside-llama-build-"):]
-                                              for p in glob.glob(f"{w}/state/beside-llama-build-*"))}
-json.dump(session, open(f"{out}/session.json", "w"), indent=1)
-for name in ("gpu-tests.json",):
-    if os.path.exists(f"{w}/device-out/{name}"):
-        open(f"{out}/{name}", "w").write(open(f"{w}/device-out/{name}").read())
-for name in ("SUMMARY.json", "kernels.json", "kernels-attn-se.json"):
-    if os.path.exists(f"{w}/bench-out/{name}"):
-        open(f"{out}/{name}", "w").write(open(f"{w}/bench-out/{name}").read())
-# SUMMARY.md: what a person reads first.
-fmt = lambda v, f: (f % v) if isinstance(v, (int, float)) else "-"
-md = [f"# GPU session: {tests.get('device') or 'no GPU'}", "",
-      f"commit {tests.get('commit')}, {tests.get('date')}, driver {tests.get('driver')}, "
-      f"CUDA {tests.get('cuda')}, llama.cpp {summ.get('llamacpp_commit')}", "",
-      f"GPU tests: {tests.get('passed')} passed, {tests.get('failed')} failed, "
-      f"{tests.get('skipped')} skipped. Sanitizer: {json.dumps(tests.get('sanitizer'))}"
-      + (" (compute-sanitizer refused the device: 'Device not supported')"
-         if any(r.get("unsupported") for r in (tests.get("sanitizer_runs") or {}).values()) else ""),
-      "",
-      "| model | test | vela t/s | llama.cpp t/s | ratio | bw |", "|---|---|---:|---:|---:|---:|"]
-for r in summ.get("rows", []):
-    md.append(f"| {r['model']} | {r['test']} | {fmt(r['vela_tps'], '%.1f')} | "
-              f"{fmt(r['llamacpp_tps'], '%.1f')} | {fmt(r['ratio'], '%.2fx')} | "
-              f"{fmt(r['bw_frac'] and 100 * r['bw_frac'], '%.0f%%')} |")
-if session["timed_beside_llama_build"]:
-    md += ["", "vela timed while llama.cpp was still building: "
-           + ", ".join(session["timed_beside_llama_build"])]
-md += ["", "Steps: " + ", ".join(f"{s['step']} {s['seconds']}s" + ("" if s["rc"] == 0 else f" (rc {s['rc']})")
-                                  for s in steps)]
-open(f"{out}/SUMMARY.md", "w").write("\n".join(md) + "\n")
-with tarfile.open(f"{out}/logs.tar.gz", "w:gz") as tar:
-    for d in ("logs", "device-out", "bench-out", "bench/raw", "build/logs", "build/sanitizer"):
-        if os.path.isdir(f"{w}/{d}"):
-            tar.add(f"{w}/{d}", arcname=d.replace("/", "-"))
-print("\n".join(md))
-PY
+publish print
 log "done: $(ls "$OUTDIR" | tr '\n' ' ')"
