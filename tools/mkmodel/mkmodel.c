@@ -1380,7 +1380,7 @@ int mkmodel_write(const struct mkmodel_config *cfg, const char *path, struct ver
     free(t);
     if (rc && begun)
         unlink(path);
-    if (rc)
+    if (rc && strncmp(err->msg, path, strlen(path)) != 0) // the writer's own name the file
         verr_wrap(err, "%s", path);
     return rc;
 }
