@@ -208,7 +208,7 @@ PY
 # --- 1. llama.cpp in the background, vela and the GPU tests in front --------
 llama_pid=""
 if [ -n "$LLAMA_SRC" ] && [ ! -x "$LLAMA_BIN/llama-bench" ]; then
-  # The spare cores: vela's build comes first, and nothing is timed before it ends.
+  # At low priority on all but two cores: vela's build and tests come first.
   (env "${BENCH_ENV[@]}" LLAMA_NICE=10 LLAMA_JOBS=$((NPROC > 4 ? NPROC - 2 : NPROC)) \
      timeout $(($(left) > 0 ? $(left) : 1)) "${RUN_GPU[@]}" llama-build \
      >"$W/logs/llama-build.out" 2>&1) &
@@ -267,17 +267,21 @@ write_model() {
   "$B/vela" mkmodel $(m_flags "$s") "$@" -q -o "$f.part" >>"$W/logs/mkmodel.log" 2>&1 \
     && mv "$f.part" "$f" || { rm -f "$f.part"; return 1; }
 }
-# Models kept for a llama.cpp run that has not happened yet are dropped,
-# oldest first, when under 30 GB are free (the largest model is 16 GB).
+# make_room IN_USE: while under 30 GB are free (the largest model is 16 GB),
+# models kept for a llama.cpp run that has not happened yet are dropped,
+# oldest first, never IN_USE. Fails when that does not free enough.
 make_room() {
   local k
   for k in "${names[@]}"; do
     [ "$(df -P -BG "$MODELS_DIR" | awk 'NR==2 {print int($4)}')" -ge 30 ] && return 0
-    [ -s "$MODELS_DIR/$k.gguf" ] || continue
+    [ "$k" != "$1" ] && [ -s "$MODELS_DIR/$k.gguf" ] || continue
     log "disk: under 30 GB free: $k deleted before llama.cpp ran on it"
     rm -f "$MODELS_DIR/$k.gguf"
   done
+  [ "$(df -P -BG "$MODELS_DIR" | awk 'NR==2 {print int($4)}')" -ge 30 ]
 }
+# Whether model $1 still has benches to run.
+needs_work() { ! is_done "vela-$1" || { [ -n "$LLAMA_SRC" ] && ! is_done "llama-$1"; }; }
 prefetch_pid=""
 bench_model() { # NAME
   local s n extra f32=0 par=PARALLEL_MODEL=none
@@ -309,17 +313,14 @@ for s in "${MODELS[@]}"; do names+=("$(m_name "$s")"); done
 for i in "${!names[@]}"; do
   n=${names[$i]}
   [ "$i" = 4 ] && run_kernels
-  need_llama=0
-  [ -n "$LLAMA_SRC" ] && ! is_done "llama-$n" && need_llama=1
-  if is_done "vela-$n" && [ $need_llama = 0 ]; then continue; fi
+  needs_work "$n" || continue
   [ "$(left)" -gt 40 ] || { log "models: no time left for $n and after"; break; }
   [ -n "$prefetch_pid" ] && wait "$prefetch_pid"
   prefetch_pid=""
-  make_room
+  make_room "$n" # else mkmodel may fail on a full disk, cleanly
   step "mkmodel:$n" write_model "$n" || { log "mkmodel: $n failed (logs/mkmodel.log)"; continue; }
   nxt=${names[$((i + 1))]:-}
-  if [ -n "$nxt" ]; then
-    make_room
+  if [ -n "$nxt" ] && needs_work "$nxt" && make_room "$n"; then
     (renice -n 19 -p $BASHPID >/dev/null; write_model "$nxt" --threads 2) &
     prefetch_pid=$!
   fi
