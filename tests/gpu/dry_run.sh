@@ -52,7 +52,7 @@ want = {("tiny", "pp16"), ("tiny", "tg4"), ("tiny", "tg4@f32act"), ("tiny", "tg4
         ("tiny-q8", "pp16"), ("tiny-q8", "tg4")}
 assert want <= got, f"missing rows: {want - got}"
 t = json.load(open(f"{w}/out/gpu-tests.json"))
-assert t["failed"] == 0 and t["passed"] + t["skipped"] > 0, t
+assert t["build_ok"] is True and t["failed"] == 0 and t["passed"] + t["skipped"] > 0, t
 s = json.load(open(f"{w}/out/session.json"))
 assert len(s["steps"]) == n_steps, f"the second call ran steps again: {s['steps'][n_steps:]}"
 assert not os.listdir(f"{w}/bench/models"), "models left on disk"

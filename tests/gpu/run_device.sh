@@ -90,10 +90,13 @@ if [ "$SAN_ONLY" = 1 ] && [ -f "$B/ctest.log" ]; then
 else
   targets=()
   [ "$GPU_ONLY" = 1 ] && targets=(--target "${GPU_TESTS[@]}" vela vela-bench-kernels)
+  # Keep going past a failed target: one broken test binary leaves the others
+  # (and vela) built and run; build_ok in the JSON says the build failed.
+  keep=(-k); [ ${#gen[@]} -gt 0 ] && keep=(-k 0)
   if [ "$BUILD" = 1 ]; then
     {
       cmake -S . -B "$B" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-        -DVELA_EMU=OFF && cmake --build "$B" -j "$(nproc)" "${targets[@]}"
+        -DVELA_EMU=OFF && cmake --build "$B" -j "$(nproc)" "${targets[@]}" -- "${keep[@]}"
     } >"$LOGS/build.log" 2>&1
     build_rc=$?
   else
@@ -117,6 +120,7 @@ else
   [ $build_rc -eq 0 ] || ctest_rc=1
   cp "$LOGS/ctest.log" "$B/ctest.log" 2>/dev/null
   echo $ctest_rc >"$B/ctest.rc"
+  echo $build_rc >"$B/build.rc"
 fi
 echo "ctest rc=$ctest_rc" | tee -a "$LOGS/run.log"
 
@@ -152,9 +156,10 @@ if [ "$SANITIZE" = 1 ] && command -v "$CS" >/dev/null && [ $build_rc -eq 0 ]; th
   done
 fi
 
-python3 - "$OUTDIR" "$SAN" "$B/ctest.log" "${GPU_TESTS[@]}" <<'PY'
+python3 - "$OUTDIR" "$SAN" "$B" "${GPU_TESTS[@]}" <<'PY'
 import datetime, json, os, re, subprocess, sys
-out, san, ctest, tests = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+out, san, build, tests = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+ctest = f"{build}/ctest.log"
 log = open(ctest, errors="replace").read() if os.path.exists(ctest) else ""
 log = log.split("=== GPU tests ===", 1)[1] if "=== GPU tests ===" in log else ""
 # Criterion's per-binary synthesis lines carry the counts of test cases.
@@ -193,13 +198,17 @@ res = {
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "device": name, "driver": driver,
     "cuda": sh("nvcc --version | grep -Eo 'release [0-9.]+' | cut -d' ' -f2"),
+    # false: the build failed (build.log); the counts are of the binaries it made
+    "build_ok": open(f"{build}/build.rc").read().strip() == "0"
+                if os.path.exists(f"{build}/build.rc") else None,
     "passed": passed, "failed": failed, "skipped": skipped,
     "sanitizer": counts,
     # ran / timeouts (counts partial) / not_run (no budget left) / unsupported
     "sanitizer_runs": runs,
 }
 json.dump(res, open(f"{out}/gpu-tests.json", "w"), indent=1)
-print(json.dumps({k: res[k] for k in ("device", "passed", "failed", "skipped", "sanitizer")}))
+print(json.dumps({k: res[k] for k in ("device", "build_ok", "passed", "failed", "skipped",
+                                      "sanitizer")}))
 PY
 tar -czf "$OUTDIR/gpu-tests-logs.tar.gz" -C "$B" logs sanitizer 2>/dev/null
 [ $build_rc -eq 0 ] && [ "$ctest_rc" -eq 0 ]

@@ -180,7 +180,9 @@ fmt = lambda v, f: (f % v) if isinstance(v, (int, float)) else "-"
 md = [f"# GPU session: {tests.get('device') or 'no GPU'}", "",
       f"commit {tests.get('commit')}, {tests.get('date')}, driver {tests.get('driver')}, "
       f"CUDA {tests.get('cuda')}, llama.cpp {summ.get('llamacpp_commit')}", "",
-      f"GPU tests: {tests.get('passed')} passed, {tests.get('failed')} failed, "
+      ("**The build failed** (logs.tar.gz: build-logs/build.log); the counts are of the "
+       "binaries it made. " if tests.get("build_ok") is False else "")
+      + f"GPU tests: {tests.get('passed')} passed, {tests.get('failed')} failed, "
       f"{tests.get('skipped')} skipped. Sanitizer: {json.dumps(tests.get('sanitizer'))}"
       + (" (compute-sanitizer refused the device: 'Device not supported')"
          if any(r.get("unsupported") for r in (tests.get("sanitizer_runs") or {}).values()) else ""),
@@ -217,11 +219,24 @@ if [ -n "$LLAMA_SRC" ] && [ ! -x "$LLAMA_BIN/llama-bench" ]; then
 fi
 llama_building() { [ -n "$llama_pid" ] && kill -0 "$llama_pid" 2>/dev/null; }
 
-if ! is_done gpu-tests; then
+if ! is_done gpu-tests && ! is_done test-build-failed; then
   step gpu-tests timeout $(($(left) > 0 ? $(left) : 1)) env VELA_COMMIT="${VELA_COMMIT:-}" \
     "${DEV[@]}" --no-sanitizer
   [ -f "$B/ctest.log" ] && done_mark gpu-tests
+  [ -x "$B/vela" ] || done_mark test-build-failed
   publish quiet
+fi
+# The test build failed (Criterion, say): the benches still run, on a build
+# of vela and vela-bench-kernels alone.
+if [ ! -x "$B/vela" ] && [ -z "$DRY" ]; then
+  B=$W/build-bench
+  BENCH_ENV[0]=VELA_BENCH_BUILD=$B
+  log "no vela from the test build (logs.tar.gz: build-logs/build.log): vela alone in $B"
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  [ -x "$B/vela" ] || step build-bench quiet "$W/logs/build-bench.err" bash -c \
+    'cmake -S . -B "$1" "${@:2}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+       -DVELA_TESTS=OFF && cmake --build "$1" -j "$(nproc)" --target vela vela-bench-kernels' \
+    _ "$B" "${gen[@]}"
 fi
 if [ ! -x "$B/vela" ]; then
   log "no vela binary in $B (build failed: logs.tar.gz, build-logs/build.log): summary only"
