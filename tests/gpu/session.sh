@@ -122,7 +122,9 @@ is_done() { [ -f "$W/state/$1.done" ]; }
 . tests/gpu/devdeps.sh
 NPROC=$(nproc 2>/dev/null || echo 4)
 log "budget ${BUDGET}s, $NPROC cores, $(nvidia-smi --query-gpu=name,driver_version \
-  --format=csv,noheader 2>/dev/null || echo 'no GPU'), commit ${VELA_COMMIT:-unknown}"
+  --format=csv,noheader 2>/dev/null || echo 'no GPU'), commit ${VELA_COMMIT:-unknown}, \
+$(df -P -BG "$W" | awk 'NR==2 {print $4}') free, $(nvcc --version 2>/dev/null | grep -Eo 'release [0-9.]+' \
+  || echo 'no nvcc'), $(command -v compute-sanitizer >/dev/null && echo sanitizer || echo 'no sanitizer')"
 
 B=$W/build
 [ -n "$DRY" ] && B=$DRY
