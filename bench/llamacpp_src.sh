@@ -12,10 +12,10 @@
 #                   fetch: github:ggerganov/llama.cpp is the Feb 2025 one)
 # DEST gets the sources CMake needs for llama-bench and llama-batched-bench
 # with the CPU and CUDA backends (no models, docs, web UI or other backends:
-# about 25 MB) and VELA_LLAMACPP_COMMIT, the commit it came from. Name DEST
+# about 30 MB) and VELA_LLAMACPP_COMMIT, the commit it came from. Name DEST
 # under /build*/ (git-ignored) and in the device call's carry.
 set -euo pipefail
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 case "$1" in -h|--help) usage; exit 0 ;; esac
 DEST=$1; shift
