@@ -434,6 +434,41 @@ Test(cli, help_says_what_c0_means) {
     free(err);
 }
 
+// The first line `cmd` prints, without its newline, into out; -1 if the
+// command fails or prints nothing.
+static int first_line(const char *cmd, char *out, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    out[0] = '\0';
+    const bool got = fgets(out, (int)cap, p) != NULL;
+    const int st = pclose(p);
+    out[strcspn(out, "\n")] = '\0';
+    return got && WIFEXITED(st) && WEXITSTATUS(st) == 0 && out[0] ? 0 : -1;
+}
+
+// `vela --version` names the commit the binary was built from (written at
+// every build by cmake/vela_commit.cmake, not at configure time, which went
+// stale after each new commit), with "-dirty" exactly when tracked files
+// differ from it.
+Test(cli, version_names_the_commit_built) {
+    char head[64], want[80], cmd[512];
+    snprintf(cmd, sizeof cmd, "git -C '%s' rev-parse --short=12 HEAD 2>/dev/null",
+             VELA_SOURCE_DIR);
+    if (first_line(cmd, head, sizeof head))
+        cr_skip_test("the source tree is not a git checkout");
+    snprintf(cmd, sizeof cmd, "git -C '%s' diff --quiet HEAD -- 2>/dev/null", VELA_SOURCE_DIR);
+    const int st = system(cmd);
+    const bool dirty = WIFEXITED(st) && WEXITSTATUS(st) == 1;
+    snprintf(want, sizeof want, "vela %s%s\n", head, dirty ? "-dirty" : "");
+    char *out, *err;
+    cr_assert_eq(run_vela("--version", &out, &err), 0, "%s", err);
+    cr_expect_str_eq(out, want, "vela --version printed \"%s\", the tree is at %s%s", out, head,
+                     dirty ? " with local changes" : "");
+    free(out);
+    free(err);
+}
+
 // vela serve without -m: the default model too, or how to fetch it (the
 // server itself is tested in tests/serve/).
 Test(cli, serve_without_model) {

@@ -58,9 +58,7 @@
 #include "tools/default_model.h"
 #include "tools/progress.h"
 
-#ifndef VELA_COMMIT
-#define VELA_COMMIT "unknown"
-#endif
+#include "vela_commit.h" // generated at build time (cmake/vela_commit.cmake)
 
 #define BENCH_MAX_PARALLEL 16
 #define BENCH_PARALLEL_CAP 4096

@@ -5,9 +5,7 @@
 #include "tools/args.h"
 #include "tools/cmds.h"
 
-#ifndef VELA_COMMIT
-#define VELA_COMMIT "unknown"
-#endif
+#include "vela_commit.h" // generated at build time (cmake/vela_commit.cmake)
 
 struct subcommand {
     const char *name;

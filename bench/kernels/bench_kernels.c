@@ -61,9 +61,7 @@
 #include "vela_emu.h" // tests/emu/include: emu_traffic_case
 #endif
 
-#ifndef VELA_COMMIT
-#define VELA_COMMIT "unknown"
-#endif
+#include "vela_commit.h" // generated at build time (cmake/vela_commit.cmake)
 
 // --- model shapes --------------------------------------------------------------
 
