@@ -113,6 +113,67 @@ Test(cpu, threadpool_covers_range_once) {
     }
 }
 
+// Many short jobs back to back on more threads than cores, so workers are
+// preempted and wake late: a job must still run each index exactly once, and
+// no chunk may run after its parallel_for returned (a late worker taking a
+// chunk of a finished job, or the next job's range with the old fn/ctx).
+// With and without spinning (VELA_SPIN_US=0: every wait sleeps).
+struct late_ctx {
+    _Atomic int *hits;
+    int64_t n;
+    int id;
+    const _Atomic int *current; // the job the caller is inside
+    _Atomic int *stale;
+};
+
+static void late_fn(void *ctx, int64_t b, int64_t e, int thread) {
+    struct late_ctx *c = ctx;
+    if (atomic_load(c->current) != c->id || b < 0 || e > c->n || b >= e)
+        atomic_fetch_add(c->stale, 1);
+    for (int64_t i = b; i < e && i < c->n; i++)
+        atomic_fetch_add(&c->hits[i], 1);
+}
+
+Test(cpu, threadpool_late_workers_never_run_stale_chunks) {
+    const char *spins[] = {"0", "200"};
+    for (int si = 0; si < 2; si++) {
+        setenv("VELA_SPIN_US", spins[si], 1);
+        struct threadpool *tp = NULL;
+        struct verr err = {0};
+        cr_assert_eq(threadpool_create(&tp, 8, &err), 0, "%s", err.msg);
+        _Atomic int current, stale;
+        atomic_init(&current, -1);
+        atomic_init(&stale, 0);
+        _Atomic int *hits = calloc(4096, sizeof *hits);
+        int bad_jobs = 0;
+        for (int job = 0; job < 4000; job++) {
+            const int64_t n = 1 + (job * 37) % 4096;
+            for (int64_t i = 0; i < n; i++)
+                atomic_store(&hits[i], 0);
+            struct late_ctx c = {hits, n, job, &current, &stale};
+            atomic_store(&current, job);
+            threadpool_parallel_for(tp, n, 1 + job % 5, late_fn, &c);
+            atomic_store(&current, -1);
+            for (int64_t i = 0; i < n; i++)
+                if (atomic_load(&hits[i]) != 1) {
+                    if (bad_jobs++ < 3)
+                        cr_expect_fail("VELA_SPIN_US=%s job %d (n %lld): index %lld ran %d times",
+                                       spins[si], job, (long long)n, (long long)i,
+                                       atomic_load(&hits[i]));
+                    break;
+                }
+        }
+        threadpool_free(tp);
+        free((void *)hits);
+        cr_expect_eq(atomic_load(&stale), 0,
+                     "VELA_SPIN_US=%s: %d chunk(s) ran outside their job or range", spins[si],
+                     atomic_load(&stale));
+        cr_expect_eq(bad_jobs, 0, "VELA_SPIN_US=%s: %d of 4000 jobs miscounted", spins[si],
+                     bad_jobs);
+    }
+    unsetenv("VELA_SPIN_US");
+}
+
 // ---------------------------------------------------------------------------
 // rms_norm
 

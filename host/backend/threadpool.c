@@ -10,17 +10,41 @@
 #include <time.h>
 #include <unistd.h>
 
-// One job at a time: the caller publishes (fn, ctx, n, chunk), then bumps
-// `generation` (release); every thread claims chunks from the atomic `next`
-// until the range is exhausted; each worker decrements `active` when done.
+// One job at a time. The caller publishes (fn, ctx, n, chunk), then a new
+// `ticket`: the job's generation (bits 32..63), its number of chunks (16..31)
+// and the next unclaimed chunk (0..15, starting at 0). Every thread claims
+// chunks by compare-and-swap on the ticket, and only while the ticket's own
+// generation and chunk count say one is left (so a thread that wakes late can
+// never take a chunk of a later job), and counts each chunk it finishes in
+// `n_done`. The job is complete when n_done reaches
+// n_chunks, not when every worker has checked in.
+//
+// That is what keeps a busy machine usable. When other processes take cores,
+// a worker may sleep in the scheduler for a whole time slice (milliseconds);
+// a decode step is hundreds of jobs, and a pool that waits for every worker at
+// every job then runs at the pace of the preempted one: SmolLM2 at 2 threads
+// beside a 2-job compile fell from 220 to 7 tokens/s (1 thread: 143). Here
+// the caller and whichever workers are running take all the chunks; a late
+// worker finds none and goes back to waiting. Only a chunk already claimed by
+// a preempted worker is waited for (about a quarter of a thread's share).
+//
+// Why a late worker cannot run a stale job's fields: it reads them after its
+// acquire load of a ticket of generation g, which the caller stored (release)
+// after writing g's fields; and it runs a chunk only if its compare-and-swap
+// (acq_rel) still finds generation g with a chunk left, which orders its
+// reads before the last claim of g, before the caller sees g complete, before
+// the caller writes the next job's fields. The "chunk left" test must use the
+// count inside the ticket: a count read from the fields may already be the
+// next job's (tests/test_ops_cpu.c caught exactly that: a late worker ran a
+// chunk twice when the next job had more chunks).
 //
 // Waiting spins first, then sleeps: a decode step is hundreds of short jobs
 // (tens of microseconds each), and a futex wake-up per job costs about as
-// much as the job. So a worker polls `generation` for up to spin_ns after
-// its last job before it sleeps on `start_cv`, and the caller polls `active`
-// for as long before it sleeps on `done_cv`. Between requests (an idle
-// server) the workers sleep and use no CPU. VELA_SPIN_US sets the budget
-// (0: always sleep at once, the old behaviour).
+// much as the job. So a worker polls `ticket` for up to spin_ns after its
+// last job before it sleeps on `start_cv`, and the caller polls `n_done` for
+// as long before it sleeps on `done_cv`. Between requests (an idle server)
+// the workers sleep and use no CPU. VELA_SPIN_US sets the budget (0: always
+// sleep at once).
 struct threadpool {
     int size;           // threads that run work, caller included
     pthread_t *threads; // [size - 1] workers
@@ -30,16 +54,28 @@ struct threadpool {
     pthread_mutex_t mu; // guards the sleeping side: start_cv, done_cv, quit
     pthread_cond_t start_cv;
     pthread_cond_t done_cv;
-    _Atomic uint64_t generation; // bumped once per job
-    _Atomic int active;          // workers still inside the current job
+    _Atomic uint64_t ticket;  // generation << 32 | n_chunks << 16 | next unclaimed chunk
+    _Atomic uint32_t n_done;  // chunks of the current job finished
     _Atomic int quit;
 
-    threadpool_fn fn;
-    void *ctx;
-    int64_t n;
-    int64_t chunk;
-    _Atomic int64_t next; // first unclaimed index
+    // The job, written by the caller before it publishes the ticket (atomic
+    // only because a late worker may read them while the next job is being
+    // written; it then discards what it read, see above).
+    _Atomic(threadpool_fn) fn;
+    _Atomic(void *) ctx;
+    _Atomic int64_t n, chunk;
 };
+
+#define POOL_MAX_CHUNKS 0xffff // fields of 16 bits in the ticket
+
+static uint32_t ticket_gen(uint64_t t) {
+    return (uint32_t)(t >> 32);
+}
+
+// True when the ticket's job has a chunk nobody claimed yet.
+static bool ticket_has_chunk(uint64_t t) {
+    return (t & 0xffffu) < ((t >> 16) & 0xffffu);
+}
 
 static int64_t pool_now_ns(void) {
     struct timespec ts;
@@ -63,24 +99,12 @@ static inline void pool_cpu_relax(unsigned i) {
 #endif
 }
 
-// Polls until *flag != value or spin_ns pass; true when it changed.
-static bool pool_spin_u64(const _Atomic uint64_t *flag, uint64_t value, int64_t spin_ns) {
-    if (spin_ns <= 0)
-        return atomic_load_explicit(flag, memory_order_acquire) != value;
-    const int64_t until = pool_now_ns() + spin_ns;
-    for (unsigned i = 1;; i++) {
-        if (atomic_load_explicit(flag, memory_order_acquire) != value)
-            return true;
-        pool_cpu_relax(i);
-        if ((i & 63) == 0 && pool_now_ns() > until)
-            return false;
-    }
-}
-
-static bool pool_spin_zero(const _Atomic int *flag, int64_t spin_ns) {
+// Polls until the ticket's generation is not `gen` or spin_ns pass; true
+// when it changed.
+static bool pool_spin_new_job(struct threadpool *tp, uint32_t gen, int64_t spin_ns) {
     const int64_t until = spin_ns > 0 ? pool_now_ns() + spin_ns : 0;
     for (unsigned i = 1;; i++) {
-        if (atomic_load_explicit(flag, memory_order_acquire) == 0)
+        if (ticket_gen(atomic_load_explicit(&tp->ticket, memory_order_acquire)) != gen)
             return true;
         if (spin_ns <= 0)
             return false;
@@ -90,46 +114,72 @@ static bool pool_spin_zero(const _Atomic int *flag, int64_t spin_ns) {
     }
 }
 
-struct worker_arg {
-    struct threadpool *tp;
-    int thread;
-};
-
-static void pool_run_chunks(struct threadpool *tp, int thread) {
-    for (;;) {
-        int64_t begin = atomic_fetch_add_explicit(&tp->next, tp->chunk, memory_order_relaxed);
-        if (begin >= tp->n)
-            break;
-        int64_t end = begin + tp->chunk < tp->n ? begin + tp->chunk : tp->n;
-        tp->fn(tp->ctx, begin, end, thread);
+// Polls until all n_chunks chunks are done or spin_ns pass; true when done.
+static bool pool_spin_done(struct threadpool *tp, uint32_t n_chunks, int64_t spin_ns) {
+    const int64_t until = spin_ns > 0 ? pool_now_ns() + spin_ns : 0;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(&tp->n_done, memory_order_acquire) == n_chunks)
+            return true;
+        if (spin_ns <= 0)
+            return false;
+        pool_cpu_relax(i);
+        if ((i & 63) == 0 && pool_now_ns() > until)
+            return false;
     }
 }
 
-static void *pool_worker_main(void *p) {
-    struct worker_arg arg = *(struct worker_arg *)p;
-    free(p);
-    struct threadpool *tp = arg.tp;
-    uint64_t seen = 0;
+// Claims and runs chunks of job `gen` until none is left (or a later job has
+// replaced it). The job's fields are read by the caller of the job (thread 0)
+// as it wrote them, by a worker after its acquire load of the ticket.
+static void pool_run_chunks(struct threadpool *tp, uint32_t gen, int thread) {
+    const threadpool_fn fn = atomic_load_explicit(&tp->fn, memory_order_relaxed);
+    void *ctx = atomic_load_explicit(&tp->ctx, memory_order_relaxed);
+    const int64_t n = atomic_load_explicit(&tp->n, memory_order_relaxed);
+    const int64_t chunk = atomic_load_explicit(&tp->chunk, memory_order_relaxed);
+    uint64_t t = atomic_load_explicit(&tp->ticket, memory_order_relaxed);
     for (;;) {
-        if (!pool_spin_u64(&tp->generation, seen, tp->spin_ns)) {
-            pthread_mutex_lock(&tp->mu);
-            while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->quit))
-                pthread_cond_wait(&tp->start_cv, &tp->mu);
-            pthread_mutex_unlock(&tp->mu);
-        }
-        if (atomic_load(&tp->quit))
-            break;
-        seen = atomic_load_explicit(&tp->generation, memory_order_acquire);
-
-        pool_run_chunks(tp, arg.thread);
-
-        if (atomic_fetch_sub_explicit(&tp->active, 1, memory_order_acq_rel) == 1) {
-            // The last one out wakes a caller that stopped spinning (under
+        if (ticket_gen(t) != gen || !ticket_has_chunk(t))
+            return;
+        if (!atomic_compare_exchange_weak_explicit(&tp->ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+            continue; // t now holds the current ticket
+        // t is the ticket this thread claimed from: job gen's.
+        const uint32_t n_chunks = (uint32_t)(t >> 16) & 0xffffu;
+        const int64_t begin = (int64_t)(t & 0xffffu) * chunk;
+        fn(ctx, begin, begin + chunk < n ? begin + chunk : n, thread);
+        t++;
+        if (atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_acq_rel) + 1 == n_chunks &&
+            thread != 0) {
+            // The last chunk done wakes a caller that stopped spinning (under
             // the mutex, so the wake cannot fall between its check and wait).
             pthread_mutex_lock(&tp->mu);
             pthread_cond_signal(&tp->done_cv);
             pthread_mutex_unlock(&tp->mu);
         }
+    }
+}
+
+struct worker_arg {
+    struct threadpool *tp;
+    int thread;
+};
+
+static void *pool_worker_main(void *p) {
+    struct worker_arg arg = *(struct worker_arg *)p;
+    free(p);
+    struct threadpool *tp = arg.tp;
+    uint32_t seen = 0;
+    for (;;) {
+        if (!pool_spin_new_job(tp, seen, tp->spin_ns)) {
+            pthread_mutex_lock(&tp->mu);
+            while (ticket_gen(atomic_load(&tp->ticket)) == seen && !atomic_load(&tp->quit))
+                pthread_cond_wait(&tp->start_cv, &tp->mu);
+            pthread_mutex_unlock(&tp->mu);
+        }
+        if (atomic_load(&tp->quit))
+            break;
+        seen = ticket_gen(atomic_load_explicit(&tp->ticket, memory_order_acquire));
+        pool_run_chunks(tp, seen, arg.thread);
     }
     return NULL;
 }
@@ -160,10 +210,13 @@ int threadpool_create(struct threadpool **out, int n_threads, struct verr *err) 
         if (*end == '\0' && us >= 0 && us <= 1000000)
             tp->spin_ns = (int64_t)us * 1000;
     }
-    atomic_init(&tp->next, 0);
-    atomic_init(&tp->generation, 0);
-    atomic_init(&tp->active, 0);
+    atomic_init(&tp->ticket, 0);
+    atomic_init(&tp->n_done, 0);
     atomic_init(&tp->quit, 0);
+    atomic_init(&tp->fn, NULL);
+    atomic_init(&tp->ctx, NULL);
+    atomic_init(&tp->n, 0);
+    atomic_init(&tp->chunk, 1);
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->start_cv, NULL);
     pthread_cond_init(&tp->done_cv, NULL);
@@ -201,7 +254,7 @@ void threadpool_free(struct threadpool *tp) {
         return;
     pthread_mutex_lock(&tp->mu);
     atomic_store(&tp->quit, 1);
-    atomic_fetch_add(&tp->generation, 1); // ends the spinning of every worker
+    atomic_fetch_add(&tp->ticket, (uint64_t)1 << 32); // ends the spinning of every worker
     pthread_cond_broadcast(&tp->start_cv);
     pthread_mutex_unlock(&tp->mu);
     for (int i = 0; i < tp->n_started; i++)
@@ -233,25 +286,28 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
     if (chunk < grain)
         chunk = grain;
 
-    tp->fn = fn;
-    tp->ctx = ctx;
-    tp->n = n;
-    tp->chunk = chunk;
-    atomic_store_explicit(&tp->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&tp->active, tp->size - 1, memory_order_relaxed);
+    const uint32_t n_chunks = (uint32_t)((n + chunk - 1) / chunk); // <= 4 * size
+    _Static_assert(4 * 4096 <= POOL_MAX_CHUNKS, "n_chunks <= 4 * size must fit the ticket");
+    atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&tp->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&tp->n, n, memory_order_relaxed);
+    atomic_store_explicit(&tp->chunk, chunk, memory_order_relaxed);
+    atomic_store_explicit(&tp->n_done, 0, memory_order_relaxed);
     // Publishing: the job's fields above happen before this release; a
-    // spinning worker's acquire load of generation sees them. A sleeping
-    // one is woken under the mutex (it checks generation under it).
+    // spinning worker's acquire load of the ticket sees them. A sleeping one
+    // is woken under the mutex (it checks the ticket under it).
+    const uint32_t gen = ticket_gen(atomic_load_explicit(&tp->ticket, memory_order_relaxed)) + 1;
     pthread_mutex_lock(&tp->mu);
-    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_release);
+    atomic_store_explicit(&tp->ticket, (uint64_t)gen << 32 | (uint64_t)n_chunks << 16,
+                          memory_order_release);
     pthread_cond_broadcast(&tp->start_cv);
     pthread_mutex_unlock(&tp->mu);
 
-    pool_run_chunks(tp, 0);
+    pool_run_chunks(tp, gen, 0);
 
-    if (!pool_spin_zero(&tp->active, tp->spin_ns)) {
+    if (!pool_spin_done(tp, n_chunks, tp->spin_ns)) {
         pthread_mutex_lock(&tp->mu);
-        while (atomic_load_explicit(&tp->active, memory_order_acquire) > 0)
+        while (atomic_load_explicit(&tp->n_done, memory_order_acquire) < n_chunks)
             pthread_cond_wait(&tp->done_cv, &tp->mu);
         pthread_mutex_unlock(&tp->mu);
     }
