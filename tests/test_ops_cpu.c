@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gguf/quant.h"
@@ -172,6 +173,67 @@ Test(cpu, threadpool_late_workers_never_run_stale_chunks) {
                      bad_jobs);
     }
     unsetenv("VELA_SPIN_US");
+}
+
+// A worker that holds a chunk for 20 ms (as if the scheduler put it aside)
+// while the caller's own share took microseconds: the caller runs the jobs
+// of the next VELA_POOL_SOLO_MS alone (thread 0 only, every index once);
+// with VELA_POOL_SOLO_MS=0 it never does.
+struct stall_ctx {
+    _Atomic int *hits;
+    _Atomic int worker_in; // a worker has claimed a chunk
+    _Atomic int max_thread;
+    bool stall;
+};
+
+static void stall_fn(void *ctx, int64_t b, int64_t e, int thread) {
+    struct stall_ctx *c = ctx;
+    if (thread > atomic_load(&c->max_thread))
+        atomic_store(&c->max_thread, thread);
+    if (c->stall && thread != 0 && !atomic_exchange(&c->worker_in, 1)) {
+        const struct timespec ms20 = {0, 20 * 1000 * 1000};
+        nanosleep(&ms20, NULL);
+    }
+    if (c->stall && thread == 0) // keep chunks for the worker until one takes one
+        for (int i = 0; i < 2000 && !atomic_load(&c->worker_in); i++) {
+            const struct timespec ms1 = {0, 1000 * 1000};
+            nanosleep(&ms1, NULL);
+        }
+    for (int64_t i = b; i < e; i++)
+        atomic_fetch_add(&c->hits[i], 1);
+}
+
+Test(cpu, threadpool_runs_alone_after_a_stalled_worker) {
+    const char *solo[] = {"60000", "0"};
+    for (int k = 0; k < 2; k++) {
+        setenv("VELA_POOL_SOLO_MS", solo[k], 1);
+        struct threadpool *tp = NULL;
+        struct verr err = {0};
+        cr_assert_eq(threadpool_create(&tp, 2, &err), 0, "%s", err.msg);
+        unsetenv("VELA_POOL_SOLO_MS");
+        enum { N = 4096 };
+        struct stall_ctx c = {.hits = calloc(N, sizeof(_Atomic int)), .stall = true};
+        atomic_init(&c.worker_in, 0);
+        atomic_init(&c.max_thread, 0);
+        threadpool_parallel_for(tp, N, 1, stall_fn, &c);
+        cr_expect_eq(atomic_load(&c.worker_in), 1, "no worker took a chunk of the stalled job");
+        c.stall = false;
+        atomic_store(&c.max_thread, 0);
+        for (int job = 0; job < 50; job++)
+            threadpool_parallel_for(tp, N, 1, stall_fn, &c);
+        int wrong = 0;
+        for (int i = 0; i < N; i++)
+            wrong += atomic_load(&c.hits[i]) != 51;
+        cr_expect_eq(wrong, 0, "VELA_POOL_SOLO_MS=%s: %d of %d indices not run once a job", solo[k],
+                     wrong, N);
+        if (k == 0)
+            cr_expect_eq(atomic_load(&c.max_thread), 0,
+                         "after a 20 ms stall a worker (thread %d) still took chunks during the "
+                         "solo spell",
+                         atomic_load(&c.max_thread));
+        free((void *)c.hits);
+        threadpool_free(tp);
+    }
 }
 
 // ---------------------------------------------------------------------------

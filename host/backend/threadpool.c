@@ -16,14 +16,14 @@
 // chunks by compare-and-swap on the ticket, and only while the ticket's own
 // generation and chunk count say one is left (so a thread that wakes late can
 // never take a chunk of a later job), and counts each chunk it finishes in
-// `n_done`. The job is complete when n_done reaches
-// n_chunks, not when every worker has checked in.
+// `n_done`. The job is complete when n_done reaches n_chunks, not when every
+// worker has checked in.
 //
 // That is what keeps a busy machine usable. When other processes take cores,
 // a worker may sleep in the scheduler for a whole time slice (milliseconds);
 // a decode step is hundreds of jobs, and a pool that waits for every worker at
 // every job then runs at the pace of the preempted one: SmolLM2 at 2 threads
-// beside a 2-job compile fell from 220 to 7 tokens/s (1 thread: 143). Here
+// beside two busy loops at nice 5 fell from about 200 to 3 tokens/s. Here
 // the caller and whichever workers are running take all the chunks; a late
 // worker finds none and goes back to waiting. Only a chunk already claimed by
 // a preempted worker is waited for (about a quarter of a thread's share).
@@ -38,6 +38,16 @@
 // next job's (tests/test_ops_cpu.c caught exactly that: a late worker ran a
 // chunk twice when the next job had more chunks).
 //
+// Solo spells. Still, a worker the scheduler puts aside while it holds a
+// chunk makes the caller wait for a time slice (milliseconds, where a job
+// takes microseconds); on a machine with more runnable threads than cores
+// that happens again and again, and 2 threads ran at half the speed of 1.
+// So when the caller waits for the others more than POOL_STALL_NS and more
+// than 4 times what its own share took (uneven chunks cost at most about one
+// chunk, a quarter of a share), it runs the jobs of the next solo_ns alone,
+// then tries the workers again. An idle machine never stalls that long.
+// VELA_POOL_SOLO_MS sets the spell (0: never solo).
+//
 // Waiting spins first, then sleeps: a decode step is hundreds of short jobs
 // (tens of microseconds each), and a futex wake-up per job costs about as
 // much as the job. So a worker polls `ticket` for up to spin_ns after its
@@ -50,6 +60,8 @@ struct threadpool {
     pthread_t *threads; // [size - 1] workers
     int n_started;      // workers actually running (for cleanup)
     int64_t spin_ns;    // how long a waiting thread polls before it sleeps
+    int64_t solo_ns;    // how long the caller works alone after a stall
+    int64_t solo_until; // caller only: pool_now_ns() before which it works alone
 
     pthread_mutex_t mu; // guards the sleeping side: start_cv, done_cv, quit
     pthread_cond_t start_cv;
@@ -67,6 +79,7 @@ struct threadpool {
 };
 
 #define POOL_MAX_CHUNKS 0xffff // fields of 16 bits in the ticket
+#define POOL_STALL_NS 1000000  // a wait for others this long may be a preempted worker
 
 static uint32_t ticket_gen(uint64_t t) {
     return (uint32_t)(t >> 32);
@@ -191,6 +204,16 @@ static int pool_online_cpus(void) {
     return n > 1024 ? 1024 : (int)n;
 }
 
+// A whole number in [0, 1000000] from the environment, else def.
+static int64_t pool_env_int(const char *name, int64_t def) {
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    const long x = strtol(v, &end, 10);
+    return *end == '\0' && x >= 0 && x <= 1000000 ? x : def;
+}
+
 int threadpool_create(struct threadpool **out, int n_threads, struct verr *err) {
     *out = NULL;
     if (n_threads <= 0)
@@ -202,14 +225,8 @@ int threadpool_create(struct threadpool **out, int n_threads, struct verr *err) 
     if (!tp)
         return verr_set(err, VERR_NOMEM, "threadpool: out of memory");
     tp->size = n_threads;
-    tp->spin_ns = 200 * 1000; // 200 us
-    const char *spin = getenv("VELA_SPIN_US");
-    if (spin && *spin) {
-        char *end;
-        const long us = strtol(spin, &end, 10);
-        if (*end == '\0' && us >= 0 && us <= 1000000)
-            tp->spin_ns = (int64_t)us * 1000;
-    }
+    tp->spin_ns = pool_env_int("VELA_SPIN_US", 200) * 1000;
+    tp->solo_ns = pool_env_int("VELA_POOL_SOLO_MS", 50) * 1000 * 1000;
     atomic_init(&tp->ticket, 0);
     atomic_init(&tp->n_done, 0);
     atomic_init(&tp->quit, 0);
@@ -288,6 +305,13 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
 
     const uint32_t n_chunks = (uint32_t)((n + chunk - 1) / chunk); // <= 4 * size
     _Static_assert(4 * 4096 <= POOL_MAX_CHUNKS, "n_chunks <= 4 * size must fit the ticket");
+    const int64_t t0 = pool_now_ns();
+    if (t0 < tp->solo_until) {
+        // The same chunks as a parallel run, so results cannot differ.
+        for (int64_t b = 0; b < n; b += chunk)
+            fn(ctx, b, b + chunk < n ? b + chunk : n, 0);
+        return;
+    }
     atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&tp->ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&tp->n, n, memory_order_relaxed);
@@ -304,6 +328,7 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
     pthread_mutex_unlock(&tp->mu);
 
     pool_run_chunks(tp, gen, 0);
+    const int64_t t1 = pool_now_ns();
 
     if (!pool_spin_done(tp, n_chunks, tp->spin_ns)) {
         pthread_mutex_lock(&tp->mu);
@@ -311,4 +336,7 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
             pthread_cond_wait(&tp->done_cv, &tp->mu);
         pthread_mutex_unlock(&tp->mu);
     }
+    const int64_t t2 = pool_now_ns();
+    if (tp->solo_ns > 0 && t2 - t1 > POOL_STALL_NS && t2 - t1 > 4 * (t1 - t0))
+        tp->solo_until = t2 + tp->solo_ns;
 }

@@ -10,6 +10,8 @@
 // - Which thread runs which chunk is not fixed; fn must make each index's
 //   result independent of that (then results are identical for any n_threads).
 // - One parallel_for at a time per pool: no nesting, no concurrent callers.
+// - On a busy machine the caller may run a job's chunks alone (threadpool.c,
+//   "Solo spells"): the same chunks, all with thread 0.
 #ifndef VELA_HOST_THREADPOOL_H
 #define VELA_HOST_THREADPOOL_H
 
