@@ -42,11 +42,14 @@
 // chunk makes the caller wait for a time slice (milliseconds, where a job
 // takes microseconds); on a machine with more runnable threads than cores
 // that happens again and again, and 2 threads ran at half the speed of 1.
-// So when the caller waits for the others more than POOL_STALL_NS and more
-// than 4 times what its own share took (uneven chunks cost at most about one
-// chunk, a quarter of a share), it runs the jobs of the next solo_ns alone,
-// then tries the workers again. An idle machine never stalls that long.
-// VELA_POOL_SOLO_MS sets the spell (0: never solo).
+// A stall is a wait for the others of more than POOL_STALL_NS and more than
+// 4 times what the caller's own share took (uneven chunks cost at most about
+// one chunk, a quarter of a share). Two stalls within POOL_STALL_PAIR_NS and
+// the caller runs the jobs of the next solo_ns alone, then tries the workers
+// again. One stall is not enough: an idle virtual machine stalls too, about
+// once a second (a 1-3 ms wait at SmolLM2's 40 us jobs), and a spell for
+// each cost 4% of idle decode speed; an overloaded one stalls every few
+// milliseconds. VELA_POOL_SOLO_MS sets the spell (0: never solo).
 //
 // Waiting spins first, then sleeps: a decode step is hundreds of short jobs
 // (tens of microseconds each), and a futex wake-up per job costs about as
@@ -62,6 +65,7 @@ struct threadpool {
     int64_t spin_ns;    // how long a waiting thread polls before it sleeps
     int64_t solo_ns;    // how long the caller works alone after a stall
     int64_t solo_until; // caller only: pool_now_ns() before which it works alone
+    int64_t last_stall; // caller only: when its last stall ended
 
     pthread_mutex_t mu; // guards the sleeping side: start_cv, done_cv, quit
     pthread_cond_t start_cv;
@@ -79,7 +83,8 @@ struct threadpool {
 };
 
 #define POOL_MAX_CHUNKS 0xffff // fields of 16 bits in the ticket
-#define POOL_STALL_NS 1000000  // a wait for others this long may be a preempted worker
+#define POOL_STALL_NS 1000000       // a wait for others this long may be a preempted worker
+#define POOL_STALL_PAIR_NS 25000000 // two stalls this close: the machine is overloaded
 
 static uint32_t ticket_gen(uint64_t t) {
     return (uint32_t)(t >> 32);
@@ -226,7 +231,7 @@ int threadpool_create(struct threadpool **out, int n_threads, struct verr *err) 
         return verr_set(err, VERR_NOMEM, "threadpool: out of memory");
     tp->size = n_threads;
     tp->spin_ns = pool_env_int("VELA_SPIN_US", 200) * 1000;
-    tp->solo_ns = pool_env_int("VELA_POOL_SOLO_MS", 50) * 1000 * 1000;
+    tp->solo_ns = pool_env_int("VELA_POOL_SOLO_MS", 100) * 1000 * 1000;
     atomic_init(&tp->ticket, 0);
     atomic_init(&tp->n_done, 0);
     atomic_init(&tp->quit, 0);
@@ -337,6 +342,9 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
         pthread_mutex_unlock(&tp->mu);
     }
     const int64_t t2 = pool_now_ns();
-    if (tp->solo_ns > 0 && t2 - t1 > POOL_STALL_NS && t2 - t1 > 4 * (t1 - t0))
-        tp->solo_until = t2 + tp->solo_ns;
+    if (tp->solo_ns > 0 && t2 - t1 > POOL_STALL_NS && t2 - t1 > 4 * (t1 - t0)) {
+        if (tp->last_stall > 0 && t2 - tp->last_stall < POOL_STALL_PAIR_NS)
+            tp->solo_until = t2 + tp->solo_ns;
+        tp->last_stall = t2;
+    }
 }
