@@ -299,7 +299,7 @@ void args_help_model(FILE *out) {
             "  -m, --model FILE          GGUF model to load (make one with 'vela mkmodel')\n"
             "  --backend cpu|cuda        backend (default: cuda when a GPU is usable, else cpu)\n"
             "  --device N                CUDA device ordinal (default: 0)\n"
-            "  -t, --threads N           CPU threads (default: all cores)\n"
+            "  -t, --threads N           CPU threads (default: the physical cores it may use)\n"
             "  -c, --ctx-size N          context size in tokens; 0 = the model's training "
             "context\n"
             "                            (its context_length), at most %d (default: 0)\n"

@@ -1,6 +1,8 @@
+#define _GNU_SOURCE // sched_getaffinity, CPU_COUNT
 #include "host/backend/threadpool.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -209,6 +211,55 @@ static int pool_online_cpus(void) {
     return n > 1024 ? 1024 : (int)n;
 }
 
+// An integer from a one-line sysfs file, or -1.
+static int pool_read_int(const char *path) {
+    FILE *f = fopen(path, "r");
+    int v = -1;
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+// The default thread count, as llama.cpp's: one thread per physical core
+// this process may run on. The affinity mask counts (taskset, a container's
+// cpuset: online CPUs outside it would only add threads that take turns on
+// the same cores), and SMT siblings share a core's load units, so a second
+// thread per core slows decode down. Falls back to the allowed CPUs, then
+// the online ones, where topology or affinity cannot be read.
+int threadpool_default_threads(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < 1)
+        return pool_online_cpus();
+    // Distinct (package, core) pairs among the allowed CPUs.
+    int pkg_of[CPU_SETSIZE], core_of[CPU_SETSIZE]; // 8 KiB
+    int n_cores = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!CPU_ISSET(cpu, &set))
+            continue;
+        char path[96];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id",
+                 cpu);
+        const int pkg = pool_read_int(path);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/core_id", cpu);
+        const int core = pool_read_int(path);
+        if (pkg < 0 || core < 0)
+            return CPU_COUNT(&set);
+        bool seen = false;
+        for (int i = 0; i < n_cores && !seen; i++)
+            seen = pkg_of[i] == pkg && core_of[i] == core;
+        if (!seen) {
+            pkg_of[n_cores] = pkg;
+            core_of[n_cores] = core;
+            n_cores++;
+        }
+    }
+    return n_cores > 0 ? n_cores : CPU_COUNT(&set);
+}
+
 // A whole number in [0, 1000000] from the environment, else def.
 static int64_t pool_env_int(const char *name, int64_t def) {
     const char *v = getenv(name);
@@ -222,7 +273,7 @@ static int64_t pool_env_int(const char *name, int64_t def) {
 int threadpool_create(struct threadpool **out, int n_threads, struct verr *err) {
     *out = NULL;
     if (n_threads <= 0)
-        n_threads = pool_online_cpus();
+        n_threads = threadpool_default_threads();
     if (n_threads > 4096)
         return verr_set(err, VERR_RANGE, "threadpool: %d threads requested, at most 4096",
                         n_threads);

@@ -23,9 +23,13 @@ struct threadpool;
 
 typedef void (*threadpool_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 
-// n_threads <= 0: the number of online CPUs. n_threads == 1 starts no thread.
+// n_threads <= 0: threadpool_default_threads(). n_threads == 1 starts no
+// thread.
 int threadpool_create(struct threadpool **out, int n_threads, struct verr *err);
 void threadpool_free(struct threadpool *tp);
+// The physical cores this thread may run on (its affinity mask; SMT
+// siblings count once), at least 1.
+int threadpool_default_threads(void);
 // Threads that run work, the caller included (>= 1).
 int threadpool_size(const struct threadpool *tp);
 

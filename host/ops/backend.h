@@ -327,7 +327,8 @@ struct backend {
 
 #define BACKEND_ACT_Q8_MAX_TOK 8
 
-// Creates the CPU reference backend with n_threads worker threads (<= 0: all cores).
+// Creates the CPU reference backend with n_threads worker threads (<= 0: one
+// per physical core the process may use).
 int backend_cpu_create(struct backend **out, int n_threads, struct verr *err);
 // Creates the CUDA backend on `device`. Returns VERR_UNSUPPORTED when vela was
 // built without CUDA and VERR_NOTFOUND when no such GPU is present.
@@ -377,7 +378,7 @@ enum backend_act {
     BACKEND_ACT_F32 = 2,     // f32 activations (act_q8 off)
 };
 struct backend_settings {
-    int n_threads;        // CPU worker threads; <= 0: all cores
+    int n_threads;        // CPU worker threads; <= 0: the physical cores
     enum backend_act act; // decode mat-vec activations
 };
 
