@@ -91,6 +91,20 @@ static __device__ __forceinline__ void attn_se_item_dims(const struct cuda_rope 
         rope_pair(rp.mode, rp.n_rot, k, e0, e1);
 }
 
+// Items [k0, k1) of a row that nothing reads, set to zero in y (and in y2
+// when not NULL).
+template <typename T>
+static __device__ __forceinline__ void attn_se_zero_items(const struct cuda_rope &rp, int k0,
+                                                          int k1, T *y, T *y2, T zero) {
+    for (int k = k0; k < k1; k++) {
+        int e0, e1;
+        attn_se_item_dims(rp, k, &e0, &e1);
+        y[e0] = y[e1] = zero;
+        if (y2)
+            y2[e0] = y2[e1] = zero;
+    }
+}
+
 // Token t's group size G and neighbor window W (se_token_gw, the rule the
 // CPU op follows too).
 static __device__ __forceinline__ void attn_se_gw(const struct cuda_attn &a, int64_t t, int *G,
@@ -216,11 +230,7 @@ static __device__ void attn_se_far_k(struct cuda_rope rp, int n_head_kv, int D, 
         const int p = sPos[j] > 0 ? sPos[j] : 0;
         float *y = sKf + j * ld;
         if (c0 + j >= c_end) { // never read: no row sees the cell
-            for (int k = u.k0; k < u.k1; k++) {
-                int e0, e1;
-                attn_se_item_dims(rp, k, &e0, &e1);
-                y[e0] = y[e1] = 0.0f;
-            }
+            attn_se_zero_items(rp, u.k0, u.k1, y, (float *)nullptr, 0.0f);
             continue;
         }
         const T *x = cache + ((size_t)(c0 + j) * n_head_kv + g) * D;
@@ -247,11 +257,7 @@ static __device__ void attn_se_tc_q(const struct cuda_attn &a, __half *qn, __hal
         const int64_t gr = row0 + r;
         __half *yn = qn + r * ld, *yf = qf + r * ld;
         if (gr >= n_rows) {
-            for (int k = u.k0; k < u.k1; k++) {
-                int e0, e1;
-                attn_se_item_dims(a.rope, k, &e0, &e1);
-                yn[e0] = yn[e1] = yf[e0] = yf[e1] = __float2half_rn(0.0f);
-            }
+            attn_se_zero_items(a.rope, u.k0, u.k1, yn, yf, __float2half_rn(0.0f));
             continue;
         }
         const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;

@@ -2,11 +2,11 @@
 #include "host/backend/threadpool.h"
 
 #include <errno.h>
-#include <stdio.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -84,17 +84,22 @@ struct threadpool {
     _Atomic int64_t n, chunk;
 };
 
-#define POOL_MAX_CHUNKS 0xffff // fields of 16 bits in the ticket
+#define POOL_MAX_CHUNKS 0xffffu     // the ticket's chunk fields are 16 bits
 #define POOL_STALL_NS 1000000       // a wait for others this long may be a preempted worker
 #define POOL_STALL_PAIR_NS 25000000 // two stalls this close: the machine is overloaded
 
+// The ticket's fields (see above).
+static uint64_t ticket_make(uint32_t gen, uint32_t n_chunks) {
+    return (uint64_t)gen << 32 | (uint64_t)n_chunks << 16;
+}
 static uint32_t ticket_gen(uint64_t t) {
     return (uint32_t)(t >> 32);
 }
-
-// True when the ticket's job has a chunk nobody claimed yet.
-static bool ticket_has_chunk(uint64_t t) {
-    return (t & 0xffffu) < ((t >> 16) & 0xffffu);
+static uint32_t ticket_n_chunks(uint64_t t) {
+    return (uint32_t)(t >> 16) & POOL_MAX_CHUNKS;
+}
+static uint32_t ticket_next(uint64_t t) {
+    return (uint32_t)t & POOL_MAX_CHUNKS;
 }
 
 static int64_t pool_now_ns(void) {
@@ -119,28 +124,24 @@ static inline void pool_cpu_relax(unsigned i) {
 #endif
 }
 
-// Polls until the ticket's generation is not `gen` or spin_ns pass; true
-// when it changed.
-static bool pool_spin_new_job(struct threadpool *tp, uint32_t gen, int64_t spin_ns) {
-    const int64_t until = spin_ns > 0 ? pool_now_ns() + spin_ns : 0;
-    for (unsigned i = 1;; i++) {
-        if (ticket_gen(atomic_load_explicit(&tp->ticket, memory_order_acquire)) != gen)
-            return true;
-        if (spin_ns <= 0)
-            return false;
-        pool_cpu_relax(i);
-        if ((i & 63) == 0 && pool_now_ns() > until)
-            return false;
-    }
+// What a waiting thread polls for: a worker, a job after generation v (the
+// ticket's acquire load makes the job's fields visible); the caller, all v
+// chunks of its job done.
+static bool pool_new_job(struct threadpool *tp, uint32_t v) {
+    return ticket_gen(atomic_load_explicit(&tp->ticket, memory_order_acquire)) != v;
+}
+static bool pool_job_done(struct threadpool *tp, uint32_t v) {
+    return atomic_load_explicit(&tp->n_done, memory_order_acquire) == v;
 }
 
-// Polls until all n_chunks chunks are done or spin_ns pass; true when done.
-static bool pool_spin_done(struct threadpool *tp, uint32_t n_chunks, int64_t spin_ns) {
-    const int64_t until = spin_ns > 0 ? pool_now_ns() + spin_ns : 0;
+// Polls ready(tp, v) for up to spin_ns; true once it holds.
+static bool pool_spin(struct threadpool *tp, bool (*ready)(struct threadpool *, uint32_t),
+                      uint32_t v) {
+    const int64_t until = tp->spin_ns > 0 ? pool_now_ns() + tp->spin_ns : 0;
     for (unsigned i = 1;; i++) {
-        if (atomic_load_explicit(&tp->n_done, memory_order_acquire) == n_chunks)
+        if (ready(tp, v))
             return true;
-        if (spin_ns <= 0)
+        if (tp->spin_ns <= 0)
             return false;
         pool_cpu_relax(i);
         if ((i & 63) == 0 && pool_now_ns() > until)
@@ -158,14 +159,14 @@ static void pool_run_chunks(struct threadpool *tp, uint32_t gen, int thread) {
     const int64_t chunk = atomic_load_explicit(&tp->chunk, memory_order_relaxed);
     uint64_t t = atomic_load_explicit(&tp->ticket, memory_order_relaxed);
     for (;;) {
-        if (ticket_gen(t) != gen || !ticket_has_chunk(t))
+        if (ticket_gen(t) != gen || ticket_next(t) >= ticket_n_chunks(t))
             return;
         if (!atomic_compare_exchange_weak_explicit(&tp->ticket, &t, t + 1, memory_order_acq_rel,
                                                    memory_order_relaxed))
             continue; // t now holds the current ticket
         // t is the ticket this thread claimed from: job gen's.
-        const uint32_t n_chunks = (uint32_t)(t >> 16) & 0xffffu;
-        const int64_t begin = (int64_t)(t & 0xffffu) * chunk;
+        const uint32_t n_chunks = ticket_n_chunks(t);
+        const int64_t begin = (int64_t)ticket_next(t) * chunk;
         fn(ctx, begin, begin + chunk < n ? begin + chunk : n, thread);
         t++;
         if (atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_acq_rel) + 1 == n_chunks &&
@@ -190,7 +191,7 @@ static void *pool_worker_main(void *p) {
     struct threadpool *tp = arg.tp;
     uint32_t seen = 0;
     for (;;) {
-        if (!pool_spin_new_job(tp, seen, tp->spin_ns)) {
+        if (!pool_spin(tp, pool_new_job, seen)) {
             pthread_mutex_lock(&tp->mu);
             while (ticket_gen(atomic_load(&tp->ticket)) == seen && !atomic_load(&tp->quit))
                 pthread_cond_wait(&tp->start_cv, &tp->mu);
@@ -378,15 +379,14 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
     // is woken under the mutex (it checks the ticket under it).
     const uint32_t gen = ticket_gen(atomic_load_explicit(&tp->ticket, memory_order_relaxed)) + 1;
     pthread_mutex_lock(&tp->mu);
-    atomic_store_explicit(&tp->ticket, (uint64_t)gen << 32 | (uint64_t)n_chunks << 16,
-                          memory_order_release);
+    atomic_store_explicit(&tp->ticket, ticket_make(gen, n_chunks), memory_order_release);
     pthread_cond_broadcast(&tp->start_cv);
     pthread_mutex_unlock(&tp->mu);
 
     pool_run_chunks(tp, gen, 0);
     const int64_t t1 = pool_now_ns();
 
-    if (!pool_spin_done(tp, n_chunks, tp->spin_ns)) {
+    if (!pool_spin(tp, pool_job_done, n_chunks)) {
         pthread_mutex_lock(&tp->mu);
         while (atomic_load_explicit(&tp->n_done, memory_order_acquire) < n_chunks)
             pthread_cond_wait(&tp->done_cv, &tp->mu);
