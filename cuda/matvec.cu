@@ -5,8 +5,8 @@
 // Quantized rows: lane l decodes sub-blocks (32 elements) l, l+32, ...; the 32
 // lanes of a warp read 32 consecutive sub-blocks, i.e. one contiguous span of
 // the row per step (coalesced). Plain rows (F32/F16/BF16): lane l reads
-// elements l, l+32, ... (or pairs of them for 2-byte types), also coalesced,
-// and any n_in is allowed.
+// elements l, l+32, ... (for 2-byte types groups of 4 or pairs of them), also
+// coalesced, and any n_in is allowed.
 //
 // One launch serves up to CUDA_MV_MAX_SEGS matrices that share x (Q/K/V,
 // gate/up): the rows of all segments are numbered one after another and each
@@ -31,19 +31,27 @@ struct mv_args {
 
 // Row loaders: how a lane's partial dot of one row with every token's x is
 // formed (acc[t] += ...). MODE_QVEC / MODE_Q: quantized, x read as float4 or
-// scalars; MODE_VEC8: 2-byte plain type, 8 elements (16 bytes) per load, x
+// scalars; MODE_VEC4: 2-byte plain type, 4 elements (8 bytes) per load, x
 // as float4; MODE_PAIR: 2-byte plain type read two at a time; MODE_PLAIN: one
 // element at a time.
-enum { MODE_QVEC, MODE_Q, MODE_VEC8, MODE_PAIR, MODE_PLAIN };
+enum { MODE_QVEC, MODE_Q, MODE_VEC4, MODE_PAIR, MODE_PLAIN };
 
-// Element k (0..7) of 8 f16 / bf16 values packed in a uint4.
-template <int T> static __device__ __forceinline__ float mv_unpack8(const uint4 &u, int k) {
-    const uint32_t w = k < 2 ? u.x : k < 4 ? u.y : k < 6 ? u.z : u.w;
-    const uint16_t h = (uint16_t)((k & 1) ? w >> 16 : w & 0xffffu);
+// One 2-byte plain value (f16 or bf16) from its bits.
+template <int T> static __device__ __forceinline__ float mv_half(uint32_t h) {
     if constexpr (T == GGML_TYPE_F16)
-        return f16_bits_to_f32(h);
+        return f16_bits_to_f32((uint16_t)h);
     else
-        return bf16_bits_to_f32(h);
+        return bf16_bits_to_f32((uint16_t)h);
+}
+
+// acc + the dot of 4 f16 / bf16 values packed in a uint2 with 4 floats, in
+// element order.
+template <int T>
+static __device__ __forceinline__ float mv_dot4(const uint2 &u, const float4 &p, float acc) {
+    acc = fmaf(mv_half<T>(u.x & 0xffffu), p.x, acc);
+    acc = fmaf(mv_half<T>(u.x >> 16), p.y, acc);
+    acc = fmaf(mv_half<T>(u.y & 0xffffu), p.z, acc);
+    return fmaf(mv_half<T>(u.y >> 16), p.w, acc);
 }
 
 template <int T, int NT, int MODE>
@@ -88,21 +96,29 @@ static __device__ __forceinline__ void mv_row_partial(float acc[NT], const uint8
                 }
             }
         }
-    } else if constexpr (MODE == MODE_VEC8) {
-        // Lane l takes elements 8l..8l+7, 8l+256..: another partition of the
-        // row than MODE_PAIR's, so the two modes round differently (both f32).
-        const uint4 *row8 = (const uint4 *)row;
-        for (int64_t i8 = lane; i8 < n_in / 8; i8 += VELA_WARP) {
-            const uint4 u = row8[i8];
+    } else if constexpr (MODE == MODE_VEC4) {
+        // Lane l takes elements 4l..4l+3, 4l+128..: 8-byte weight loads and
+        // 16-byte x loads, each a contiguous span across the warp (256 and
+        // 512 bytes: every sector touched is used). Two spans per iteration
+        // keep as many weight bytes in flight as one 16-byte load would.
+        // Another partition of the row than MODE_PAIR's, so the two modes
+        // round differently (both f32).
+        const uint2 *row4 = (const uint2 *)row;
+        const int64_t n4 = n_in / 4;
+        for (int64_t i4 = lane; i4 < n4; i4 += 2 * VELA_WARP) {
+            const bool two = i4 + VELA_WARP < n4;
+            const uint2 u0 = row4[i4];
+            const uint2 u1 = two ? row4[i4 + VELA_WARP] : make_uint2(0u, 0u);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t < n_tok) {
-                    const float4 *xv = (const float4 *)(x + (size_t)t * n_in + 8 * i8);
-                    const float4 p = xv[0], q = xv[1];
-                    const float xs[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        acc[t] = fmaf(mv_unpack8<T>(u, k), xs[k], acc[t]);
+                    const float4 *xv = (const float4 *)(x + (size_t)t * n_in) + i4;
+                    const float4 p0 = xv[0];
+                    acc[t] = mv_dot4<T>(u0, p0, acc[t]);
+                    if (two) {
+                        const float4 p1 = xv[VELA_WARP];
+                        acc[t] = mv_dot4<T>(u1, p1, acc[t]);
+                    }
                 }
             }
         }
@@ -110,14 +126,7 @@ static __device__ __forceinline__ void mv_row_partial(float acc[NT], const uint8
         const uint32_t *row2 = (const uint32_t *)row;
         for (int64_t i2 = lane; i2 < n_in / 2; i2 += VELA_WARP) {
             const uint32_t pr = row2[i2];
-            float w0, w1;
-            if constexpr (T == GGML_TYPE_F16) {
-                w0 = f16_bits_to_f32((uint16_t)(pr & 0xffffu));
-                w1 = f16_bits_to_f32((uint16_t)(pr >> 16));
-            } else {
-                w0 = bf16_bits_to_f32((uint16_t)(pr & 0xffffu));
-                w1 = bf16_bits_to_f32((uint16_t)(pr >> 16));
-            }
+            const float w0 = mv_half<T>(pr & 0xffffu), w1 = mv_half<T>(pr >> 16);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t < n_tok) {
@@ -285,11 +294,11 @@ extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum 
     };
     auto run_plain = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
-        // 16-byte loads: every row starts 16-byte aligned (n_in % 8 == 0; the
-        // weights are) and so do x's rows. Pairs: rows 4-byte aligned (even
-        // n_in) and x rows 8-byte.
-        if (T != GGML_TYPE_F32 && n_in % 8 == 0 && aligned && ((uintptr_t)x & 15u) == 0)
-            return matvec_launch_nt<T, MODE_VEC8>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
+        // 8-byte weight loads: every row starts 8-byte aligned (n_in % 4 ==
+        // 0; the weights are 16-byte aligned) and x's rows 16-byte for its
+        // float4 loads. Pairs: rows 4-byte aligned (even n_in), x rows 8-byte.
+        if (T != GGML_TYPE_F32 && n_in % 4 == 0 && aligned && ((uintptr_t)x & 15u) == 0)
+            return matvec_launch_nt<T, MODE_VEC4>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
         if (T != GGML_TYPE_F32 && n_in % 2 == 0 && aligned && ((uintptr_t)x & 7u) == 0)
             return matvec_launch_nt<T, MODE_PAIR>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
         return matvec_launch_nt<T, MODE_PLAIN>(a, epi, row_bytes, x, n_in, n_tok, stream, err);

@@ -24,16 +24,20 @@
 //   and lane l then reads block l with nine 4-byte shared loads, conflict
 //   free (word 9l + k: 9 is odd, so the 32 lanes hit 32 banks). The act
 //   registers of one token serve all MVQ_ROWS rows.
-// - Weights of the 2-byte aligned layouts (Q4_0 18 B, Q5_0 22 B, Q8_0 34 B,
-//   Q6_K 210 B) and of Q4_1/Q5_1: the warp copies each row's step chunk (32
-//   sub-blocks, e.g. 576 contiguous bytes for Q4_0) into shared memory the
-//   same way (16-byte loads when the row is 16-byte aligned, i.e. when
-//   row_bytes is: Q4_0 with n_in % 256 == 0), then each lane reads its block
-//   with 4-byte shared loads re-aligned by __byte_perm (at most 2-way bank
-//   conflicts for block strides of 4.5, 5.5, 8.5 words).
-// - Q4_K (144 B) and Q5_K (176 B) super-blocks are 16-byte aligned whenever
-//   the matrix is: lanes load their header and quants straight from global
-//   memory with 16-byte loads into registers (8 lanes share a super-block).
+// - Weights: the warp copies each row's step chunk (32 sub-blocks, e.g. 576
+//   contiguous bytes for Q4_0 and for Q4_K) into shared memory the same way
+//   (16-byte loads when the row is 16-byte aligned, i.e. when row_bytes is:
+//   Q4_0 with n_in % 256 == 0, Q4_K and Q5_K always), then each lane reads
+//   its block: the 2-byte aligned layouts (Q4_0 18 B, Q5_0 22 B, Q8_0 34 B,
+//   Q6_K 210 B) and Q4_1/Q5_1 with 4-byte shared loads re-aligned by
+//   __byte_perm (at most 2-way bank conflicts for block strides of 4.5, 5.5,
+//   8.5 words); Q4_K (144 B) and Q5_K (176 B) super-blocks with 16-byte
+//   shared loads (the 8 lanes of a super-block share its header and, in
+//   pairs, its quant bytes: broadcasts, no conflicts). Loading K blocks
+//   straight from global memory instead made each lane fetch 32 quant bytes
+//   of which it uses 16 (two sub-blocks share them as low and high nibbles)
+//   and the 8 lanes of a block the same header: 1.5x the sectors per
+//   request of a coalesced copy (bench/README.md, emulated traffic).
 // All loads of a step (weights of every row, then activations) are issued
 // before the first __syncwarp, so each lane has several in flight.
 //
@@ -168,37 +172,14 @@ struct mvq_w {
     int sc0, sc1; // Q4_K/Q5_K: scale, min; Q6_K: scales of elements 0..15, 16..31
 };
 
-// Raw registers of a directly loaded K super-block (Q4_K: hdr + qs; Q5_K
-// also qh).
-struct mvq_raw {
-    uint4 hdr, q0, q1, h0, h1;
-};
-
 template <int T> struct mvq_traits {
-    // Sub-blocks per weight block and whether rows are staged in shared memory.
+    // Sub-blocks per weight block.
     static constexpr int subs = qtype<T>::block / 32;
-    static constexpr bool staged = !(T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K);
     static constexpr bool has_min =
         T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_1 || T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K;
     // Bytes of one step's chunk of a row (MVQ_STEP sub-blocks).
     static constexpr int chunk = MVQ_STEP / subs * qtype<T>::bytes;
 };
-
-// Direct (global) loads of sub-block j of super-block blk (16-byte aligned).
-template <int T>
-static __device__ __forceinline__ void mvq_load_direct(const uint8_t *blk, int j, mvq_raw *r) {
-    const uint4 *p = (const uint4 *)blk;
-    r->hdr = p[0];
-    if (T == GGML_TYPE_Q4_K) {
-        r->q0 = p[1 + 2 * (j >> 1)];
-        r->q1 = p[2 + 2 * (j >> 1)];
-    } else {
-        r->h0 = p[1];
-        r->h1 = p[2];
-        r->q0 = p[3 + 2 * (j >> 1)];
-        r->q1 = p[4 + 2 * (j >> 1)];
-    }
-}
 
 static __device__ __forceinline__ void words_of(uint4 a, uint4 b, uint32_t *w) {
     w[0] = a.x;
@@ -211,11 +192,10 @@ static __device__ __forceinline__ void words_of(uint4 a, uint4 b, uint32_t *w) {
     w[7] = b.w;
 }
 
-// Decodes the lane's sub-block: p is its block in shared memory (staged
-// types; for Q6_K the super-block) and j its index inside a K super-block.
+// Decodes the lane's sub-block: p is its weight block (for the K types
+// the super-block) in shared memory and j its index inside a K super-block.
 template <int T>
-static __device__ __forceinline__ void mvq_decode(const uint8_t *p, const mvq_raw &raw, int j,
-                                                  mvq_w *o) {
+static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w *o) {
     if (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {
         constexpr int qoff = T == GGML_TYPE_Q4_1 ? 4 : 2;
         uint32_t q[4];
@@ -261,20 +241,24 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, const mvq_ra
         for (int k = 0; k < 8; k++)
             o->v[k] = to_signed(
                 ((ql[k] >> ls) & 0x0f0f0f0fu) | (((qh[k] >> hs) & 0x03030303u) << 4), 0x60606060u);
-    } else { // Q4_K, Q5_K from registers
-        const uint32_t s3[3] = {raw.hdr.y, raw.hdr.z, raw.hdr.w};
+    } else { // Q4_K, Q5_K: 16-byte aligned in shared memory
+        const uint4 *b = (const uint4 *)p;
+        const uint4 hdr = b[0];
+        const uint32_t s3[3] = {hdr.y, hdr.z, hdr.w};
         k4_scale_min(s3, j, &o->sc0, &o->sc1);
-        o->a = f16_bits_to_f32((uint16_t)(raw.hdr.x & 0xffffu));
-        o->b = f16_bits_to_f32((uint16_t)(raw.hdr.x >> 16));
+        o->a = f16_bits_to_f32((uint16_t)(hdr.x & 0xffffu));
+        o->b = f16_bits_to_f32((uint16_t)(hdr.x >> 16));
+        // Sub-blocks 2n, 2n+1: low and high nibbles of the same 32 bytes.
+        const int qb = (T == GGML_TYPE_Q4_K ? 1 : 3) + 2 * (j >> 1);
         uint32_t q[8];
-        words_of(raw.q0, raw.q1, q);
+        words_of(b[qb], b[qb + 1], q);
         const int shift = 4 * (j & 1);
 #pragma unroll
         for (int k = 0; k < 8; k++)
             o->v[k] = (int)((q[k] >> shift) & 0x0f0f0f0fu);
         if (T == GGML_TYPE_Q5_K) {
             uint32_t h[8];
-            words_of(raw.h0, raw.h1, h);
+            words_of(b[1], b[2], h);
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 o->v[k] |= (int)(((h[k] >> j) & 0x01010101u) << 4);
@@ -329,12 +313,10 @@ struct mvq_args {
 };
 
 // Occupancy (sm_90, ptxas -v; bench/README.md's emulated report): 50% or
-// more for every type but Q5_K (76 registers, 37.5%): its fifth bits and
-// 6-bit scales and mins are decoded next to the nibbles, and the row's bytes
-// are staged in shared memory per warp, so each lane has several independent
-// loads in flight; the bytes moved stay within 1.012x of the weights read
-// once. A __launch_bounds__ minimum-blocks hint (to 64 registers) is the
-// first thing to try on a GPU, checking ptxas for spills.
+// more for every type (at most 64 registers per thread; Q5_K 56 with one
+// token, the widest decode). Each lane keeps several independent loads in
+// flight: a step's weight chunks of both rows and its activations are all
+// requested before the first __syncwarp.
 template <int T, int NT>
 __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(const mvq_args a) {
     typedef mvq_traits<T> tr;
@@ -379,17 +361,10 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
         // Weights: the lane's sub-block is block lane / subs, part lane % subs.
         const int64_t blk0 = sb0 / tr::subs; // first weight block of the step
         const int jb = lane / tr::subs, j = lane % tr::subs;
-        mvq_raw raw[MVQ_ROWS] = {};
-        if (tr::staged) {
 #pragma unroll
-            for (int r = 0; r < MVQ_ROWS; r++)
-                warp_copy(ws + r * (tr::chunk + 16), rows[r] + blk0 * qtype<T>::bytes,
-                          nsb / tr::subs * qtype<T>::bytes, lane);
-        } else if (active) {
-#pragma unroll
-            for (int r = 0; r < MVQ_ROWS; r++)
-                mvq_load_direct<T>(rows[r] + (blk0 + jb) * qtype<T>::bytes, j, &raw[r]);
-        }
+        for (int r = 0; r < MVQ_ROWS; r++)
+            warp_copy(ws + r * (tr::chunk + 16), rows[r] + blk0 * qtype<T>::bytes,
+                      nsb / tr::subs * qtype<T>::bytes, lane);
 #pragma unroll
         for (int t = 0; t < NT; t++)
             if (t < a.n_tok)
@@ -400,7 +375,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
             mvq_w wv[MVQ_ROWS];
 #pragma unroll
             for (int r = 0; r < MVQ_ROWS; r++)
-                mvq_decode<T>(ws + r * (tr::chunk + 16) + jb * qtype<T>::bytes, raw[r], j, &wv[r]);
+                mvq_decode<T>(ws + r * (tr::chunk + 16) + jb * qtype<T>::bytes, j, &wv[r]);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t < a.n_tok) {
@@ -548,8 +523,7 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
         typedef mvq_traits<T> tr;
         // Shared slice per warp: activations, then the staged weight chunks
         // with 16 bytes of slack each (sh_words reads one word past a block).
-        a.warp_smem =
-            n_tok * MVQ_STEP * MVQ_XQ_BYTES + (tr::staged ? MVQ_ROWS * (tr::chunk + 16) : 0);
+        a.warp_smem = n_tok * MVQ_STEP * MVQ_XQ_BYTES + MVQ_ROWS * (tr::chunk + 16);
         a.warp_smem = (a.warp_smem + 15) & ~15;
         // NT is the register tile of tokens; n_tok 3..8 share the widest
         // (an NT = 4 instance made ptxas spill a few bytes for some types).

@@ -296,7 +296,7 @@ static void run_matmul_type(enum ggml_type type) {
         {1, 3, 1, false, false},      {37, 5, 1, true, false},     {37, 67, 3, false, true},
         {1000, 300, 8, true, false},  {1000, 300, 9, true, false}, {130, 513, 33, false, false},
         {4099, 65, 1, false, false},  {4099, 65, 40, true, false}, {64, 1, 77, false, false},
-        {4096, 257, 2, false, false},
+        {4096, 257, 2, false, false}, {1004, 33, 5, true, false},  {36, 9, 1, false, false},
     };
     static const struct mm_case q32[] = {
         {32, 1, 1, false, false},      {96, 67, 1, true, false},     {96, 67, 5, false, true},
