@@ -14,8 +14,9 @@
 //
 // Alignment contract (checked by the launchers): the weight base pointer is
 // 16-byte aligned. Then every block field read below with a 4-byte load is
-// 4-byte aligned (block sizes 20, 24, 144, 176 are multiples of 4) and every
-// 2-byte load is 2-byte aligned (block sizes 18, 22, 34, 210 are even).
+// 4-byte aligned (block sizes 20, 24, 84, 144, 176 are multiples of 4) and
+// every 2-byte load is 2-byte aligned (block sizes 18, 22, 34, 110, 210 are
+// even).
 #ifndef VELA_CUDA_DEQUANT_CUH
 #define VELA_CUDA_DEQUANT_CUH
 
@@ -108,6 +109,8 @@ template <> struct qtype<GGML_TYPE_Q4_1> { static constexpr int block = 32, byte
 template <> struct qtype<GGML_TYPE_Q5_0> { static constexpr int block = 32, bytes = 22; };
 template <> struct qtype<GGML_TYPE_Q5_1> { static constexpr int block = 32, bytes = 24; };
 template <> struct qtype<GGML_TYPE_Q8_0> { static constexpr int block = 32, bytes = 34; };
+template <> struct qtype<GGML_TYPE_Q2_K> { static constexpr int block = 256, bytes = 84; };
+template <> struct qtype<GGML_TYPE_Q3_K> { static constexpr int block = 256, bytes = 110; };
 template <> struct qtype<GGML_TYPE_Q4_K> { static constexpr int block = 256, bytes = 144; };
 template <> struct qtype<GGML_TYPE_Q5_K> { static constexpr int block = 256, bytes = 176; };
 template <> struct qtype<GGML_TYPE_Q6_K> { static constexpr int block = 256, bytes = 210; };
@@ -197,6 +200,61 @@ __host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q8_0>(const uin
 VELA_UNROLL
     for (int j = 0; j < 32; j++)
         v[j] = mul_rn((float)(int8_t)byte_at(q, j), d);
+}
+
+// Q2_K / Q3_K sub-block j of a super-block: half h = j/4, plane s = j%4;
+// element l (< 32) is bits 2s..2s+1 of qs[32h + l], in groups of 16 (group
+// 2j for l < 16, 2j + 1 after).
+// Q2_K: group g's byte scales[g] holds a 4-bit scale (low) and min (high);
+// x = (d * sc) * q - dmin * m.
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q2_K>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + (sb >> 3) * 84;
+    const int j = (int)(sb & 7), h = j >> 2, s = j & 3;
+    const uint32_t dm = ld_u32(b + 80);
+    const float d = f16_bits_to_f32((uint16_t)(dm & 0xffffu));
+    const float dmin = f16_bits_to_f32((uint16_t)(dm >> 16));
+    const uint32_t sc2 = ld_u16(b + 2 * j); // the scale bytes of groups 2j, 2j + 1
+    const float d0 = mul_rn(d, (float)(sc2 & 0x0fu)), m0 = mul_rn(dmin, (float)((sc2 >> 4) & 0x0fu));
+    const float d1 = mul_rn(d, (float)((sc2 >> 8) & 0x0fu)), m1 = mul_rn(dmin, (float)(sc2 >> 12));
+    uint32_t q[8];
+    ld_words_a4<8>(b + 16 + 32 * h, q);
+VELA_UNROLL
+    for (int l = 0; l < 32; l++) {
+        const int x = (byte_at(q, l) >> (2 * s)) & 3;
+        v[l] = l < 16 ? sub_rn(mul_rn(d0, (float)x), m0) : sub_rn(mul_rn(d1, (float)x), m1);
+    }
+}
+
+// Q3_K: the 2 low bits as Q2_K's, the third at bit j of hmask[l] (clear:
+// subtract 4); signed 6-bit scales (stored + 32) with their low nibble in
+// scales[g % 8] (low nibble for g < 8) and top 2 bits at bit 2(g/4) of
+// scales[8 + g % 4]; x = (d * sc) * q.
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q3_K>(const uint8_t *row,
+                                                                       int64_t sb, float *v) {
+    const uint8_t *b = row + (sb >> 3) * 110;
+    const int j = (int)(sb & 7), h = j >> 2, s = j & 3;
+    const float d = f16_bits_to_f32((uint16_t)ld_u16(b + 108));
+    uint32_t sw[3];
+    ld_words_a2<3>(b + 96, sw);
+    float dg[2];
+VELA_UNROLL
+    for (int k = 0; k < 2; k++) {
+        const int g = 2 * j + k;
+        const int lo = g < 8 ? byte_at(sw, g) & 0x0f : byte_at(sw, g - 8) >> 4;
+        const int hi = (byte_at(sw, 8 + g % 4) >> (2 * (g / 4))) & 3;
+        dg[k] = mul_rn(d, (float)((lo | (hi << 4)) - 32));
+    }
+    uint32_t q[8], hm[8];
+    ld_words_a2<8>(b + 32 + 32 * h, q);
+    ld_words_a2<8>(b, hm);
+VELA_UNROLL
+    for (int l = 0; l < 32; l++) {
+        const int x = ((byte_at(q, l) >> (2 * s)) & 3) - (((byte_at(hm, l) >> j) & 1) ? 0 : 4);
+        v[l] = mul_rn(l < 16 ? dg[0] : dg[1], (float)x);
+    }
 }
 
 // Q4_K sub-block j of a super-block: group j; qs[32*(j/2) + l], low nibble
@@ -307,6 +365,10 @@ __host__ __device__ __forceinline__ float load_plain<GGML_TYPE_BF16>(const void 
             return F(std::integral_constant<int, GGML_TYPE_Q5_1>());                               \
         case GGML_TYPE_Q8_0:                                                                       \
             return F(std::integral_constant<int, GGML_TYPE_Q8_0>());                               \
+        case GGML_TYPE_Q2_K:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q2_K>());                               \
+        case GGML_TYPE_Q3_K:                                                                       \
+            return F(std::integral_constant<int, GGML_TYPE_Q3_K>());                               \
         case GGML_TYPE_Q4_K:                                                                       \
             return F(std::integral_constant<int, GGML_TYPE_Q4_K>());                               \
         case GGML_TYPE_Q5_K:                                                                       \

@@ -173,6 +173,11 @@ struct mvq_w {
 };
 
 template <int T> struct mvq_traits {
+    // The types with a dp4a decode here (quant_q8_1_dot_supported).
+    static constexpr bool dp4a = T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 ||
+                                 T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1 ||
+                                 T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_K ||
+                                 T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K;
     // Sub-blocks per weight block.
     static constexpr int subs = qtype<T>::block / 32;
     static constexpr bool has_min =
@@ -521,17 +526,23 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
     auto run = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
         typedef mvq_traits<T> tr;
-        // Shared slice per warp: activations, then the staged weight chunks
-        // with 16 bytes of slack each (sh_words reads one word past a block).
-        a.warp_smem = n_tok * MVQ_STEP * MVQ_XQ_BYTES + MVQ_ROWS * (tr::chunk + 16);
-        a.warp_smem = (a.warp_smem + 15) & ~15;
-        // NT is the register tile of tokens; n_tok 3..8 share the widest
-        // (an NT = 4 instance made ptxas spill a few bytes for some types).
-        if (n_tok == 1)
-            return matvec_q8_launch<T, 1>(a, n_blocks, stream, err);
-        if (n_tok == 2)
-            return matvec_q8_launch<T, 2>(a, n_blocks, stream, err);
-        return matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, stream, err);
+        if constexpr (!tr::dp4a) { // refused above (quant_q8_1_dot_supported); no instance
+            return verr_set(err, VERR_UNSUPPORTED, "matvec q8: weight type %s is not supported",
+                            ggml_type_name(type));
+        } else {
+            // Shared slice per warp: activations, then the staged weight
+            // chunks with 16 bytes of slack each (sh_words reads one word
+            // past a block).
+            a.warp_smem = n_tok * MVQ_STEP * MVQ_XQ_BYTES + MVQ_ROWS * (tr::chunk + 16);
+            a.warp_smem = (a.warp_smem + 15) & ~15;
+            // NT is the register tile of tokens; n_tok 3..8 share the widest
+            // (an NT = 4 instance made ptxas spill a few bytes for some types).
+            if (n_tok == 1)
+                return matvec_q8_launch<T, 1>(a, n_blocks, stream, err);
+            if (n_tok == 2)
+                return matvec_q8_launch<T, 2>(a, n_blocks, stream, err);
+            return matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, stream, err);
+        }
     };
     return VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);
 }

@@ -1,6 +1,6 @@
 // Quantized weight formats: fp16/bf16 conversion, per-type block decoders,
 // the legacy quantizers (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), which reproduce ggml's
-// reference quantizers bit for bit, the K-quant quantizers (Q4_K, Q5_K, Q6_K,
+// reference quantizers bit for bit, the K-quant quantizers (Q2_K .. Q6_K,
 // our own least-squares search), and the row entry points (dequantize,
 // quantize, validate, dot). Written from the format descriptions in
 // llama.cpp's ggml-common.h / ggml-quants.c; no code is taken from there.
@@ -505,31 +505,33 @@ static void qz_bf16(const float *x, uint8_t *dst, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------
-// K-quant quantizers (Q4_K, Q5_K, Q6_K)
+// K-quant quantizers (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 //
 // Not bit-exact with llama.cpp's quantizer (the formats do not require it);
 // the algorithm is ours:
-//  1. Per group (32 elements for Q4_K/Q5_K, 16 for Q6_K), find the scale (and
-//     for Q4_K/Q5_K the offset) minimising the unweighted squared error of the
-//     reconstruction: start from the plain range fit, try 21 candidate step
-//     sizes around it (the range spread over nmax-1 .. nmax+1 levels, which
-//     trades clipping one extreme for finer steps), and for each candidate
-//     round every element to its level and solve the least-squares problem for
-//     scale (and offset) given those levels; then a few alternations of
-//     "re-round to nearest level / re-solve" (Lloyd iterations). A candidate
-//     is kept only if its error, measured after re-rounding, is lower, so the
-//     result is never worse than the plain range fit.
+//  1. Per group (32 elements for Q4_K/Q5_K, 16 for Q2_K/Q3_K/Q6_K), find the
+//     scale (and for Q2_K/Q4_K/Q5_K the offset) minimising the unweighted
+//     squared error of the reconstruction: start from the plain range fit,
+//     try 21 candidate step sizes around it (the range spread over nmax-1 ..
+//     nmax+1 levels, which trades clipping one extreme for finer steps), and
+//     for each candidate round every element to its level and solve the
+//     least-squares problem for scale (and offset) given those levels; then a
+//     few alternations of "re-round to nearest level / re-solve" (Lloyd
+//     iterations). A candidate is kept only if its error, measured after
+//     re-rounding, is lower, so the result is never worse than the range fit.
 //  2. Quantize the group scales (and mins) against the super-block's largest
-//     one: 6-bit unsigned (Q4_K/Q5_K, super-scale = max/63) or 8-bit signed
-//     (Q6_K, super-scale = max/-128 so the largest gets all 128 steps). For
-//     each group the rounded code and its neighbours (+-1, and for Q4_K/Q5_K
-//     every scale/min pair of them) are tried with the f16-rounded
-//     super-scales, keeping the pair with the least error.
+//     one: unsigned 6-bit (Q4_K/Q5_K, super-scale = max/63) or 4-bit (Q2_K,
+//     max/15), or signed 8-bit (Q6_K, super-scale = max/-128 so the largest
+//     gets all 128 steps) or 6-bit (Q3_K, max/-32). For each group the
+//     rounded code and its neighbours (+-1, and for the offset types every
+//     scale/min pair of them) are tried with the f16-rounded super-scales,
+//     keeping the pair with the least error.
 //  3. Round every element to the nearest level of its final, stored scale.
-// Q6_K tries both ends for its largest magnitude (level -32 or +31).
+// Q6_K and Q3_K try both ends for their largest magnitude (level -32 or +31,
+// -4 or +3).
 // Error: step 1 never does worse than the range fit in total squared error
 // (per element, clipping an extreme can cost up to about one step); step 2
-// adds the error of rounding the group scale to 6 (8) bits: the top level
+// adds the error of rounding the group scale to its code: the top level
 // moves by at most nmax * 1.5 super-scales. On Gaussian test data the result
 // has a lower RMSE than llama.cpp's quantize_row_q*_K_ref (tests/test_quant.c).
 
@@ -658,44 +660,57 @@ static void fit_asym(const float *x, int n, int nmax, float *s_out, float *m_out
     *m_out = -best_o;
 }
 
-// Steps 2 and 3 for Q4_K (nmax 15) and Q5_K (nmax 31): fills d, dmin, the
-// 6-bit codes and the levels q[256] of one super-block.
-static void kquant_asym_block(const float *x, int nmax, uint8_t *b, uint8_t q[256]) {
-    float s[8], m[8], smax = 0.0f, mmax = 0.0f;
-    for (int j = 0; j < 8; j++) {
-        fit_asym(x + 32 * j, 32, nmax, &s[j], &m[j]);
+// Steps 2 and 3 for the asymmetric K-quants, one super-block of 256: groups
+// of gs elements (Q4_K/Q5_K: 32, Q2_K: 16) with levels [0, nmax] and
+// scale/min codes in [0, cmax] (6 bits: 63; Q2_K 4 bits: 15) of the f16
+// super-scales *d16, *m16. Fills the codes sc[], mn[] (256 / gs each) and
+// the levels q[256].
+static void kquant_asym_codes(const float *x, int gs, int nmax, int cmax, uint16_t *d16,
+                              uint16_t *m16, int *sc, int *mn, uint8_t q[256]) {
+    const int ng = 256 / gs;
+    const float cm = (float)cmax;
+    float s[16], m[16], smax = 0.0f, mmax = 0.0f;
+    for (int j = 0; j < ng; j++) {
+        fit_asym(x + gs * j, gs, nmax, &s[j], &m[j]);
         smax = s[j] > smax ? s[j] : smax;
         mmax = m[j] > mmax ? m[j] : mmax;
     }
-    const uint16_t d16 = quant_f32_to_fp16(smax / 63.0f);
-    const uint16_t m16 = quant_f32_to_fp16(mmax / 63.0f);
-    const float d = quant_fp16_to_f32(d16), dmin = quant_fp16_to_f32(m16), top = (float)nmax;
-    int sc[8], mn[8];
+    *d16 = quant_f32_to_fp16(smax / cm);
+    *m16 = quant_f32_to_fp16(mmax / cm);
+    const float d = quant_fp16_to_f32(*d16), dmin = quant_fp16_to_f32(*m16), top = (float)nmax;
     int32_t l[32];
-    for (int j = 0; j < 8; j++) {
-        const float *xj = x + 32 * j;
-        int rs = d > 0.0f ? round_half_away(clampf(s[j] / d, 0.0f, 63.0f)) : 0;
-        int rm = dmin > 0.0f ? round_half_away(clampf(m[j] / dmin, 0.0f, 63.0f)) : 0;
+    for (int j = 0; j < ng; j++) {
+        const float *xj = x + gs * j;
+        int rs = d > 0.0f ? round_half_away(clampf(s[j] / d, 0.0f, cm)) : 0;
+        int rm = dmin > 0.0f ? round_half_away(clampf(m[j] / dmin, 0.0f, cm)) : 0;
         float best_e = INFINITY;
         sc[j] = rs;
         mn[j] = rm;
         for (int cs = rs - 1; cs <= rs + 1; cs++) {
-            for (int cm = rm - 1; cm <= rm + 1; cm++) {
-                if (cs < 0 || cs > 63 || cm < 0 || cm > 63)
+            for (int cmn = rm - 1; cmn <= rm + 1; cmn++) {
+                if (cs < 0 || cs > cmax || cmn < 0 || cmn > cmax)
                     continue;
-                // The decoder's own expressions: (d * sc) * q - dmin * m.
-                float e = kq_round_error(xj, 32, d * (float)cs, -(dmin * (float)cm), 0.0f, top, l);
+                // The decoders' own expressions: (d * sc) * q - dmin * m.
+                float e = kq_round_error(xj, gs, d * (float)cs, -(dmin * (float)cmn), 0.0f, top, l);
                 if (e < best_e) {
                     best_e = e;
                     sc[j] = cs;
-                    mn[j] = cm;
+                    mn[j] = cmn;
                 }
             }
         }
-        kq_round_error(xj, 32, d * (float)sc[j], -(dmin * (float)mn[j]), 0.0f, top, l);
-        for (int i = 0; i < 32; i++)
-            q[32 * j + i] = (uint8_t)l[i];
+        kq_round_error(xj, gs, d * (float)sc[j], -(dmin * (float)mn[j]), 0.0f, top, l);
+        for (int i = 0; i < gs; i++)
+            q[gs * j + i] = (uint8_t)l[i];
     }
+}
+
+// Q4_K (nmax 15) and Q5_K (nmax 31): d, dmin and the 6-bit codes into the
+// block header, the levels into q[256].
+static void kquant_asym_block(const float *x, int nmax, uint8_t *b, uint8_t q[256]) {
+    uint16_t d16, m16;
+    int sc[8], mn[8];
+    kquant_asym_codes(x, 32, nmax, 63, &d16, &m16, sc, mn, q);
     wr_u16(b, d16);
     wr_u16(b + 2, m16);
     uint8_t *scales = b + 4; // packing: the inverse of k4_scale_min
@@ -703,6 +718,32 @@ static void kquant_asym_block(const float *x, int nmax, uint8_t *b, uint8_t q[25
         scales[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
         scales[j + 4] = (uint8_t)(mn[j] | ((mn[j + 4] >> 4) << 6));
         scales[j + 8] = (uint8_t)((sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4));
+    }
+}
+
+// The 2-bit planes of Q2_K and Q3_K: element 128h + 32s + l (l < 32) at bits
+// 2s..2s+1 of qs[32h + l] (the inverse of dq_q2_k's loop).
+static void kquant_pack_2bit(const uint8_t q[256], uint8_t qs[64]) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t v = 0;
+            for (int s = 0; s < 4; s++)
+                v |= (uint8_t)((q[128 * h + 32 * s + l] & 3) << (2 * s));
+            qs[32 * h + l] = v;
+        }
+}
+
+static void qz_q2_k(const float *x, uint8_t *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 256, b += 84) {
+        uint8_t q[256];
+        uint16_t d16, m16;
+        int sc[16], mn[16];
+        kquant_asym_codes(x, 16, 3, 15, &d16, &m16, sc, mn, q);
+        for (int g = 0; g < 16; g++)
+            b[g] = (uint8_t)(sc[g] | (mn[g] << 4));
+        kquant_pack_2bit(q, b + 16);
+        wr_u16(b + 80, d16);
+        wr_u16(b + 82, m16);
     }
 }
 
@@ -741,24 +782,26 @@ static bool sym_solve(const float *x, const int32_t *l, int n, float *s) {
     return *s != 0.0f;
 }
 
-// Step 1 for Q6_K: x ~ s*l, l in [-32, 31]; s may be negative so that the
-// largest magnitude can use the -32 end.
-static float fit_sym(const float *x, int n) {
+// Step 1 for the symmetric K-quants: x ~ s*l, l in [lmin, lmax] = [-2^(k-1),
+// 2^(k-1) - 1] (Q6_K: [-32, 31], Q3_K: [-4, 3]); s may be negative so that
+// the largest magnitude can use the lmin end. Groups of 16.
+static float fit_sym(const float *x, int n, int lmin, int lmax) {
     const float vmax = signed_absmax(x, n);
     if (vmax == 0.0f)
         return 0.0f;
+    const float lo = (float)lmin, hi = (float)lmax;
     int32_t l[16];
-    float best_s = vmax / -32.0f;
-    float best_e = kq_round_error(x, n, best_s, 0.0f, -32.0f, 31.0f, l);
+    float best_s = vmax / lo;
+    float best_e = kq_round_error(x, n, best_s, 0.0f, lo, hi, l);
     for (int side = 0; side < 2; side++) {
         for (int k = -KQ_CANDIDATES; k <= KQ_CANDIDATES; k++) {
-            const float iscale = side == 0 ? -(32.0f + 0.1f * (float)k) / vmax
-                                           : (31.0f + 0.1f * (float)k) / vmax;
-            kq_levels(x, n, iscale, 0.0f, -32.0f, 31.0f, l);
+            const float iscale = side == 0 ? -(-lo + 0.1f * (float)k) / vmax
+                                           : (hi + 0.1f * (float)k) / vmax;
+            kq_levels(x, n, iscale, 0.0f, lo, hi, l);
             float s;
             if (!sym_solve(x, l, n, &s))
                 continue;
-            float e = kq_round_error(x, n, s, 0.0f, -32.0f, 31.0f, l);
+            float e = kq_round_error(x, n, s, 0.0f, lo, hi, l);
             if (e < best_e) {
                 best_e = e;
                 best_s = s;
@@ -767,10 +810,10 @@ static float fit_sym(const float *x, int n) {
     }
     for (int it = 0; it < KQ_LLOYD; it++) {
         float s;
-        kq_levels(x, n, 1.0f / best_s, 0.0f, -32.0f, 31.0f, l);
+        kq_levels(x, n, 1.0f / best_s, 0.0f, lo, hi, l);
         if (!sym_solve(x, l, n, &s))
             break;
-        float e = kq_round_error(x, n, s, 0.0f, -32.0f, 31.0f, l);
+        float e = kq_round_error(x, n, s, 0.0f, lo, hi, l);
         if (!(e < best_e))
             break;
         best_e = e;
@@ -779,36 +822,50 @@ static float fit_sym(const float *x, int n) {
     return best_s;
 }
 
+// Steps 2 and 3 for the symmetric K-quants, one super-block: 16 groups of
+// 16 with levels [lmin, lmax] and signed scale codes in [cmin, -cmin - 1]
+// (Q6_K 8 bits: -128; Q3_K 6 bits: -32) of the f16 super-scale *d16 =
+// (largest group scale) / cmin, so that the largest gets every step. Fills
+// the codes sc[16] and the levels q[256] (signed).
+static void kquant_sym_codes(const float *x, int lmin, int lmax, int cmin, uint16_t *d16,
+                             int sc[16], int32_t q[256]) {
+    float s[16], smax = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        s[j] = fit_sym(x + 16 * j, 16, lmin, lmax);
+        if (fabsf(s[j]) > fabsf(smax))
+            smax = s[j];
+    }
+    const float clo = (float)cmin, chi = (float)(-cmin - 1);
+    *d16 = quant_f32_to_fp16(smax / clo);
+    const float d = quant_fp16_to_f32(*d16), lo = (float)lmin, hi = (float)lmax;
+    for (int j = 0; j < 16; j++) {
+        const float *xj = x + 16 * j;
+        int r = d != 0.0f ? round_half_away(clampf(s[j] / d, clo, chi)) : 0;
+        int best = r;
+        float best_e = INFINITY;
+        for (int c = r - 1; c <= r + 1; c++) {
+            if (c < cmin || c > -cmin - 1)
+                continue;
+            // The decoders' own expression: (d * sc) * q.
+            float e = kq_round_error(xj, 16, d * (float)c, 0.0f, lo, hi, q + 16 * j);
+            if (e < best_e) {
+                best_e = e;
+                best = c;
+            }
+        }
+        sc[j] = best;
+        kq_round_error(xj, 16, d * (float)best, 0.0f, lo, hi, q + 16 * j);
+    }
+}
+
 static void qz_q6_k(const float *x, uint8_t *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 256, b += 210) {
-        float s[16], smax = 0.0f;
-        for (int j = 0; j < 16; j++) {
-            s[j] = fit_sym(x + 16 * j, 16);
-            if (fabsf(s[j]) > fabsf(smax))
-                smax = s[j];
-        }
-        const uint16_t d16 = quant_f32_to_fp16(smax / -128.0f);
-        const float d = quant_fp16_to_f32(d16);
+        uint16_t d16;
+        int sc[16];
         int32_t q[256];
-        int8_t *scales = (int8_t *)(b + 192);
-        for (int j = 0; j < 16; j++) {
-            const float *xj = x + 16 * j;
-            int r = d != 0.0f ? round_half_away(clampf(s[j] / d, -128.0f, 127.0f)) : 0;
-            int best = r;
-            float best_e = INFINITY;
-            for (int c = r - 1; c <= r + 1; c++) {
-                if (c < -128 || c > 127)
-                    continue;
-                // The decoder's own expression: (d * sc) * q.
-                float e = kq_round_error(xj, 16, d * (float)c, 0.0f, -32.0f, 31.0f, q + 16 * j);
-                if (e < best_e) {
-                    best_e = e;
-                    best = c;
-                }
-            }
-            scales[j] = (int8_t)best;
-            kq_round_error(xj, 16, d * (float)best, 0.0f, -32.0f, 31.0f, q + 16 * j);
-        }
+        kquant_sym_codes(x, -32, 31, -128, &d16, sc, q);
+        for (int j = 0; j < 16; j++)
+            b[192 + j] = (uint8_t)(int8_t)sc[j];
         wr_u16(b + 208, d16);
         // Packing: the inverse of dq_q6_k's layout.
         for (int h = 0; h < 2; h++) {
@@ -823,6 +880,32 @@ static void qz_q6_k(const float *x, uint8_t *b, int64_t nb) {
                                   ((v[3] >> 4) << 6));
             }
         }
+    }
+}
+
+// Q3_K: levels [-4, 3] stored as u = level + 4: the low 2 bits in the planes
+// of Q2_K, the third in hmask (bit 4h + s of hmask[l] for element
+// 128h + 32s + l); 6-bit scale codes stored + 32 (the inverse of dq_q3_k).
+static void qz_q3_k(const float *x, uint8_t *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 256, b += 110) {
+        uint16_t d16;
+        int sc[16];
+        int32_t q[256];
+        kquant_sym_codes(x, -4, 3, -32, &d16, sc, q);
+        uint8_t u[256], *hmask = b, *sraw = b + 96;
+        memset(hmask, 0, 32);
+        for (int e = 0; e < 256; e++) {
+            u[e] = (uint8_t)(q[e] + 4);
+            hmask[e % 32] |= (uint8_t)((u[e] >> 2) << (e / 32));
+        }
+        kquant_pack_2bit(u, b + 32);
+        memset(sraw, 0, 12);
+        for (int g = 0; g < 16; g++) {
+            const int c = sc[g] + 32;
+            sraw[g % 8] |= (uint8_t)((c & 0x0f) << (g < 8 ? 0 : 4));
+            sraw[8 + g % 4] |= (uint8_t)((c >> 4) << (2 * (g / 4)));
+        }
+        wr_u16(b + 108, d16);
     }
 }
 
@@ -851,8 +934,8 @@ static const struct quant_ops *ops_get(enum ggml_type type) {
         [GGML_TYPE_Q4_1] = {dq_q4_1, qz_q4_1, 65504.0f},
         [GGML_TYPE_Q5_0] = {dq_q5_0, qz_q5_0, 65504.0f * 16.0f},
         [GGML_TYPE_Q5_1] = {dq_q5_1, qz_q5_1, 65504.0f},
-        [GGML_TYPE_Q2_K] = {dq_q2_k, NULL, 0.0f},
-        [GGML_TYPE_Q3_K] = {dq_q3_k, NULL, 0.0f},
+        [GGML_TYPE_Q2_K] = {dq_q2_k, qz_q2_k, 65504.0f},
+        [GGML_TYPE_Q3_K] = {dq_q3_k, qz_q3_k, 65504.0f},
         [GGML_TYPE_Q4_K] = {dq_q4_k, qz_q4_k, 65504.0f},
         [GGML_TYPE_Q5_K] = {dq_q5_k, qz_q5_k, 65504.0f},
         [GGML_TYPE_Q6_K] = {dq_q6_k, qz_q6_k, 65504.0f},
@@ -883,6 +966,8 @@ bool quant_type_supported(enum ggml_type t) {
     case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_0:
     case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
     case GGML_TYPE_Q6_K:

@@ -6,12 +6,12 @@
 // other). Returns 0, or VERR_UNSUPPORTED / VERR_RANGE with a message.
 //
 // Quantizing (quant_can_quantize): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
-// bit-exact with ggml's quantize_row_*_ref; Q4_K, Q5_K, Q6_K with vela's own
-// least-squares scale search (see quant.c). Block types refuse non-finite
+// bit-exact with ggml's quantize_row_*_ref; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with
+// vela's own least-squares scale search (see quant.c). Block types refuse non-finite
 // input and |x| large enough to overflow an f16 scale (VERR_RANGE); F16/BF16
 // store inf/NaN as they are and F16 overflows to inf.
-// Dequantizing (quant_can_dequantize): the above plus Q2_K, Q3_K, IQ4_NL,
-// bit-exact with ggml's dequantize_row_*.
+// Dequantizing (quant_can_dequantize): the above plus IQ4_NL, bit-exact with
+// ggml's dequantize_row_*.
 #ifndef VELA_GGUF_QUANT_H
 #define VELA_GGUF_QUANT_H
 
@@ -29,7 +29,8 @@ uint16_t quant_f32_to_bf16(float f);   // round to nearest even; NaN stays NaN
 bool quant_can_dequantize(enum ggml_type type);
 bool quant_can_quantize(enum ggml_type type);
 // The weight types vela runs (CPU reference and CUDA backend): F32, F16, BF16,
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. A subset of quant_can_dequantize.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. A subset of
+// quant_can_dequantize.
 bool quant_type_supported(enum ggml_type type);
 
 int quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n,

@@ -85,6 +85,13 @@ static inline bool rand_block_fix(enum ggml_type type, uint8_t *p, enum rand_sig
         put_f16(p, signed_in(0.005f, 0.05f, order));
         put_f16(p + 2, frand(-0.5f, 0.5f));
         return true;
+    case GGML_TYPE_Q2_K: // x = (d sc) q - dmin m, sc and m up to 15, q up to 3
+        put_f16(p + 80, frand(0.005f, 0.02f));
+        put_f16(p + 82, frand(0.005f, 0.02f));
+        return true;
+    case GGML_TYPE_Q3_K: // x = (d sc) q, sc in [-32, 31], q in [-4, 3]
+        put_f16(p + 108, signed_in(0.001f, 0.005f, order));
+        return true;
     case GGML_TYPE_Q4_K:
         put_f16(p, frand(0.0005f, 0.002f));
         put_f16(p + 2, frand(0.0005f, 0.002f));

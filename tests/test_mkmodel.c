@@ -410,7 +410,8 @@ Test(mkmodel, every_type_dequantizes, .init = setup_tmp, .fini = teardown_tmp) {
     } types[] = {
         {GGML_TYPE_F32, 0},   {GGML_TYPE_F16, 1},   {GGML_TYPE_BF16, 32}, {GGML_TYPE_Q8_0, 7},
         {GGML_TYPE_Q4_0, 2},  {GGML_TYPE_Q4_1, 3},  {GGML_TYPE_Q5_0, 8},  {GGML_TYPE_Q5_1, 9},
-        {GGML_TYPE_Q4_K, 14}, {GGML_TYPE_Q5_K, 16}, {GGML_TYPE_Q6_K, 18},
+        {GGML_TYPE_Q2_K, 10}, {GGML_TYPE_Q3_K, 11}, {GGML_TYPE_Q4_K, 14}, {GGML_TYPE_Q5_K, 16},
+        {GGML_TYPE_Q6_K, 18},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         enum ggml_type t = types[i].type;
@@ -553,7 +554,8 @@ Test(mkmodel, mix_q4_k_m, .init = setup_tmp, .fini = teardown_tmp) {
 // Every type the fast path writes.
 static const enum ggml_type fast_types[] = {
     GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
+    GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
 };
 
 // Tensor std within `band` (relative) of want, mean within 2% of want, every

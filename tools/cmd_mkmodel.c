@@ -69,7 +69,7 @@ static void usage(FILE *out) {
         "  --tied                    no output.weight: the head reuses token_embd\n"
         "  --untied                  write output.weight (default; undoes a preset's --tied)\n"
         "\n"
-        "weight types (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k, as the\n"
+        "weight types (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k, as the\n"
         "quantizers allow; norms and biases are always f32):\n"
         "  --type T                  every matrix (default f32); q4_k_m means --mix q4_k_m\n"
         "  --type-embd T             token_embd.weight\n"

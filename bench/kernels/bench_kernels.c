@@ -86,7 +86,8 @@ static const struct shape_model shape_models[] = {
 // The weight types the CUDA backend takes.
 static const enum ggml_type all_types[] = {
     GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
+    GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
 };
 #define N_ALL_TYPES (int)(sizeof all_types / sizeof all_types[0])
 
@@ -987,7 +988,7 @@ static void usage(FILE *out) {
         "  --models LIST          shapes: llama2-7b,llama3-8b,llama3-70b (default: these\n"
         "                         three), ci-small (1024 wide, GQA 8: the emulated CI gate)\n"
         "  --types LIST           weight types for matvec/matmul (default: f32,f16,bf16,\n"
-        "                         q8_0,q4_0,q4_1,q5_0,q5_1,q4_K,q5_K,q6_K)\n"
+        "                         q8_0,q4_0,q4_1,q5_0,q5_1,q2_K,q3_K,q4_K,q5_K,q6_K)\n"
         "  --ctx LIST             attention / kv_shift contexts (default: 512,4096,16384,32768)\n"
         "  --matvec-tok LIST      tokens per mat-vec call (default: 1,8)\n"
         "  --prefill-tokens N     tokens of the prefill cases (default: 512)\n"

@@ -362,7 +362,7 @@ static int load_weight(struct model *m, struct load_plan *lp, const struct gguf_
     if (!quant_type_supported(t->type))
         return verr_set(err, VERR_UNSUPPORTED,
                         "%s: weight type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, "
-                        "q5_0, q5_1, q4_K, q5_K, q6_K)",
+                        "q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K)",
                         name, ggml_type_name(t->type));
     size_t row = ggml_row_bytes(t->type, n_in);
     if (row == 0)

@@ -269,6 +269,16 @@ Test(matmul_tc, q6_k) {
     rng_seed(108);
     run_type(GGML_TYPE_Q6_K);
 }
+Test(matmul_tc, q2_k) {
+    REQUIRE_GPU();
+    rng_seed(110);
+    run_type(GGML_TYPE_Q2_K);
+}
+Test(matmul_tc, q3_k) {
+    REQUIRE_GPU();
+    rng_seed(111);
+    run_type(GGML_TYPE_Q3_K);
+}
 
 // More than 128 tokens: blockIdx.y walks token chunks (the last partial),
 // each re-reading the weights; and a matrix tall enough that the launcher
@@ -303,7 +313,7 @@ Test(matmul_tc, threshold) {
     cr_expect(cuda_matmul_tc_takes(GGML_TYPE_Q4_K, 64));
     cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_Q4_K, 65));
     cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_F16, 32));
-    cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_Q2_K, 32));
+    cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_IQ4_NL, 32));
     const size_t act = ((size_t)64 * 4096 * 2 + 255) & ~(size_t)255;
     cr_expect_eq(cuda_matmul_scratch_bytes(GGML_TYPE_Q4_0, 4096, 4096, 64), act,
                  "the fused path needs the f16 activations only");
@@ -321,9 +331,9 @@ Test(matmul_tc, rejects_what_it_cannot_do) {
     float *out = (float *)p + 8192;
     const uint16_t *xh = (const uint16_t *)p;
     struct verr err = {0};
-    cr_expect_eq(cuda_matmul_q_tc(out, p, GGML_TYPE_Q2_K, 256, 4, xh, NULL, 9, 0, 0, &err),
+    cr_expect_eq(cuda_matmul_q_tc(out, p, GGML_TYPE_IQ4_NL, 256, 4, xh, NULL, 9, 0, 0, &err),
                  VERR_UNSUPPORTED);
-    cr_log_info("Q2_K: %s", err.msg);
+    cr_log_info("IQ4_NL: %s", err.msg);
     cr_expect_eq(cuda_matmul_q_tc(out, p, GGML_TYPE_Q4_0, 33, 4, xh, NULL, 9, 0, 0, &err),
                  VERR_RANGE);
     cr_expect_eq(

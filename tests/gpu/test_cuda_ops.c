@@ -109,7 +109,8 @@ static float *dequant_all(enum ggml_type type, const void *w, int64_t n_in, int6
 
 static const enum ggml_type all_weight_types[] = {
     GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
+    GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
 };
 #define N_WEIGHT_TYPES (sizeof all_weight_types / sizeof all_weight_types[0])
 
@@ -371,6 +372,16 @@ Test(cuda, matmul_q6_k) {
     rng_seed(20);
     run_matmul_type(GGML_TYPE_Q6_K);
 }
+Test(cuda, matmul_q2_k) {
+    REQUIRE_GPU();
+    rng_seed(22);
+    run_matmul_type(GGML_TYPE_Q2_K);
+}
+Test(cuda, matmul_q3_k) {
+    REQUIRE_GPU();
+    rng_seed(23);
+    run_matmul_type(GGML_TYPE_Q3_K);
+}
 
 // More rows than one decoded f16 slice of the GEMM path holds (64 Mi
 // elements): the second GEMM writes the columns after the first slice.
@@ -385,10 +396,10 @@ Test(cuda, matmul_rejects_what_it_cannot_do) {
     REQUIRE_GPU();
     void *p = NULL;
     OK(gpu, gpu->ops->alloc(gpu, 1 << 16, &p));
-    const struct backend_weight q2k = {p, GGML_TYPE_Q2_K, 256, 4};
-    cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &q2k, (const float *)p + 1024, NULL, 1),
+    const struct backend_weight iq4 = {p, GGML_TYPE_IQ4_NL, 256, 4};
+    cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &iq4, (const float *)p + 1024, NULL, 1),
                  VERR_UNSUPPORTED);
-    cr_log_info("Q2_K: %s", gpu->err.msg);
+    cr_log_info("IQ4_NL: %s", gpu->err.msg);
     const struct backend_weight odd = {p, GGML_TYPE_Q4_0, 33, 4};
     cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &odd, (const float *)p + 1024, NULL, 1),
                  VERR_RANGE);

@@ -177,7 +177,8 @@ Test(forward_cuda, weight_types) {
 }
 
 Test(forward_cuda, k_quants) {
-    static const enum ggml_type types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    static const enum ggml_type types[] = {GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
+                                           GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         struct tiny_cfg c;
         tiny_cfg_kquant(&c, types[i]);

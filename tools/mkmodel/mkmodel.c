@@ -703,6 +703,8 @@ static void rope_freqs_row(const struct mkmodel_config *c, float *dst) {
 //   Q4_K  x = d sc q - dmin m with dmin = 7.5 d, m = sc (sub-block mean 0),
 //         sc uniform 32..63;  Q5_K dmin = 15.5 d
 //   Q6_K  q - 32 in -31..31 (0 twice, as Q4_0), int8 scales +-(64..127)
+//   Q2_K  x = d sc q - dmin m, q 0..3, dmin = 1.5 d, m = sc, sc uniform 8..15
+//   Q3_K  q -3..3 (-4 becomes 0: 0 twice), 6-bit scales +-(16..31)
 // so every type is symmetric or centred and its mean is 0 up to the f16
 // rounding of m / dmin (< 1e-3 std). Each block's scale is the base scale
 // times a gain from 16 levels over [0.75, 1.25]; Q4_0 / Q5_0 scales also take
@@ -789,6 +791,10 @@ static double fast_unit_var(enum ggml_type t) {
         return var_uniform(32) * mean_sq(32, 63);
     case GGML_TYPE_Q6_K:
         return var_sym(31) * mean_sq(64, 127);
+    case GGML_TYPE_Q2_K:
+        return var_uniform(4) * mean_sq(8, 15);
+    case GGML_TYPE_Q3_K:
+        return var_sym(3) * mean_sq(16, 31);
     default:
         return 1;
     }
@@ -852,6 +858,17 @@ static void k4_pack(uint8_t *s, const uint8_t sc[8], const uint8_t mn[8]) {
         s[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
         s[j + 4] = (uint8_t)(mn[j] | ((mn[j + 4] >> 4) << 6));
         s[j + 8] = (uint8_t)((sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4));
+    }
+}
+
+// The 12 scale bytes of Q3_K from 16 signed 6-bit scales (the inverse of
+// quant.c's dq_q3_k: stored + 32, low nibbles then 2-bit tops).
+static void k3_pack(uint8_t *s, const int sc[16]) {
+    memset(s, 0, 12);
+    for (int g = 0; g < 16; g++) {
+        const int c = sc[g] + 32;
+        s[g % 8] |= (uint8_t)((c & 0x0f) << (g < 8 ? 0 : 4));
+        s[8 + g % 4] |= (uint8_t)((c >> 4) << (2 * (g / 4)));
     }
 }
 
@@ -957,6 +974,38 @@ static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const
                 b[192 + j] = (uint8_t)(int8_t)(v & 64 ? -sc : sc);
             }
             put_f16(b + 208, base * fast_gain((unsigned)(r1 >> 60)));
+        }
+        break;
+    case GGML_TYPE_Q2_K:
+        for (int64_t i = 0; i < nb; i++, b += 84) {
+            uint64_t r = rng_next(s);
+            const float d = quant_fp16_to_f32(quant_f32_to_fp16(base * fast_gain(r & 15)));
+            for (int g = 0; g < 16; g++) { // m = sc: dmin m = 1.5 d sc, the level mean
+                const unsigned sc = 8 + (unsigned)((r >> (4 + 3 * g)) & 7);
+                b[g] = (uint8_t)(sc | (sc << 4));
+            }
+            fill_rand(s, b + 16, 64);
+            put_f16(b + 80, d);
+            put_f16(b + 82, 1.5f * d);
+        }
+        break;
+    case GGML_TYPE_Q3_K:
+        for (int64_t i = 0; i < nb; i++, b += 110) {
+            fill_rand(s, b, 96); // hmask[32], qs[64]
+            // Level -4 (low bits 0, third bit clear) -> 0: set the third bit.
+            for (int e = 0; e < 256; e++) {
+                const int h = e / 128, sh = (e / 32) % 4, l = e % 32;
+                if (((b[32 + 32 * h + l] >> (2 * sh)) & 3) == 0)
+                    b[l] |= (uint8_t)(1u << (e / 32));
+            }
+            uint64_t r0 = rng_next(s), r1 = rng_next(s);
+            int sc[16];
+            for (int g = 0; g < 16; g++) { // 5 bits each: magnitude 16..31, sign
+                const unsigned v = (unsigned)((g < 8 ? r0 >> (5 * g) : r1 >> (5 * (g - 8))) & 31);
+                sc[g] = (v & 16) ? -(int)(16 + (v & 15)) : (int)(16 + (v & 15));
+            }
+            k3_pack(b + 96, sc);
+            put_f16(b + 108, base * fast_gain((unsigned)(r1 >> 60)));
         }
         break;
     default:
