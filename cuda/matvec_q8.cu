@@ -29,9 +29,9 @@
 //   (16-byte loads when the row is 16-byte aligned, i.e. when row_bytes is:
 //   Q4_0 with n_in % 256 == 0, Q4_K and Q5_K always), then each lane reads
 //   its block: the 2-byte aligned layouts (Q4_0 18 B, Q5_0 22 B, Q8_0 34 B,
-//   Q6_K 210 B) and Q4_1/Q5_1 with 4-byte shared loads re-aligned by
-//   __byte_perm (at most 2-way bank conflicts for block strides of 4.5, 5.5,
-//   8.5 words); Q4_K (144 B) and Q5_K (176 B) super-blocks with 16-byte
+//   Q3_K 110 B, Q6_K 210 B) and Q4_1/Q5_1/Q2_K with 4-byte shared loads
+//   re-aligned by __byte_perm (at most 2-way bank conflicts for block
+//   strides of 4.5, 5.5, 8.5 words); Q4_K (144 B) and Q5_K (176 B) super-blocks with 16-byte
 //   shared loads (the 8 lanes of a super-block share its header and, in
 //   pairs, its quant bytes: broadcasts, no conflicts). Loading K blocks
 //   straight from global memory instead made each lane fetch 32 quant bytes
@@ -41,11 +41,13 @@
 // All loads of a step (weights of every row, then activations) are issued
 // before the first __syncwarp, so each lane has several in flight.
 //
-// Signed weights (Q4_0, Q5_0, Q6_K): a byte a in [0, 2^k) becomes a - 2^(k-1)
-// as (a + 0x80 - 2^(k-1)) ^ 0x80 per byte (no carry crosses bytes), so __dp4a
-// sees the signed quants and no activation sum is needed. Types with a min
-// (Q4_1, Q5_1, Q4_K, Q5_K) need sum(q_x): __dp4a with 0x01010101, once per
-// token and sub-block (shared by the rows); the block's f16 s is not used.
+// Signed weights (Q4_0, Q5_0, Q3_K, Q6_K): a byte a in [0, 2^k) becomes
+// a - 2^(k-1) as (a + 0x80 - 2^(k-1)) ^ 0x80 per byte (no carry crosses
+// bytes), so __dp4a sees the signed quants and no activation sum is needed.
+// Types with a min (Q4_1, Q5_1, Q4_K, Q5_K) need sum(q_x): __dp4a with
+// 0x01010101, once per token and sub-block (shared by the rows), and Q2_K,
+// whose two 16-element groups have their own mins, also that of elements
+// 16..31. The block's f16 s is not used.
 #include "cuda/dequant.cuh"
 #include "cuda/q8_1.cuh"
 
@@ -164,19 +166,29 @@ static __device__ __forceinline__ uint32_t spread_bit4(uint32_t x) {
     return ((x & 0xfu) * 0x02040810u) & 0x10101010u;
 }
 
+// Signed 6-bit scale g of a Q3_K scales[12] field (gguf/quant_q8.c's
+// q3_scale), read from shared memory byte by byte.
+static __device__ __forceinline__ int q3_scale(const uint8_t *s, int g) {
+    const int lo = g < 8 ? s[g] & 0x0f : s[g - 8] >> 4;
+    const int hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
 // One sub-block of a weight row in dp4a form: v[k] holds elements 4k..4k+3
 // as bytes (signed for the offset types), plus the factors of its term.
 struct mvq_w {
     int v[8];
-    float a, b;   // dw, m (legacy) / d, dmin (K) / d (Q6_K)
-    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q6_K: scales of elements 0..15, 16..31
+    float a, b;   // dw, m (legacy) / d, dmin (K) / d (Q3_K, Q6_K)
+    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q2_K/Q3_K/Q6_K: scales of elements 0..15, 16..31
+    int m0, m1;   // Q2_K: mins of elements 0..15, 16..31
 };
 
 template <int T> struct mvq_traits {
     // The types with a dp4a decode here (quant_q8_1_dot_supported).
     static constexpr bool dp4a = T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 ||
                                  T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1 ||
-                                 T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_K ||
+                                 T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q2_K ||
+                                 T == GGML_TYPE_Q3_K || T == GGML_TYPE_Q4_K ||
                                  T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K;
     // Sub-blocks per weight block.
     static constexpr int subs = qtype<T>::block / 32;
@@ -231,6 +243,37 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w
         sh_words<8>(p + 2, (uint32_t *)o->v);
         o->a = sh_f16(p);
         o->b = 0.0f;
+    } else if (T == GGML_TYPE_Q2_K || T == GGML_TYPE_Q3_K) {
+        // Sub-block j = 4h + s: 2-bit quants at bits 2s.. of qs[32h + l];
+        // groups 2j (elements 0..15) and 2j + 1.
+        const int h = j >> 2, s = j & 3;
+        uint32_t q[8];
+        sh_words<8>(p + (T == GGML_TYPE_Q3_K ? 32 : 16) + 32 * h, q);
+        if (T == GGML_TYPE_Q2_K) {
+            const uint32_t sc2 = *(const uint16_t *)(p + 2 * j); // 4-bit scale | min << 4
+            o->a = sh_f16(p + 80);
+            o->b = sh_f16(p + 82);
+            o->sc0 = (int)(sc2 & 0x0fu);
+            o->m0 = (int)((sc2 >> 4) & 0x0fu);
+            o->sc1 = (int)((sc2 >> 8) & 0x0fu);
+            o->m1 = (int)(sc2 >> 12);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                o->v[k] = (int)((q[k] >> (2 * s)) & 0x03030303u);
+        } else {
+            uint32_t hm[8];
+            sh_words<8>(p, hm);
+            o->a = sh_f16(p + 108);
+            o->b = 0.0f;
+            o->sc0 = q3_scale(p + 96, 2 * j);
+            o->sc1 = q3_scale(p + 96, 2 * j + 1);
+            // level + 4 = the 2 low bits | hmask bit j << 2, then signed
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                o->v[k] = to_signed(((q[k] >> (2 * s)) & 0x03030303u) |
+                                        (((hm[k] >> j) & 0x01010101u) << 2),
+                                    0x7c7c7c7cu);
+        }
     } else if (T == GGML_TYPE_Q6_K) {
         const int n = j >> 2, s = j & 3;
         uint32_t ql[8], qh[8];
@@ -273,15 +316,22 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w
 
 // The sub-block's float term (gguf/quant_q8.h), dx the activation scale.
 template <int T>
-static __device__ __forceinline__ float mvq_term(const mvq_w &w, const int *u, int sumq, float dx) {
-    if (T == GGML_TYPE_Q6_K) {
+// sumq, sumq_hi: the sums of the activation quants over the sub-block and
+// over its elements 16..31 (computed for the types that use them).
+static __device__ __forceinline__ float mvq_term(const mvq_w &w, const int *u, int sumq,
+                                                 int sumq_hi, float dx) {
+    if (T == GGML_TYPE_Q6_K || T == GGML_TYPE_Q3_K || T == GGML_TYPE_Q2_K) {
         int lo = 0, hi = 0;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             lo = __dp4a(w.v[k], u[k], lo);
             hi = __dp4a(w.v[k + 4], u[k + 4], hi);
         }
-        return mul_rn(mul_rn(w.a, dx), (float)(w.sc0 * lo + w.sc1 * hi));
+        const float ti = mul_rn(mul_rn(w.a, dx), (float)(w.sc0 * lo + w.sc1 * hi));
+        if (T != GGML_TYPE_Q2_K)
+            return ti;
+        return sub_rn(
+            ti, mul_rn(mul_rn(w.b, dx), (float)(w.m0 * (sumq - sumq_hi) + w.m1 * sumq_hi)));
     }
     int sumi = 0;
 #pragma unroll
@@ -319,7 +369,8 @@ struct mvq_args {
 
 // Occupancy (sm_90, ptxas -v; bench/README.md's emulated report): 50% or
 // more for every type (at most 64 registers per thread; Q5_K 56 with one
-// token, the widest decode). Each lane keeps several independent loads in
+// token, the widest decode). Q2_K's 3..8-token instance spills 12 bytes
+// (CUDA 13.0): its two mins per sub-block and row. Each lane keeps several independent loads in
 // flight: a step's weight chunks of both rows and its activations are all
 // requested before the first __syncwarp.
 template <int T, int NT>
@@ -391,15 +442,19 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
 #pragma unroll
                     for (int k = 0; k < 8; k++)
                         u[k] = (int)xb[1 + k];
-                    int sumq = 0;
-                    if (tr::has_min) {
+                    int sumq = 0, sumq_hi = 0; // shared by the rows
+                    if (tr::has_min || T == GGML_TYPE_Q2_K) {
 #pragma unroll
-                        for (int k = 0; k < 8; k++)
+                        for (int k = 0; k < 8; k++) {
                             sumq = __dp4a(0x01010101, u[k], sumq);
+                            if (k == 3)
+                                sumq_hi = -sumq; // sumq_hi = the sum of words 4..7
+                        }
+                        sumq_hi += sumq;
                     }
 #pragma unroll
                     for (int r = 0; r < MVQ_ROWS; r++)
-                        acc[r][t] += mvq_term<T>(wv[r], u, sumq, dx);
+                        acc[r][t] += mvq_term<T>(wv[r], u, sumq, sumq_hi, dx);
                 }
             }
         }

@@ -95,6 +95,8 @@ bool quant_q8_1_dot_supported(enum ggml_type t) {
     case GGML_TYPE_Q5_0:
     case GGML_TYPE_Q5_1:
     case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
     case GGML_TYPE_Q6_K:
@@ -121,9 +123,19 @@ static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 // type, see term()).
 struct wsub {
     int qw[32];
-    float a, b;   // dw and m (legacy), d and dmin (K-quants), d (Q6_K)
-    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q6_K: scales of elements 0..15, 16..31
+    float a, b;   // dw and m (legacy), d and dmin (K-quants), d (Q3_K, Q6_K)
+    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q2_K/Q3_K/Q6_K: scales of elements 0..15, 16..31
+    int m0, m1;   // Q2_K: mins of elements 0..15, 16..31
 };
+
+// Signed 6-bit scale g (0..15) of a Q3_K scales[12] field: low nibble in
+// byte g % 8 (the high nibble for g >= 8), top 2 bits at bit 2(g/4) of byte
+// 8 + g % 4, stored + 32.
+static int q3_scale(const uint8_t *s, int g) {
+    const int lo = g < 8 ? s[g] & 0x0f : s[g - 8] >> 4;
+    const int hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
 
 static int fifth_bit(const uint8_t *qh, int e) {
     return (qh[e >> 3] >> (e & 7)) & 1;
@@ -181,6 +193,36 @@ static void decode_sub(enum ggml_type t, const uint8_t *row, int64_t j, struct w
         }
         break;
     }
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K: {
+        // Sub-block g = 4h + s of a super-block: its 2-bit quants are bits
+        // 2s.. of qs[32h + l]; groups 2g and 2g + 1 (gguf/quant.c).
+        const int q3 = t == GGML_TYPE_Q3_K;
+        const uint8_t *b = row + (j / 8) * (q3 ? 110 : 84);
+        const int g = (int)(j % 8), h = g / 4, s = g % 4;
+        const uint8_t *qs = b + (q3 ? 32 : 16) + 32 * h;
+        if (q3) {
+            w->a = rd_f16(b + 108);
+            w->b = 0.0f;
+            w->sc0 = q3_scale(b + 96, 2 * g);
+            w->sc1 = q3_scale(b + 96, 2 * g + 1);
+            w->m0 = w->m1 = 0;
+        } else {
+            w->a = rd_f16(b + 80);
+            w->b = rd_f16(b + 82);
+            w->sc0 = b[2 * g] & 0x0f;
+            w->sc1 = b[2 * g + 1] & 0x0f;
+            w->m0 = b[2 * g] >> 4;
+            w->m1 = b[2 * g + 1] >> 4;
+        }
+        for (int l = 0; l < 32; l++) {
+            int v = (qs[l] >> (2 * s)) & 3;
+            if (q3)
+                v -= ((b[l] >> g) & 1) ? 0 : 4; // hmask[l] bit g clear: subtract 4
+            w->qw[l] = v;
+        }
+        break;
+    }
     case GGML_TYPE_Q6_K: {
         const uint8_t *b = row + (j / 8) * 210;
         const int g = (int)(j % 8), h = g / 4, s = g % 4;
@@ -202,7 +244,7 @@ static void decode_sub(enum ggml_type t, const uint8_t *row, int64_t j, struct w
 
 // The float term of one sub-block (quant_q8.h), from its integer sums.
 static float term(enum ggml_type t, const struct wsub *w, int sumi, int sumi_hi, int sumq,
-                  float dx) {
+                  int sumq_hi, float dx) {
     switch (t) {
     case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q5_0:
@@ -214,8 +256,12 @@ static float term(enum ggml_type t, const struct wsub *w, int sumi, int sumi_hi,
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
         return (w->a * dx) * (float)(w->sc0 * sumi) - (w->b * dx) * (float)(w->sc1 * sumq);
+    case GGML_TYPE_Q3_K:
     case GGML_TYPE_Q6_K:
         return (w->a * dx) * (float)(w->sc0 * (sumi - sumi_hi) + w->sc1 * sumi_hi);
+    case GGML_TYPE_Q2_K:
+        return (w->a * dx) * (float)(w->sc0 * (sumi - sumi_hi) + w->sc1 * sumi_hi) -
+               (w->b * dx) * (float)(w->m0 * (sumq - sumq_hi) + w->m1 * sumq_hi);
     default:
         return NAN;
     }
@@ -238,15 +284,17 @@ int quant_dot_q8_1(enum ggml_type wtype, const void *wrow, const void *xq, int64
     for (int64_t j = 0; j < n / QUANT_Q8_1_BLOCK; j++, x += QUANT_Q8_1_BLOCK_BYTES) {
         struct wsub w;
         decode_sub(wtype, wrow, j, &w);
-        int sumi = 0, sumi_hi = 0, sumq = 0;
+        int sumi = 0, sumi_hi = 0, sumq = 0, sumq_hi = 0;
         for (int l = 0; l < 32; l++) {
             const int qx = (int8_t)x[4 + l];
             sumi += w.qw[l] * qx;
-            if (l >= 16)
-                sumi_hi += w.qw[l] * qx;
             sumq += qx;
+            if (l >= 16) {
+                sumi_hi += w.qw[l] * qx;
+                sumq_hi += qx;
+            }
         }
-        acc += (double)term(wtype, &w, sumi, sumi_hi, sumq, rd_f16(x));
+        acc += (double)term(wtype, &w, sumi, sumi_hi, sumq, sumq_hi, rd_f16(x));
     }
     *out = (float)acc;
     return VERR_OK;

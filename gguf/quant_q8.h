@@ -39,8 +39,12 @@
 //   Q4_1, Q5_1:       term = (dw * dx) * sumi + (m * dx) * sumq   qw unsigned
 //   Q4_K, Q5_K:       term = (d * dx) * (sc_j * sumi) - (dmin * dx) * (m_j * sumq)
 //                     (sc_j, m_j the 6-bit scale and min of group j)
-//   Q6_K:             term = (d * dx) * (sc_a * sumi_a + sc_b * sumi_b)
-//                     (the two 16-element groups of the sub-block, qw = q - 32)
+//   Q6_K, Q3_K:       term = (d * dx) * (sc_a * sumi_a + sc_b * sumi_b)
+//                     (the two 16-element groups of the sub-block, a: elements
+//                     0..15, b: 16..31; qw = q - 32, Q3_K's signed -4..3)
+//   Q2_K:             term = (d * dx) * (sc_a * sumi_a + sc_b * sumi_b)
+//                            - (dmin * dx) * (m_a * sumq_a + m_b * sumq_b)
+//                     (4-bit scales and mins of the two groups, qw 0..3)
 // Each parenthesized product and the integer converted to float is one float
 // rounding, evaluated left to right without FMA contraction; the integer
 // factors are exact (all below 2^24 in magnitude). The reference adds the
@@ -68,8 +72,8 @@ int quant_q8_1_row(const float *x, int64_t n, void *out, struct verr *err);
 // out[i] = q[i] * d (the values the dot product sees). Same contract.
 int quant_q8_1_dequantize_row(const void *xq, int64_t n, float *out, struct verr *err);
 
-// Weight types quant_dot_q8_1 takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-// Q5_K, Q6_K.
+// Weight types quant_dot_q8_1 takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+// Q3_K, Q4_K, Q5_K, Q6_K.
 bool quant_q8_1_dot_supported(enum ggml_type wtype);
 
 // *out = dot of one weight row (n elements of wtype) with the q8_1 row xq,

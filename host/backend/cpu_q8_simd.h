@@ -13,8 +13,10 @@
 //   Q8_0:        I = S (signed weights: |w| * sign(qx, w))   term = (d*dx)*I
 //   Q4_1, Q5_1:  I = S, K = sq                 term = (d*dx)*I + (m*dx)*K
 //   Q4_K, Q5_K:  I = sc*S, K = mn*sq           term = (d*dx)*I + (-dmin*dx)*K
-//   Q6_K:        I = sc0*(LO - 32*(sq-sqh)) + sc1*(HI - 32*sqh)
-//                                              term = (d*dx)*I
+//   Q6_K, Q3_K:  I = sc0*(LO - off*(sq-sqh)) + sc1*(HI - off*sqh)
+//                (off 32, 4: u = qw + off)     term = (d*dx)*I
+//   Q2_K:        I = sc0*LO + sc1*HI, K = m0*(sq-sqh) + m1*sqh
+//                                              term = (d*dx)*I + (-dmin*dx)*K
 // which are the reference's integers and float expressions exactly
 // (x + (-y) == x - y and (-a)*b == -(a*b) in IEEE arithmetic). vpmaddubsw
 // adds pairs of u*qx into int16 with saturation: u <= 63 and |qx| <= 127 keep
@@ -31,7 +33,7 @@
 #endif
 
 // How a type's integers become its term (the table above).
-enum q8_kind { KIND_OFF, KIND_Q8_0, KIND_MIN, KIND_KQUANT, KIND_Q6_K };
+enum q8_kind { KIND_OFF, KIND_Q8_0, KIND_MIN, KIND_KQUANT, KIND_Q6_K, KIND_Q3_K, KIND_Q2_K };
 
 static inline __attribute__((always_inline)) enum q8_kind kind_of(enum ggml_type t) {
     switch (t) {
@@ -45,6 +47,10 @@ static inline __attribute__((always_inline)) enum q8_kind kind_of(enum ggml_type
         return KIND_KQUANT;
     case GGML_TYPE_Q6_K:
         return KIND_Q6_K;
+    case GGML_TYPE_Q3_K:
+        return KIND_Q3_K;
+    case GGML_TYPE_Q2_K:
+        return KIND_Q2_K;
     default:
         return KIND_OFF;
     }
@@ -61,8 +67,10 @@ struct q8_group {
     __m256i s[8]; // Q8_0 on AVX2 only: the signed weights
     __m256 p;     // d (the scale of I)
     __m256 q;     // m or -dmin (the scale of K)
-    __m256i c0;   // off, sc, or Q6_K's sc0
-    __m256i c1;   // mn, or Q6_K's sc1
+    __m256i c0;   // off, sc, or Q2_K/Q3_K/Q6_K's sc0 (elements 0..15)
+    __m256i c1;   // mn, or Q2_K/Q3_K/Q6_K's sc1 (elements 16..31)
+    __m256i c2;   // Q2_K's m0 (elements 0..15)
+    __m256i c3;   // Q2_K's m1 (elements 16..31)
 };
 
 static inline float h2f(const uint8_t *p) {
@@ -247,15 +255,78 @@ static inline __attribute__((always_inline)) void unpack_q6_k(const uint8_t *row
     const __m128i scv = _mm_loadu_si128((const __m128i *)sc);
     const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m128i odd = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1);
-    wg->c0 = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(scv, even));
+    wg->c0 = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(scv, even)); // signed: not even_odd_u8
     wg->c1 = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(scv, odd));
     wg->p = _mm256_set1_ps(d);
+    transpose8(wg->u);
+}
+
+// Q2_K / Q3_K: sub-block s = 4h + ss of super-block g has its 2-bit quants at
+// bits 2ss.. of qs[32h + l] (gguf/quant.c); its groups are 2s and 2s + 1.
+static inline __attribute__((always_inline)) __m256i plane2(const uint8_t *qs, int s) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 4)));
+    return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (s % 4))),
+                            _mm256_set1_epi8(3));
+}
+
+// The even and the odd bytes of 16 (groups 2s and 2s + 1 of sub-block s),
+// widened to int32.
+static inline void even_odd_u8(__m128i v, __m256i *even, __m256i *odd) {
+    const __m128i ev = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i od = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    *even = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(v, ev));
+    *odd = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(v, od));
+}
+
+// Q2_K (scales[16]: 4-bit scale low, min high; qs[64]; d; dmin).
+static inline __attribute__((always_inline)) void unpack_q2_k(const uint8_t *row, int64_t g,
+                                                              struct q8_group *wg) {
+    const uint8_t *b = row + (size_t)g * 84;
+    for (int s = 0; s < 8; s++)
+        wg->u[s] = plane2(b + 16, s);
+    const __m128i sc = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(0x0f);
+    even_odd_u8(_mm_and_si128(sc, m4), &wg->c0, &wg->c1);
+    even_odd_u8(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), &wg->c2, &wg->c3);
+    wg->p = _mm256_set1_ps(h2f(b + 80));
+    wg->q = _mm256_set1_ps(-h2f(b + 82));
+    transpose8(wg->u);
+}
+
+// Q3_K (hmask[32], qs[64], scales[12], d): u = level + 4 = the 2 low bits |
+// hmask bit s << 2; the 16 signed 6-bit scales come out of the three scale
+// words four at a time (gguf/quant_q8.c's q3_scale for every group).
+static inline __attribute__((always_inline)) void unpack_q3_k(const uint8_t *row, int64_t g,
+                                                              struct q8_group *wg) {
+    const uint8_t *b = row + (size_t)g * 110;
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)b), one = _mm256_set1_epi8(1);
+    for (int s = 0; s < 8; s++) {
+        const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(s)), one);
+        wg->u[s] = _mm256_or_si256(plane2(b + 32, s), _mm256_slli_epi16(hb, 2));
+    }
+    uint32_t w[3];
+    memcpy(w, b + 96, 12);
+    const uint32_t lo4 = 0x0f0f0f0fu, hi2 = 0x03030303u;
+    const __m128i v = _mm_setr_epi32((int)((w[0] & lo4) | ((w[2] & hi2) << 4)),
+                                     (int)((w[1] & lo4) | (((w[2] >> 2) & hi2) << 4)),
+                                     (int)(((w[0] >> 4) & lo4) | (((w[2] >> 4) & hi2) << 4)),
+                                     (int)(((w[1] >> 4) & lo4) | (((w[2] >> 6) & hi2) << 4)));
+    even_odd_u8(v, &wg->c0, &wg->c1);
+    const __m256i bias = _mm256_set1_epi32(32);
+    wg->c0 = _mm256_sub_epi32(wg->c0, bias);
+    wg->c1 = _mm256_sub_epi32(wg->c1, bias);
+    wg->p = _mm256_set1_ps(h2f(b + 108));
     transpose8(wg->u);
 }
 
 static inline __attribute__((always_inline)) void
 unpack_group(const enum ggml_type t, const uint8_t *row, int64_t g, int nsub, struct q8_group *wg) {
     switch (t) {
+    case GGML_TYPE_Q2_K:
+        unpack_q2_k(row, g, wg);
+        break;
+    case GGML_TYPE_Q3_K:
+        unpack_q3_k(row, g, wg);
+        break;
     case GGML_TYPE_Q4_K:
         unpack_kquant(false, row, g, wg);
         break;
@@ -317,23 +388,33 @@ dot_group(const enum q8_kind kind, const struct q8_group *wg, const int8_t *xq /
     case KIND_KQUANT:
         ii = _mm256_mullo_epi32(c0, _mm256_add_epi32(lo, hi));
         break;
-    case KIND_Q6_K: {
+    case KIND_Q6_K:
+    case KIND_Q3_K: {
+        const int sh = kind == KIND_Q6_K ? 5 : 2; // off 32 or 4
         const __m256i vsqh = _mm256_load_si256((const __m256i *)sqh);
         const __m256i c1 = wg->c1;
-        const __m256i a = _mm256_sub_epi32(lo, _mm256_slli_epi32(_mm256_sub_epi32(vsq, vsqh), 5));
-        const __m256i b = _mm256_sub_epi32(hi, _mm256_slli_epi32(vsqh, 5));
+        const __m256i a = _mm256_sub_epi32(lo, _mm256_slli_epi32(_mm256_sub_epi32(vsq, vsqh), sh));
+        const __m256i b = _mm256_sub_epi32(hi, _mm256_slli_epi32(vsqh, sh));
         ii = _mm256_add_epi32(_mm256_mullo_epi32(c0, a), _mm256_mullo_epi32(c1, b));
         break;
     }
+    case KIND_Q2_K:
+        ii = _mm256_add_epi32(_mm256_mullo_epi32(c0, lo), _mm256_mullo_epi32(wg->c1, hi));
+        break;
     default: // KIND_MIN
         ii = _mm256_add_epi32(lo, hi);
         break;
     }
     __m256 t = _mm256_mul_ps(_mm256_mul_ps(wg->p, vdx), _mm256_cvtepi32_ps(ii));
-    if (kind == KIND_MIN || kind == KIND_KQUANT) {
+    if (kind == KIND_MIN || kind == KIND_KQUANT || kind == KIND_Q2_K) {
         __m256i kk = vsq;
         if (kind == KIND_KQUANT)
             kk = _mm256_mullo_epi32(wg->c1, vsq);
+        if (kind == KIND_Q2_K) {
+            const __m256i vsqh = _mm256_load_si256((const __m256i *)sqh);
+            kk = _mm256_add_epi32(_mm256_mullo_epi32(wg->c2, _mm256_sub_epi32(vsq, vsqh)),
+                                  _mm256_mullo_epi32(wg->c3, vsqh));
+        }
         const __m256 tk = _mm256_mul_ps(_mm256_mul_ps(wg->q, vdx), _mm256_cvtepi32_ps(kk));
         t = _mm256_add_ps(t, tk);
     }
@@ -405,6 +486,12 @@ void CPU_Q8_ROWS(const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
         break;
     case GGML_TYPE_Q6_K:
         rows_of_type(GGML_TYPE_Q6_K, j, o0, o1);
+        break;
+    case GGML_TYPE_Q2_K:
+        rows_of_type(GGML_TYPE_Q2_K, j, o0, o1);
+        break;
+    case GGML_TYPE_Q3_K:
+        rows_of_type(GGML_TYPE_Q3_K, j, o0, o1);
         break;
     default:
         break; // the caller checked quant_q8_1_dot_supported

@@ -189,7 +189,8 @@ Test(forward_cuda, k_quants) {
 // The 8-bit activation path (the CUDA default) against the CPU doing the same.
 Test(forward_cuda, act_q8) {
     static const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_1,
-                                           GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+                                           GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
+                                           GGML_TYPE_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         struct tiny_cfg c;
         if (ggml_type_get(types[i])->block_size == 256)
