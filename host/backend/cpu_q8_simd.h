@@ -428,6 +428,38 @@ static inline float sum8(__m256 v) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+// out[o] (+ bias, or accumulated) for row o and token t.
+static inline __attribute__((always_inline)) void store_out(const struct cpu_q8_job *j, int t,
+                                                            int64_t o, float s) {
+    if (j->bias)
+        s += j->bias[o];
+    float *dst = j->out + (size_t)t * (size_t)j->n_out + o;
+    *dst = j->accumulate ? *dst + s : s;
+}
+
+// One token (decode): the same groups, terms and additions as the tiled loop
+// below (so the same bits: batch invariance), with the running sum in a
+// register; the tile's acc[] array lives on the stack, and for one token
+// its load-add-store per group was a store-forwarding chain on the hot path.
+static inline __attribute__((always_inline)) void
+rows_one_token(const enum ggml_type type, const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
+    const enum q8_kind kind = kind_of(type);
+    const struct cpu_q8_x *x = j->x;
+    const int64_t nb = j->n_in / QUANT_Q8_1_BLOCK, ng = (nb + 7) / 8;
+    struct q8_group wg;
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *row = j->w + (size_t)o * j->row_bytes;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const int nsub = nb - 8 * g < 8 ? (int)(nb - 8 * g) : 8;
+            unpack_group(type, row, g, nsub, &wg);
+            dot_group(kind, &wg, x->qs + 256 * g, x->dx + 8 * g, x->sq + 8 * g, x->sqh + 8 * g,
+                      &acc);
+        }
+        store_out(j, 0, o, sum8(acc));
+    }
+}
+
 static inline __attribute__((always_inline)) void
 rows_of_type(const enum ggml_type type, const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
     const enum q8_kind kind = kind_of(type);
@@ -435,6 +467,10 @@ rows_of_type(const enum ggml_type type, const struct cpu_q8_job *j, int64_t o0, 
     const int64_t nb = j->n_in / QUANT_Q8_1_BLOCK, ng = (nb + 7) / 8;
     struct q8_group wg;
     __m256 acc[CPU_Q8_TILE];
+    if (x->n_tok == 1) {
+        rows_one_token(type, j, o0, o1);
+        return;
+    }
     for (int t0 = 0; t0 < x->n_tok; t0 += CPU_Q8_TILE) {
         const int nt = x->n_tok - t0 < CPU_Q8_TILE ? x->n_tok - t0 : CPU_Q8_TILE;
         for (int64_t o = o0; o < o1; o++) {
@@ -450,13 +486,8 @@ rows_of_type(const enum ggml_type type, const struct cpu_q8_job *j, int64_t o0, 
                               x->dx + tb, x->sq + tb, x->sqh + tb, &acc[t]);
                 }
             }
-            for (int t = 0; t < nt; t++) {
-                float s = sum8(acc[t]);
-                if (j->bias)
-                    s += j->bias[o];
-                float *dst = j->out + (size_t)(t0 + t) * (size_t)j->n_out + o;
-                *dst = j->accumulate ? *dst + s : s;
-            }
+            for (int t = 0; t < nt; t++)
+                store_out(j, t0 + t, o, sum8(acc[t]));
         }
     }
 }
