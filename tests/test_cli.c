@@ -151,6 +151,36 @@ Test(cli, usage_errors) {
     cr_expect(strstr(err, "--matvec-act: 'q4' is not an activation type (q8, f32)"), "%s", err);
     free(out);
     free(err);
+    cr_expect_eq(run_vela("quantize in.gguf out.gguf", &out, &err), 2);
+    cr_expect(strstr(err, "need INPUT.gguf OUTPUT.gguf TYPE"), "%s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(run_vela("quantize in.gguf out.gguf q9_z", &out, &err), 2);
+    cr_expect(strstr(err, "unknown type: q9_z"), "%s", err);
+    free(out);
+    free(err);
+}
+
+// vela quantize on the suite's model: a file vela runs, and a refusal with
+// exit status 1 (tools/quantize.h; tests/test_quantize.c checks the bytes).
+Test(cli, quantize_writes_a_model_vela_runs) {
+    char *out, *err, args[512], q[160];
+    snprintf(q, sizeof q, "%s.q8_0.gguf", model_path);
+    snprintf(args, sizeof args, "quantize %s %s q8_0", model_path, q);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "converted"), "summary: %s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s -p hello -n 4 --temp 0 --backend cpu", q);
+    cr_expect_eq(run_vela(args, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "quantize %s %s.again q4_0", q, q);
+    cr_expect_eq(run_vela(args, &out, &err), 1);
+    cr_expect(strstr(err, "--allow-requantize"), "%s", err);
+    free(out);
+    free(err);
+    unlink(q);
 }
 
 Test(cli, run_generates_deterministically) {

@@ -5,6 +5,7 @@
 
 int cmd_gguf(int argc, char **argv);     // tools/cmd_gguf.c
 int cmd_mkmodel(int argc, char **argv);  // tools/cmd_mkmodel.c
+int cmd_quantize(int argc, char **argv); // tools/cmd_quantize.c
 int cmd_tokenize(int argc, char **argv); // tools/cmd_tokenize.c
 int cmd_run(int argc, char **argv);      // tools/cmd_run.c
 int cmd_eval(int argc, char **argv);     // tools/cmd_eval.c

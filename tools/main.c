@@ -19,6 +19,7 @@ static const struct subcommand subcommands[] = {
     {"tokenize", cmd_tokenize, "tokenize text with a model's vocabulary"},
     {"gguf", cmd_gguf, "inspect GGUF files (dump)"},
     {"mkmodel", cmd_mkmodel, "write a synthetic model as GGUF"},
+    {"quantize", cmd_quantize, "rewrite a GGUF model with its weights in another type"},
     {"bench", cmd_bench, "measure prompt and generation throughput"},
     {"chat", cmd_chat, "chat with the model in the terminal"},
     {"serve", cmd_serve, "serve the model over HTTP (OpenAI API)"},

@@ -377,7 +377,7 @@ static bool use_more_bits(int i_layer, int n_layer) {
 
 // The type llama.cpp's quantize falls back to when `t`'s block size does not
 // divide the row length.
-static enum ggml_type type_fallback(enum ggml_type t, int64_t ne0) {
+enum ggml_type mkmodel_type_fallback(enum ggml_type t, int64_t ne0) {
     const struct ggml_type_info *ti = ggml_type_get(t);
     if (!ti->quantized || ne0 % ti->block_size == 0)
         return t;
@@ -476,7 +476,7 @@ static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan
                  use_more_bits(layer, c->n_layer))
             t = GGML_TYPE_Q6_K;
     }
-    enum ggml_type f = type_fallback(t, ne0);
+    enum ggml_type f = mkmodel_type_fallback(t, ne0);
     if (f != t)
         note_fallback(pn, ne0, t, f, name);
     return f;

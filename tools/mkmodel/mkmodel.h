@@ -168,6 +168,13 @@ int mkmodel_vocab_base_size(void);
 // type (0 all F32, 1 mostly F16, 2 Q4_0, 7 Q8_0, 15 Q4_K_M, ...), or -1.
 int mkmodel_file_type(enum ggml_type type, enum mkmodel_mix mix);
 
+// The type a matrix of rows of ne0 elements gets when `t` cannot hold them
+// (ne0 not a multiple of its block size), llama.cpp's choice: Q2_K/Q3_K ->
+// Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, else F16 (also when the
+// fallback cannot hold them either or has no quantizer); `t` itself when it
+// fits.
+enum ggml_type mkmodel_type_fallback(enum ggml_type t, int64_t ne0);
+
 // Number of weights (all tensors) the resolved config describes.
 int64_t mkmodel_count_params(const struct mkmodel_config *resolved);
 

@@ -1,0 +1,177 @@
+// vela quantize: the conversion (tools/quantize.h).
+#include "tools/quantize.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gguf/gguf.h"
+#include "gguf/quant.h"
+#include "tools/mkmodel/mkmodel.h"
+
+#define QZ_CHUNK_BYTES (4u << 20) // output bytes converted per write
+
+static bool is_matrix(const struct gguf_tensor_info *t) {
+    const size_t n = strlen(t->name);
+    return t->n_dims == 2 && n > 7 && strcmp(t->name + n - 7, ".weight") == 0;
+}
+
+// The type tensor t is written in.
+static enum ggml_type target_of(const struct quantize_opts *o, const struct gguf_tensor_info *t) {
+    if (!is_matrix(t))
+        return t->type;
+    int want = (int)o->type;
+    if (o->type_embd >= 0 && strcmp(t->name, "token_embd.weight") == 0)
+        want = o->type_embd;
+    if (o->type_output >= 0 && strcmp(t->name, "output.weight") == 0)
+        want = o->type_output;
+    return mkmodel_type_fallback((enum ggml_type)want, t->ne[0]);
+}
+
+static int check_type(int t, const char *what, struct verr *err) {
+    if (t < 0)
+        return VERR_OK;
+    if (!quant_can_quantize((enum ggml_type)t))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "%s: vela cannot write %s (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K "
+                        "q3_K q4_K q5_K q6_K)",
+                        what, ggml_type_name((uint32_t)t));
+    return VERR_OK;
+}
+
+// Refusals that need no writing: same file, undecodable or requantized
+// tensors. Fills stats' counts.
+static int plan_check(const struct quantize_opts *o, const struct gguf_file *f,
+                      struct quantize_stats *st, struct verr *err) {
+    struct stat si, so;
+    if (stat(o->in, &si) == 0 && stat(o->out, &so) == 0 && si.st_dev == so.st_dev &&
+        si.st_ino == so.st_ino)
+        return verr_set(err, VERR_RANGE, "%s: the output is the input file", o->out);
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor_info *t = &f->tensors[i];
+        const enum ggml_type to = target_of(o, t);
+        st->n_tensors++;
+        st->bytes_in += t->nbytes;
+        st->bytes_out += ggml_row_bytes(to, t->ne[0]) * (uint64_t)(t->nbytes / ggml_row_bytes(t->type, t->ne[0]));
+        if (to == t->type) {
+            st->n_copied++;
+            continue;
+        }
+        st->n_converted++;
+        st->n_fallback += is_matrix(t) && to != o->type && (int)to != o->type_embd &&
+                          (int)to != o->type_output;
+        if (!quant_can_dequantize(t->type))
+            return verr_set(err, VERR_UNSUPPORTED, "%s: %s: vela cannot decode %s tensors", o->in,
+                            t->name, ggml_type_name(t->type));
+        const bool block = ggml_type_get(t->type)->quantized;
+        if (block && !o->allow_requantize)
+            return verr_set(err, VERR_RANGE,
+                            "%s: %s is %s already; converting it to %s loses precision twice "
+                            "(--allow-requantize to do it anyway)",
+                            o->in, t->name, ggml_type_name(t->type), ggml_type_name(to));
+    }
+    return VERR_OK;
+}
+
+static int set_metadata(const struct quantize_opts *o, const struct gguf_file *f,
+                        struct gguf_writer *w) {
+    bool blocks = false;
+    for (uint64_t i = 0; i < f->n_tensors; i++)
+        blocks |= ggml_type_get(target_of(o, &f->tensors[i]))->quantized;
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        if (strcmp(f->kv[i].key, "general.alignment") == 0)
+            gguf_writer_set_alignment(w, (uint32_t)f->alignment);
+        else
+            gguf_writer_set_value(w, f->kv[i].key, &f->kv[i].val);
+    }
+    const int ft = mkmodel_file_type(o->type, MKMODEL_MIX_NONE);
+    if (ft >= 0)
+        gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft);
+    if (blocks)
+        gguf_writer_set_u32(w, "general.quantization_version", 2);
+    return 0;
+}
+
+// Tensor t's data in type `to`, row by row, in chunks of whole rows.
+static int write_converted(const struct gguf_file *f, const struct gguf_tensor_info *t,
+                           enum ggml_type to, struct gguf_writer *w, struct verr *err) {
+    const int64_t n = t->ne[0];
+    const size_t rb_in = ggml_row_bytes(t->type, n), rb_out = ggml_row_bytes(to, n);
+    const int64_t rows = (int64_t)(t->nbytes / rb_in);
+    int64_t per = (int64_t)(QZ_CHUNK_BYTES / rb_out);
+    per = per < 1 ? 1 : per;
+    float *x = malloc((size_t)n * sizeof *x);
+    uint8_t *buf = malloc(rb_out * (size_t)(per < rows ? per : rows));
+    int rc = (x && buf) ? VERR_OK : verr_set(err, VERR_NOMEM, "out of memory");
+    for (int64_t r0 = 0; rc == VERR_OK && r0 < rows; r0 += per) {
+        const int64_t nr = rows - r0 < per ? rows - r0 : per;
+        for (int64_t r = 0; rc == VERR_OK && r < nr; r++) {
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)(r0 + r) * rb_in;
+            rc = quant_dequantize_row(t->type, src, x, n, err);
+            if (rc == VERR_OK)
+                rc = quant_quantize_row(to, x, buf + (size_t)r * rb_out, n, err);
+            if (rc)
+                verr_wrap(err, "%s: %s row %lld", f->path, t->name, (long long)(r0 + r));
+        }
+        if (rc == VERR_OK)
+            rc = gguf_writer_write_tensor_data(w, buf, rb_out * (size_t)nr, err);
+    }
+    free(x);
+    free(buf);
+    return rc;
+}
+
+int quantize_file(const struct quantize_opts *o, struct quantize_stats *stats, struct verr *err) {
+    struct quantize_stats st = {0};
+    int rc = check_type((int)o->type, "type", err);
+    if (rc == VERR_OK)
+        rc = check_type(o->type_embd, "--token-embedding-type", err);
+    if (rc == VERR_OK)
+        rc = check_type(o->type_output, "--output-tensor-type", err);
+    if (rc)
+        return rc;
+    struct gguf_file *f = NULL;
+    if ((rc = gguf_open(&f, o->in, err)))
+        return rc;
+    if ((rc = plan_check(o, f, &st, err))) {
+        gguf_close(f);
+        return rc;
+    }
+    // Written beside the output and renamed at the end, so that a failure
+    // leaves whatever was at o->out untouched.
+    const size_t tl = strlen(o->out) + 16;
+    char *tmp = malloc(tl);
+    struct gguf_writer *w = gguf_writer_new();
+    if (!tmp || !w)
+        rc = verr_set(err, VERR_NOMEM, "out of memory");
+    else
+        snprintf(tmp, tl, "%s.vela-partial", o->out);
+    if (rc == VERR_OK)
+        set_metadata(o, f, w);
+    for (uint64_t i = 0; rc == VERR_OK && i < f->n_tensors; i++) {
+        const struct gguf_tensor_info *t = &f->tensors[i];
+        rc = gguf_writer_add_tensor(w, t->name, target_of(o, t), t->n_dims, t->ne, NULL, err);
+    }
+    if (rc == VERR_OK)
+        rc = gguf_writer_begin(w, tmp, err);
+    for (uint64_t i = 0; rc == VERR_OK && i < f->n_tensors; i++) {
+        const struct gguf_tensor_info *t = &f->tensors[i];
+        const enum ggml_type to = target_of(o, t);
+        rc = to == t->type ? gguf_writer_write_tensor_data(w, t->data, t->nbytes, err)
+                           : write_converted(f, t, to, w, err);
+    }
+    if (rc == VERR_OK)
+        rc = gguf_writer_finish(w, err);
+    gguf_writer_free(w); // removes a partial file
+    if (rc == VERR_OK && rename(tmp, o->out) != 0) {
+        rc = verr_set(err, VERR_IO, "%s: cannot rename %s to it", o->out, tmp);
+        unlink(tmp);
+    }
+    free(tmp);
+    gguf_close(f);
+    if (rc == VERR_OK && stats)
+        *stats = st;
+    return rc;
+}
