@@ -136,6 +136,20 @@ Test(quantize, f32_model_to_q4_k) {
     gguf_close(b);
 }
 
+Test(quantize, threads_do_not_change_the_bytes) {
+    const char *in = write_model("f32.gguf", 256, 512, GGML_TYPE_F32);
+    struct verr err = {0};
+    struct quantize_opts o = {.in = in, .out = path_of("t1.gguf"), .type = GGML_TYPE_Q5_K,
+                              .type_embd = -1, .type_output = -1, .n_threads = 1};
+    cr_assert_eq(quantize_file(&o, NULL, &err), 0, "%s", err.msg);
+    o.out = path_of("t3.gguf");
+    o.n_threads = 3;
+    cr_assert_eq(quantize_file(&o, NULL, &err), 0, "%s", err.msg);
+    char cmd[320];
+    snprintf(cmd, sizeof cmd, "cmp -s %s %s", path_of("t1.gguf"), path_of("t3.gguf"));
+    cr_expect_eq(system(cmd), 0, "1 and 3 threads give the same file");
+}
+
 Test(quantize, rows_that_do_not_fit_get_the_fallback) {
     // n_embd 128: rows of 128 cannot be Q3_K (256 per block): Q4_0 instead;
     // ffn_down's rows of 512 can.

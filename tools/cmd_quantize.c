@@ -1,5 +1,6 @@
 // vela quantize: command line of tools/quantize.h.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gguf/types.h"
@@ -23,6 +24,7 @@ static void usage(FILE *out) {
             "                              is lost twice)\n"
             "  --token-embedding-type T    token_embd.weight in T\n"
             "  --output-tensor-type T      output.weight in T\n"
+            "  -t, --threads N             converting threads (default: the physical cores)\n"
             "  -q, --quiet                 print nothing but errors\n"
             "  -h, --help                  this help\n"
             "\n"
@@ -54,6 +56,13 @@ int cmd_quantize(int argc, char **argv) {
             o.allow_requantize = true;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = true;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            char *end = NULL;
+            const long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
+            if (i + 1 >= argc || *end != '\0' || v < 1 || v > 1024)
+                return bad("--threads needs a number from 1 to 1024", i + 1 < argc ? argv[i + 1] : NULL);
+            o.n_threads = (int)v;
+            i++;
         } else if (!strcmp(a, "--token-embedding-type") || !strcmp(a, "--output-tensor-type")) {
             if (i + 1 >= argc)
                 return bad("missing value after", a);

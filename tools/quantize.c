@@ -9,6 +9,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
+#include "host/backend/threadpool.h"
 #include "tools/mkmodel/mkmodel.h"
 
 #define QZ_CHUNK_BYTES (4u << 20) // output bytes converted per write
@@ -94,32 +95,75 @@ static int set_metadata(const struct quantize_opts *o, const struct gguf_file *f
     return 0;
 }
 
-// Tensor t's data in type `to`, row by row, in chunks of whole rows.
-static int write_converted(const struct gguf_file *f, const struct gguf_tensor_info *t,
-                           enum ggml_type to, struct gguf_writer *w, struct verr *err) {
-    const int64_t n = t->ne[0];
-    const size_t rb_in = ggml_row_bytes(t->type, n), rb_out = ggml_row_bytes(to, n);
-    const int64_t rows = (int64_t)(t->nbytes / rb_in);
-    int64_t per = (int64_t)(QZ_CHUNK_BYTES / rb_out);
-    per = per < 1 ? 1 : per;
-    float *x = malloc((size_t)n * sizeof *x);
-    uint8_t *buf = malloc(rb_out * (size_t)(per < rows ? per : rows));
-    int rc = (x && buf) ? VERR_OK : verr_set(err, VERR_NOMEM, "out of memory");
-    for (int64_t r0 = 0; rc == VERR_OK && r0 < rows; r0 += per) {
-        const int64_t nr = rows - r0 < per ? rows - r0 : per;
-        for (int64_t r = 0; rc == VERR_OK && r < nr; r++) {
-            const uint8_t *src = (const uint8_t *)t->data + (size_t)(r0 + r) * rb_in;
-            rc = quant_dequantize_row(t->type, src, x, n, err);
-            if (rc == VERR_OK)
-                rc = quant_quantize_row(to, x, buf + (size_t)r * rb_out, n, err);
-            if (rc)
-                verr_wrap(err, "%s: %s row %lld", f->path, t->name, (long long)(r0 + r));
-        }
+// One chunk of rows [r0, r0 + nr) of a tensor, converted by the pool's
+// threads into buf; each thread has its own float row and first failure.
+struct qz_chunk {
+    const struct gguf_tensor_info *t;
+    enum ggml_type to;
+    size_t rb_in, rb_out;
+    int64_t r0;
+    uint8_t *buf;
+    float *x;          // [threads][ne0]
+    int *rc;           // [threads]
+    int64_t *bad;      // [threads] the first failing row
+    struct verr *errs; // [threads]
+};
+
+static void qz_rows(void *ctx, int64_t begin, int64_t end, int thread) {
+    struct qz_chunk *c = ctx;
+    const int64_t n = c->t->ne[0];
+    float *x = c->x + (size_t)thread * (size_t)n;
+    for (int64_t r = begin; r < end && c->rc[thread] == VERR_OK; r++) {
+        const uint8_t *src = (const uint8_t *)c->t->data + (size_t)(c->r0 + r) * c->rb_in;
+        int rc = quant_dequantize_row(c->t->type, src, x, n, &c->errs[thread]);
         if (rc == VERR_OK)
-            rc = gguf_writer_write_tensor_data(w, buf, rb_out * (size_t)nr, err);
+            rc = quant_quantize_row(c->to, x, c->buf + (size_t)r * c->rb_out, n, &c->errs[thread]);
+        if (rc) {
+            c->rc[thread] = rc;
+            c->bad[thread] = c->r0 + r;
+        }
     }
-    free(x);
-    free(buf);
+}
+
+// Tensor t's data in type `to`, in chunks of whole rows.
+static int write_converted(const struct gguf_file *f, const struct gguf_tensor_info *t,
+                           enum ggml_type to, struct threadpool *tp, struct gguf_writer *w,
+                           struct verr *err) {
+    const int nt = threadpool_size(tp);
+    const int64_t n = t->ne[0];
+    struct qz_chunk c = {.t = t, .to = to};
+    c.rb_in = ggml_row_bytes(t->type, n);
+    c.rb_out = ggml_row_bytes(to, n);
+    const int64_t rows = (int64_t)(t->nbytes / c.rb_in);
+    int64_t per = (int64_t)(QZ_CHUNK_BYTES / c.rb_out);
+    per = per < 1 ? 1 : per;
+    c.buf = malloc(c.rb_out * (size_t)(per < rows ? per : rows));
+    c.x = malloc((size_t)nt * (size_t)n * sizeof *c.x);
+    c.rc = calloc((size_t)nt, sizeof *c.rc);
+    c.bad = calloc((size_t)nt, sizeof *c.bad);
+    c.errs = calloc((size_t)nt, sizeof *c.errs);
+    int rc = (c.buf && c.x && c.rc && c.bad && c.errs) ? VERR_OK
+                                                       : verr_set(err, VERR_NOMEM, "out of memory");
+    for (c.r0 = 0; rc == VERR_OK && c.r0 < rows; c.r0 += per) {
+        const int64_t nr = rows - c.r0 < per ? rows - c.r0 : per;
+        threadpool_parallel_for(tp, nr, 1, qz_rows, &c);
+        int worst = -1; // the first failing row, whichever thread met it
+        for (int k = 0; k < nt; k++)
+            if (c.rc[k] && (worst < 0 || c.bad[k] < c.bad[worst]))
+                worst = k;
+        if (worst >= 0) {
+            *err = c.errs[worst];
+            rc = c.rc[worst];
+            verr_wrap(err, "%s: %s row %lld", f->path, t->name, (long long)c.bad[worst]);
+        } else {
+            rc = gguf_writer_write_tensor_data(w, c.buf, c.rb_out * (size_t)nr, err);
+        }
+    }
+    free(c.buf);
+    free(c.x);
+    free(c.rc);
+    free(c.bad);
+    free(c.errs);
     return rc;
 }
 
@@ -154,14 +198,18 @@ int quantize_file(const struct quantize_opts *o, struct quantize_stats *stats, s
         const struct gguf_tensor_info *t = &f->tensors[i];
         rc = gguf_writer_add_tensor(w, t->name, target_of(o, t), t->n_dims, t->ne, NULL, err);
     }
+    struct threadpool *tp = NULL;
+    if (rc == VERR_OK)
+        rc = threadpool_create(&tp, o->n_threads, err);
     if (rc == VERR_OK)
         rc = gguf_writer_begin(w, tmp, err);
     for (uint64_t i = 0; rc == VERR_OK && i < f->n_tensors; i++) {
         const struct gguf_tensor_info *t = &f->tensors[i];
         const enum ggml_type to = target_of(o, t);
         rc = to == t->type ? gguf_writer_write_tensor_data(w, t->data, t->nbytes, err)
-                           : write_converted(f, t, to, w, err);
+                           : write_converted(f, t, to, tp, w, err);
     }
+    threadpool_free(tp);
     if (rc == VERR_OK)
         rc = gguf_writer_finish(w, err);
     gguf_writer_free(w); // removes a partial file

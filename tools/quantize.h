@@ -11,8 +11,9 @@
 // and general.quantization_version (2 when the output holds block types).
 //
 // Conversion: each row is decoded to float32 (gguf/quant.c, bit-exact with
-// ggml) and encoded with vela's quantizers (gguf/quant.h); a tensor already
-// in its target type is copied byte for byte. Converting a tensor that is
+// ggml) and encoded with vela's quantizers (gguf/quant.h), rows spread over
+// n_threads (the bytes do not depend on it); a tensor already in its target
+// type is copied byte for byte. Converting a tensor that is
 // already quantized to another type loses precision twice, so it is refused
 // unless allow_requantize is set (llama-quantize's --allow-requantize).
 #ifndef VELA_TOOLS_QUANTIZE_H
@@ -30,6 +31,7 @@ struct quantize_opts {
     int type_embd;        // token_embd.weight's type, or -1: `type`
     int type_output;      // output.weight's type, or -1: `type`
     bool allow_requantize;
+    int n_threads; // rows are converted in parallel; <= 0: the physical cores
 };
 
 struct quantize_stats {
