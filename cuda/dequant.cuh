@@ -102,6 +102,15 @@ static __host__ __device__ __forceinline__ void k4_scale_min(const uint32_t *s /
     }
 }
 
+// Signed 6-bit scale g (0..15) of a Q3_K scales[12] field (gguf/quant.h,
+// quant_q3_k_scale): low nibble in byte g % 8 (high nibble for g >= 8), top
+// 2 bits at bit 2(g/4) of byte 8 + g % 4, stored + 32.
+static __host__ __device__ __forceinline__ int q3k_scale(const uint8_t *s, int g) {
+    const int lo = g < 8 ? s[g] & 0x0f : s[g - 8] >> 4;
+    const int hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
 // Block geometry of the quantized types.
 template <int T> struct qtype;
 template <> struct qtype<GGML_TYPE_Q4_0> { static constexpr int block = 32, bytes = 18; };
@@ -237,16 +246,8 @@ __host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q3_K>(const uin
     const uint8_t *b = row + (sb >> 3) * 110;
     const int j = (int)(sb & 7), h = j >> 2, s = j & 3;
     const float d = f16_bits_to_f32((uint16_t)ld_u16(b + 108));
-    uint32_t sw[3];
-    ld_words_a2<3>(b + 96, sw);
-    float dg[2];
-VELA_UNROLL
-    for (int k = 0; k < 2; k++) {
-        const int g = 2 * j + k;
-        const int lo = g < 8 ? byte_at(sw, g) & 0x0f : byte_at(sw, g - 8) >> 4;
-        const int hi = (byte_at(sw, 8 + g % 4) >> (2 * (g / 4))) & 3;
-        dg[k] = mul_rn(d, (float)((lo | (hi << 4)) - 32));
-    }
+    const float dg[2] = {mul_rn(d, (float)q3k_scale(b + 96, 2 * j)),
+                         mul_rn(d, (float)q3k_scale(b + 96, 2 * j + 1))};
     uint32_t q[8], hm[8];
     ld_words_a2<8>(b + 32 + 32 * h, q);
     ld_words_a2<8>(b, hm);

@@ -166,14 +166,6 @@ static __device__ __forceinline__ uint32_t spread_bit4(uint32_t x) {
     return ((x & 0xfu) * 0x02040810u) & 0x10101010u;
 }
 
-// Signed 6-bit scale g of a Q3_K scales[12] field (gguf/quant_q8.c's
-// q3_scale), read from shared memory byte by byte.
-static __device__ __forceinline__ int q3_scale(const uint8_t *s, int g) {
-    const int lo = g < 8 ? s[g] & 0x0f : s[g - 8] >> 4;
-    const int hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
-    return (lo | (hi << 4)) - 32;
-}
-
 // One sub-block of a weight row in dp4a form: v[k] holds elements 4k..4k+3
 // as bytes (signed for the offset types), plus the factors of its term.
 struct mvq_w {
@@ -265,8 +257,8 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w
             sh_words<8>(p, hm);
             o->a = sh_f16(p + 108);
             o->b = 0.0f;
-            o->sc0 = q3_scale(p + 96, 2 * j);
-            o->sc1 = q3_scale(p + 96, 2 * j + 1);
+            o->sc0 = q3k_scale(p + 96, 2 * j);
+            o->sc1 = q3k_scale(p + 96, 2 * j + 1);
             // level + 4 = the 2 low bits | hmask bit j << 2, then signed
 #pragma unroll
             for (int k = 0; k < 8; k++)
@@ -442,16 +434,17 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
 #pragma unroll
                     for (int k = 0; k < 8; k++)
                         u[k] = (int)xb[1 + k];
-                    int sumq = 0, sumq_hi = 0; // shared by the rows
+                    // Sums of the activation quants over elements 0..15
+                    // and 16..31, shared by the rows.
+                    int sumq_lo = 0, sumq_hi = 0;
                     if (tr::has_min || T == GGML_TYPE_Q2_K) {
 #pragma unroll
-                        for (int k = 0; k < 8; k++) {
-                            sumq = __dp4a(0x01010101, u[k], sumq);
-                            if (k == 3)
-                                sumq_hi = -sumq; // sumq_hi = the sum of words 4..7
+                        for (int k = 0; k < 4; k++) {
+                            sumq_lo = __dp4a(0x01010101, u[k], sumq_lo);
+                            sumq_hi = __dp4a(0x01010101, u[k + 4], sumq_hi);
                         }
-                        sumq_hi += sumq;
                     }
+                    const int sumq = sumq_lo + sumq_hi;
 #pragma unroll
                     for (int r = 0; r < MVQ_ROWS; r++)
                         acc[r][t] += mvq_term<T>(wv[r], u, sumq, sumq_hi, dx);

@@ -256,16 +256,28 @@ static void dq_q2_k(const uint8_t *restrict b, float *restrict y, int64_t nb) {
 // bit 2*(g/4) of scales[8 + g % 4]. The 2 low bits of each 3-bit quant are laid
 // out as in Q2_K; its third bit is hmask[l] bit (4h + s), and a clear bit
 // means "subtract 4".
+int quant_q3_k_scale(const uint8_t s[12], int g) {
+    const int lo = g < 8 ? s[g] & 0x0f : s[g - 8] >> 4;
+    const int hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+void quant_q3_k_pack_scales(uint8_t s[12], const int sc[16]) {
+    memset(s, 0, 12);
+    for (int g = 0; g < 16; g++) {
+        const int c = sc[g] + 32;
+        s[g % 8] |= (uint8_t)((c & 0x0f) << (g < 8 ? 0 : 4));
+        s[8 + g % 4] |= (uint8_t)((c >> 4) << (2 * (g / 4)));
+    }
+}
+
 static void dq_q3_k(const uint8_t *restrict b, float *restrict y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 110) {
         const uint8_t *hmask = b, *qs = b + 32, *sraw = b + 96;
         const float d = rd_f16(b + 108);
         int sc[16];
-        for (int g = 0; g < 16; g++) {
-            int lo = g < 8 ? (sraw[g] & 0x0f) : (sraw[g - 8] >> 4);
-            int hi = (sraw[8 + g % 4] >> (2 * (g / 4))) & 3;
-            sc[g] = (lo | (hi << 4)) - 32;
-        }
+        for (int g = 0; g < 16; g++)
+            sc[g] = quant_q3_k_scale(sraw, g);
         for (int h = 0; h < 2; h++) {
             const uint8_t *q = qs + 32 * h;
             for (int s = 0; s < 4; s++) {
@@ -892,19 +904,14 @@ static void qz_q3_k(const float *x, uint8_t *b, int64_t nb) {
         int sc[16];
         int32_t q[256];
         kquant_sym_codes(x, -4, 3, -32, &d16, sc, q);
-        uint8_t u[256], *hmask = b, *sraw = b + 96;
+        uint8_t u[256], *hmask = b;
         memset(hmask, 0, 32);
         for (int e = 0; e < 256; e++) {
             u[e] = (uint8_t)(q[e] + 4);
             hmask[e % 32] |= (uint8_t)((u[e] >> 2) << (e / 32));
         }
         kquant_pack_2bit(u, b + 32);
-        memset(sraw, 0, 12);
-        for (int g = 0; g < 16; g++) {
-            const int c = sc[g] + 32;
-            sraw[g % 8] |= (uint8_t)((c & 0x0f) << (g < 8 ? 0 : 4));
-            sraw[8 + g % 4] |= (uint8_t)((c >> 4) << (2 * (g / 4)));
-        }
+        quant_q3_k_pack_scales(b + 96, sc);
         wr_u16(b + 108, d16);
     }
 }

@@ -33,6 +33,13 @@ bool quant_can_quantize(enum ggml_type type);
 // quant_can_dequantize.
 bool quant_type_supported(enum ggml_type type);
 
+// Q3_K's 16 signed 6-bit group scales in its 12-byte scales field: the low
+// nibble of scale g in byte g % 8 (the high nibble for g >= 8), its top 2
+// bits at bit 2(g/4) of byte 8 + g % 4, stored + 32. Scale g, and the
+// inverse (sc[g] in [-32, 31]).
+int quant_q3_k_scale(const uint8_t s[12], int g);
+void quant_q3_k_pack_scales(uint8_t s[12], const int sc[16]);
+
 int quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n,
                          struct verr *err);
 int quant_quantize_row(enum ggml_type type, const float *src, void *dst, int64_t n,

@@ -128,15 +128,6 @@ struct wsub {
     int m0, m1;   // Q2_K: mins of elements 0..15, 16..31
 };
 
-// Signed 6-bit scale g (0..15) of a Q3_K scales[12] field: low nibble in
-// byte g % 8 (the high nibble for g >= 8), top 2 bits at bit 2(g/4) of byte
-// 8 + g % 4, stored + 32.
-static int q3_scale(const uint8_t *s, int g) {
-    const int lo = g < 8 ? s[g] & 0x0f : s[g - 8] >> 4;
-    const int hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
-    return (lo | (hi << 4)) - 32;
-}
-
 static int fifth_bit(const uint8_t *qh, int e) {
     return (qh[e >> 3] >> (e & 7)) & 1;
 }
@@ -204,8 +195,8 @@ static void decode_sub(enum ggml_type t, const uint8_t *row, int64_t j, struct w
         if (q3) {
             w->a = rd_f16(b + 108);
             w->b = 0.0f;
-            w->sc0 = q3_scale(b + 96, 2 * g);
-            w->sc1 = q3_scale(b + 96, 2 * g + 1);
+            w->sc0 = quant_q3_k_scale(b + 96, 2 * g);
+            w->sc1 = quant_q3_k_scale(b + 96, 2 * g + 1);
             w->m0 = w->m1 = 0;
         } else {
             w->a = rd_f16(b + 80);

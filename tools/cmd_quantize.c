@@ -66,7 +66,7 @@ int cmd_quantize(int argc, char **argv) {
         } else if (!strcmp(a, "--token-embedding-type") || !strcmp(a, "--output-tensor-type")) {
             if (i + 1 >= argc)
                 return bad("missing value after", a);
-            int *dst = a[2] == 't' ? &o.type_embd : &o.type_output;
+            int *dst = !strcmp(a, "--token-embedding-type") ? &o.type_embd : &o.type_output;
             if (!type_arg(argv[++i], dst))
                 return bad("unknown type", argv[i]);
         } else if (a[0] == '-' && a[1] != '\0') {

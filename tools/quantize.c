@@ -76,8 +76,9 @@ static int plan_check(const struct quantize_opts *o, const struct gguf_file *f,
     return VERR_OK;
 }
 
-static int set_metadata(const struct quantize_opts *o, const struct gguf_file *f,
-                        struct gguf_writer *w) {
+// Failures are remembered by the writer (gguf_writer_begin reports them).
+static void set_metadata(const struct quantize_opts *o, const struct gguf_file *f,
+                         struct gguf_writer *w) {
     bool blocks = false;
     for (uint64_t i = 0; i < f->n_tensors; i++)
         blocks |= ggml_type_get(target_of(o, &f->tensors[i]))->quantized;
@@ -92,7 +93,6 @@ static int set_metadata(const struct quantize_opts *o, const struct gguf_file *f
         gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft);
     if (blocks)
         gguf_writer_set_u32(w, "general.quantization_version", 2);
-    return 0;
 }
 
 // One chunk of rows [r0, r0 + nr) of a tensor, converted by the pool's

@@ -437,55 +437,46 @@ static inline __attribute__((always_inline)) void store_out(const struct cpu_q8_
     *dst = j->accumulate ? *dst + s : s;
 }
 
-// One token (decode): the same groups, terms and additions as the tiled loop
-// below (so the same bits: batch invariance), with the running sum in a
-// register; the tile's acc[] array lives on the stack, and for one token
-// its load-add-store per group was a store-forwarding chain on the hot path.
+// acc[t] += the terms of row `row` with tokens t0 .. t0 + nt - 1, group by
+// group: each group is unpacked once and dotted with every token.
 static inline __attribute__((always_inline)) void
-rows_one_token(const enum ggml_type type, const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
+dot_row(const enum ggml_type type, const struct cpu_q8_x *x, const uint8_t *row, int64_t nb,
+        int t0, int nt, __m256 *acc) {
     const enum q8_kind kind = kind_of(type);
-    const struct cpu_q8_x *x = j->x;
-    const int64_t nb = j->n_in / QUANT_Q8_1_BLOCK, ng = (nb + 7) / 8;
     struct q8_group wg;
-    for (int64_t o = o0; o < o1; o++) {
-        const uint8_t *row = j->w + (size_t)o * j->row_bytes;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t g = 0; g < ng; g++) {
-            const int nsub = nb - 8 * g < 8 ? (int)(nb - 8 * g) : 8;
-            unpack_group(type, row, g, nsub, &wg);
-            dot_group(kind, &wg, x->qs + 256 * g, x->dx + 8 * g, x->sq + 8 * g, x->sqh + 8 * g,
-                      &acc);
+    for (int64_t g = 0; g < (nb + 7) / 8; g++) {
+        const int nsub = nb - 8 * g < 8 ? (int)(nb - 8 * g) : 8;
+        unpack_group(type, row, g, nsub, &wg);
+        for (int t = 0; t < nt; t++) {
+            const size_t tb = (size_t)(t0 + t) * (size_t)x->nb_pad + (size_t)(8 * g);
+            dot_group(kind, &wg, x->qs + (size_t)(t0 + t) * (size_t)x->n_pad + 256 * g,
+                      x->dx + tb, x->sq + tb, x->sqh + tb, &acc[t]);
         }
-        store_out(j, 0, o, sum8(acc));
     }
 }
 
+// Tiles of CPU_Q8_TILE tokens. One token (decode) keeps its running sum in
+// a register: the tile's acc[] lives on the stack, and its load-add-store
+// per group was a store-forwarding chain on the decode path. Both run the
+// same terms and additions, so a token's bits do not depend on the batch.
 static inline __attribute__((always_inline)) void
 rows_of_type(const enum ggml_type type, const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
-    const enum q8_kind kind = kind_of(type);
     const struct cpu_q8_x *x = j->x;
-    const int64_t nb = j->n_in / QUANT_Q8_1_BLOCK, ng = (nb + 7) / 8;
-    struct q8_group wg;
+    const int64_t nb = j->n_in / QUANT_Q8_1_BLOCK;
     __m256 acc[CPU_Q8_TILE];
-    if (x->n_tok == 1) {
-        rows_one_token(type, j, o0, o1);
-        return;
-    }
     for (int t0 = 0; t0 < x->n_tok; t0 += CPU_Q8_TILE) {
         const int nt = x->n_tok - t0 < CPU_Q8_TILE ? x->n_tok - t0 : CPU_Q8_TILE;
         for (int64_t o = o0; o < o1; o++) {
             const uint8_t *row = j->w + (size_t)o * j->row_bytes;
+            if (nt == 1) {
+                __m256 one = _mm256_setzero_ps();
+                dot_row(type, x, row, nb, t0, 1, &one);
+                store_out(j, t0, o, sum8(one));
+                continue;
+            }
             for (int t = 0; t < nt; t++)
                 acc[t] = _mm256_setzero_ps();
-            for (int64_t g = 0; g < ng; g++) {
-                const int nsub = nb - 8 * g < 8 ? (int)(nb - 8 * g) : 8;
-                unpack_group(type, row, g, nsub, &wg);
-                for (int t = 0; t < nt; t++) {
-                    const size_t tb = (size_t)(t0 + t) * (size_t)x->nb_pad + (size_t)(8 * g);
-                    dot_group(kind, &wg, x->qs + (size_t)(t0 + t) * (size_t)x->n_pad + 256 * g,
-                              x->dx + tb, x->sq + tb, x->sqh + tb, &acc[t]);
-                }
-            }
+            dot_row(type, x, row, nb, t0, nt, acc);
             for (int t = 0; t < nt; t++)
                 store_out(j, t0 + t, o, sum8(acc[t]));
         }

@@ -861,17 +861,6 @@ static void k4_pack(uint8_t *s, const uint8_t sc[8], const uint8_t mn[8]) {
     }
 }
 
-// The 12 scale bytes of Q3_K from 16 signed 6-bit scales (the inverse of
-// quant.c's dq_q3_k: stored + 32, low nibbles then 2-bit tops).
-static void k3_pack(uint8_t *s, const int sc[16]) {
-    memset(s, 0, 12);
-    for (int g = 0; g < 16; g++) {
-        const int c = sc[g] + 32;
-        s[g % 8] |= (uint8_t)((c & 0x0f) << (g < 8 ? 0 : 4));
-        s[8 + g % 4] |= (uint8_t)((c >> 4) << (2 * (g / 4)));
-    }
-}
-
 // One row of n values of type t into dst, from generator *s. Block types:
 // base is fast_base(t, std); F32/F16/BF16: tab holds fast_table(t, std).
 static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const void *tab,
@@ -1004,7 +993,7 @@ static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const
                 const unsigned v = (unsigned)((g < 8 ? r0 >> (5 * g) : r1 >> (5 * (g - 8))) & 31);
                 sc[g] = (v & 16) ? -(int)(16 + (v & 15)) : (int)(16 + (v & 15));
             }
-            k3_pack(b + 96, sc);
+            quant_q3_k_pack_scales(b + 96, sc);
             put_f16(b + 108, base * fast_gain((unsigned)(r1 >> 60)));
         }
         break;
