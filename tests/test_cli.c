@@ -156,7 +156,14 @@ Test(cli, usage_errors) {
     free(out);
     free(err);
     cr_expect_eq(run_vela("quantize in.gguf out.gguf q9_z", &out, &err), 2);
-    cr_expect(strstr(err, "unknown type: q9_z"), "%s", err);
+    cr_expect(strstr(err, "unknown file type 'q9_z'") && strstr(err, "Q4_K_M"), "%s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(run_vela("quantize --leave-output-tensor --output-tensor-type q8_0 in.gguf "
+                          "out.gguf q4_k_m",
+                          &out, &err),
+                 2);
+    cr_expect(strstr(err, "give one of them"), "%s", err);
     free(out);
     free(err);
 }
@@ -168,7 +175,8 @@ Test(cli, quantize_writes_a_model_vela_runs) {
     snprintf(q, sizeof q, "%s.q8_0.gguf", model_path);
     snprintf(args, sizeof args, "quantize %s %s q8_0", model_path, q);
     cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
-    cr_expect(strstr(err, "converted"), "summary: %s", err);
+    cr_expect(strstr(err, "converted") && strstr(err, "(Q8_0)") && strstr(err, "types: f32"),
+              "summary: %s", err);
     free(out);
     free(err);
     snprintf(args, sizeof args, "run -m %s -p hello -n 4 --temp 0 --backend cpu", q);
@@ -483,8 +491,7 @@ static int first_line(const char *cmd, char *out, size_t cap) {
 // differ from it.
 Test(cli, version_names_the_commit_built) {
     char head[64], want[80], cmd[512];
-    snprintf(cmd, sizeof cmd, "git -C '%s' rev-parse --short=12 HEAD 2>/dev/null",
-             VELA_SOURCE_DIR);
+    snprintf(cmd, sizeof cmd, "git -C '%s' rev-parse --short=12 HEAD 2>/dev/null", VELA_SOURCE_DIR);
     if (first_line(cmd, head, sizeof head))
         cr_skip_test("the source tree is not a git checkout");
     snprintf(cmd, sizeof cmd, "git -C '%s' diff --quiet HEAD -- 2>/dev/null", VELA_SOURCE_DIR);

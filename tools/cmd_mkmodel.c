@@ -14,6 +14,7 @@
 
 #include "gguf/quant.h"
 #include "tools/cmds.h"
+#include "tools/mkmodel/ftype.h"
 #include "tools/mkmodel/mkmodel.h"
 
 // "--arch llama|qwen2|...", then one line per architecture with its summary:
@@ -71,13 +72,17 @@ static void usage(FILE *out) {
         "\n"
         "weight types (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k, as the\n"
         "quantizers allow; norms and biases are always f32):\n"
-        "  --type T                  every matrix (default f32); q4_k_m means --mix q4_k_m\n"
+        "  --type T                  every matrix (default f32); a llama.cpp file type such as\n"
+        "                            q4_k_m means --mix T\n"
         "  --type-embd T             token_embd.weight\n"
         "  --type-output T           output.weight (and token_embd when --tied)\n"
         "  --type-attn T             attn_q/k/v/output\n"
         "  --type-ffn T              ffn_gate/up/down\n"
-        "  --mix q4_k_m|none         llama.cpp's Q4_K_M: q4_k, with q6_k for output.weight and\n"
-        "                            for attn_v / ffn_down in about half the layers\n"
+        "  --mix FTYPE|none          llama-quantize's types for a llama.cpp file type: q4_k_m\n"
+        "                            is q4_k, with q6_k for output.weight and for attn_v /\n"
+        "                            ffn_down in about half the layers (also q2_k, q2_k_s,\n"
+        "                            q3_k_s/m/l, q4_k_s, q5_k_s/m, q6_k, q4_0 ...: the head\n"
+        "                            gets q6_k)\n"
         "  A row length the type's block does not divide falls back as llama.cpp's quantize\n"
         "  does (q4_k->q5_0, q5_k->q5_1, q6_k->q8_0, else f16), with a note.\n"
         "\n"
@@ -374,23 +379,25 @@ int cmd_mkmodel(int argc, char **argv) {
             else
                 return bad("--rope-scaling '%s': unknown (none, linear, yarn)", val);
         } else if (IS("--mix")) {
-            if (!strcasecmp(val, "q4_k_m"))
-                cfg.mix = MKMODEL_MIX_Q4_K_M;
-            else if (!strcasecmp(val, "none"))
-                cfg.mix = MKMODEL_MIX_NONE;
-            else
-                return bad("--mix '%s': unknown (q4_k_m, none)", val);
+            const struct ftype_info *ft = ftype_find(val);
+            char names[256];
+            if (strcasecmp(val, "none") && !ft)
+                return bad("--mix '%s': unknown (none, %s)", val, ftype_names(names, sizeof names));
+            cfg.mix = ft ? ft->id : MKMODEL_MIX_NONE;
             saw_mix = cfg.mix != MKMODEL_MIX_NONE;
         } else if (IS("--type")) {
-            if (!strcasecmp(val, "q4_k_m")) {
-                cfg.mix = MKMODEL_MIX_Q4_K_M;
-            } else {
-                int t;
-                if (!parse_type(val, &t))
-                    return bad("--type '%s': unknown type", val);
+            // A weight type (q4_k: every matrix Q4_K), else a llama.cpp file
+            // type (q4_k_m: --mix q4_k_m).
+            int t;
+            const struct ftype_info *ft = NULL;
+            if (parse_type(val, &t)) {
                 cfg.type = (enum ggml_type)t;
                 cfg.mix = MKMODEL_MIX_NONE;
                 saw_type = true;
+            } else if ((ft = ftype_find(val))) {
+                cfg.mix = ft->id;
+            } else {
+                return bad("--type '%s': unknown type", val);
             }
         } else if (IS("--type-embd") || IS("--type-output") || IS("--type-attn") ||
                    IS("--type-ffn")) {
@@ -413,7 +420,7 @@ int cmd_mkmodel(int argc, char **argv) {
 #undef IS
     }
     if (saw_type && saw_mix)
-        return bad("--type and --mix q4_k_m both set the base type; give one of them");
+        return bad("--type and --mix both set the base type; give one of them");
     // Flags that would be silently dropped are refused instead.
     if (saw.rope_scale && cfg.rope_scaling == MKMODEL_ROPE_SCALING_NONE)
         return bad("--rope-scale needs --rope-scaling linear or yarn");
@@ -459,8 +466,8 @@ int cmd_mkmodel(int argc, char **argv) {
         if (fp)
             fclose(fp);
         char types[64];
-        if (r.mix == MKMODEL_MIX_Q4_K_M)
-            snprintf(types, sizeof types, "q4_k_m");
+        if (r.mix != MKMODEL_MIX_NONE)
+            snprintf(types, sizeof types, "%s", ftype_by_id(r.mix)->name);
         else
             snprintf(types, sizeof types, "%s", ggml_type_name(r.type));
         double params = (double)mkmodel_count_params(&r);

@@ -10,31 +10,77 @@
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
 #include "host/backend/threadpool.h"
-#include "tools/mkmodel/mkmodel.h"
 
 #define QZ_CHUNK_BYTES (4u << 20) // output bytes converted per write
 
-static bool is_matrix(const struct gguf_tensor_info *t) {
-    const size_t n = strlen(t->name);
-    return t->n_dims == 2 && n > 7 && strcmp(t->name + n - 7, ".weight") == 0;
+// The rules' view of f: layer and head counts from its metadata, attn_v
+// tensors and whether the head is tied from its tensors. m.arch is malloc'd
+// (or NULL): the caller frees it.
+static struct ftype_model model_of(const struct gguf_file *f) {
+    struct ftype_model m = {.tied = true};
+    char *arch = NULL, key[160];
+    struct verr ignore = {0};
+    uint32_t v = 0;
+    if (gguf_get_str(f, "general.architecture", &arch, &ignore) == VERR_OK && arch) {
+        m.arch = arch;
+        // Missing or per-layer (array) values stay 0: unknown.
+        snprintf(key, sizeof key, "%s.block_count", arch);
+        if (gguf_get_u32(f, key, &v, &ignore) == VERR_OK)
+            m.n_layer = (int)v;
+        snprintf(key, sizeof key, "%s.attention.head_count", arch);
+        if (gguf_get_u32(f, key, &v, &ignore) == VERR_OK)
+            m.n_head = m.n_head_kv = (int)v;
+        snprintf(key, sizeof key, "%s.attention.head_count_kv", arch);
+        if (gguf_get_u32(f, key, &v, &ignore) == VERR_OK)
+            m.n_head_kv = (int)v;
+    }
+    int n_ffn_down = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor_info *t = &f->tensors[i];
+        const enum ftype_role r = ftype_role_of(t->name, t->n_dims);
+        m.n_attn_v += r == FTYPE_ROLE_ATTN_V;
+        n_ffn_down += r == FTYPE_ROLE_FFN_DOWN;
+        m.tied &= strcmp(t->name, "output.weight") != 0;
+    }
+    if (m.n_layer <= 0)
+        m.n_layer = n_ffn_down;
+    return m;
 }
 
-// The type tensor t is written in.
-static enum ggml_type target_of(const struct quantize_opts *o, const struct gguf_tensor_info *t) {
-    if (!is_matrix(t))
-        return t->type;
-    int want = (int)o->type;
-    if (o->type_embd >= 0 && strcmp(t->name, "token_embd.weight") == 0)
-        want = o->type_embd;
-    if (o->type_output >= 0 && strcmp(t->name, "output.weight") == 0)
-        want = o->type_output;
-    return mkmodel_type_fallback((enum ggml_type)want, t->ne[0]);
+// The type of every tensor of f, in file order (to[i] for f->tensors[i]),
+// and the counts of st.
+static void plan_types(const struct quantize_opts *o, const struct gguf_file *f, enum ggml_type *to,
+                       struct quantize_stats *st) {
+    struct ftype_plan p = {.ft = o->ftype,
+                           .m = model_of(f),
+                           .pure = o->pure,
+                           .type_embd = o->type_embd,
+                           .type_output = o->type_output};
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor_info *t = &f->tensors[i];
+        bool fell_back = false;
+        to[i] = o->keep_output && strcmp(t->name, "output.weight") == 0
+                    ? t->type
+                    : ftype_tensor_type(&p, t->name, t->n_dims, t->ne[0], t->type, &fell_back);
+        st->n_tensors++;
+        st->n_fallback += fell_back;
+        st->n_of_type[to[i]]++;
+        st->bytes_in += t->nbytes;
+        st->bytes_out += ggml_row_bytes(to[i], t->ne[0]) *
+                         (uint64_t)(t->nbytes / ggml_row_bytes(t->type, t->ne[0]));
+        if (to[i] == t->type)
+            st->n_copied++;
+        else
+            st->n_converted++;
+    }
+    free((char *)p.m.arch);
 }
 
 static int check_type(int t, const char *what, struct verr *err) {
     if (t < 0)
         return VERR_OK;
-    if (!quant_can_quantize((enum ggml_type)t))
+    if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16 &&
+        !quant_can_quantize((enum ggml_type)t))
         return verr_set(err, VERR_UNSUPPORTED,
                         "%s: vela cannot write %s (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K "
                         "q3_K q4_K q5_K q6_K)",
@@ -43,26 +89,20 @@ static int check_type(int t, const char *what, struct verr *err) {
 }
 
 // Refusals that need no writing: same file, undecodable or requantized
-// tensors. Fills stats' counts.
+// tensors.
 static int plan_check(const struct quantize_opts *o, const struct gguf_file *f,
-                      struct quantize_stats *st, struct verr *err) {
+                      const enum ggml_type *to, struct verr *err) {
     struct stat si, so;
     if (stat(o->in, &si) == 0 && stat(o->out, &so) == 0 && si.st_dev == so.st_dev &&
         si.st_ino == so.st_ino)
         return verr_set(err, VERR_RANGE, "%s: the output is the input file", o->out);
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const struct gguf_tensor_info *t = &f->tensors[i];
-        const enum ggml_type to = target_of(o, t);
-        st->n_tensors++;
-        st->bytes_in += t->nbytes;
-        st->bytes_out += ggml_row_bytes(to, t->ne[0]) * (uint64_t)(t->nbytes / ggml_row_bytes(t->type, t->ne[0]));
-        if (to == t->type) {
-            st->n_copied++;
+        if (to[i] == t->type)
             continue;
-        }
-        st->n_converted++;
-        st->n_fallback += is_matrix(t) && to != o->type && (int)to != o->type_embd &&
-                          (int)to != o->type_output;
+        int rc = check_type((int)to[i], t->name, err);
+        if (rc)
+            return rc;
         if (!quant_can_dequantize(t->type))
             return verr_set(err, VERR_UNSUPPORTED, "%s: %s: vela cannot decode %s tensors", o->in,
                             t->name, ggml_type_name(t->type));
@@ -71,26 +111,24 @@ static int plan_check(const struct quantize_opts *o, const struct gguf_file *f,
             return verr_set(err, VERR_RANGE,
                             "%s: %s is %s already; converting it to %s loses precision twice "
                             "(--allow-requantize to do it anyway)",
-                            o->in, t->name, ggml_type_name(t->type), ggml_type_name(to));
+                            o->in, t->name, ggml_type_name(t->type), ggml_type_name(to[i]));
     }
     return VERR_OK;
 }
 
 // Failures are remembered by the writer (gguf_writer_begin reports them).
 static void set_metadata(const struct quantize_opts *o, const struct gguf_file *f,
-                         struct gguf_writer *w) {
+                         const enum ggml_type *to, struct gguf_writer *w) {
     bool blocks = false;
     for (uint64_t i = 0; i < f->n_tensors; i++)
-        blocks |= ggml_type_get(target_of(o, &f->tensors[i]))->quantized;
+        blocks |= ggml_type_get(to[i])->quantized;
     for (uint64_t i = 0; i < f->n_kv; i++) {
         if (strcmp(f->kv[i].key, "general.alignment") == 0)
             gguf_writer_set_alignment(w, (uint32_t)f->alignment);
         else
             gguf_writer_set_value(w, f->kv[i].key, &f->kv[i].val);
     }
-    const int ft = mkmodel_file_type(o->type, MKMODEL_MIX_NONE);
-    if (ft >= 0)
-        gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft);
+    gguf_writer_set_u32(w, "general.file_type", (uint32_t)o->ftype->id);
     if (blocks)
         gguf_writer_set_u32(w, "general.quantization_version", 2);
 }
@@ -167,24 +205,11 @@ static int write_converted(const struct gguf_file *f, const struct gguf_tensor_i
     return rc;
 }
 
-int quantize_file(const struct quantize_opts *o, struct quantize_stats *stats, struct verr *err) {
-    struct quantize_stats st = {0};
-    int rc = check_type((int)o->type, "type", err);
-    if (rc == VERR_OK)
-        rc = check_type(o->type_embd, "--token-embedding-type", err);
-    if (rc == VERR_OK)
-        rc = check_type(o->type_output, "--output-tensor-type", err);
-    if (rc)
-        return rc;
-    struct gguf_file *f = NULL;
-    if ((rc = gguf_open(&f, o->in, err)))
-        return rc;
-    if ((rc = plan_check(o, f, &st, err))) {
-        gguf_close(f);
-        return rc;
-    }
-    // Written beside the output and renamed at the end, so that a failure
-    // leaves whatever was at o->out untouched.
+// Writes f with tensor i in to[i] to a file beside o->out, renamed to it at
+// the end, so that a failure leaves whatever was at o->out untouched.
+static int write_file(const struct quantize_opts *o, const struct gguf_file *f,
+                      const enum ggml_type *to, struct verr *err) {
+    int rc = VERR_OK;
     const size_t tl = strlen(o->out) + 16;
     char *tmp = malloc(tl);
     struct gguf_writer *w = gguf_writer_new();
@@ -193,10 +218,10 @@ int quantize_file(const struct quantize_opts *o, struct quantize_stats *stats, s
     else
         snprintf(tmp, tl, "%s.vela-partial", o->out);
     if (rc == VERR_OK)
-        set_metadata(o, f, w);
+        set_metadata(o, f, to, w);
     for (uint64_t i = 0; rc == VERR_OK && i < f->n_tensors; i++) {
         const struct gguf_tensor_info *t = &f->tensors[i];
-        rc = gguf_writer_add_tensor(w, t->name, target_of(o, t), t->n_dims, t->ne, NULL, err);
+        rc = gguf_writer_add_tensor(w, t->name, to[i], t->n_dims, t->ne, NULL, err);
     }
     struct threadpool *tp = NULL;
     if (rc == VERR_OK)
@@ -205,9 +230,8 @@ int quantize_file(const struct quantize_opts *o, struct quantize_stats *stats, s
         rc = gguf_writer_begin(w, tmp, err);
     for (uint64_t i = 0; rc == VERR_OK && i < f->n_tensors; i++) {
         const struct gguf_tensor_info *t = &f->tensors[i];
-        const enum ggml_type to = target_of(o, t);
-        rc = to == t->type ? gguf_writer_write_tensor_data(w, t->data, t->nbytes, err)
-                           : write_converted(f, t, to, tp, w, err);
+        rc = to[i] == t->type ? gguf_writer_write_tensor_data(w, t->data, t->nbytes, err)
+                              : write_converted(f, t, to[i], tp, w, err);
     }
     threadpool_free(tp);
     if (rc == VERR_OK)
@@ -218,6 +242,31 @@ int quantize_file(const struct quantize_opts *o, struct quantize_stats *stats, s
         unlink(tmp);
     }
     free(tmp);
+    return rc;
+}
+
+int quantize_file(const struct quantize_opts *o, struct quantize_stats *stats, struct verr *err) {
+    struct quantize_stats st = {0};
+    if (!o->ftype)
+        return verr_set(err, VERR_RANGE, "no file type given");
+    int rc = check_type(o->type_embd, "--token-embedding-type", err);
+    if (rc == VERR_OK)
+        rc = check_type(o->type_output, "--output-tensor-type", err);
+    if (rc)
+        return rc;
+    struct gguf_file *f = NULL;
+    if ((rc = gguf_open(&f, o->in, err)))
+        return rc;
+    enum ggml_type *to = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof *to);
+    if (!to)
+        rc = verr_set(err, VERR_NOMEM, "out of memory");
+    else
+        plan_types(o, f, to, &st);
+    if (rc == VERR_OK)
+        rc = plan_check(o, f, to, err);
+    if (rc == VERR_OK)
+        rc = write_file(o, f, to, err);
+    free(to);
     gguf_close(f);
     if (rc == VERR_OK && stats)
         *stats = st;

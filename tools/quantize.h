@@ -1,14 +1,16 @@
-// vela quantize: rewrites a GGUF model with its weight matrices in another
-// type, as llama.cpp's llama-quantize does for a plain type.
+// vela quantize: rewrites a GGUF model with its weight matrices in the types
+// llama.cpp's llama-quantize gives a file type ("Q4_K_M", "Q8_0", ...).
 //
-// What changes: every 2-D tensor named "*.weight" (the matrices and the
-// token embedding) is converted to `type` (or to type_embd / type_output for
-// token_embd.weight / output.weight when set); a matrix whose rows do not
-// fit the type's block size gets llama.cpp's fallback type
-// (mkmodel_type_fallback). Everything else -- 1-D tensors (norms, biases,
-// rope factors), every metadata key, the alignment and the tensor order --
-// is copied as it is, except general.file_type (llama.cpp's id of `type`)
-// and general.quantization_version (2 when the output holds block types).
+// What changes: every tensor ftype_role_of calls a matrix (2-D "*weight",
+// not a norm) takes the type ftype_tensor_type picks for the file type:
+// the base type, Q6_K for the head, more bits for some attn_v/ffn_down
+// layers in the K-quant mixes (tools/mkmodel/ftype.h); with `pure`, the base
+// type everywhere. A matrix whose rows do not fit that type's block size
+// gets llama.cpp's fallback type (ftype_fallback). Everything else -- 1-D
+// tensors (norms, biases, rope factors), every metadata key, the alignment
+// and the tensor order -- is copied as it is, except general.file_type (the
+// file type's id) and general.quantization_version (2 when the output holds
+// block types).
 //
 // Conversion: each row is decoded to float32 (gguf/quant.c, bit-exact with
 // ggml) and encoded with vela's quantizers (gguf/quant.h), rows spread over
@@ -24,19 +26,23 @@
 
 #include "gguf/types.h"
 #include "gguf/verr.h"
+#include "tools/mkmodel/ftype.h"
 
 struct quantize_opts {
-    const char *in, *out; // GGUF paths; out must not be in (it is written, then renamed)
-    enum ggml_type type;  // F32, F16, BF16 or a type quant_can_quantize takes
-    int type_embd;        // token_embd.weight's type, or -1: `type`
-    int type_output;      // output.weight's type, or -1: `type`
+    const char *in, *out;           // GGUF paths; out must not be in (it is written, then renamed)
+    const struct ftype_info *ftype; // the file type (ftype_find)
+    bool pure;                      // every matrix in ftype->base (llama-quantize --pure)
+    bool keep_output;               // output.weight as it is (--leave-output-tensor)
+    int type_embd;                  // token_embd.weight's type, or -1: the file type's choice
+    int type_output;                // output.weight's type, or -1: the file type's choice
     bool allow_requantize;
     int n_threads; // rows are converted in parallel; <= 0: the physical cores
 };
 
 struct quantize_stats {
     int n_tensors, n_converted, n_copied, n_fallback;
-    uint64_t bytes_in, bytes_out; // tensor data
+    int n_of_type[GGML_TYPE_COUNT]; // tensors written in each type
+    uint64_t bytes_in, bytes_out;   // tensor data
 };
 
 // Writes o->out. On failure nothing is left at o->out (an existing file

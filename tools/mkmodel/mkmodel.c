@@ -23,6 +23,7 @@
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
 #include "host/model/arch.h"
+#include "tools/mkmodel/ftype.h"
 #include "tools/mkmodel/mkmodel_vocab.h"
 
 // Chunks small enough to stay in cache between the worker that makes them and
@@ -120,45 +121,6 @@ int mkmodel_preset(struct mkmodel_config *cfg, const char *name, struct verr *er
 
 int mkmodel_vocab_base_size(void) {
     return mkvocab_base_size();
-}
-
-int mkmodel_file_type(enum ggml_type type, enum mkmodel_mix mix) {
-    if (mix == MKMODEL_MIX_Q4_K_M)
-        return 15; // LLAMA_FTYPE_MOSTLY_Q4_K_M
-    switch (type) {
-    case GGML_TYPE_F32:
-        return 0; // LLAMA_FTYPE_ALL_F32
-    case GGML_TYPE_F16:
-        return 1; // LLAMA_FTYPE_MOSTLY_F16
-    case GGML_TYPE_Q4_0:
-        return 2;
-    case GGML_TYPE_Q4_1:
-        return 3;
-    case GGML_TYPE_Q8_0:
-        return 7;
-    case GGML_TYPE_Q5_0:
-        return 8;
-    case GGML_TYPE_Q5_1:
-        return 9;
-    case GGML_TYPE_Q2_K:
-        return 10;
-    case GGML_TYPE_Q3_K:
-        return 11; // Q3_K_S: all Q3_K
-    case GGML_TYPE_Q4_K:
-        return 14; // Q4_K_S: all Q4_K
-    case GGML_TYPE_Q5_K:
-        return 16; // Q5_K_S: all Q5_K
-    case GGML_TYPE_Q6_K:
-        return 18;
-    case GGML_TYPE_IQ4_NL:
-        return 25;
-    case GGML_TYPE_IQ4_XS:
-        return 30;
-    case GGML_TYPE_BF16:
-        return 32;
-    default:
-        return -1;
-    }
 }
 
 // --- resolving and checking a config -------------------------------------------
@@ -303,13 +265,11 @@ int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out
                         "%g a finite number > 1",
                         c.sliding_window, c.swa_pattern, (double)c.rope_freq_base_swa);
 
-    if (c.mix != MKMODEL_MIX_NONE && c.mix != MKMODEL_MIX_Q4_K_M)
-        return verr_set(err, VERR_RANGE, "--mix: unknown mix id %d", (int)c.mix);
-    if (c.mix == MKMODEL_MIX_Q4_K_M) {
-        c.type = GGML_TYPE_Q4_K;
-        if (!type_writable(GGML_TYPE_Q4_K) || !type_writable(GGML_TYPE_Q6_K))
-            return verr_set(err, VERR_UNSUPPORTED,
-                            "--mix q4_k_m: needs the Q4_K and Q6_K quantizers");
+    if (c.mix != MKMODEL_MIX_NONE) {
+        const struct ftype_info *ft = ftype_by_id(c.mix);
+        if (!ft)
+            return verr_set(err, VERR_RANGE, "--mix: unknown llama.cpp file type id %d", c.mix);
+        c.type = ft->base;
     }
     if ((rc = check_type((int)c.type, false, "--type", err)) ||
         (rc = check_type(c.type_embd, true, "--type-embd", err)) ||
@@ -370,44 +330,6 @@ struct mk_tensor {
     uint64_t nbytes;
 };
 
-// llama.cpp's choice of layers that get more bits in the _M mixes.
-static bool use_more_bits(int i_layer, int n_layer) {
-    return i_layer < n_layer / 8 || i_layer >= 7 * n_layer / 8 || (i_layer - n_layer / 8) % 3 == 2;
-}
-
-// The type llama.cpp's quantize falls back to when `t`'s block size does not
-// divide the row length.
-enum ggml_type mkmodel_type_fallback(enum ggml_type t, int64_t ne0) {
-    const struct ggml_type_info *ti = ggml_type_get(t);
-    if (!ti->quantized || ne0 % ti->block_size == 0)
-        return t;
-    enum ggml_type f;
-    switch (t) {
-    case GGML_TYPE_Q2_K:
-    case GGML_TYPE_Q3_K:
-        f = GGML_TYPE_Q4_0;
-        break;
-    case GGML_TYPE_Q4_K:
-        f = GGML_TYPE_Q5_0;
-        break;
-    case GGML_TYPE_Q5_K:
-        f = GGML_TYPE_Q5_1;
-        break;
-    case GGML_TYPE_Q6_K:
-        f = GGML_TYPE_Q8_0;
-        break;
-    case GGML_TYPE_IQ4_XS:
-        f = GGML_TYPE_IQ4_NL;
-        break;
-    default:
-        f = GGML_TYPE_F16;
-        break;
-    }
-    if (f != GGML_TYPE_F16 && (ne0 % ggml_type_get(f)->block_size != 0 || !type_writable(f)))
-        f = GGML_TYPE_F16;
-    return f;
-}
-
 // Type fallbacks seen while planning, reported once per (row length, from, to).
 struct mk_fallback {
     int64_t ne0;
@@ -466,17 +388,17 @@ static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan
     enum ggml_type t = c->type;
     if (over >= 0) {
         t = (enum ggml_type)over;
-    } else if (c->mix == MKMODEL_MIX_Q4_K_M) {
-        // llama.cpp quantizes the output head (and token_embd when tied,
-        // since it doubles as the head) with Q6_K, or Q8_0 when 256 does not
-        // divide the row length.
-        if (cls == ARCH_ROLE_OUTPUT || (cls == ARCH_ROLE_TOKEN_EMBD && c->tied))
-            t = ne0 % 256 == 0 ? GGML_TYPE_Q6_K : GGML_TYPE_Q8_0;
-        else if ((cls == ARCH_ROLE_ATTN_V || cls == ARCH_ROLE_FFN_DOWN) &&
-                 use_more_bits(layer, c->n_layer))
-            t = GGML_TYPE_Q6_K;
+    } else if (c->mix != MKMODEL_MIX_NONE) {
+        // llama-quantize's choice for this file type: every layer has one
+        // attn_v, so the i-th attn_v and ffn_down are layer i's.
+        const struct ftype_model m = {.n_layer = c->n_layer,
+                                      .n_attn_v = c->n_layer,
+                                      .n_head = c->n_head,
+                                      .n_head_kv = c->n_head_kv,
+                                      .tied = c->tied};
+        t = ftype_rule(ftype_by_id(c->mix), &m, ftype_role_of(name, 2), layer, ne0);
     }
-    enum ggml_type f = mkmodel_type_fallback(t, ne0);
+    enum ggml_type f = ftype_fallback(t, ne0);
     if (f != t)
         note_fallback(pn, ne0, t, f, name);
     return f;
@@ -1319,7 +1241,7 @@ static int set_metadata(struct gguf_writer *w, const struct mkmodel_config *c, b
 #define KEY(s) (snprintf(k, sizeof k, "%s.%s", a, s), k)
     rc |= gguf_writer_set_str(w, "general.architecture", a);
     rc |= gguf_writer_set_str(w, "general.name", c->name);
-    int ft = mkmodel_file_type(c->type, c->mix);
+    int ft = c->mix != MKMODEL_MIX_NONE ? c->mix : ftype_id_of_type(c->type);
     if (ft >= 0)
         rc |= gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft);
     if (quantized)

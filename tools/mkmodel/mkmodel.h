@@ -57,10 +57,12 @@ enum mkmodel_arch {
     MKMODEL_ARCH_QWEN2 = MODEL_ARCH_QWEN2, // NeoX RoPE, Q/K/V biases
 };
 
+// A llama.cpp file type whose types the matrices take (tools/mkmodel/ftype.h):
+// its LLAMA_FTYPE id (ftype_find(name)->id), or MKMODEL_MIX_NONE.
 enum mkmodel_mix {
-    MKMODEL_MIX_NONE = 0,   // every matrix takes its class's type
-    MKMODEL_MIX_Q4_K_M = 1, // llama.cpp's Q4_K_M: Q4_K, with Q6_K for output.weight and for
-                            // attn_v / ffn_down in the layers llama.cpp's use_more_bits picks
+    MKMODEL_MIX_NONE = 0,    // every matrix takes its class's type
+    MKMODEL_MIX_Q4_K_M = 15, // Q4_K, with Q6_K for output.weight and for attn_v /
+                             // ffn_down in the layers llama.cpp's use_more_bits picks
 };
 
 // How matrices are generated (see the contract above).
@@ -103,12 +105,12 @@ struct mkmodel_config {
 
     // Weight types. type_* < 0 means "same as type"; with a mix, `type` is
     // ignored (the mix sets the base) but type_* still override.
-    enum ggml_type type;  // every matrix [--type]
-    int type_embd;        // token_embd.weight [--type-embd]
-    int type_output;      // output.weight [--type-output]
-    int type_attn;        // attn_q/k/v/output [--type-attn]
-    int type_ffn;         // ffn_gate/up/down [--type-ffn]
-    enum mkmodel_mix mix; // [--mix]
+    enum ggml_type type; // every matrix [--type]
+    int type_embd;       // token_embd.weight [--type-embd]
+    int type_output;     // output.weight [--type-output]
+    int type_attn;       // attn_q/k/v/output [--type-attn]
+    int type_ffn;        // ffn_gate/up/down [--type-ffn]
+    int mix;             // enum mkmodel_mix, or any LLAMA_FTYPE id ftype_by_id knows [--mix]
 
     float rope_freq_base; // [--rope-freq-base] 0: the architecture's (10000 llama, 1e6 qwen2)
     enum mkmodel_rope_scaling rope_scaling; // [--rope-scaling]
@@ -163,17 +165,6 @@ int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out
 // Tokens in the generated vocabulary before padding: 256 byte tokens, the
 // merges learned from a built-in English sample, and the special tokens.
 int mkmodel_vocab_base_size(void);
-
-// llama.cpp's LLAMA_FTYPE id written as general.file_type for a base weight
-// type (0 all F32, 1 mostly F16, 2 Q4_0, 7 Q8_0, 15 Q4_K_M, ...), or -1.
-int mkmodel_file_type(enum ggml_type type, enum mkmodel_mix mix);
-
-// The type a matrix of rows of ne0 elements gets when `t` cannot hold them
-// (ne0 not a multiple of its block size), llama.cpp's choice: Q2_K/Q3_K ->
-// Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, else F16 (also when the
-// fallback cannot hold them either or has no quantizer); `t` itself when it
-// fits.
-enum ggml_type mkmodel_type_fallback(enum ggml_type t, int64_t ne0);
 
 // Number of weights (all tensors) the resolved config describes.
 int64_t mkmodel_count_params(const struct mkmodel_config *resolved);
