@@ -236,9 +236,10 @@ int cuda_quantize_q8_1(void *xq /* [n_tok][n_in/32] blocks */, const float *x /*
 // cuda_matvec_segs with q8_1 activations: seg.out[t][o] = dot(W[o], xq[t])
 // (+ bias, epilogues STORE / ADD / SWIGLU as documented for
 // cuda_matvec_segs; silu is g / (1.0f + expf(-g)) as in cuda_swiglu_apply).
-// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (else
-// VERR_UNSUPPORTED). Weights 16-byte aligned, outputs/bias 4-byte aligned,
-// xq 4-byte aligned (VERR_RANGE otherwise); n_tok in [1, CUDA_MATVEC_MAX_TOK].
+// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+// IQ4_XS (else VERR_UNSUPPORTED). Weights 16-byte aligned, outputs/bias
+// 4-byte aligned, xq 4-byte aligned (VERR_RANGE otherwise); n_tok in
+// [1, CUDA_MATVEC_MAX_TOK].
 int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
                         enum ggml_type type, int64_t n_in,
                         const void *xq /* [n_tok][n_in/32] q8_1 blocks */, int n_tok,
@@ -262,8 +263,8 @@ int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory *
 int cuda_matmul_tc_max_tok(void);
 void cuda_matmul_tc_set_max_tok(int n);
 // 1 when cuda_matmul_apply serves (type, n_tok) with the fused kernel: Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, 1 <= n_tok <= the threshold, a
-// device with tensor cores (compute capability >= 7.0).
+// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, 1 <= n_tok <= the
+// threshold, a device with tensor cores (compute capability >= 7.0).
 int cuda_matmul_tc_takes(enum ggml_type type, int n_tok);
 // out[t][o] = sum_i W[o][i] * xh[t][i] (+ bias[o]), or out += W xh
 // (accumulate; bias must then be NULL), any n_tok >= 1 and n_out >= 1, n_in a

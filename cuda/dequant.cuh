@@ -10,13 +10,13 @@
 //
 // Unit of work: a "sub-block" of 32 consecutive elements of a row. Every
 // quantized type supported here is a whole number of sub-blocks per block
-// (32-element blocks: one; 256-element K blocks: eight).
+// (32-element blocks: one; 256-element blocks: eight).
 //
 // Alignment contract (checked by the launchers): the weight base pointer is
 // 16-byte aligned. Then every block field read below with a 4-byte load is
-// 4-byte aligned (block sizes 20, 24, 84, 144, 176 are multiples of 4) and
-// every 2-byte load is 2-byte aligned (block sizes 18, 22, 34, 110, 210 are
-// even).
+// 4-byte aligned (block sizes 20, 24, 84, 136, 144, 176 are multiples of 4)
+// and every 2-byte load is 2-byte aligned (block sizes 18, 22, 34, 110, 210
+// are even).
 #ifndef VELA_CUDA_DEQUANT_CUH
 #define VELA_CUDA_DEQUANT_CUH
 
@@ -111,6 +111,51 @@ static __host__ __device__ __forceinline__ int q3k_scale(const uint8_t *s, int g
     return (lo | (hi << 4)) - 32;
 }
 
+// Bytes of two little-endian words {y, x} picked by selector s:
+// CUDA's __byte_perm (byte i of the result is byte (s >> 4i) & 7 of the 8;
+// only the low 16 bits of s are used), and the same on the host.
+static __host__ __device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, y, s);
+#else
+    const uint64_t v = ((uint64_t)y << 32) | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+#endif
+}
+
+// IQ4_NL / IQ4_XS: the int8 levels (gguf/quant.h, quant_iq4_levels) of the 8
+// nibbles of a word q of qs bytes, as two words of 4 signed bytes: lo holds
+// the levels of the low nibbles of q's bytes 0..3, hi those of the high
+// nibbles. The 16 levels are 4 immediate words (registers on the device, no
+// table in local or constant memory); llama.cpp's get_int_from_table_16:
+// nibble n picks level n & 7 from each half of the table (__byte_perm uses 3
+// bits of a selector nibble), and its bit 3 which of the two.
+static __host__ __device__ __forceinline__ void iq4_levels8(uint32_t q, uint32_t *lo,
+                                                            uint32_t *hi) {
+    // -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113
+    const uint32_t t0 = 0xbfad9881u, t1 = 0xf6eaddcfu, t2 = 0x26190d01u, t3 = 0x71594535u;
+    // Per nibble i of q: byte i % 4 of the low half's pick (0..3) or of the
+    // high half's (4..7).
+    const uint32_t sel = 0x32103210u | ((q & 0x88888888u) >> 1);
+    // a: the levels of nibbles 0..3 of q (byte 0 low, byte 0 high, byte 1
+    // low, byte 1 high); b: those of nibbles 4..7 (bytes 2 and 3).
+    const uint32_t a = byte_perm(byte_perm(t0, t1, q), byte_perm(t2, t3, q), sel);
+    const uint32_t b = byte_perm(byte_perm(t0, t1, q >> 16), byte_perm(t2, t3, q >> 16), sel >> 16);
+    *lo = byte_perm(a, b, 0x6420u);
+    *hi = byte_perm(a, b, 0x7531u);
+}
+
+// IQ4_XS group g's (0..7) signed scale (gguf/quant.h, quant_iq4_xs_scale)
+// from the block's u16 scales_h and sl, its byte scales_l[g / 2] in the low
+// bits: low 4 bits in nibble g % 2 of sl, top 2 bits at bit 2g of scales_h,
+// stored + 32.
+static __host__ __device__ __forceinline__ int iq4xs_scale(uint32_t scales_h, uint32_t sl, int g) {
+    return (int)(((sl >> (4 * (g & 1))) & 0x0fu) | (((scales_h >> (2 * g)) & 3u) << 4)) - 32;
+}
+
 // Block geometry of the quantized types.
 template <int T> struct qtype;
 template <> struct qtype<GGML_TYPE_Q4_0> { static constexpr int block = 32, bytes = 18; };
@@ -123,6 +168,8 @@ template <> struct qtype<GGML_TYPE_Q3_K> { static constexpr int block = 256, byt
 template <> struct qtype<GGML_TYPE_Q4_K> { static constexpr int block = 256, bytes = 144; };
 template <> struct qtype<GGML_TYPE_Q5_K> { static constexpr int block = 256, bytes = 176; };
 template <> struct qtype<GGML_TYPE_Q6_K> { static constexpr int block = 256, bytes = 210; };
+template <> struct qtype<GGML_TYPE_IQ4_NL> { static constexpr int block = 32, bytes = 18; };
+template <> struct qtype<GGML_TYPE_IQ4_XS> { static constexpr int block = 256, bytes = 136; };
 
 // Decodes sub-block sb (elements 32*sb .. 32*sb+31) of a row into v[32].
 template <int T>
@@ -331,6 +378,50 @@ VELA_UNROLL
     }
 }
 
+// A group of 32 of IQ4_NL's layout, its 16 quant bytes in q[4]: element l
+// (< 16) is dl * level[byte l & 15], element l + 16 dl * level[byte l >> 4].
+static __host__ __device__ __forceinline__ void iq4_sub32(const uint32_t q[4], float dl,
+                                                          float *v) {
+VELA_UNROLL
+    for (int k = 0; k < 4; k++) {
+        uint32_t lo, hi;
+        iq4_levels8(q[k], &lo, &hi);
+VELA_UNROLL
+        for (int i = 0; i < 4; i++) {
+            v[4 * k + i] = mul_rn(dl, (float)(int8_t)(lo >> (8 * i)));
+            v[4 * k + i + 16] = mul_rn(dl, (float)(int8_t)(hi >> (8 * i)));
+        }
+    }
+}
+
+// IQ4_NL: d@0, qs[16]@2; element l (< 16) is d * level[qs[l] & 15],
+// element l + 16 d * level[qs[l] >> 4].
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_IQ4_NL>(const uint8_t *row,
+                                                                         int64_t sb, float *v) {
+    const uint8_t *b = row + sb * 18;
+    const float d = f16_bits_to_f32((uint16_t)ld_u16(b));
+    uint32_t q[4];
+    ld_words_a2<4>(b + 2, q);
+    iq4_sub32(q, d, v);
+}
+
+// IQ4_XS sub-block j of a super-block (d@0, scales_h@2, scales_l[4]@4,
+// qs[128]@8): group j, IQ4_NL's layout in qs[16j..16j+15] with the scale
+// dl = d * sc_j (rounded to float first, as ggml's decoder does).
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_IQ4_XS>(const uint8_t *row,
+                                                                         int64_t sb, float *v) {
+    const uint8_t *b = row + (sb >> 3) * 136;
+    const int j = (int)(sb & 7);
+    const uint32_t dh = ld_u32(b); // d, scales_h
+    const float dl = mul_rn(f16_bits_to_f32((uint16_t)(dh & 0xffffu)),
+                            (float)iq4xs_scale(dh >> 16, b[4 + (j >> 1)], j));
+    uint32_t q[4];
+    ld_words_a4<4>(b + 8 + 16 * j, q);
+    iq4_sub32(q, dl, v);
+}
+
 // Plain (unblocked) types: element i of a row.
 template <int T>
 static __host__ __device__ __forceinline__ float load_plain(const void *row, int64_t i);
@@ -376,6 +467,10 @@ __host__ __device__ __forceinline__ float load_plain<GGML_TYPE_BF16>(const void 
             return F(std::integral_constant<int, GGML_TYPE_Q5_K>());                               \
         case GGML_TYPE_Q6_K:                                                                       \
             return F(std::integral_constant<int, GGML_TYPE_Q6_K>());                               \
+        case GGML_TYPE_IQ4_NL:                                                                     \
+            return F(std::integral_constant<int, GGML_TYPE_IQ4_NL>());                             \
+        case GGML_TYPE_IQ4_XS:                                                                     \
+            return F(std::integral_constant<int, GGML_TYPE_IQ4_XS>());                             \
         default:                                                                                   \
             return (unsupported);                                                                  \
         }                                                                                          \

@@ -22,7 +22,8 @@ extern "C" int cuda_dequant_row_host(enum ggml_type type, const void *row, int64
     // What the decoders' loads need of one row (a 16-byte aligned matrix gives
     // every row this): 4 bytes for the types read with 4-byte loads, else 2.
     const bool a4 = type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q2_K ||
-                    type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_F32;
+                    type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_IQ4_XS ||
+                    type == GGML_TYPE_F32;
     if (((uintptr_t)row & (a4 ? 3u : 1u)) != 0)
         return verr_set(err, VERR_RANGE, "dequant: %s row %p is not %d-byte aligned",
                         ggml_type_name(type), row, a4 ? 4 : 2);

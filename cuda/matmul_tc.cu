@@ -423,6 +423,8 @@ extern "C" int cuda_matmul_tc_takes(enum ggml_type type, int n_tok) {
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
     case GGML_TYPE_Q6_K:
+    case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_IQ4_XS:
         break;
     default:
         return 0;

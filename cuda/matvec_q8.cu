@@ -28,12 +28,16 @@
 //   contiguous bytes for Q4_0 and for Q4_K) into shared memory the same way
 //   (16-byte loads when the row is 16-byte aligned, i.e. when row_bytes is:
 //   Q4_0 with n_in % 256 == 0, Q4_K and Q5_K always), then each lane reads
-//   its block: the 2-byte aligned layouts (Q4_0 18 B, Q5_0 22 B, Q8_0 34 B,
-//   Q3_K 110 B, Q6_K 210 B) and Q4_1/Q5_1/Q2_K with 4-byte shared loads
-//   re-aligned by __byte_perm (at most 2-way bank conflicts for block
-//   strides of 4.5, 5.5, 8.5 words); Q4_K (144 B) and Q5_K (176 B) super-blocks with 16-byte
-//   shared loads (the 8 lanes of a super-block share its header and, in
-//   pairs, its quant bytes: broadcasts, no conflicts). Loading K blocks
+//   its block: the 2-byte aligned layouts (Q4_0 and IQ4_NL 18 B, Q5_0 22 B,
+//   Q8_0 34 B, Q3_K 110 B, Q6_K 210 B) and Q4_1/Q5_1/Q2_K with 4-byte shared
+//   loads re-aligned by __byte_perm (at most 2-way bank conflicts for block
+//   strides of 4.5, 5.5, 8.5 words); Q4_K (144 B) and Q5_K (176 B)
+//   super-blocks with 16-byte shared loads (the 8 lanes of a super-block
+//   share its header and, in pairs, its quant bytes: broadcasts, no
+//   conflicts); IQ4_XS (136 B, 8-byte aligned in shared memory) with 8-byte
+//   loads: the header (d, scales_h, scales_l) broadcast to the super-block's
+//   8 lanes, then each lane's own 16 quant bytes (conflict free: a half-warp
+//   reads two super-blocks' 128 contiguous quant bytes). Loading K blocks
 //   straight from global memory instead made each lane fetch 32 quant bytes
 //   of which it uses 16 (two sub-blocks share them as low and high nibbles)
 //   and the 8 lanes of a block the same header: 1.5x the sectors per
@@ -48,6 +52,11 @@
 // 0x01010101, once per token and sub-block (shared by the rows), and Q2_K,
 // whose two 16-element groups have their own mins, also that of elements
 // 16..31. The block's f16 s is not used.
+//
+// IQ4_NL / IQ4_XS: each nibble becomes its int8 level (-127..113) by byte
+// permutes of the 16 levels held in 4 registers (dequant.cuh, iq4_levels8:
+// 8 nibbles in 8 __byte_perm), so __dp4a sees the levels themselves; signed,
+// no activation sum.
 #include "cuda/dequant.cuh"
 #include "cuda/q8_1.cuh"
 
@@ -170,8 +179,9 @@ static __device__ __forceinline__ uint32_t spread_bit4(uint32_t x) {
 // as bytes (signed for the offset types), plus the factors of its term.
 struct mvq_w {
     int v[8];
-    float a, b;   // dw, m (legacy) / d, dmin (K) / d (Q3_K, Q6_K)
-    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q2_K/Q3_K/Q6_K: scales of elements 0..15, 16..31
+    float a, b;   // dw, m (legacy) / d, dmin (K) / d (Q3_K, Q6_K, IQ4_NL, IQ4_XS)
+    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q2_K/Q3_K/Q6_K: scales of elements 0..15, 16..31;
+                  // IQ4_XS: sc0 the group's scale
     int m0, m1;   // Q2_K: mins of elements 0..15, 16..31
 };
 
@@ -181,7 +191,8 @@ template <int T> struct mvq_traits {
                                  T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1 ||
                                  T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q2_K ||
                                  T == GGML_TYPE_Q3_K || T == GGML_TYPE_Q4_K ||
-                                 T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K;
+                                 T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K ||
+                                 T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS;
     // Sub-blocks per weight block.
     static constexpr int subs = qtype<T>::block / 32;
     static constexpr bool has_min =
@@ -235,6 +246,32 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w
         sh_words<8>(p + 2, (uint32_t *)o->v);
         o->a = sh_f16(p);
         o->b = 0.0f;
+    } else if (T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS) {
+        // Group j's 16 quant bytes: words k of elements 4k..4k+3 (low
+        // nibbles) and 16 + 4k.. (high nibbles).
+        uint32_t q[4];
+        if (T == GGML_TYPE_IQ4_NL) {
+            sh_words<4>(p + 2, q);
+            o->a = sh_f16(p);
+        } else { // a super-block starts at 0 or 8 mod 16 in the staged chunk
+            const uint2 h = *(const uint2 *)p; // d | scales_h << 16, scales_l[4]
+            const uint2 q01 = *(const uint2 *)(p + 8 + 16 * j);
+            const uint2 q23 = *(const uint2 *)(p + 16 + 16 * j);
+            q[0] = q01.x;
+            q[1] = q01.y;
+            q[2] = q23.x;
+            q[3] = q23.y;
+            o->a = f16_bits_to_f32((uint16_t)(h.x & 0xffffu));
+            o->sc0 = iq4xs_scale(h.x >> 16, h.y >> (8 * (j >> 1)), j);
+        }
+        o->b = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo, hi;
+            iq4_levels8(q[k], &lo, &hi);
+            o->v[k] = (int)lo;
+            o->v[k + 4] = (int)hi;
+        }
     } else if (T == GGML_TYPE_Q2_K || T == GGML_TYPE_Q3_K) {
         // Sub-block j = 4h + s: 2-bit quants at bits 2s.. of qs[32h + l];
         // groups 2j (elements 0..15) and 2j + 1.
@@ -334,6 +371,8 @@ static __device__ __forceinline__ float mvq_term(const mvq_w &w, const int *u, i
     if (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K)
         return sub_rn(mul_rn(mul_rn(w.a, dx), (float)(w.sc0 * sumi)),
                       mul_rn(mul_rn(w.b, dx), (float)(w.sc1 * sumq)));
+    if (T == GGML_TYPE_IQ4_XS)
+        return mul_rn(mul_rn(w.a, dx), (float)(w.sc0 * sumi));
     return mul_rn(mul_rn(w.a, dx), (float)sumi);
 }
 

@@ -6,12 +6,11 @@
 // other). Returns 0, or VERR_UNSUPPORTED / VERR_RANGE with a message.
 //
 // Quantizing (quant_can_quantize): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
-// bit-exact with ggml's quantize_row_*_ref; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with
-// vela's own least-squares scale search (see quant.c). Block types refuse non-finite
-// input and |x| large enough to overflow an f16 scale (VERR_RANGE); F16/BF16
-// store inf/NaN as they are and F16 overflows to inf.
-// Dequantizing (quant_can_dequantize): the above plus IQ4_NL, bit-exact with
-// ggml's dequantize_row_*.
+// bit-exact with ggml's quantize_row_*_ref; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+// IQ4_NL, IQ4_XS with vela's own least-squares scale search (see quant.c). Block types refuse
+// non-finite input and |x| large enough to overflow an f16 scale (VERR_RANGE); F16/BF16 store
+// inf/NaN as they are and F16 overflows to inf. Dequantizing (quant_can_dequantize): the above,
+// bit-exact with ggml's dequantize_row_*.
 #ifndef VELA_GGUF_QUANT_H
 #define VELA_GGUF_QUANT_H
 
@@ -22,15 +21,15 @@
 #include "gguf/verr.h"
 
 float quant_fp16_to_f32(uint16_t h);
-uint16_t quant_f32_to_fp16(float f);   // round to nearest even, as the F16C instruction
+uint16_t quant_f32_to_fp16(float f); // round to nearest even, as the F16C instruction
 float quant_bf16_to_f32(uint16_t h);
-uint16_t quant_f32_to_bf16(float f);   // round to nearest even; NaN stays NaN
+uint16_t quant_f32_to_bf16(float f); // round to nearest even; NaN stays NaN
 
 bool quant_can_dequantize(enum ggml_type type);
 bool quant_can_quantize(enum ggml_type type);
 // The weight types vela runs (CPU reference and CUDA backend): F32, F16, BF16,
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. A subset of
-// quant_can_dequantize.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS.
+// A subset of quant_can_dequantize.
 bool quant_type_supported(enum ggml_type type);
 
 // Q3_K's 16 signed 6-bit group scales in its 12-byte scales field: the low
@@ -39,6 +38,13 @@ bool quant_type_supported(enum ggml_type type);
 // inverse (sc[g] in [-32, 31]).
 int quant_q3_k_scale(const uint8_t s[12], int g);
 void quant_q3_k_pack_scales(uint8_t s[12], const int sc[16]);
+
+// IQ4_NL's and IQ4_XS's 16 levels (a value is scale * level[nibble]).
+extern const int8_t quant_iq4_levels[16];
+// IQ4_XS group g's (0..7) scale in [-32, 31], of the block at b: a 6-bit
+// code stored + 32, its low 4 bits in nibble g % 2 of scales_l[g / 2] (byte
+// 4 + g / 2), its top 2 bits at bit 2g of the u16 scales_h (bytes 2..3).
+int quant_iq4_xs_scale(const uint8_t *b, int g);
 
 int quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n,
                          struct verr *err);

@@ -100,6 +100,8 @@ bool quant_q8_1_dot_supported(enum ggml_type t) {
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
     case GGML_TYPE_Q6_K:
+    case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_IQ4_XS:
         return true;
     default:
         return false;
@@ -124,7 +126,8 @@ static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 struct wsub {
     int qw[32];
     float a, b;   // dw and m (legacy), d and dmin (K-quants), d (Q3_K, Q6_K)
-    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q2_K/Q3_K/Q6_K: scales of elements 0..15, 16..31
+    int sc0, sc1; // Q4_K/Q5_K: scale, min; Q2_K/Q3_K/Q6_K: scales of elements 0..15, 16..31;
+                  // IQ4_XS: sc0 the group's scale
     int m0, m1;   // Q2_K: mins of elements 0..15, 16..31
 };
 
@@ -227,6 +230,22 @@ static void decode_sub(enum ggml_type t, const uint8_t *row, int64_t j, struct w
             w->qw[l] = (((ql[l] >> (4 * (s >> 1))) & 0x0f) | (((qh[l] >> (2 * s)) & 3) << 4)) - 32;
         break;
     }
+    case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_IQ4_XS: {
+        // IQ4_NL: one group of 32 per block; IQ4_XS: group j % 8 of a
+        // super-block, with its scale.
+        const int xs = t == GGML_TYPE_IQ4_XS;
+        const uint8_t *b = xs ? row + (j / 8) * 136 : row + j * 18;
+        const uint8_t *qs = xs ? b + 8 + 16 * (j % 8) : b + 2;
+        w->a = rd_f16(b);
+        w->b = 0.0f;
+        w->sc0 = xs ? quant_iq4_xs_scale(b, (int)(j % 8)) : 1;
+        for (int l = 0; l < 16; l++) {
+            w->qw[l] = quant_iq4_levels[qs[l] & 0x0f];
+            w->qw[l + 16] = quant_iq4_levels[qs[l] >> 4];
+        }
+        break;
+    }
     default:
         memset(w, 0, sizeof *w);
         break;
@@ -240,7 +259,10 @@ static float term(enum ggml_type t, const struct wsub *w, int sumi, int sumi_hi,
     case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q5_0:
     case GGML_TYPE_Q8_0:
+    case GGML_TYPE_IQ4_NL:
         return (w->a * dx) * (float)sumi;
+    case GGML_TYPE_IQ4_XS:
+        return (w->a * dx) * (float)(w->sc0 * sumi);
     case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_1:
         return (w->a * dx) * (float)sumi + (w->b * dx) * (float)sumq;

@@ -103,6 +103,12 @@ static inline bool rand_block_fix(enum ggml_type type, uint8_t *p, enum rand_sig
     case GGML_TYPE_Q6_K:
         put_f16(p + 208, signed_in(0.00005f, 0.0002f, order));
         return true;
+    case GGML_TYPE_IQ4_NL: // x = d level, level in [-127, 113]
+        put_f16(p, signed_in(0.0005f, 0.005f, order));
+        return true;
+    case GGML_TYPE_IQ4_XS: // x = (d sc) level, sc in [-32, 31]
+        put_f16(p, signed_in(0.00002f, 0.0002f, order));
+        return true;
     default:
         return false;
     }

@@ -15,9 +15,9 @@
 
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
+#include "host/model/model.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tools/mkmodel/mkmodel_vocab.h"
-#include "host/model/model.h"
 
 // --- helpers -------------------------------------------------------------------
 
@@ -553,9 +553,9 @@ Test(mkmodel, mix_q4_k_m, .init = setup_tmp, .fini = teardown_tmp) {
 
 // Every type the fast path writes.
 static const enum ggml_type fast_types[] = {
-    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
-    GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0,   GGML_TYPE_Q4_0,
+    GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,
+    GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
 };
 
 // Tensor std within `band` (relative) of want, mean within 2% of want, every

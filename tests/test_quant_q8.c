@@ -105,7 +105,7 @@ Test(quant_q8, rejects_bad_rows) {
     cr_assert_eq(quant_q8_1_row_bytes(65), 0);
     float out;
     cr_assert_eq(quant_dot_q8_1(GGML_TYPE_F32, x, b, 32, &out, &err), VERR_UNSUPPORTED);
-    cr_assert_eq(quant_dot_q8_1(GGML_TYPE_IQ4_NL, x, b, 256, &out, &err), VERR_UNSUPPORTED);
+    cr_assert_eq(quant_dot_q8_1(GGML_TYPE_IQ3_S, x, b, 256, &out, &err), VERR_UNSUPPORTED);
     cr_assert_eq(quant_dot_q8_1(GGML_TYPE_Q4_K, x, b, 32, &out, &err), VERR_RANGE);
     cr_log_info("refusal message: %s", err.msg);
 }
@@ -168,9 +168,10 @@ static void make_x(float *x, int64_t n) {
     }
 }
 
-static const enum ggml_type q8_types[] = {
-    GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
-    GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+static const enum ggml_type q8_types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,   GGML_TYPE_Q5_0,
+                                          GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,   GGML_TYPE_Q2_K,
+                                          GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,   GGML_TYPE_Q5_K,
+                                          GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS};
 #define N_Q8_TYPES (sizeof q8_types / sizeof q8_types[0])
 
 // Against the exact (double) dot of the dequantized weights (gguf/quant.c)

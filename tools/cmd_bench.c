@@ -56,6 +56,7 @@
 #include "tools/cmds.h"
 #include "tools/common.h"
 #include "tools/default_model.h"
+#include "tools/mkmodel/ftype.h"
 #include "tools/progress.h"
 
 #include "vela_commit.h" // generated at build time (cmake/vela_commit.cmake)
@@ -160,49 +161,6 @@ static void upper(char *s) {
     for (; *s; s++)
         if (*s >= 'a' && *s <= 'z')
             *s = (char)(*s - 'a' + 'A');
-}
-
-// llama.cpp's name for general.file_type (llama_model_ftype_name), so the
-// model column reads as llama-bench's; NULL for ids it has no name for here.
-static const char *ftype_name(uint32_t ftype) {
-    switch (ftype) {
-    case 0:
-        return "all F32";
-    case 1:
-        return "F16";
-    case 2:
-        return "Q4_0";
-    case 3:
-        return "Q4_1";
-    case 7:
-        return "Q8_0";
-    case 8:
-        return "Q5_0";
-    case 9:
-        return "Q5_1";
-    case 10:
-        return "Q2_K - Medium";
-    case 11:
-        return "Q3_K - Small";
-    case 12:
-        return "Q3_K - Medium";
-    case 13:
-        return "Q3_K - Large";
-    case 14:
-        return "Q4_K - Small";
-    case 15:
-        return "Q4_K - Medium";
-    case 16:
-        return "Q5_K - Small";
-    case 17:
-        return "Q5_K - Medium";
-    case 18:
-        return "Q6_K";
-    case 32:
-        return "BF16";
-    default:
-        return NULL;
-    }
 }
 
 static void cpu_name(char *buf, size_t cap) {
@@ -1119,7 +1077,8 @@ int cmd_bench(int argc, char **argv) {
     const char *ftype_str = NULL;
     if (gguf_find_key(f, "general.file_type") >= 0 &&
         gguf_get_u32(f, "general.file_type", &ftype, NULL) == 0)
-        ftype_str = ftype_name(ftype);
+        ftype_str =
+            ftype_by_id((int)ftype) ? ftype_by_id((int)ftype)->desc : NULL; // llama-bench's name
     struct plan pl = {.n_stages = 1};
     if (n_devs > 1) {
         // The layout before any load, memory aside (the load checks it with

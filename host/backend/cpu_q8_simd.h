@@ -17,6 +17,8 @@
 //                (off 32, 4: u = qw + off)     term = (d*dx)*I
 //   Q2_K:        I = sc0*LO + sc1*HI, K = m0*(sq-sqh) + m1*sqh
 //                                              term = (d*dx)*I + (-dmin*dx)*K
+//   IQ4_NL:      as Q8_0, the signed weights being the levels of the nibbles
+//   IQ4_XS:      I = sc*S (S as Q8_0's)        term = (d*dx)*I
 // which are the reference's integers and float expressions exactly
 // (x + (-y) == x - y and (-a)*b == -(a*b) in IEEE arithmetic). vpmaddubsw
 // adds pairs of u*qx into int16 with saturation: u <= 63 and |qx| <= 127 keep
@@ -33,12 +35,24 @@
 #endif
 
 // How a type's integers become its term (the table above).
-enum q8_kind { KIND_OFF, KIND_Q8_0, KIND_MIN, KIND_KQUANT, KIND_Q6_K, KIND_Q3_K, KIND_Q2_K };
+enum q8_kind {
+    KIND_OFF,
+    KIND_Q8_0,
+    KIND_MIN,
+    KIND_KQUANT,
+    KIND_Q6_K,
+    KIND_Q3_K,
+    KIND_Q2_K,
+    KIND_IQ4_XS
+};
 
 static inline __attribute__((always_inline)) enum q8_kind kind_of(enum ggml_type t) {
     switch (t) {
     case GGML_TYPE_Q8_0:
+    case GGML_TYPE_IQ4_NL:
         return KIND_Q8_0;
+    case GGML_TYPE_IQ4_XS:
+        return KIND_IQ4_XS;
     case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_1:
         return KIND_MIN;
@@ -64,11 +78,11 @@ static inline __attribute__((always_inline)) enum q8_kind kind_of(enum ggml_type
 // vector, which stall store forwarding once per group).
 struct q8_group {
     __m256i u[8]; // unsigned weights (Q8_0: see unpack_q8_0)
-    __m256i s[8]; // Q8_0 on AVX2 only: the signed weights
+    __m256i s[8]; // Q8_0, IQ4_NL, IQ4_XS on AVX2 only: the signed weights
     __m256 p;     // d (the scale of I)
     __m256 q;     // m or -dmin (the scale of K)
     __m256i c0;   // off, sc, or Q2_K/Q3_K/Q6_K's sc0 (elements 0..15)
-    __m256i c1;   // mn, or Q2_K/Q3_K/Q6_K's sc1 (elements 16..31)
+    __m256i c1;   // mn, Q2_K/Q3_K/Q6_K's sc1 (elements 16..31), or IQ4_XS's scale
     __m256i c2;   // Q2_K's m0 (elements 0..15)
     __m256i c3;   // Q2_K's m1 (elements 16..31)
 };
@@ -118,6 +132,14 @@ static inline __m256i nibbles16(const uint8_t *qs) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
 }
 
+// IQ4_NL / IQ4_XS: 16 packed bytes -> the 32 signed levels of their nibbles
+// (one byte shuffle looks them up).
+static inline __m256i iq4_levels16(const uint8_t *qs) {
+    const __m256i lv =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_levels));
+    return _mm256_shuffle_epi8(lv, nibbles16(qs));
+}
+
 // r[s] = the 8 dwords of sub-block s -> r[m] = dword m of every sub-block.
 static inline __attribute__((always_inline)) void transpose8(__m256i r[8]) {
     __m256i t[8], u[8];
@@ -137,16 +159,33 @@ static inline __attribute__((always_inline)) void transpose8(__m256i r[8]) {
     }
 }
 
+// Signed weights wg->s (natural layout) -> the transposed bytes the byte-dots
+// take, and c0 (the offset those bytes carry). VNNI's vpdpbusd does not
+// saturate: u = w + 128 (flip the sign bit), and the term's integer is
+// S - 128 sq. AVX2's vpmaddubsw would saturate on w + 128: u = |w|, and the
+// activations get w's sign (dot_group).
+static inline __attribute__((always_inline)) void signed_weights(struct q8_group *wg) {
+    transpose8(wg->s);
+    for (int m = 0; m < 8; m++) {
+#if CPU_Q8_VNNI
+        wg->u[m] = _mm256_xor_si256(wg->s[m], _mm256_set1_epi8((char)0x80));
+#else
+        wg->u[m] = _mm256_abs_epi8(wg->s[m]);
+#endif
+    }
+    wg->c0 = _mm256_set1_epi32(CPU_Q8_VNNI ? 128 : 0);
+}
+
 // Legacy 32-element blocks: sub-blocks s < nsub of group g (natural layout,
 // before the transpose); the rest are zero with zero factors.
 static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_type t,
                                                                 const uint8_t *row, int64_t g,
                                                                 int nsub, struct q8_group *wg) {
-    const size_t bs = t == GGML_TYPE_Q4_0   ? 18
-                      : t == GGML_TYPE_Q4_1 ? 20
-                      : t == GGML_TYPE_Q5_0 ? 22
-                      : t == GGML_TYPE_Q5_1 ? 24
-                                            : 34;
+    const size_t bs = t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_NL ? 18
+                      : t == GGML_TYPE_Q4_1                        ? 20
+                      : t == GGML_TYPE_Q5_0                        ? 22
+                      : t == GGML_TYPE_Q5_1                        ? 24
+                                                                   : 34;
     const uint8_t *b0 = row + (size_t)(8 * g) * bs;
     for (int s = 0; s < 8; s++) {
         if (s >= nsub) {
@@ -167,6 +206,9 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
             wg->u[s] = _mm256_or_si256(nibbles16(b + (q51 ? 8 : 6)), fifth_bits(qh));
             break;
         }
+        case GGML_TYPE_IQ4_NL:
+            wg->s[s] = iq4_levels16(b + 2);
+            break;
         default: // Q8_0
             wg->s[s] = _mm256_loadu_si256((const __m256i *)(b + 2));
             break;
@@ -178,24 +220,27 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
     wg->q =
         t == GGML_TYPE_Q4_1 || t == GGML_TYPE_Q5_1 ? h2f8(b0, bs, 2, nsub) : _mm256_setzero_ps();
     wg->c0 = _mm256_set1_epi32(t == GGML_TYPE_Q4_0 ? 8 : t == GGML_TYPE_Q5_0 ? 16 : 0);
-    if (t == GGML_TYPE_Q8_0) {
-        transpose8(wg->s);
-        for (int m = 0; m < 8; m++) {
-#if CPU_Q8_VNNI
-            // vpdpbusd does not saturate: u = w + 128 (flip the sign bit),
-            // and the term's integer is S - 128 sq.
-            wg->u[m] = _mm256_xor_si256(wg->s[m], _mm256_set1_epi8((char)0x80));
-#else
-            // AVX2's vpmaddubsw would saturate on w + 128: |w| * sign(qx, w).
-            wg->u[m] = _mm256_abs_epi8(wg->s[m]);
-#endif
-        }
-#if CPU_Q8_VNNI
-        wg->c0 = _mm256_set1_epi32(128);
-#endif
-    } else {
+    if (t == GGML_TYPE_Q8_0 || t == GGML_TYPE_IQ4_NL)
+        signed_weights(wg);
+    else
         transpose8(wg->u);
-    }
+}
+
+// IQ4_XS: group g is super-block g (d, scales_h, scales_l[4], qs[128]); the
+// eight scales (code - 32, gguf/quant.h) widened in registers.
+static inline __attribute__((always_inline)) void unpack_iq4_xs(const uint8_t *row, int64_t g,
+                                                                struct q8_group *wg) {
+    const uint8_t *b = row + (size_t)g * 136;
+    for (int s = 0; s < 8; s++)
+        wg->s[s] = iq4_levels16(b + 8 + 16 * s);
+    signed_weights(wg);
+    const uint32_t sh = (uint32_t)(b[2] | (b[3] << 8));
+    int sc[8];
+    for (int s = 0; s < 8; s++)
+        sc[s] =
+            ((((uint32_t)b[4 + s / 2] >> 4 * (s % 2)) & 0x0f) | (((sh >> 2 * s) & 3) << 4)) - 32;
+    wg->c1 = _mm256_setr_epi32(sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7]);
+    wg->p = _mm256_set1_ps(h2f(b));
 }
 
 // Q4_K / Q5_K: group g is super-block g.
@@ -336,6 +381,9 @@ unpack_group(const enum ggml_type t, const uint8_t *row, int64_t g, int nsub, st
     case GGML_TYPE_Q6_K:
         unpack_q6_k(row, g, wg);
         break;
+    case GGML_TYPE_IQ4_XS:
+        unpack_iq4_xs(row, g, wg);
+        break;
     default:
         unpack_legacy(t, row, g, nsub, wg);
         break;
@@ -362,7 +410,7 @@ dot_group(const enum q8_kind kind, const struct q8_group *wg, const int8_t *xq /
     for (int m = 0; m < 8; m++) {
         __m256i x = _mm256_load_si256((const __m256i *)(xq + 32 * m));
 #if !CPU_Q8_VNNI
-        if (kind == KIND_Q8_0)
+        if (kind == KIND_Q8_0 || kind == KIND_IQ4_XS)
             x = _mm256_sign_epi8(x, wg->s[m]);
 #endif
         if (m < 4)
@@ -379,11 +427,14 @@ dot_group(const enum q8_kind kind, const struct q8_group *wg, const int8_t *xq /
         ii = _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_mullo_epi32(c0, vsq));
         break;
     case KIND_Q8_0:
+    case KIND_IQ4_XS:
 #if CPU_Q8_VNNI
         ii = _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_mullo_epi32(c0, vsq));
 #else
         ii = _mm256_add_epi32(lo, hi);
 #endif
+        if (kind == KIND_IQ4_XS)
+            ii = _mm256_mullo_epi32(wg->c1, ii);
         break;
     case KIND_KQUANT:
         ii = _mm256_mullo_epi32(c0, _mm256_add_epi32(lo, hi));
@@ -439,9 +490,10 @@ static inline __attribute__((always_inline)) void store_out(const struct cpu_q8_
 
 // acc[t] += the terms of row `row` with tokens t0 .. t0 + nt - 1, group by
 // group: each group is unpacked once and dotted with every token.
-static inline __attribute__((always_inline)) void
-dot_row(const enum ggml_type type, const struct cpu_q8_x *x, const uint8_t *row, int64_t nb,
-        int t0, int nt, __m256 *acc) {
+static inline __attribute__((always_inline)) void dot_row(const enum ggml_type type,
+                                                          const struct cpu_q8_x *x,
+                                                          const uint8_t *row, int64_t nb, int t0,
+                                                          int nt, __m256 *acc) {
     const enum q8_kind kind = kind_of(type);
     struct q8_group wg;
     for (int64_t g = 0; g < (nb + 7) / 8; g++) {
@@ -449,8 +501,8 @@ dot_row(const enum ggml_type type, const struct cpu_q8_x *x, const uint8_t *row,
         unpack_group(type, row, g, nsub, &wg);
         for (int t = 0; t < nt; t++) {
             const size_t tb = (size_t)(t0 + t) * (size_t)x->nb_pad + (size_t)(8 * g);
-            dot_group(kind, &wg, x->qs + (size_t)(t0 + t) * (size_t)x->n_pad + 256 * g,
-                      x->dx + tb, x->sq + tb, x->sqh + tb, &acc[t]);
+            dot_group(kind, &wg, x->qs + (size_t)(t0 + t) * (size_t)x->n_pad + 256 * g, x->dx + tb,
+                      x->sq + tb, x->sqh + tb, &acc[t]);
         }
     }
 }
@@ -514,6 +566,12 @@ void CPU_Q8_ROWS(const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
         break;
     case GGML_TYPE_Q3_K:
         rows_of_type(GGML_TYPE_Q3_K, j, o0, o1);
+        break;
+    case GGML_TYPE_IQ4_NL:
+        rows_of_type(GGML_TYPE_IQ4_NL, j, o0, o1);
+        break;
+    case GGML_TYPE_IQ4_XS:
+        rows_of_type(GGML_TYPE_IQ4_XS, j, o0, o1);
         break;
     default:
         break; // the caller checked quant_q8_1_dot_supported

@@ -32,6 +32,8 @@ static void f16_fields(enum ggml_type t, int off[2]) {
     case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q5_0:
     case GGML_TYPE_Q8_0:
+    case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_IQ4_XS:
         off[0] = 0;
         break;
     case GGML_TYPE_Q4_1:
@@ -98,14 +100,14 @@ static void check_type(enum ggml_type type, int64_t n, int rows) {
 }
 
 Test(cuda_decode, block_types_bit_exact) {
-    const enum ggml_type q32[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
-                                  GGML_TYPE_Q8_0};
+    const enum ggml_type q32[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
+                                  GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL};
     for (size_t i = 0; i < sizeof q32 / sizeof q32[0]; i++) {
         check_type(q32[i], 32, 64);
         check_type(q32[i], 4096 + 32, 16);
     }
-    const enum ggml_type qk[] = {GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
-                                 GGML_TYPE_Q6_K};
+    const enum ggml_type qk[] = {GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
+                                 GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS};
     for (size_t i = 0; i < sizeof qk / sizeof qk[0]; i++) {
         check_type(qk[i], 256, 64);
         check_type(qk[i], 4352, 16);
@@ -125,6 +127,6 @@ Test(cuda_decode, refuses_unsupported) {
     float out[256];
     uint8_t row[256] __attribute__((aligned(16))) = {0};
     struct verr err = {0};
-    cr_expect_eq(cuda_dequant_row_host(GGML_TYPE_IQ4_NL, row, 256, out, &err), VERR_UNSUPPORTED);
+    cr_expect_eq(cuda_dequant_row_host(GGML_TYPE_IQ3_S, row, 256, out, &err), VERR_UNSUPPORTED);
     cr_expect_eq(cuda_dequant_row_host(GGML_TYPE_Q4_0, row, 33, out, &err), VERR_RANGE);
 }

@@ -1,7 +1,8 @@
 // cuda/matmul_tc.cu (the fused tensor-core GEMM of quantized weights) through
 // cuda_matmul_apply, against a CPU reference of its exact arithmetic and
 // against the dequant + cuBLAS path of the same call:
-//   - every type it takes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K);
+//   - every type it takes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL,
+//     IQ4_XS);
 //   - odd shapes: n_out 1, 17, 130, 300 (partial row tiles), n_tok 9, 16, 33,
 //     77 (partial token tiles; 16, 64 and 128 tokens per block), n_in from
 //     one block to 4352 (32-element types with a last K tile shorter than
@@ -11,7 +12,7 @@
 //     64-row blocks, and the threshold (VELA_MATMUL_TC_MAX_TOK / the setter);
 //   - what the entry point refuses.
 // Without a CUDA device every test skips itself. The emulator runs the same
-// shapes (about 15 s on 2 cores).
+// shapes (about 32 s on 2 cores).
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
@@ -279,6 +280,16 @@ Test(matmul_tc, q3_k) {
     rng_seed(111);
     run_type(GGML_TYPE_Q3_K);
 }
+Test(matmul_tc, iq4_nl) {
+    REQUIRE_GPU();
+    rng_seed(112);
+    run_type(GGML_TYPE_IQ4_NL);
+}
+Test(matmul_tc, iq4_xs) {
+    REQUIRE_GPU();
+    rng_seed(113);
+    run_type(GGML_TYPE_IQ4_XS);
+}
 
 // More than 128 tokens: blockIdx.y walks token chunks (the last partial),
 // each re-reading the weights; and a matrix tall enough that the launcher
@@ -313,7 +324,7 @@ Test(matmul_tc, threshold) {
     cr_expect(cuda_matmul_tc_takes(GGML_TYPE_Q4_K, 64));
     cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_Q4_K, 65));
     cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_F16, 32));
-    cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_IQ4_NL, 32));
+    cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_IQ3_S, 32));
     const size_t act = ((size_t)64 * 4096 * 2 + 255) & ~(size_t)255;
     cr_expect_eq(cuda_matmul_scratch_bytes(GGML_TYPE_Q4_0, 4096, 4096, 64), act,
                  "the fused path needs the f16 activations only");
@@ -331,9 +342,9 @@ Test(matmul_tc, rejects_what_it_cannot_do) {
     float *out = (float *)p + 8192;
     const uint16_t *xh = (const uint16_t *)p;
     struct verr err = {0};
-    cr_expect_eq(cuda_matmul_q_tc(out, p, GGML_TYPE_IQ4_NL, 256, 4, xh, NULL, 9, 0, 0, &err),
+    cr_expect_eq(cuda_matmul_q_tc(out, p, GGML_TYPE_IQ3_S, 256, 4, xh, NULL, 9, 0, 0, &err),
                  VERR_UNSUPPORTED);
-    cr_log_info("IQ4_NL: %s", err.msg);
+    cr_log_info("IQ3_S: %s", err.msg);
     cr_expect_eq(cuda_matmul_q_tc(out, p, GGML_TYPE_Q4_0, 33, 4, xh, NULL, 9, 0, 0, &err),
                  VERR_RANGE);
     cr_expect_eq(

@@ -327,6 +327,16 @@ Test(matvec_q8, q3_k) {
     check_type(GGML_TYPE_Q3_K);
 }
 
+Test(matvec_q8, iq4_nl) {
+    REQUIRE_GPU();
+    check_type(GGML_TYPE_IQ4_NL);
+}
+
+Test(matvec_q8, iq4_xs) {
+    REQUIRE_GPU();
+    check_type(GGML_TYPE_IQ4_XS);
+}
+
 Test(matvec_q8, rejects_what_it_cannot_do) {
     REQUIRE_GPU();
     uint8_t *dw = dev_upload(NULL, 4096);
@@ -356,8 +366,8 @@ Test(matvec_q8, rejects_what_it_cannot_do) {
               cuda_matvec_q8_segs(segs, 1, GGML_TYPE_F16, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
               "f16 weights");
     EXPECT_RC(VERR_UNSUPPORTED,
-              cuda_matvec_q8_segs(segs, 1, GGML_TYPE_IQ4_NL, 256, dxq, 1, CUDA_MV_STORE, 0, &err),
-              "iq4_nl weights");
+              cuda_matvec_q8_segs(segs, 1, GGML_TYPE_IQ3_S, 256, dxq, 1, CUDA_MV_STORE, 0, &err),
+              "iq3_s weights");
     EXPECT_RC(VERR_RANGE,
               cuda_matvec_q8_segs(segs, 1, GGML_TYPE_Q4_K, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
               "q4_K row of 64");

@@ -108,9 +108,9 @@ static float *dequant_all(enum ggml_type type, const void *w, int64_t n_in, int6
 }
 
 static const enum ggml_type all_weight_types[] = {
-    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
-    GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0,   GGML_TYPE_Q4_0,
+    GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,
+    GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
 };
 #define N_WEIGHT_TYPES (sizeof all_weight_types / sizeof all_weight_types[0])
 
@@ -382,6 +382,16 @@ Test(cuda, matmul_q3_k) {
     rng_seed(23);
     run_matmul_type(GGML_TYPE_Q3_K);
 }
+Test(cuda, matmul_iq4_nl) {
+    REQUIRE_GPU();
+    rng_seed(24);
+    run_matmul_type(GGML_TYPE_IQ4_NL);
+}
+Test(cuda, matmul_iq4_xs) {
+    REQUIRE_GPU();
+    rng_seed(25);
+    run_matmul_type(GGML_TYPE_IQ4_XS);
+}
 
 // More rows than one decoded f16 slice of the GEMM path holds (64 Mi
 // elements): the second GEMM writes the columns after the first slice.
@@ -396,10 +406,10 @@ Test(cuda, matmul_rejects_what_it_cannot_do) {
     REQUIRE_GPU();
     void *p = NULL;
     OK(gpu, gpu->ops->alloc(gpu, 1 << 16, &p));
-    const struct backend_weight iq4 = {p, GGML_TYPE_IQ4_NL, 256, 4};
-    cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &iq4, (const float *)p + 1024, NULL, 1),
+    const struct backend_weight iq3 = {p, GGML_TYPE_IQ3_S, 256, 4};
+    cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &iq3, (const float *)p + 1024, NULL, 1),
                  VERR_UNSUPPORTED);
-    cr_log_info("IQ4_NL: %s", gpu->err.msg);
+    cr_log_info("IQ3_S: %s", gpu->err.msg);
     const struct backend_weight odd = {p, GGML_TYPE_Q4_0, 33, 4};
     cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &odd, (const float *)p + 1024, NULL, 1),
                  VERR_RANGE);
@@ -602,9 +612,9 @@ Test(cuda, matmul_act_q8) {
     REQUIRE_GPU();
     rng_seed(41);
     cpu->act_q8 = gpu->act_q8 = true;
-    static const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-                                           GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K,
-                                           GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    static const enum ggml_type types[] = {
+        GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,   GGML_TYPE_Q5_1,
+        GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const bool k = ggml_type_get(types[ti])->block_size == 256;
         const struct mm_case cases[] = {

@@ -15,9 +15,15 @@
 //   in f32 like the CPU: 1e-4, as for F32 weights.
 // - act_q8 (backend.h) set on both backends: both round a decode batch's
 //   activations to q8_1 the same way and add the same integer-exact
-//   sub-block terms, in other orders; a float difference upstream can move
-//   an activation across a rounding boundary (one q step, 1/127 of its block's
-//   max), so single outputs may differ by ~1e-5 relative: 1e-4 still holds.
+//   sub-block terms, in other orders (each CUDA q8 mat-vec of these runs
+//   equals quant_dot_q8_1 on its own inputs to ~7e-8 of sum|wx|); a float
+//   difference upstream (the order of a sum; with an F16 cache, a K or V
+//   element rounded to the other f16) can move an activation across a
+//   rounding boundary: one q step, 1/127 of its block's max. Most runs stay
+//   within 1e-4, but such a step moved one token's logits by up to 6.8e-3
+//   (IQ4_XS with an F16 cache; Q2_K, Q3_K and Q4_K with other token
+//   sequences, never more than one token of the 20). So a decode batch may
+//   have one token beyond 1e-4, within the prompt batch's 2e-2.
 // - With an F16 KV cache the 20-token prompt batch runs attention on tensor
 //   cores (cuda/attention.cu, attn_tc_kernel), which rounds q * scale and
 //   the softmax weights to f16: ~1e-3 of max|v| per attention output (the
@@ -104,17 +110,34 @@ static void compare_backends(const struct tiny_cfg *cfg, double tol, double tol_
             cpu->act_q8 = act_q8;
             run_tokens(mg, batches[bi], kt, tok, n, false, lg, NULL);
             double scale = 1, worst = 0;
-            for (int i = 0; i < n * V; i++) {
+            for (int i = 0; i < n * V; i++)
                 scale = fmax(scale, fabs(lc[i]));
-                worst = fmax(worst, fabs((double)lg[i] - lc[i]));
-            }
-            cr_log_info("%s%s: %s KV, batch %d: cuda vs cpu worst relative logit error %.3g", label,
-                        act_q8 ? " act_q8" : "", ggml_type_name(kt), batches[bi], worst / scale);
             const double tol_b = batches[bi] < n       ? tol_dec
                                  : kt == GGML_TYPE_F16 ? fmax(tol, 1e-3) // tensor cores
                                                        : tol;
-            cr_expect_lt(worst / scale, tol_b, "%s: %s KV, batch %d: worst relative error %g",
-                         label, ggml_type_name(kt), batches[bi], worst / scale);
+            int n_over = 0, t_over = -1; // tokens beyond tol_b, the first of them
+            for (int t = 0; t < n; t++) {
+                double wt = 0;
+                for (int v = 0; v < V; v++)
+                    wt = fmax(wt, fabs((double)lg[t * V + v] - lc[t * V + v]));
+                worst = fmax(worst, wt);
+                if (!(wt / scale < tol_b) && n_over++ == 0)
+                    t_over = t;
+            }
+            cr_log_info("%s%s: %s KV, batch %d: cuda vs cpu worst relative logit error %.3g (%d "
+                        "tokens beyond %.0e)",
+                        label, act_q8 ? " act_q8" : "", ggml_type_name(kt), batches[bi],
+                        worst / scale, n_over, tol_b);
+            if (act_q8 && batches[bi] < n) { // one q8_1 rounding step (see the top)
+                cr_expect_leq(n_over, 1, "%s: %s KV, batch %d: %d tokens beyond %g", label,
+                              ggml_type_name(kt), batches[bi], n_over, tol_b);
+                cr_expect_lt(worst / scale, tol,
+                             "%s: %s KV, batch %d: token %d's relative error %g", label,
+                             ggml_type_name(kt), batches[bi], t_over, worst / scale);
+            } else {
+                cr_expect_lt(worst / scale, tol_b, "%s: %s KV, batch %d: worst relative error %g",
+                             label, ggml_type_name(kt), batches[bi], worst / scale);
+            }
         }
         // argmax on the device agrees with the CPU wherever the top two
         // logits are not within the tolerance of each other
@@ -165,9 +188,9 @@ Test(forward_cuda, yarn_rope_freqs) {
 }
 
 Test(forward_cuda, weight_types) {
-    static const enum ggml_type types[] = {GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0,
-                                           GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
-                                           GGML_TYPE_Q5_1};
+    static const enum ggml_type types[] = {GGML_TYPE_F16,  GGML_TYPE_BF16,  GGML_TYPE_Q8_0,
+                                           GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,  GGML_TYPE_Q5_0,
+                                           GGML_TYPE_Q5_1, GGML_TYPE_IQ4_NL};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         struct tiny_cfg c;
         tiny_cfg_default(&c, "llama");
@@ -178,7 +201,7 @@ Test(forward_cuda, weight_types) {
 
 Test(forward_cuda, k_quants) {
     static const enum ggml_type types[] = {GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
-                                           GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+                                           GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         struct tiny_cfg c;
         tiny_cfg_kquant(&c, types[i]);
@@ -188,9 +211,9 @@ Test(forward_cuda, k_quants) {
 
 // The 8-bit activation path (the CUDA default) against the CPU doing the same.
 Test(forward_cuda, act_q8) {
-    static const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_1,
-                                           GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
-                                           GGML_TYPE_Q6_K};
+    static const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,   GGML_TYPE_Q5_1,
+                                           GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,
+                                           GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         struct tiny_cfg c;
         if (ggml_type_get(types[i])->block_size == 256)

@@ -27,23 +27,35 @@ enum {
     FT_Q5_K_S = 16,
     FT_Q5_K_M = 17,
     FT_Q6_K = 18,
+    FT_IQ4_NL = 25,
+    FT_IQ4_XS = 30,
     FT_BF16 = 32,
 };
 
 // The file types vela can write (every base has a quantizer), in
-// llama-quantize's order of its list. Not here: the IQ types (no
-// quantizers) and Q2_K_S, which llama-quantize makes only with an
+// llama-quantize's order of its list. Not here: the IQ types but IQ4_NL and
+// IQ4_XS (no quantizers) and Q2_K_S, which llama-quantize makes only with an
 // importance matrix.
 static const struct ftype_info ftypes[] = {
-    {"Q4_0", FT_Q4_0, GGML_TYPE_Q4_0},     {"Q4_1", FT_Q4_1, GGML_TYPE_Q4_1},
-    {"Q5_0", FT_Q5_0, GGML_TYPE_Q5_0},     {"Q5_1", FT_Q5_1, GGML_TYPE_Q5_1},
-    {"Q2_K", FT_Q2_K, GGML_TYPE_Q2_K},     {"Q3_K_S", FT_Q3_K_S, GGML_TYPE_Q3_K},
-    {"Q3_K_M", FT_Q3_K_M, GGML_TYPE_Q3_K}, {"Q3_K_L", FT_Q3_K_L, GGML_TYPE_Q3_K},
-    {"Q4_K_S", FT_Q4_K_S, GGML_TYPE_Q4_K}, {"Q4_K_M", FT_Q4_K_M, GGML_TYPE_Q4_K},
-    {"Q5_K_S", FT_Q5_K_S, GGML_TYPE_Q5_K}, {"Q5_K_M", FT_Q5_K_M, GGML_TYPE_Q5_K},
-    {"Q6_K", FT_Q6_K, GGML_TYPE_Q6_K},     {"Q8_0", FT_Q8_0, GGML_TYPE_Q8_0},
-    {"F16", FT_F16, GGML_TYPE_F16},        {"BF16", FT_BF16, GGML_TYPE_BF16},
-    {"F32", FT_F32, GGML_TYPE_F32},
+    {"Q4_0", FT_Q4_0, GGML_TYPE_Q4_0, "Q4_0"},
+    {"Q4_1", FT_Q4_1, GGML_TYPE_Q4_1, "Q4_1"},
+    {"Q5_0", FT_Q5_0, GGML_TYPE_Q5_0, "Q5_0"},
+    {"Q5_1", FT_Q5_1, GGML_TYPE_Q5_1, "Q5_1"},
+    {"Q2_K", FT_Q2_K, GGML_TYPE_Q2_K, "Q2_K - Medium"},
+    {"Q3_K_S", FT_Q3_K_S, GGML_TYPE_Q3_K, "Q3_K - Small"},
+    {"Q3_K_M", FT_Q3_K_M, GGML_TYPE_Q3_K, "Q3_K - Medium"},
+    {"Q3_K_L", FT_Q3_K_L, GGML_TYPE_Q3_K, "Q3_K - Large"},
+    {"Q4_K_S", FT_Q4_K_S, GGML_TYPE_Q4_K, "Q4_K - Small"},
+    {"Q4_K_M", FT_Q4_K_M, GGML_TYPE_Q4_K, "Q4_K - Medium"},
+    {"Q5_K_S", FT_Q5_K_S, GGML_TYPE_Q5_K, "Q5_K - Small"},
+    {"Q5_K_M", FT_Q5_K_M, GGML_TYPE_Q5_K, "Q5_K - Medium"},
+    {"Q6_K", FT_Q6_K, GGML_TYPE_Q6_K, "Q6_K"},
+    {"IQ4_NL", FT_IQ4_NL, GGML_TYPE_IQ4_NL, "IQ4_NL - 4.5 bpw"},
+    {"IQ4_XS", FT_IQ4_XS, GGML_TYPE_IQ4_XS, "IQ4_XS - 4.25 bpw"},
+    {"Q8_0", FT_Q8_0, GGML_TYPE_Q8_0, "Q8_0"},
+    {"F16", FT_F16, GGML_TYPE_F16, "F16"},
+    {"BF16", FT_BF16, GGML_TYPE_BF16, "BF16"},
+    {"F32", FT_F32, GGML_TYPE_F32, "all F32"},
 };
 #define N_FTYPES (sizeof ftypes / sizeof ftypes[0])
 
@@ -94,10 +106,6 @@ int ftype_id_of_type(enum ggml_type type) {
         return FT_Q4_K_S;
     case GGML_TYPE_Q5_K:
         return FT_Q5_K_S;
-    case GGML_TYPE_IQ4_NL:
-        return 25;
-    case GGML_TYPE_IQ4_XS:
-        return 30;
     default:
         break;
     }
@@ -161,6 +169,8 @@ static enum ggml_type rule_attn_v(int ft, const struct ftype_model *m, int i, en
         t = i < 2 ? GGML_TYPE_Q5_K : GGML_TYPE_Q4_K;
     else if (ft == FT_Q3_K_L)
         t = GGML_TYPE_Q5_K;
+    else if ((ft == FT_IQ4_NL || ft == FT_IQ4_XS) && n_gqa(m) >= 4)
+        t = GGML_TYPE_Q5_K;
     else if ((ft == FT_Q4_K_M || ft == FT_Q5_K_M) && use_more_bits(i, n))
         t = GGML_TYPE_Q6_K;
     else if (ft == FT_Q4_K_S && i < 4)
@@ -185,6 +195,8 @@ static enum ggml_type rule_ffn_down(int ft, const struct ftype_model *m, int i, 
     case FT_Q5_K_M:
         return use_more_bits(i, n) ? GGML_TYPE_Q6_K : t;
     case FT_Q4_K_S:
+    case FT_IQ4_NL: // (llama.cpp: when no importance matrix is given)
+    case FT_IQ4_XS:
         return i < n / 8 ? GGML_TYPE_Q5_K : t;
     default:
         return t;

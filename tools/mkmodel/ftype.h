@@ -24,6 +24,7 @@ struct ftype_info {
     const char *name;    // llama-quantize's name, e.g. "Q4_K_M"
     int id;              // LLAMA_FTYPE_* (general.file_type)
     enum ggml_type base; // the type of every matrix no rule moves
+    const char *desc;    // llama.cpp's llama_model_ftype_name, e.g. "Q4_K - Medium"
 };
 
 // By llama-quantize's name (case-insensitive; "Q3_K", "Q4_K", "Q5_K" are its

@@ -682,6 +682,14 @@ static double mean_sq(int lo, int hi) {
     return s / (hi - lo + 1);
 }
 
+// The mean square of IQ4_NL's 16 levels.
+static double iq4_mean_sq(void) {
+    double s = 0;
+    for (int k = 0; k < 16; k++)
+        s += (double)quant_iq4_levels[k] * quant_iq4_levels[k];
+    return s / 16;
+}
+
 // Block gain k (0..15) and the mean square of the 16 gains.
 static inline float fast_gain(unsigned k) {
     return 0.75f + ((float)k + 0.5f) * (1.0f / 32.0f);
@@ -717,6 +725,10 @@ static double fast_unit_var(enum ggml_type t) {
         return var_uniform(4) * mean_sq(8, 15);
     case GGML_TYPE_Q3_K:
         return var_sym(3) * mean_sq(16, 31);
+    case GGML_TYPE_IQ4_NL: // the block's sign is random: mean 0, variance the levels' mean square
+        return iq4_mean_sq();
+    case GGML_TYPE_IQ4_XS:
+        return iq4_mean_sq() * mean_sq(16, 31);
     default:
         return 1;
     }
@@ -917,6 +929,30 @@ static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const
             }
             quant_q3_k_pack_scales(b + 96, sc);
             put_f16(b + 108, base * fast_gain((unsigned)(r1 >> 60)));
+        }
+        break;
+    case GGML_TYPE_IQ4_NL: // the levels are not centred: a random sign per block
+        for (int64_t i = 0; i < nb; i++, b += 18) {
+            uint64_t r = rng_next(s);
+            put_f16(b, (r & 16 ? -base : base) * fast_gain(r & 15));
+            fill_rand(s, b + 2, 16);
+        }
+        break;
+    case GGML_TYPE_IQ4_XS:
+        for (int64_t i = 0; i < nb; i++, b += 136) {
+            uint64_t r = rng_next(s);
+            uint16_t sh = 0;
+            memset(b + 4, 0, 4);
+            for (int g = 0; g < 8; g++) { // 5 bits each: magnitude 16..31, sign
+                const unsigned v = (unsigned)((r >> (4 + 5 * g)) & 31);
+                const int ls = 32 + ((v & 16) ? -(int)(16 + (v & 15)) : (int)(16 + (v & 15)));
+                b[4 + g / 2] |= (uint8_t)((ls & 0x0f) << 4 * (g % 2));
+                sh |= (uint16_t)((ls >> 4) << 2 * g);
+            }
+            put_f16(b, base * fast_gain(r & 15));
+            b[2] = (uint8_t)sh;
+            b[3] = (uint8_t)(sh >> 8);
+            fill_rand(s, b + 8, 128);
         }
         break;
     default:
