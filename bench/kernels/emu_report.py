@@ -82,10 +82,10 @@ SM90 = {'regs': 65536, 'warps': 64, 'blocks': 32, 'smem': 233472, 'smem_reserved
 PEAK_BW = {'H100 SXM': 3.35e12, 'H200': 4.8e12}  # bytes/s (NVIDIA's data sheets)
 MODELS = {'llama2-7b': ('Llama-2-7B', 32), 'llama3-8b': ('Llama-3-8B', 32)}
 # The output head's type in llama.cpp's files of each ftype (llama_model_quantize:
-# Q6_K for the 4- and 5-bit and Q6_K files, Q8_0 for Q8_0, F16 for F16).
+# Q6_K for the 2- to 6-bit files, Q8_0 for Q8_0, F16 for F16; tools/mkmodel/ftype.c).
 OUTPUT_TYPE = {'q4_0': 'q6_K', 'q4_K': 'q6_K', 'q5_K': 'q6_K', 'q6_K': 'q6_K', 'q8_0': 'q8_0',
-               'f16': 'f16'}
-QUANTS = ['q4_0', 'q4_K', 'q5_K', 'q6_K', 'q8_0', 'f16']
+               'f16': 'f16', 'q2_K': 'q6_K', 'q3_K': 'q6_K', 'iq4_nl': 'q6_K', 'iq4_xs': 'q6_K'}
+QUANTS = ['q4_0', 'q4_K', 'q5_K', 'q6_K', 'q8_0', 'f16', 'q2_K', 'q3_K', 'iq4_nl', 'iq4_xs']
 DECODE_CTX = [128, 4096, 32768]
 # llama.cpp's published llama-bench tg128 on an H100 (t/s), per (model, quant):
 # none found (see bench/README.md, "Emulated traffic"); null until one is cited.
