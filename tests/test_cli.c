@@ -189,6 +189,18 @@ Test(cli, quantize_writes_a_model_vela_runs) {
     free(out);
     free(err);
     unlink(q);
+    // A file type with rules: IQ4_XS (rows of 64 fall back to IQ4_NL, the
+    // head to Q8_0), which the CPU then runs.
+    snprintf(args, sizeof args, "quantize %s %s IQ4_XS", model_path, q);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "(IQ4_XS)") && strstr(err, "iq4_nl") && strstr(err, "q8_0"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s -p hello -n 4 --temp 0 --backend cpu", q);
+    cr_expect_eq(run_vela(args, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+    unlink(q);
 }
 
 Test(cli, run_generates_deterministically) {
