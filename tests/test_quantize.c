@@ -364,6 +364,35 @@ Test(quantize, mkmodel_mixes_match_llama_quantize) {
     mix_table_free(&tb);
 }
 
+// Progress: output bytes, rising to the total, which is stats' bytes_out.
+struct progress_log {
+    int n;
+    uint64_t last, total;
+    bool rising;
+};
+static void log_progress(void *user, uint64_t done, uint64_t total) {
+    struct progress_log *l = user;
+    l->rising &= done >= l->last && (l->n == 0 || total == l->total);
+    l->n++;
+    l->last = done;
+    l->total = total;
+}
+
+Test(quantize, progress_reaches_the_written_bytes) {
+    const char *in = write_model("f32.gguf", 256, 512, GGML_TYPE_F32);
+    struct verr err = {0};
+    struct progress_log l = {.rising = true};
+    struct quantize_opts o = opts(in, path_of("p.gguf"), "Q4_K_M", false);
+    o.progress = log_progress;
+    o.progress_user = &l;
+    struct quantize_stats st;
+    cr_assert_eq(quantize_file(&o, &st, &err), 0, "%s", err.msg);
+    cr_expect(l.rising, "done never falls, total never changes");
+    cr_expect_gt(l.n, 10, "once per tensor at least: %d calls", l.n);
+    cr_expect_eq(l.last, st.bytes_out);
+    cr_expect_eq(l.total, st.bytes_out);
+}
+
 Test(quantize, threads_do_not_change_the_bytes) {
     const char *in = write_model("f32.gguf", 256, 512, GGML_TYPE_F32);
     struct verr err = {0};

@@ -5,6 +5,7 @@
 
 #include "gguf/types.h"
 #include "tools/cmds.h"
+#include "tools/progress.h"
 #include "tools/quantize.h"
 
 static void usage(FILE *out) {
@@ -106,6 +107,11 @@ int cmd_quantize(int argc, char **argv) {
                    NULL);
     o.in = pos[0];
     o.out = pos[1];
+    struct load_progress lp;
+    load_progress_init(&lp, "vela quantize", quiet);
+    lp.what = "quantizing";
+    o.progress = load_progress_update;
+    o.progress_user = &lp;
     struct quantize_stats st;
     struct verr err = {0};
     if (quantize_file(&o, &st, &err)) {

@@ -8,6 +8,7 @@
 
 void load_progress_init(struct load_progress *p, const char *prog, bool quiet) {
     p->prog = prog;
+    p->what = "loading";
     p->quiet = quiet;
     p->tty = isatty(STDERR_FILENO) != 0;
     p->last = -1;
@@ -36,7 +37,7 @@ void load_progress_update(void *user, uint64_t done, uint64_t total) {
         p->last = q;
         char sz[64];
         format_bytes(sz, sizeof sz, done, total);
-        fprintf(stderr, "%s: loading %3d%% (%s)\n", p->prog, pct, sz);
+        fprintf(stderr, "%s: %s %3d%% (%s)\n", p->prog, p->what, pct, sz);
         return;
     }
     if (pct == p->last && done < total)
@@ -49,7 +50,7 @@ void load_progress_update(void *user, uint64_t done, uint64_t total) {
     bar[BAR_WIDTH] = 0;
     char sz[64];
     format_bytes(sz, sizeof sz, done, total);
-    fprintf(stderr, "\rloading [%s] %3d%% %s", bar, pct, sz);
+    fprintf(stderr, "\r%s [%s] %3d%% %s", p->what, bar, pct, sz);
     if (done == total)
         fprintf(stderr, "\n");
     fflush(stderr);

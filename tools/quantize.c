@@ -163,10 +163,22 @@ static void qz_rows(void *ctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
+// Output bytes written so far, reported through o->progress.
+struct qz_progress {
+    const struct quantize_opts *o;
+    uint64_t done, total;
+};
+
+static void progress_add(struct qz_progress *p, uint64_t bytes) {
+    p->done += bytes;
+    if (p->o->progress)
+        p->o->progress(p->o->progress_user, p->done, p->total);
+}
+
 // Tensor t's data in type `to`, in chunks of whole rows.
 static int write_converted(const struct gguf_file *f, const struct gguf_tensor_info *t,
                            enum ggml_type to, struct threadpool *tp, struct gguf_writer *w,
-                           struct verr *err) {
+                           struct qz_progress *pg, struct verr *err) {
     const int nt = threadpool_size(tp);
     const int64_t n = t->ne[0];
     struct qz_chunk c = {.t = t, .to = to};
@@ -195,6 +207,7 @@ static int write_converted(const struct gguf_file *f, const struct gguf_tensor_i
             verr_wrap(err, "%s: %s row %lld", f->path, t->name, (long long)c.bad[worst]);
         } else {
             rc = gguf_writer_write_tensor_data(w, c.buf, c.rb_out * (size_t)nr, err);
+            progress_add(pg, c.rb_out * (uint64_t)nr);
         }
     }
     free(c.buf);
@@ -208,8 +221,9 @@ static int write_converted(const struct gguf_file *f, const struct gguf_tensor_i
 // Writes f with tensor i in to[i] to a file beside o->out, renamed to it at
 // the end, so that a failure leaves whatever was at o->out untouched.
 static int write_file(const struct quantize_opts *o, const struct gguf_file *f,
-                      const enum ggml_type *to, struct verr *err) {
+                      const enum ggml_type *to, uint64_t bytes_out, struct verr *err) {
     int rc = VERR_OK;
+    struct qz_progress pg = {.o = o, .total = bytes_out};
     const size_t tl = strlen(o->out) + 16;
     char *tmp = malloc(tl);
     struct gguf_writer *w = gguf_writer_new();
@@ -230,8 +244,11 @@ static int write_file(const struct quantize_opts *o, const struct gguf_file *f,
         rc = gguf_writer_begin(w, tmp, err);
     for (uint64_t i = 0; rc == VERR_OK && i < f->n_tensors; i++) {
         const struct gguf_tensor_info *t = &f->tensors[i];
-        rc = to[i] == t->type ? gguf_writer_write_tensor_data(w, t->data, t->nbytes, err)
-                              : write_converted(f, t, to[i], tp, w, err);
+        if (to[i] != t->type) {
+            rc = write_converted(f, t, to[i], tp, w, &pg, err);
+        } else if ((rc = gguf_writer_write_tensor_data(w, t->data, t->nbytes, err)) == VERR_OK) {
+            progress_add(&pg, t->nbytes);
+        }
     }
     threadpool_free(tp);
     if (rc == VERR_OK)
@@ -265,7 +282,7 @@ int quantize_file(const struct quantize_opts *o, struct quantize_stats *stats, s
     if (rc == VERR_OK)
         rc = plan_check(o, f, to, err);
     if (rc == VERR_OK)
-        rc = write_file(o, f, to, err);
+        rc = write_file(o, f, to, st.bytes_out, err);
     free(to);
     gguf_close(f);
     if (rc == VERR_OK && stats)

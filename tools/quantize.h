@@ -37,6 +37,10 @@ struct quantize_opts {
     int type_output;                // output.weight's type, or -1: the file type's choice
     bool allow_requantize;
     int n_threads; // rows are converted in parallel; <= 0: the physical cores
+    // Called as tensor data is written (done output bytes of total, done
+    // rising to total), or NULL.
+    void (*progress)(void *user, uint64_t done, uint64_t total);
+    void *progress_user;
 };
 
 struct quantize_stats {
