@@ -231,8 +231,15 @@ static void dq_iq4_nl(const uint8_t *restrict b, float *restrict y, int64_t nb) 
     }
 }
 
-int quant_iq4_xs_scale(const uint8_t *b, int g) {
-    return (((b[4 + g / 2] >> 4 * (g % 2)) & 0x0f) | (((rd_u16(b + 2) >> 2 * g) & 3) << 4)) - 32;
+void quant_iq4_xs_pack_scales(uint8_t *b, const int sc[8]) {
+    uint16_t sh = 0;
+    memset(b + 4, 0, 4);
+    for (int g = 0; g < 8; g++) {
+        const int ls = sc[g] + 32;
+        b[4 + g / 2] |= (uint8_t)((ls & 0x0f) << 4 * (g % 2));
+        sh |= (uint16_t)((ls >> 4) << 2 * g);
+    }
+    wr_u16(b + 2, sh);
 }
 
 static void dq_iq4_xs(const uint8_t *restrict b, float *restrict y, int64_t nb) {
@@ -633,8 +640,7 @@ static void qz_iq4_xs(const float *x, uint8_t *b, int64_t nb) {
         const uint16_t d16 = quant_f32_to_fp16(smax / -32.0f);
         const float d = quant_fp16_to_f32(d16);
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t sh = 0;
-        memset(b + 2, 0, 6);
+        int code[8];
         wr_u16(b, d16);
         for (int g = 0; g < 8; g++) {
             const float *xg = x + 32 * g;
@@ -650,12 +656,10 @@ static void qz_iq4_xs(const float *x, uint8_t *b, int64_t nb) {
                     best = l;
                 }
             }
-            const int ls = best + 32;
-            b[4 + g / 2] |= (uint8_t)((ls & 0x0f) << 4 * (g % 2));
-            sh |= (uint16_t)((ls >> 4) << 2 * g);
+            code[g] = best;
             iq4_pack(xg, d * (float)best, b + 8 + 16 * g);
         }
-        wr_u16(b + 2, sh);
+        quant_iq4_xs_pack_scales(b, code);
     }
 }
 

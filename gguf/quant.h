@@ -44,7 +44,13 @@ extern const int8_t quant_iq4_levels[16];
 // IQ4_XS group g's (0..7) scale in [-32, 31], of the block at b: a 6-bit
 // code stored + 32, its low 4 bits in nibble g % 2 of scales_l[g / 2] (byte
 // 4 + g / 2), its top 2 bits at bit 2g of the u16 scales_h (bytes 2..3).
-int quant_iq4_xs_scale(const uint8_t *b, int g);
+// Inline: the CPU q8 kernels read it per group. quant_iq4_xs_pack_scales is
+// the inverse (sc[g] in [-32, 31]; writes bytes 2..7).
+static inline int quant_iq4_xs_scale(const uint8_t *b, int g) {
+    const unsigned sh = (unsigned)(b[2] | (b[3] << 8));
+    return (int)(((b[4 + g / 2] >> 4 * (g % 2)) & 0x0fu) | (((sh >> 2 * g) & 3u) << 4)) - 32;
+}
+void quant_iq4_xs_pack_scales(uint8_t *b, const int sc[8]);
 
 int quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n,
                          struct verr *err);

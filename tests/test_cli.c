@@ -168,38 +168,36 @@ Test(cli, usage_errors) {
     free(err);
 }
 
-// vela quantize on the suite's model: a file vela runs, and a refusal with
+// `vela quantize SRC DST TYPE`, its summary on stderr holding every string
+// of want (NULL-terminated), then `vela run` on DST.
+static void quantize_then_run(const char *dst, const char *type, const char *const *want) {
+    char *out, *err, args[512];
+    snprintf(args, sizeof args, "quantize %s %s %s", model_path, dst, type);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    for (; *want; want++)
+        cr_expect(strstr(err, *want), "%s summary: no '%s' in %s", type, *want, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "run -m %s -p hello -n 4 --temp 0 --backend cpu", dst);
+    cr_expect_eq(run_vela(args, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+}
+
+// vela quantize on the suite's model: files vela runs, and a refusal with
 // exit status 1 (tools/quantize.h; tests/test_quantize.c checks the bytes).
 Test(cli, quantize_writes_a_model_vela_runs) {
     char *out, *err, args[512], q[160];
     snprintf(q, sizeof q, "%s.q8_0.gguf", model_path);
-    snprintf(args, sizeof args, "quantize %s %s q8_0", model_path, q);
-    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
-    cr_expect(strstr(err, "converted") && strstr(err, "(Q8_0)") && strstr(err, "types: f32"),
-              "summary: %s", err);
-    free(out);
-    free(err);
-    snprintf(args, sizeof args, "run -m %s -p hello -n 4 --temp 0 --backend cpu", q);
-    cr_expect_eq(run_vela(args, &out, &err), 0, "%s", err);
-    free(out);
-    free(err);
+    quantize_then_run(q, "q8_0", (const char *const[]){"converted", "(Q8_0)", "types: f32", NULL});
     snprintf(args, sizeof args, "quantize %s %s.again q4_0", q, q);
     cr_expect_eq(run_vela(args, &out, &err), 1);
     cr_expect(strstr(err, "--allow-requantize"), "%s", err);
     free(out);
     free(err);
-    unlink(q);
     // A file type with rules: IQ4_XS (rows of 64 fall back to IQ4_NL, the
     // head to Q8_0), which the CPU then runs.
-    snprintf(args, sizeof args, "quantize %s %s IQ4_XS", model_path, q);
-    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
-    cr_expect(strstr(err, "(IQ4_XS)") && strstr(err, "iq4_nl") && strstr(err, "q8_0"), "%s", err);
-    free(out);
-    free(err);
-    snprintf(args, sizeof args, "run -m %s -p hello -n 4 --temp 0 --backend cpu", q);
-    cr_expect_eq(run_vela(args, &out, &err), 0, "%s", err);
-    free(out);
-    free(err);
+    quantize_then_run(q, "IQ4_XS", (const char *const[]){"(IQ4_XS)", "iq4_nl", "q8_0", NULL});
     unlink(q);
 }
 

@@ -1076,9 +1076,10 @@ int cmd_bench(int argc, char **argv) {
     uint32_t ftype = 0;
     const char *ftype_str = NULL;
     if (gguf_find_key(f, "general.file_type") >= 0 &&
-        gguf_get_u32(f, "general.file_type", &ftype, NULL) == 0)
-        ftype_str =
-            ftype_by_id((int)ftype) ? ftype_by_id((int)ftype)->desc : NULL; // llama-bench's name
+        gguf_get_u32(f, "general.file_type", &ftype, NULL) == 0) {
+        const struct ftype_info *fi = ftype_by_id((int)ftype); // llama-bench's name
+        ftype_str = fi ? fi->desc : NULL;
+    }
     struct plan pl = {.n_stages = 1};
     if (n_devs > 1) {
         // The layout before any load, memory aside (the load checks it with

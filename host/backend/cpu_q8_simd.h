@@ -227,19 +227,17 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
 }
 
 // IQ4_XS: group g is super-block g (d, scales_h, scales_l[4], qs[128]); the
-// eight scales (code - 32, gguf/quant.h) widened in registers.
+// eight scales (gguf/quant.h's inline codec) built in registers.
 static inline __attribute__((always_inline)) void unpack_iq4_xs(const uint8_t *row, int64_t g,
                                                                 struct q8_group *wg) {
     const uint8_t *b = row + (size_t)g * 136;
     for (int s = 0; s < 8; s++)
         wg->s[s] = iq4_levels16(b + 8 + 16 * s);
     signed_weights(wg);
-    const uint32_t sh = (uint32_t)(b[2] | (b[3] << 8));
-    int sc[8];
-    for (int s = 0; s < 8; s++)
-        sc[s] =
-            ((((uint32_t)b[4 + s / 2] >> 4 * (s % 2)) & 0x0f) | (((sh >> 2 * s) & 3) << 4)) - 32;
-    wg->c1 = _mm256_setr_epi32(sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7]);
+    wg->c1 = _mm256_setr_epi32(quant_iq4_xs_scale(b, 0), quant_iq4_xs_scale(b, 1),
+                               quant_iq4_xs_scale(b, 2), quant_iq4_xs_scale(b, 3),
+                               quant_iq4_xs_scale(b, 4), quant_iq4_xs_scale(b, 5),
+                               quant_iq4_xs_scale(b, 6), quant_iq4_xs_scale(b, 7));
     wg->p = _mm256_set1_ps(h2f(b));
 }
 

@@ -266,10 +266,6 @@ enum ggml_type ftype_tensor_type(struct ftype_plan *p, const char *name, uint32_
     return f;
 }
 
-static bool writable(enum ggml_type t) {
-    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || quant_can_quantize(t);
-}
-
 enum ggml_type ftype_fallback(enum ggml_type t, int64_t ne0) {
     const struct ggml_type_info *ti = ggml_type_get(t);
     if (!ti->quantized || ne0 % ti->block_size == 0)
@@ -296,7 +292,7 @@ enum ggml_type ftype_fallback(enum ggml_type t, int64_t ne0) {
         f = GGML_TYPE_F16;
         break;
     }
-    if (f != GGML_TYPE_F16 && (ne0 % ggml_type_get(f)->block_size != 0 || !writable(f)))
+    if (f != GGML_TYPE_F16 && (ne0 % ggml_type_get(f)->block_size != 0 || !quant_can_quantize(f)))
         f = GGML_TYPE_F16;
     return f;
 }

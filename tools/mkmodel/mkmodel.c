@@ -143,17 +143,10 @@ static void mk_note(const struct mkmodel_config *cfg, const char *fmt, ...) {
     cfg->log(cfg->cb_ctx, buf);
 }
 
-static bool type_writable(int t) {
-    if (t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16)
-        return true;
-    const struct ggml_type_info *ti = ggml_type_get((uint32_t)t);
-    return ti && ti->quantized && quant_can_quantize((enum ggml_type)t);
-}
-
 static int check_type(int t, bool optional, const char *flag, struct verr *err) {
     if (optional && t < 0)
         return 0;
-    if (t < 0 || !type_writable(t))
+    if (t < 0 || !quant_can_quantize((enum ggml_type)t)) // F32/F16/BF16 too
         return verr_set(err, VERR_UNSUPPORTED, "%s %s: not a weight type vela can write", flag,
                         t < 0 ? "(none)" : ggml_type_name((uint32_t)t));
     return 0;
@@ -941,17 +934,13 @@ static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const
     case GGML_TYPE_IQ4_XS:
         for (int64_t i = 0; i < nb; i++, b += 136) {
             uint64_t r = rng_next(s);
-            uint16_t sh = 0;
-            memset(b + 4, 0, 4);
+            int sc[8];
             for (int g = 0; g < 8; g++) { // 5 bits each: magnitude 16..31, sign
                 const unsigned v = (unsigned)((r >> (4 + 5 * g)) & 31);
-                const int ls = 32 + ((v & 16) ? -(int)(16 + (v & 15)) : (int)(16 + (v & 15)));
-                b[4 + g / 2] |= (uint8_t)((ls & 0x0f) << 4 * (g % 2));
-                sh |= (uint16_t)((ls >> 4) << 2 * g);
+                sc[g] = (v & 16) ? -(int)(16 + (v & 15)) : (int)(16 + (v & 15));
             }
             put_f16(b, base * fast_gain(r & 15));
-            b[2] = (uint8_t)sh;
-            b[3] = (uint8_t)(sh >> 8);
+            quant_iq4_xs_pack_scales(b, sc);
             fill_rand(s, b + 8, 128);
         }
         break;
