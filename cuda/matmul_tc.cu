@@ -109,7 +109,11 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
     const size_t mat_end = (size_t)n_out * row_bytes;
 
     // Raw weight tile kt of the block's rows into stage kt % 3. Only the
-    // matrix's last chunk can extend past its end: zero-filled, not read.
+    // matrix's last chunk can extend past its end: its valid bytes are copied
+    // with plain loads and the rest zeroed (cp.async's zero-fill form reads
+    // no more than its source size, but compute-sanitizer flags it as a
+    // 16-byte read past the allocation). Plain stores are seen by the decode
+    // after the same wait + __syncthreads as the asynchronous copies.
     auto issue_raw = [&](int kt) {
         uint8_t *dst = raw + (size_t)(kt % TC_WSTAGES) * BM * RS;
         const size_t k_off = (size_t)kt * TB;
@@ -119,11 +123,14 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
             const size_t s = (size_t)(o0 + r) * row_bytes + k_off;
             const size_t a = (s & ~(size_t)15) + 16 * (size_t)c;
             if (c < (int)(((s & 15) + len + 15) >> 4)) {
+                uint8_t *d = dst + (size_t)r * RS + 16 * c;
                 const size_t valid = mat_end - a;
-                if (valid >= 16)
-                    __pipeline_memcpy_async(dst + (size_t)r * RS + 16 * c, w + a, 16);
-                else
-                    __pipeline_memcpy_async(dst + (size_t)r * RS + 16 * c, w + a, 16, 16 - valid);
+                if (valid >= 16) {
+                    __pipeline_memcpy_async(d, w + a, 16);
+                } else {
+                    for (int b = 0; b < 16; b++)
+                        d[b] = b < (int)valid ? w[a + b] : 0;
+                }
             }
         }
     };
