@@ -58,3 +58,13 @@ assert len(s["steps"]) == n_steps, f"the second call ran steps again: {s['steps'
 assert not os.listdir(f"{w}/bench/models"), "models left on disk"
 print("session dry run: %d rows, %d steps, OUT: %s" % (len(rows), n_steps, " ".join(sorted(out))))
 PY
+
+# A build that failed from other sources is tried again: a third call, with
+# a failed-build mark left from another tree, runs the GPU tests again.
+echo "other sources" >"$work/session/state/test-build-failed.done"
+rm -f "$work/session/state/gpu-tests.done"
+bash "$root/tests/gpu/session.sh" --dry-run "$build" --work "$work/session" --budget 240
+grep -q "sources changed since the failed build" "$work/session/logs/session.log"
+[ "$(grep -c '^gpu-tests' "$work/session/state/steps.tsv")" = 2 ]
+[ ! -f "$work/session/state/test-build-failed.done" ]
+echo "session dry run: a failed build from other sources is built again"

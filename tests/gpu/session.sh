@@ -118,6 +118,12 @@ quiet() {
 }
 done_mark() { touch "$W/state/$1.done"; }
 is_done() { [ -f "$W/state/$1.done" ]; }
+# What a build is made from (sources, CMake files, carried packages): a build
+# that failed is not tried again in a later call unless this changed.
+tree_id() {
+  find CMakeLists.txt cuda host gguf kv tests tools bench .devdeps -type f \
+    ! -path 'tests/data/*' 2>/dev/null | LC_ALL=C sort | xargs cat 2>/dev/null | cksum
+}
 
 . tests/gpu/devdeps.sh
 NPROC=$(nproc 2>/dev/null || echo 4)
@@ -221,11 +227,19 @@ if [ -n "$LLAMA_SRC" ] && [ ! -x "$LLAMA_BIN/llama-bench" ]; then
 fi
 llama_building() { [ -n "$llama_pid" ] && kill -0 "$llama_pid" 2>/dev/null; }
 
+# A build that failed in an earlier call, from other sources (a fix, or the
+# packages carried again): built again from a fresh CMake cache, which would
+# otherwise keep what the failed configure found.
+if is_done test-build-failed && [ "$(cat "$W/state/test-build-failed.done")" != "$(tree_id)" ]; then
+  log "sources changed since the failed build: building again"
+  rm -f "$W/state/test-build-failed.done" "$W/state/gpu-tests.done"
+  [ -z "$DRY" ] && rm -f "$B/CMakeCache.txt" "$W/build-bench/CMakeCache.txt"
+fi
 if ! is_done gpu-tests && ! is_done test-build-failed; then
   step gpu-tests timeout $(($(left) > 0 ? $(left) : 1)) env VELA_COMMIT="${VELA_COMMIT:-}" \
     "${DEV[@]}" --no-sanitizer
   [ -f "$B/ctest.log" ] && done_mark gpu-tests
-  [ -x "$B/vela" ] || done_mark test-build-failed
+  [ -x "$B/vela" ] || tree_id >"$W/state/test-build-failed.done"
   publish quiet
 fi
 # The test build failed (Criterion, say): the benches still run, on a build
