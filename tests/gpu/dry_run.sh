@@ -34,6 +34,25 @@ for r in d["rows"]:
 print("dry run: %d rows" % len(d["rows"]))
 PY
 
+# A stand-in for Nsight Compute: ncu's CSV for three launches of two kernels
+# (thousands separators and a scaled unit included) among the application's
+# and ncu's own lines.
+cat >"$work/fake-ncu" <<'SH'
+#!/usr/bin/env bash
+echo "==PROF== Connected to process 1 (vela)"
+echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+for id in 0 2; do
+  printf '"%s","1","vela","h","void matvec_q8_kernel<12, 1>(mvq_args)","1","7","(128, 1, 1)","(2048, 1, 1)","0","9.0","Command line profiler metrics","%s","%s","%s"\n' \
+    $id dram__bytes_read.sum byte "9,437,184" $id dram__bytes_write.sum byte 16384 \
+    $id gpu__time_duration.sum nsecond "4,096"
+done
+printf '"1","1","vela","h","void rms_norm_kernel(float *, const float *, int)","1","7","(256, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","%s","%s","%s"\n' \
+  dram__bytes_read.sum Kbyte 32 dram__bytes_write.sum byte 0 gpu__time_duration.sum usecond 2
+echo "| model | test | t/s |"
+SH
+chmod +x "$work/fake-ncu"
+export VELA_NCU="$work/fake-ncu"
+
 # The whole session, twice: the second call must find every step done.
 bash "$root/tests/gpu/session.sh" --dry-run "$build" --work "$work/session" --budget 240
 n_steps=$(wc -l <"$work/session/state/steps.tsv")
@@ -44,8 +63,19 @@ w, n_steps = sys.argv[1], int(sys.argv[2])
 out = os.listdir(f"{w}/out")
 assert len(out) <= 8, f"{len(out)} files in OUT: the device tool brings back 8"
 for f in ("SUMMARY.json", "SUMMARY.md", "gpu-tests.json", "session.json", "logs.tar.gz",
-          "kernels.json", "kernels-attn-se.json"):
+          "kernels.json", "kernels-attn-se.json", "profile.json"):
     assert f in out, f"no {f} in OUT: {out}"
+# profile.json from the stand-in's rows: two launches of 4.096 us and one of
+# 2 us; 2 x (9437184 + 16384) bytes and 32 KB read.
+p = json.load(open(f"{w}/out/profile.json"))
+k = {r["kernel"]: r for r in p["kernels"]}
+assert p["launches"] == 3 and list(k) == ["matvec_q8_kernel<12, 1>", "rms_norm_kernel"], p
+mv = k["matvec_q8_kernel<12, 1>"]
+assert mv["launches"] == 2 and abs(mv["us_total"] - 8.192) < 1e-9, mv
+assert mv["dram_bytes"] == 2 * (9437184 + 16384) and abs(mv["time_frac"] - 8.192 / 10.192) < 1e-12, mv
+assert abs(mv["gbs"] - mv["dram_bytes"] / 8.192e-6 / 1e9) < 1e-6, mv
+assert k["rms_norm_kernel"]["dram_bytes"] == 32000, k["rms_norm_kernel"]
+assert "Decode profile" in open(f"{w}/out/SUMMARY.md").read()
 rows = json.load(open(f"{w}/out/SUMMARY.json"))["rows"]
 got = {(r["model"], r["test"]) for r in rows}
 want = {("tiny", "pp16"), ("tiny", "tg4"), ("tiny", "tg4@f32act"), ("tiny", "tg4 x2"),

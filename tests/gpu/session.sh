@@ -9,6 +9,8 @@
 #      the background), vela bench, llama-bench on the same file, delete it;
 #      after the fourth model, bench/kernels: the quick table and exact
 #      self-extend against ordinary attention at 4k/16k/64k keys (#13)
+#   3b. Nsight Compute over the first model's decode: each kernel's share
+#      of the time and its DRAM GB/s (profile.json, bench/ncu_profile.py)
 #   4. the sanitizer runs that are still missing, while time is left
 # SUMMARY.json/.md, gpu-tests.json and the logs go into OUT (8 files at most,
 # what the device tool brings back) after every step that adds results, so
@@ -180,7 +182,7 @@ json.dump(session, open(f"{out}/session.json", "w"), indent=1)
 for name in ("gpu-tests.json",):
     if os.path.exists(f"{w}/device-out/{name}"):
         open(f"{out}/{name}", "w").write(open(f"{w}/device-out/{name}").read())
-for name in ("SUMMARY.json", "kernels.json", "kernels-attn-se.json"):
+for name in ("SUMMARY.json", "kernels.json", "kernels-attn-se.json", "profile.json"):
     if os.path.exists(f"{w}/bench-out/{name}"):
         open(f"{out}/{name}", "w").write(open(f"{w}/bench-out/{name}").read())
 # SUMMARY.md: what a person reads first.
@@ -200,6 +202,15 @@ for r in summ.get("rows", []):
     md.append(f"| {r['model']} | {r['test']} | {fmt(r['vela_tps'], '%.1f')} | "
               f"{fmt(r['llamacpp_tps'], '%.1f')} | {fmt(r['ratio'], '%.2fx')} | "
               f"{fmt(r['bw_frac'] and 100 * r['bw_frac'], '%.0f%%')} |")
+prof = load(f"{w}/bench-out/profile.json")
+if prof:
+    md += ["", f"Decode profile ({prof.get('what')}; kernels one at a time): "
+           f"{prof['launches']} launches, {prof['us_total']:.0f} us", "",
+           "| kernel | share | launches | us | GB/s | bw |", "|---|---:|---:|---:|---:|---:|"]
+    for k in prof["kernels"][:10]:
+        md.append(f"| `{k['kernel']}` | {fmt(k['time_frac'] and 100 * k['time_frac'], '%.1f%%')} | "
+                  f"{k['launches']} | {k['us_total']:.0f} | {fmt(k['gbs'], '%.0f')} | "
+                  f"{fmt(k['bw_frac'] and 100 * k['bw_frac'], '%.0f%%')} |")
 if session["timed_beside_llama_build"]:
     md += ["", "vela timed while llama.cpp was still building: "
            + ", ".join(session["timed_beside_llama_build"])]
@@ -371,6 +382,30 @@ if [ -n "$LLAMA_SRC" ]; then
       && is_done "llama-$n" && rm -f "$MODELS_DIR/$n.gguf"
   done
 fi
+
+# --- 3b. where a decode step's time goes: ncu on the first model ------------
+# Per-kernel time and DRAM bytes of `vela bench -p 0 -n 8` (warm-up and one
+# repetition) under Nsight Compute, summed per kernel by bench/ncu_profile.py
+# into profile.json. VELA_NCU names a stand-in (the dry run's).
+run_profile() {
+  local n=${names[0]} ncu=${VELA_NCU:-ncu} lim peak csv=$W/bench/raw/ncu-${names[0]}.csv
+  is_done profile && return 0
+  command -v "$ncu" >/dev/null || { log "profile: no ncu"; return 0; }
+  [ "$(left)" -ge 100 ] || { log "profile: no time left"; return 0; }
+  make_room "$n" && step "mkmodel:$n" write_model "$n" || return 0
+  lim=$(($(left) - 30 < 120 ? $(left) - 30 : 120))
+  step "profile:$n" quiet "$W/logs/profile.err" bash -c '"${@:3}" >"$1" 2>>"$2"' _ "$csv" \
+    "$W/logs/profile.err" timeout "$lim" "$ncu" --clock-control none --print-units base --csv \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    --launch-count 2000 "$B/vela" bench -m "$MODELS_DIR/$n.gguf" -p 0 -n 8 -r 1
+  peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device"]["peak_bw_gbs"])' \
+    "$W/bench-out/kernels.json" 2>/dev/null) || peak=""
+  python3 bench/ncu_profile.py "$csv" "$W/bench-out/profile.json" ${peak:+--peak-gbs "$peak"} \
+    --what "vela bench -p 0 -n 8 -r 1 on $n under ncu" >>"$LOG" 2>&1 && done_mark profile
+  if ! { [ -n "$LLAMA_SRC" ] && ! is_done "llama-$n"; }; then rm -f "$MODELS_DIR/$n.gguf"; fi
+}
+run_profile
+publish quiet
 
 # --- 4. the sanitizer runs still missing ------------------------------------
 sanitize memcheck,racecheck,synccheck,initcheck $(($(left) - 5))
