@@ -10,7 +10,8 @@
 #      after the fourth model, bench/kernels: the quick table and exact
 #      self-extend against ordinary attention at 4k/16k/64k keys (#13)
 #   3b. Nsight Compute over the first model's decode: each kernel's share
-#      of the time and its DRAM GB/s (profile.json, bench/ncu_profile.py)
+#      of the time and its DRAM GB/s (profile.json, bench/ncu_profile.py);
+#      then its detailed sections for decode attention and the Q4_K mat-vec
 #   4. the sanitizer runs that are still missing, while time is left
 # SUMMARY.json/.md, gpu-tests.json and the logs go into OUT (8 files at most,
 # what the device tool brings back) after every step that adds results, so
@@ -403,6 +404,15 @@ run_profile() {
   python3 bench/ncu_profile.py "$csv" "$W/bench-out/profile.json" ${peak:+--peak-gbs "$peak"} \
     --what "vela bench -p 0 -n 8 -r 1 on $n under ncu" >>"$LOG" 2>&1 && done_mark profile
   if ! { [ -n "$LLAMA_SRC" ] && ! is_done "llama-$n"; }; then rm -f "$MODELS_DIR/$n.gguf"; fi
+  # Why the decode kernels are slow: ncu's detailed sections (occupancy,
+  # memory throughput, warp stalls) for one launch each of decode attention
+  # at 4k keys and the Q4_K dp4a mat-vec, as text in logs.tar.gz.
+  [ "$(left)" -ge 60 ] && [ -x "$B/bench/vela-bench-kernels" ] &&
+    step "profile:kernels" quiet "$W/logs/profile.err" bash -c '"${@:2}" >"$1" 2>&1' _ \
+      "$W/bench/raw/ncu-kernels-detail.txt" timeout 45 "$ncu" --clock-control none --set detailed \
+      -k 'regex:attn_kernel|attn_combine|matvec_q8_kernel|quantize_q8_1' --launch-count 8 \
+      "$B/bench/vela-bench-kernels" --filter attn_decode,matvec --models llama3-8b --types q4_K \
+      --ctx 4096 --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0
 }
 run_profile
 publish quiet
