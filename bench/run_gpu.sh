@@ -206,6 +206,32 @@ stage_kernels() {
     --models llama3-8b,llama2-7b --ctx 4096,16384,65536 "${reps[@]}" \
     --json "$RAW/kernels-attn-se.json" >"$RAW/kernels-attn-se.md" 2>>"$RAW/run.log" \
     || log "kernels: some attention cases failed (see kernels-attn-se.json)"
+  # Decode attention under other split-K plans (VELA_ATTN_SPLIT=BxC: blocks
+  # per SM aimed at, cells per split at least; the default is the run above):
+  # their rows join kernels-attn-se.json as "attn_decode@BxC".
+  local plan
+  for plan in ${ATTN_SPLIT_PLANS-4x64 4x128 4x256 2x64}; do
+    log "kernels: decode attention, split plan $plan"
+    VELA_ATTN_SPLIT=$plan timed "$BUILD/bench/vela-bench-kernels" \
+      --filter attn_decode,attn_se_decode --models llama3-8b,llama2-7b --ctx 4096,16384,65536 \
+      "${reps[@]}" --json "$RAW/kernels-attn-split-$plan.json" \
+      >"$RAW/kernels-attn-split-$plan.md" 2>>"$RAW/run.log" \
+      || log "kernels: split plan $plan: some cases failed"
+  done
+  python3 - "$RAW/kernels-attn-se.json" "$RAW"/kernels-attn-split-*.json <<'PY' || log "kernels: merging the split plans failed"
+import json, sys
+path, rest = sys.argv[1], sys.argv[2:]
+main = json.load(open(path))
+if "results" not in main:  # no CUDA device: nothing was timed
+    sys.exit(0)
+main["results"] = [r for r in main["results"] if "@" not in r["kernel"]]
+for p in rest:
+    d = json.load(open(p))
+    plan = d.get("params", {}).get("attn_split")
+    for r in d.get("results", []) if plan else []:
+        main["results"].append(dict(r, kernel=f"{r['kernel']}@{plan}"))
+json.dump(main, open(path, "w"), indent=1)
+PY
 }
 
 stage_llama_build() {

@@ -23,7 +23,7 @@
 // the GPU, blockIdx.z splits the cells into n_split ranges; each writes its
 // unnormalized accumulators with (m, l) to scratch and attn_combine_kernel
 // merges them. A row with no visible cell gets zeros (l == 0).
-// The plan (chunk) is a function of round_up(n_kv, ATTN_SPLIT_MIN_CELLS), not
+// The plan (chunk) is a function of round_up(n_kv, CUDA_ATTN_PLAN_CELLS), not
 // of n_kv: two calls whose n_kv round to the same value and whose extra cells
 // are empty walk the same tiles in the same order (extra splits find nothing
 // visible, m = -inf, and the combine skips them; a single split's acc / l
@@ -52,8 +52,10 @@
 #define ATTN_BK 32
 #define ATTN_DV_LANE (CUDA_ATTN_MAX_HEAD_DIM / VELA_WARP)
 #define ATTN_THREADS (ATTN_WARPS * VELA_WARP)
-// Split-K: at least this many cells per split, at most this many splits.
-#define ATTN_SPLIT_MIN_CELLS CUDA_ATTN_PLAN_CELLS
+// Split-K: only from this many cells (rounded up as the plan sees them) on,
+// at most this many splits; the blocks aimed at and the cells per split are
+// cuda_attn's split_blocks_per_sm and split_min_cells.
+#define ATTN_SPLIT_FROM_CELLS (2 * CUDA_ATTN_PLAN_CELLS)
 #define ATTN_MAX_SPLIT 64
 #define ATTN_COMBINE_THREADS 128
 // Bytes kept free under the 48 KiB default for attn_kernel's static shared memory.
@@ -772,14 +774,23 @@ static struct attn_plan attn_make_plan(const struct cuda_attn *a, int sm_count) 
     const int64_t n_rows = (int64_t)a->n_tok * (a->n_head / a->n_head_kv);
     p.row_blocks = ceil_div_u(n_rows, ATTN_ROWS);
     const int64_t blocks = (int64_t)p.row_blocks * a->n_head_kv;
-    const int64_t target = 2 * (int64_t)(sm_count > 0 ? sm_count : 1);
+    // A decode block streams its cells one tile at a time, each tile's loads
+    // waited for before its scores: the GPU's memory is kept busy by blocks
+    // side by side. Up to 4 fit per SM (registers); more splits also mean
+    // more partial results through L2 (n_group rows per split). The H200 run
+    // measured 8-10% of bandwidth at 4k-64k keys with 2 per SM: VELA_ATTN_SPLIT
+    // lets a GPU session time other plans against it before a default moves.
+    const int per_sm =
+        a->split_blocks_per_sm > 0 ? a->split_blocks_per_sm : CUDA_ATTN_SPLIT_BLOCKS_PER_SM;
+    const int min_cells = a->split_min_cells > 0 ? a->split_min_cells : CUDA_ATTN_SPLIT_MIN_CELLS;
+    const int64_t target = (int64_t)per_sm * (sm_count > 0 ? sm_count : 1);
     // The plan's view of the window: n_kv rounded up (see the top comment).
     const int64_t n_kv_plan =
-        ((int64_t)a->n_kv + ATTN_SPLIT_MIN_CELLS - 1) / ATTN_SPLIT_MIN_CELLS * ATTN_SPLIT_MIN_CELLS;
+        ((int64_t)a->n_kv + CUDA_ATTN_PLAN_CELLS - 1) / CUDA_ATTN_PLAN_CELLS * CUDA_ATTN_PLAN_CELLS;
     int64_t ns = 1;
-    if (blocks < target && n_kv_plan >= 2 * ATTN_SPLIT_MIN_CELLS) {
+    if (blocks < target && n_kv_plan >= ATTN_SPLIT_FROM_CELLS) {
         ns = (target + blocks - 1) / blocks;
-        const int64_t by_kv = n_kv_plan / ATTN_SPLIT_MIN_CELLS;
+        const int64_t by_kv = n_kv_plan / min_cells;
         if (ns > by_kv)
             ns = by_kv;
         if (ns > ATTN_MAX_SPLIT)

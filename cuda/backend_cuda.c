@@ -47,7 +47,36 @@ struct cuda_backend {
     int xq_rows;
     int64_t xq_n;
     uint64_t op_seq, xq_seq;
+    // decode attention's split-K plan (cuda_attn; VELA_ATTN_SPLIT); 0: defaults
+    int attn_split_blocks_per_sm, attn_split_min_cells;
 };
+
+// VELA_ATTN_SPLIT=BxC: decode attention's split-K plan aims at B blocks per
+// multiprocessor with at least C cells per split (default CUDA_ATTN_SPLIT_*,
+// 2x256). Unset or empty: the default. For timing plans against each other
+// (bench/run_gpu.sh's kernels stage) and for tuning on other GPUs.
+static int cu_attn_split_from_env(struct cuda_backend *cb, struct verr *err) {
+    const char *v = getenv("VELA_ATTN_SPLIT");
+    if (!v || !*v)
+        return VERR_OK;
+    char *end = NULL;
+    const long b = strtol(v, &end, 10);
+    long c = -1;
+    if (end != v && (*end == 'x' || *end == 'X')) {
+        const char *cs = end + 1;
+        c = strtol(cs, &end, 10);
+        if (end == cs)
+            c = -1;
+    }
+    if (c < 0 || *end || b < 1 || b > 64 || c < 32 || c > 65536 || c % 32)
+        return verr_set(err, VERR_RANGE,
+                        "VELA_ATTN_SPLIT='%s': expected BxC, B blocks per multiprocessor (1..64) "
+                        "and C cells per split (32..65536, a multiple of 32), e.g. 4x64",
+                        v);
+    cb->attn_split_blocks_per_sm = (int)b;
+    cb->attn_split_min_cells = (int)c;
+    return VERR_OK;
+}
 
 static struct cuda_backend *cb_of(struct backend *be) {
     return (struct cuda_backend *)be->impl;
@@ -633,6 +662,8 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         .head_dim_v = a->head_dim_v,
         .scale = a->scale,
         .window = a->window,
+        .split_blocks_per_sm = cb->attn_split_blocks_per_sm,
+        .split_min_cells = cb->attn_split_min_cells,
     };
     if (a->rope) { // the unrotated cache: attn_kernel rotates q and K
         int rc_rope = cu_rope_prepare(be, &ca.rope, a->rope, a->head_dim, true, "attention");
@@ -943,6 +974,12 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
         free(be);
         free(cb);
         return verr_set(err, VERR_NOMEM, "CUDA backend: out of host memory");
+    }
+    const int rc_env = cu_attn_split_from_env(cb, err);
+    if (rc_env) {
+        free(be);
+        free(cb);
+        return rc_env;
     }
     const char *what = NULL;
     cudaError_t e = cudaSetDevice(device);

@@ -115,7 +115,15 @@ struct cuda_attn {
     // rotates its K tile once per distinct G.
     const int32_t *q_se; // [n_tok][2] or NULL
     struct cuda_rope rope;
+    // Split-K plan of the SIMT kernel (decode): aim for split_blocks_per_sm
+    // blocks per multiprocessor, each split at least split_min_cells cells
+    // (a multiple of 32); 0: CUDA_ATTN_SPLIT_BLOCKS_PER_SM and
+    // CUDA_ATTN_SPLIT_MIN_CELLS. Both calls of one attention step must
+    // agree (cuda_attention_scratch_bytes, cuda_attention_apply).
+    int split_blocks_per_sm, split_min_cells;
 };
+#define CUDA_ATTN_SPLIT_BLOCKS_PER_SM 2
+#define CUDA_ATTN_SPLIT_MIN_CELLS 256
 
 // Scratch bytes the attention call with these sizes needs for its split-K
 // partial results (0 when it runs unsplit). sm_count: multiprocessors.

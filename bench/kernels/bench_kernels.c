@@ -1297,6 +1297,10 @@ int main(int argc, char **argv) {
     cJSON_AddNumberToObject(par, "warmup", b.opt.warmup);
     cJSON_AddNumberToObject(par, "flush_bytes", (double)b.flush_bytes);
     cJSON_AddNumberToObject(par, "prefill_tokens", b.opt.prefill_tok);
+    // decode attention's split-K plan (cuda/backend_cuda.c): BxC, or the default
+    const char *split = getenv("VELA_ATTN_SPLIT");
+    snprintf(v, sizeof v, "%dx%d", CUDA_ATTN_SPLIT_BLOCKS_PER_SM, CUDA_ATTN_SPLIT_MIN_CELLS);
+    cJSON_AddStringToObject(par, "attn_split", split && *split ? split : v);
     b.results = cJSON_AddArrayToObject(root, "results");
 
     printf("device: %s, %d SMs, L2 %.0f MiB, peak bandwidth %.0f GB/s, driver %d, runtime %d\n\n",

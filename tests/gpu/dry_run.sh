@@ -33,6 +33,7 @@ for r in d["rows"]:
     assert r["vela_tps"] and r["vela_tps"] > 0, r
 print("dry run: %d rows" % len(d["rows"]))
 PY
+! grep -q "merging the split plans failed" "$work/raw/run.log"
 
 # A stand-in for Nsight Compute: ncu's CSV for three launches of two kernels
 # (thousands separators and a scaled unit included) among the application's

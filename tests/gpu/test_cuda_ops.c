@@ -1395,6 +1395,88 @@ Test(cuda, attention_prefill_tensor_cores) {
                 ATTN_TC_REL_TOL);
 }
 
+// Decode attention's split-K plan (cuda/attention.cu, attn_make_plan): the
+// number of splits, read back from the scratch a call asks for (per (token,
+// head) and split: 128 accumulators and (m, l), 520 bytes), against the rule
+// worked by hand for 132 multiprocessors: ns = ceil(per_sm * 132 / blocks),
+// at most n_kv_plan / min_cells and 64, then chunk = ceil(n_kv_plan / ns)
+// rounded up to 32 cells and n_split = ceil(n_kv / chunk); no split below
+// 512 cells (n_kv rounded up to 256).
+static int attn_plan_splits(int n_head, int n_head_kv, int n_kv, int per_sm, int min_cells) {
+    const struct cuda_attn a = {.n_tok = 1,
+                                .n_kv = n_kv,
+                                .n_head = n_head,
+                                .n_head_kv = n_head_kv,
+                                .head_dim = 128,
+                                .head_dim_v = 128,
+                                .split_blocks_per_sm = per_sm,
+                                .split_min_cells = min_cells};
+    const size_t b = cuda_attention_scratch_bytes(&a, 132);
+    cr_assert_eq(b % ((size_t)n_head * 520), 0, "scratch %zu bytes", b);
+    return b ? (int)(b / ((size_t)n_head * 520)) : 1;
+}
+
+Test(cuda, attention_split_plan) {
+    const struct {
+        int n_head, n_head_kv, n_kv, per_sm, min_cells, splits;
+    } cases[] = {
+        // llama3-8b, 4k keys: 8 blocks; default 2x256: 264 / 8 = 33 -> 16
+        // (4096 / 256); 4x64: 528 / 8 = 66 -> 64 (64 cells each)
+        {32, 8, 4096, 0, 0, 16},
+        {32, 8, 4096, 4, 64, 64},
+        // llama2-7b: 32 blocks; 2x256: 9, chunk 456 -> 480: ceil(4096 / 480)
+        // = 9; 4x64: ceil(528 / 32) = 17, chunk 241 -> 256: 16
+        {32, 32, 4096, 0, 0, 9},
+        {32, 32, 4096, 2, 256, 9},
+        {32, 32, 4096, 4, 64, 16},
+        // 500 keys plan as 512: 2 splits of 256 (8 of 64); 200 keys: none
+        {32, 8, 500, 0, 0, 2},
+        {32, 8, 500, 4, 64, 8},
+        {32, 8, 200, 4, 64, 1},
+        // 64k keys, MHA, 4x64: ceil(65536 / 17) = 3856 -> 3872 cells: 17
+        {32, 32, 65536, 4, 64, 17},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int got = attn_plan_splits(cases[i].n_head, cases[i].n_head_kv, cases[i].n_kv,
+                                         cases[i].per_sm, cases[i].min_cells);
+        cr_expect_eq(got, cases[i].splits, "heads %d/%d, %d keys, plan %dx%d: %d splits, want %d",
+                     cases[i].n_head, cases[i].n_head_kv, cases[i].n_kv, cases[i].per_sm,
+                     cases[i].min_cells, got, cases[i].splits);
+    }
+}
+
+// VELA_ATTN_SPLIT=BxC sets the plan of a CUDA backend; bad values refuse
+// to make one, saying what was expected. A plan of many splits (4x64)
+// matches the CPU as the default does.
+Test(cuda, attention_split_env) {
+    REQUIRE_GPU();
+    const char *bad[] = {"4x65", "0x64", "65x64", "4x", "x64", "4x64z", "abc", "4x16"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct backend *be = NULL;
+        struct verr err = {0};
+        cr_assert_eq(setenv("VELA_ATTN_SPLIT", bad[i], 1), 0);
+        cr_expect_eq(backend_cuda_create(&be, 0, &err), VERR_RANGE, "VELA_ATTN_SPLIT=%s accepted",
+                     bad[i]);
+        cr_expect(be == NULL && strstr(err.msg, "VELA_ATTN_SPLIT") && strstr(err.msg, "BxC"),
+                  "VELA_ATTN_SPLIT=%s: '%s'", bad[i], err.msg);
+        backend_destroy(be);
+    }
+    cr_assert_eq(setenv("VELA_ATTN_SPLIT", "4x64", 1), 0);
+    struct backend *many = NULL;
+    struct verr err = {0};
+    cr_assert_eq(backend_cuda_create(&many, 0, &err), 0, "VELA_ATTN_SPLIT=4x64: %s", err.msg);
+    many->act_q8 = false;
+    struct backend *const saved = gpu;
+    gpu = many;
+    rng_seed(72);
+    for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++)
+        if (attn_cases[ci].n_tok <= 2 && attn_cases[ci].n_kv >= 2000)
+            attn_check_case(&attn_cases[ci], false); // the split-K decode cases
+    gpu = saved;
+    backend_destroy(many);
+    unsetenv("VELA_ATTN_SPLIT");
+}
+
 Test(cuda, attention_rejects_large_heads) {
     REQUIRE_GPU();
     struct attn_args a = {.n_tok = 1,
