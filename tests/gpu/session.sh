@@ -348,6 +348,8 @@ bench_model() { # NAME
 # GPU events: a llama.cpp build on the CPU does not disturb them.
 run_kernels() {
   is_done kernels || [ "$(left)" -lt 60 ] && return 0
+  # a build without CUDA (the dry run on such a build) has no kernel bench
+  [ -x "$B/bench/vela-bench-kernels" ] || { log "kernels: no $B/bench/vela-bench-kernels"; return 0; }
   step kernels quiet "$W/logs/bench.err" env "${BENCH_ENV[@]}" "${RUN_GPU[@]}" --quick kernels \
     && [ -s "$W/bench/raw/kernels-attn-se.json" ] && done_mark kernels
 }
