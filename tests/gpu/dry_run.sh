@@ -101,3 +101,41 @@ grep -q "sources changed since the failed build" "$work/session/logs/session.log
 [ "$(grep -c '^gpu-tests' "$work/session/state/steps.tsv")" = 2 ]
 [ ! -f "$work/session/state/test-build-failed.done" ]
 echo "session dry run: a failed build from other sources is built again"
+
+# --llama-pkg (bench/llamacpp_pkg.sh's layout). A prebuilt llama-bench that
+# runs (a stand-in printing llama-bench's JSON rows) is used as it is, and its
+# numbers reach SUMMARY.json; one that does not load falls back to the
+# packed sources (here a tree whose CMake fails at once: the build is tried
+# and the session goes on).
+pkg=$work/pkg
+mkdir -p "$pkg/ok/bin" "$pkg/bad/bin" "$pkg/src"
+cat >"$pkg/ok/bin/llama-bench" <<'SH'
+#!/usr/bin/env bash
+[ "$1" = --help ] && { echo "usage: llama-bench [options]"; exit 0; }
+p=0 n=0
+while [ $# -gt 0 ]; do case $1 in -p) p=$2; shift ;; -n) n=$2; shift ;; esac; shift; done
+echo "[{\"n_prompt\": $p, \"n_gen\": 0, \"avg_ts\": 1234.5}, {\"n_prompt\": 0, \"n_gen\": $n, \"avg_ts\": 56.5}]"
+SH
+printf '#!/bin/sh\necho "llama-bench: error while loading shared libraries: libggml.so.0" >&2\nexit 127\n' \
+  >"$pkg/bad/bin/llama-bench"
+chmod +x "$pkg/ok/bin/llama-bench" "$pkg/bad/bin/llama-bench"
+echo 'message(FATAL_ERROR "not llama.cpp")' >"$pkg/src/CMakeLists.txt"
+for k in ok bad; do
+  mkdir -p "$pkg/$k.pkg"
+  tar -C "$pkg/$k" -cJf "$pkg/$k.pkg/llama-bin.tar.xz" bin
+  tar -C "$pkg/src" -cJf "$pkg/$k.pkg/llama-src.tar.xz" .
+  echo "0c1e57098bba43ac29e6e3b677cdceebdd22334f" >"$pkg/$k.pkg/VELA_LLAMACPP_COMMIT"
+  bash "$root/tests/gpu/session.sh" --dry-run "$build" --work "$pkg/w-$k" --models tiny \
+    --budget 120 --llama-pkg "$pkg/$k.pkg" >"$pkg/$k.log" 2>&1
+done
+grep -q "prebuilt llama.cpp 0c1e570.* runs here" "$pkg/w-ok/logs/session.log"
+python3 - "$pkg/w-ok/out/SUMMARY.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["llamacpp_commit"].startswith("0c1e570"), d["llamacpp_commit"]
+got = {r["test"]: r["llamacpp_tps"] for r in d["rows"] if r["model"] == "tiny"}
+assert got.get("pp16") == 1234.5 and got.get("tg4") == 56.5, got
+PY
+grep -q "does not run here (llama-bench: error while loading" "$pkg/w-bad/logs/session.log"
+[ -f "$pkg/w-bad/llama-pkg/src/CMakeLists.txt" ]
+echo "session dry run: --llama-pkg uses binaries that run, else the packed sources"

@@ -22,10 +22,13 @@
 # low-priority threads (mkmodel is mostly disk writes).
 #
 # usage: VELA_COMMIT=<sha> bash tests/gpu/session.sh [--out DIR] [--budget S]
-#          [--llama-src DIR | --llama-build DIR] [--models LIST] [--work DIR]
-#          [--dry-run BUILD_DIR]
+#          [--llama-pkg DIR | --llama-src DIR | --llama-build DIR]
+#          [--models LIST] [--work DIR] [--dry-run BUILD_DIR]
 #   --budget S       seconds for this call, summary included (default 540:
 #                    a device command may run 600)
+#   --llama-pkg DIR  llama.cpp packed by bench/llamacpp_pkg.sh: its prebuilt
+#                    binaries when they run here, else its sources, built
+#                    as with --llama-src
 #   --llama-src DIR  llama.cpp sources (bench/llamacpp_src.sh makes them)
 #   --llama-build D  a llama.cpp build with bin/llama-bench (no build step)
 #   --models LIST    comma list of names from MODELS below (default: all)
@@ -43,6 +46,7 @@ BUDGET=540
 OUTDIR=${OUT:-}
 LLAMA_SRC=""
 LLAMA_BUILT=""
+LLAMA_PKG=""
 PICK=""
 W=$ROOT/build-gpu-session
 DRY=""
@@ -63,6 +67,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUTDIR=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
+    --llama-pkg) LLAMA_PKG=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --llama-src) LLAMA_SRC=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --llama-build) LLAMA_BUILT=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --models) PICK=$2; shift 2 ;;
@@ -134,6 +139,34 @@ log "budget ${BUDGET}s, $NPROC cores, $(nvidia-smi --query-gpu=name,driver_versi
   --format=csv,noheader 2>/dev/null || echo 'no GPU'), commit ${VELA_COMMIT:-unknown}, \
 $(df -P -BG "$W" | awk 'NR==2 {print $4}') free, $(nvcc --version 2>/dev/null | grep -Eo 'release [0-9.]+' \
   || echo 'no nvcc'), $(command -v compute-sanitizer >/dev/null && echo sanitizer || echo 'no sanitizer')"
+
+# --llama-pkg: the prebuilt llama-bench if it loads and answers here (a
+# library or glibc it needs could be missing), else the packed sources.
+if [ -n "$LLAMA_PKG" ]; then
+  P=$W/llama-pkg
+  if [ -s "$LLAMA_PKG/llama-bin.tar.xz" ] && [ ! -x "$P/bin/llama-bench" ]; then
+    mkdir -p "$P" && tar -C "$P" -xJf "$LLAMA_PKG/llama-bin.tar.xz" \
+      || log "llama-pkg: llama-bin.tar.xz did not unpack"
+  fi
+  if [ -x "$P/bin/llama-bench" ] &&
+    LD_LIBRARY_PATH="$P/bin:${LD_LIBRARY_PATH:-}" "$P/bin/llama-bench" --help \
+      >/dev/null 2>"$W/logs/llama-pkg.err"; then
+    export LD_LIBRARY_PATH="$P/bin:${LD_LIBRARY_PATH:-}"
+    export LLAMACPP_COMMIT="$(cat "$LLAMA_PKG/VELA_LLAMACPP_COMMIT" 2>/dev/null || echo unknown)"
+    LLAMA_BUILT=$P
+    log "llama-pkg: prebuilt llama.cpp $LLAMACPP_COMMIT runs here"
+  elif [ -s "$LLAMA_PKG/llama-src.tar.xz" ]; then
+    log "llama-pkg: the prebuilt llama-bench does not run here ($(head -c 200 \
+      "$W/logs/llama-pkg.err" 2>/dev/null | tr '\n' ' ')): building its sources"
+    if [ ! -f "$P/src/CMakeLists.txt" ]; then
+      mkdir -p "$P/src" && tar -C "$P/src" -xJf "$LLAMA_PKG/llama-src.tar.xz" \
+        || log "llama-pkg: llama-src.tar.xz did not unpack"
+    fi
+    [ -f "$P/src/CMakeLists.txt" ] && LLAMA_SRC=$P/src
+  else
+    log "llama-pkg: $LLAMA_PKG has neither a working llama-bin.tar.xz nor llama-src.tar.xz"
+  fi
+fi
 
 B=$W/build
 [ -n "$DRY" ] && B=$DRY
