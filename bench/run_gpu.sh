@@ -47,6 +47,11 @@ PARALLEL_MODEL=${PARALLEL_MODEL:-llama3-8b-q4_k_m}
 PARALLEL=${PARALLEL:-1,8,32,64,128,256}
 N_PROMPT=${N_PROMPT:-512}
 N_GEN=${N_GEN:-128}
+# Decode on top of DEPTH cached tokens (vela bench / llama-bench -d), on
+# DEPTH_MODEL: where decode attention shows, as in a chat with some history
+# (tg128 from an empty cache hides it). DEPTH=0 skips it.
+DEPTH=${DEPTH:-4096}
+DEPTH_MODEL=${DEPTH_MODEL:-} # default: PARALLEL_MODEL (below, after --quick)
 # BACKEND=cpu and VELA_BENCH_BUILD=<a CPU build dir> dry-run the models, vela
 # and summary stages on a machine without a GPU (with small --models).
 BACKEND=${BACKEND:-cuda}
@@ -90,6 +95,7 @@ if [ "$QUICK" = 1 ]; then
   PARALLEL=1,8,64
   REPS=3
 fi
+DEPTH_MODEL=${DEPTH_MODEL:-$PARALLEL_MODEL}
 
 BUILD=${VELA_BENCH_BUILD:-$WORK/build}
 MODELS_DIR=$WORK/models
@@ -182,6 +188,12 @@ stage_vela() {
         || log "vela: bench --matvec-act f32 failed on $name" ;;
     esac
   done
+  if [ "$DEPTH" != 0 ] && model_names | grep -qx "$DEPTH_MODEL"; then
+    log "vela: bench $DEPTH_MODEL tg$N_GEN at depth $DEPTH"
+    timed "$BUILD/vela" bench -m "$MODELS_DIR/$DEPTH_MODEL.gguf" --backend "$BACKEND" -p 0 \
+      -n "$N_GEN" -d "$DEPTH" -r "$REPS" --json >"$RAW/vela-$DEPTH_MODEL-depth.json" \
+      2>>"$RAW/run.log" || log "vela: bench -d $DEPTH failed on $DEPTH_MODEL"
+  fi
   if model_names | grep -qx "$PARALLEL_MODEL"; then
     log "vela: bench $PARALLEL_MODEL --parallel $PARALLEL"
     timed "$BUILD/vela" bench -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" --backend "$BACKEND" -p 0 \
@@ -270,6 +282,13 @@ stage_llama() {
       -o json >"$RAW/llamacpp-$name.json" 2>>"$RAW/llama-run.log" \
       || log "llama: llama-bench failed on $name"
   done
+  if [ "$DEPTH" != 0 ] && model_names | grep -qx "$DEPTH_MODEL"; then
+    log "llama: llama-bench $DEPTH_MODEL tg$N_GEN at depth $DEPTH"
+    # shellcheck disable=SC2086
+    timed "$lb" -m "$MODELS_DIR/$DEPTH_MODEL.gguf" -p 0 -n "$N_GEN" -d "$DEPTH" -r "$REPS" \
+      $LLAMA_BENCH_ARGS -o json >"$RAW/llamacpp-$DEPTH_MODEL-depth.json" 2>>"$RAW/llama-run.log" \
+      || log "llama: llama-bench -d $DEPTH failed on $DEPTH_MODEL"
+  fi
   if model_names | grep -qx "$PARALLEL_MODEL" && [ -x "$bb" ]; then
     local maxpl bargs=$LLAMA_BATCHED_ARGS
     if [ -z "$bargs" ]; then
@@ -307,6 +326,9 @@ for n in names:
     vela[n] = load(f"{raw}/vela-{n}.json")
     llama[n] = load(f"{raw}/llamacpp-{n}.json")
 vela_par = load(f"{raw}/vela-{par_model}-parallel.json")
+# decode at depth (DEPTH_MODEL): both engines' rows join their model's
+depth = {n: (load(f"{raw}/vela-{n}-depth.json"), load(f"{raw}/llamacpp-{n}-depth.json"))
+         for n in names}
 llama_par = []
 try:
     with open(f"{raw}/llamacpp-{par_model}-parallel.jsonl") as f:
@@ -320,9 +342,11 @@ try:
 except OSError:
     pass
 
-def llama_tps(n, test):
-    # llama-bench rows: n_prompt / n_gen tell pp from tg
-    for r in llama.get(n) or []:
+def llama_tps(n, test, rows_of=None):
+    # llama-bench rows: n_prompt / n_gen tell pp from tg, n_depth the cache below
+    for r in (llama.get(n) if rows_of is None else rows_of) or []:
+        if r.get("n_depth", 0) != test.get("n_depth", 0):
+            continue
         if test["kind"] == "pp" and r.get("n_prompt") == test["n_prompt"] and r.get("n_gen") == 0:
             return r.get("avg_ts")
         if test["kind"] == "tg" and r.get("n_gen") == test["n_gen"] and r.get("n_prompt") == 0:
@@ -341,6 +365,9 @@ for n in names:
     # the same decode with f32 activations (--matvec-act f32), named e.g. tg128@f32act
     for t in (load(f"{raw}/vela-{n}-f32act.json") or {}).get("tests", []):
         add(n, dict(t, test=t["test"] + "@f32act"), llama_tps(n, t))
+    vd, ld = depth[n]
+    for t in (vd or {}).get("tests", []):
+        add(n, t, llama_tps(n, t, ld or []))
 for t in (vela_par or {}).get("tests", []):
     if t["n_parallel"] == 1 and any(r["model"] == par_model and r["test"] == t["test"] for r in rows):
         continue

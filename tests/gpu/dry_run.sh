@@ -19,7 +19,7 @@ bash -n "$root/bench/llamacpp_src.sh"
 bash "$root/tests/gpu/session.sh" --help | grep -q -- "--llama-src"
 bash "$root/tests/gpu/run_device.sh" --help | grep -q "gpu-tests.json"
 BACKEND=cpu VELA_BENCH_BUILD="$build" VELA_BENCH_WORK="$work" N_PROMPT=16 N_GEN=4 \
-  PARALLEL=1,2 PARALLEL_MODEL=tiny \
+  PARALLEL=1,2 PARALLEL_MODEL=tiny DEPTH=32 \
   bash "$root/bench/run_gpu.sh" --models "tiny:--preset tiny" --reps 1 models vela kernels summary
 python3 - "$work/out/SUMMARY.json" <<'PY'
 import json, sys
@@ -27,7 +27,7 @@ d = json.load(open(sys.argv[1]))
 for k in ("commit", "date", "device", "llamacpp_commit", "rows"):
     assert k in d, "SUMMARY.json has no '%s'" % k
 tests = {r["test"] for r in d["rows"]}
-assert {"pp16", "tg4", "tg4 x2"} <= tests, tests
+assert {"pp16", "tg4", "tg4 x2", "tg4 @ d32"} <= tests, tests
 for r in d["rows"]:
     assert set(r) >= {"model", "test", "vela_tps", "llamacpp_tps", "ratio", "bw_frac"}, r
     assert r["vela_tps"] and r["vela_tps"] > 0, r
@@ -112,9 +112,9 @@ mkdir -p "$pkg/ok/bin" "$pkg/bad/bin" "$pkg/src"
 cat >"$pkg/ok/bin/llama-bench" <<'SH'
 #!/usr/bin/env bash
 [ "$1" = --help ] && { echo "usage: llama-bench [options]"; exit 0; }
-p=0 n=0
-while [ $# -gt 0 ]; do case $1 in -p) p=$2; shift ;; -n) n=$2; shift ;; esac; shift; done
-echo "[{\"n_prompt\": $p, \"n_gen\": 0, \"avg_ts\": 1234.5}, {\"n_prompt\": 0, \"n_gen\": $n, \"avg_ts\": 56.5}]"
+p=0 n=0 d=0
+while [ $# -gt 0 ]; do case $1 in -p) p=$2; shift ;; -n) n=$2; shift ;; -d) d=$2; shift ;; esac; shift; done
+echo "[{\"n_prompt\": $p, \"n_gen\": 0, \"n_depth\": $d, \"avg_ts\": 1234.5}, {\"n_prompt\": 0, \"n_gen\": $n, \"n_depth\": $d, \"avg_ts\": $((56 + d)).5}]"
 SH
 printf '#!/bin/sh\necho "llama-bench: error while loading shared libraries: libggml.so.0" >&2\nexit 127\n' \
   >"$pkg/bad/bin/llama-bench"
@@ -134,7 +134,8 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["llamacpp_commit"].startswith("0c1e570"), d["llamacpp_commit"]
 got = {r["test"]: r["llamacpp_tps"] for r in d["rows"] if r["model"] == "tiny"}
-assert got.get("pp16") == 1234.5 and got.get("tg4") == 56.5, got
+# tg4 @ d32: the stand-in's depth row (56 + 32), not its depth-0 one
+assert got.get("pp16") == 1234.5 and got.get("tg4") == 56.5 and got.get("tg4 @ d32") == 88.5, got
 PY
 grep -q "does not run here (llama-bench: error while loading" "$pkg/w-bad/logs/session.log"
 [ -f "$pkg/w-bad/llama-pkg/src/CMakeLists.txt" ]

@@ -174,7 +174,7 @@ DEV=(bash tests/gpu/run_device.sh --build-dir "$B" --out "$W/device-out" --gpu-o
 [ -n "$DRY" ] && DEV+=(--no-build)
 BENCH_ENV=(VELA_BENCH_BUILD="$B" VELA_BENCH_WORK="$W/bench" VELA_DEADLINE=$((DEADLINE - RESERVE))
   VELA_STEP_MAX=180 N_PROMPT=512 N_GEN=128 PARALLEL=8,64)
-[ -n "$DRY" ] && BENCH_ENV+=(BACKEND=cpu N_PROMPT=16 N_GEN=4 PARALLEL=2)
+[ -n "$DRY" ] && BENCH_ENV+=(BACKEND=cpu N_PROMPT=16 N_GEN=4 PARALLEL=2 DEPTH=32)
 RUN_GPU=(bash bench/run_gpu.sh --out "$W/bench-out" --reps 3)
 LLAMA_BIN=$W/bench/llama/bin
 [ -n "$LLAMA_SRC" ] && RUN_GPU+=(--llama-src "$LLAMA_SRC")
