@@ -142,6 +142,11 @@ template <typename T> static inline unsigned __match_any_sync(unsigned mask, T v
 // kernel's behalf (atomics, cp.async, the cub shim) reports itself here.
 // site: the return address inside the kernel, for the report's source line.
 void emu_chk_access(const void *p, size_t n, int write, int atomic, const void *site);
+// A cp.async with zero-fill (zfill > 0) whose whole `window` bytes from src
+// do not lie inside src's allocation: compute-sanitizer on the H200 reported
+// these as out-of-bounds reads (matmul_tc's last chunk, the first GPU run),
+// though PTX reads only window - zfill bytes; reported the same way here.
+void emu_chk_cp_async_window(const void *src, size_t window, size_t zfill, const void *site);
 // Outside kernels (locks the runtime): bytes now written; a read of device
 // memory that must have been written (else a sticky fault naming `what`).
 void emu_mark_written(const void *p, size_t n);
@@ -331,12 +336,14 @@ static inline void emu_cp_async_land(const emu_cp_async_copy &c) {
     memcpy(c.dst, c.src, c.n - c.zfill);
     memset((char *)c.dst + (c.n - c.zfill), 0, c.zfill);
 }
-static inline void __pipeline_memcpy_async(void *dst, const void *src, size_t size_and_align,
-                                           size_t zfill = 0) {
+// Not inlined: its return address is the kernel's line, for the reports.
+__attribute__((noinline, unused)) static void
+__pipeline_memcpy_async(void *dst, const void *src, size_t size_and_align, size_t zfill = 0) {
     if ((size_and_align != 4 && size_and_align != 8 && size_and_align != 16) ||
         zfill > size_and_align || ((uintptr_t)dst | (uintptr_t)src) % size_and_align != 0)
         emu_trap("__pipeline_memcpy_async: size must be 4, 8 or 16, both pointers aligned to it, "
                  "zfill <= size");
+    emu_chk_cp_async_window(src, size_and_align, zfill, __builtin_return_address(0));
     emu_cp_async_thread &s = emu_cp_async_self();
     if (s.n_q == 64) { // a long queue: land the oldest (completion order is the GPU's choice)
         emu_cp_async_land(s.q[0]);

@@ -726,6 +726,22 @@ void emu_chk_access(const void *p, size_t n, int write, int atomic, const void *
         chk_access(p, n, atomic ? A_ATOMIC : write ? A_WRITE : A_READ, ra);
 }
 
+void emu_chk_cp_async_window(const void *src, size_t window, size_t zfill, const void *ra) {
+    const uintptr_t p = (uintptr_t)src;
+    chk_alloc *a = t_on && zfill ? find_padded(p) : nullptr;
+    // A window starting before the allocation: the src-size bytes are
+    // checked as a read when the copy lands.
+    if (!a || p < a->base || p + window <= a->base + a->bytes)
+        return;
+    report("memcheck: cp.async zero-fill copy of %zu bytes (%zu zero-filled) at %p: its %zu-byte "
+           "source window ends %zu bytes after the end of allocation %p (%zu bytes), by thread %s "
+           "at %s. PTX reads only the first %zu bytes, but compute-sanitizer memcheck reports the "
+           "window as an out-of-bounds read: copy a partial last chunk another way",
+           window, zfill, src, window, (size_t)(p + window - (a->base + a->bytes)), (void *)a->base,
+           a->bytes, thread_name((unsigned)emu_cur_thread()).c_str(), site_name(ra).c_str(),
+           window - zfill);
+}
+
 // --- the ThreadSanitizer ABI that -fsanitize=thread code calls ------------------------------
 
 #define RA __builtin_return_address(0)

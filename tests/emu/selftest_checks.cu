@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cuda_pipeline_primitives.h>
 #include <cuda_runtime.h>
 
 // Missing __syncthreads: thread t reads what thread 63 - t (another warp)
@@ -120,6 +121,18 @@ __global__ void oob_kernel(const float *in, float *out, int n) {
     out[threadIdx.x] = s;
 }
 
+// A cp.async with zero-fill whose 16-byte source window runs past the end
+// of a 250-byte allocation (bad: bytes 240..255, 10 read and 6 zero-filled)
+// or lies inside it (good: bytes 224..239): compute-sanitizer flags the
+// first as an out-of-bounds read although PTX reads only the 10 bytes.
+__global__ void cp_async_window_kernel(const unsigned char *in, float *out, int off) {
+    __shared__ float4 s4[1]; // 16-byte aligned
+    __pipeline_memcpy_async(s4, in + off, 16, 6);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    out[threadIdx.x] = (float)((const unsigned char *)s4)[threadIdx.x];
+}
+
 // Every block writes out[0] (bad) or adds to it atomically (good).
 __global__ void block_race_kernel(int *out, int good) {
     if (threadIdx.x != 0)
@@ -167,6 +180,7 @@ static const check_case k_cases[] = {
     {"out of bounds of one allocation", "memcheck: out-of-bounds 4-byte global read"},
     {"cross-block write race", "racecheck: global write race"},
     {"missing __syncthreads in a template", "racecheck: WAR hazard on static shared memory"},
+    {"cp.async zero-fill window past an allocation", "memcheck: cp.async zero-fill copy"},
 };
 enum { N_CASES = sizeof k_cases / sizeof k_cases[0] };
 
@@ -224,6 +238,13 @@ static int child(bool bad, int which) {
     case 12:
         tmpl_sync_kernel<64><<<1, 64>>>(out, good);
         break;
+    case 13: {
+        unsigned char *c;
+        cudaMalloc((void **)&c, 250);
+        cudaMemset(c, 0, 250);
+        cp_async_window_kernel<<<1, 1>>>(c, out, bad ? 240 : 224);
+        break;
+    }
     }
     const cudaError_t e = cudaDeviceSynchronize();
     const char *msg = e != cudaSuccess ? cudaGetErrorString(e) : "no error";
