@@ -9,9 +9,9 @@
 #      the background), vela bench, llama-bench on the same file, delete it;
 #      after the fourth model, bench/kernels: the quick table and exact
 #      self-extend against ordinary attention at 4k/16k/64k keys (#13)
-#   3b. Nsight Compute over the first model's decode: each kernel's share
-#      of the time and its DRAM GB/s (profile.json, bench/ncu_profile.py);
-#      then its detailed sections for decode attention and the Q4_K mat-vec
+#   3b. Nsight Compute: its detailed sections for decode attention and the
+#      Q4_K mat-vec, then the first model's decode: each kernel's share of
+#      the time and its DRAM GB/s (profile.json, bench/ncu_profile.py)
 #   4. the sanitizer runs that are still missing, while time is left
 # SUMMARY.json/.md, gpu-tests.json and the logs go into OUT (8 files at most,
 # what the device tool brings back) after every step that adds results, so
@@ -426,7 +426,6 @@ fi
 run_profile() {
   local n=${names[0]} ncu=${VELA_NCU:-ncu} lim peak csv=$W/bench/raw/ncu-${names[0]}.csv
   is_done profile && return 0
-  command -v "$ncu" >/dev/null || { log "profile: no ncu"; return 0; }
   [ "$(left)" -ge 100 ] || { log "profile: no time left"; return 0; }
   make_room "$n" && step "mkmodel:$n" write_model "$n" || return 0
   lim=$(($(left) - 30 < 120 ? $(left) - 30 : 120))
@@ -439,17 +438,26 @@ run_profile() {
   python3 bench/ncu_profile.py "$csv" "$W/bench-out/profile.json" ${peak:+--peak-gbs "$peak"} \
     --what "vela bench -p 0 -n 8 -r 1 on $n under ncu" >>"$LOG" 2>&1 && done_mark profile
   if ! { [ -n "$LLAMA_SRC" ] && ! is_done "llama-$n"; }; then rm -f "$MODELS_DIR/$n.gguf"; fi
-  # Why the decode kernels are slow: ncu's detailed sections (occupancy,
-  # memory throughput, warp stalls) for one launch each of decode attention
-  # at 4k keys and the Q4_K dp4a mat-vec, as text in logs.tar.gz.
-  [ "$(left)" -ge 60 ] && [ -x "$B/bench/vela-bench-kernels" ] &&
-    step "profile:kernels" quiet "$W/logs/profile.err" bash -c '"${@:2}" >"$1" 2>&1' _ \
-      "$W/bench/raw/ncu-kernels-detail.txt" timeout 45 "$ncu" --clock-control none --set detailed \
-      -k 'regex:attn_kernel|attn_combine|matvec_q8_kernel|quantize_q8_1' --launch-count 8 \
-      "$B/bench/vela-bench-kernels" --filter attn_decode,matvec --models llama3-8b --types q4_K \
-      --ctx 4096 --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0
 }
-run_profile
+# Why the decode kernels are slow: ncu's detailed sections (occupancy,
+# memory throughput, warp stalls) for one launch each of decode attention
+# at 4k keys and the Q4_K dp4a mat-vec, as text in logs.tar.gz. First: it
+# takes under a minute and says the most per second.
+run_kernel_detail() {
+  local ncu=${VELA_NCU:-ncu}
+  is_done profile-kernels || [ "$(left)" -lt 60 ] || [ ! -x "$B/bench/vela-bench-kernels" ] && return 0
+  step "profile:kernels" quiet "$W/logs/profile.err" bash -c '"${@:2}" >"$1" 2>&1' _ \
+    "$W/bench/raw/ncu-kernels-detail.txt" timeout 45 "$ncu" --clock-control none --set detailed \
+    -k 'regex:attn_kernel|attn_combine|matvec_q8_kernel|quantize_q8_1' --launch-count 8 \
+    "$B/bench/vela-bench-kernels" --filter attn_decode,matvec --models llama3-8b --types q4_K \
+    --ctx 4096 --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0 && done_mark profile-kernels
+}
+if command -v "${VELA_NCU:-ncu}" >/dev/null; then
+  run_kernel_detail
+  run_profile
+else
+  log "profile: no ncu"
+fi
 publish quiet
 
 # --- 4. the sanitizer runs still missing ------------------------------------
