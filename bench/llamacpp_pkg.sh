@@ -47,17 +47,15 @@ echo "llamacpp_pkg: $DEST/llama-src.tar.xz ($(du -h "$DEST/llama-src.tar.xz" | c
 [ "$SRC_ONLY" = 1 ] && exit 0
 
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-# As bench/run_gpu.sh builds it on the device, except GGML_NATIVE (this
-# machine's CPU is not the device's) and the executables' link: without a
-# GPU driver here there is no libcuda.so.1 for libggml-cuda's references
-# (the device's driver provides it when they run).
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined >"$DEST/build.log" 2>&1 \
-  || { tail -20 "$DEST/build.log" >&2; exit 1; }
-nice -n 10 cmake --build "$BUILD" -j "$(nproc)" --target llama-bench llama-batched-bench \
-  >>"$DEST/build.log" 2>&1 || { tail -40 "$DEST/build.log" >&2; exit 1; }
+# bench/run_gpu.sh's llama-build stage, as on the device, except GGML_NATIVE
+# (this machine's CPU is not the device's) and the executables' link:
+# without a GPU driver here there is no libcuda.so.1 for libggml-cuda's
+# references (the device's driver provides it when they run).
+mkdir -p "$BUILD"
+VELA_BENCH_WORK="$DEST.work" LLAMA_NICE=10 \
+  LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
+  bash "$(dirname "$0")/run_gpu.sh" --llama-src "$SRC" --llama-build "$BUILD" llama-build
+BUILD=$(cd "$BUILD" && pwd)
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

@@ -66,6 +66,9 @@ VELA_STEP_MAX=${VELA_STEP_MAX:-300}
 VELA_F32ACT=${VELA_F32ACT:-1}
 LLAMA_JOBS=${LLAMA_JOBS:-}
 LLAMA_NICE=${LLAMA_NICE:-0}
+# Extra CMake arguments for the llama.cpp build, after ours (a later -D
+# wins): bench/llamacpp_pkg.sh builds it for the device on a machine without one.
+LLAMA_CMAKE_ARGS=${LLAMA_CMAKE_ARGS:-}
 # llama.cpp's commit: $LLAMACPP_COMMIT, else the file VELA_LLAMACPP_COMMIT in
 # the source dir, else git in the source dir, else llama-bench's build_commit.
 LLAMACPP_COMMIT=${LLAMACPP_COMMIT:-}
@@ -256,7 +259,7 @@ stage_llama_build() {
   # LLAMA_OPENSSL: newer trees only (older ones ignore it, with a warning)
   cmake -S "$LLAMA_SRC" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON $LLAMA_CMAKE_ARGS \
     >>"$RAW/llama-build.log" 2>&1
   nice -n "$LLAMA_NICE" cmake --build "$LLAMA_BUILD" -j "${LLAMA_JOBS:-$NPROC}" \
     --target llama-bench llama-batched-bench \
