@@ -25,7 +25,8 @@
 # fixed device time (tests/gpu/session.sh) keeps time for the summary, and
 # VELA_STEP_MAX (seconds, default 300) bounds each one, so that a hang costs
 # that much and no more;
-# VELA_F32ACT=0 skips the --matvec-act f32 decode runs; LLAMA_JOBS (default
+# VELA_F32ACT=0 skips the --matvec-act f32 decode runs; MVQ_PIPE and
+# MVQ_PIPE_PLANS (below) the pipelined mat-vec's runs; LLAMA_JOBS (default
 # all cores) and LLAMA_NICE (default 0) for the llama.cpp build.
 set -euo pipefail
 
@@ -64,6 +65,12 @@ LLAMA_BATCHED_ARGS=${LLAMA_BATCHED_ARGS:-}
 VELA_DEADLINE=${VELA_DEADLINE:-}
 VELA_STEP_MAX=${VELA_STEP_MAX:-300}
 VELA_F32ACT=${VELA_F32ACT:-1}
+# The dp4a mat-vec's pipelined kernel (VELA_MATVEC_Q8=pipe:B, B blocks per
+# SM) beside the default one-pass kernel, before the default moves: MVQ_PIPE
+# is the plan of the vela stage's extra tg runs (rows tgN@pipe), MVQ_PIPE_PLANS
+# those the kernels stage times (rows matvec*@pipe:B). Empty skips them.
+MVQ_PIPE=${MVQ_PIPE-pipe}
+MVQ_PIPE_PLANS=${MVQ_PIPE_PLANS-pipe:2 pipe:4 pipe:8}
 LLAMA_JOBS=${LLAMA_JOBS:-}
 LLAMA_NICE=${LLAMA_NICE:-0}
 # Extra CMake arguments for the llama.cpp build, after ours (a later -D
@@ -190,6 +197,13 @@ stage_vela() {
         -r "$REPS" --matvec-act f32 --json >"$RAW/vela-$name-f32act.json" 2>>"$RAW/run.log" \
         || log "vela: bench --matvec-act f32 failed on $name" ;;
     esac
+    # decode through the pipelined dp4a mat-vec (CUDA only; f16 models do not use it)
+    case $name in *f16*) ;; *)
+      [ -z "$MVQ_PIPE" ] || [ "$BACKEND" != cuda ] ||
+      VELA_MATVEC_Q8=$MVQ_PIPE timed "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" \
+        --backend "$BACKEND" -p 0 -n "$N_GEN" -r "$REPS" --json >"$RAW/vela-$name-pipe.json" \
+        2>>"$RAW/run.log" || log "vela: bench with VELA_MATVEC_Q8=$MVQ_PIPE failed on $name" ;;
+    esac
   done
   if [ "$DEPTH" != 0 ] && model_names | grep -qx "$DEPTH_MODEL"; then
     log "vela: bench $DEPTH_MODEL tg$N_GEN at depth $DEPTH"
@@ -233,17 +247,46 @@ stage_kernels() {
       >"$RAW/kernels-attn-split-$plan.md" 2>>"$RAW/run.log" \
       || log "kernels: split plan $plan: some cases failed"
   done
-  python3 - "$RAW/kernels-attn-se.json" "$RAW"/kernels-attn-split-*.json <<'PY' || log "kernels: merging the split plans failed"
+  merge_plans "$RAW/kernels-attn-se.json" attn_split "$RAW"/kernels-attn-split-*.json \
+    || log "kernels: merging the split plans failed"
+  # The decode mat-vecs (one token, and 8) through the pipelined dp4a kernel
+  # (VELA_MATVEC_Q8=pipe:B; the default one-pass kernel's rows are in the
+  # first run): rows "matvec@pipe:B" etc. join kernels.json.
+  for plan in $MVQ_PIPE_PLANS; do
+    log "kernels: decode mat-vecs, VELA_MATVEC_Q8=$plan"
+    VELA_MATVEC_Q8=$plan timed "$BUILD/bench/vela-bench-kernels" \
+      --filter matvec,matvec_qkv,matvec_swiglu,matvec_add --models llama3-8b,llama2-7b \
+      --types q4_0,q4_K,q6_K,q8_0 --matvec-act q8 --matvec-tok 1,8 "${reps[@]}" \
+      --json "$RAW/kernels-mvq-$plan.json" >"$RAW/kernels-mvq-$plan.md" 2>>"$RAW/run.log" \
+      || log "kernels: VELA_MATVEC_Q8=$plan: some cases failed"
+  done
+  merge_plans "$RAW/kernels.json" matvec_q8 "$RAW"/kernels-mvq-*.json \
+    || log "kernels: merging the mat-vec plans failed"
+}
+
+# merge_plans MAIN KEY FILE...: the results of each FILE (a vela-bench-kernels
+# run under another plan, its params[KEY] naming it) join MAIN's as
+# "<kernel>@<plan>"; rows of an earlier merge of that plan are replaced.
+merge_plans() {
+  python3 - "$@" <<'PY'
 import json, sys
-path, rest = sys.argv[1], sys.argv[2:]
-main = json.load(open(path))
+path, key, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+try:
+    main = json.load(open(path))
+except (OSError, ValueError):
+    sys.exit(0)  # the main run left nothing
 if "results" not in main:  # no CUDA device: nothing was timed
     sys.exit(0)
-main["results"] = [r for r in main["results"] if "@" not in r["kernel"]]
 for p in rest:
-    d = json.load(open(p))
-    plan = d.get("params", {}).get("attn_split")
-    for r in d.get("results", []) if plan else []:
+    try:
+        d = json.load(open(p))
+    except (OSError, ValueError):
+        continue
+    plan = d.get("params", {}).get(key)
+    if not plan:
+        continue
+    main["results"] = [r for r in main["results"] if not r["kernel"].endswith("@" + plan)]
+    for r in d.get("results", []):
         main["results"].append(dict(r, kernel=f"{r['kernel']}@{plan}"))
 json.dump(main, open(path, "w"), indent=1)
 PY
@@ -368,6 +411,9 @@ for n in names:
     # the same decode with f32 activations (--matvec-act f32), named e.g. tg128@f32act
     for t in (load(f"{raw}/vela-{n}-f32act.json") or {}).get("tests", []):
         add(n, dict(t, test=t["test"] + "@f32act"), llama_tps(n, t))
+    # and through the pipelined dp4a mat-vec (VELA_MATVEC_Q8=pipe), e.g. tg128@pipe
+    for t in (load(f"{raw}/vela-{n}-pipe.json") or {}).get("tests", []):
+        add(n, dict(t, test=t["test"] + "@pipe"), llama_tps(n, t))
     vd, ld = depth[n]
     for t in (vd or {}).get("tests", []):
         add(n, t, llama_tps(n, t, ld or []))

@@ -49,6 +49,8 @@ struct cuda_backend {
     uint64_t op_seq, xq_seq;
     // decode attention's split-K plan (cuda_attn; VELA_ATTN_SPLIT); 0: defaults
     int attn_split_blocks_per_sm, attn_split_min_cells;
+    // the dp4a mat-vec's kernel (cuda_matvec_q8_segs; VELA_MATVEC_Q8)
+    struct cuda_mvq_plan mvq;
 };
 
 // VELA_ATTN_SPLIT=BxC: decode attention's split-K plan aims at B blocks per
@@ -75,6 +77,33 @@ static int cu_attn_split_from_env(struct cuda_backend *cb, struct verr *err) {
                         v);
     cb->attn_split_blocks_per_sm = (int)b;
     cb->attn_split_min_cells = (int)c;
+    return VERR_OK;
+}
+
+// VELA_MATVEC_Q8=pass|pipe|pipe:B picks the dp4a mat-vec's kernel: the
+// one-pass kernel (the default), or the pipelined one aiming at B blocks per
+// multiprocessor (default CUDA_MVQ_PIPE_BLOCKS_PER_SM). For timing them
+// against each other (bench/run_gpu.sh) before the default moves.
+static int cu_mvq_plan_from_env(struct cuda_backend *cb, struct verr *err) {
+    const char *v = getenv("VELA_MATVEC_Q8");
+    if (!v || !*v || strcmp(v, "pass") == 0)
+        return VERR_OK;
+    long b = 0;
+    char *end = NULL;
+    if (strncmp(v, "pipe", 4) == 0 && v[4] == ':') {
+        b = strtol(v + 5, &end, 10);
+        if (end == v + 5 || *end || b < 1 || b > 64)
+            b = -1;
+    } else if (strcmp(v, "pipe") != 0) {
+        b = -1;
+    }
+    if (b < 0)
+        return verr_set(err, VERR_RANGE,
+                        "VELA_MATVEC_Q8='%s': expected pass, pipe or pipe:B with B blocks per "
+                        "multiprocessor (1..64), e.g. pipe:4",
+                        v);
+    cb->mvq.pipelined = 1;
+    cb->mvq.blocks_per_sm = (int)b;
     return VERR_OK;
 }
 
@@ -436,7 +465,8 @@ static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_s
         return cuda_matvec_segs(segs, n_seg, type, n_in, x, n_tok, epi, cb->stream, &be->err);
     int rc = xq ? VERR_OK : cu_xq_of(be, x, n_tok, n_in, &xq);
     if (!rc)
-        rc = cuda_matvec_q8_segs(segs, n_seg, type, n_in, xq, n_tok, epi, cb->stream, &be->err);
+        rc = cuda_matvec_q8_segs(segs, n_seg, type, n_in, xq, n_tok, epi, &cb->mvq, cb->stream,
+                                 &be->err);
     return rc;
 }
 
@@ -975,7 +1005,9 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
         free(cb);
         return verr_set(err, VERR_NOMEM, "CUDA backend: out of host memory");
     }
-    const int rc_env = cu_attn_split_from_env(cb, err);
+    int rc_env = cu_attn_split_from_env(cb, err);
+    if (!rc_env)
+        rc_env = cu_mvq_plan_from_env(cb, err);
     if (rc_env) {
         free(be);
         free(cb);
@@ -990,6 +1022,7 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
     if (!what && (e = cudaDeviceGetAttribute(&cb->sm_count, cudaDevAttrMultiProcessorCount,
                                              device)) != cudaSuccess)
         what = "cudaDeviceGetAttribute(MultiProcessorCount)";
+    cb->mvq.sm_count = cb->sm_count;
     if (what) {
         int rc = verr_set(err, VERR_BACKEND, "CUDA device %d: %s: %s (%s:%d)", device, what,
                           cudaGetErrorString(e), __FILE__, __LINE__);

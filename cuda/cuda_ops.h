@@ -247,11 +247,29 @@ int cuda_quantize_q8_1(void *xq /* [n_tok][n_in/32] blocks */, const float *x /*
 // Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
 // IQ4_XS (else VERR_UNSUPPORTED). Weights 16-byte aligned, outputs/bias
 // 4-byte aligned, xq 4-byte aligned (VERR_RANGE otherwise); n_tok in
-// [1, CUDA_MATVEC_MAX_TOK].
+// [1, CUDA_MATVEC_MAX_TOK]. plan: which kernel and how it spreads its work
+// (NULL: the one-pass kernel); both kernels give the same result bit for bit
+// (the same terms added in the same order).
+struct cuda_mvq_plan {
+    // 0: the one-pass kernel, one block per row pair. 1: the pipelined
+    // kernel (cp.async, blocks of several row pairs, activations staged once
+    // per block) where its shared memory fits in 48 KiB, roughly n_tok * n_in
+    // <= 28k; else the one-pass kernel.
+    int pipelined;
+    int sm_count;        // the device's multiprocessors (the pipelined grid)
+    int blocks_per_sm;   // blocks aimed at per multiprocessor; 0: CUDA_MVQ_PIPE_BLOCKS_PER_SM
+    int pairs_per_block; // > 0: row pairs per block, fixed (tests); 0: from the two above
+};
+#define CUDA_MVQ_PIPE_BLOCKS_PER_SM 4
 int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
                         enum ggml_type type, int64_t n_in,
                         const void *xq /* [n_tok][n_in/32] q8_1 blocks */, int n_tok,
-                        enum cuda_mv_epilogue epi, cudaStream_t stream, struct verr *err);
+                        enum cuda_mv_epilogue epi, const struct cuda_mvq_plan *plan /* or NULL */,
+                        cudaStream_t stream, struct verr *err);
+// 1 when cuda_matvec_q8_segs with these sizes and plan runs the pipelined
+// kernel, else 0 (the one-pass kernel, or a call it would refuse).
+int cuda_matvec_q8_pipelined(enum ggml_type type, int64_t n_in, int n_tok,
+                             const struct cuda_mvq_plan *plan);
 
 // --- matmul_tc.cu ----------------------------------------------------------
 // The fused quantized GEMM of cuda_matmul_apply for batches of at most

@@ -7,12 +7,16 @@
 // through __fmul_rn/__fadd_rn, so nvcc cannot fuse them); only the order in
 // which the terms are added differs.
 //
-// Work split. A block of MVQ_WARPS warps owns MVQ_ROWS weight rows (in SWIGLU
-// mode: the gate row and the up row of one output) and walks the whole row
-// length; warp w takes the steps w, w + MVQ_WARPS, ... of MVQ_STEP sub-blocks
-// (1024 elements) each, lane l the sub-block l of the step. At the end the
-// warps' partial sums are added in a fixed order (warp 0..3) and the
-// epilogue runs, so results do not depend on scheduling.
+// Work split. A block of MVQ_WARPS warps owns MVQ_ROWS weight rows (a row
+// pair; in SWIGLU mode the gate row and the up row of one output) and walks
+// the whole row length; warp w takes the steps w, w + MVQ_WARPS, ... of
+// MVQ_STEP sub-blocks (1024 elements) each, lane l the sub-block l of the
+// step. At the end the warps' partial sums are added in a fixed order (warp
+// 0..3) and the epilogue runs, so results do not depend on scheduling. That
+// is the one-pass kernel (the default); the pipelined kernel (below,
+// struct cuda_mvq_plan) gives each block several row pairs, one after
+// another, with the same split and order inside each pair: the same result
+// bit for bit.
 //
 // Loads (the kernel is meant to run at memory bandwidth; the activations are
 // re-read by every row, the weights exactly once):
@@ -59,6 +63,8 @@
 // no activation sum.
 #include "cuda/dequant.cuh"
 #include "cuda/q8_1.cuh"
+
+#include <cuda_pipeline_primitives.h>
 
 extern "C" {
 #include "gguf/quant_q8.h" // a C header without extern "C" guards of its own
@@ -390,20 +396,150 @@ struct mvq_args {
     const uint8_t *w[CUDA_MV_MAX_SEGS];  // [n_out][row_bytes]
     const float *bias[CUDA_MV_MAX_SEGS]; // [n_out] or NULL
     int64_t n_out[CUDA_MV_MAX_SEGS];
-    unsigned int first_block[CUDA_MV_MAX_SEGS + 1]; // blocks of seg s: [first[s], first[s+1])
-    const uint8_t *xq;                              // [n_tok][xq_row_bytes]
+    // Row pairs (MVQ_ROWS rows: two outputs, or SWIGLU's gate and up row of
+    // one output) are numbered across the segments: those of seg s are
+    // [first_pair[s], first_pair[s+1]).
+    unsigned int first_pair[CUDA_MV_MAX_SEGS + 1];
+    const uint8_t *xq; // [n_tok][xq_row_bytes]
     size_t row_bytes, xq_row_bytes;
     int64_t n_in;
     int n_tok, epi;
     int warp_smem; // bytes of one warp's shared slice
+    // Pipelined kernel only: row pairs per block, bytes of the resident
+    // activations at the start of shared memory.
+    int pairs_per_block, xs_bytes;
 };
 
+// Where row pair `pair` belongs: its segment and first output index. A pair
+// past its segment's n_out (the last pair of an odd segment) repeats row o0
+// and stores nothing, which keeps the inner loops free of row tests.
+// Selects rather than indexing the parameter arrays with a run-time segment
+// (that would copy them to the stack).
+struct mvq_pair {
+    int seg;
+    int64_t o0;
+};
+
+static __device__ __forceinline__ mvq_pair mvq_pair_of(const mvq_args &a, unsigned int pair) {
+    mvq_pair p;
+    p.seg = (pair >= a.first_pair[1]) + (pair >= a.first_pair[2]);
+    const unsigned int f = p.seg == 0 ? 0u : p.seg == 1 ? a.first_pair[1] : a.first_pair[2];
+    // SWIGLU: the gate row o0 of seg 0 and the up row o0 of seg 1.
+    p.o0 = CUDA_MV_GATED(a.epi) ? (int64_t)pair : (int64_t)(pair - f) * MVQ_ROWS;
+    return p;
+}
+
+static __device__ __forceinline__ void mvq_rows_of(const mvq_args &a, mvq_pair p,
+                                                   const uint8_t *rows[MVQ_ROWS]) {
+    const bool gated = CUDA_MV_GATED(a.epi);
+    const uint8_t *const wseg = p.seg == 0 ? a.w[0] : p.seg == 1 ? a.w[1] : a.w[2];
+    const int64_t nseg = p.seg == 0 ? a.n_out[0] : p.seg == 1 ? a.n_out[1] : a.n_out[2];
+    rows[0] = (gated ? a.w[0] : wseg) + (size_t)p.o0 * a.row_bytes;
+    rows[1] = gated ? a.w[1] + (size_t)p.o0 * a.row_bytes
+                    : wseg + (size_t)(p.o0 + 1 < nseg ? p.o0 + 1 : p.o0) * a.row_bytes;
+}
+
+// One step of a warp: adds the terms of nsb (<= MVQ_STEP) sub-blocks of both
+// staged rows to acc, lane l the sub-block l. ws: the rows' staged chunks
+// [MVQ_ROWS][chunk + 16]; xs: token 0's q8_1 block of the step's first
+// sub-block in shared memory, xs_tok bytes between tokens (a multiple of
+// 36 bytes, so lane l's nine words stay on 32 distinct banks).
+template <int T, int NT>
+static __device__ __forceinline__ void mvq_step(float acc[MVQ_ROWS][NT], const uint8_t *ws,
+                                                const uint8_t *xs, int xs_tok, int jb, int j,
+                                                int n_tok, int lane) {
+    typedef mvq_traits<T> tr;
+    mvq_w wv[MVQ_ROWS];
+#pragma unroll
+    for (int r = 0; r < MVQ_ROWS; r++)
+        mvq_decode<T>(ws + r * (tr::chunk + 16) + jb * qtype<T>::bytes, j, &wv[r]);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < n_tok) {
+            const uint32_t *xb = (const uint32_t *)(xs + t * xs_tok + lane * MVQ_XQ_BYTES);
+            const float dx = f16_bits_to_f32((uint16_t)(xb[0] & 0xffffu));
+            int u[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                u[k] = (int)xb[1 + k];
+            // Sums of the activation quants over elements 0..15 and 16..31,
+            // shared by the rows.
+            int sumq_lo = 0, sumq_hi = 0;
+            if (tr::has_min || T == GGML_TYPE_Q2_K) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    sumq_lo = __dp4a(0x01010101, u[k], sumq_lo);
+                    sumq_hi = __dp4a(0x01010101, u[k + 4], sumq_hi);
+                }
+            }
+            const int sumq = sumq_lo + sumq_hi;
+#pragma unroll
+            for (int r = 0; r < MVQ_ROWS; r++)
+                acc[r][t] += mvq_term<T>(wv[r], u, sumq, sumq_hi, dx);
+        }
+    }
+}
+
+// The warp's partial sums of a row pair into red[warp] (lane 0 writes).
+template <int NT>
+static __device__ __forceinline__ void mvq_to_red(float red[MVQ_ROWS][NT],
+                                                  const float acc[MVQ_ROWS][NT], int lane) {
+#pragma unroll
+    for (int r = 0; r < MVQ_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == 0)
+                red[r][t] = s;
+        }
+}
+
+// A row pair's results once every warp's partial sums are in red (after a
+// __syncthreads): added in warp order 0..3, so results do not depend on
+// scheduling, then the epilogue; threads tid < MVQ_ROWS * NT write.
+template <int NT>
+static __device__ __forceinline__ void mvq_store(const mvq_args &a, mvq_pair p,
+                                                 const float (*red)[MVQ_ROWS][NT], int tid) {
+    if (CUDA_MV_GATED(a.epi)) {
+        if (tid < a.n_tok) {
+            float g = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MVQ_WARPS; w++) {
+                g += red[w][0][tid];
+                u += red[w][1][tid];
+            }
+            a.out[0][(size_t)tid * a.n_out[0] + p.o0] =
+                a.epi == CUDA_MV_GEGLU ? vela_gelu_mul(g, u) : mvq_silu_mul(g, u);
+        }
+    } else if (tid < MVQ_ROWS * NT) {
+        float *const oseg = p.seg == 0 ? a.out[0] : p.seg == 1 ? a.out[1] : a.out[2];
+        const float *const bseg = p.seg == 0 ? a.bias[0] : p.seg == 1 ? a.bias[1] : a.bias[2];
+        const int64_t nseg = p.seg == 0 ? a.n_out[0] : p.seg == 1 ? a.n_out[1] : a.n_out[2];
+        const int r = tid / NT, t = tid % NT;
+        if (t < a.n_tok && p.o0 + r < nseg) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MVQ_WARPS; w++)
+                s += red[w][r][t];
+            const int64_t o = p.o0 + r;
+            if (bseg)
+                s = s + bseg[o];
+            float *dst = oseg + (size_t)t * nseg + o;
+            *dst = a.epi == CUDA_MV_ADD ? *dst + s : s;
+        }
+    }
+}
+
+// The one-pass kernel: one row pair per block.
 // Occupancy (sm_90, ptxas -v; bench/README.md's emulated report): 50% or
 // more for every type (at most 64 registers per thread; Q5_K 56 with one
 // token, the widest decode). Q2_K's 3..8-token instance spills 12 bytes
 // (CUDA 13.0): its two mins per sub-block and row. Each lane keeps several independent loads in
 // flight: a step's weight chunks of both rows and its activations are all
-// requested before the first __syncwarp.
+// requested before the first __syncwarp. But a block makes one such round
+// trip per step and a 4096-wide row is one step per warp: at one token it
+// measured 26-54% of the H200's bandwidth on large matrices, hence the
+// pipelined kernel below.
 template <int T, int NT>
 __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(const mvq_args a) {
     typedef mvq_traits<T> tr;
@@ -411,25 +547,9 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
     __shared__ float red[MVQ_WARPS][MVQ_ROWS][NT];
     const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
 
-    // Rows of this block (uniform): (segment, output index) per row. A row
-    // past n_out (the last block of a segment) computes row o0 again and
-    // stores nothing, which keeps the inner loops free of row tests.
-    // Selects rather than indexing the parameter arrays with a run-time
-    // segment (that would copy them to the stack).
-    const unsigned int bx = blockIdx.x;
-    const int seg = (bx >= a.first_block[1]) + (bx >= a.first_block[2]);
-    const unsigned int fseg = seg == 0 ? 0u : seg == 1 ? a.first_block[1] : a.first_block[2];
-    const bool swiglu = CUDA_MV_GATED(a.epi); // SWIGLU or GEGLU
-    // SWIGLU: the gate row o0 of seg 0 and the up row o0 of seg 1.
-    const int64_t o0 = swiglu ? (int64_t)bx : (int64_t)(bx - fseg) * MVQ_ROWS;
+    const mvq_pair p = mvq_pair_of(a, blockIdx.x);
     const uint8_t *rows[MVQ_ROWS];
-    {
-        const uint8_t *const wseg = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
-        const int64_t nseg = seg == 0 ? a.n_out[0] : seg == 1 ? a.n_out[1] : a.n_out[2];
-        rows[0] = (swiglu ? a.w[0] : wseg) + (size_t)o0 * a.row_bytes;
-        rows[1] = swiglu ? a.w[1] + (size_t)o0 * a.row_bytes
-                         : wseg + (size_t)(o0 + 1 < nseg ? o0 + 1 : o0) * a.row_bytes;
-    }
+    mvq_rows_of(a, p, rows);
 
     uint8_t *xs = mvq_smem + (size_t)warp * a.warp_smem;          // [n_tok][MVQ_STEP][36]
     uint8_t *ws = xs + (size_t)a.n_tok * MVQ_STEP * MVQ_XQ_BYTES; // [MVQ_ROWS][chunk + 16]
@@ -458,95 +578,213 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
                 warp_copy(xs + t * MVQ_STEP * MVQ_XQ_BYTES,
                           a.xq + t * a.xq_row_bytes + sb0 * MVQ_XQ_BYTES, nsb * MVQ_XQ_BYTES, lane);
         __syncwarp();
-        if (active) {
-            mvq_w wv[MVQ_ROWS];
-#pragma unroll
-            for (int r = 0; r < MVQ_ROWS; r++)
-                mvq_decode<T>(ws + r * (tr::chunk + 16) + jb * qtype<T>::bytes, j, &wv[r]);
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t < a.n_tok) {
-                    const uint32_t *xb =
-                        (const uint32_t *)(xs + t * MVQ_STEP * MVQ_XQ_BYTES + lane * MVQ_XQ_BYTES);
-                    const float dx = f16_bits_to_f32((uint16_t)(xb[0] & 0xffffu));
-                    int u[8];
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        u[k] = (int)xb[1 + k];
-                    // Sums of the activation quants over elements 0..15
-                    // and 16..31, shared by the rows.
-                    int sumq_lo = 0, sumq_hi = 0;
-                    if (tr::has_min || T == GGML_TYPE_Q2_K) {
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            sumq_lo = __dp4a(0x01010101, u[k], sumq_lo);
-                            sumq_hi = __dp4a(0x01010101, u[k + 4], sumq_hi);
-                        }
-                    }
-                    const int sumq = sumq_lo + sumq_hi;
-#pragma unroll
-                    for (int r = 0; r < MVQ_ROWS; r++)
-                        acc[r][t] += mvq_term<T>(wv[r], u, sumq, sumq_hi, dx);
-                }
-            }
-        }
+        if (active)
+            mvq_step<T, NT>(acc, ws, xs, MVQ_STEP * MVQ_XQ_BYTES, jb, j, a.n_tok, lane);
         __syncwarp(); // the next step overwrites this warp's shared slice
     }
 
-#pragma unroll
-    for (int r = 0; r < MVQ_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float s = warp_sum(acc[r][t]);
-            if (lane == 0)
-                red[warp][r][t] = s;
-        }
+    mvq_to_red<NT>(red[warp], acc, lane);
     __syncthreads();
-    const int tid = threadIdx.x;
-    if (CUDA_MV_GATED(a.epi)) {
-        if (tid < a.n_tok) {
-            float g = 0.0f, u = 0.0f;
+    mvq_store<NT>(a, p, red, threadIdx.x);
+}
+
+// ---------------------------------------------------------------------------
+// pipelined mat-vec (struct cuda_mvq_plan.pipelined)
+//
+// A block owns pairs_per_block consecutive row pairs and walks them one
+// after another; the warps split each row's length as in the one-pass kernel
+// (warp w the steps w, w + 4, ...). Every warp works through its items, one
+// (row pair, step) each, in order, through MVQ_PIPE_STAGES shared slots: the
+// weight chunks of item i + STAGES - 1 are requested with cp.async (no
+// registers held while they travel) before item i is decoded, so a warp
+// keeps STAGES - 1 items of weights in flight the whole time instead of one
+// round trip per block. The activations of every token are copied to shared
+// memory once per block and serve all its rows: pairs_per_block times
+// fewer activation reads from L2 than the one-pass kernel makes.
+
+// Slots per warp: 4 for chunks of at most 640 bytes, else 3 (shared memory).
+template <int T> struct mvq_pipe {
+    static constexpr int stages = mvq_traits<T>::chunk <= 640 ? 4 : 3;
+    static constexpr int slot = MVQ_ROWS * (mvq_traits<T>::chunk + 16); // bytes of one slot
+};
+
+// cp.async of nbytes from global src to shared dst, threads tid of nthreads
+// on consecutive units of U bytes.
+template <int U>
+static __device__ __forceinline__ void copy_units_async(uint8_t *dst, const uint8_t *src,
+                                                        int nbytes, int tid, int nthreads) {
+    for (int i = tid * U; i < nbytes; i += nthreads * U)
+        __pipeline_memcpy_async(dst + i, src + i, U);
+}
+
+// Queues the copy of nbytes (a multiple of 4) from src to dst (16-byte
+// aligned shared memory) for the calling thread in the widest cp.async unit
+// src and nbytes allow. Returns false, copying nothing, when src or nbytes
+// is only 2-byte aligned (cp.async moves 4, 8 or 16 bytes).
+static __device__ __forceinline__ bool copy_async(uint8_t *dst, const uint8_t *src, int nbytes,
+                                                  int tid, int nthreads) {
+    const uintptr_t al = (uintptr_t)src | (uintptr_t)nbytes;
+    if ((al & 15u) == 0)
+        copy_units_async<16>(dst, src, nbytes, tid, nthreads);
+    else if ((al & 7u) == 0)
+        copy_units_async<8>(dst, src, nbytes, tid, nthreads);
+    else if ((al & 3u) == 0)
+        copy_units_async<4>(dst, src, nbytes, tid, nthreads);
+    else
+        return false;
+    return true;
+}
+
+// Requests the weights of a warp's item into its slot: both rows' chunks of
+// the step at sub-block sb0. Rows only 2-byte aligned are copied at once
+// (correct, not overlapped).
+template <int T>
+static __device__ __forceinline__ void mvq_pipe_fetch(const mvq_args &a, unsigned int pair,
+                                                      int64_t sb0, uint8_t *slot, int lane) {
+    typedef mvq_traits<T> tr;
+    const int64_t n_sub = a.n_in / 32;
+    const int nsb = (int)(n_sub - sb0 < MVQ_STEP ? n_sub - sb0 : MVQ_STEP);
+    const uint8_t *rows[MVQ_ROWS];
+    mvq_rows_of(a, mvq_pair_of(a, pair), rows);
+    const int64_t off = sb0 / tr::subs * qtype<T>::bytes;
+    const int nbytes = nsb / tr::subs * qtype<T>::bytes;
 #pragma unroll
-            for (int w = 0; w < MVQ_WARPS; w++) {
-                g += red[w][0][tid];
-                u += red[w][1][tid];
-            }
-            a.out[0][(size_t)tid * a.n_out[0] + o0] =
-                a.epi == CUDA_MV_GEGLU ? vela_gelu_mul(g, u) : mvq_silu_mul(g, u);
-        }
-    } else if (tid < MVQ_ROWS * NT) {
-        // Re-derived here rather than kept live through the main loop.
-        float *const oseg = seg == 0 ? a.out[0] : seg == 1 ? a.out[1] : a.out[2];
-        const float *const bseg = seg == 0 ? a.bias[0] : seg == 1 ? a.bias[1] : a.bias[2];
-        const int64_t nseg = seg == 0 ? a.n_out[0] : seg == 1 ? a.n_out[1] : a.n_out[2];
-        const int r = tid / NT, t = tid % NT;
-        if (t < a.n_tok && o0 + r < nseg) {
-            float s = 0.0f;
-#pragma unroll
-            for (int w = 0; w < MVQ_WARPS; w++)
-                s += red[w][r][t];
-            const int64_t o = o0 + r;
-            if (bseg)
-                s = s + bseg[o];
-            float *dst = oseg + (size_t)t * nseg + o;
-            *dst = a.epi == CUDA_MV_ADD ? *dst + s : s;
-        }
+    for (int r = 0; r < MVQ_ROWS; r++) {
+        uint8_t *dst = slot + r * (tr::chunk + 16);
+        if (!copy_async(dst, rows[r] + off, nbytes, lane, VELA_WARP))
+            warp_copy(dst, rows[r] + off, nbytes, lane);
     }
 }
 
 template <int T, int NT>
-static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, cudaStream_t stream,
-                            struct verr *err) {
+__global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
+    matvec_q8_pipe_kernel(const mvq_args a) {
+    typedef mvq_pipe<T> pp;
+    constexpr int S = pp::stages;
+    extern __shared__ __align__(16) uint8_t mvq_smem[];
+    __shared__ float red[2][MVQ_WARPS][MVQ_ROWS][NT]; // by pair parity: one barrier per pair
+    const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
+    uint8_t *xs = mvq_smem; // [n_tok][n_in / 32][36], as in global memory
+    uint8_t *slots = mvq_smem + a.xs_bytes + (size_t)warp * S * pp::slot;
+
+    const unsigned int n_all = a.first_pair[CUDA_MV_MAX_SEGS];
+    const unsigned int p_first = blockIdx.x * (unsigned int)a.pairs_per_block;
+    const unsigned int left = n_all - p_first;
+    const int n_pairs = (int)(left < (unsigned int)a.pairs_per_block ? left : a.pairs_per_block);
+    const int64_t n_sub = a.n_in / 32;
+    const int n_steps = (int)((n_sub + MVQ_STEP - 1) / MVQ_STEP);
+    const int my_steps = warp < n_steps ? (n_steps - 1 - warp) / MVQ_WARPS + 1 : 0;
+    const int n_items = my_steps * n_pairs;
+    const int jb = lane / mvq_traits<T>::subs, j = lane % mvq_traits<T>::subs; // as in mvq_step
+    // Item i: pair p_first + i / my_steps, step warp + (i % my_steps) * 4.
+    auto fetch = [&](int i) {
+        if (i < n_items)
+            mvq_pipe_fetch<T>(a, p_first + (unsigned int)(i / my_steps),
+                              (int64_t)(warp + (i % my_steps) * MVQ_WARPS) * MVQ_STEP,
+                              slots + (i % S) * pp::slot, lane);
+        __pipeline_commit(); // empty groups keep the count uniform
+    };
+
+    // The activations go with the first group: waited for, then made
+    // visible to every warp, before the first item.
+    // (xq and its rows are 4-byte aligned, checked at launch: always queued)
+    copy_async(xs, a.xq, (int)(a.n_tok * a.xq_row_bytes), threadIdx.x, MVQ_WARPS * VELA_WARP);
+#pragma unroll
+    for (int i = 0; i < S - 1; i++)
+        fetch(i);
+    __pipeline_wait_prior(S - 2);
+    __syncthreads();
+
+    int i = 0;
+    for (int k = 0; k < n_pairs; k++) {
+        float acc[MVQ_ROWS][NT];
+#pragma unroll
+        for (int r = 0; r < MVQ_ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = 0.0f;
+        for (int s = 0; s < my_steps; s++, i++) {
+            fetch(i + S - 1);
+            __pipeline_wait_prior(S - 1); // this lane's copies of item i have landed
+            __syncwarp();                 // and the other lanes'
+            const int64_t sb0 = (int64_t)(warp + s * MVQ_WARPS) * MVQ_STEP;
+            const int nsb = (int)(n_sub - sb0 < MVQ_STEP ? n_sub - sb0 : MVQ_STEP);
+            if (lane < nsb)
+                mvq_step<T, NT>(acc, slots + (i % S) * pp::slot, xs + sb0 * MVQ_XQ_BYTES,
+                                (int)a.xq_row_bytes, jb, j, a.n_tok, lane);
+            __syncwarp(); // item i + S, fetched next, reuses this slot
+        }
+        mvq_to_red<NT>(red[k & 1][warp], acc, lane);
+        __syncthreads();
+        // Pair k + 2 writes red[k & 1] again only after every thread has
+        // passed the barrier of pair k + 1, i.e. after this read.
+        mvq_store<NT>(a, mvq_pair_of(a, p_first + (unsigned int)k), red[k & 1], threadIdx.x);
+    }
+    __pipeline_wait_prior(0);
+}
+
+template <int T, int NT>
+static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, bool pipelined,
+                            cudaStream_t stream, struct verr *err) {
+    if (pipelined) {
+        const size_t smem =
+            (size_t)a.xs_bytes + MVQ_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot;
+        matvec_q8_pipe_kernel<T, NT><<<n_blocks, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
+        VELA_CHECK_LAUNCH(err, "matvec_q8_pipe_kernel");
+        return VERR_OK;
+    }
     const size_t smem = (size_t)MVQ_WARPS * a.warp_smem;
     matvec_q8_kernel<T, NT><<<n_blocks, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
     VELA_CHECK_LAUNCH(err, "matvec_q8_kernel");
     return VERR_OK;
 }
 
+// Shared memory of the pipelined kernel: at most the default per-block limit
+// (no opt-in), so ~6 blocks fit on an SM of 228 KiB.
+#define MVQ_PIPE_MAX_SMEM (48 * 1024)
+
+// Shared memory of the pipelined kernel: every token's activations (rounded
+// to 16 bytes), then each warp's slots.
+static size_t mvq_pipe_xs_bytes(int n_tok, int64_t n_in) {
+    return ((size_t)n_tok * (size_t)(n_in / 32) * MVQ_XQ_BYTES + 15) & ~(size_t)15;
+}
+
+template <int T> static bool mvq_pipe_fits(int n_tok, int64_t n_in) {
+    return mvq_pipe_xs_bytes(n_tok, n_in) +
+               (size_t)MVQ_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot <=
+           MVQ_PIPE_MAX_SMEM;
+}
+
+extern "C" int cuda_matvec_q8_pipelined(enum ggml_type type, int64_t n_in, int n_tok,
+                                        const struct cuda_mvq_plan *plan) {
+    if (!plan || !plan->pipelined || n_in <= 0 || n_in % 32 || n_tok < 1 ||
+        n_tok > CUDA_MATVEC_MAX_TOK || !quant_q8_1_dot_supported(type))
+        return 0;
+    auto fits = [&](auto tc) -> int {
+        constexpr int T = decltype(tc)::value;
+        if constexpr (!mvq_traits<T>::dp4a)
+            return 0;
+        else
+            return mvq_pipe_fits<T>(n_tok, n_in) ? 1 : 0;
+    };
+    return VELA_DISPATCH_QTYPE(type, fits, 0);
+}
+
+// Row pairs per block of the pipelined kernel: the pairs spread over
+// sm_count * blocks_per_sm blocks (plan->pairs_per_block > 0 overrides).
+static int mvq_pairs_per_block(const struct cuda_mvq_plan *plan, unsigned int n_pairs) {
+    if (plan->pairs_per_block > 0)
+        return plan->pairs_per_block;
+    const int64_t bps = plan->blocks_per_sm > 0 ? plan->blocks_per_sm : CUDA_MVQ_PIPE_BLOCKS_PER_SM;
+    const int64_t blocks = (plan->sm_count > 0 ? plan->sm_count : 1) * bps;
+    const int64_t k = ((int64_t)n_pairs + blocks - 1) / blocks;
+    return (int)(k > 0 ? k : 1);
+}
+
 extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
                                    int64_t n_in, const void *xq, int n_tok,
-                                   enum cuda_mv_epilogue epi, cudaStream_t stream,
-                                   struct verr *err) {
+                                   enum cuda_mv_epilogue epi, const struct cuda_mvq_plan *plan,
+                                   cudaStream_t stream, struct verr *err) {
     if (n_tok < 1 || n_tok > CUDA_MATVEC_MAX_TOK)
         return verr_set(err, VERR_RANGE, "matvec q8: n_tok %d outside [1, %d]", n_tok,
                         CUDA_MATVEC_MAX_TOK);
@@ -571,7 +809,7 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
                         "matvec q8: swiglu/geglu takes 2 segments of equal n_out and no bias");
     mvq_args a;
     memset(&a, 0, sizeof a);
-    unsigned int n_blocks = 0;
+    unsigned int n_pairs = 0;
     for (int s = 0; s < n_seg; s++) {
         const struct cuda_mv_seg *g = &segs[s];
         if (g->n_out < 0)
@@ -592,18 +830,25 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
         a.w[s] = (const uint8_t *)g->w;
         a.bias[s] = g->bias;
         a.n_out[s] = g->n_out;
-        a.first_block[s] = n_blocks;
-        const int64_t nb =
+        a.first_pair[s] = n_pairs;
+        const int64_t np =
             CUDA_MV_GATED(epi) ? (s == 0 ? g->n_out : 0) : (g->n_out + MVQ_ROWS - 1) / MVQ_ROWS;
-        if (nb > (int64_t)INT32_MAX - n_blocks)
+        if (np > (int64_t)INT32_MAX - n_pairs)
             return verr_set(err, VERR_RANGE, "matvec q8: %lld output rows are too many",
                             (long long)g->n_out);
-        n_blocks += (unsigned int)nb;
+        n_pairs += (unsigned int)np;
     }
     for (int s = n_seg; s <= CUDA_MV_MAX_SEGS; s++)
-        a.first_block[s] = n_blocks;
-    if (n_blocks == 0)
+        a.first_pair[s] = n_pairs;
+    if (n_pairs == 0)
         return VERR_OK;
+    if (plan && (plan->pipelined < 0 || plan->pipelined > 1 || plan->sm_count < 0 ||
+                 plan->blocks_per_sm < 0 || plan->pairs_per_block < 0))
+        return verr_set(err, VERR_RANGE,
+                        "matvec q8: plan {pipelined %d, sm_count %d, blocks_per_sm %d, "
+                        "pairs_per_block %d}: need pipelined 0 or 1 and no negative counts",
+                        plan->pipelined, plan->sm_count, plan->blocks_per_sm,
+                        plan->pairs_per_block);
     a.xq = (const uint8_t *)xq;
     a.row_bytes = row_bytes;
     a.xq_row_bytes = (size_t)(n_in / 32) * MVQ_XQ_BYTES;
@@ -622,13 +867,23 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
             // past a block).
             a.warp_smem = n_tok * MVQ_STEP * MVQ_XQ_BYTES + MVQ_ROWS * (tr::chunk + 16);
             a.warp_smem = (a.warp_smem + 15) & ~15;
+            // The pipelined kernel where asked for and its shared memory
+            // (all tokens' activations, the warps' slots) fits.
+            a.xs_bytes = (int)mvq_pipe_xs_bytes(n_tok, n_in);
+            const bool pipelined = plan && plan->pipelined && mvq_pipe_fits<T>(n_tok, n_in);
+            unsigned int n_blocks = n_pairs;
+            if (pipelined) {
+                a.pairs_per_block = mvq_pairs_per_block(plan, n_pairs);
+                n_blocks =
+                    (unsigned int)(((int64_t)n_pairs + a.pairs_per_block - 1) / a.pairs_per_block);
+            }
             // NT is the register tile of tokens; n_tok 3..8 share the widest
             // (an NT = 4 instance made ptxas spill a few bytes for some types).
             if (n_tok == 1)
-                return matvec_q8_launch<T, 1>(a, n_blocks, stream, err);
+                return matvec_q8_launch<T, 1>(a, n_blocks, pipelined, stream, err);
             if (n_tok == 2)
-                return matvec_q8_launch<T, 2>(a, n_blocks, stream, err);
-            return matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, stream, err);
+                return matvec_q8_launch<T, 2>(a, n_blocks, pipelined, stream, err);
+            return matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, pipelined, stream, err);
         }
     };
     return VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);

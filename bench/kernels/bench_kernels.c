@@ -1301,6 +1301,9 @@ int main(int argc, char **argv) {
     const char *split = getenv("VELA_ATTN_SPLIT");
     snprintf(v, sizeof v, "%dx%d", CUDA_ATTN_SPLIT_BLOCKS_PER_SM, CUDA_ATTN_SPLIT_MIN_CELLS);
     cJSON_AddStringToObject(par, "attn_split", split && *split ? split : v);
+    // the dp4a mat-vec's kernel (cuda/backend_cuda.c): pass (the default) or pipe[:B]
+    const char *mvq = getenv("VELA_MATVEC_Q8");
+    cJSON_AddStringToObject(par, "matvec_q8", mvq && *mvq ? mvq : "pass");
     b.results = cJSON_AddArrayToObject(root, "results");
 
     printf("device: %s, %d SMs, L2 %.0f MiB, peak bandwidth %.0f GB/s, driver %d, runtime %d\n\n",

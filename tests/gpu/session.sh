@@ -441,8 +441,9 @@ run_profile() {
 }
 # Why the decode kernels are slow: ncu's detailed sections (occupancy,
 # memory throughput, warp stalls) for one launch each of decode attention
-# at 4k keys and the Q4_K dp4a mat-vec, as text in logs.tar.gz. First: it
-# takes under a minute and says the most per second.
+# at 4k keys and the Q4_K dp4a mat-vec (both kernels: one-pass, then
+# pipelined), as text in logs.tar.gz. First: it takes about a minute and
+# says the most per second.
 run_kernel_detail() {
   local ncu=${VELA_NCU:-ncu}
   is_done profile-kernels || [ "$(left)" -lt 60 ] || [ ! -x "$B/bench/vela-bench-kernels" ] && return 0
@@ -451,6 +452,13 @@ run_kernel_detail() {
     -k 'regex:attn_kernel|attn_combine|matvec_q8_kernel|quantize_q8_1' --launch-count 8 \
     "$B/bench/vela-bench-kernels" --filter attn_decode,matvec --models llama3-8b --types q4_K \
     --ctx 4096 --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0 && done_mark profile-kernels
+  # the pipelined mat-vec (VELA_MATVEC_Q8=pipe) on the same shapes, appended
+  [ "$(left)" -ge 40 ] && step "profile:kernels-pipe" quiet "$W/logs/profile.err" \
+    bash -c '"${@:2}" >>"$1" 2>&1' _ "$W/bench/raw/ncu-kernels-detail.txt" env VELA_MATVEC_Q8=pipe \
+    timeout 30 "$ncu" --clock-control none --set detailed -k 'regex:matvec_q8_pipe_kernel' \
+    --launch-count 4 "$B/bench/vela-bench-kernels" --filter matvec --models llama3-8b \
+    --types q4_K --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0
+  return 0
 }
 if command -v "${VELA_NCU:-ncu}" >/dev/null; then
   run_kernel_detail

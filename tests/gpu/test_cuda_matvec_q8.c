@@ -148,9 +148,22 @@ static const struct mv_case mv_cases[] = {
 #define MV_REL_TOL 1e-5
 
 struct worst {
-    double rel;   // worst |err| / sum|wx| (STORE and ADD outputs)
-    double ratio; // worst |err| / tol
+    double rel;    // worst |err| / sum|wx| (STORE and ADD outputs)
+    double ratio;  // worst |err| / tol
+    int pipelined; // calls that ran the pipelined kernel
+    int runs;      // calls with a pipelined plan
 };
+
+// Plans every case runs (cuda_mvq_plan): the one-pass kernel (the reference
+// for the others: they must match it bit for bit); the pipelined kernel with
+// 3 row pairs per block (a block's pairs cross segments; the last block has
+// fewer); and with the grid made from 2 multiprocessors at 1 block each (many
+// pairs per block: the slots wrap around several times).
+static const struct cuda_mvq_plan plan_pipe3 = {.pipelined = 1, .pairs_per_block = 3};
+static const struct cuda_mvq_plan plan_pipe_sm2 = {
+    .pipelined = 1, .sm_count = 2, .blocks_per_sm = 1};
+static const struct cuda_mvq_plan *const mv_plans[] = {NULL, &plan_pipe3, &plan_pipe_sm2};
+#define N_PLANS 3
 
 static void run_case(enum ggml_type type, const struct mv_case *c, int variant, struct worst *wo) {
     const int64_t n_in = case_n_in(type, c->in_kind, variant);
@@ -209,13 +222,37 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
         segs[s].out = dev_upload(out0[s], (size_t)n_tok * no * 4);
         segs[s].n_out = no;
     }
-    cr_assert_eq(cuda_matvec_q8_segs(segs, c->n_seg, type, n_in, dxq, n_tok, c->epi, 0, &err), 0,
-                 "%s n_in %lld: %s", ggml_type_name(type), (long long)n_in, err.msg);
     const int n_check = c->epi == CUDA_MV_SWIGLU ? 1 : c->n_seg;
+    float *got[N_PLANS][CUDA_MV_MAX_SEGS];
+    for (int p = 0; p < N_PLANS; p++) {
+        for (int s = 0; s < c->n_seg; s++)
+            if (p > 0) // ADD adds into the output: start each plan from out0
+                CU(cudaMemcpy(segs[s].out, out0[s], (size_t)n_tok * c->n_out[s] * 4,
+                              cudaMemcpyHostToDevice));
+        cr_assert_eq(cuda_matvec_q8_segs(segs, c->n_seg, type, n_in, dxq, n_tok, c->epi,
+                                         mv_plans[p], 0, &err),
+                     0, "%s n_in %lld plan %d: %s", ggml_type_name(type), (long long)n_in, p,
+                     err.msg);
+        wo->pipelined += cuda_matvec_q8_pipelined(type, n_in, n_tok, mv_plans[p]);
+        for (int s = 0; s < n_check; s++) {
+            got[p][s] = malloc((size_t)n_tok * c->n_out[s] * 4);
+            dev_download(got[p][s], segs[s].out, (size_t)n_tok * c->n_out[s] * 4);
+        }
+    }
+    wo->runs += N_PLANS - 1;
     for (int s = 0; s < n_check; s++) {
         const int64_t no = c->n_out[s];
-        float *got = malloc((size_t)n_tok * no * 4);
-        dev_download(got, segs[s].out, (size_t)n_tok * no * 4);
+        // The pipelined kernel adds the same terms in the same order.
+        for (int p = 1; p < N_PLANS; p++)
+            for (int64_t i = 0; i < n_tok * no; i++)
+                if (memcmp(&got[p][s][i], &got[0][s][i], 4) != 0) {
+                    cr_expect_fail("%s n_tok %d n_in %lld seg %d plan %d: out[%lld] %.9g, the "
+                                   "one-pass kernel %.9g (must be bit-identical)",
+                                   ggml_type_name(type), n_tok, (long long)n_in, s, p, (long long)i,
+                                   got[p][s][i], got[0][s][i]);
+                    break;
+                }
+        const float *gv = got[0][s];
         int fails = 0;
         for (int t = 0; t < n_tok; t++) {
             for (int64_t o = 0; o < no; o++) {
@@ -236,7 +273,7 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
                         MV_REL_TOL * mags[s][i] +
                         2.4e-7 * (fabs(ref) + fabs(b) + fabs(out0[s][i]) * (c->epi == CUDA_MV_ADD));
                 }
-                const double e = fabs(got[i] - ref);
+                const double e = fabs(gv[i] - ref);
                 // |err| / sum|wx| of the dot itself (not meaningful after silu * u)
                 if (c->epi != CUDA_MV_SWIGLU && mags[s][i] > 0 && e / mags[s][i] > wo->rel)
                     wo->rel = e / mags[s][i];
@@ -246,12 +283,13 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
                     cr_log_error("%s n_tok %d n_in %lld seg %d epi %d: out[%d][%lld] cuda %.9g "
                                  "ref %.9g |err| %.3g > tol %.3g",
                                  ggml_type_name(type), n_tok, (long long)n_in, s, (int)c->epi, t,
-                                 (long long)o, got[i], ref, e, tol);
+                                 (long long)o, gv[i], ref, e, tol);
             }
         }
         cr_expect_eq(fails, 0, "%s n_tok %d n_in %lld seg %d: %d outputs outside the tolerance",
                      ggml_type_name(type), n_tok, (long long)n_in, s, fails);
-        free(got);
+        for (int p = 0; p < N_PLANS; p++)
+            free(got[p][s]);
     }
     for (int s = 0; s < c->n_seg; s++) {
         cudaFree((void *)segs[s].w);
@@ -274,14 +312,18 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
 
 static void check_type(enum ggml_type type) {
     rng_seed(100 + (uint64_t)type);
-    struct worst wo = {0, 0};
+    struct worst wo = {0, 0, 0, 0};
     for (size_t k = 0; k < N_MV_CASES; k++)
         for (int variant = 0; variant < 2; variant++)
             if (variant == 0 || mv_cases[k].in_kind > 0)
                 run_case(type, &mv_cases[k], variant, &wo);
     cr_log_info("%-5s matvec q8: worst |err| %.3g of sum|wx|, worst err/tol %.3g (tol %.0e of "
-                "sum|wx|)",
-                ggml_type_name(type), wo.rel, wo.ratio, MV_REL_TOL);
+                "sum|wx|); pipelined kernel bit-identical in %d of %d plan runs (the rest too "
+                "large for it: the one-pass kernel)",
+                ggml_type_name(type), wo.rel, wo.ratio, MV_REL_TOL, wo.pipelined, wo.runs);
+    // Most shapes fit the pipelined kernel (8 tokens of 14336 do not).
+    cr_expect_gt(2 * wo.pipelined, wo.runs, "%s: the pipelined kernel ran in only %d of %d",
+                 ggml_type_name(type), wo.pipelined, wo.runs);
 }
 
 Test(matvec_q8, q4_0) {
@@ -351,59 +393,79 @@ Test(matvec_q8, rejects_what_it_cannot_do) {
         cr_log_info("%s: %s", what, err.msg);                                                      \
     } while (0)
     const enum ggml_type q4 = GGML_TYPE_Q4_0;
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(segs, 1, q4, 64, dxq, 0, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(segs, 1, q4, 64, dxq, 0, CUDA_MV_STORE, NULL, 0, &err),
               "n_tok 0");
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(segs, 1, q4, 64, dxq, 9, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(segs, 1, q4, 64, dxq, 9, CUDA_MV_STORE, NULL, 0, &err),
               "n_tok 9");
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(segs, 0, q4, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(segs, 0, q4, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "0 segments");
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(segs, 4, q4, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(segs, 4, q4, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "4 segments");
     EXPECT_RC(VERR_RANGE,
-              cuda_matvec_q8_segs(segs, 1, q4, 64, dxq, 1, (enum cuda_mv_epilogue)7, 0, &err),
+              cuda_matvec_q8_segs(segs, 1, q4, 64, dxq, 1, (enum cuda_mv_epilogue)7, NULL, 0, &err),
               "epilogue 7");
     EXPECT_RC(VERR_UNSUPPORTED,
-              cuda_matvec_q8_segs(segs, 1, GGML_TYPE_F16, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
+              cuda_matvec_q8_segs(segs, 1, GGML_TYPE_F16, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "f16 weights");
-    EXPECT_RC(VERR_UNSUPPORTED,
-              cuda_matvec_q8_segs(segs, 1, GGML_TYPE_IQ3_S, 256, dxq, 1, CUDA_MV_STORE, 0, &err),
-              "iq3_s weights");
+    EXPECT_RC(
+        VERR_UNSUPPORTED,
+        cuda_matvec_q8_segs(segs, 1, GGML_TYPE_IQ3_S, 256, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
+        "iq3_s weights");
+    EXPECT_RC(
+        VERR_RANGE,
+        cuda_matvec_q8_segs(segs, 1, GGML_TYPE_Q4_K, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
+        "q4_K row of 64");
     EXPECT_RC(VERR_RANGE,
-              cuda_matvec_q8_segs(segs, 1, GGML_TYPE_Q4_K, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
-              "q4_K row of 64");
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(segs, 1, q4, 48, dxq, 1, CUDA_MV_STORE, 0, &err),
+              cuda_matvec_q8_segs(segs, 1, q4, 48, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "q4_0 row of 48");
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(segs, 1, q4, 64, dxq + 2, 1, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(segs, 1, q4, 64, dxq + 2, 1, CUDA_MV_STORE, NULL, 0, &err),
               "misaligned xq");
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(segs, 1, q4, 64, NULL, 1, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(segs, 1, q4, 64, NULL, 1, CUDA_MV_STORE, NULL, 0, &err),
               "NULL xq");
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(segs, 3, q4, 64, dxq, 1, CUDA_MV_SWIGLU, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(segs, 3, q4, 64, dxq, 1, CUDA_MV_SWIGLU, NULL, 0, &err),
               "swiglu with 3 segments");
     struct cuda_mv_seg bad[2] = {segs[0], segs[1]};
     bad[1].n_out = 5;
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_SWIGLU, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_SWIGLU, NULL, 0, &err),
               "swiglu with unequal n_out");
     bad[1] = segs[1];
     bad[1].bias = dout;
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_SWIGLU, 0, &err),
+    EXPECT_RC(VERR_RANGE,
+              cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_SWIGLU, NULL, 0, &err),
               "swiglu with a bias");
     bad[1] = segs[1];
     bad[1].w = dw + 2;
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "misaligned weights");
     bad[1] = segs[1];
     bad[1].out = (float *)((uint8_t *)dout + 2);
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "misaligned output");
     bad[1].out = NULL;
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_ADD, 0, &err),
+    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_ADD, NULL, 0, &err),
               "NULL output");
     bad[1] = segs[1];
     bad[1].n_out = -1;
-    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "negative n_out");
+    const struct cuda_mvq_plan bad_plans[] = {{.pipelined = 2},
+                                              {.pipelined = 1, .pairs_per_block = -1},
+                                              {.pipelined = 1, .sm_count = -4}};
+    for (size_t k = 0; k < sizeof bad_plans / sizeof bad_plans[0]; k++)
+        EXPECT_RC(
+            VERR_RANGE,
+            cuda_matvec_q8_segs(segs, 1, q4, 64, dxq, 1, CUDA_MV_STORE, &bad_plans[k], 0, &err),
+            "bad plan");
     bad[0].n_out = bad[1].n_out = 0;
-    EXPECT_RC(VERR_OK, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, 0, &err),
+    EXPECT_RC(VERR_OK, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "empty segments");
     CU(cudaDeviceSynchronize());
     cudaFree(dw);

@@ -635,6 +635,60 @@ Test(cuda, matmul_act_q8) {
     cpu->act_q8 = gpu->act_q8 = false;
 }
 
+// Each value of env `var` in bad[] makes backend_cuda_create refuse
+// (VERR_RANGE, no backend) with a message naming var and the expected form
+// (`hint`); var is unset afterwards.
+static void expect_env_refused(const char *var, const char *const *bad, size_t n,
+                               const char *hint) {
+    for (size_t i = 0; i < n; i++) {
+        struct backend *be = NULL;
+        struct verr err = {0};
+        cr_assert_eq(setenv(var, bad[i], 1), 0);
+        cr_expect_eq(backend_cuda_create(&be, 0, &err), VERR_RANGE, "%s=%s accepted", var, bad[i]);
+        cr_expect(be == NULL && strstr(err.msg, var) && strstr(err.msg, hint), "%s=%s: '%s'", var,
+                  bad[i], err.msg);
+        backend_destroy(be);
+    }
+    unsetenv(var);
+}
+
+// VELA_MATVEC_Q8 picks the dp4a mat-vec's kernel of a CUDA backend; bad
+// values refuse to make one, saying what was expected. With the pipelined
+// kernel (pipe:1: few blocks, several row pairs each) the act_q8 decode
+// matmuls and fused ops match the CPU as the default kernel does
+// (test_cuda_matvec_q8 checks the two kernels bit for bit).
+Test(cuda, matvec_q8_env) {
+    REQUIRE_GPU();
+    const char *bad[] = {"pipe:0", "pipe:65", "pipe:", "pipes", "pipe:4x", "fast", "pipe:-1"};
+    expect_env_refused("VELA_MATVEC_Q8", bad, sizeof bad / sizeof bad[0], "pipe:B");
+    cr_assert_eq(setenv("VELA_MATVEC_Q8", "pipe:1", 1), 0);
+    struct backend *piped = NULL;
+    struct verr err = {0};
+    cr_assert_eq(backend_cuda_create(&piped, 0, &err), 0, "VELA_MATVEC_Q8=pipe:1: %s", err.msg);
+    unsetenv("VELA_MATVEC_Q8");
+    struct backend *const saved = gpu;
+    gpu = piped;
+    rng_seed(43);
+    cpu->act_q8 = gpu->act_q8 = true;
+    static const enum ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
+                                           GGML_TYPE_Q6_K};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const bool k = ggml_type_get(types[ti])->block_size == 256;
+        const struct mm_case cases[] = {
+            {k ? 768 : 96, 67, 3, true, false},
+            {k ? 4352 : 4128, 130, 1, true, false},
+        };
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            run_matmul_case(types[ti], &cases[ci]);
+    }
+    const enum ggml_type Q4K = GGML_TYPE_Q4_K, Q6K = GGML_TYPE_Q6_K;
+    const struct fused_case fc = {Q4K, Q4K, Q6K, Q4K, Q6K, Q6K, 256, 64, 16, 256, 3};
+    run_fused_case(&fc);
+    cpu->act_q8 = false;
+    gpu = saved;
+    backend_destroy(piped);
+}
+
 // act_q8: an rms_norm of a decode batch also writes its output as q8_1, and
 // the mat-vec right after it reads those blocks instead of quantizing again.
 // Its results must equal those of the same mat-vec after an unrelated op
@@ -1451,16 +1505,7 @@ Test(cuda, attention_split_plan) {
 Test(cuda, attention_split_env) {
     REQUIRE_GPU();
     const char *bad[] = {"4x65", "0x64", "65x64", "4x", "x64", "4x64z", "abc", "4x16"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        struct backend *be = NULL;
-        struct verr err = {0};
-        cr_assert_eq(setenv("VELA_ATTN_SPLIT", bad[i], 1), 0);
-        cr_expect_eq(backend_cuda_create(&be, 0, &err), VERR_RANGE, "VELA_ATTN_SPLIT=%s accepted",
-                     bad[i]);
-        cr_expect(be == NULL && strstr(err.msg, "VELA_ATTN_SPLIT") && strstr(err.msg, "BxC"),
-                  "VELA_ATTN_SPLIT=%s: '%s'", bad[i], err.msg);
-        backend_destroy(be);
-    }
+    expect_env_refused("VELA_ATTN_SPLIT", bad, sizeof bad / sizeof bad[0], "BxC");
     cr_assert_eq(setenv("VELA_ATTN_SPLIT", "4x64", 1), 0);
     struct backend *many = NULL;
     struct verr err = {0};
