@@ -1022,6 +1022,10 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
     if (!what && (e = cudaDeviceGetAttribute(&cb->sm_count, cudaDevAttrMultiProcessorCount,
                                              device)) != cudaSuccess)
         what = "cudaDeviceGetAttribute(MultiProcessorCount)";
+    if (!what && (e = cudaDeviceGetAttribute(&cb->mvq.smem_per_sm,
+                                             cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                             device)) != cudaSuccess)
+        what = "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)";
     cb->mvq.sm_count = cb->sm_count;
     if (what) {
         int rc = verr_set(err, VERR_BACKEND, "CUDA device %d: %s: %s (%s:%d)", device, what,

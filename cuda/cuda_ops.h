@@ -257,7 +257,9 @@ struct cuda_mvq_plan {
     // <= 28k; else the one-pass kernel.
     int pipelined;
     int sm_count;        // the device's multiprocessors (the pipelined grid)
-    int blocks_per_sm;   // blocks aimed at per multiprocessor; 0: CUDA_MVQ_PIPE_BLOCKS_PER_SM
+    int smem_per_sm;     // their shared memory in bytes (0: unknown)
+    int blocks_per_sm;   // blocks aimed at per multiprocessor, at most as many as
+                         // fit in smem_per_sm; 0: CUDA_MVQ_PIPE_BLOCKS_PER_SM
     int pairs_per_block; // > 0: row pairs per block, fixed (tests); 0: from the two above
 };
 #define CUDA_MVQ_PIPE_BLOCKS_PER_SM 4

@@ -771,11 +771,18 @@ extern "C" int cuda_matvec_q8_pipelined(enum ggml_type type, int64_t n_in, int n
 }
 
 // Row pairs per block of the pipelined kernel: the pairs spread over
-// sm_count * blocks_per_sm blocks (plan->pairs_per_block > 0 overrides).
-static int mvq_pairs_per_block(const struct cuda_mvq_plan *plan, unsigned int n_pairs) {
+// sm_count * blocks_per_sm blocks, at most as many per multiprocessor as its
+// shared memory holds at once (1 KiB of it reserved per block, and the
+// kernel's static `red`), so that the grid is one wave
+// (plan->pairs_per_block > 0 overrides).
+static int mvq_pairs_per_block(const struct cuda_mvq_plan *plan, unsigned int n_pairs,
+                               size_t smem) {
     if (plan->pairs_per_block > 0)
         return plan->pairs_per_block;
-    const int64_t bps = plan->blocks_per_sm > 0 ? plan->blocks_per_sm : CUDA_MVQ_PIPE_BLOCKS_PER_SM;
+    int64_t bps = plan->blocks_per_sm > 0 ? plan->blocks_per_sm : CUDA_MVQ_PIPE_BLOCKS_PER_SM;
+    const int64_t fit = plan->smem_per_sm > 0 ? plan->smem_per_sm / (int64_t)(smem + 1536) : bps;
+    if (bps > fit)
+        bps = fit > 0 ? fit : 1;
     const int64_t blocks = (plan->sm_count > 0 ? plan->sm_count : 1) * bps;
     const int64_t k = ((int64_t)n_pairs + blocks - 1) / blocks;
     return (int)(k > 0 ? k : 1);
@@ -843,11 +850,12 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
     if (n_pairs == 0)
         return VERR_OK;
     if (plan && (plan->pipelined < 0 || plan->pipelined > 1 || plan->sm_count < 0 ||
-                 plan->blocks_per_sm < 0 || plan->pairs_per_block < 0))
+                 plan->smem_per_sm < 0 || plan->blocks_per_sm < 0 || plan->pairs_per_block < 0))
         return verr_set(err, VERR_RANGE,
-                        "matvec q8: plan {pipelined %d, sm_count %d, blocks_per_sm %d, "
-                        "pairs_per_block %d}: need pipelined 0 or 1 and no negative counts",
-                        plan->pipelined, plan->sm_count, plan->blocks_per_sm,
+                        "matvec q8: plan {pipelined %d, sm_count %d, smem_per_sm %d, "
+                        "blocks_per_sm %d, pairs_per_block %d}: need pipelined 0 or 1 and no "
+                        "negative counts",
+                        plan->pipelined, plan->sm_count, plan->smem_per_sm, plan->blocks_per_sm,
                         plan->pairs_per_block);
     a.xq = (const uint8_t *)xq;
     a.row_bytes = row_bytes;
@@ -873,7 +881,9 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
             const bool pipelined = plan && plan->pipelined && mvq_pipe_fits<T>(n_tok, n_in);
             unsigned int n_blocks = n_pairs;
             if (pipelined) {
-                a.pairs_per_block = mvq_pairs_per_block(plan, n_pairs);
+                a.pairs_per_block = mvq_pairs_per_block(
+                    plan, n_pairs,
+                    a.xs_bytes + (size_t)MVQ_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot);
                 n_blocks =
                     (unsigned int)(((int64_t)n_pairs + a.pairs_per_block - 1) / a.pairs_per_block);
             }

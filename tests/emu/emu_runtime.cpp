@@ -213,6 +213,7 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int
     case cudaDevAttrComputeCapabilityMajor: *v = p.major; break;
     case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = (int)p.sharedMemPerMultiprocessor; break;
     default: *v = 0; return ret(cudaErrorInvalidValue);
     }
     return cudaSuccess;

@@ -157,13 +157,18 @@ struct worst {
 // Plans every case runs (cuda_mvq_plan): the one-pass kernel (the reference
 // for the others: they must match it bit for bit); the pipelined kernel with
 // 3 row pairs per block (a block's pairs cross segments; the last block has
-// fewer); and with the grid made from 2 multiprocessors at 1 block each (many
-// pairs per block: the slots wrap around several times).
+// fewer); with the grid made from 2 multiprocessors at 1 block each (many
+// pairs per block: the slots wrap around several times); and 8 blocks asked
+// of 3 multiprocessors whose 30 KB of shared memory hold one block (or none)
+// each: 3 blocks.
 static const struct cuda_mvq_plan plan_pipe3 = {.pipelined = 1, .pairs_per_block = 3};
 static const struct cuda_mvq_plan plan_pipe_sm2 = {
     .pipelined = 1, .sm_count = 2, .blocks_per_sm = 1};
-static const struct cuda_mvq_plan *const mv_plans[] = {NULL, &plan_pipe3, &plan_pipe_sm2};
-#define N_PLANS 3
+static const struct cuda_mvq_plan plan_pipe_smem = {
+    .pipelined = 1, .sm_count = 3, .smem_per_sm = 30000, .blocks_per_sm = 8};
+static const struct cuda_mvq_plan *const mv_plans[] = {NULL, &plan_pipe3, &plan_pipe_sm2,
+                                                       &plan_pipe_smem};
+#define N_PLANS 4
 
 static void run_case(enum ggml_type type, const struct mv_case *c, int variant, struct worst *wo) {
     const int64_t n_in = case_n_in(type, c->in_kind, variant);
@@ -458,7 +463,8 @@ Test(matvec_q8, rejects_what_it_cannot_do) {
               "negative n_out");
     const struct cuda_mvq_plan bad_plans[] = {{.pipelined = 2},
                                               {.pipelined = 1, .pairs_per_block = -1},
-                                              {.pipelined = 1, .sm_count = -4}};
+                                              {.pipelined = 1, .sm_count = -4},
+                                              {.pipelined = 1, .smem_per_sm = -1}};
     for (size_t k = 0; k < sizeof bad_plans / sizeof bad_plans[0]; k++)
         EXPECT_RC(
             VERR_RANGE,

@@ -70,6 +70,7 @@ enum cudaDeviceAttr {
     cudaDevAttrL2CacheSize = 38,
     cudaDevAttrComputeCapabilityMajor = 75,
     cudaDevAttrComputeCapabilityMinor = 76,
+    cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81,
     cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 };
 
