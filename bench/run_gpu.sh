@@ -252,10 +252,12 @@ stage_kernels() {
   # The decode mat-vecs (one token, and 8) through the pipelined dp4a kernel
   # (VELA_MATVEC_Q8=pipe:B; the default one-pass kernel's rows are in the
   # first run): rows "matvec@pipe:B" etc. join kernels.json.
+  local mvq_models=llama3-8b,llama2-7b
+  [ "$QUICK" = 1 ] && mvq_models=llama3-8b # the one the quick run above has
   for plan in $MVQ_PIPE_PLANS; do
     log "kernels: decode mat-vecs, VELA_MATVEC_Q8=$plan"
     VELA_MATVEC_Q8=$plan timed "$BUILD/bench/vela-bench-kernels" \
-      --filter matvec,matvec_qkv,matvec_swiglu,matvec_add --models llama3-8b,llama2-7b \
+      --filter matvec,matvec_qkv,matvec_swiglu,matvec_add --models "$mvq_models" \
       --types q4_0,q4_K,q6_K,q8_0 --matvec-act q8 --matvec-tok 1,8 "${reps[@]}" \
       --json "$RAW/kernels-mvq-$plan.json" >"$RAW/kernels-mvq-$plan.md" 2>>"$RAW/run.log" \
       || log "kernels: VELA_MATVEC_Q8=$plan: some cases failed"
