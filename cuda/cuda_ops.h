@@ -253,8 +253,8 @@ int cuda_quantize_q8_1(void *xq /* [n_tok][n_in/32] blocks */, const float *x /*
 struct cuda_mvq_plan {
     // 0: the one-pass kernel, one block per row pair. 1: the pipelined
     // kernel (cp.async, blocks of several row pairs, activations staged once
-    // per block) where its shared memory fits in 48 KiB, roughly n_tok * n_in
-    // <= 28k; else the one-pass kernel.
+    // per block) where its shared memory fits in 96 KiB, roughly n_tok * n_in
+    // <= 70k; else the one-pass kernel.
     int pipelined;
     int sm_count;        // the device's multiprocessors (the pipelined grid)
     int smem_per_sm;     // their shared memory in bytes (0: unknown)
