@@ -217,6 +217,12 @@ stage_vela() {
       -n "$N_GEN" -r 3 --parallel "$PARALLEL" --json \
       >"$RAW/vela-$PARALLEL_MODEL-parallel.json" 2>>"$RAW/run.log" \
       || log "vela: bench --parallel failed on $PARALLEL_MODEL"
+    # 8 sequences through the pipelined dp4a mat-vec (4096-wide rows fit it)
+    [ -z "$MVQ_PIPE" ] || [ "$BACKEND" != cuda ] ||
+      VELA_MATVEC_Q8=$MVQ_PIPE timed "$BUILD/vela" bench -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" \
+        --backend "$BACKEND" -p 0 -n "$N_GEN" -r 3 --parallel 8 --json \
+        >"$RAW/vela-$PARALLEL_MODEL-parallel-pipe.json" 2>>"$RAW/run.log" \
+        || log "vela: bench --parallel 8 with VELA_MATVEC_Q8=$MVQ_PIPE failed on $PARALLEL_MODEL"
   fi
 }
 
@@ -419,12 +425,16 @@ for n in names:
     vd, ld = depth[n]
     for t in (vd or {}).get("tests", []):
         add(n, t, llama_tps(n, t, ld or []))
+def par_tps(t):
+    return next((r.get("speed_tg") for r in llama_par
+                 if r.get("pl") == t["n_parallel"] and r.get("tg") == t["n_gen"]), None)
 for t in (vela_par or {}).get("tests", []):
     if t["n_parallel"] == 1 and any(r["model"] == par_model and r["test"] == t["test"] for r in rows):
         continue
-    ltps = next((r.get("speed_tg") for r in llama_par
-                 if r.get("pl") == t["n_parallel"] and r.get("tg") == t["n_gen"]), None)
-    add(par_model, t, ltps)
+    add(par_model, t, par_tps(t))
+# the same through the pipelined dp4a mat-vec (VELA_MATVEC_Q8=pipe)
+for t in (load(f"{raw}/vela-{par_model}-parallel-pipe.json") or {}).get("tests", []):
+    add(par_model, dict(t, test=t["test"] + "@pipe"), par_tps(t))
 
 first = next((v for v in list(vela.values()) + [vela_par] if v), {}) or {}
 lc = None

@@ -745,10 +745,10 @@ static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, bool pipel
             VELA_CUDA_CALL(err, cudaGetDevice(&dev));
             const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
             if (!bit || !(raised.load() & bit)) {
-                VELA_CUDA_CALL(err, cudaFuncSetAttribute(
-                                        matvec_q8_pipe_kernel<T, NT>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        MVQ_PIPE_MAX_SMEM));
+                VELA_CUDA_CALL(err,
+                               cudaFuncSetAttribute(matvec_q8_pipe_kernel<T, NT>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    MVQ_PIPE_MAX_SMEM));
                 raised.fetch_or(bit);
             }
         }
