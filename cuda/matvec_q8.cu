@@ -624,13 +624,14 @@ static __device__ __forceinline__ void copy_units_async(uint8_t *dst, const uint
         __pipeline_memcpy_async(dst + i, src + i, U);
 }
 
-// Queues the copy of nbytes (a multiple of 4) from src to dst (16-byte
-// aligned shared memory) for the calling thread in the widest cp.async unit
-// src and nbytes allow. Returns false, copying nothing, when src or nbytes
-// is only 2-byte aligned (cp.async moves 4, 8 or 16 bytes).
+// Queues the copy of nbytes from src to dst (shared memory) for the calling
+// thread in the widest cp.async unit that src, dst and nbytes allow (a
+// slot's second row starts 8 bytes off 16 for Q3_K and Q6_K). Returns false,
+// copying nothing, when one of them is only 2-byte aligned (cp.async moves
+// 4, 8 or 16 bytes).
 static __device__ __forceinline__ bool copy_async(uint8_t *dst, const uint8_t *src, int nbytes,
                                                   int tid, int nthreads) {
-    const uintptr_t al = (uintptr_t)src | (uintptr_t)nbytes;
+    const uintptr_t al = (uintptr_t)src | (uintptr_t)dst | (uintptr_t)nbytes;
     if ((al & 15u) == 0)
         copy_units_async<16>(dst, src, nbytes, tid, nthreads);
     else if ((al & 7u) == 0)
