@@ -412,6 +412,11 @@ struct mvq_args {
     int pairs_per_block, xs_bytes;
 };
 
+// Sub-blocks of the step starting at sub-block sb0 of a row of n_sub.
+static __device__ __forceinline__ int mvq_step_subs(int64_t n_sub, int64_t sb0) {
+    return (int)(n_sub - sb0 < MVQ_STEP ? n_sub - sb0 : MVQ_STEP);
+}
+
 // Where row pair `pair` belongs: its segment and first output index. A pair
 // past its segment's n_out (the last pair of an odd segment) repeats row o0
 // and stores nothing, which keeps the inner loops free of row tests.
@@ -565,7 +570,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
 
     const int64_t n_sub = a.n_in / 32;
     for (int64_t sb0 = (int64_t)warp * MVQ_STEP; sb0 < n_sub; sb0 += MVQ_WARPS * MVQ_STEP) {
-        const int nsb = (int)(n_sub - sb0 < MVQ_STEP ? n_sub - sb0 : MVQ_STEP);
+        const int nsb = mvq_step_subs(n_sub, sb0);
         const bool active = lane < nsb;
         // Weights: the lane's sub-block is block lane / subs, part lane % subs.
         const int64_t blk0 = sb0 / tr::subs; // first weight block of the step
@@ -650,8 +655,7 @@ template <int T>
 static __device__ __forceinline__ void mvq_pipe_fetch(const mvq_args &a, unsigned int pair,
                                                       int64_t sb0, uint8_t *slot, int lane) {
     typedef mvq_traits<T> tr;
-    const int64_t n_sub = a.n_in / 32;
-    const int nsb = (int)(n_sub - sb0 < MVQ_STEP ? n_sub - sb0 : MVQ_STEP);
+    const int nsb = mvq_step_subs(a.n_in / 32, sb0);
     const uint8_t *rows[MVQ_ROWS];
     mvq_rows_of(a, mvq_pair_of(a, pair), rows);
     const int64_t off = sb0 / tr::subs * qtype<T>::bytes;
@@ -682,28 +686,48 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
     const int64_t n_sub = a.n_in / 32;
     const int n_steps = (int)((n_sub + MVQ_STEP - 1) / MVQ_STEP);
     const int my_steps = warp < n_steps ? (n_steps - 1 - warp) / MVQ_WARPS + 1 : 0;
-    const int n_items = my_steps * n_pairs;
     const int jb = lane / mvq_traits<T>::subs, j = lane % mvq_traits<T>::subs; // as in mvq_step
-    // Item i: pair p_first + i / my_steps, step warp + (i % my_steps) * 4.
-    auto fetch = [&](int i) {
-        if (i < n_items)
-            mvq_pipe_fetch<T>(a, p_first + (unsigned int)(i / my_steps),
-                              (int64_t)(warp + (i % my_steps) * MVQ_WARPS) * MVQ_STEP,
-                              slots + (i % S) * pp::slot, lane);
+    // Item (pair k, step s) of this warp: step warp + s * 4 of pair
+    // p_first + k. fetch(k, s, slot): that item's weights into a slot,
+    // where the item exists (k < n_pairs); an empty group otherwise.
+    auto fetch = [&](int k, int s, int slot) {
+        if (k < n_pairs)
+            mvq_pipe_fetch<T>(a, p_first + (unsigned int)k,
+                              (int64_t)(warp + s * MVQ_WARPS) * MVQ_STEP, slots + slot * pp::slot,
+                              lane);
         __pipeline_commit(); // empty groups keep the count uniform
+    };
+    // The item S - 1 after (k, s), found without a division: s + S - 1
+    // carried into k (my_steps may be 1, so possibly more than once).
+    auto fetch_ahead = [&](int k, int s, int slot) {
+        s += S - 1;
+        while (s >= my_steps) {
+            s -= my_steps;
+            k++;
+        }
+        fetch(k, s, slot + S - 1 < S ? slot + S - 1 : slot - 1);
     };
 
     // The activations go with the first group: waited for, then made
     // visible to every warp, before the first item.
     // (xq and its rows are 4-byte aligned, checked at launch: always queued)
     copy_async(xs, a.xq, (int)(a.n_tok * a.xq_row_bytes), threadIdx.x, MVQ_WARPS * VELA_WARP);
+    // Items 0 .. S - 2 (slots 0 .. S - 2), as fetch_ahead would walk them.
+    {
+        int k = 0, s = 0;
 #pragma unroll
-    for (int i = 0; i < S - 1; i++)
-        fetch(i);
+        for (int i = 0; i < S - 1; i++) {
+            fetch(my_steps > 0 ? k : n_pairs, s, i);
+            if (++s >= my_steps) {
+                s = 0;
+                k++;
+            }
+        }
+    }
     __pipeline_wait_prior(S - 2);
     __syncthreads();
 
-    int i = 0;
+    int slot = 0; // of the item decoded next
     for (int k = 0; k < n_pairs; k++) {
         float acc[MVQ_ROWS][NT];
 #pragma unroll
@@ -711,15 +735,15 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
 #pragma unroll
             for (int t = 0; t < NT; t++)
                 acc[r][t] = 0.0f;
-        for (int s = 0; s < my_steps; s++, i++) {
-            fetch(i + S - 1);
+        for (int s = 0; s < my_steps; s++) {
+            fetch_ahead(k, s, slot);      // item i + S - 1, i being this one
             __pipeline_wait_prior(S - 1); // this lane's copies of item i have landed
             __syncwarp();                 // and the other lanes'
             const int64_t sb0 = (int64_t)(warp + s * MVQ_WARPS) * MVQ_STEP;
-            const int nsb = (int)(n_sub - sb0 < MVQ_STEP ? n_sub - sb0 : MVQ_STEP);
-            if (lane < nsb)
-                mvq_step<T, NT>(acc, slots + (i % S) * pp::slot, xs + sb0 * MVQ_XQ_BYTES,
+            if (lane < mvq_step_subs(n_sub, sb0))
+                mvq_step<T, NT>(acc, slots + slot * pp::slot, xs + sb0 * MVQ_XQ_BYTES,
                                 (int)a.xq_row_bytes, jb, j, a.n_tok, lane);
+            slot = slot + 1 == S ? 0 : slot + 1;
             __syncwarp(); // item i + S, fetched next, reuses this slot
         }
         mvq_to_red<NT>(red[k & 1][warp], acc, lane);
