@@ -294,15 +294,30 @@ int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct
 }
 
 void args_help_model(FILE *out) {
+    args_help_model_ctx(out, NULL);
+}
+
+void args_help_model_ctx(FILE *out, const char *ctx_text) {
     fprintf(out,
             "model and backend:\n"
             "  -m, --model FILE          GGUF model to load (make one with 'vela mkmodel')\n"
             "  --backend cpu|cuda        backend (default: cuda when a GPU is usable, else cpu)\n"
             "  --device N                CUDA device ordinal (default: 0)\n"
-            "  -t, --threads N           CPU threads (default: the physical cores it may use)\n"
-            "  -c, --ctx-size N          context size in tokens; 0 = the model's training "
-            "context\n"
-            "                            (its context_length), at most %d (default: 0)\n"
+            "  -t, --threads N           CPU threads (default: the physical cores it may use;\n"
+            "                            more than those is taken, with a warning)\n");
+    if (ctx_text)
+        fprintf(out, "  -c, --ctx-size N          %s\n", ctx_text);
+    else
+        fprintf(out,
+                "  -c, --ctx-size N          context size in tokens; 0 = the model's training "
+                "context\n"
+                "                            (its context_length), at most %d (default: 0); more "
+                "than\n"
+                "                            the training context is taken, with a warning unless "
+                "RoPE\n"
+                "                            scaling or self-extend extends it\n",
+                FORWARD_CTX_CAP);
+    fprintf(out,
             "  -b, --batch-size N        tokens per forward pass when processing a prompt "
             "(default: 512)\n"
             "  -ctk, --cache-type-k T    KV cache type for K: f32, f16 (default: f16)\n"
@@ -352,8 +367,7 @@ void args_help_model(FILE *out) {
             "  --kv-unrotated            cache K without RoPE; attention rotates it (a context "
             "shift then\n"
             "                            rewrites no K; serve: requests may choose their own "
-            "self_extend)\n",
-            FORWARD_CTX_CAP);
+            "self_extend)\n");
 }
 
 int args_parse_sampler(struct sampler_params *s, int argc, char **argv, int *i, struct verr *err) {

@@ -51,6 +51,9 @@ struct args_model {
 void args_model_default(struct args_model *a);
 int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct verr *err);
 void args_help_model(FILE *out);
+// The same with the -c line's text after the flag replaced by ctx_text (a
+// command whose -c 0 means something else; NULL: the usual text).
+void args_help_model_ctx(FILE *out, const char *ctx_text);
 
 // --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n
 // --presence-penalty --frequency-penalty --seed (-s)

@@ -318,7 +318,7 @@ static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_nam
         chat_template_from_gguf(f, tmpl_name, &c->tmpl, &source, &err)) {
         gguf_close(f);
         fprintf(stderr, "vela chat: %s\n", err.msg);
-        return 2;
+        return 1; // the model file (or its template) failed: a runtime error, as in run
     }
     gguf_close(f);
     struct engine_config ec;
@@ -334,6 +334,7 @@ static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_nam
         fprintf(stderr, "vela chat: %s\n", err.msg);
         return 1;
     }
+    tools_warn_ctx("chat", am, c->e->fc->cfg.n_ctx, c->e->m->hp.n_ctx_train, false);
     c->eot = chat_eot_token(c->e->tok, c->tmpl);
     const char *eot_text = chat_template_eot(c->tmpl);
     const char *stops[1] = {eot_text};

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "host/engine/engine.h"
 #include "tools/args.h"
@@ -12,6 +13,11 @@
 #include "tools/common.h"
 #include "tools/default_model.h"
 #include "tools/progress.h"
+
+// The least context the step API takes for one slot (host/engine/step.c):
+// a text of fewer tokens still gets this many cells.
+#define EVAL_CTX_MIN 5
+#define EVAL_CTX_MIN_TEXT "5"
 
 static void usage(FILE *out) {
     fprintf(out, "usage: vela eval -m MODEL (--tokens 1,2,3 | -p TEXT | -f FILE) [options]\n\n"
@@ -28,9 +34,10 @@ static void usage(FILE *out) {
                  "                            tokens; -v prints its shift: / div: lines\n"
                  "  -gaw, --grp-attn-w N      self-extend group width, a multiple of -gan "
                  "(default: 512)\n"
-                 "  -h, --help                this help\n"
-                 "  (-c defaults to the number of tokens)\n");
-    args_help_model(out);
+                 "  -h, --help                this help\n");
+    args_help_model_ctx(out,
+                        "context size in tokens; 0 = room for the tokens (at least\n"
+                        "                            " EVAL_CTX_MIN_TEXT " cells) (default: 0)");
 }
 
 // Parses "1,2,3" (spaces allowed around ids). Returns 0 or an error message in err.
@@ -183,7 +190,7 @@ int cmd_eval(int argc, char **argv) {
     args_engine_config(&am, &op);
     op.ctx.n_seq_max = 1;
     op.need_tokenizer = !!text;
-    op.ctx.n_ctx = am.n_ctx > 0 ? am.n_ctx : (n_tok > 0 ? n_tok : 1);
+    op.ctx.n_ctx = am.n_ctx > 0 ? am.n_ctx : (n_tok > EVAL_CTX_MIN ? n_tok : EVAL_CTX_MIN);
     op.ctx.n_outputs_max = am.n_batch < op.ctx.n_ctx ? am.n_batch : op.ctx.n_ctx;
     struct load_progress lprog;
     load_progress_init(&lprog, "vela eval", am.no_progress);
@@ -202,11 +209,12 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "vela eval: the text gives no tokens\n");
             goto done;
         }
-        if (am.n_ctx == 0 && n_tok != e->fc->cfg.n_ctx) {
-            // reopen the forward context with room for exactly these tokens
+        const int want = n_tok > EVAL_CTX_MIN ? n_tok : EVAL_CTX_MIN;
+        if (am.n_ctx == 0 && want != e->fc->cfg.n_ctx) {
+            // reopen the forward context with room for these tokens
             struct forward_config cfg = e->fc->cfg;
-            cfg.n_ctx = n_tok;
-            cfg.n_batch = am.n_batch < n_tok ? am.n_batch : n_tok;
+            cfg.n_ctx = want;
+            cfg.n_batch = am.n_batch < want ? am.n_batch : want;
             cfg.n_outputs_max = cfg.n_batch;
             if (engine_reopen(e, &cfg, &err)) {
                 fprintf(stderr, "vela eval: %s\n", err.msg);
@@ -214,6 +222,7 @@ int cmd_eval(int argc, char **argv) {
             }
         }
     }
+    tools_warn_ctx("eval", &am, e->fc->cfg.n_ctx, e->m->hp.n_ctx_train, ep.ga_n != 1);
     if (args_selfextend_check(&am, &e->m->hp, e->fc->cfg.n_ctx, n_tok, stderr, &err)) {
         fprintf(stderr, "vela eval: %s\n", err.msg);
         goto done;
@@ -250,6 +259,7 @@ int cmd_eval(int argc, char **argv) {
         out.f = NULL;
         if (bad) {
             fprintf(stderr, "vela eval: writing '%s' failed\n", logits_out);
+            unlink(logits_out);
             goto done;
         }
     }
@@ -269,8 +279,10 @@ int cmd_eval(int argc, char **argv) {
         printf("logits: %s (%d x %d float32)\n", logits_out, n_tok, V);
     status = 0;
 done:
-    if (out.f)
+    if (out.f) { // a failed run leaves no logits file behind
         fclose(out.f);
+        unlink(logits_out);
+    }
     free(out.last);
     free(tokens);
     free(text);

@@ -27,8 +27,9 @@ static void usage(FILE *out) {
         "usage: vela run [-m MODEL] [-p PROMPT | -f FILE] [options]\n"
         "       vela run [-m MODEL] --chat -p QUESTION [options]\n"
         "       vela run [-m MODEL] --parallel N -f PROMPTS_FILE [options]\n\n"
-        "Generates text from a prompt and streams it to stdout; load time, prompt and\n"
-        "generation speed go to stderr at the end. With --parallel N and -f, every\n"
+        "Generates text from a prompt and streams it to stdout; the sampler seed goes to\n"
+        "stderr before the first token (--seed N replays it), load time, prompt and\n"
+        "generation speed at the end. With --parallel N and -f, every\n"
         "line of the file is a prompt: up to N are decoded together in one KV cache\n"
         "(the others wait for a free slot) and each text is printed with its index\n"
         "when its sequence ends. Without -m: the default model, SmolLM2-135M-Instruct,\n"
@@ -51,7 +52,10 @@ static void usage(FILE *out) {
         "with\n"
         "                            the model's chat template (tokenizer.chat_template); prints "
         "the\n"
-        "                            reply, generated until the end of the assistant's turn\n"
+        "                            reply, generated until the end of the assistant's turn or "
+        "until\n"
+        "                            the context is full (no context shift unless "
+        "--context-shift)\n"
         "  --chat-template NAME      with --chat: this built-in template instead of the model's\n"
         "                            (chatml, llama2, llama3, mistral-v7, phi3, gemma, zephyr, "
         "...;\n"
@@ -64,7 +68,7 @@ static void usage(FILE *out) {
         "                            (sample i uses seed + i)\n"
         "  --context-shift           when a sequence's context is full, keep --keep tokens, "
         "drop half\n"
-        "                            of the rest and go on (default)\n"
+        "                            of the rest and go on (default, but for --chat)\n"
         "  --no-context-shift        stop with \"context full\" instead\n"
         "  --keep N                  tokens of the prompt kept on a context shift, -1 = all "
         "(default: 0;\n"
@@ -258,6 +262,36 @@ static int on_event(void *user, enum engine_event ev, int seq, int32_t token, co
     return 0;
 }
 
+// Without -n, says on stderr what ends each sequence (before it starts):
+// a run that then goes on for long has said why and how to bound it.
+static void say_bounds(const struct engine_gen_params *gp, bool chat, int n_ctx_seq) {
+    const char *eog =
+        chat ? " at the end of the assistant's turn" : " at an end-of-generation token";
+    if (gp->ignore_eos)
+        eog = "";
+    if (gp->ctx_shift && gp->ga_n == 1)
+        fprintf(stderr,
+                "vela: no -n: generation ends%s%s; the context shift is on, so it may go on "
+                "without end (-n N bounds it; --no-context-shift stops at the context of %d "
+                "tokens)\n",
+                *eog ? "" : " never by itself", eog, n_ctx_seq);
+    else
+        fprintf(stderr, "vela: no -n: generation ends%s%s when the context (%d tokens) is full\n",
+                eog, *eog ? " or" : "", n_ctx_seq);
+}
+
+// Picks the seed now (a random one for -1) and says it on stderr, before
+// the first token, in the form that replays it.
+static void say_seed(struct sampler_params *sp, int n_seq) {
+    sp->seed = tools_seed_resolve(sp->seed);
+    if (n_seq == 1)
+        fprintf(stderr, "vela: sampler seed: %u (replay: --seed %u)\n", sp->seed, sp->seed);
+    else
+        fprintf(stderr, "vela: sampler seed: %u (sequence i: %u + i; replay: --seed %u)\n",
+                sp->seed, sp->seed, sp->seed);
+    fflush(stderr);
+}
+
 // --chat: replaces *prompt (the user's message) by the conversation
 // [system,] user formatted with the model's template (or --chat-template)
 // and a generation prompt. Prints the error and returns non-zero on failure.
@@ -300,6 +334,7 @@ int cmd_run(int argc, char **argv) {
     const char *prompt_arg = NULL, *prompt_file = NULL;
     const char *chat_template = NULL, *system_msg = NULL;
     bool display_prompt = true, escape = true, chat = false;
+    bool n_given = false, shift_given = false;
     struct verr err = {0};
 
     for (int i = 1; i < argc;) {
@@ -315,7 +350,7 @@ int cmd_run(int argc, char **argv) {
         else if (args_is(arg, "-f", "--file"))
             rc = args_value_str(argc, argv, &i, &prompt_file, &err);
         else if (args_is(arg, "-n", "--n-predict"))
-            rc = args_value_int(argc, argv, &i, -2, 1L << 30, &gp.n_predict, &err);
+            rc = args_value_int(argc, argv, &i, -2, 1L << 30, &gp.n_predict, &err), n_given = true;
         else if (args_is(arg, "-np", "--parallel"))
             rc = args_value_int(argc, argv, &i, 1, RUN_PARALLEL_MAX, &gp.n_parallel, &err);
         else if (args_is(arg, "--keep", NULL))
@@ -325,9 +360,9 @@ int cmd_run(int argc, char **argv) {
         else if (args_is(arg, "-gaw", "--grp-attn-w"))
             rc = args_value_int(argc, argv, &i, 1, 1L << 30, &gp.ga_w, &err);
         else if (args_is(arg, "--context-shift", NULL))
-            gp.ctx_shift = true, i++;
+            gp.ctx_shift = true, shift_given = true, i++;
         else if (args_is(arg, "--no-context-shift", NULL))
-            gp.ctx_shift = false, i++;
+            gp.ctx_shift = false, shift_given = true, i++;
         else if (args_is(arg, "--ignore-eos", NULL))
             gp.ignore_eos = true, i++;
         else if (args_is(arg, "--no-display-prompt", NULL))
@@ -357,6 +392,10 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "vela run: --chat answers one question: drop --parallel\n");
         return 2;
     }
+    // One question, one answer: the reply ends with its turn or the context,
+    // never in a context shift that could let it go on without end.
+    if (chat && !shift_given)
+        gp.ctx_shift = false;
     if (!am.model_path) {
         int st = tools_use_default_model("run", &am.model_path);
         if (st)
@@ -533,6 +572,11 @@ int cmd_run(int argc, char **argv) {
                     "sequence\n",
                     n_seq, gp.n_parallel, lo, hi, e->fc->cfg.n_ctx / gp.n_parallel);
     }
+    const int n_ctx_seq = e->fc->cfg.n_ctx / gp.n_parallel;
+    tools_warn_ctx("run", &am, n_ctx_seq, e->m->hp.n_ctx_train, gp.ga_n != 1);
+    if (!n_given)
+        say_bounds(&gp, chat, n_ctx_seq);
+    say_seed(&gp.sp, n_seq);
     if (display_prompt && out.stream) {
         fwrite(prompt, 1, prompt_len, stdout);
         fflush(stdout);
@@ -546,11 +590,12 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         goto done;
     }
-    const int n_ctx_seq = e->fc->cfg.n_ctx / gp.n_parallel;
     for (int s = 0; s < n_seq; s++) {
         if (!out.why[s] || strcmp(out.why[s], "context full"))
             continue;
-        const char *how = gp.ga_n != 1    ? "; self-extend does not shift the context"
+        const char *how = gp.ga_n != 1 ? "; self-extend does not shift the context"
+                          : !gp.ctx_shift && chat && !shift_given
+                              ? "; --chat does not shift the context (--context-shift would)"
                           : !gp.ctx_shift ? "; context shift is off (--no-context-shift)"
                                           : "; -n -2 stops there";
         if (n_seq == 1)
@@ -559,7 +604,6 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "vela: sequence %d: context full (%d cells per sequence)%s\n", s,
                     n_ctx_seq, how);
     }
-    fprintf(stderr, "vela: sampler seed: %u\n", st.seed);
     fprintf(stderr, "vela: load time:   %10.2f ms\n", e->t_load_ms);
     fprintf(stderr, "vela: prompt eval: %10.2f ms / %5d tokens (%10.2f tokens/s)\n", st.t_prompt_ms,
             st.n_prompt, st.t_prompt_ms > 0 ? 1e3 * st.n_prompt / st.t_prompt_ms : 0.0);

@@ -158,7 +158,7 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
         f->sc.model_id = base_name(am->model_path);
     if (pick_template(am->model_path, f->chat_template, &f->sc, &err)) {
         fprintf(stderr, "vela serve: %s\n", err.msg);
-        return 2;
+        return 1; // the model file (or its template) failed: a runtime error, as in run
     }
     struct serve *s = NULL;
     int port = 0;
@@ -182,6 +182,7 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
         fprintf(stderr, "vela serve: %s\n", err.msg);
         goto out;
     }
+    tools_warn_ctx("serve", am, e->fc->cfg.n_ctx / f->sc.n_parallel, e->m->hp.n_ctx_train, false);
     fprintf(stderr, "vela serve: ready: model '%s', %d slots of %d tokens, backend %s\n",
             f->sc.model_id, f->sc.n_parallel, e->fc->cfg.n_ctx / f->sc.n_parallel,
             e->be->ops->name);

@@ -1,5 +1,6 @@
 // Subcommands of the `vela` binary. Each returns the process exit status
-// (0 ok, 1 runtime error, 2 usage error) and prints its own messages.
+// (0 ok, 1 runtime error, 2 usage error: README, "Exit status";
+// tools/common.h TOOLS_EXIT_*) and prints its own messages.
 #ifndef VELA_TOOLS_CMDS_H
 #define VELA_TOOLS_CMDS_H
 

@@ -1,12 +1,29 @@
 #include "tools/common.h"
 
 #include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "host/backend/threadpool.h"
+
+// -t above the physical cores this process may run on is taken (the
+// backend runs that many threads) but they take turns on the cores, which
+// slows every step down: a warning, not an error.
+static void warn_threads(const char *cmd, int n_threads) {
+    const int cores = threadpool_default_threads();
+    if (n_threads > cores)
+        fprintf(stderr,
+                "vela %s: warning: -t %d is more than the %d physical core%s this process may "
+                "run on; the extra threads wait for a core and slow each step (default: %d)\n",
+                cmd, n_threads, cores, cores == 1 ? "" : "s", cores);
+}
 
 enum tools_flag tools_flag_shared(const char *cmd, void (*usage)(FILE *), struct args_model *am,
                                   struct sampler_params *sp, int argc, char **argv, int *i,
                                   int *status) {
     *status = 0;
-    if (args_is(argv[*i], "-h", "--help")) {
+    const char *arg = argv[*i];
+    if (args_is(arg, "-h", "--help")) {
         usage(stdout);
         return TOOLS_FLAG_EXIT;
     }
@@ -18,15 +35,17 @@ enum tools_flag tools_flag_shared(const char *cmd, void (*usage)(FILE *), struct
         return TOOLS_FLAG_OWN;
     if (rc < 0) {
         fprintf(stderr, "vela %s: %s\n", cmd, err.msg);
-        *status = 2;
+        *status = TOOLS_EXIT_USAGE;
         return TOOLS_FLAG_EXIT;
     }
+    if (args_is(arg, "-t", "--threads"))
+        warn_threads(cmd, am->n_threads);
     return TOOLS_FLAG_TAKEN;
 }
 
 int tools_unknown_option(const char *cmd, const char *arg) {
     fprintf(stderr, "vela %s: unknown option '%s' (see 'vela %s --help')\n", cmd, arg, cmd);
-    return 2;
+    return TOOLS_EXIT_USAGE;
 }
 
 char *tools_read_file(const char *path, size_t *len_out) {
@@ -56,4 +75,33 @@ char *tools_read_file(const char *path, size_t *len_out) {
     buf[len] = '\0';
     *len_out = len;
     return buf;
+}
+
+uint32_t tools_seed_resolve(uint32_t seed) {
+    if (seed != SAMPLER_SEED_RANDOM)
+        return seed;
+    uint32_t s = 0;
+    if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s = (uint32_t)(ts.tv_nsec ^ ts.tv_sec);
+    }
+    return s == SAMPLER_SEED_RANDOM ? 1u : s;
+}
+
+int tools_warn_ctx(const char *cmd, const struct args_model *am, int n_ctx_seq, int n_ctx_train,
+                   bool extended) {
+    const struct rope_overrides *r = &am->rope;
+    const bool scaled =
+        (r->scaling != ROPE_SCALING_UNSPECIFIED && r->scaling != ROPE_SCALING_NONE) ||
+        (r->freq_scale > 0 && r->freq_scale != 1.0f) || am->se_g > 1;
+    if (n_ctx_train <= 0 || n_ctx_seq <= n_ctx_train || scaled || extended)
+        return 0;
+    fprintf(stderr,
+            "vela %s: warning: a context of %d tokens is more than the model's trained context "
+            "(%d tokens): past it the model meets positions it never saw and its text degrades; "
+            "--rope-scaling yarn --rope-scale %.2f or --self-extend G W extend it, a smaller -c "
+            "avoids it\n",
+            cmd, n_ctx_seq, n_ctx_train, (double)n_ctx_seq / n_ctx_train);
+    return 1;
 }
