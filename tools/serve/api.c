@@ -499,13 +499,11 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_
     return rc;
 }
 
-char *api_error_json(const struct api_error *e) {
-    cJSON *o = cJSON_CreateObject(), *in = cJSON_CreateObject();
-    if (!o || !in) {
-        cJSON_Delete(o);
-        cJSON_Delete(in);
-        return NULL;
-    }
+// The error object {"message", "type", "param": null, "code"} of e into o.
+static void add_error(cJSON *o, const struct api_error *e) {
+    cJSON *in = cJSON_AddObjectToObject(o, "error");
+    if (!in)
+        return;
     cJSON_AddStringToObject(in, "message", e->message);
     cJSON_AddStringToObject(in, "type", e->type ? e->type : "server_error");
     cJSON_AddNullToObject(in, "param");
@@ -513,7 +511,13 @@ char *api_error_json(const struct api_error *e) {
         cJSON_AddStringToObject(in, "code", e->code);
     else
         cJSON_AddNullToObject(in, "code");
-    cJSON_AddItemToObject(o, "error", in);
+}
+
+char *api_error_json(const struct api_error *e) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    add_error(o, e);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
@@ -648,14 +652,8 @@ char *api_response_json(enum api_kind k, const char *id, const char *model, int6
     return s;
 }
 
-char *api_chunk_sse(enum api_kind k, const char *id, const char *model, int64_t created, int index,
-                    const struct api_choice *c, bool first, const struct api_usage *u) {
-    cJSON *o = envelope(k, id, model, created, true);
-    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
-    if (c)
-        cJSON_AddItemToArray(arr, choice_json(k, index, c, true, first));
-    if (u)
-        add_usage(o, u);
+// o as an SSE event "data: {...}\n\n" (o deleted); NULL when out of memory.
+static char *sse_event(cJSON *o) {
     char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!js)
@@ -666,4 +664,25 @@ char *api_chunk_sse(enum api_kind k, const char *id, const char *model, int64_t 
         snprintf(s, n + 9, "data: %s\n\n", js);
     cJSON_free(js);
     return s;
+}
+
+char *api_chunk_sse(enum api_kind k, const char *id, const char *model, int64_t created, int index,
+                    const struct api_choice *c, bool first, const struct api_usage *u) {
+    cJSON *o = envelope(k, id, model, created, true);
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    if (c)
+        cJSON_AddItemToArray(arr, choice_json(k, index, c, true, first));
+    if (u)
+        add_usage(o, u);
+    return sse_event(o);
+}
+
+char *api_chunk_error_sse(enum api_kind k, const char *id, const char *model, int64_t created,
+                          int index, const struct api_error *e) {
+    cJSON *o = envelope(k, id, model, created, true);
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    const struct api_choice c = {.text = "", .len = 0, .finish = "error"};
+    cJSON_AddItemToArray(arr, choice_json(k, index, &c, true, false));
+    add_error(o, e);
+    return sse_event(o);
 }

@@ -174,6 +174,13 @@ char *api_response_json(enum api_kind k, const char *id, const char *model, int6
 char *api_chunk_sse(enum api_kind k, const char *id, const char *model, int64_t created, int index,
                     const struct api_choice *c, bool first, const struct api_usage *u);
 
+// The last chunk of choice `index` when it ended in error (the server
+// shutting down, a failed step): finish_reason "error" and, beside the
+// choices, the error object of api_error_json. malloc'd; NULL when out of
+// memory.
+char *api_chunk_error_sse(enum api_kind k, const char *id, const char *model, int64_t created,
+                          int index, const struct api_error *e);
+
 // The SSE terminator "data: [DONE]\n\n".
 extern const char api_sse_done[];
 

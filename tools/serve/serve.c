@@ -29,6 +29,8 @@ struct serve {
     struct engine *e;             // NULL while the model loads
     struct api_ctx_limits limits; // set with e
     atomic_bool ready;
+    atomic_bool stopping; // serve_stop has begun: requests that end in error end for it
+    atomic_int n_open;    // requests received and not yet completed (on_completed)
     atomic_uint_fast64_t next_id;
     int64_t created;
     char model_id[256];
@@ -139,6 +141,15 @@ static struct api_choice choice_of(const struct srv_job *j) {
                                .n_lp = j->n_lp};
 }
 
+// Why a choice that finished with "error" ended: the shutdown (503, the
+// client may retry elsewhere) or a failed step (500).
+static void ended_error(struct serve *s, struct api_error *e) {
+    if (atomic_load(&s->stopping))
+        api_fail(e, 503, "unavailable_error", "shutting_down", "the server is shutting down");
+    else
+        api_fail(e, 500, "server_error", NULL, "the request was ended by the server");
+}
+
 // --- non-streamed completions ------------------------------------------------------
 
 static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
@@ -163,8 +174,11 @@ static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
         error ? NULL
               : api_response_json(r->api.kind, r->id, s->model_id, r->created, ch, r->n_jobs, &u);
     pthread_mutex_unlock(&r->mu);
-    if (error)
-        return fail(c, 500, "server_error", NULL, "the request failed (server shutting down?)");
+    if (error) {
+        struct api_error e;
+        ended_error(s, &e);
+        return send_error(c, &e);
+    }
     return send_json(c, 200, json);
 }
 
@@ -209,12 +223,8 @@ static int stream_collect(struct stream *st) {
         if (j->done && !st->final_sent[i]) {
             if (!strcmp(j->finish, "error")) {
                 struct api_error e;
-                api_fail(&e, 500, "server_error", NULL, "the request was ended by the server");
-                char *js = api_error_json(&e), *ev = NULL;
-                if (js && (ev = malloc(strlen(js) + 9)))
-                    sprintf(ev, "data: %s\n\n", js);
-                free(js);
-                if (out_add(st, ev))
+                ended_error(st->s, &e);
+                if (out_add(st, api_chunk_error_sse(k, r->id, st->s->model_id, r->created, i, &e)))
                     return -1;
             } else {
                 struct api_choice ch = {.text = "", .len = 0, .finish = j->finish};
@@ -684,6 +694,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = calloc(1, sizeof *cn)))
             return MHD_NO;
         *con_cls = cn;
+        atomic_fetch_add(&s->n_open, 1);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -701,10 +712,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
+    struct serve *s = cls;
     struct conn *cn = *con_cls;
     if (cn) {
         buf_free(&cn->body);
         free(cn);
+        atomic_fetch_sub(&s->n_open, 1);
     }
     *con_cls = NULL;
 }
@@ -720,6 +733,8 @@ int serve_start(struct serve **out, const struct serve_config *cfg, int *port_ou
     s->cfg = *cfg;
     s->created = (int64_t)time(NULL);
     atomic_init(&s->ready, false);
+    atomic_init(&s->stopping, false);
+    atomic_init(&s->n_open, 0);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid());
     snprintf(s->model_id, sizeof s->model_id, "%s", cfg->model_id ? cfg->model_id : "vela");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
@@ -728,7 +743,8 @@ int serve_start(struct serve **out, const struct serve_config *cfg, int *port_ou
         return verr_set(err, VERR_RANGE, "--host '%s': not an IPv4 address", cfg->host);
     }
     s->d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+            MHD_USE_ITC, // MHD_quiesce_daemon needs it in this mode
         (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
@@ -765,14 +781,27 @@ int serve_set_engine(struct serve *s, struct engine *e, struct verr *err) {
     return 0;
 }
 
+// Waits until every request received has been answered to the end (its
+// stream's last chunk and [DONE] sent), at most SERVE_DRAIN_MS.
+static void drain(struct serve *s) {
+    const double t_end = engine_now_ms() + SERVE_DRAIN_MS;
+    while (atomic_load(&s->n_open) > 0 && engine_now_ms() < t_end) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 void serve_stop(struct serve *s) {
     if (!s)
         return;
+    atomic_store(&s->stopping, true);
     if (s->d)
         MHD_quiesce_daemon(s->d); // no new connections
-    srv_worker_stop(&s->w);       // running requests end; streams send their error chunk
-    if (s->d)
-        MHD_stop_daemon(s->d); // joins the connection threads
+    srv_worker_stop(&s->w);       // running requests end: streams get their error chunk, others 503
+    if (s->d) {
+        drain(s);
+        MHD_stop_daemon(s->d); // closes what is left, joins the connection threads
+    }
     srv_worker_free(&s->w);
     free(s);
 }

@@ -47,8 +47,14 @@ int serve_start(struct serve **out, const struct serve_config *c, int *port_out,
 // now on. Refused (VERR_RANGE) when the context's exact self-extend window is
 // not below a slot's context (every request would be refused).
 int serve_set_engine(struct serve *s, struct engine *e, struct verr *err);
-// Stops accepting, ends running requests (streams get an error chunk),
-// joins every thread. Safe on a partly started server.
+// Stops accepting, ends running requests (each stream's choices get a last
+// chunk with finish_reason "error" and the error object, then [DONE]; a
+// non-streamed request gets a 503 "shutting_down" error), waits up to
+// SERVE_DRAIN_MS for those answers to be sent, then closes every connection
+// and joins every thread: it returns within one decode step (the engine
+// thread finishes the step it is in) plus SERVE_DRAIN_MS. Safe on a partly
+// started server.
+#define SERVE_DRAIN_MS 5000
 void serve_stop(struct serve *s);
 
 #endif
