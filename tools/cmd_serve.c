@@ -14,6 +14,7 @@
 #include "tools/common.h"
 #include "tools/default_model.h"
 #include "tools/progress.h"
+#include "tools/serve/log.h"
 #include "tools/serve/serve.h"
 
 #ifdef VELA_HAVE_MHD
@@ -59,6 +60,11 @@ static void usage(FILE *out) {
             "                            (n_ctx_train - W) * G + W; -c is split between slots\n"
             "  --kv-unrotated            K cached without RoPE, so that requests may choose\n"
             "                            their own self_extend (on with --self-extend)\n"
+            "  --log-file FILE           write the log to FILE (appended) instead of stderr\n"
+            "  --log-format text|json    log lines as text or one JSON object each (default:\n"
+            "                            text); -v adds debug lines (libmicrohttpd's messages)\n"
+            "  --no-access-log           no line per request (method, path, status, client,\n"
+            "                            tokens in and out, milliseconds)\n"
             "  -h, --help                this help\n\n"
             "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
             "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
@@ -83,12 +89,39 @@ static void on_signal(int sig) {
 struct serve_flags {
     struct serve_config sc;
     const char *chat_template;
+    struct srv_log_config log; // --log-file, --log-format, --no-access-log (-v: verbose)
 };
+
+// --log-file, --log-format, --no-access-log; 1 consumed, 0 not ours, < 0 a bad value.
+static int parse_log_flag(struct srv_log_config *c, int argc, char **argv, int *i,
+                          struct verr *err) {
+    const char *arg = argv[*i], *s = NULL;
+    int rc = 0;
+    if (args_is(arg, "--log-file", NULL)) {
+        rc = args_value_str(argc, argv, i, &c->path, err);
+    } else if (args_is(arg, "--no-access-log", NULL)) {
+        c->access = false;
+        *i += 1;
+    } else if (args_is(arg, "--log-format", NULL)) {
+        rc = args_value_str(argc, argv, i, &s, err);
+        if (!rc && strcmp(s, "text") && strcmp(s, "json"))
+            rc =
+                verr_set(err, VERR_RANGE, "--log-format: '%s' is not a log format (text, json)", s);
+        else if (!rc)
+            c->format = !strcmp(s, "json") ? SRV_LOG_JSON : SRV_LOG_TEXT;
+    } else {
+        return 0;
+    }
+    return rc ? rc : 1;
+}
 
 // The server's own flags; 1 consumed, 0 not ours, < 0 a bad value.
 static int parse_serve_flag(struct serve_flags *f, int argc, char **argv, int *i,
                             struct verr *err) {
     const char *arg = argv[*i];
+    int log_rc = parse_log_flag(&f->log, argc, argv, i, err);
+    if (log_rc)
+        return log_rc;
     long mb = 0;
     int rc = 0, v = 0;
     if (args_is(arg, "--host", NULL))
@@ -142,10 +175,9 @@ static int pick_template(const char *path, const char *override, struct serve_co
     }
     sc->have_tmpl = rc == 0;
     if (rc)
-        fprintf(stderr, "vela serve: %s; /v1/chat/completions is off\n", terr.msg);
+        srv_log(SRV_LOG_WARN, "%s; /v1/chat/completions is off", terr.msg);
     else
-        fprintf(stderr, "vela serve: chat template %s (%s)\n", chat_template_name(sc->tmpl),
-                source);
+        srv_log(SRV_LOG_INFO, "chat template %s (%s)", chat_template_name(sc->tmpl), source);
     return 0;
 }
 
@@ -159,16 +191,16 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
     if (!f->sc.model_id)
         f->sc.model_id = base_name(am->model_path);
     if (pick_template(am->model_path, f->chat_template, &f->sc, &err)) {
-        fprintf(stderr, "vela serve: %s\n", err.msg);
+        srv_log(SRV_LOG_ERROR, "%s", err.msg);
         return 1; // the model file (or its template) failed: a runtime error, as in run
     }
     struct serve *s = NULL;
     int port = 0;
     if (serve_start(&s, &f->sc, &port, &err)) {
-        fprintf(stderr, "vela serve: %s\n", err.msg);
+        srv_log(SRV_LOG_ERROR, "%s", err.msg);
         return 1;
     }
-    fprintf(stderr, "vela serve: listening on http://%s:%d (loading %s)\n", f->sc.host, port,
+    srv_log(SRV_LOG_INFO, "listening on http://%s:%d (loading %s)", f->sc.host, port,
             am->model_path);
     struct engine_config ec;
     args_engine_config(am, &ec);
@@ -181,19 +213,18 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
     struct engine *e = NULL;
     int status = 1;
     if (engine_open(&e, &ec, &err) || serve_set_engine(s, e, &err)) {
-        fprintf(stderr, "vela serve: %s\n", err.msg);
+        srv_log(SRV_LOG_ERROR, "%s", err.msg);
         goto out;
     }
     tools_warn_ctx("serve", am, e->fc->cfg.n_ctx / f->sc.n_parallel, e->m->hp.n_ctx_train, false);
-    fprintf(stderr, "vela serve: ready: model '%s', %d slots of %d tokens, backend %s\n",
-            f->sc.model_id, f->sc.n_parallel, e->fc->cfg.n_ctx / f->sc.n_parallel,
-            e->be->ops->name);
+    srv_log(SRV_LOG_INFO, "ready: model '%s', %d slots of %d tokens, backend %s", f->sc.model_id,
+            f->sc.n_parallel, e->fc->cfg.n_ctx / f->sc.n_parallel, e->be->ops->name);
     if (e->fc->cfg.se_g > 1) {
         const int slot = e->fc->cfg.n_ctx / f->sc.n_parallel;
         const int64_t ext = se_extended_ctx(e->m->hp.n_ctx_train, e->fc->cfg.se_g, e->fc->cfg.se_w);
-        fprintf(stderr,
-                "vela serve: exact self-extend G %d, W %d: a request may use %lld tokens "
-                "(the trained context %d extends to %lld; a slot holds %d)\n",
+        srv_log(SRV_LOG_INFO,
+                "exact self-extend G %d, W %d: a request may use %lld tokens "
+                "(the trained context %d extends to %lld; a slot holds %d)",
                 e->fc->cfg.se_g, e->fc->cfg.se_w, (long long)(ext < slot ? ext : slot),
                 e->m->hp.n_ctx_train, (long long)ext, slot);
     }
@@ -202,7 +233,8 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    fprintf(stderr, "vela serve: stopping\n");
+    srv_log(SRV_LOG_INFO, "stopping: running requests end, their answers drain (at most %d ms)",
+            SERVE_DRAIN_MS);
     status = 0;
 out:
     serve_stop(s);
@@ -213,7 +245,7 @@ out:
 int cmd_serve(int argc, char **argv) {
     struct args_model am;
     args_model_default(&am);
-    struct serve_flags f = {0};
+    struct serve_flags f = {.log = {.format = SRV_LOG_TEXT, .access = true}};
     serve_config_default(&f.sc);
     struct verr err = {0};
     for (int i = 1; i < argc;) {
@@ -236,13 +268,23 @@ int cmd_serve(int argc, char **argv) {
         if (st)
             return st;
     }
-    tools_note_synthetic("serve", am.model_path);
+    f.log.verbose = f.sc.verbose = am.verbose;
+    if (srv_log_open(&f.log, &err)) {
+        fprintf(stderr, "vela serve: %s\n", err.msg);
+        return 1;
+    }
+    if (f.log.format == SRV_LOG_JSON && !f.log.path)
+        am.no_progress = true; // the progress bar would break stderr's JSON lines
+    if (tools_model_is_synthetic(am.model_path))
+        srv_log(SRV_LOG_INFO, "note: %s " TOOLS_SYNTHETIC_NOTE, am.model_path);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN); // a client that leaves mid-stream must not kill the server
-    return run_server(&am, &f);
+    int status = run_server(&am, &f);
+    srv_log_close();
+    return status;
 }
 
 #else // built without libmicrohttpd

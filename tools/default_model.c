@@ -76,8 +76,5 @@ bool tools_model_is_synthetic(const char *path) {
 
 void tools_note_synthetic(const char *cmd, const char *path) {
     if (tools_model_is_synthetic(path))
-        fprintf(stderr,
-                "vela %s: note: %s is a synthetic model with random weights (vela mkmodel): every "
-                "stage runs, the text is meaningless\n",
-                cmd, path);
+        fprintf(stderr, "vela %s: note: %s " TOOLS_SYNTHETIC_NOTE "\n", cmd, path);
 }

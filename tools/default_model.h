@@ -29,6 +29,11 @@ int tools_use_default_model(const char *cmd, const char **model_path);
 // cannot be read.
 bool tools_model_is_synthetic(const char *path);
 
+// What the note says after the path.
+#define TOOLS_SYNTHETIC_NOTE                                                                       \
+    "is a synthetic model with random weights (vela mkmodel): every stage runs, the text is "      \
+    "meaningless"
+
 // Prints "vela CMD: note: PATH is a synthetic model with random weights ..."
 // on stderr when it is one.
 void tools_note_synthetic(const char *cmd, const char *path);

@@ -4,8 +4,8 @@
 #   tests/serve/run.sh VELA_BINARY BUILD_DIR
 # Starts the server on a synthetic model (random weights: the text is
 # gibberish, which is all these tests need) on a free loopback port, runs
-# tests/serve/test_openai.py against it and stops it; test_selfextend.py and
-# test_shutdown.py start and stop servers of their own (exact self-extend). Exit 77 (ctest:
+# tests/serve/test_openai.py against it and stops it; test_selfextend.py,
+# test_shutdown.py and test_logging.py start and stop servers of their own (exact self-extend). Exit 77 (ctest:
 # skipped) when the Python packages cannot be installed (no registry reachable).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -34,11 +34,11 @@ for _ in $(seq 1 100); do
 done
 [ -n "$port" ] || { echo "the server did not start"; cat "$log"; exit 1; }
 export VELA_SERVE_URL="http://127.0.0.1:$port" VELA_SERVE_KEY=test-key VELA_SERVE_MODEL=tiny.gguf
-# test_selfextend.py and test_shutdown.py start servers of their own
+# test_selfextend.py, test_shutdown.py and test_logging.py start servers of their own
 export VELA_BIN="$vela" VELA_SERVE_WORK="$work"
 status=0
 "$venv/bin/pytest" -q -p no:cacheprovider "$here/test_openai.py" "$here/test_selfextend.py" \
-  "$here/test_shutdown.py" || status=$?
+  "$here/test_shutdown.py" "$here/test_logging.py" || status=$?
 # SIGTERM ends the server cleanly: exit status 0.
 kill -TERM $pid
 wait $pid || { echo "the server did not stop cleanly"; cat "$log"; status=1; }

@@ -21,36 +21,19 @@ import time
 
 import pytest
 
-VELA = os.environ["VELA_BIN"]
-WORK = os.environ["VELA_SERVE_WORK"]
+from serve_helpers import VELA, WORK, tiny_model, wait_ready
+
 # A step plus SERVE_DRAIN_MS (5 s), with room for a loaded test machine.
 EXIT_WITHIN_S = 15
 
 
-def model_path():
-    path = os.path.join(WORK, "tiny32k.gguf")
-    if not os.path.exists(path):
-        subprocess.run([VELA, "mkmodel", "-q", "--preset", "tiny", "--ctx", "32768", "-o", path],
-                       check=True)
-    return path
-
-
-def start(name, extra=()):
+def start(name):
     log_path = os.path.join(WORK, name + ".log")
     log = open(log_path, "w")
-    p = subprocess.Popen([VELA, "serve", "-m", model_path(), "--backend", "cpu", "-t", "1",
-                          "--port", "0", "--no-progress", "-np", "2", "-c", "65536"] + list(extra),
+    p = subprocess.Popen([VELA, "serve", "-m", tiny_model(32768), "--backend", "cpu", "-t", "1",
+                          "--port", "0", "--no-progress", "-np", "2", "-c", "65536"],
                          stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(300):
-        text = open(log_path).read()
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
-        if m and "ready:" in text:
-            return p, int(m.group(1)), log_path
-        if p.poll() is not None:
-            break
-        time.sleep(0.1)
-    p.kill()
-    raise RuntimeError("the server did not start: " + open(log_path).read())
+    return p, wait_ready(p, log_path), log_path
 
 
 LONG = {"prompt": "hi", "max_tokens": 30000, "ignore_eos": True, "temperature": 1.0}

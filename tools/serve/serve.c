@@ -20,6 +20,7 @@
 #include "host/ops/selfextend.h"
 #include "host/tokenizer/tokenizer.h"
 #include "tools/serve/api.h"
+#include "tools/serve/log.h"
 #include "tools/serve/worker.h"
 
 struct serve {
@@ -31,15 +32,22 @@ struct serve {
     atomic_bool ready;
     atomic_bool stopping; // serve_stop has begun: requests that end in error end for it
     atomic_int n_open;    // requests received and not yet completed (on_completed)
+    // libmicrohttpd's last message while serve_start runs (why it could not listen)
+    char mhd_msg[256];
+    atomic_bool started;
     atomic_uint_fast64_t next_id;
     int64_t created;
     char model_id[256];
 };
 
-// One HTTP request: its body as it arrives.
+// One HTTP request: its body as it arrives, and what its access line says.
 struct conn {
     struct buf body;
     bool too_big;
+    char method[16], path[256], remote[64];
+    double t0_ms;
+    int status;                // queued with the response; 0: none yet
+    int tokens_in, tokens_out; // a completion's usage; -1: not a completion
 };
 
 void serve_config_default(struct serve_config *c) {
@@ -152,8 +160,8 @@ static void ended_error(struct serve *s, struct api_error *e) {
 
 // --- non-streamed completions ------------------------------------------------------
 
-static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
-                                      struct srv_req *r) {
+static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c, struct srv_req *r,
+                                      struct conn *cn) {
     pthread_mutex_lock(&r->mu);
     while (r->n_done < r->n_jobs) {
         wait_a_little(r);
@@ -170,6 +178,7 @@ static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
         error |= !strcmp(r->jobs[i].finish, "error");
     }
     struct api_usage u = usage_of(r);
+    cn->tokens_out = u.completion_tokens;
     char *json =
         error ? NULL
               : api_response_json(r->api.kind, r->id, s->model_id, r->created, ch, r->n_jobs, &u);
@@ -188,7 +197,8 @@ struct stream {
     struct serve *s;
     struct srv_req *r;
     struct MHD_Connection *c;
-    struct buf out; // SSE bytes; out.p[off..] not yet handed to MHD
+    struct conn *cn; // alive while the response is read (the request is open)
+    struct buf out;  // SSE bytes; out.p[off..] not yet handed to MHD
     size_t off;
     bool role_sent[API_MAX_N], final_sent[API_MAX_N];
     bool ended;
@@ -236,6 +246,7 @@ static int stream_collect(struct stream *st) {
         }
     }
     if (r->n_done == r->n_jobs) {
+        st->cn->tokens_out = usage_of(r).completion_tokens;
         if (r->api.include_usage) {
             struct api_usage u = usage_of(r);
             if (out_add(st,
@@ -287,14 +298,15 @@ static void stream_free(void *cls) {
     free(st);
 }
 
-static enum MHD_Result complete_stream(struct serve *s, struct MHD_Connection *c,
-                                       struct srv_req *r) {
+static enum MHD_Result complete_stream(struct serve *s, struct MHD_Connection *c, struct srv_req *r,
+                                       struct conn *cn) {
     struct stream *st = calloc(1, sizeof *st);
     if (!st)
         return fail(c, 500, "server_error", NULL, "out of memory");
     st->s = s;
     st->r = r;
     st->c = c;
+    st->cn = cn;
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
     if (!resp) {
@@ -382,6 +394,8 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
         free(toks);
         return send_error(c, &e);
     }
+    cn->tokens_in = n;
+    cn->tokens_out = 0;
     int max_gen = -1;
     if (api_check_context(&a, n, &s->limits, &max_gen, &e)) {
         api_request_free(&a);
@@ -407,9 +421,9 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
     if (r->err.status)
         ok = send_error(c, &r->err);
     else if (r->api.stream)
-        ok = complete_stream(s, c, r);
+        ok = complete_stream(s, c, r, cn);
     else
-        ok = complete_whole(s, c, r);
+        ok = complete_whole(s, c, r, cn);
     srv_req_release(r);
     return ok;
 }
@@ -685,6 +699,38 @@ static enum MHD_Result dispatch(struct serve *s, struct MHD_Connection *c, const
     }
 }
 
+// A request's access-line fields, from its first call.
+static void conn_begin(struct conn *cn, struct MHD_Connection *c, const char *url,
+                       const char *method) {
+    snprintf(cn->method, sizeof cn->method, "%s", method);
+    snprintf(cn->path, sizeof cn->path, "%s", url);
+    snprintf(cn->remote, sizeof cn->remote, "-");
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, cn->remote,
+                  sizeof cn->remote);
+    cn->t0_ms = engine_now_ms();
+    cn->tokens_in = cn->tokens_out = -1;
+}
+
+static const char *termination_name(enum MHD_RequestTerminationCode toe) {
+    switch (toe) {
+    case MHD_REQUEST_TERMINATED_WITH_ERROR:
+        return "error";
+    case MHD_REQUEST_TERMINATED_TIMEOUT_REACHED:
+        return "timeout";
+    case MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN:
+        return "shutdown";
+    case MHD_REQUEST_TERMINATED_READ_ERROR:
+        return "read error";
+    case MHD_REQUEST_TERMINATED_CLIENT_ABORT:
+        return "the client left";
+    default:
+        return "other";
+    }
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls) {
@@ -693,6 +739,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cn) {
         if (!(cn = calloc(1, sizeof *cn)))
             return MHD_NO;
+        conn_begin(cn, c, url, method);
         *con_cls = cn;
         atomic_fetch_add(&s->n_open, 1);
         return MHD_YES;
@@ -707,7 +754,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         return buf_add(&cn->body, upload, n) ? MHD_NO : MHD_YES;
     }
-    return dispatch(s, c, url, method, cn);
+    enum MHD_Result ok = dispatch(s, c, url, method, cn);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
+    if (ci)
+        cn->status = (int)ci->http_status;
+    return ok;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -715,6 +767,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     struct serve *s = cls;
     struct conn *cn = *con_cls;
     if (cn) {
+        srv_log_access(&(struct srv_access){.method = cn->method,
+                                            .path = cn->path,
+                                            .remote = cn->remote,
+                                            .status = cn->status,
+                                            .tokens_in = cn->tokens_in,
+                                            .tokens_out = cn->tokens_out,
+                                            .ms = engine_now_ms() - cn->t0_ms});
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+            srv_log(SRV_LOG_DEBUG, "%s %s: ended before its answer was sent (%s)", cn->method,
+                    cn->path, termination_name(toe));
         buf_free(&cn->body);
         free(cn);
         atomic_fetch_sub(&s->n_open, 1);
@@ -723,6 +785,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 }
 
 // --- lifecycle ---------------------------------------------------------------------
+
+// libmicrohttpd's messages go to the server's log as debug lines (vela
+// reports the failures that matter in its own words); while serve_start
+// runs, the last one is kept for its error message.
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    struct serve *s = cls;
+    char msg[256];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    if (!atomic_load(&s->started))
+        snprintf(s->mhd_msg, sizeof s->mhd_msg, "%s", msg);
+    srv_log(SRV_LOG_DEBUG, "libmicrohttpd: %s", msg);
+}
 
 int serve_start(struct serve **out, const struct serve_config *cfg, int *port_out,
                 struct verr *err) {
@@ -735,6 +810,7 @@ int serve_start(struct serve **out, const struct serve_config *cfg, int *port_ou
     atomic_init(&s->ready, false);
     atomic_init(&s->stopping, false);
     atomic_init(&s->n_open, 0);
+    atomic_init(&s->started, false);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid());
     snprintf(s->model_id, sizeof s->model_id, "%s", cfg->model_id ? cfg->model_id : "vela");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
@@ -745,15 +821,19 @@ int serve_start(struct serve **out, const struct serve_config *cfg, int *port_ou
     s->d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
             MHD_USE_ITC, // MHD_quiesce_daemon needs it in this mode
-        (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
+        (uint16_t)cfg->port, NULL, NULL, on_request, s,
+        // first: MHD logs the options that come before it with its own logger
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 << 10, MHD_OPTION_END);
     if (!s->d) {
+        int rc = verr_set(err, VERR_IO, "cannot listen on %s:%d: %s", cfg->host, cfg->port,
+                          s->mhd_msg[0] ? s->mhd_msg : "in use, or not allowed");
         free(s);
-        return verr_set(err, VERR_IO, "cannot listen on %s:%d (in use, or not allowed)", cfg->host,
-                        cfg->port);
+        return rc;
     }
+    atomic_store(&s->started, true);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     if (port_out)
         *port_out = di ? di->port : cfg->port;

@@ -7,7 +7,9 @@
 // connection's wait is a blocking wait on its own request, which is what
 // that mode is made for; the number of connections is bounded
 // (--max-connections), as are bodies (--max-body), headers, prompt length
-// (the slot's context), max_tokens and idle time (--timeout).
+// (the slot's context), max_tokens and idle time (--timeout). Its messages,
+// libmicrohttpd's and one access line per request go to the server's log
+// (tools/serve/log.h).
 #ifndef VELA_TOOLS_SERVE_SERVE_H
 #define VELA_TOOLS_SERVE_SERVE_H
 

@@ -8,6 +8,7 @@
 
 #include "host/engine/stop.h"
 #include "host/tokenizer/tokenizer.h"
+#include "tools/serve/log.h"
 
 const double srv_hist_bounds_ms[SRV_HIST_BUCKETS] = {5,   10,   25,   50,   100,   250,
                                                      500, 1000, 2500, 5000, 10000, INFINITY};
@@ -386,7 +387,7 @@ static void *engine_main(void *arg) {
         if (engine_n_active(w->e) + engine_n_queued(w->e) > 0) {
             struct verr err = {0};
             if (engine_step(w->e, &err) < 0)
-                fprintf(stderr, "vela serve: a step failed: %s\n", err.msg);
+                srv_log(SRV_LOG_ERROR, "a step failed: %s", err.msg);
         }
         int kept = 0;
         for (int k = 0; k < act.n; k++) {
