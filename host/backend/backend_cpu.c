@@ -455,7 +455,10 @@ static int cpu_matmul_impl(struct backend *be, float *out, const struct backend_
     atomic_init(&j.failed, 0);
     if (be->act_q8 && quant_q8_1_dot_supported(w->type) && st->q8_isa != CPU_Q8_ISA_NONE)
         return cpu_matmul_q8_fast(be, &j);
-    if (be->act_q8 && n_tok <= BACKEND_ACT_Q8_MAX_TOK && quant_q8_1_dot_supported(w->type)) {
+    // Without the SIMD kernels the reference dots, for every batch size too:
+    // a token's output must not depend on how many tokens share its batch
+    // (f32 activations for the larger ones would round it otherwise).
+    if (be->act_q8 && quant_q8_1_dot_supported(w->type)) {
         const size_t xr = (size_t)quant_q8_1_row_bytes(w->n_in);
         if ((rc = cpu_xq_reserve(be, xr * (size_t)n_tok)))
             return rc;

@@ -318,9 +318,11 @@ struct backend {
     // mat-vec does; error about 3e-3 of sum|w x| (tests/test_quant_q8.c).
     // Off: f32 activations. backend_cuda_create turns it on, the CPU off
     // (backend_cpu_create is the f32 reference; backend_create_device turns
-    // it on for the CPU too, where its SIMD kernels run). The CPU's SIMD
-    // kernels (host/backend/cpu_q8.h) take every batch size, not only decode
-    // batches: same terms as quant_dot_q8_1, summed in another fixed order.
+    // it on for the CPU too, where its SIMD kernels run). The CPU takes every
+    // batch size, not only decode batches, so that a token's output does not
+    // depend on its batch: its SIMD kernels (host/backend/cpu_q8.h: same
+    // terms as quant_dot_q8_1, summed in another fixed order), else
+    // quant_dot_q8_1 itself.
     bool act_q8;
     void *impl; // backend-private state
 };
