@@ -53,6 +53,14 @@
 // each cost 4% of idle decode speed; an overloaded one stalls every few
 // milliseconds. VELA_POOL_SOLO_MS sets the spell (0: never solo).
 //
+// Chaos (VELA_POOL_CHAOS=seed, for tests): the pool is made to run as on a
+// busy machine, reproducibly in kind if not in timing. A worker sleeps
+// before a quarter of the chunks it claims (30 us to 2 ms, as a preempted
+// thread holding its chunk), the caller yields before its own first claim
+// now and then (so workers take the first chunks), and one job in 16 starts
+// a solo spell of up to 2 ms. Which thread runs which chunk, and whether a
+// job runs alone, then change from run to run; results must not.
+//
 // Waiting spins first, then sleeps: a decode step is hundreds of short jobs
 // (tens of microseconds each), and a futex wake-up per job costs about as
 // much as the job. So a worker polls `ticket` for up to spin_ns after its
@@ -82,6 +90,9 @@ struct threadpool {
     _Atomic(threadpool_fn) fn;
     _Atomic(void *) ctx;
     _Atomic int64_t n, chunk;
+
+    uint64_t chaos_seed;          // VELA_POOL_CHAOS; 0: off
+    _Atomic uint64_t chaos_draws; // draws taken (each thread's are distinct)
 };
 
 #define POOL_MAX_CHUNKS 0xffffu     // the ticket's chunk fields are 16 bits
@@ -122,6 +133,22 @@ static inline void pool_cpu_relax(unsigned i) {
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+
+// A uniform draw in [0, n) of the chaos sequence (splitmix64 of a counter:
+// any thread may draw).
+static uint64_t pool_chaos_draw(struct threadpool *tp, uint64_t n) {
+    uint64_t z = tp->chaos_seed +
+                 0x9e3779b97f4a7c15ull *
+                     (atomic_fetch_add_explicit(&tp->chaos_draws, 1, memory_order_relaxed) + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (z ^ (z >> 31)) % n;
+}
+
+static void pool_sleep_ns(int64_t ns) {
+    struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+    nanosleep(&ts, NULL);
 }
 
 // What a waiting thread polls for: a worker, a job after generation v (the
@@ -166,6 +193,8 @@ static void pool_run_chunks(struct threadpool *tp, uint32_t gen, int thread) {
             continue; // t now holds the current ticket
         // t is the ticket this thread claimed from: job gen's.
         const uint32_t n_chunks = ticket_n_chunks(t);
+        if (tp->chaos_seed && thread != 0 && pool_chaos_draw(tp, 4) == 0)
+            pool_sleep_ns(30000 + (int64_t)pool_chaos_draw(tp, 1970000));
         const int64_t begin = (int64_t)ticket_next(t) * chunk;
         fn(ctx, begin, begin + chunk < n ? begin + chunk : n, thread);
         t++;
@@ -284,6 +313,8 @@ int threadpool_create(struct threadpool **out, int n_threads, struct verr *err) 
     tp->size = n_threads;
     tp->spin_ns = pool_env_int("VELA_SPIN_US", 200) * 1000;
     tp->solo_ns = pool_env_int("VELA_POOL_SOLO_MS", 100) * 1000 * 1000;
+    tp->chaos_seed = (uint64_t)pool_env_int("VELA_POOL_CHAOS", 0);
+    atomic_init(&tp->chaos_draws, 0);
     atomic_init(&tp->ticket, 0);
     atomic_init(&tp->n_done, 0);
     atomic_init(&tp->quit, 0);
@@ -362,6 +393,8 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
 
     const uint32_t n_chunks = (uint32_t)((n + chunk - 1) / chunk); // <= 4 * size
     _Static_assert(4 * 4096 <= POOL_MAX_CHUNKS, "n_chunks <= 4 * size must fit the ticket");
+    if (tp->chaos_seed && pool_chaos_draw(tp, 16) == 0)
+        tp->solo_until = pool_now_ns() + (int64_t)pool_chaos_draw(tp, 2000000);
     const int64_t t0 = pool_now_ns();
     if (t0 < tp->solo_until) {
         // The same chunks as a parallel run, so results cannot differ.
@@ -383,6 +416,8 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
     pthread_cond_broadcast(&tp->start_cv);
     pthread_mutex_unlock(&tp->mu);
 
+    if (tp->chaos_seed && pool_chaos_draw(tp, 4) == 0)
+        sched_yield();
     pool_run_chunks(tp, gen, 0);
     const int64_t t1 = pool_now_ns();
 

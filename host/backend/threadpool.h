@@ -12,6 +12,9 @@
 // - One parallel_for at a time per pool: no nesting, no concurrent callers.
 // - On a busy machine the caller may run a job's chunks alone (threadpool.c,
 //   "Solo spells"): the same chunks, all with thread 0.
+// - VELA_POOL_CHAOS=seed (tests) delays workers and starts solo spells at
+//   random (threadpool.c, "Chaos"), so that a test on an idle machine sees
+//   the schedules of a busy one.
 #ifndef VELA_HOST_THREADPOOL_H
 #define VELA_HOST_THREADPOOL_H
 
