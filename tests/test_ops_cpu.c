@@ -1517,3 +1517,117 @@ Test(cpu, attention_decode_path_equals_batch) {
     backend_destroy(b3);
     backend_destroy(p1);
 }
+
+// Moves every cell of k (position, sequences, K and V rows in both types)
+// from c to perm[c].
+static void dp_permute(struct dp_case *k, const int *perm) {
+    const size_t kr = (size_t)k->hkv * k->d, vr = (size_t)k->hkv * k->dv;
+    int32_t *pos = malloc(sizeof(int32_t) * DP_NKV);
+    uint64_t *seq = malloc(sizeof(uint64_t) * DP_NKV * DP_SW);
+    float *kf = malloc(sizeof(float) * DP_NKV * kr), *vf = malloc(sizeof(float) * DP_NKV * vr);
+    uint16_t *kh = malloc(2 * DP_NKV * kr), *vh = malloc(2 * DP_NKV * vr);
+    for (int c = 0; c < DP_NKV; c++) {
+        const size_t to = (size_t)perm[c];
+        pos[to] = k->cell_pos[c];
+        memcpy(seq + to * DP_SW, k->cell_seq + (size_t)c * DP_SW, sizeof(uint64_t) * DP_SW);
+        memcpy(kf + to * kr, k->kf + c * kr, sizeof(float) * kr);
+        memcpy(vf + to * vr, k->vf + c * vr, sizeof(float) * vr);
+        memcpy(kh + to * kr, k->kh + c * kr, 2 * kr);
+        memcpy(vh + to * vr, k->vh + c * vr, 2 * vr);
+    }
+    memcpy(k->cell_pos, pos, sizeof(int32_t) * DP_NKV);
+    memcpy(k->cell_seq, seq, sizeof(uint64_t) * DP_NKV * DP_SW);
+    memcpy(k->kf, kf, sizeof(float) * DP_NKV * kr);
+    memcpy(k->vf, vf, sizeof(float) * DP_NKV * vr);
+    memcpy(k->kh, kh, 2 * DP_NKV * kr);
+    memcpy(k->vh, vh, 2 * DP_NKV * vr);
+    free(pos);
+    free(seq);
+    free(kf);
+    free(vf);
+    free(kh);
+    free(vh);
+}
+
+// Floats of got that differ from want (bits), and the worst |difference|.
+static int dp_diff(const float *got, const float *want, size_t n, double *worst) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float))) {
+            bad++;
+            *worst = fmax(*worst, fabs((double)got[i] - want[i]));
+        }
+    return bad;
+}
+
+// Where a sequence's cells sit in the cache does not change its rows (a
+// request alone has them in position order; beside others, kv_find_slot may
+// put later tokens below earlier ones). Reference: the cases of
+// attention_decode_path_equals_batch with each sequence's cells in position
+// order, as a batch of 24 on 3 threads. The same cache with every cell moved
+// (a rotation by 700 cells: sequence 0's tail wraps below its head; and a
+// random shuffle): the batch, and each token alone (the decode path) with the
+// AVX2 and the plain kernels, give the reference's bits. Also with positions
+// 400 apart (mode 0), which a counting sort cannot span (the heapsort).
+Test(cpu, attention_rows_do_not_depend_on_where_cells_sit) {
+    struct backend *b1 = mk_backend(1), *b3 = mk_backend(3), *p1 = mk_backend(1);
+    const int shapes[2][4] = {{6, 2, 36, 40}, {9, 3, 64, 64}};
+    float *ref = malloc(sizeof(float) * DP_T * DP_MAXH * DP_MAXD);
+    float *got = malloc(sizeof(float) * DP_T * DP_MAXH * DP_MAXD);
+    int *perm = malloc(sizeof(int) * DP_NKV);
+    struct dp_case *k = calloc(1, sizeof *k);
+    int bad = 0, n_cases = 0;
+    double worst = 0;
+    for (int sh = 0; sh < 2; sh++)
+        for (int cfg = 0; cfg < 20; cfg++) {
+            const int mode = cfg < 16 ? (cfg >> 2) & 3 : 0, spread = cfg >= 16;
+            *k = (struct dp_case){.h = shapes[sh][0],
+                                  .hkv = shapes[sh][1],
+                                  .d = shapes[sh][2],
+                                  .dv = shapes[sh][3],
+                                  .f16 = cfg & 1,
+                                  .mode = mode};
+            dp_make(k, 5000 + 20 * sh + cfg);
+            for (int i = 0; spread && i < DP_NKV; i++)
+                k->cell_pos[i] = k->cell_pos[i] < 0 ? -1 : 400 * k->cell_pos[i];
+            for (int t = 0; spread && t < DP_T; t++)
+                k->q_pos[t] = k->q_pos[t] < 0 ? -1 : 400 * k->q_pos[t] + 399;
+            const size_t row = (size_t)k->h * k->dv;
+            dp_call(b3, false, k, 0, DP_T, ref);
+            for (int c = 0; c < DP_NKV; c++)
+                perm[c] = (c + 700) % DP_NKV;
+            for (int i = DP_NKV - 1; (cfg >> 1) & 1 && i > 0; i--) { // a shuffle
+                const int j = irand(0, i), x = perm[i];
+                perm[i] = perm[j];
+                perm[j] = x;
+            }
+            dp_permute(k, perm);
+            int b = 0;
+            dp_call(b3, false, k, 0, DP_T, got);
+            b += dp_diff(got, ref, DP_T * row, &worst);
+            for (int t = 0; t < DP_T; t++)
+                for (int plain = 0; plain < 2; plain++) {
+                    dp_call(plain ? p1 : b1, plain, k, t, 1, got);
+                    b += dp_diff(got, ref + t * row, row, &worst);
+                }
+            cr_expect_eq(b, 0, "shape %d cfg %d (mode %d, %s, %s): %d floats differ from the "
+                         "cache in position order",
+                         sh, cfg, mode, k->f16 ? "f16" : "f32",
+                         (cfg >> 1) & 1 ? "shuffled" : "rotated", b);
+            bad += b;
+            free(k->kf);
+            free(k->vf);
+            free(k->kh);
+            free(k->vh);
+            n_cases++;
+        }
+    cr_log_info("cells moved: %d cases x %d tokens, %d floats differ (worst |difference| %g)",
+                n_cases, DP_T, bad, worst);
+    free(k);
+    free(ref);
+    free(got);
+    free(perm);
+    backend_destroy(b1);
+    backend_destroy(b3);
+    backend_destroy(p1);
+}

@@ -44,18 +44,24 @@
 // element is computed by the same operations in the same order as in the
 // item path, whichever chunk or thread computes it.
 //
-// What each output row is, whatever the batch, the block or the thread:
+// What each output row is, whatever the batch, the block, the thread or
+// where the cells sit in the cache:
 //   score(c) = dot(q, k_c) * scale, the dot as eight running sums (lane j
 //     takes dims j, j+8, ...) combined as ((0+1)+(2+3))+((4+5)+(6+7)), then
 //     the dims past the last multiple of 8 in order;
 //   w(c) = attn_exp(score(c) - max) for visible cells, 0 otherwise;
-//   sum = eight running sums of w (lane c % 8, cells in order), combined as
-//     above; out[d] = (sum over visible c in order of w(c) * v_c[d]) * (1/sum).
+//   the visible cells in order: by position, ties by cell index ("the order
+//     of a row's sums" below);
+//   sum = eight running sums of w (lane i % 8 for the i-th visible cell in
+//     that order), combined as above;
+//   out[d] = (sum over the visible c in that order of w(c) * v_c[d]) * (1/sum).
 // Every step is a float multiply or add in a fixed order (no FMA, no
 // reassociation), so the AVX2 kernels and the plain C ones give the same
 // bits, and results are bit-identical for any thread count and batch split.
 // A row that sees nothing is zeros. A token's rows depend on nothing of the
-// other tokens (their (G, W) included): the same bits in any batch.
+// other tokens (their (G, W) included) nor on which cells hold its
+// sequence's positions: the same bits in any batch, alone in a fresh cache
+// or beside others in a fragmented one (tests/test_batch_invariance.c).
 #include "host/backend/cpu_attention.h"
 
 #include <math.h>
@@ -284,11 +290,14 @@ static float attn_sum_plain(const float *w, int n) {
     return attn_tree8(s8);
 }
 
-// acc[r][d] += p[r][c] * v_c[d] for cells [c0, c1) in order, skipping a cell
-// whose p is 0 in every row (invisible: nothing is added, as if skipped).
+// acc[r][d] += p[r][c] * v_c[d] for cells [c0, c1) in order, or with a
+// list for cells[c0], cells[c0 + 1], ..., cells[c1 - 1] (attn_order_cells),
+// skipping a cell whose p is 0 in every row (invisible: nothing is added, as
+// if skipped).
 static void attn_pv_plain(float *acc, int nr, const float *p, size_t ldp, const void *v, size_t ldv,
-                          int c0, int c1, int Dv, bool h) {
-    for (int c = c0; c < c1; c++) {
+                          const int *cells, int c0, int c1, int Dv, bool h) {
+    for (int k = c0; k < c1; k++) {
+        const int c = cells ? cells[k] : k;
         bool any = false;
         for (int r = 0; r < nr; r++)
             any |= p[r * ldp + c] != 0.0f;
@@ -451,17 +460,18 @@ ATTN_AVX2 static float attn_sum_avx2(const float *w, int n) {
     return attn_tree8(s8);
 }
 
-// acc rows r0 (and r1 unless NULL) += p * v over cells [c0, c1), 32 dims
-// (F16 where h).
+// acc rows r0 (and r1 unless NULL) += p * v over cells [c0, c1) (with
+// cells: cells[c0 .. c1)), 32 dims (F16 where h).
 ATTN_AVX2_INLINE static inline void attn_pv_2x32(float *o0, float *o1, const float *p0,
-                                                 const float *p1, const void *v, size_t ldv, int c0,
-                                                 int c1, bool h) {
+                                                 const float *p1, const void *v, size_t ldv,
+                                                 const int *cells, int c0, int c1, bool h) {
     __m256 a0 = _mm256_loadu_ps(o0), a1 = _mm256_loadu_ps(o0 + 8);
     __m256 a2 = _mm256_loadu_ps(o0 + 16), a3 = _mm256_loadu_ps(o0 + 24);
     if (o1) {
         __m256 b0 = _mm256_loadu_ps(o1), b1 = _mm256_loadu_ps(o1 + 8);
         __m256 b2 = _mm256_loadu_ps(o1 + 16), b3 = _mm256_loadu_ps(o1 + 24);
-        for (int c = c0; c < c1; c++) {
+        for (int k = c0; k < c1; k++) {
+            const int c = cells ? cells[k] : k;
             if (p0[c] == 0.0f && p1[c] == 0.0f)
                 continue;
             const void *vc = attn_at(v, (size_t)c * ldv, h);
@@ -484,7 +494,8 @@ ATTN_AVX2_INLINE static inline void attn_pv_2x32(float *o0, float *o1, const flo
         _mm256_storeu_ps(o1 + 16, b2);
         _mm256_storeu_ps(o1 + 24, b3);
     } else {
-        for (int c = c0; c < c1; c++) {
+        for (int k = c0; k < c1; k++) {
+            const int c = cells ? cells[k] : k;
             if (p0[c] == 0.0f)
                 continue;
             const void *vc = attn_at(v, (size_t)c * ldv, h);
@@ -502,20 +513,22 @@ ATTN_AVX2_INLINE static inline void attn_pv_2x32(float *o0, float *o1, const flo
 }
 
 ATTN_AVX2_INLINE static inline void attn_pv_avx2_t(float *acc, int nr, const float *p, size_t ldp,
-                                                   const void *v, size_t ldv, int c0, int c1,
-                                                   int Dv, bool h) {
+                                                   const void *v, size_t ldv, const int *cells,
+                                                   int c0, int c1, int Dv, bool h) {
     int d = 0;
     for (; d + 32 <= Dv; d += 32) {
         const void *vd = attn_at(v, (size_t)d, h);
         int r = 0;
         for (; r + 2 <= nr; r += 2)
             attn_pv_2x32(acc + (size_t)r * Dv + d, acc + (size_t)(r + 1) * Dv + d, p + r * ldp,
-                         p + (r + 1) * ldp, vd, ldv, c0, c1, h);
+                         p + (r + 1) * ldp, vd, ldv, cells, c0, c1, h);
         if (r < nr)
-            attn_pv_2x32(acc + (size_t)r * Dv + d, NULL, p + r * ldp, NULL, vd, ldv, c0, c1, h);
+            attn_pv_2x32(acc + (size_t)r * Dv + d, NULL, p + r * ldp, NULL, vd, ldv, cells, c0, c1,
+                         h);
     }
     for (; d < Dv; d++) // dims past the last 32: each element is its own sum
-        for (int c = c0; c < c1; c++) {
+        for (int k = c0; k < c1; k++) {
+            const int c = cells ? cells[k] : k;
             const void *vc = attn_at(v, (size_t)c * ldv, h);
             for (int r = 0; r < nr; r++) {
                 const float w = p[r * ldp + c];
@@ -529,11 +542,15 @@ ATTN_AVX2_INLINE static inline void attn_pv_avx2_t(float *acc, int nr, const flo
 // of the call; with two rows of one token that is the plain rule (both rows
 // see the same cells), and a skipped cell adds nothing either way.
 ATTN_AVX2 static void attn_pv_avx2(float *acc, int nr, const float *p, size_t ldp, const void *v,
-                                   size_t ldv, int c0, int c1, int Dv, bool h) {
-    if (h)
-        attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, c0, c1, Dv, true);
+                                   size_t ldv, const int *cells, int c0, int c1, int Dv, bool h) {
+    if (cells && h)
+        attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, cells, c0, c1, Dv, true);
+    else if (cells)
+        attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, cells, c0, c1, Dv, false);
+    else if (h)
+        attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, NULL, c0, c1, Dv, true);
     else
-        attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, c0, c1, Dv, false);
+        attn_pv_avx2_t(acc, nr, p, ldp, v, ldv, NULL, c0, c1, Dv, false);
 }
 
 // rope_rotate_f32 of the first pairs of one head from x (F16 where h) into
@@ -577,6 +594,107 @@ ATTN_AVX2 static int attn_rotate_avx2(float *y, const void *x, const float *cs, 
 }
 #endif
 
+// P.V with the kernels st runs (attn_pv_plain's arithmetic either way).
+static void attn_pv(const struct cpu_attn *st, float *acc, int nr, const float *p, size_t ldp,
+                    const void *v, size_t ldv, const int *cells, int c0, int c1, int Dv, bool h) {
+#ifdef ATTN_X86
+    if (st->avx2) {
+        attn_pv_avx2(acc, nr, p, ldp, v, ldv, cells, c0, c1, Dv, h);
+        return;
+    }
+#endif
+    attn_pv_plain(acc, nr, p, ldp, v, ldv, cells, c0, c1, Dv, h);
+}
+
+// ---------------------------------------------------------------------------
+// the order of a row's sums
+//
+// A row's softmax sum and its P.V add its visible cells in order of position
+// (ties by cell index), not of cell index: where a sequence's cells sit in
+// the cache depends on what else used the cache (kv_find_slot takes the first
+// free run from a head that goes back to the first freed cell, so a later
+// token may land below an earlier one), while a request alone has them in
+// position order. Where a query's visible cells are in position order
+// already (almost always) the kernels run over ranges of cells; otherwise
+// over the list attn_order_cells makes.
+
+// Positions a counting sort spans (1 MiB of counts); beyond: a heapsort.
+#define ATTN_ORDER_SPAN 262144
+
+// Whether cell x comes before cell y: by position, then by index.
+static inline bool attn_cell_before(const int32_t *pos, int x, int y) {
+    return pos[x] < pos[y] || (pos[x] == pos[y] && x < y);
+}
+
+static void attn_heap_sift(int *o, int i, int n, const int32_t *pos) {
+    for (;;) {
+        const int l = 2 * i + 1, r = l + 1;
+        int m = i;
+        if (l < n && attn_cell_before(pos, o[m], o[l]))
+            m = l;
+        if (r < n && attn_cell_before(pos, o[m], o[r]))
+            m = r;
+        if (m == i)
+            return;
+        const int x = o[i];
+        o[i] = o[m];
+        o[m] = x;
+        i = m;
+    }
+}
+
+// The n cells of [lo, hi) with vis[c] set into ord, in order of position
+// (pos[c]), ties by index: a counting sort when their positions span at most
+// n_cnt values (cnt: n_cnt ints of scratch), else a heapsort.
+static void attn_order_cells(const unsigned char *vis, const int32_t *pos, int lo, int hi, int n,
+                             int *ord, int *cnt, int n_cnt) {
+    int32_t pmin = INT32_MAX, pmax = INT32_MIN;
+    for (int c = lo; c < hi; c++)
+        if (vis[c]) {
+            pmin = pos[c] < pmin ? pos[c] : pmin;
+            pmax = pos[c] > pmax ? pos[c] : pmax;
+        }
+    if (n == 0)
+        return;
+    if ((int64_t)pmax - pmin < n_cnt) {
+        const int span = pmax - pmin + 1;
+        memset(cnt, 0, (size_t)span * sizeof *cnt);
+        for (int c = lo; c < hi; c++)
+            if (vis[c])
+                cnt[pos[c] - pmin]++;
+        for (int i = 0, at = 0; i < span; i++) { // counts -> first slot of each position
+            const int k = cnt[i];
+            cnt[i] = at;
+            at += k;
+        }
+        for (int c = lo; c < hi; c++)
+            if (vis[c])
+                ord[cnt[pos[c] - pmin]++] = c;
+        return;
+    }
+    int k = 0;
+    for (int c = lo; c < hi; c++)
+        if (vis[c])
+            ord[k++] = c;
+    for (int i = n / 2 - 1; i >= 0; i--)
+        attn_heap_sift(ord, i, n, pos);
+    for (int e = n - 1; e > 0; e--) {
+        const int x = ord[0];
+        ord[0] = ord[e];
+        ord[e] = x;
+        attn_heap_sift(ord, 0, e, pos);
+    }
+}
+
+// The counts attn_order_cells gets for the queries of a: their visible
+// cells' positions lie in [0, max q_pos].
+static int attn_order_span(const struct attn_args *a) {
+    int32_t m = 0;
+    for (int t = 0; t < a->n_tok; t++)
+        m = a->q_pos[t] > m ? a->q_pos[t] : m;
+    return m < ATTN_ORDER_SPAN ? m + 1 : ATTN_ORDER_SPAN;
+}
+
 // ---------------------------------------------------------------------------
 // preparing K and V
 
@@ -595,6 +713,7 @@ struct attn_job {
     int tb;         // tokens per work item
     int n_tb;       // token blocks
     size_t ld;      // scores row stride (floats): n_kv rounded up to 8, + 8
+    int n_cnt;      // attn_order_cells' counts in an item's scratch (attn_order_span)
     float **tmp;    // per thread [n_rot]: a cos/sin row beyond the table
 };
 
@@ -794,11 +913,12 @@ static int attn_tab_reserve(struct cpu_attn *st, const struct rope_params *rp, i
 // ---------------------------------------------------------------------------
 // one work item: tokens [t0, t0 + nt) x KV head hk
 
-// Scratch of one work item, in floats (the visibility bytes at the end).
-static size_t attn_item_floats(const struct attn_args *a, int tb, int group, size_t ld) {
+// Scratch of one work item, in floats (attn_item_init's layout).
+static size_t attn_item_floats(const struct attn_args *a, int tb, int group, size_t ld, int n_cnt) {
     const size_t rows = (size_t)tb * group;
     return rows * ld + 2 * rows * a->head_dim + rows * a->head_dim_v + rows * 8 +
-           ((size_t)tb * ld + sizeof(float) - 1) / sizeof(float) + 2 * ld + 64;
+           ((size_t)tb * ld + sizeof(float) - 1) / sizeof(float) + 2 * ld + (size_t)tb * ld +
+           (size_t)n_cnt + 64;
 }
 
 // A work item's state: its rows (nt tokens x G query heads of KV head hk)
@@ -813,6 +933,10 @@ struct attn_item {
     unsigned char *vis; // [nt][ld]
     float *packed;      // [ld]
     int32_t *kp;        // [n_kv] cell positions for kp_seq, INT32_MAX: not its
+    int *ord_buf;       // [tb][ld] the tokens' lists of attn_order_cells
+    int *cnt;           // [n_cnt] its counts
+    // A token's visible cells by position (in ord_buf), NULL: in cell order already.
+    const int *ord[ATTN_ROWS];
     int lo[ATTN_ROWS], hi[ATTN_ROWS], n_vis[ATTN_ROWS]; // each token's visible range
     int LO, HI;                                         // their union
     bool on[ATTN_ROWS]; // the token's rows are computed in this round
@@ -837,6 +961,8 @@ static void attn_item_init(const struct attn_job *j, int t0, int nt, int hk, flo
     it->vis = (unsigned char *)(it->sum + (size_t)it->R * 8);
     it->packed = (float *)it->vis + ((size_t)nt * ld + sizeof(float) - 1) / sizeof(float);
     it->kp = (int32_t *)(it->packed + ld);
+    it->ord_buf = (int *)(it->kp + ld);
+    it->cnt = it->ord_buf + (size_t)j->tb * ld;
     it->LO = a->n_kv;
     it->HI = 0;
 }
@@ -879,9 +1005,10 @@ static inline bool attn_visible(const struct attn_args *a, int32_t kp, int32_t q
     return kp <= qpos && (a->window <= 0 || (int64_t)qpos - kp < a->window);
 }
 
-// Token t's visibility row and range. The mask (host/ops/backend.h): cell c
-// is visible iff it holds qseq, 0 <= pos <= qpos and, with a window,
-// qpos - pos < window.
+// Token t's visibility row and range, and its list of attn_order_cells
+// where its visible cells are out of position order. The mask
+// (host/ops/backend.h): cell c is visible iff it holds qseq, 0 <= pos <=
+// qpos and, with a window, qpos - pos < window.
 static void attn_item_visibility(const struct attn_job *j, struct attn_item *it, int t,
                                  int *kp_seq) {
     const struct attn_args *a = j->a;
@@ -897,12 +1024,23 @@ static void attn_item_visibility(const struct attn_job *j, struct attn_item *it,
     for (int c = 0; c < a->n_kv; c++)
         vt[c] = attn_visible(a, kp[c], qpos);
     int l = 0, h = a->n_kv, n = 0;
-    for (int c = 0; c < a->n_kv; c++)
-        n += vt[c];
     while (l < h && !vt[l])
         l++;
     while (h > l && !vt[h - 1])
         h--;
+    bool in_order = true;
+    for (int c = l, last = 0; c < h; c++)
+        if (vt[c]) {
+            n++;
+            in_order &= kp[c] >= last;
+            last = kp[c];
+        }
+    it->ord[t] = NULL;
+    if (!in_order) {
+        int *ord = it->ord_buf + (size_t)t * j->ld;
+        attn_order_cells(vt, a->cell_pos, l, h, n, ord, it->cnt, j->n_cnt);
+        it->ord[t] = ord;
+    }
     it->lo[t] = l;
     it->hi[t] = h;
     it->n_vis[t] = n;
@@ -1016,7 +1154,11 @@ static void attn_item_softmax(const struct attn_job *j, struct attn_item *it) {
 #endif
                 attn_exp_plain(s, c0, c1, mx);
             float *w = s + c0;
-            if (it->n_vis[t] != c1 - c0) { // holes: the visible weights, packed
+            if (it->ord[t]) { // the visible weights by position
+                for (int k = 0; k < it->n_vis[t]; k++)
+                    it->packed[k] = s[it->ord[t][k]];
+                w = it->packed;
+            } else if (it->n_vis[t] != c1 - c0) { // holes: the visible weights, packed
                 int k = 0;
                 for (int c = c0; c < c1; c++)
                     if (vt[c])
@@ -1043,18 +1185,16 @@ static void attn_item_output(const struct attn_job *j, struct attn_item *it) {
     for (int cb = it->LO; cb < it->HI; cb += ATTN_CB) {
         for (int t = 0; t < it->nt; t++) {
             int c0, c1;
-            if (!attn_item_tile(it, cb, t, &c0, &c1))
+            if (it->ord[t] || !attn_item_tile(it, cb, t, &c0, &c1))
                 continue;
-            float *acc = it->acc + (size_t)t * G * Dv;
-            const float *w = it->S + (size_t)t * G * ld;
-#ifdef ATTN_X86
-            if (j->st->avx2)
-                attn_pv_avx2(acc, G, w, ld, v, ldv, c0, c1, Dv, false);
-            else
-#endif
-                attn_pv_plain(acc, G, w, ld, v, ldv, c0, c1, Dv, false);
+            attn_pv(j->st, it->acc + (size_t)t * G * Dv, G, it->S + (size_t)t * G * ld, ld, v, ldv,
+                    NULL, c0, c1, Dv, false);
         }
     }
+    for (int t = 0; t < it->nt; t++) // tokens whose cells are out of position order
+        if (it->ord[t])
+            attn_pv(j->st, it->acc + (size_t)t * G * Dv, G, it->S + (size_t)t * G * ld, ld, v, ldv,
+                    it->ord[t], 0, it->n_vis[t], Dv, false);
     for (int t = 0; t < it->nt; t++)
         for (int g = 0; g < G && it->on[t]; g++) {
             const int r = t * G + g;
@@ -1078,6 +1218,7 @@ static void attn_item(const struct attn_job *j, int t0, int nt, int hk, float *s
         attn_item_token_se(j, &it, t);
         if (!it.on[t]) { // another round's: no cells, no output
             it.lo[t] = it.hi[t] = it.n_vis[t] = 0;
+            it.ord[t] = NULL;
             continue;
         }
         attn_item_visibility(j, &it, t, &kp_seq);
@@ -1187,8 +1328,13 @@ struct attn_dec {
     float *mx;             // [R] the row's max
     unsigned char *vis;    // [n_tok][ld]
     int *clo, *chi;        // [n_ch][n_tok] a chunk's visible cells of a token: first, last + 1
+    int *ord_buf;          // [n_tok][ld] the tokens' lists of attn_order_cells
+    int *cnt;              // [n_cnt] its counts
+    int n_cnt;
     int lo[ATTN_DEC_TOK], hi[ATTN_DEC_TOK], n_vis[ATTN_DEC_TOK]; // a token's, all chunks
     int far[ATTN_DEC_TOK], w[ATTN_DEC_TOK];                      // its far copy (-1: none) and W
+    // Its visible cells by position (in ord_buf), NULL: in cell order already.
+    const int *ord[ATTN_DEC_TOK];
     int far_g[ATTN_FAR_MAX];
     size_t thr_floats; // each thread's scratch: K tiles, acc, packed weights, a cos/sin row
 };
@@ -1208,7 +1354,7 @@ static size_t attn_dec_shared_floats(const struct attn_dec *d) {
     const struct attn_args *a = d->a;
     const size_t R = (size_t)d->R, nt = (size_t)a->n_tok;
     return R * d->ld + 2 * R * a->head_dim + (size_t)d->n_ch * R + R + (nt * d->ld + 3) / 4 +
-           2 * (size_t)d->n_ch * nt + 64;
+           2 * (size_t)d->n_ch * nt + nt * d->ld + (size_t)d->n_cnt + 64;
 }
 
 static size_t attn_dec_thread_floats(const struct attn_dec *d) {
@@ -1235,6 +1381,8 @@ static int attn_dec_layout(struct cpu_attn *st, struct attn_dec *d, float **tmpp
     d->vis = (unsigned char *)(d->mx + d->R);
     d->clo = (int *)(d->mx + d->R + (nt * d->ld + 3) / 4);
     d->chi = d->clo + (size_t)d->n_ch * nt;
+    d->ord_buf = d->chi + (size_t)d->n_ch * nt;
+    d->cnt = d->ord_buf + nt * d->ld;
     const size_t cs = d->thr_floats - (a->rope ? a->rope->n_rot : 0) - 64;
     for (int i = 0; i < st->n_threads; i++)
         tmpp[i] = (float *)st->scratch[i] + cs;
@@ -1407,12 +1555,15 @@ static void attn_dec_chunk_scores(void *ctx, int64_t i0, int64_t i1, int thread)
     }
 }
 
-// Between steps 1 and 2: each token's visible range and count, each row's
-// max (the max of its chunks' maxima: exact in any order).
+// Between steps 1 and 2: each token's visible range and count (and its
+// list of attn_order_cells where its cells are out of position order), each
+// row's max (the max of its chunks' maxima: exact in any order).
 static void attn_dec_ranges(struct attn_dec *d) {
     const struct attn_args *a = d->a;
     for (int t = 0; t < a->n_tok; t++) {
-        int l = a->n_kv, h = 0, n = 0;
+        const unsigned char *vt = d->vis + (size_t)t * d->ld;
+        int l = a->n_kv, h = 0, n = 0, last = 0;
+        bool in_order = true;
         for (int ch = 0; ch < d->n_ch; ch++) {
             const int cl = d->clo[ch * a->n_tok + t], chh = d->chi[ch * a->n_tok + t];
             if (cl >= chh)
@@ -1420,11 +1571,21 @@ static void attn_dec_ranges(struct attn_dec *d) {
             l = cl < l ? cl : l;
             h = chh;
             for (int c = cl; c < chh; c++)
-                n += d->vis[(size_t)t * d->ld + c];
+                if (vt[c]) {
+                    n++;
+                    in_order &= a->cell_pos[c] >= last;
+                    last = a->cell_pos[c];
+                }
         }
         d->lo[t] = l < h ? l : 0;
         d->hi[t] = l < h ? h : 0;
         d->n_vis[t] = n;
+        d->ord[t] = NULL;
+        if (!in_order) {
+            int *ord = d->ord_buf + (size_t)t * d->ld;
+            attn_order_cells(vt, a->cell_pos, d->lo[t], d->hi[t], n, ord, d->cnt, d->n_cnt);
+            d->ord[t] = ord;
+        }
     }
     for (int r = 0; r < d->R; r++) {
         float m = -INFINITY;
@@ -1471,7 +1632,11 @@ static float attn_dec_sum(const struct attn_dec *d, int r, float *pk) {
     const int t = r / d->a->n_head;
     const float *s = d->S + (size_t)r * d->ld;
     const float *w = s + d->lo[t];
-    if (d->n_vis[t] != d->hi[t] - d->lo[t]) {
+    if (d->ord[t]) { // by position
+        for (int k = 0; k < d->n_vis[t]; k++)
+            pk[k] = s[d->ord[t][k]];
+        w = pk;
+    } else if (d->n_vis[t] != d->hi[t] - d->lo[t]) {
         const unsigned char *vt = d->vis + (size_t)t * d->ld;
         int k = 0;
         for (int c = d->lo[t]; c < d->hi[t]; c++)
@@ -1526,19 +1691,24 @@ static void attn_dec_pv(const struct attn_dec *d, int b0, int b1, float *acc) {
             const void *v = attn_at(a->v, cb * ldv + (size_t)hk * Dv + d0, d->hv);
             for (int t = 0; t < a->n_tok; t++) {
                 const int c0 = cb > d->lo[t] ? cb : d->lo[t], c1 = ce < d->hi[t] ? ce : d->hi[t];
-                if (c0 >= c1)
+                if (d->ord[t] || c0 >= c1)
                     continue;
                 const float *p = d->S + ((size_t)t * a->n_head + (size_t)hk * G) * d->ld + cb;
-                float *at = acc + (size_t)(b - b0) * blk + (size_t)t * G * bw;
-#ifdef ATTN_X86
-                if (d->st->avx2)
-                    attn_pv_avx2(at, G, p, d->ld, v, ldv, c0 - cb, c1 - cb, bw, d->hv);
-                else
-#endif
-                    attn_pv_plain(at, G, p, d->ld, v, ldv, c0 - cb, c1 - cb, bw, d->hv);
+                attn_pv(d->st, acc + (size_t)(b - b0) * blk + (size_t)t * G * bw, G, p, d->ld, v,
+                        ldv, NULL, c0 - cb, c1 - cb, bw, d->hv);
             }
         }
     }
+    for (int b = b0; b < b1; b++) // tokens whose cells are out of position order
+        for (int t = 0; t < a->n_tok; t++)
+            if (d->ord[t]) {
+                const int hk = b / d->n_db, d0 = (b % d->n_db) * ATTN_DB;
+                const int bw = Dv - d0 < ATTN_DB ? Dv - d0 : ATTN_DB;
+                const float *p = d->S + ((size_t)t * a->n_head + (size_t)hk * G) * d->ld;
+                attn_pv(d->st, acc + (size_t)(b - b0) * blk + (size_t)t * G * bw, G, p, d->ld,
+                        attn_at(a->v, (size_t)hk * Dv + d0, d->hv), ldv, d->ord[t], 0, d->n_vis[t],
+                        bw, d->hv);
+            }
 }
 
 // Step 3, slice i of n_sl: the blocks [i * nb / n_sl, (i + 1) * nb / n_sl)
@@ -1589,6 +1759,7 @@ static int attn_dec_run(struct cpu_attn *st, struct threadpool *pool, const stru
     d.n_sl = a->n_head_kv * d.n_db < st->n_threads ? a->n_head_kv * d.n_db : st->n_threads;
     d.ld = ((size_t)a->n_kv + 7) / 8 * 8 + 8;
     d.krow = (size_t)a->n_head_kv * a->head_dim;
+    d.n_cnt = attn_order_span(a);
     d.tiles = a->rope != NULL;
     d.hk = a->type_k == GGML_TYPE_F16;
     d.hv = a->type_v == GGML_TYPE_F16;
@@ -1655,7 +1826,8 @@ static int attn_layout(struct cpu_attn *st, const struct attn_args *a, struct at
     j->tb = tb;
     j->n_tb = (a->n_tok + tb - 1) / tb;
     j->ld = ((size_t)a->n_kv + 7) / 8 * 8 + 8;
-    const size_t item = attn_item_floats(a, tb, group, j->ld);
+    j->n_cnt = attn_order_span(a);
+    const size_t item = attn_item_floats(a, tb, group, j->ld, j->n_cnt);
     const size_t cs_floats = (size_t)st->n_threads * (a->rope ? a->rope->n_rot : 0);
     int rc = attn_scratch_reserve(st, (item + cs_floats) * sizeof(float), err);
     if (rc)
