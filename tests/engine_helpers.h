@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "host/engine/engine.h"
+#include "host/engine/step.h"
 #include "tests/tiny_model.h"
 #include "tools/args.h"
 
@@ -31,15 +32,18 @@ struct engine_test_cfg {
     const char *devices; // NULL: one CPU backend; "cpu,cpu": two stages
     bool f32_cache;      // F32 K/V (default F16)
     bool k_unrotated;    // --kv-unrotated
+    int n_threads;       // CPU threads (0: 2)
+    int act;             // --matvec-act: BACKEND_ACT_* (0: the backend's default)
 };
 
-// An engine on the model at path: CPU backend, 2 threads, as c says.
+// An engine on the model at path: CPU backend, as c says.
 static inline struct engine *engine_test_open(const char *path, const struct engine_test_cfg *c) {
     struct args_model am;
     args_model_default(&am);
     am.model_path = path;
     am.backend = LOAD_BACKEND_CPU;
-    am.n_threads = 2;
+    am.n_threads = c->n_threads > 0 ? c->n_threads : 2;
+    am.matvec_act = c->act;
     am.n_ctx = c->n_ctx;
     am.n_batch = c->n_batch;
     am.devices = c->devices;
@@ -54,6 +58,17 @@ static inline struct engine *engine_test_open(const char *path, const struct eng
     struct verr err = {0};
     cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);
     return e;
+}
+
+// Steps e until it has nothing left to do (every request ended).
+static inline void engine_test_run_to_end(struct engine *e) {
+    struct verr err = {0};
+    int rc, n = 0;
+    while ((rc = engine_step(e, &err)) == 1)
+        cr_assert_lt(++n, 100000, "the engine never goes idle");
+    cr_assert_eq(rc, 0, "engine_step: %s", err.msg);
+    cr_assert_eq(engine_n_active(e), 0);
+    cr_assert_eq(engine_n_queued(e), 0);
 }
 
 #endif

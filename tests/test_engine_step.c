@@ -95,21 +95,11 @@ static uint64_t submit(struct engine *e, const struct engine_request *r, struct 
     return id;
 }
 
-static void run_to_end(struct engine *e) {
-    struct verr err = {0};
-    int rc, n = 0;
-    while ((rc = engine_step(e, &err)) == 1)
-        cr_assert_lt(++n, 100000, "the engine never goes idle");
-    cr_assert_eq(rc, 0, "engine_step: %s", err.msg);
-    cr_assert_eq(engine_n_active(e), 0);
-    cr_assert_eq(engine_n_queued(e), 0);
-}
-
 // The request alone on `solo` (one slot of the same per-slot context).
 static void run_alone(struct engine *solo, const struct engine_request *r, struct req_out *o) {
     memset(o, 0, sizeof *o);
     submit(solo, r, o);
-    run_to_end(solo);
+    engine_test_run_to_end(solo);
     cr_assert_eq(o->n_done, 1);
     cr_assert_eq(solo->fc->kv.used, 0);
 }
@@ -180,7 +170,7 @@ Test(engine_step, submit_while_others_decode) {
     cr_expect_eq(sb.n_gen, 0);
     cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
     submit(e, &rc, c);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_assert_eq(e->fc->kv.used, 0, "finished requests leave no cell behind");
     engine_close(e);
 
@@ -250,7 +240,7 @@ Test(engine_step, cancel_frees_cells_at_once) {
     struct engine_request r5 = r[1];
     r5.sp.seed = 555;
     submit(e, &r5, &o[5]);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_expect_eq(e->fc->kv.used, 0);
     cr_expect_str_eq(o[5].why, "cancelled");
     cr_expect_eq(o[5].n, 3, "cancelled from its callback after 3 tokens: %d", o[5].n);
@@ -416,7 +406,7 @@ Test(engine_step, shared_prompt_and_stop_tokens) {
     submit(e, &r, &o[0]);
     submit(e, &rs, &o[1]);
     submit(e, &rt, &o[2]);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     expect_same(&o[0], &o[3], "request", 0);
     cr_expect_eq(o[0].st.n_prompt_eval, 14);
     // The same prompt, started in the same step: read once.
@@ -461,7 +451,7 @@ Test(engine_step, requests_with_their_own_self_extend_match_each_alone) {
     struct engine *e = open_engine_kv(n_ctx_seq, n_batch, 4, true);
     for (int i = 0; i < 4; i++)
         submit(e, &r[i], &o[i]);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     for (int i = 0; i < 4; i++)
         expect_same(&o[i], &o[4 + (i == 3 ? 0 : i)], "request", i);
     cr_expect_eq(o[1].st.n_prompt_eval, 40, "another G/W reads the prompt itself");
@@ -478,7 +468,7 @@ Test(engine_step, requests_with_their_own_self_extend_match_each_alone) {
     struct req_out *ko = calloc(3, sizeof *ko);
     for (int i = 0; i < 3; i++) {
         submit(solo, &k[i], &ko[i]);
-        run_to_end(solo);
+        engine_test_run_to_end(solo);
     }
     cr_expect_eq(ko[1].st.n_prompt_reused, 8, "reused %d", ko[1].st.n_prompt_reused);
     expect_same(&ko[1], &o[5], "reusing request", 1);
@@ -576,7 +566,7 @@ Test(engine_step, bad_input_is_refused_and_changes_nothing) {
     cr_expect(strstr(err.msg, "only when it is idle"), "%s", err.msg);
 
     // The request that was running is untouched by all that.
-    run_to_end(e);
+    engine_test_run_to_end(e);
     engine_close(e);
     struct engine *solo = open_engine(32, 8, 1);
     struct req_out *alone = calloc(1, sizeof *alone);
@@ -598,7 +588,7 @@ Test(engine_step, bad_input_is_refused_and_changes_nothing) {
     refused(e, &r, VERR_FULL, "the queue is full (2 requests waiting)");
     cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg); // one starts: room for one more
     submit(e, &ok, &q[2]);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     for (int i = 0; i < 3; i++)
         expect_same(&q[i], alone, "queued request", i);
     engine_close(e);
@@ -625,14 +615,14 @@ Test(engine_step, eval_and_requests_take_turns) {
     struct engine_stats st;
     cr_expect_eq(engine_generate(e, tok, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "the engine is serving requests"), "%s", err.msg);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     // 20 cells of sequence 0 left by eval, then two requests at once.
     cr_assert_eq(engine_eval(e, tok, 20, NULL, NULL, NULL, &err), 0, "%s", err.msg);
     cr_assert_eq(e->fc->kv.used, 20);
     submit(e, &r, &o[1]);
     struct engine_request r2 = greedy_request(tok + 3, 12, 16);
     submit(e, &r2, &o[2]);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_expect_eq(e->fc->kv.used, 0);
     expect_same(&o[1], &o[0], "request", 1);
     struct engine *solo = open_engine(32, 2, 1);
@@ -717,7 +707,7 @@ Test(engine_step, every_row_request_matches_eval) {
     g2.sp.temp = 0.9f;
     g2.sp.seed = 3;
     submit(e, &g2, &o[1]);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_assert_eq(ro.n_seen, n);
     double worst = 0, mx = 0;
     for (size_t i = 0; i < (size_t)n * N_VOCAB; i++) {
@@ -735,7 +725,7 @@ Test(engine_step, every_row_request_matches_eval) {
     struct rows_out rs = {.rows = ro.rows, .stop_after = 2};
     r.user = &rs;
     cr_assert_eq(engine_submit(e, &r, &id, &err), 0, "%s", err.msg);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_expect_eq(rs.n_calls, 2);
     r.n_predict = 5;
     cr_expect_eq(engine_submit(e, &r, &id, &err), VERR_RANGE);
@@ -765,7 +755,7 @@ Test(engine_step, reuse_cells_decodes_only_the_new_part) {
     r.keep_cells = true;
     struct req_out a = {0};
     submit(e, &r, &a);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_assert_eq(a.n, 6);
     // The next turn: the first turn's prompt, its answer but the last token
     // (sampled, never decoded), then 5 new tokens.
@@ -782,14 +772,14 @@ Test(engine_step, reuse_cells_decodes_only_the_new_part) {
     r.reuse_cells = true;
     struct req_out b = {0};
     submit(e, &r, &b);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_expect_eq(b.st.n_prompt_eval, 5, "only the new tokens are decoded (%d were)",
                  b.st.n_prompt_eval);
     struct engine *fresh = open_engine(128, 16, 1);
     r.keep_cells = r.reuse_cells = false;
     struct req_out c = {0};
     submit(fresh, &r, &c);
-    run_to_end(fresh);
+    engine_test_run_to_end(fresh);
     cr_expect_eq(c.st.n_prompt_eval, n2);
     cr_assert_eq(b.n, c.n);
     for (int t = 0; t < c.n; t++)
@@ -799,7 +789,7 @@ Test(engine_step, reuse_cells_decodes_only_the_new_part) {
     r.keep_cells = r.reuse_cells = true;
     struct req_out d = {0};
     submit(e, &r, &d);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_expect_eq(d.st.n_prompt_eval, n2);
     engine_close(fresh);
     engine_close(e);
@@ -828,7 +818,7 @@ Test(engine_step, prompt_cache_picks_the_slot_with_the_longest_prefix) {
         struct engine_request r = greedy_request(p[k], 30, 4);
         r.keep_cells = r.reuse_cells = true;
         submit(e, &r, &first[k]);
-        run_to_end(e);
+        engine_test_run_to_end(e);
         cr_expect_eq(first[k].st.n_prompt_reused, 0);
     }
     cr_expect_eq(e->fc->kv.used, 3 * (30 + 3), "every slot keeps its prompt and answer");
@@ -839,7 +829,7 @@ Test(engine_step, prompt_cache_picks_the_slot_with_the_longest_prefix) {
         r.keep_cells = r.reuse_cells = true;
         struct req_out got = {0}, alone;
         submit(e, &r, &got);
-        run_to_end(e);
+        engine_test_run_to_end(e);
         cr_expect_eq(got.st.n_prompt_reused, 30, "prompt %d: %d tokens reused", k,
                      got.st.n_prompt_reused);
         cr_expect_eq(got.st.n_prompt_eval, 10);
@@ -855,7 +845,7 @@ Test(engine_step, prompt_cache_picks_the_slot_with_the_longest_prefix) {
     r.keep_cells = r.reuse_cells = true;
     submit(e, &r, &a);
     submit(e, &r, &b);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_expect_eq(a.st.n_prompt_reused, 30);
     cr_expect_eq(b.st.n_prompt_eval + b.st.n_prompt_reused, 0,
                  "the second copy shares the first's cells (eval %d, reused %d)",
@@ -867,13 +857,13 @@ Test(engine_step, prompt_cache_picks_the_slot_with_the_longest_prefix) {
     // No reuse asked: it takes a slot and drops that slot's cells only.
     struct engine_request cold = greedy_request(p[0], 12, 2);
     submit(e, &cold, &c);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_expect_eq(c.st.n_prompt_reused, 0);
     cr_expect_eq(c.st.n_prompt_eval, 12);
     struct req_out d = {0};
     r.keep_cells = r.reuse_cells = true;
     submit(e, &r, &d);
-    run_to_end(e);
+    engine_test_run_to_end(e);
     cr_expect_eq(d.st.n_prompt_reused, 35, "still cached after a cold request (%d reused)",
                  d.st.n_prompt_reused);
     expect_same(&d, &alone, "after a cold request", 0);
