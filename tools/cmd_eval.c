@@ -107,165 +107,141 @@ static int on_note(void *user, enum engine_event ev, int seq, int32_t token, con
     return 0;
 }
 
-int cmd_eval(int argc, char **argv) {
+// The command line of vela eval.
+struct eval_flags {
     struct args_model am;
-    args_model_default(&am);
-    const char *tokens_arg = NULL, *prompt_arg = NULL, *prompt_file = NULL, *logits_out = NULL;
-    struct verr err = {0};
-    struct engine_eval_params ep = {.ga_n = 1, .ga_w = 512, .cb = on_note, .user = &am};
-    for (int i = 1; i < argc;) {
-        const char *arg = argv[i];
-        int rc = 0;
-        enum tools_flag tf = tools_flag_shared("eval", usage, &am, NULL, argc, argv, &i, &rc);
-        if (tf == TOOLS_FLAG_EXIT)
-            return rc;
-        if (tf == TOOLS_FLAG_TAKEN)
-            continue;
-        if (args_is(arg, "--tokens", NULL))
-            rc = args_value_str(argc, argv, &i, &tokens_arg, &err);
-        else if (args_is(arg, "-p", "--prompt"))
-            rc = args_value_str(argc, argv, &i, &prompt_arg, &err);
-        else if (args_is(arg, "-f", "--file"))
-            rc = args_value_str(argc, argv, &i, &prompt_file, &err);
-        else if (args_is(arg, "--logits-out", NULL))
-            rc = args_value_str(argc, argv, &i, &logits_out, &err);
-        else if (args_is(arg, "-gan", "--grp-attn-n"))
-            rc = args_value_int(argc, argv, &i, 1, 1L << 20, &ep.ga_n, &err);
-        else if (args_is(arg, "-gaw", "--grp-attn-w"))
-            rc = args_value_int(argc, argv, &i, 1, 1L << 30, &ep.ga_w, &err);
-        else
-            return tools_unknown_option("eval", arg);
-        if (rc) {
-            fprintf(stderr, "vela eval: %s\n", err.msg);
-            return 2;
-        }
-    }
-    if (!am.model_path) {
+    const char *tokens_arg, *prompt_arg, *prompt_file, *logits_out;
+    struct engine_eval_params ep;
+};
+
+// One of eval's own flags at argv[*i]: 1 consumed, 0 unknown, < 0 a bad value.
+static int parse_eval_flag(struct eval_flags *f, int argc, char **argv, int *i, struct verr *err) {
+    const char *arg = argv[*i];
+    int rc = 0;
+    if (args_is(arg, "--tokens", NULL))
+        rc = args_value_str(argc, argv, i, &f->tokens_arg, err);
+    else if (args_is(arg, "-p", "--prompt"))
+        rc = args_value_str(argc, argv, i, &f->prompt_arg, err);
+    else if (args_is(arg, "-f", "--file"))
+        rc = args_value_str(argc, argv, i, &f->prompt_file, err);
+    else if (args_is(arg, "--logits-out", NULL))
+        rc = args_value_str(argc, argv, i, &f->logits_out, err);
+    else if (args_is(arg, "-gan", "--grp-attn-n"))
+        rc = args_value_int(argc, argv, i, 1, 1L << 20, &f->ep.ga_n, err);
+    else if (args_is(arg, "-gaw", "--grp-attn-w"))
+        rc = args_value_int(argc, argv, i, 1, 1L << 30, &f->ep.ga_w, err);
+    else
+        return 0;
+    return rc ? rc : 1;
+}
+
+// Flags that are missing or exclude each other; 0 or the usage status 2 (printed).
+static int check_eval_flags(const struct eval_flags *f) {
+    const struct engine_eval_params *ep = &f->ep;
+    if (!f->am.model_path) {
         fprintf(stderr,
                 "vela eval: no model given: pass -m MODEL.gguf (a synthetic test model can be "
                 "written with 'vela mkmodel')\n");
         return 2;
     }
-    tools_note_synthetic("eval", am.model_path);
-    if (ep.ga_n != 1 && ep.ga_w % ep.ga_n != 0) {
+    if (ep->ga_n != 1 && ep->ga_w % ep->ga_n != 0) {
         fprintf(stderr, "vela eval: --grp-attn-w %d must be a multiple of --grp-attn-n %d\n",
-                ep.ga_w, ep.ga_n);
+                ep->ga_w, ep->ga_n);
         return 2;
     }
-    if (ep.ga_n != 1 && am.se_g > 1) {
+    if (ep->ga_n != 1 && f->am.se_g > 1) {
         fprintf(stderr, "vela eval: --self-extend and --grp-attn-n exclude each other\n");
         return 2;
     }
-    if (!!tokens_arg + !!prompt_arg + !!prompt_file != 1) {
+    if (!!f->tokens_arg + !!f->prompt_arg + !!f->prompt_file != 1) {
         fprintf(stderr, "vela eval: give exactly one of --tokens, -p, -f\n");
         return 2;
     }
-    int32_t *tokens = NULL;
-    int n_tok = 0;
-    if (tokens_arg && parse_tokens(tokens_arg, &tokens, &n_tok, &err)) {
-        fprintf(stderr, "vela eval: %s\n", err.msg);
-        return 2;
-    }
+    return 0;
+}
 
-    int status = 1;
-    char *text = NULL;
-    size_t text_len = 0;
-    struct engine *e = NULL;
-    struct eval_out out = {0};
-    if (prompt_file) {
-        text = tools_read_file(prompt_file, &text_len);
-        if (!text) {
-            fprintf(stderr, "vela eval: cannot read '%s'\n", prompt_file);
-            goto done;
+// Parses the command line into f; -1 to go on, else the exit status (help
+// printed: 0; a usage error printed: 2).
+static int parse_eval(struct eval_flags *f, int argc, char **argv) {
+    memset(f, 0, sizeof *f);
+    args_model_default(&f->am);
+    f->ep = (struct engine_eval_params){.ga_n = 1, .ga_w = 512, .cb = on_note, .user = &f->am};
+    struct verr err = {0};
+    for (int i = 1; i < argc;) {
+        int rc = 0;
+        enum tools_flag tf = tools_flag_shared("eval", usage, &f->am, NULL, argc, argv, &i, &rc);
+        if (tf == TOOLS_FLAG_EXIT)
+            return rc;
+        if (tf == TOOLS_FLAG_TAKEN)
+            continue;
+        rc = parse_eval_flag(f, argc, argv, &i, &err);
+        if (rc == 0)
+            return tools_unknown_option("eval", argv[i]);
+        if (rc < 0) {
+            fprintf(stderr, "vela eval: %s\n", err.msg);
+            return 2;
         }
-    } else if (prompt_arg) {
-        text = strdup(prompt_arg);
-        text_len = strlen(prompt_arg);
     }
+    int st = check_eval_flags(f);
+    if (st)
+        return st;
+    tools_note_synthetic("eval", f->am.model_path);
+    return -1;
+}
 
-    // The context is sized for the tokens unless -c says otherwise; with text
-    // the count is known only after the tokenizer is loaded, so the context is
-    // opened in a second step.
+// The engine with a context for the tokens unless -c says otherwise; with
+// text (*text, from -p or -f) the count is known only once the tokenizer is
+// loaded, so the context is opened again for it and *tokens filled then.
+// Non-zero when it fails (printed).
+static int open_for_tokens(const struct eval_flags *f, const char *text, size_t text_len,
+                           int32_t **tokens, int *n_tok, struct engine **e) {
+    const struct args_model *am = &f->am;
     struct engine_config op;
-    args_engine_config(&am, &op);
+    args_engine_config(am, &op);
     op.ctx.n_seq_max = 1;
     op.need_tokenizer = !!text;
-    op.ctx.n_ctx = am.n_ctx > 0 ? am.n_ctx : (n_tok > EVAL_CTX_MIN ? n_tok : EVAL_CTX_MIN);
-    op.ctx.n_outputs_max = am.n_batch < op.ctx.n_ctx ? am.n_batch : op.ctx.n_ctx;
+    op.ctx.n_ctx = am->n_ctx > 0 ? am->n_ctx : (*n_tok > EVAL_CTX_MIN ? *n_tok : EVAL_CTX_MIN);
+    op.ctx.n_outputs_max = am->n_batch < op.ctx.n_ctx ? am->n_batch : op.ctx.n_ctx;
     struct load_progress lprog;
-    load_progress_init(&lprog, "vela eval", am.no_progress);
+    load_progress_init(&lprog, "vela eval", am->no_progress);
     op.progress = load_progress_update;
     op.progress_user = &lprog;
-    if (engine_open(&e, &op, &err)) {
+    struct verr err = {0};
+    if (engine_open(e, &op, &err)) {
         fprintf(stderr, "vela eval: %s\n", err.msg);
-        goto done;
+        return 1;
     }
-    if (text) {
-        if (tokenizer_encode_alloc(e->tok, text, text_len, true, true, &tokens, &n_tok, &err)) {
-            fprintf(stderr, "vela eval: tokenizing: %s\n", err.msg);
-            goto done;
-        }
-        if (n_tok == 0) {
-            fprintf(stderr, "vela eval: the text gives no tokens\n");
-            goto done;
-        }
-        const int want = n_tok > EVAL_CTX_MIN ? n_tok : EVAL_CTX_MIN;
-        if (am.n_ctx == 0 && want != e->fc->cfg.n_ctx) {
-            // reopen the forward context with room for these tokens
-            struct forward_config cfg = e->fc->cfg;
-            cfg.n_ctx = want;
-            cfg.n_batch = am.n_batch < want ? am.n_batch : want;
-            cfg.n_outputs_max = cfg.n_batch;
-            if (engine_reopen(e, &cfg, &err)) {
-                fprintf(stderr, "vela eval: %s\n", err.msg);
-                goto done;
-            }
-        }
+    if (!text)
+        return 0;
+    if (tokenizer_encode_alloc((*e)->tok, text, text_len, true, true, tokens, n_tok, &err)) {
+        fprintf(stderr, "vela eval: tokenizing: %s\n", err.msg);
+        return 1;
     }
-    tools_warn_ctx("eval", &am, e->fc->cfg.n_ctx, e->m->hp.n_ctx_train, ep.ga_n != 1);
-    if (args_selfextend_check(&am, &e->m->hp, e->fc->cfg.n_ctx, n_tok, stderr, &err)) {
-        fprintf(stderr, "vela eval: %s\n", err.msg);
-        goto done;
+    if (*n_tok == 0) {
+        fprintf(stderr, "vela eval: the text gives no tokens\n");
+        return 1;
     }
-    const int V = e->m->hp.n_vocab;
-    for (int t = 0; t < n_tok; t++)
-        if (tokens[t] < 0 || tokens[t] >= V) {
-            fprintf(stderr, "vela eval: token id %d is out of range (n_vocab %d)\n", tokens[t], V);
-            goto done;
-        }
-    if (am.verbose) {
-        char desc[2048];
-        engine_describe(e, desc, sizeof desc);
-        fprintf(stderr, "%s\n", desc);
-    }
-    out.n_vocab = V;
-    out.last = malloc(sizeof(float) * (size_t)V);
-    if (!out.last) {
-        fprintf(stderr, "vela eval: out of memory\n");
-        goto done;
-    }
-    if (logits_out && !(out.f = fopen(logits_out, "wb"))) {
-        fprintf(stderr, "vela eval: cannot open '%s' for writing: %s\n", logits_out,
-                strerror(errno));
-        goto done;
-    }
-    double t_ms = 0;
-    if (engine_eval_ex(e, tokens, n_tok, &ep, write_rows, &out, &t_ms, &err)) {
-        fprintf(stderr, "vela eval: %s\n", err.msg);
-        goto done;
-    }
-    if (out.f) {
-        int bad = fclose(out.f) != 0;
-        out.f = NULL;
-        if (bad) {
-            fprintf(stderr, "vela eval: writing '%s' failed\n", logits_out);
-            unlink(logits_out);
-            goto done;
+    const int want = *n_tok > EVAL_CTX_MIN ? *n_tok : EVAL_CTX_MIN;
+    if (am->n_ctx == 0 && want != (*e)->fc->cfg.n_ctx) {
+        struct forward_config cfg = (*e)->fc->cfg;
+        cfg.n_ctx = want;
+        cfg.n_batch = am->n_batch < want ? am->n_batch : want;
+        cfg.n_outputs_max = cfg.n_batch;
+        if (engine_reopen(*e, &cfg, &err)) {
+            fprintf(stderr, "vela eval: %s\n", err.msg);
+            return 1;
         }
     }
+    return 0;
+}
+
+// What eval prints on stdout once every row is written.
+static void say_summary(const struct eval_flags *f, const struct engine *e,
+                        const struct eval_out *out, int n_tok, double t_ms) {
+    const int V = out->n_vocab;
     int best = 0;
     for (int v = 1; v < V; v++)
-        if (out.last[v] > out.last[best])
+        if (out->last[v] > out->last[best])
             best = v;
     const char *piece = "";
     size_t plen = 0;
@@ -273,15 +249,96 @@ int cmd_eval(int argc, char **argv) {
         tokenizer_piece(e->tok, best, true, &piece, &plen, NULL);
     printf("n_tokens: %d\nn_vocab: %d\ntop1_last: %d (logit %.6f, piece '%.*s')\n"
            "time: %.2f ms (%.2f tokens/s, %s)\n",
-           n_tok, V, best, out.last[best], (int)plen, piece, t_ms,
+           n_tok, V, best, out->last[best], (int)plen, piece, t_ms,
            t_ms > 0 ? 1e3 * n_tok / t_ms : 0.0, e->be->ops->name);
-    if (logits_out)
-        printf("logits: %s (%d x %d float32)\n", logits_out, n_tok, V);
+    if (f->logits_out)
+        printf("logits: %s (%d x %d float32)\n", f->logits_out, n_tok, V);
+}
+
+// Checks the tokens against the model and evaluates them into out (the
+// logits file, when asked for, closed on success). The exit status; a
+// failure is printed.
+static int eval_tokens(struct eval_flags *f, struct engine *e, const int32_t *tokens, int n_tok,
+                       struct eval_out *out, double *t_ms) {
+    struct verr err = {0};
+    tools_warn_ctx("eval", &f->am, e->fc->cfg.n_ctx, e->m->hp.n_ctx_train, f->ep.ga_n != 1);
+    if (args_selfextend_check(&f->am, &e->m->hp, e->fc->cfg.n_ctx, n_tok, stderr, &err)) {
+        fprintf(stderr, "vela eval: %s\n", err.msg);
+        return 1;
+    }
+    const int V = e->m->hp.n_vocab;
+    for (int t = 0; t < n_tok; t++)
+        if (tokens[t] < 0 || tokens[t] >= V) {
+            fprintf(stderr, "vela eval: token id %d is out of range (n_vocab %d)\n", tokens[t], V);
+            return 1;
+        }
+    if (f->am.verbose) {
+        char desc[2048];
+        engine_describe(e, desc, sizeof desc);
+        fprintf(stderr, "%s\n", desc);
+    }
+    out->n_vocab = V;
+    if (!(out->last = malloc(sizeof(float) * (size_t)V))) {
+        fprintf(stderr, "vela eval: out of memory\n");
+        return 1;
+    }
+    if (f->logits_out && !(out->f = fopen(f->logits_out, "wb"))) {
+        fprintf(stderr, "vela eval: cannot open '%s' for writing: %s\n", f->logits_out,
+                strerror(errno));
+        return 1;
+    }
+    if (engine_eval_ex(e, tokens, n_tok, &f->ep, write_rows, out, t_ms, &err)) {
+        fprintf(stderr, "vela eval: %s\n", err.msg);
+        return 1;
+    }
+    if (out->f) {
+        int bad = fclose(out->f) != 0;
+        out->f = NULL;
+        if (bad) {
+            fprintf(stderr, "vela eval: writing '%s' failed\n", f->logits_out);
+            unlink(f->logits_out);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int cmd_eval(int argc, char **argv) {
+    struct eval_flags f;
+    int status = parse_eval(&f, argc, argv);
+    if (status >= 0)
+        return status;
+    int32_t *tokens = NULL;
+    int n_tok = 0;
+    struct verr err = {0};
+    if (f.tokens_arg && parse_tokens(f.tokens_arg, &tokens, &n_tok, &err)) {
+        fprintf(stderr, "vela eval: %s\n", err.msg);
+        return 2;
+    }
+    status = 1;
+    char *text = NULL;
+    size_t text_len = 0;
+    struct engine *e = NULL;
+    struct eval_out out = {0};
+    if (f.prompt_file && !(text = tools_read_file(f.prompt_file, &text_len))) {
+        fprintf(stderr, "vela eval: cannot read '%s'\n", f.prompt_file);
+        goto done;
+    }
+    if (f.prompt_arg && !(text = strdup(f.prompt_arg))) {
+        fprintf(stderr, "vela eval: out of memory\n");
+        goto done;
+    }
+    text_len = f.prompt_arg ? strlen(f.prompt_arg) : text_len;
+    double t_ms = 0;
+    if (open_for_tokens(&f, text, text_len, &tokens, &n_tok, &e) ||
+        eval_tokens(&f, e, tokens, n_tok, &out, &t_ms))
+        goto done;
+    say_summary(&f, e, &out, n_tok, t_ms);
     status = 0;
 done:
     if (out.f) { // a failed run leaves no logits file behind
         fclose(out.f);
-        unlink(logits_out);
+        unlink(f.logits_out);
     }
     free(out.last);
     free(tokens);

@@ -326,278 +326,289 @@ static int chat_prompt(const char *model_path, const char *tmpl_name, const char
     return 0;
 }
 
-int cmd_run(int argc, char **argv) {
+// The command line of vela run.
+struct run_flags {
     struct args_model am;
-    args_model_default(&am);
     struct engine_gen_params gp;
-    engine_gen_params_default(&gp);
-    const char *prompt_arg = NULL, *prompt_file = NULL;
-    const char *chat_template = NULL, *system_msg = NULL;
-    bool display_prompt = true, escape = true, chat = false;
-    bool n_given = false, shift_given = false;
-    struct verr err = {0};
+    const char *prompt_arg, *prompt_file;
+    const char *chat_template, *system_msg;
+    bool display_prompt, escape, chat;
+    bool n_given, shift_given; // -n, --[no-]context-shift were given
+};
 
-    for (int i = 1; i < argc;) {
-        const char *arg = argv[i];
-        int rc = 0;
-        enum tools_flag tf = tools_flag_shared("run", usage, &am, &gp.sp, argc, argv, &i, &rc);
-        if (tf == TOOLS_FLAG_EXIT)
-            return rc;
-        if (tf == TOOLS_FLAG_TAKEN)
-            continue;
-        if (args_is(arg, "-p", "--prompt"))
-            rc = args_value_str(argc, argv, &i, &prompt_arg, &err);
-        else if (args_is(arg, "-f", "--file"))
-            rc = args_value_str(argc, argv, &i, &prompt_file, &err);
-        else if (args_is(arg, "-n", "--n-predict"))
-            rc = args_value_int(argc, argv, &i, -2, 1L << 30, &gp.n_predict, &err), n_given = true;
-        else if (args_is(arg, "-np", "--parallel"))
-            rc = args_value_int(argc, argv, &i, 1, RUN_PARALLEL_MAX, &gp.n_parallel, &err);
-        else if (args_is(arg, "--keep", NULL))
-            rc = args_value_int(argc, argv, &i, -1, 1L << 30, &gp.n_keep, &err);
-        else if (args_is(arg, "-gan", "--grp-attn-n"))
-            rc = args_value_int(argc, argv, &i, 1, 1L << 20, &gp.ga_n, &err);
-        else if (args_is(arg, "-gaw", "--grp-attn-w"))
-            rc = args_value_int(argc, argv, &i, 1, 1L << 30, &gp.ga_w, &err);
-        else if (args_is(arg, "--context-shift", NULL))
-            gp.ctx_shift = true, shift_given = true, i++;
-        else if (args_is(arg, "--no-context-shift", NULL))
-            gp.ctx_shift = false, shift_given = true, i++;
-        else if (args_is(arg, "--ignore-eos", NULL))
-            gp.ignore_eos = true, i++;
-        else if (args_is(arg, "--no-display-prompt", NULL))
-            display_prompt = false, i++;
-        else if (args_is(arg, "--no-escape", NULL))
-            escape = false, i++;
-        else if (args_is(arg, "-e", "--escape"))
-            escape = true, i++;
-        else if (args_is(arg, "--chat", NULL))
-            chat = true, i++;
-        else if (args_is(arg, "--chat-template", NULL))
-            rc = args_value_str(argc, argv, &i, &chat_template, &err);
-        else if (args_is(arg, "-sys", "--system"))
-            rc = args_value_str(argc, argv, &i, &system_msg, &err);
-        else
-            return tools_unknown_option("run", arg);
-        if (rc) {
-            fprintf(stderr, "vela run: %s\n", err.msg);
-            return 2;
-        }
-    }
-    if ((chat_template || system_msg) && !chat) {
-        fprintf(stderr, "vela run: --chat-template and --system go with --chat\n");
+// One of run's own flags at argv[*i]: 1 consumed, 0 unknown, < 0 a bad value.
+static int parse_run_flag(struct run_flags *f, int argc, char **argv, int *i, struct verr *err) {
+    const char *arg = argv[*i];
+    struct engine_gen_params *gp = &f->gp;
+    int rc = 0;
+    if (args_is(arg, "-p", "--prompt"))
+        rc = args_value_str(argc, argv, i, &f->prompt_arg, err);
+    else if (args_is(arg, "-f", "--file"))
+        rc = args_value_str(argc, argv, i, &f->prompt_file, err);
+    else if (args_is(arg, "-n", "--n-predict"))
+        rc = args_value_int(argc, argv, i, -2, 1L << 30, &gp->n_predict, err), f->n_given = true;
+    else if (args_is(arg, "-np", "--parallel"))
+        rc = args_value_int(argc, argv, i, 1, RUN_PARALLEL_MAX, &gp->n_parallel, err);
+    else if (args_is(arg, "--keep", NULL))
+        rc = args_value_int(argc, argv, i, -1, 1L << 30, &gp->n_keep, err);
+    else if (args_is(arg, "-gan", "--grp-attn-n"))
+        rc = args_value_int(argc, argv, i, 1, 1L << 20, &gp->ga_n, err);
+    else if (args_is(arg, "-gaw", "--grp-attn-w"))
+        rc = args_value_int(argc, argv, i, 1, 1L << 30, &gp->ga_w, err);
+    else if (args_is(arg, "--context-shift", NULL))
+        gp->ctx_shift = true, f->shift_given = true, (*i)++;
+    else if (args_is(arg, "--no-context-shift", NULL))
+        gp->ctx_shift = false, f->shift_given = true, (*i)++;
+    else if (args_is(arg, "--ignore-eos", NULL))
+        gp->ignore_eos = true, (*i)++;
+    else if (args_is(arg, "--no-display-prompt", NULL))
+        f->display_prompt = false, (*i)++;
+    else if (args_is(arg, "--no-escape", NULL))
+        f->escape = false, (*i)++;
+    else if (args_is(arg, "-e", "--escape"))
+        f->escape = true, (*i)++;
+    else if (args_is(arg, "--chat", NULL))
+        f->chat = true, (*i)++;
+    else if (args_is(arg, "--chat-template", NULL))
+        rc = args_value_str(argc, argv, i, &f->chat_template, err);
+    else if (args_is(arg, "-sys", "--system"))
+        rc = args_value_str(argc, argv, i, &f->system_msg, err);
+    else
+        return 0;
+    return rc ? rc : 1;
+}
+
+// Flags that exclude each other; 0 or the usage status 2 (printed).
+static int check_run_flags(struct run_flags *f) {
+    const char *msg = NULL;
+    if ((f->chat_template || f->system_msg) && !f->chat)
+        msg = "--chat-template and --system go with --chat";
+    else if (f->chat && f->gp.n_parallel != 1)
+        msg = "--chat answers one question: drop --parallel";
+    else if (f->prompt_arg && f->prompt_file)
+        msg = "give -p or -f, not both";
+    else if (f->gp.ga_n != 1 && f->am.se_g > 1)
+        msg = "--self-extend and --grp-attn-n exclude each other";
+    if (msg) {
+        fprintf(stderr, "vela run: %s\n", msg);
         return 2;
     }
-    if (chat && gp.n_parallel != 1) {
-        fprintf(stderr, "vela run: --chat answers one question: drop --parallel\n");
+    if (f->gp.ga_n != 1 && f->gp.ga_w % f->gp.ga_n != 0) {
+        fprintf(stderr, "vela run: --grp-attn-w %d must be a multiple of --grp-attn-n %d\n",
+                f->gp.ga_w, f->gp.ga_n);
         return 2;
     }
     // One question, one answer: the reply ends with its turn or the context,
     // never in a context shift that could let it go on without end.
-    if (chat && !shift_given)
-        gp.ctx_shift = false;
-    if (!am.model_path) {
-        int st = tools_use_default_model("run", &am.model_path);
-        if (st)
-            return st;
-    }
-    tools_note_synthetic("run", am.model_path);
-    if (prompt_arg && prompt_file) {
-        fprintf(stderr, "vela run: give -p or -f, not both\n");
-        return 2;
-    }
-    if (gp.ga_n != 1 && am.se_g > 1) {
-        fprintf(stderr, "vela run: --self-extend and --grp-attn-n exclude each other\n");
-        return 2;
-    }
-    if (gp.ga_n != 1 && gp.ga_w % gp.ga_n != 0) {
-        fprintf(stderr, "vela run: --grp-attn-w %d must be a multiple of --grp-attn-n %d\n",
-                gp.ga_w, gp.ga_n);
-        return 2;
-    }
-    // -f with --parallel N > 1 is a list of prompts, one per line.
-    const bool lines_mode = prompt_file && gp.n_parallel > 1;
+    if (f->chat && !f->shift_given)
+        f->gp.ctx_shift = false;
+    return 0;
+}
 
-    char *prompt = NULL;
-    size_t prompt_len = 0;
-    if (prompt_file) {
-        prompt = tools_read_file(prompt_file, &prompt_len);
-        if (!prompt) {
-            fprintf(stderr, "vela run: cannot read prompt file '%s'\n", prompt_file);
-            return 1;
+// Parses the command line into f; -1 to go on, else the exit status
+// (help printed: 0; a usage error printed: 2; no default model: its status).
+static int parse_run(struct run_flags *f, int argc, char **argv) {
+    *f = (struct run_flags){.display_prompt = true, .escape = true};
+    args_model_default(&f->am);
+    engine_gen_params_default(&f->gp);
+    struct verr err = {0};
+    for (int i = 1; i < argc;) {
+        int rc = 0;
+        enum tools_flag tf =
+            tools_flag_shared("run", usage, &f->am, &f->gp.sp, argc, argv, &i, &rc);
+        if (tf == TOOLS_FLAG_EXIT)
+            return rc;
+        if (tf == TOOLS_FLAG_TAKEN)
+            continue;
+        rc = parse_run_flag(f, argc, argv, &i, &err);
+        if (rc == 0)
+            return tools_unknown_option("run", argv[i]);
+        if (rc < 0) {
+            fprintf(stderr, "vela run: %s\n", err.msg);
+            return 2;
         }
-        if (prompt_len > 0 && prompt[prompt_len - 1] == '\n') // as llama.cpp's -f
-            prompt[--prompt_len] = '\0';
+    }
+    int st = check_run_flags(f);
+    if (!st && !f->am.model_path)
+        st = tools_use_default_model("run", &f->am.model_path);
+    if (st)
+        return st;
+    tools_note_synthetic("run", f->am.model_path);
+    return -1;
+}
+
+// The prompt's text: -f's file (one trailing newline dropped, as llama.cpp's
+// -f) or -p (escapes processed unless --no-escape), formatted as a chat with
+// --chat (*tmpl: its template). NULL when it fails (printed).
+static char *read_prompt(const struct run_flags *f, size_t *len, enum chat_template *tmpl) {
+    char *prompt = NULL;
+    *len = 0;
+    if (f->prompt_file) {
+        prompt = tools_read_file(f->prompt_file, len);
+        if (!prompt) {
+            fprintf(stderr, "vela run: cannot read prompt file '%s'\n", f->prompt_file);
+            return NULL;
+        }
+        if (*len > 0 && prompt[*len - 1] == '\n')
+            prompt[--*len] = '\0';
     } else {
-        prompt = strdup(prompt_arg ? prompt_arg : "");
-        if (prompt && escape)
+        prompt = strdup(f->prompt_arg ? f->prompt_arg : "");
+        if (prompt && f->escape)
             process_escapes(prompt);
-        prompt_len = prompt ? strlen(prompt) : 0;
+        *len = prompt ? strlen(prompt) : 0;
     }
     if (!prompt) {
         fprintf(stderr, "vela run: out of memory\n");
-        return 1;
+        return NULL;
     }
-    enum chat_template tmpl = CHAT_TMPL_CHATML;
-    if (chat) {
-        if (chat_prompt(am.model_path, chat_template, system_msg, am.verbose, &prompt, &prompt_len,
-                        &tmpl)) {
-            free(prompt);
+    if (f->chat && chat_prompt(f->am.model_path, f->chat_template, f->system_msg, f->am.verbose,
+                               &prompt, len, tmpl)) {
+        free(prompt);
+        return NULL;
+    }
+    return prompt;
+}
+
+// The prompts to generate from: the text's lines (-f with --parallel N > 1)
+// or the text itself, in *lines (pointing into text). Non-zero when it
+// fails (printed).
+static int prompt_lines(const struct run_flags *f, bool lines_mode, char *text, char ***lines,
+                        int *n_lines) {
+    if (!lines_mode) {
+        if (!(*lines = malloc(sizeof **lines))) {
+            fprintf(stderr, "vela run: out of memory\n");
             return 1;
         }
-        display_prompt = false; // the reply alone
+        (*lines)[0] = text;
+        *n_lines = 1;
+        return 0;
     }
-
-    int status = 1;
-    struct engine *e = NULL;
-    char **lines = NULL;
-    int n_lines = 0;
-    int32_t **toks = NULL; // [n_texts]
-    struct engine_prompt *prompts = NULL;
-    struct run_out out = {0};
-    if (lines_mode) {
-        if (split_lines(prompt, &lines, &n_lines)) {
-            fprintf(stderr, "vela run: out of memory\n");
-            goto done;
-        }
-        if (n_lines == 0) {
-            fprintf(stderr, "vela run: '%s' has no prompt (one per line)\n", prompt_file);
-            goto done;
-        }
-    } else {
-        lines = malloc(sizeof *lines);
-        if (!lines) {
-            fprintf(stderr, "vela run: out of memory\n");
-            goto done;
-        }
-        lines[0] = prompt;
-        n_lines = 1;
+    if (split_lines(text, lines, n_lines)) {
+        fprintf(stderr, "vela run: out of memory\n");
+        return 1;
     }
-    // The sequences: one per line, or --parallel samples of the one prompt.
-    const int n_seq = lines_mode ? n_lines : gp.n_parallel;
+    if (*n_lines == 0) {
+        fprintf(stderr, "vela run: '%s' has no prompt (one per line)\n", f->prompt_file);
+        return 1;
+    }
+    return 0;
+}
 
+// Tokenizes line l into toks[l] (malloc'd) and prompts[l]; an empty prompt
+// starts from BOS, as llama-cli's. Non-zero when it fails (printed).
+static int tokenize_line(struct engine *e, char **lines, int l, bool lines_mode, int32_t **toks,
+                         struct engine_prompt *prompts) {
+    struct verr err = {0};
+    int n_tok = 0;
+    if (tokenizer_encode_alloc(e->tok, lines[l], strlen(lines[l]), true, true, &toks[l], &n_tok,
+                               &err)) {
+        if (lines_mode)
+            fprintf(stderr, "vela run: tokenizing prompt %d: %s\n", l, err.msg);
+        else
+            fprintf(stderr, "vela run: tokenizing the prompt: %s\n", err.msg);
+        return 1;
+    }
+    if (n_tok == 0) {
+        int32_t bos = tokenizer_bos(e->tok);
+        if (bos < 0) {
+            fprintf(stderr, "vela run: the prompt is empty and the vocabulary has no BOS token\n");
+            return 1;
+        }
+        free(toks[l]);
+        if (!(toks[l] = malloc(sizeof *toks[l]))) {
+            fprintf(stderr, "vela run: out of memory\n");
+            return 1;
+        }
+        toks[l][0] = bos;
+        n_tok = 1;
+    }
+    prompts[l] = (struct engine_prompt){toks[l], n_tok};
+    return 0;
+}
+
+// The model and its context for f's sequences. Non-zero when it fails (printed).
+static int open_engine(const struct run_flags *f, struct engine **e) {
     struct engine_config op;
-    args_engine_config(&am, &op);
-    op.ctx.n_seq_max = gp.n_parallel;
-    op.ctx.n_outputs_max = gp.n_parallel;
+    args_engine_config(&f->am, &op);
+    op.ctx.n_seq_max = f->gp.n_parallel;
+    op.ctx.n_outputs_max = f->gp.n_parallel;
     op.need_tokenizer = true;
     struct load_progress lprog;
-    load_progress_init(&lprog, "vela run", am.no_progress);
+    load_progress_init(&lprog, "vela run", f->am.no_progress);
     op.progress = load_progress_update;
     op.progress_user = &lprog;
-    if (engine_open(&e, &op, &err)) {
+    struct verr err = {0};
+    if (engine_open(e, &op, &err)) {
         fprintf(stderr, "vela run: %s\n", err.msg);
-        goto done;
+        return 1;
     }
-    if (am.verbose) {
+    if (f->am.verbose) {
         char desc[2048];
-        engine_describe(e, desc, sizeof desc);
+        engine_describe(*e, desc, sizeof desc);
         fprintf(stderr, "%s\n", desc);
     }
-    toks = calloc((size_t)n_lines, sizeof *toks);
-    prompts = calloc((size_t)n_seq, sizeof *prompts);
-    out.prompt_text = calloc((size_t)n_seq, sizeof *out.prompt_text);
-    out.texts = calloc((size_t)n_seq, sizeof *out.texts);
-    out.lens = calloc((size_t)n_seq, sizeof *out.lens);
-    out.caps = calloc((size_t)n_seq, sizeof *out.caps);
-    out.why = calloc((size_t)n_seq, sizeof *out.why);
-    if (!toks || !prompts || !out.prompt_text || !out.texts || !out.lens || !out.caps || !out.why) {
+    return 0;
+}
+
+// The per-sequence buffers of out for n_seq sequences; non-zero when out of
+// memory (printed).
+static int run_out_alloc(struct run_out *out, int n_seq) {
+    out->n_seq = n_seq;
+    out->prompt_text = calloc((size_t)n_seq, sizeof *out->prompt_text);
+    out->texts = calloc((size_t)n_seq, sizeof *out->texts);
+    out->lens = calloc((size_t)n_seq, sizeof *out->lens);
+    out->caps = calloc((size_t)n_seq, sizeof *out->caps);
+    out->why = calloc((size_t)n_seq, sizeof *out->why);
+    if (!out->prompt_text || !out->texts || !out->lens || !out->caps || !out->why) {
         fprintf(stderr, "vela run: out of memory\n");
-        goto done;
+        return 1;
     }
-    for (int l = 0; l < n_lines; l++) {
-        int n_tok = 0;
-        if (tokenizer_encode_alloc(e->tok, lines[l], strlen(lines[l]), true, true, &toks[l], &n_tok,
-                                   &err)) {
-            if (lines_mode)
-                fprintf(stderr, "vela run: tokenizing prompt %d: %s\n", l, err.msg);
-            else
-                fprintf(stderr, "vela run: tokenizing the prompt: %s\n", err.msg);
-            goto done;
-        }
-        if (n_tok == 0) {
-            // llama-cli: an empty prompt starts from BOS
-            int32_t bos = tokenizer_bos(e->tok);
-            if (bos < 0) {
-                fprintf(stderr,
-                        "vela run: the prompt is empty and the vocabulary has no BOS token\n");
-                goto done;
-            }
-            free(toks[l]);
-            toks[l] = malloc(sizeof *toks[l]);
-            if (!toks[l]) {
-                fprintf(stderr, "vela run: out of memory\n");
-                goto done;
-            }
-            toks[l][0] = bos;
-            n_tok = 1;
-        }
-        prompts[l] = (struct engine_prompt){toks[l], n_tok};
+    return 0;
+}
+
+static void run_out_free(struct run_out *out) {
+    if (out->texts)
+        for (int s = 0; s < out->n_seq; s++)
+            free(out->texts[s]);
+    free(out->texts);
+    free(out->prompt_text);
+    free(out->lens);
+    free(out->caps);
+    free(out->why);
+    stop_free(out->stop);
+}
+
+// With -v: the prompts' lengths.
+static void say_prompts(const struct run_flags *f, const struct engine_prompt *prompts, int n_seq,
+                        int n_ctx_seq) {
+    int lo = prompts[0].n_tokens, hi = lo;
+    for (int s = 1; s < n_seq; s++) {
+        lo = prompts[s].n_tokens < lo ? prompts[s].n_tokens : lo;
+        hi = prompts[s].n_tokens > hi ? prompts[s].n_tokens : hi;
     }
+    if (n_seq == 1)
+        fprintf(stderr, "vela: prompt: %d tokens\n", lo);
+    else
+        fprintf(stderr,
+                "vela: %d sequences, %d at a time, prompts of %d..%d tokens, %d cells per "
+                "sequence\n",
+                n_seq, f->gp.n_parallel, lo, hi, n_ctx_seq);
+}
+
+// After the run: which sequences filled their context and why nothing
+// shifted it, then llama-cli's timings.
+static void say_results(const struct run_flags *f, const struct engine *e,
+                        const struct run_out *out, const struct engine_stats *st, int n_ctx_seq) {
+    const struct engine_gen_params *gp = &f->gp;
+    const int n_seq = out->n_seq;
     for (int s = 0; s < n_seq; s++) {
-        if (!lines_mode)
-            prompts[s] = prompts[0];
-        out.prompt_text[s] = lines[lines_mode ? s : 0];
-    }
-    int longest = 0;
-    for (int s = 0; s < n_seq; s++)
-        longest = prompts[s].n_tokens > longest ? prompts[s].n_tokens : longest;
-    if (args_selfextend_check(&am, &e->m->hp, e->fc->cfg.n_ctx, longest, stderr, &err)) {
-        fprintf(stderr, "vela run: %s\n", err.msg);
-        goto done;
-    }
-    out.stream = n_seq == 1;
-    out.display_prompt = display_prompt;
-    out.n_seq = n_seq;
-    out.verbose = am.verbose;
-    if (chat) {
-        const char *eot_text = chat_template_eot(tmpl);
-        out.eot = chat_eot_token(e->tok, tmpl);
-        if (stop_new(&out.stop, &eot_text, 1, &err)) {
-            fprintf(stderr, "vela run: %s\n", err.msg);
-            goto done;
-        }
-    }
-    if (am.verbose) {
-        int lo = prompts[0].n_tokens, hi = lo;
-        for (int s = 1; s < n_seq; s++) {
-            lo = prompts[s].n_tokens < lo ? prompts[s].n_tokens : lo;
-            hi = prompts[s].n_tokens > hi ? prompts[s].n_tokens : hi;
-        }
-        if (n_seq == 1)
-            fprintf(stderr, "vela: prompt: %d tokens\n", lo);
-        else
-            fprintf(stderr,
-                    "vela: %d sequences, %d at a time, prompts of %d..%d tokens, %d cells per "
-                    "sequence\n",
-                    n_seq, gp.n_parallel, lo, hi, e->fc->cfg.n_ctx / gp.n_parallel);
-    }
-    const int n_ctx_seq = e->fc->cfg.n_ctx / gp.n_parallel;
-    tools_warn_ctx("run", &am, n_ctx_seq, e->m->hp.n_ctx_train, gp.ga_n != 1);
-    if (!n_given)
-        say_bounds(&gp, chat, n_ctx_seq);
-    say_seed(&gp.sp, n_seq);
-    if (display_prompt && out.stream) {
-        fwrite(prompt, 1, prompt_len, stdout);
-        fflush(stdout);
-    }
-    struct engine_stats st;
-    int rc = engine_generate_batch(e, prompts, n_seq, &gp, on_event, &out, &st, &err);
-    if (out.stream)
-        fputc('\n', stdout);
-    fflush(stdout);
-    if (rc) {
-        fprintf(stderr, "vela run: %s\n", err.msg);
-        goto done;
-    }
-    for (int s = 0; s < n_seq; s++) {
-        if (!out.why[s] || strcmp(out.why[s], "context full"))
+        if (!out->why[s] || strcmp(out->why[s], "context full"))
             continue;
-        const char *how = gp.ga_n != 1 ? "; self-extend does not shift the context"
-                          : !gp.ctx_shift && chat && !shift_given
+        const char *how = gp->ga_n != 1 ? "; self-extend does not shift the context"
+                          : !gp->ctx_shift && f->chat && !f->shift_given
                               ? "; --chat does not shift the context (--context-shift would)"
-                          : !gp.ctx_shift ? "; context shift is off (--no-context-shift)"
-                                          : "; -n -2 stops there";
+                          : !gp->ctx_shift ? "; context shift is off (--no-context-shift)"
+                                           : "; -n -2 stops there";
         if (n_seq == 1)
             fprintf(stderr, "vela: context full (%d tokens)%s\n", n_ctx_seq, how);
         else
@@ -605,37 +616,127 @@ int cmd_run(int argc, char **argv) {
                     n_ctx_seq, how);
     }
     fprintf(stderr, "vela: load time:   %10.2f ms\n", e->t_load_ms);
-    fprintf(stderr, "vela: prompt eval: %10.2f ms / %5d tokens (%10.2f tokens/s)\n", st.t_prompt_ms,
-            st.n_prompt, st.t_prompt_ms > 0 ? 1e3 * st.n_prompt / st.t_prompt_ms : 0.0);
-    fprintf(stderr, "vela: generation:  %10.2f ms / %5d tokens (%10.2f tokens/s)\n", st.t_gen_ms,
-            st.n_gen, st.t_gen_ms > 0 ? 1e3 * st.n_gen / st.t_gen_ms : 0.0);
+    fprintf(stderr, "vela: prompt eval: %10.2f ms / %5d tokens (%10.2f tokens/s)\n",
+            st->t_prompt_ms, st->n_prompt,
+            st->t_prompt_ms > 0 ? 1e3 * st->n_prompt / st->t_prompt_ms : 0.0);
+    fprintf(stderr, "vela: generation:  %10.2f ms / %5d tokens (%10.2f tokens/s)\n", st->t_gen_ms,
+            st->n_gen, st->t_gen_ms > 0 ? 1e3 * st->n_gen / st->t_gen_ms : 0.0);
     if (n_seq > 1)
         fprintf(stderr,
                 "vela: total:       %10.2f ms / %5d sequences, %d at a time: %d prompt + %d "
                 "generated tokens (%.2f generated tokens/s, %.2f tokens/s in all)\n",
-                st.t_total_ms, st.n_seq, gp.n_parallel, st.n_prompt, st.n_gen,
-                st.t_total_ms > 0 ? 1e3 * st.n_gen / st.t_total_ms : 0.0,
-                st.t_total_ms > 0 ? 1e3 * (st.n_prompt + st.n_gen) / st.t_total_ms : 0.0);
-    if (st.n_ctx_shifts)
-        fprintf(stderr, "vela: context shifts: %d\n", st.n_ctx_shifts);
+                st->t_total_ms, st->n_seq, gp->n_parallel, st->n_prompt, st->n_gen,
+                st->t_total_ms > 0 ? 1e3 * st->n_gen / st->t_total_ms : 0.0,
+                st->t_total_ms > 0 ? 1e3 * (st->n_prompt + st->n_gen) / st->t_total_ms : 0.0);
+    if (st->n_ctx_shifts)
+        fprintf(stderr, "vela: context shifts: %d\n", st->n_ctx_shifts);
+}
+
+// Sets up out for the run (streaming, --chat's end of turn) and says, before
+// the first token, what bounds the run and its seed. Non-zero when it fails
+// (printed).
+static int prepare_run(struct run_flags *f, struct engine *e, const struct engine_prompt *prompts,
+                       int n_seq, enum chat_template tmpl, struct run_out *out) {
+    struct verr err = {0};
+    int longest = 0;
+    for (int s = 0; s < n_seq; s++)
+        longest = prompts[s].n_tokens > longest ? prompts[s].n_tokens : longest;
+    if (args_selfextend_check(&f->am, &e->m->hp, e->fc->cfg.n_ctx, longest, stderr, &err)) {
+        fprintf(stderr, "vela run: %s\n", err.msg);
+        return 1;
+    }
+    out->stream = n_seq == 1;
+    out->display_prompt = f->display_prompt && !f->chat; // --chat: the reply alone
+    out->verbose = f->am.verbose;
+    if (f->chat) {
+        const char *eot_text = chat_template_eot(tmpl);
+        out->eot = chat_eot_token(e->tok, tmpl);
+        if (stop_new(&out->stop, &eot_text, 1, &err)) {
+            fprintf(stderr, "vela run: %s\n", err.msg);
+            return 1;
+        }
+    }
+    const int n_ctx_seq = e->fc->cfg.n_ctx / f->gp.n_parallel;
+    if (f->am.verbose)
+        say_prompts(f, prompts, n_seq, n_ctx_seq);
+    tools_warn_ctx("run", &f->am, n_ctx_seq, e->m->hp.n_ctx_train, f->gp.ga_n != 1);
+    if (!f->n_given)
+        say_bounds(&f->gp, f->chat, n_ctx_seq);
+    say_seed(&f->gp.sp, n_seq);
+    return 0;
+}
+
+// Opens the model, tokenizes the prompts and generates. The exit status.
+static int run_prompts(struct run_flags *f, char *text, size_t text_len, enum chat_template tmpl) {
+    // -f with --parallel N > 1 is a list of prompts, one per line.
+    const bool lines_mode = f->prompt_file && f->gp.n_parallel > 1;
+    int status = 1, n_lines = 0;
+    struct engine *e = NULL;
+    char **lines = NULL;
+    int32_t **toks = NULL; // [n_lines]
+    struct engine_prompt *prompts = NULL;
+    struct run_out out = {0};
+    if (prompt_lines(f, lines_mode, text, &lines, &n_lines) || open_engine(f, &e))
+        goto done;
+    // The sequences: one per line, or --parallel samples of the one prompt.
+    const int n_seq = lines_mode ? n_lines : f->gp.n_parallel;
+    toks = calloc((size_t)n_lines, sizeof *toks);
+    prompts = calloc((size_t)n_seq, sizeof *prompts);
+    if (run_out_alloc(&out, n_seq))
+        goto done;
+    if (!toks || !prompts) {
+        fprintf(stderr, "vela run: out of memory\n");
+        goto done;
+    }
+    for (int l = 0; l < n_lines; l++)
+        if (tokenize_line(e, lines, l, lines_mode, toks, prompts))
+            goto done;
+    for (int s = 0; s < n_seq; s++) {
+        if (!lines_mode)
+            prompts[s] = prompts[0];
+        out.prompt_text[s] = lines[lines_mode ? s : 0];
+    }
+    if (prepare_run(f, e, prompts, n_seq, tmpl, &out))
+        goto done;
+    if (out.display_prompt && out.stream) {
+        fwrite(text, 1, text_len, stdout);
+        fflush(stdout);
+    }
+    struct engine_stats st;
+    struct verr err = {0};
+    int rc = engine_generate_batch(e, prompts, n_seq, &f->gp, on_event, &out, &st, &err);
+    if (out.stream)
+        fputc('\n', stdout);
+    fflush(stdout);
+    if (rc) {
+        fprintf(stderr, "vela run: %s\n", err.msg);
+        goto done;
+    }
+    say_results(f, e, &out, &st, e->fc->cfg.n_ctx / f->gp.n_parallel);
     status = 0;
 done:
-    if (out.texts)
-        for (int s = 0; s < out.n_seq; s++)
-            free(out.texts[s]);
-    free(out.texts);
-    free(out.prompt_text);
-    free(out.lens);
-    free(out.caps);
-    free(out.why);
-    stop_free(out.stop);
+    run_out_free(&out);
     if (toks)
         for (int l = 0; l < n_lines; l++)
             free(toks[l]);
     free(toks);
     free(prompts);
     free(lines);
-    free(prompt);
     engine_close(e);
     return status;
+}
+
+int cmd_run(int argc, char **argv) {
+    struct run_flags f;
+    int st = parse_run(&f, argc, argv);
+    if (st >= 0)
+        return st;
+    size_t len = 0;
+    enum chat_template tmpl = CHAT_TMPL_CHATML;
+    char *text = read_prompt(&f, &len, &tmpl);
+    if (!text)
+        return 1;
+    st = run_prompts(&f, text, len, tmpl);
+    free(text);
+    return st;
 }
