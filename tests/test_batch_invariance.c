@@ -68,7 +68,7 @@ static bool bi_path_enter(const struct bi_path *p) {
     const enum cpu_q8_isa isa = cpu_q8_isa();
     if ((!strcmp(p->name, "avx-vnni") && isa != CPU_Q8_ISA_AVXVNNI) ||
         (!strcmp(p->name, "avx2") && isa == CPU_Q8_ISA_NONE)) {
-        cr_log_warn("path %s: skipped, this CPU lacks it (q8 kernels here: %s)", p->name,
+        cr_log_info("path %s: skipped, this CPU lacks it (q8 kernels here: %s)", p->name,
                     cpu_q8_isa_name(isa));
         return false;
     }
