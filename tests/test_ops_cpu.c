@@ -84,30 +84,35 @@ static void cover_fn(void *ctx, int64_t b, int64_t e, int thread) {
 }
 
 // Every index of [0, n) runs exactly once, thread ids stay below the pool
-// size, whatever n, grain and thread count.
+// size, whatever n, grain and thread count; also in chaos mode
+// (VELA_POOL_CHAOS: delayed workers, random solo spells).
 Test(cpu, threadpool_covers_range_once) {
     const int threads[] = {1, 2, 3, 8};
     const int64_t ns[] = {0, 1, 7, 1000, 100003};
     const int64_t grains[] = {0, 1, 7, 1000};
-    for (size_t ti = 0; ti < 4; ti++) {
+    for (size_t ti = 0; ti < 8; ti++) {
         struct threadpool *tp = NULL;
         struct verr err = {0};
-        cr_assert_eq(threadpool_create(&tp, threads[ti], &err), 0, "%s", err.msg);
-        cr_expect_eq(threadpool_size(tp), threads[ti]);
+        if (ti >= 4)
+            setenv("VELA_POOL_CHAOS", "7", 1);
+        cr_assert_eq(threadpool_create(&tp, threads[ti % 4], &err), 0, "%s", err.msg);
+        unsetenv("VELA_POOL_CHAOS");
+        cr_expect_eq(threadpool_size(tp), threads[ti % 4]);
         for (size_t ni = 0; ni < 5; ni++)
             for (size_t gi = 0; gi < 4; gi++) {
                 const int64_t n = ns[ni];
                 struct cover_ctx c;
                 c.hits = calloc((size_t)n + 1, sizeof(_Atomic int));
-                c.size = threads[ti];
+                c.size = threads[ti % 4];
                 atomic_init(&c.bad_thread, 0);
                 for (int rep = 0; rep < 3; rep++)
                     threadpool_parallel_for(tp, n, grains[gi], cover_fn, &c);
                 for (int64_t i = 0; i < n; i++)
                     if (atomic_load(&c.hits[i]) != 3) {
-                        cr_expect_fail("threads %d n %lld grain %lld: index %lld ran %d times",
-                                       threads[ti], (long long)n, (long long)grains[gi],
-                                       (long long)i, atomic_load(&c.hits[i]) / 3);
+                        cr_expect_fail("threads %d%s n %lld grain %lld: index %lld ran %d times",
+                                       threads[ti % 4], ti >= 4 ? " (chaos)" : "", (long long)n,
+                                       (long long)grains[gi], (long long)i,
+                                       atomic_load(&c.hits[i]) / 3);
                         break;
                     }
                 cr_expect_eq(atomic_load(&c.bad_thread), 0);

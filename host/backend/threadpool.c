@@ -56,9 +56,11 @@
 // Chaos (VELA_POOL_CHAOS=seed, for tests): the pool is made to run as on a
 // busy machine, reproducibly in kind if not in timing. A worker sleeps
 // before a quarter of the chunks it claims (30 us to 2 ms, as a preempted
-// thread holding its chunk), the caller yields before its own first claim
-// now and then (so workers take the first chunks), and one job in 16 starts
-// a solo spell of up to 2 ms. Which thread runs which chunk, and whether a
+// thread holding its chunk), the caller holds back in a quarter of the jobs
+// until a worker has claimed a chunk (at most 200 us: else it would take
+// every chunk of a short job before a worker wakes), and one job in 64
+// starts a solo spell of up to 1 ms (a decode step's jobs take tens of
+// microseconds: some in spells, most not). Which thread runs which chunk, and whether a
 // job runs alone, then change from run to run; results must not.
 //
 // Waiting spins first, then sleeps: a decode step is hundreds of short jobs
@@ -149,6 +151,18 @@ static uint64_t pool_chaos_draw(struct threadpool *tp, uint64_t n) {
 static void pool_sleep_ns(int64_t ns) {
     struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
     nanosleep(&ts, NULL);
+}
+
+// Chaos: the caller waits (at most 200 us) until a worker has claimed a
+// chunk of job gen.
+static void pool_chaos_hold(struct threadpool *tp, uint32_t gen) {
+    const int64_t until = pool_now_ns() + 200000;
+    for (unsigned i = 1; pool_now_ns() < until; i++) {
+        const uint64_t t = atomic_load_explicit(&tp->ticket, memory_order_relaxed);
+        if (ticket_gen(t) != gen || ticket_next(t) > 0)
+            return;
+        pool_cpu_relax(i);
+    }
 }
 
 // What a waiting thread polls for: a worker, a job after generation v (the
@@ -393,8 +407,8 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
 
     const uint32_t n_chunks = (uint32_t)((n + chunk - 1) / chunk); // <= 4 * size
     _Static_assert(4 * 4096 <= POOL_MAX_CHUNKS, "n_chunks <= 4 * size must fit the ticket");
-    if (tp->chaos_seed && pool_chaos_draw(tp, 16) == 0)
-        tp->solo_until = pool_now_ns() + (int64_t)pool_chaos_draw(tp, 2000000);
+    if (tp->chaos_seed && pool_chaos_draw(tp, 64) == 0)
+        tp->solo_until = pool_now_ns() + (int64_t)pool_chaos_draw(tp, 1000000);
     const int64_t t0 = pool_now_ns();
     if (t0 < tp->solo_until) {
         // The same chunks as a parallel run, so results cannot differ.
@@ -417,7 +431,7 @@ void threadpool_parallel_for(struct threadpool *tp, int64_t n, int64_t grain, th
     pthread_mutex_unlock(&tp->mu);
 
     if (tp->chaos_seed && pool_chaos_draw(tp, 4) == 0)
-        sched_yield();
+        pool_chaos_hold(tp, gen);
     pool_run_chunks(tp, gen, 0);
     const int64_t t1 = pool_now_ns();
 
