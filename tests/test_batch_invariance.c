@@ -20,8 +20,9 @@
 //
 // Each CPU path: AVX-VNNI (q8 kernels, AVX2 attention), AVX2
 // (VELA_CPU_Q8=avx2), plain (VELA_CPU_Q8=off, VELA_CPU_ATTN=plain: f32
-// activations) and plain with q8 activations (the reference q8_1 dots);
-// a path this CPU lacks is skipped and says so. On a tiny Q4_1 model
+// activations), plain with q8 activations (the reference q8_1 dots), and
+// the AVX2 attention with f32 activations; a path this CPU lacks is skipped
+// and says so. On a tiny Q4_1 model
 // (tests/tiny_model.h), and on SmolLM2-135M-Instruct Q4_1 with real text
 // where bash tools/model_cache.sh has fetched it (skipped otherwise).
 #include <criterion/criterion.h>
@@ -53,6 +54,9 @@ static const struct bi_path bi_paths[] = {
     {"avx2", "avx2", NULL, BACKEND_ACT_DEFAULT},
     {"plain f32", "off", "plain", BACKEND_ACT_F32},
     {"plain q8_1", "off", "plain", BACKEND_ACT_Q8},
+    // The AVX2 attention kernels under f32 activations: q8 activations
+    // round most of a small difference away, which hides one on a tiny model.
+    {"avx2 attention, f32", NULL, NULL, BACKEND_ACT_F32},
 };
 
 static void bi_setenv(const char *name, const char *v) {
@@ -67,7 +71,7 @@ static bool bi_path_enter(const struct bi_path *p) {
     bi_setenv("VELA_CPU_Q8", NULL);
     const enum cpu_q8_isa isa = cpu_q8_isa();
     if ((!strcmp(p->name, "avx-vnni") && isa != CPU_Q8_ISA_AVXVNNI) ||
-        (!strcmp(p->name, "avx2") && isa == CPU_Q8_ISA_NONE)) {
+        (!strncmp(p->name, "avx2", 4) && isa == CPU_Q8_ISA_NONE)) {
         cr_log_info("path %s: skipped, this CPU lacks it (q8 kernels here: %s)", p->name,
                     cpu_q8_isa_name(isa));
         return false;
@@ -345,7 +349,7 @@ Test(batch_invariance, tiny_model_every_path_thread_count_and_schedule) {
     const struct bi_engine_cfg base = {
         .model = path, .n_ctx_seq = 64, .n_slots = BI_SLOTS, .n_batch = BI_STEP_TOKENS};
     const int threads[] = {1, 2, 3};
-    bi_paths_run(&base, ref, N, threads, 3, 0xfu);
+    bi_paths_run(&base, ref, N, threads, 3, 0x1fu);
     for (int i = 0; i < N; i++) {
         free(ref[i].prompt);
         free(ref[i].logits);
