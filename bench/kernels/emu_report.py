@@ -170,8 +170,10 @@ def load_resources(path):
     return {norm_instance(k): v for k, v in doc['kernels'].items()}, doc
 
 
-def fold(traffic, resources):
-    cases = {}  # case key -> row under construction, in order of appearance
+def read_cases(traffic, extra=None):
+    """The launch records of a traffic file grouped by their case label, in
+    order of appearance: [(case + extra, [records])]."""
+    cases = {}
     with open(traffic, encoding='utf-8') as f:
         for line in f:
             if not line.strip():
@@ -180,13 +182,13 @@ def fold(traffic, resources):
             case = r.get('case')
             if not case:
                 continue
-            key = json.dumps(case, sort_keys=True)
-            row = cases.setdefault(key, {'case': case, 'launches': []})
-            row['launches'].append(r)
-    rows = []
-    for c in cases.values():
-        rows.append(fold_case(c['case'], c['launches'], resources))
-    return rows
+            case = dict(case, **(extra or {}))
+            cases.setdefault(json.dumps(case, sort_keys=True), (case, []))[1].append(r)
+    return list(cases.values())
+
+
+def fold(traffic, resources):
+    return [fold_case(case, launches, resources) for case, launches in read_cases(traffic)]
 
 
 def fold_launch(r, resources):
@@ -421,15 +423,16 @@ def markdown(doc):
 BEGIN, END = '<!-- emu-report:begin -->', '<!-- emu-report:end -->'
 
 
-def write_readme(path, text):
+def write_readme(path, text, begin=BEGIN, end=END):
+    """Replaces what lies between the markers begin and end in path."""
     with open(path, encoding='utf-8') as f:
         src = f.read()
-    if BEGIN not in src or END not in src:
-        raise SystemExit('%s has no %s ... %s block' % (path, BEGIN, END))
-    head, rest = src.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    if begin not in src or end not in src:
+        raise SystemExit('%s has no %s ... %s block' % (path, begin, end))
+    head, rest = src.split(begin, 1)
+    _, tail = rest.split(end, 1)
     with open(path, 'w', encoding='utf-8') as f:
-        f.write(head + BEGIN + '\n' + text + END + tail)
+        f.write(head + begin + '\n' + text + end + tail)
 
 
 def make_doc(rows, res_doc, elapsed=None):

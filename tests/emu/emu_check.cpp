@@ -225,12 +225,14 @@ struct tr_key_hash {
 };
 struct tr_req {
     uint32_t bytes = 0;
+    uint32_t width = 0; // the widest lane access: the instruction's width (LDG.128: 16)
     bool store = false;
     std::vector<uint64_t> sectors;                // distinct
     std::vector<std::pair<uintptr_t, size_t>> at; // distinct addresses (lanes may share one)
 };
 struct tr_dir { // loads or stores of one launch
     uint64_t requests = 0, bytes = 0, sectors = 0, ideal = 0;
+    std::map<uint32_t, uint64_t> widths; // lane width in bytes -> requests
 };
 static FILE *g_traffic;
 static const void *g_kernel_fn;
@@ -301,6 +303,7 @@ static void traffic_access(uintptr_t p, size_t n, bool store, const void *ra) {
     const uint32_t k = g_tr_count[(uint64_t)(uintptr_t)ra << 10 | t]++;
     tr_req &r = g_tr_req[tr_key{(uintptr_t)ra, t >> 5, k}];
     r.bytes += (uint32_t)n;
+    r.width = std::max(r.width, (uint32_t)n);
     r.store = store;
     if (std::find(r.at.begin(), r.at.end(), std::make_pair(p, n)) == r.at.end())
         r.at.emplace_back(p, n);
@@ -344,6 +347,7 @@ static void traffic_block_end(void) {
     for (auto &kv : g_tr_req) {
         tr_dir &d = kv.second.store ? g_tr_st : g_tr_ld;
         d.requests++;
+        d.widths[kv.second.width]++;
         d.bytes += kv.second.bytes;
         d.sectors += kv.second.sectors.size();
         size_t distinct = 0; // what a perfectly coalesced access needs: each byte once
@@ -482,7 +486,15 @@ void emu_chk_launch_end(void) {
                 i ? "stores" : "loads", (unsigned long long)d[i]->requests,
                 (unsigned long long)d[i]->bytes, (unsigned long long)d[i]->sectors,
                 (unsigned long long)d[i]->ideal);
-    fprintf(g_traffic, "}\n");
+    // Load requests by lane width: which of a kernel's alternative load
+    // paths ran (bench/kernels/perf_model.py picks its SASS path by them).
+    fprintf(g_traffic, ", \"load_widths\": {");
+    const char *sep = "";
+    for (auto &w : g_tr_ld.widths) {
+        fprintf(g_traffic, "%s\"%u\": %llu", sep, w.first, (unsigned long long)w.second);
+        sep = ", ";
+    }
+    fprintf(g_traffic, "}}\n");
     fflush(g_traffic);
     g_tr_distinct.clear();
     g_tr_dist_dir[0].clear();

@@ -1,0 +1,774 @@
+#!/usr/bin/env python3
+"""vela: the GPU performance model of the decode kernels (issue #27).
+
+Predicts each kernel launch's time on an H200 without a GPU, from two things
+this machine has: the sm_90 machine code the build makes (cuobjdump -sass of
+build/CMakeFiles/vela_cuda.dir/cuda/*.cu.o, read by sass.py) and the
+emulator's record of the same launch at model shapes (tests/emu,
+VELA_EMU_TRAFFIC: grid, block, bytes, load requests by width), and says
+what bounds it.
+
+Per launch, for its average warp (sass.Warp: the path the emulator's loads
+took, loops as often as its load requests allow):
+  instr          warp-instructions issued
+  gwaits         memory round trips: instructions that wait on a global load
+  swaits         short waits (shared memory, shuffles, special functions)
+  stall          the fixed stall cycles the compiler scheduled
+  inflight       global bytes in flight at a round trip (memory-level
+                 parallelism of one warp)
+Per SM (sm_90: 132 SMs, 4 schedulers, occupancy from registers, shared
+memory and threads as the CUDA occupancy calculator; cuobjdump -res-usage):
+  resident warps, blocks per SM, waves.
+Bounds (seconds):
+  dram    bytes moved (the emulator's distinct sectors) / (peak x dram_eff)
+  l2      bytes the warps request of L1/L2 (every request's sectors) / l2_tbs:
+          activations re-read by every warp, uncoalesced loads
+  issue   the busiest SM's warp-instructions / (4 schedulers x ipc x clock)
+  latency waves x one warp's chain: (stall + gwaits x lat_global + swaits x
+          lat_short) / clock; with resident warps W and bytes in flight per
+          warp B this is Little's law: an SM moves W x B bytes per lat_global
+  launch  t_launch per launch (the launch and the kernel's ramp, as timed by
+          CUDA events around one op call)
+  time = max(dram, l2, issue, latency) + launch; an op is the sum of its
+  launches.
+The six constants are fitted to measured rows (bench/results/kernels-h200.json:
+`calibrate`), on one half of the rows and checked on the other.
+
+What it cannot see: L2 hit rates (every distinct sector is a DRAM byte),
+clock changes under load, contention between SMs for DRAM beyond the peak,
+bank conflicts, the order warps are scheduled in, predicates (a predicated
+load is half a request against the budget), and paths the emulator's load
+widths cannot tell apart.
+
+Commands:
+  show     one .cu file, a kernel name or all: each instance's static figures,
+           and each recorded launch's prediction (seconds, once built)
+  record   runs the emulated bench (vela-bench-kernels-emu) for the report's
+           cases and variants into traffic files
+  report   bench/results/kernels-predicted.json + the tables of bench/README.md
+  calibrate  fits the constants on half the measured rows, checks the rest
+  gate     CI: predicted fraction of bandwidth per decode case (ci-small
+           shapes) against bench/results/kernels-predicted-ci.json; fails
+           when one falls more than 5% below; --doctor serialises every
+           global load of the machine code (each waited on at once) and
+           must fail
+"""
+import argparse
+import datetime
+import glob
+import hashlib
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import emu_report  # noqa: E402  (occupancy rules, instance names, git commit)
+import sass  # noqa: E402
+from sm90_resources import strip_params  # noqa: E402
+
+# --- the device ------------------------------------------------------------------------
+H200 = {'name': 'NVIDIA H200', 'sms': 132, 'schedulers': 4, 'clock_hz': 1.98e9,
+        'peak_bw': 4.8143e12}  # kernels-h200.json's device.peak_bw_gbs
+
+# Fitted by `calibrate` on kernels-h200.json (the fit's rows and its check
+# rows are in bench/results/kernels-predicted.json, "calibration").
+PARAMS = {'lat_global': 200.0, 'lat_short': 15.0, 'ipc': 1.0, 'dram_eff': 0.85,
+          't_launch_us': 4.5, 'l2_tbs': 9.0}
+
+DECODE_FAMILIES = {'matvec', 'matvec_qkv', 'matvec_swiglu', 'matvec_add', 'attn_decode',
+                   'attn_se_decode', 'rope', 'rope_kv_store', 'rms_norm', 'argmax', 'sample'}
+BUILD_OBJ = 'CMakeFiles/vela_cuda.dir/cuda'
+
+# --- machine code ----------------------------------------------------------------------
+
+CUOBJDUMP_PIN = 'nvidia-cuda-cuobjdump==13.2.86'
+
+
+def find_cuobjdump():
+    """cuobjdump from PATH, the CUDA toolkit or the pinned PyPI package in a
+    venv (README: the performance model); None if none."""
+    for c in [shutil.which('cuobjdump'), '/usr/local/cuda/bin/cuobjdump'] + sorted(
+            glob.glob(os.path.join(sys.prefix, 'lib/python3*/site-packages/nvidia/cu*/bin/'
+                                               'cuobjdump'))):
+        if c and os.access(c, os.X_OK):
+            return c
+    try:
+        import nvidia  # noqa: F401  the pip package's namespace
+        for p in nvidia.__path__:
+            for c in glob.glob(os.path.join(p, 'cu*/bin/cuobjdump')):
+                if os.access(c, os.X_OK):
+                    return c
+    except ImportError:
+        pass
+    return None
+
+
+def demangle(names):
+    out = subprocess.run(['c++filt'], input='\n'.join(names), capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    return dict(zip(names, out))
+
+
+def inst_key(name):
+    """One spelling for an instance: 'matvec_q8_kernel<12,1>'."""
+    return emu_report.norm_instance(strip_params(name))
+
+
+def parse_res(text):
+    """{mangled: {'regs', 'smem_static', 'stack'}} from cuobjdump -res-usage."""
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r'\s*Function (\S+):', line)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.search(r'REG:(\d+) STACK:(\d+) SHARED:(\d+)', line)
+        if m and cur:
+            out[cur] = {'regs': int(m.group(1)), 'stack': int(m.group(2)),
+                        'smem_static': int(m.group(3))}
+            cur = None
+    return out
+
+
+def load_object(path, cuobjdump, cache_dir):
+    """{instance key: {'ins', 'res', 'mangled', 'file'}} of one object or cubin
+    (sm_90), cached by the file's content."""
+    with open(path, 'rb') as f:
+        digest = hashlib.sha1(f.read()).hexdigest()[:16]
+    cache = os.path.join(cache_dir, 'sass-%s-%s.pickle' % (os.path.basename(path), digest))
+    if os.path.exists(cache):
+        with open(cache, 'rb') as f:
+            return pickle.load(f)
+    arch = [] if path.endswith('.cubin') else ['-arch', 'sm_90']
+    text = subprocess.run([cuobjdump, '-sass'] + arch + [path], capture_output=True, text=True,
+                          check=True).stdout
+    res = parse_res(subprocess.run([cuobjdump, '-res-usage'] + arch + [path],
+                                   capture_output=True, text=True, check=True).stdout)
+    fns = sass.parse(text)
+    names = demangle(list(fns))
+    out = {}
+    for m, ins in fns.items():
+        if not ins:
+            continue
+        out[inst_key(names[m])] = {'ins': ins, 'res': res.get(m, {}), 'mangled': m,
+                                   'file': os.path.basename(path).split('.')[0] + '.cu'}
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(cache, 'wb') as f:
+        pickle.dump(out, f)
+    return out
+
+
+def load_code(objs, cuobjdump, cache_dir):
+    code = {}
+    for p in objs:
+        code.update(load_object(p, cuobjdump, cache_dir))
+    return code
+
+
+def doctor(code):
+    """The same machine code with every global load waited on by the next
+    instruction (a load moved next to its use): the gate's self-check."""
+    out = {}
+    for k, v in code.items():
+        ins = list(v['ins'])
+        for i in range(len(ins) - 1):
+            if ins[i].kind == 'gload' and ins[i].wbar != sass.NO_BAR:
+                nxt = ins[i + 1]
+                y = sass.Ins.__new__(sass.Ins)
+                for s in sass.Ins.__slots__:
+                    setattr(y, s, getattr(nxt, s))
+                y.wait = nxt.wait | 1 << ins[i].wbar
+                ins[i + 1] = y
+        out[k] = dict(v, ins=ins)
+    return out
+
+
+# --- traffic ---------------------------------------------------------------------------
+
+def read_traffic(path, variant=''):
+    """Launches grouped by case: [(case dict + variant, [launch records])]."""
+    return emu_report.read_cases(path, {'variant': variant})
+
+
+# --- the model -------------------------------------------------------------------------
+
+def occupancy_blocks(threads, regs, smem):
+    """Resident blocks per SM on sm_90 (emu_report.occupancy's rules)."""
+    occ, _ = emu_report.occupancy(threads, regs, smem)
+    warps = -(-threads // 32)
+    return max(1, round(occ * emu_report.SM90['warps'] / warps))
+
+
+def warp_figures(entry, rec, cache):
+    """sass.analyse for the average warp of launch rec (cached per instance
+    and budget)."""
+    threads = rec['block'][0] * rec['block'][1] * rec['block'][2]
+    warps = rec['blocks_run'] * -(-threads // 32)
+    widths = rec.get('load_widths')
+    if widths is None:  # a record from before load_widths: all at 4 bytes
+        widths = {'4': rec['loads']['requests']}
+    budget = {int(w): n / warps for w, n in widths.items()}
+    key = (id(entry['ins']), tuple(sorted((w, round(b, 2)) for w, b in budget.items())))
+    if key not in cache:
+        if 'cfg' not in entry:
+            entry['cfg'] = sass.Cfg(entry['ins'])
+        cache[key] = sass.analyse(entry['ins'], budget, entry['cfg'])
+    return cache[key]
+
+
+def predict_launch(entry, rec, p, dev=H200, cache=None):
+    cache = {} if cache is None else cache
+    threads = rec['block'][0] * rec['block'][1] * rec['block'][2]
+    wpb = -(-threads // 32)
+    n_blocks = rec['grid'][0] * rec['grid'][1] * rec['grid'][2]
+    res = entry['res']
+    smem = rec['smem_dynamic'] + res.get('smem_static', 0)
+    resident = occupancy_blocks(threads, res.get('regs', 32), smem)
+    per_sm = -(-n_blocks // dev['sms'])
+    # blocks start as others end: a second wave of a few blocks costs a
+    # fraction of a chain, not a whole one
+    waves = max(1.0, per_sm / resident)
+    w = warp_figures(entry, rec, cache)
+    scale = rec['blocks_total'] / max(rec['blocks_run'], 1)
+    shared = rec['shared_load_sectors'] + rec['shared_store_sectors']
+    distinct = shared + (rec['distinct_load_sectors'] + rec['distinct_store_sectors'] -
+                         shared) * scale
+    nbytes = 32 * distinct
+    # what the warps ask of L1/L2 (every request's sectors): re-read
+    # activations and uncoalesced loads cost L2 bandwidth, not DRAM
+    requested = 32 * (rec['loads']['sectors'] + rec['stores']['sectors']) * scale
+    clock = dev['clock_hz']
+    chain = (w['stall'] + w['gwaits'] * p['lat_global'] + w['swaits'] * p['lat_short']) / clock
+    t = {
+        'dram': nbytes / (dev['peak_bw'] * p['dram_eff']),
+        'l2': requested / (p['l2_tbs'] * 1e12),
+        'issue': per_sm * wpb * w['instr'] / (dev['schedulers'] * p['ipc'] * clock),
+        'latency': waves * chain,
+    }
+    bound = max(t, key=t.get)
+    total = t[bound] + p['t_launch_us'] * 1e-6
+    return {
+        'kernel': entry_name(rec), 'grid': n_blocks, 'threads': threads,
+        'regs': res.get('regs'), 'smem': smem, 'resident_warps': resident * wpb,
+        'waves': waves, 'bytes': nbytes,
+        'instr_per_warp': w['instr'], 'gwaits_per_warp': w['gwaits'],
+        'swaits_per_warp': w['swaits'],
+        'instr_per_byte': (n_blocks * wpb * w['instr']) / nbytes if nbytes else None,
+        'loop_instr_per_byte': w['loop_instr_per_byte'],
+        'inflight_per_warp': round(w['inflight_mean']),
+        'inflight_per_sm': round(w['inflight_mean'] * min(resident, per_sm) * wpb),
+        'us': {k: round(v * 1e6, 3) for k, v in t.items()},
+        'bound': bound if t[bound] > p['t_launch_us'] * 1e-6 else 'launch',
+        'us_total': total * 1e6, 'truncated': w['truncated'],
+    }
+
+
+def entry_name(rec):
+    return inst_key(rec['instance'] or rec['kernel'])
+
+
+def predict_case(case, launches, code, p, cache, dev=H200):
+    parts, missing = [], []
+    for rec in launches:
+        e = code.get(entry_name(rec))
+        if e is None:
+            missing.append(entry_name(rec))
+            continue
+        parts.append(predict_launch(e, rec, p, dev, cache))
+    if missing or not parts:
+        return None
+    us = sum(x['us_total'] for x in parts)
+    need = case.get('bytes_necessary') or sum(x['bytes'] for x in parts)
+    main = max(parts, key=lambda x: x['us_total'])
+    return {
+        'family': case['family'], 'model': case['model'], 'shape': case['shape'],
+        'type': case['type'], 'act': case.get('act', ''), 'n_tok': case['n_tok'],
+        'n_ctx': case['n_ctx'], 'variant': case.get('variant', ''),
+        'kernel': ' + '.join(x['kernel'] for x in parts),
+        'bytes_necessary': need, 'us': round(us, 3),
+        'bw_frac': round(need / (us * 1e-6) / dev['peak_bw'], 4),
+        'bound': main['bound'], 'launches': parts,
+    }
+
+
+def main_kernel(row):
+    return max(row['launches'], key=lambda x: x['us_total'])
+
+
+# --- measured rows ---------------------------------------------------------------------
+
+def measured_key(r):
+    act = r.get('act') or ''
+    return (r['kernel'], r['model'], r['shape'], r['type'], act, r['n_tok'], r['n_ctx'])
+
+
+def row_key(r):
+    return (r['family'], r['model'], r['shape'], r['type'], r.get('act') or '', r['n_tok'],
+            r['n_ctx'])
+
+
+def load_measured(paths):
+    out = {}
+    for path in paths:
+        with open(path, encoding='utf-8') as f:
+            doc = json.load(f)
+        for r in doc['results']:
+            if r['kernel'] in DECODE_FAMILIES and r.get('n_tok', 0) <= 8:
+                out[measured_key(r)] = {'us': r['us_median'], 'source': os.path.basename(path),
+                                        'device': doc['device']['name']}
+    return out
+
+
+def fit_half(key):
+    """The calibration split: every row of attn_q, ffn_down, output, qkv and
+    attention at 512 cells fits the constants; the others check them."""
+    fam, _, shape, _, _, _, ctx = key
+    return shape.startswith(('attn_q', 'ffn_down', 'output', 'qkv')) or ctx == 512 or \
+        fam in ('rms_norm', 'argmax')
+
+
+def errors(rows, measured, pick):
+    out = []
+    for r in rows:
+        if r['variant']:
+            continue
+        m = measured.get(row_key(r))
+        if m and pick(row_key(r)):
+            out.append((r, m, r['us'] / m['us'] - 1))
+    return out
+
+
+def summary(errs):
+    if not errs:
+        return {'n': 0}
+    a = sorted(abs(e) for _, _, e in errs)
+    return {'n': len(a), 'median_abs_err': round(statistics.median(a), 4),
+            'p90_abs_err': round(a[min(len(a) - 1, int(math.ceil(0.9 * len(a))) - 1)], 4)}
+
+
+# --- commands --------------------------------------------------------------------------
+
+def default_objs(build):
+    return sorted(glob.glob(os.path.join(build, BUILD_OBJ, '*.cu.o')))
+
+
+def load_cases(traffic_args):
+    """traffic_args: ['file', 'file@variant', ...]."""
+    cases = []
+    for t in traffic_args:
+        path, _, variant = t.partition('@')
+        if os.path.exists(path):
+            cases.extend(read_traffic(path, variant))
+    return cases
+
+
+def predict_all(cases, code, p):
+    cache, rows = {}, []
+    for case, launches in cases:
+        if case['family'] not in DECODE_FAMILIES or case['n_tok'] > 8:
+            continue
+        r = predict_case(case, launches, code, p, cache)
+        if r:
+            rows.append(r)
+    return rows
+
+
+def cmd_calibrate(a, code):
+    cases = load_cases(a.traffic)
+    measured = load_measured(a.measured)
+    grid = {'lat_global': [100, 150, 200, 300, 400, 600, 800],
+            'lat_short': [15, 30, 60, 120],
+            'ipc': [0.4, 0.6, 0.8, 1.0],
+            'dram_eff': [0.85, 0.92],
+            't_launch_us': [1.5, 2.5, 3.5, 4.5, 6.0],
+            'l2_tbs': [7.0, 8.0, 9.0, 10.0, 11.0]}
+    cache, best = {}, None
+    # warp figures do not depend on the constants: computed once
+    pre = []
+    for case, launches in cases:
+        if case['family'] not in DECODE_FAMILIES or case['n_tok'] > 8 or case['variant']:
+            continue
+        key = row_key(dict(case, act=case.get('act', '')))
+        if key not in measured or not fit_half(key):
+            continue
+        pre.append((case, launches, measured[key]['us']))
+    names = list(grid)
+
+    def combos(i=0, cur=None):
+        cur = cur or {}
+        if i == len(names):
+            yield dict(cur)
+            return
+        for v in grid[names[i]]:
+            cur[names[i]] = v
+            yield from combos(i + 1, cur)
+    for p in combos():
+        errs = []
+        for case, launches, us in pre:
+            r = predict_case(case, launches, code, p, cache)
+            if r:
+                errs.append(abs(math.log(r['us'] / us)))
+        if not errs:
+            continue
+        errs.sort()
+        score = statistics.median(errs) + 0.5 * errs[int(0.9 * (len(errs) - 1))]
+        if best is None or score < best[0]:
+            best = (score, p)
+    if best is None:
+        raise SystemExit('calibrate: no measured row has a recorded case (run record first)')
+    print(json.dumps(best[1]))
+    rows = predict_all(cases, code, best[1])
+    t = calibration_table(rows, measured)
+    print(json.dumps({k: t[k] for k in ('fit', 'check', 'all')}))
+    return best[1]
+
+
+def calibration_table(rows, measured):
+    fit = errors(rows, measured, fit_half)
+    check = errors(rows, measured, lambda k: not fit_half(k))
+    table = []
+    for r, m, e in sorted(fit + check, key=lambda x: row_key(x[0])):
+        table.append({'family': r['family'], 'shape': r['shape'], 'type': r['type'],
+                      'act': r['act'], 'n_tok': r['n_tok'], 'n_ctx': r['n_ctx'],
+                      'half': 'fit' if fit_half(row_key(r)) else 'check',
+                      'predicted_us': r['us'], 'measured_us': round(m['us'], 3),
+                      'err': round(e, 4), 'bound': r['bound'], 'device': m['device']})
+    return {'fit': summary(fit), 'check': summary(check), 'all': summary(fit + check),
+            'rows': table}
+
+
+def ranking(rows):
+    """Per case with variants: the variants in predicted order (fastest first)."""
+    by = {}
+    for r in rows:
+        k = row_key(r)
+        by.setdefault(k, []).append(r)
+    out = []
+    for k, rs in by.items():
+        if len(rs) < 2:
+            continue
+        rs = sorted(rs, key=lambda r: r['us'])
+        out.append({'family': k[0], 'model': k[1], 'shape': k[2], 'type': k[3],
+                    'n_tok': k[5], 'n_ctx': k[6],
+                    'order': [(r['variant'] or 'default', r['us']) for r in rs]})
+    return out
+
+
+def slim(r):
+    m = main_kernel(r)
+    return {
+        'family': r['family'], 'model': r['model'], 'shape': r['shape'], 'type': r['type'],
+        'act': r['act'], 'n_tok': r['n_tok'], 'n_ctx': r['n_ctx'], 'variant': r['variant'],
+        'kernel': r['kernel'], 'main_kernel': m['kernel'], 'instr_per_byte': round(m['instr_per_byte'] or 0, 4),
+        'loop_instr_per_byte': round(m['loop_instr_per_byte'], 4)
+        if m['loop_instr_per_byte'] else None,
+        'loads_in_flight_per_warp_bytes': m['inflight_per_warp'],
+        'round_trips_per_warp': m['gwaits_per_warp'],
+        'resident_warps': m['resident_warps'], 'bytes_in_flight_per_sm': m['inflight_per_sm'],
+        'waves': m['waves'], 'bound': r['bound'], 'bounds_us': m['us'],
+        'predicted_us': r['us'], 'predicted_bw_frac': r['bw_frac'],
+    }
+
+
+def git_commit():
+    return emu_report.git_commit()
+
+
+def cmd_report(a, code, p):
+    rows = predict_all(load_cases(a.traffic), code, p)
+    measured = load_measured(a.measured)
+    out_rows = []
+    for r in rows:
+        s = slim(r)
+        m = measured.get(row_key(r)) if not r['variant'] else None
+        s['measured_us'] = round(m['us'], 3) if m else None
+        out_rows.append(s)
+    doc = {
+        'commit': git_commit(),
+        'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ'),
+        'source': 'bench/kernels/perf_model.py report: sm_90 machine code of the build '
+                  '(cuobjdump -sass) x the emulated launches (vela-bench-kernels-emu)',
+        'device': H200, 'params': p,
+        'calibration': calibration_table(rows, measured),
+        'ranking': ranking(rows),
+        'rows': out_rows,
+    }
+    with open(a.out, 'w', encoding='utf-8') as f:
+        json.dump(doc, f, indent=1)
+        f.write('\n')
+    print('%d rows -> %s; calibration %s' % (len(out_rows), a.out,
+                                              json.dumps({k: doc['calibration'][k]
+                                                          for k in ('fit', 'check', 'all')})))
+    if a.readme:
+        emu_report.write_readme(a.readme, markdown(doc), BEGIN, END)
+    return doc
+
+
+BEGIN, END = '<!-- perf-model:begin -->', '<!-- perf-model:end -->'
+
+
+def markdown(doc):
+    c = doc['calibration']
+    L = ['Generated by `bench/kernels/perf_model.py report` at %s (%s). Constants: %s.' % (
+        doc['commit'], doc['date'][:10], ', '.join('%s %s' % kv for kv in doc['params'].items())),
+        '',
+        'Calibration against %s: fit on %d rows (median error %.0f%%, p90 %.0f%%), checked '
+        'on %d others (median %.0f%%, p90 %.0f%%).' % (
+            'kernels-h200.json', c['fit'].get('n', 0), 100 * c['fit'].get('median_abs_err', 0),
+            100 * c['fit'].get('p90_abs_err', 0), c['check'].get('n', 0),
+            100 * c['check'].get('median_abs_err', 0), 100 * c['check'].get('p90_abs_err', 0)),
+        '',
+        'Llama-3-8B shapes (the full set, Llama-2-7B too, is in the JSON): ffn_up stands '
+        'for the mat-vecs, decode attention at three lengths, the small kernels; each '
+        'variant below its default.',
+        '',
+        '| case | type | act | tok | ctx | variant | kernel | instr/B | loop instr/B | '
+        'B in flight/warp | warps/SM | KB in flight/SM | bound | µs | %BW | measured µs |',
+        '|---|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|']
+    for r in doc['rows']:
+        if not readme_row(r):
+            continue
+        L.append('| %s %s | %s | %s | %d | %d | %s | %s | %.3f | %s | %d | %d | %.1f | %s | '
+                 '%.1f | %.0f%% | %s |' % (
+                     r['family'], r['shape'], r['type'], r['act'] or '-', r['n_tok'], r['n_ctx'],
+                     r['variant'] or '-', r['main_kernel'].replace('_kernel', ''),
+                     r['instr_per_byte'],
+                     '%.3f' % r['loop_instr_per_byte'] if r['loop_instr_per_byte'] else '-',
+                     r['loads_in_flight_per_warp_bytes'], r['resident_warps'],
+                     r['bytes_in_flight_per_sm'] / 1024, r['bound'], r['predicted_us'],
+                     100 * r['predicted_bw_frac'],
+                     '%.1f' % r['measured_us'] if r['measured_us'] else ''))
+    return '\n'.join(L) + '\n'
+
+
+def readme_row(r):
+    """The rows of bench/README.md's short table."""
+    if r['model'] != 'llama3-8b' or r['n_tok'] not in (1, 8) or r['act'] == 'f32':
+        return False
+    if r['family'].startswith('matvec'):
+        return r['family'] == 'matvec' and r['shape'].startswith('ffn_up') and \
+            r['type'] in ('f16', 'q4_0', 'q4_K', 'q6_K', 'q8_0')
+    if r['family'] in ('attn_decode', 'attn_se_decode'):
+        return r['n_ctx'] in (256, 4096, 32768)
+    return r['n_tok'] == 1
+
+
+def cmd_show(a, code, p):
+    sel = a.what
+    if sel.endswith('.cu'):  # the build's object of that file (rebuild after an edit)
+        names = {k for k, v in code.items() if v['file'] == os.path.basename(sel)}
+    else:
+        names = {k for k in code if not sel or sel in k}
+    if not names:
+        raise SystemExit('show: no kernel instance matches %r (of %d in the machine code)' % (
+            sel, len(code)))
+    print('Static (one warp, every load width allowed, loops while 64 requests last):')
+    print('%-48s %5s %6s %8s %9s %8s' % ('instance', 'regs', 'smem', 'instr', 'instr/B',
+                                          'B/trip'))
+    for k in sorted(names):
+        e = code[k]
+        w = sass.analyse(e['ins'], {1: 64, 2: 64, 4: 64, 8: 64, 16: 64})
+        print('%-48s %5s %6s %8d %9s %8d' % (
+            k[:48], e['res'].get('regs', '-'), e['res'].get('smem_static', '-'), w['instr'],
+            '%.3f' % (w['instr'] / w['gload_bytes']) if w['gload_bytes'] else '-',
+            w['inflight_mean']))
+    rows = [r for r in predict_all(load_cases(a.traffic), code, p)
+            if any(inst_key(x['kernel']) in names for x in r['launches'])]
+    if rows:
+        print('\nRecorded launches (%s):' % ', '.join(a.traffic))
+        print('%-10s %-14s %-26s %-7s %3s %6s %-9s %7s %7s %6s %8s %-8s %8s %6s' % (
+            'model', 'family', 'shape', 'type', 'tok', 'ctx', 'variant', 'instr/B', 'B/trip',
+            'warps', 'KB/SM', 'bound', 'us', '%BW'))
+        for r in rows:
+            m = main_kernel(r)
+            print('%-10s %-14s %-26s %-7s %3d %6d %-9s %7.3f %7d %6d %8.1f %-8s %8.2f %5.0f%%' % (
+                r['model'], r['family'], r['shape'][:26], r['type'], r['n_tok'], r['n_ctx'],
+                r['variant'] or '-', m['instr_per_byte'] or 0, m['inflight_per_warp'],
+                m['resident_warps'], m['inflight_per_sm'] / 1024, r['bound'], r['us'],
+                100 * r['bw_frac']))
+
+
+def gate_key(r):
+    return '%s | %s | %s | %s | %s | tok %d ctx %d | %s' % (
+        r['model'], r['family'], r['shape'], r['type'], r['act'], r['n_tok'], r['n_ctx'],
+        r['variant'] or 'default')
+
+
+def cmd_gate(a, code, p):
+    rows = predict_all(load_cases(a.traffic), code, p)
+    if not rows:
+        print('gate: no decode case predicted from %s (recorded? built with CUDA?)' %
+              ', '.join(a.traffic))
+        return 1
+    if a.update:
+        doc = {'commit': git_commit(),
+               'date': datetime.datetime.now(datetime.timezone.utc).strftime(
+                   '%Y-%m-%dT%H:%M:%SZ'),
+               'source': 'bench/kernels/perf_model.py gate --update (ci-small shapes)',
+               'params': p,
+               'rows': {gate_key(r): {'bw_frac': r['bw_frac'], 'us': r['us'],
+                                      'bound': r['bound']} for r in rows}}
+        with open(a.reference, 'w', encoding='utf-8') as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.write('\n')
+        print('%d cases -> %s' % (len(rows), a.reference))
+        return 0
+    with open(a.reference, encoding='utf-8') as f:
+        ref = json.load(f)['rows']
+    new = {gate_key(r): r for r in rows}
+    fails = 0
+    print('| case | %BW ref | %BW now | bound | |')
+    print('|---|---:|---:|---|---|')
+    for k, rr in sorted(ref.items()):
+        r = new.get(k)
+        if r is None:
+            print('| %s | %.1f | - | - | FAIL: case gone |' % (k, 100 * rr['bw_frac']))
+            fails += 1
+            continue
+        bad = r['bw_frac'] < rr['bw_frac'] * (1 - a.tolerance)
+        fails += bad
+        print('| %s | %.1f | %.1f | %s | %s |' % (k, 100 * rr['bw_frac'], 100 * r['bw_frac'],
+                                                 r['bound'], 'FAIL: > %d%% below' % round(
+                                                     100 * a.tolerance) if bad else 'ok'))
+    for k in sorted(set(new) - set(ref)):
+        print('| %s | - | %.1f | %s | new (not in the reference) |' % (
+            k, 100 * new[k]['bw_frac'], new[k]['bound']))
+    print('\n%d of %d reference cases predicted more than %d%% below their reference or gone'
+          % (fails, len(ref), round(100 * a.tolerance)))
+    if a.expect_fail:
+        ok = fails > 0 and fails >= a.expect_fail * len(ref)
+        print('self-check: the gate %s on the doctored machine code (%d of %d cases)' % (
+            'fired' if ok else 'did NOT fire', fails, len(ref)))
+        return 0 if ok else 1
+    return 1 if fails else 0
+
+
+# --- record ----------------------------------------------------------------------------
+
+MV_FAMILIES = 'matvec,matvec_qkv,matvec_swiglu,matvec_add'
+ALL_TYPES = 'f16,q4_0,q4_K,q5_K,q6_K,q8_0,q2_K,q3_K,iq4_nl,iq4_xs'
+MEASURED_TYPES = 'q4_0,q4_K,q6_K,q8_0'
+ATTN_CTX = '256,512,4096,32768'
+# (traffic file, variant, environment, families, arguments, blocks sampled)
+REPORT_RUNS = [
+    ('mv', '', {}, MV_FAMILIES,
+     ['--types', ALL_TYPES, '--matvec-tok', '1,2,4,8', '--matvec-act', 'q8']),
+    ('mvf32', '', {}, MV_FAMILIES,
+     ['--types', MEASURED_TYPES, '--matvec-tok', '1,8', '--matvec-act', 'f32']),
+    ('attn', '', {}, 'attn_decode,attn_se_decode', ['--ctx', ATTN_CTX]),
+    ('small', '', {}, 'rope,rope_kv_store,rms_norm,argmax,sample', ['--ctx', '4096']),
+    ('pipe4', 'pipe:4', {'VELA_MATVEC_Q8': 'pipe:4'}, MV_FAMILIES,
+     ['--types', MEASURED_TYPES, '--matvec-tok', '1,8', '--matvec-act', 'q8']),
+    ('pipe8', 'pipe:8', {'VELA_MATVEC_Q8': 'pipe:8'}, MV_FAMILIES,
+     ['--types', MEASURED_TYPES, '--matvec-tok', '1,8', '--matvec-act', 'q8']),
+] + [('split' + s, 'split:' + s, {'VELA_ATTN_SPLIT': s}, 'attn_decode',
+      ['--ctx', '256,4096,32768']) for s in ('4x64', '4x128', '4x256', '2x64')]
+CI_RUNS = [
+    ('ci', '', {}, MV_FAMILIES + ',attn_decode,rms_norm,rope_kv_store,argmax',
+     ['--types', 'f16,q4_0,q4_K,q6_K,q8_0', '--matvec-tok', '1,8', '--matvec-act', 'q8',
+      '--ctx', '4096']),
+]
+
+
+def cmd_record(a, runs, models, sample):
+    files = []
+    os.makedirs(a.dir, exist_ok=True)
+    for name, variant, env, fams, args in runs:
+        path = os.path.abspath(os.path.join(a.dir, 'traffic-%s.jsonl' % name))
+        if os.path.exists(path):
+            os.remove(path)
+        e = dict(os.environ, VELA_EMU_TRAFFIC=path, VELA_EMU_SAMPLE_BLOCKS=str(sample), **env)
+        cmd = [a.bench, '--models', models, '--filter', fams] + args
+        t0 = time.time()
+        r = subprocess.run(cmd, env=e, capture_output=True, text=True)
+        sys.stderr.write('%-10s %-50s %6.1f s\n' % (name, fams[:50], time.time() - t0))
+        if r.returncode:
+            sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
+            raise SystemExit('%s failed (exit %d)' % (' '.join(cmd), r.returncode))
+        if not os.path.exists(path) or not os.path.getsize(path):
+            sys.stderr.write(r.stderr[-3000:])
+            raise SystemExit('%s recorded no launches into %s' % (' '.join(cmd), path))
+        files.append(path + ('@' + variant if variant else ''))
+    print(' '.join(files))
+    return files
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--build', default=os.path.join(ROOT, 'build'),
+                    help='the build folder whose sm_90 objects are read')
+    ap.add_argument('--obj', action='append',
+                    help='an object or cubin to read instead (repeatable)')
+    ap.add_argument('--cuobjdump', help='cuobjdump to use (default: found)')
+    ap.add_argument('--params', help='JSON of constants to use instead of the fitted ones')
+    sub = ap.add_subparsers(dest='cmd', required=True)
+    p = sub.add_parser('show', help='figures of one .cu file or kernel name (or all)')
+    p.add_argument('what', nargs='?', default='')
+    p.add_argument('--traffic', nargs='*', default=[])
+    p = sub.add_parser('record', help='run the emulated bench for the report or the gate')
+    p.add_argument('--bench', required=True)
+    p.add_argument('--dir', required=True)
+    p.add_argument('--ci', action='store_true', help='the gate\'s small shapes')
+    for name in ('report', 'calibrate'):
+        p = sub.add_parser(name)
+        p.add_argument('--traffic', nargs='+', required=True)
+        p.add_argument('--measured', nargs='+',
+                       default=[os.path.join(ROOT, 'bench/results/kernels-h200.json')])
+        if name == 'report':
+            p.add_argument('--out', default=os.path.join(ROOT,
+                                                         'bench/results/kernels-predicted.json'))
+            p.add_argument('--readme', default=os.path.join(ROOT, 'bench/README.md'))
+    p = sub.add_parser('gate')
+    p.add_argument('--traffic', nargs='+', required=True)
+    p.add_argument('--reference', default=os.path.join(ROOT,
+                                                       'bench/results/kernels-predicted-ci.json'))
+    p.add_argument('--tolerance', type=float, default=0.05)
+    p.add_argument('--update', action='store_true')
+    p.add_argument('--doctor', action='store_true',
+                   help='self-check: every global load waited on at once; must fail')
+    p.add_argument('--expect-fail', type=float, default=0.0,
+                   help='self-check: exit 0 only if at least this fraction of cases fails')
+    a = ap.parse_args()
+
+    if a.cmd == 'record':
+        if a.ci:
+            return 0 if cmd_record(a, CI_RUNS, 'ci-small', 16) else 1
+        return 0 if cmd_record(a, REPORT_RUNS, 'llama2-7b,llama3-8b', 16) else 1
+    cuobjdump = a.cuobjdump or find_cuobjdump()
+    if not cuobjdump:
+        print('perf_model: no cuobjdump (pip install %s, or the CUDA toolkit\'s): skipped'
+              % CUOBJDUMP_PIN)
+        return 77
+    objs = a.obj or default_objs(a.build)
+    if not objs:
+        raise SystemExit('perf_model: no sm_90 objects under %s (build vela with CUDA first)' %
+                         os.path.join(a.build, BUILD_OBJ))
+    t0 = time.time()
+    code = load_code(objs, cuobjdump, os.path.join(a.build, 'perf-model-cache'))
+    params = dict(PARAMS, **(json.loads(a.params) if a.params else {}))
+    if a.cmd == 'gate' and a.doctor:
+        code = doctor(code)
+    sys.stderr.write('machine code: %d instances from %d files in %.1f s\n' % (
+        len(code), len(objs), time.time() - t0))
+    if a.cmd == 'show':
+        cmd_show(a, code, params)
+    elif a.cmd == 'report':
+        cmd_report(a, code, params)
+    elif a.cmd == 'calibrate':
+        cmd_calibrate(a, code)
+    elif a.cmd == 'gate':
+        return cmd_gate(a, code, params)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
