@@ -316,15 +316,28 @@ def row_key(r):
             r['n_ctx'])
 
 
+def measured_variant(kernel):
+    """(family, variant) of a measured row's kernel: bench/run_gpu.sh names a
+    variant's rows 'matvec@pipe:4' (VELA_MATVEC_Q8) and 'attn_decode@4x64'
+    (VELA_ATTN_SPLIT); the model calls them 'pipe:4' and 'split:4x64'."""
+    fam, _, plan = kernel.partition('@')
+    if not plan:
+        return fam, ''
+    return fam, plan if plan.startswith('pipe') else 'split:' + plan
+
+
 def load_measured(paths):
+    """{(row key, variant): {'us', 'source', 'device'}} of the decode rows."""
     out = {}
     for path in paths:
         with open(path, encoding='utf-8') as f:
             doc = json.load(f)
         for r in doc['results']:
-            if r['kernel'] in DECODE_FAMILIES and r.get('n_tok', 0) <= 8:
-                out[measured_key(r)] = {'us': r['us_median'], 'source': os.path.basename(path),
-                                        'device': doc['device']['name']}
+            fam, variant = measured_variant(r['kernel'])
+            if fam in DECODE_FAMILIES and r.get('n_tok', 0) <= 8:
+                key = measured_key(dict(r, kernel=fam))
+                out[(key, variant)] = {'us': r['us_median'], 'source': os.path.basename(path),
+                                       'device': doc['device']['name']}
     return out
 
 
@@ -341,7 +354,7 @@ def errors(rows, measured, pick):
     for r in rows:
         if r['variant']:
             continue
-        m = measured.get(row_key(r))
+        m = measured.get((row_key(r), ''))
         if m and pick(row_key(r)):
             out.append((r, m, r['us'] / m['us'] - 1))
     return out
@@ -398,9 +411,9 @@ def cmd_calibrate(a, code):
         if case['family'] not in DECODE_FAMILIES or case['n_tok'] > 8 or case['variant']:
             continue
         key = row_key(dict(case, act=case.get('act', '')))
-        if key not in measured or not fit_half(key):
+        if (key, '') not in measured or not fit_half(key):
             continue
-        pre.append((case, launches, measured[key]['us']))
+        pre.append((case, launches, measured[(key, '')]['us']))
     names = list(grid)
 
     def combos(i=0, cur=None):
@@ -446,20 +459,27 @@ def calibration_table(rows, measured):
             'rows': table}
 
 
-def ranking(rows):
-    """Per case with variants: the variants in predicted order (fastest first)."""
+def ranking(rows, measured):
+    """Per case with variants: the variants in predicted order (fastest
+    first), and where a GPU timed two or more of them, its order and whether
+    the model's agrees on those."""
     by = {}
     for r in rows:
-        k = row_key(r)
-        by.setdefault(k, []).append(r)
+        by.setdefault(row_key(r), []).append(r)
     out = []
     for k, rs in by.items():
         if len(rs) < 2:
             continue
         rs = sorted(rs, key=lambda r: r['us'])
-        out.append({'family': k[0], 'model': k[1], 'shape': k[2], 'type': k[3],
-                    'n_tok': k[5], 'n_ctx': k[6],
-                    'order': [(r['variant'] or 'default', r['us']) for r in rs]})
+        e = {'family': k[0], 'model': k[1], 'shape': k[2], 'type': k[3], 'n_tok': k[5],
+             'n_ctx': k[6], 'order': [(r['variant'] or 'default', r['us']) for r in rs]}
+        timed = [(measured[(k, r['variant'])]['us'], r['variant'] or 'default') for r in rs
+                 if (k, r['variant']) in measured]
+        if len(timed) >= 2:
+            e['measured_order'] = [(v, us) for us, v in sorted(timed)]
+            mine = [v for v, _ in e['order'] if any(v == t for _, t in timed)]
+            e['agrees'] = mine == [v for v, _ in e['measured_order']]
+        out.append(e)
     return out
 
 
@@ -489,7 +509,7 @@ def cmd_report(a, code, p):
     out_rows = []
     for r in rows:
         s = slim(r)
-        m = measured.get(row_key(r)) if not r['variant'] else None
+        m = measured.get((row_key(r), r['variant']))
         s['measured_us'] = round(m['us'], 3) if m else None
         out_rows.append(s)
     doc = {
@@ -499,7 +519,7 @@ def cmd_report(a, code, p):
                   '(cuobjdump -sass) x the emulated launches (vela-bench-kernels-emu)',
         'device': H200, 'params': p,
         'calibration': calibration_table(rows, measured),
-        'ranking': ranking(rows),
+        'ranking': ranking(rows, measured),
         'rows': out_rows,
     }
     with open(a.out, 'w', encoding='utf-8') as f:
@@ -527,6 +547,8 @@ def markdown(doc):
             100 * c['fit'].get('p90_abs_err', 0), c['check'].get('n', 0),
             100 * c['check'].get('median_abs_err', 0), 100 * c['check'].get('p90_abs_err', 0)),
         '',
+        ranking_line(doc['ranking']),
+        '',
         'Llama-3-8B shapes (the full set, Llama-2-7B too, is in the JSON): ffn_up stands '
         'for the mat-vecs, decode attention at three lengths, the small kernels; each '
         'variant below its default.',
@@ -548,6 +570,16 @@ def markdown(doc):
                      100 * r['predicted_bw_frac'],
                      '%.1f' % r['measured_us'] if r['measured_us'] else ''))
     return '\n'.join(L) + '\n'
+
+
+def ranking_line(rank):
+    timed = [e for e in rank if 'measured_order' in e]
+    if not timed:
+        return ('Variants: %d cases ranked by the model (`ranking`); none timed on a GPU yet.'
+                % len(rank))
+    return ('Variants: %d cases ranked; of the %d a GPU timed, the model orders %d as the '
+            'GPU did (`ranking[].agrees`).' % (len(rank), len(timed),
+                                               sum(e['agrees'] for e in timed)))
 
 
 def readme_row(r):
