@@ -267,8 +267,9 @@ def find(rows, model, family, type_=None, shape=None, n_tok=None, n_ctx=None):
     return None
 
 
-def decode_step(rows, model, quant, ctx):
-    """Bytes one decode token moves (moved, necessary), or None if a case is missing.
+def decode_parts(rows, model, quant, ctx):
+    """The op calls of one decode token as [(calls, row)], or None if a case
+    is missing.
 
     Per layer, as host/forward/forward.c runs it: attn_norm, Q/K/V in one
     mat-vec, RoPE + K/V store, attention over ctx cells, attn_output with the
@@ -290,7 +291,14 @@ def decode_step(rows, model, quant, ctx):
         (1, find(rows, model, 'matvec', out_t, shape='output', n_tok=1)),
         (1, find(rows, model, 'argmax', n_tok=1)),
     ]
-    if any(r is None for _, r in parts):
+    return None if any(r is None for _, r in parts) else parts
+
+
+def decode_step(rows, model, quant, ctx):
+    """Bytes one decode token moves (moved, necessary), or None if a case is
+    missing (decode_parts)."""
+    parts = decode_parts(rows, model, quant, ctx)
+    if not parts:
         return None
     return (sum(n * r['bytes_moved'] for n, r in parts),
             sum(n * r['bytes_necessary'] for n, r in parts))

@@ -294,7 +294,7 @@ def predict_case(case, launches, code, p, cache, dev=H200):
         'type': case['type'], 'act': case.get('act', ''), 'n_tok': case['n_tok'],
         'n_ctx': case['n_ctx'], 'variant': case.get('variant', ''),
         'kernel': ' + '.join(x['kernel'] for x in parts),
-        'bytes_necessary': need, 'us': round(us, 3),
+        'bytes_necessary': need, 'us': round(us, 3), 't_launch_us': p['t_launch_us'],
         'bw_frac': round(need / (us * 1e-6) / dev['peak_bw'], 4),
         'bound': main['bound'], 'launches': parts,
     }
@@ -503,6 +503,71 @@ def git_commit():
     return emu_report.git_commit()
 
 
+# The files of the GPU run's tg128 rows (bench/results/SUMMARY.json) per
+# (model, quant of the report); Q4_K_M files are taken as Q4_K throughout.
+STEP_FILES = {('llama2-7b', 'q4_0'): 'llama2-7b-q4_0', ('llama2-7b', 'q4_K'): 'llama2-7b-q4_k_m',
+              ('llama2-7b', 'q8_0'): 'llama2-7b-q8_0', ('llama2-7b', 'f16'): 'llama2-7b-f16',
+              ('llama3-8b', 'q4_0'): 'llama3-8b-q4_0', ('llama3-8b', 'q4_K'): 'llama3-8b-q4_k_m',
+              ('llama3-8b', 'q8_0'): 'llama3-8b-q8_0', ('llama3-8b', 'f16'): 'llama3-8b-f16'}
+STEP_CTX = 256  # tg128 from an empty cache: at most 128 cells; the nearest recorded length
+
+
+def decode_steps(rows, summary_path):
+    """One decode token per model and quant (emu_report.decode_parts' op
+    calls), predicted: inside a CUDA graph a launch costs t_graph_us, not the
+    t_launch_us that CUDA events around a lone op call measure. t_graph_us is
+    fitted on the GPU run's measured tg128 (SUMMARY.json), the one constant
+    of this sum; each row's error is listed beside it."""
+    base = [r for r in rows if not r['variant'] and r['act'] in ('q8', '')]
+    # the same step with the mat-vecs through the pipelined kernel where recorded
+    piped = {row_key(r): r for r in base}
+    for r in rows:
+        if r['variant'] == 'pipe:4' and row_key(r) in piped:
+            piped[row_key(r)] = r
+    piped = list(piped.values())
+    tg = {}
+    if summary_path and os.path.exists(summary_path):
+        with open(summary_path, encoding='utf-8') as f:
+            for r in json.load(f)['rows']:
+                if r['test'] == 'tg128':
+                    tg[r['model']] = r['vela_tps']
+    steps = []
+    for model in emu_report.MODELS:
+        for quant in emu_report.QUANTS:
+            parts = emu_report.decode_parts(base, model, quant, STEP_CTX)
+            if not parts:
+                continue
+            work = sum(n * (r['us'] - len(r['launches']) * r['t_launch_us']) for n, r in parts)
+            launches = sum(n * len(r['launches']) for n, r in parts)
+            need = sum(n * r['bytes_necessary'] for n, r in parts)
+            pp = emu_report.decode_parts(piped, model, quant, STEP_CTX)
+            work_pipe = sum(n * (r['us'] - len(r['launches']) * r['t_launch_us'])
+                            for n, r in pp) if pp else None
+            steps.append({'model': model, 'quant': quant, 'ctx': STEP_CTX, 'work_us': work,
+                          'work_us_pipe4': work_pipe, 'launches': launches,
+                          'bytes_necessary': need,
+                          'measured_tps': tg.get(STEP_FILES.get((model, quant)))})
+    timed = [s for s in steps if s['measured_tps']]
+    best = None
+    for g in [x / 4 for x in range(0, 25)]:
+        errs = sorted(abs(math.log((s['work_us'] + g * s['launches']) * 1e-6 *
+                                   s['measured_tps'])) for s in timed)
+        if errs and (best is None or statistics.median(errs) < best[0]):
+            best = (statistics.median(errs), g)
+    g = best[1] if best else 1.0
+    for s in steps:
+        us = s['work_us'] + g * s['launches']
+        s.update({'t_graph_us': g, 'step_us': round(us, 1), 'tps': round(1e6 / us, 1),
+                  'tps_no_launch_cost': round(1e6 / s['work_us'], 1),
+                  'tps_pipe4': round(1e6 / (s['work_us_pipe4'] + g * s['launches']), 1)
+                  if s['work_us_pipe4'] and s['quant'] in MEASURED_TYPES.split(',') else None,
+                  'bw_frac': round(s['bytes_necessary'] / (us * 1e-6) / H200['peak_bw'], 3),
+                  'work_us': round(s['work_us'], 1)})
+        if s['measured_tps']:
+            s['err'] = round(s['measured_tps'] / s['tps'] - 1, 4)
+    return steps
+
+
 def cmd_report(a, code, p):
     rows = predict_all(load_cases(a.traffic), code, p)
     measured = load_measured(a.measured)
@@ -520,6 +585,7 @@ def cmd_report(a, code, p):
         'device': H200, 'params': p,
         'calibration': calibration_table(rows, measured),
         'ranking': ranking(rows, measured),
+        'decode_steps': decode_steps(rows, a.summary),
         'rows': out_rows,
     }
     with open(a.out, 'w', encoding='utf-8') as f:
@@ -548,6 +614,26 @@ def markdown(doc):
             100 * c['check'].get('median_abs_err', 0), 100 * c['check'].get('p90_abs_err', 0)),
         '',
         ranking_line(doc['ranking']),
+        '',
+        'One decode token (tg128: %d cells of attention; every layer matrix in the quant, the '
+        'output head as llama.cpp files it; inside a CUDA graph a launch costs %.2f µs, fitted '
+        'on the measured tg128):' % (STEP_CTX, doc['decode_steps'][0]['t_graph_us']
+                                     if doc['decode_steps'] else 0),
+        '',
+        '| model | quant | launches | µs/token | t/s predicted | %BW | t/s measured (H200) | '
+        'error | t/s, launches free | t/s, pipe:4 mat-vecs |',
+        '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|'] + [
+        '| %s | %s | %d | %.0f | %.0f | %.0f%% | %s | %s | %.0f | %s |' % (
+            s_['model'], s_['quant'], s_['launches'], s_['step_us'], s_['tps'],
+            100 * s_['bw_frac'], '%.0f' % s_['measured_tps'] if s_['measured_tps'] else '',
+            '%+.0f%%' % (100 * s_['err']) if 'err' in s_ else '', s_['tps_no_launch_cost'],
+            '%.0f' % s_['tps_pipe4'] if s_['tps_pipe4'] else '')
+        for s_ in doc['decode_steps']] + [
+        '',
+        '"Launches free": the same kernels with no cost between them, what a persistent '
+        'decode kernel (one launch per token) or full fusion could reach at best with '
+        'today\'s kernels. "pipe:4": the mat-vecs through the pipelined kernel '
+        '(VELA_MATVEC_Q8=pipe:4, recorded for Q4_0, Q4_K, Q6_K, Q8_0), untimed on a GPU.',
         '',
         'Llama-3-8B shapes (the full set, Llama-2-7B too, is in the JSON): ffn_up stands '
         'for the mat-vecs, decode attention at three lengths, the small kernels; each '
@@ -759,6 +845,8 @@ def main():
             p.add_argument('--out', default=os.path.join(ROOT,
                                                          'bench/results/kernels-predicted.json'))
             p.add_argument('--readme', default=os.path.join(ROOT, 'bench/README.md'))
+            p.add_argument('--summary', default=os.path.join(ROOT, 'bench/results/SUMMARY.json'),
+                           help="a GPU run's SUMMARY.json: its tg128 rows check the decode step")
     p = sub.add_parser('gate')
     p.add_argument('--traffic', nargs='+', required=True)
     p.add_argument('--reference', default=os.path.join(ROOT,
