@@ -13,7 +13,7 @@
 
 static int parse(enum api_kind k, const char *body, struct api_request *r, struct api_error *e) {
     memset(e, 0, sizeof *e);
-    return api_parse_request(k, body, strlen(body), r, e);
+    return api_parse_request(k, body, strlen(body), NULL, r, e);
 }
 
 Test(serve_api, completion_defaults_follow_openai) {
@@ -90,12 +90,29 @@ Test(serve_api, chat_content_parts_and_max_completion_tokens) {
     api_request_free(&r);
 }
 
+struct bad_case {
+    enum api_kind k;
+    const char *body, *want; // want: a part of the 400's message
+};
+
+// Each case is refused with a 400 whose message holds its `want`, and the
+// refused request holds nothing.
+static void expect_refused(const struct bad_case *cases, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        struct api_request r;
+        struct api_error e;
+        cr_expect_eq(parse(cases[i].k, cases[i].body, &r, &e), -1, "case %zu accepted: %s", i,
+                     cases[i].body);
+        cr_expect_eq(e.status, 400, "case %zu: status %d", i, e.status);
+        cr_expect(strstr(e.message, cases[i].want), "case %zu: '%s' lacks '%s'", i, e.message,
+                  cases[i].want);
+        cr_expect_null(r.prompt, "case %zu: a refused request holds nothing", i);
+    }
+}
+
 // Each bad body gets a 400 whose message names what is wrong.
 Test(serve_api, bad_fields_are_400_naming_the_field) {
-    const struct {
-        enum api_kind k;
-        const char *body, *want;
-    } cases[] = {
+    static const struct bad_case cases[] = {
         {API_COMPLETION, "", "not valid JSON"},
         {API_COMPLETION, "{\"prompt\": \"x\"", "not valid JSON"},
         {API_COMPLETION, "[1, 2]", "JSON object"},
@@ -164,23 +181,14 @@ Test(serve_api, bad_fields_are_400_naming_the_field) {
          "{\"type\": \"json_object\"}}",
          "json_object"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        struct api_request r;
-        struct api_error e;
-        cr_expect_eq(parse(cases[i].k, cases[i].body, &r, &e), -1, "case %zu accepted: %s", i,
-                     cases[i].body);
-        cr_expect_eq(e.status, 400, "case %zu: status %d", i, e.status);
-        cr_expect(strstr(e.message, cases[i].want), "case %zu: '%s' lacks '%s'", i, e.message,
-                  cases[i].want);
-        cr_expect_null(r.prompt, "case %zu: a refused request holds nothing", i);
-    }
+    expect_refused(cases, sizeof cases / sizeof cases[0]);
 }
 
 Test(serve_api, invalid_utf8_bodies_are_refused) {
     const char bad[] = "{\"prompt\": \"a\xC3\x28\"}"; // C3 then a non-continuation byte
     struct api_request r;
     struct api_error e;
-    cr_expect_eq(api_parse_request(API_COMPLETION, bad, sizeof bad - 1, &r, &e), -1);
+    cr_expect_eq(api_parse_request(API_COMPLETION, bad, sizeof bad - 1, NULL, &r, &e), -1);
     cr_expect(strstr(e.message, "UTF-8"), "%s", e.message);
     const struct {
         const char *s;
@@ -420,4 +428,104 @@ Test(serve_api, usage_reports_cached_tokens_and_timings) {
         cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens_details"));
     cJSON_Delete(o);
     free(s);
+}
+
+// llama-server's fields that vela's sampler honours are read; the ones it
+// cannot honour yet are refused with a 400 naming them, never ignored.
+Test(serve_api, llama_server_sampling_fields_are_read) {
+    struct api_request r;
+    struct api_error e;
+    cr_assert_eq(parse(API_COMPLETION,
+                       "{\"prompt\": \"x\", \"n_predict\": 9, \"max_tokens\": 3, "
+                       "\"repeat_penalty\": 1.3, \"repeat_last_n\": -1, \"typical_p\": 1, "
+                       "\"mirostat\": 0, \"mirostat_tau\": 5, \"mirostat_eta\": 0.1, "
+                       "\"logit_bias\": {}, \"tools\": [], \"tool_choice\": \"none\", "
+                       "\"grammar\": \"\", \"json_schema\": null}",
+                       &r, &e),
+                 0, "%s", e.message);
+    cr_expect_eq(r.max_tokens, 9, "n_predict wins over max_tokens, as in llama-server");
+    cr_expect_float_eq(r.repeat_penalty, 1.3f, 1e-7);
+    cr_expect_eq(r.repeat_last_n, -1);
+    api_request_free(&r);
+    cr_assert_eq(parse(API_COMPLETION, "{\"prompt\": \"x\", \"n_predict\": -1}", &r, &e), 0, "%s",
+                 e.message);
+    cr_expect_eq(r.max_tokens, -1, "n_predict -1: until a stop");
+    cr_expect_float_eq(r.repeat_penalty, 1.0f, 0, "off unless asked");
+    cr_expect_eq(r.repeat_last_n, 64);
+    api_request_free(&r);
+}
+
+Test(serve_api, fields_vela_cannot_honour_are_refused_by_name) {
+    static const struct bad_case cases[] = {
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"28\": -100}}",
+         "'logit_bias' is not supported yet"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": [[\",\", false]]}",
+         "'logit_bias' is not supported yet"},
+        {API_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+         "\"function\", \"function\": {\"name\": \"f\"}}]}",
+         "'tools' is not supported yet"},
+        {API_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+         "\"required\"}",
+         "'tool_choice' is not supported yet"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= [a-z]+\"}",
+         "'grammar' is not supported yet"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"json_schema\": {\"type\": \"object\"}}",
+         "'json_schema' is not supported yet"},
+        {API_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_schema\", \"json_schema\": {}}}",
+         "'response_format' of type 'json_schema' is not supported yet"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"typical_p\": 0.5}",
+         "'typical_p' 0.5 is not supported yet"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"mirostat\": 2}", "'mirostat' 2 is not supported"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"mirostat_tau\": \"5\"}", "'mirostat_tau'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"repeat_penalty\": 0}", "'repeat_penalty'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"repeat_penalty\": \"1\"}", "'repeat_penalty'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"repeat_last_n\": -2}", "'repeat_last_n'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"n_predict\": -2}", "'n_predict'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"n_predict\": 1.5}", "'n_predict' must be"},
+    };
+    expect_refused(cases, sizeof cases / sizeof cases[0]);
+}
+
+// The server's defaults (--temp ... -n) fill what a request leaves out; a
+// request's own values win, and -n caps max_tokens / n_predict.
+Test(serve_api, server_defaults_fill_what_a_request_leaves_out) {
+    struct api_defaults d;
+    api_defaults_openai(&d);
+    d.temperature = 0.8f;
+    d.top_k = 40;
+    d.top_p = 0.95f;
+    d.min_p = 0.05f;
+    d.repeat_penalty = 1.1f;
+    d.seed = 7;
+    d.n_predict = 32;
+    struct api_request r;
+    struct api_error e = {0};
+    const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}";
+    cr_assert_eq(api_parse_request(API_CHAT, chat, strlen(chat), &d, &r, &e), 0, "%s", e.message);
+    cr_expect_float_eq(r.temperature, 0.8f, 0);
+    cr_expect_eq(r.top_k, 40);
+    cr_expect_float_eq(r.top_p, 0.95f, 0);
+    cr_expect_float_eq(r.min_p, 0.05f, 0);
+    cr_expect_float_eq(r.repeat_penalty, 1.1f, 0);
+    cr_expect(r.has_seed && r.seed == 7, "the server's seed");
+    cr_expect_eq(r.max_tokens, 32, "-n is the default");
+    api_request_free(&r);
+    const char *own = "{\"prompt\": \"x\", \"temperature\": 0, \"top_k\": 0, \"seed\": -1, "
+                      "\"max_tokens\": 100}";
+    cr_assert_eq(api_parse_request(API_COMPLETION, own, strlen(own), &d, &r, &e), 0, "%s",
+                 e.message);
+    cr_expect_float_eq(r.temperature, 0.0f, 0, "the request's own value wins");
+    cr_expect_eq(r.top_k, 0);
+    cr_expect(!r.has_seed, "seed -1: random, as in llama-server");
+    cr_expect_eq(r.max_tokens, 32, "-n caps what a request asks for");
+    api_request_free(&r);
+    const char *inf = "{\"prompt\": \"x\", \"n_predict\": -1}";
+    cr_assert_eq(api_parse_request(API_COMPLETION, inf, strlen(inf), &d, &r, &e), 0, "%s",
+                 e.message);
+    cr_expect_eq(r.max_tokens, 32, "-n caps n_predict -1 too");
+    api_request_free(&r);
 }

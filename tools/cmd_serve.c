@@ -47,8 +47,15 @@ static void usage(FILE *out) {
             "  --max-body BYTES          largest request body (default: 4194304; 413 beyond)\n"
             "  --max-connections N       concurrent connections (default: 256)\n"
             "  --timeout SECONDS         idle connection timeout (default: 600)\n"
-            "  --alias NAME              the model id /v1/models lists and requests must\n"
-            "                            name (default: the file's base name)\n"
+            "  -a, --alias NAME          the model id /v1/models lists and answers carry\n"
+            "                            (default: the file's base name without .gguf)\n"
+            "  --strict-model-name       a request naming another model gets 404 (default:\n"
+            "                            any name is answered by the served model, as\n"
+            "                            llama-server does)\n"
+            "  -n, --n-predict N         tokens a request generates when it names no\n"
+            "                            max_tokens / n_predict, and the most it may ask for\n"
+            "                            (default: -1, none: OpenAI's 16 for completions,\n"
+            "                            until a stop or the slot's context for chat)\n"
             "  --chat-template NAME      override the GGUF's tokenizer.chat_template\n"
             "  -sps, --slot-prompt-similarity F\n"
             "                            a request takes the free slot whose cached tokens\n"
@@ -66,17 +73,32 @@ static void usage(FILE *out) {
             "  --no-access-log           no line per request (method, path, status, client,\n"
             "                            tokens in and out, milliseconds)\n"
             "  -h, --help                this help\n\n"
+            "llama.cpp flags taken so that a llama-server command line runs unchanged:\n"
+            "  -ngl, --n-gpu-layers N    0: the CPU backend; any other count: every layer on\n"
+            "                            the GPU (vela does not split layers with the CPU)\n"
+            "  -fa, --flash-attn [on|off|auto], --jinja, -cb, --cont-batching, --metrics,\n"
+            "  --no-mmap, --mlock, --no-webui\n"
+            "                            accepted, nothing changes: attention is always\n"
+            "                            fused, chat templates are formatted by vela,\n"
+            "                            batching is always continuous, /metrics is always\n"
+            "                            on, weights are mmap'd and uploaded, no web UI\n\n"
             "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
             "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
             "it the request ends with finish_reason \"length\"), cache_prompt (default\n"
             "true: reuse the cells a slot kept from earlier requests, decode only the rest),\n"
             "grp_attn_n / grp_attn_w (llama.cpp's self-extend for this request, without\n"
             "--self-extend), self_extend {\"n\": G, \"w\": W} (exact self-extend for this\n"
-            "request, with --self-extend or --kv-unrotated; n 1: off). Sampling fields\n"
-            "left out are off (OpenAI's defaults: temperature 1, top_p 1, no\n"
-            "top_k/min_p).\n",
+            "request, with --self-extend or --kv-unrotated; n 1: off), n_predict\n"
+            "(max_tokens; -1: until a stop), repeat_penalty, repeat_last_n. Sampling\n"
+            "fields a request leaves out take the server's (the sampling flags below:\n"
+            "llama-server's defaults, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05).\n"
+            "Fields vela cannot honour yet get a 400 naming them, never silently ignored:\n"
+            "logit_bias, tools, tool_choice, grammar, json_schema, response_format other\n"
+            "than text, typical_p other than 1, mirostat other than 0. A request may name\n"
+            "any model (see --strict-model-name).\n",
             SERVE_PARALLEL_MAX);
     args_help_model(out);
+    args_help_sampler(out);
 }
 
 static volatile sig_atomic_t g_stop;
@@ -90,7 +112,50 @@ struct serve_flags {
     struct serve_config sc;
     const char *chat_template;
     struct srv_log_config log; // --log-file, --log-format, --no-access-log (-v: verbose)
+    struct sampler_params sp;  // --temp, --top-k, ... (llama-server's defaults)
+    int n_predict;             // -n (-1: none)
 };
+
+// llama.cpp's flags that a pasted llama-server command line carries, with
+// what they mean here: -ngl 0 runs on the CPU backend, any other count puts
+// every layer on the GPU (the default backend: the GPU when there is one);
+// -fa [on|off|auto], --jinja, -cb, --metrics, --no-mmap, --mlock and
+// --no-webui change nothing (vela's attention is always fused, templates
+// are formatted by vela, batching is always continuous, /metrics is always
+// on, there is no web UI; weights are read through mmap and uploaded).
+// 1 consumed, 0 not ours, < 0 a bad value.
+static int parse_llama_flag(struct args_model *am, int argc, char **argv, int *i,
+                            struct verr *err) {
+    static const char *const noops[] = {"--jinja",   "--no-jinja", "-cb",     "--cont-batching",
+                                        "--metrics", "--no-mmap",  "--mlock", "--no-webui"};
+    const char *arg = argv[*i];
+    for (size_t k = 0; k < sizeof noops / sizeof noops[0]; k++)
+        if (!strcmp(arg, noops[k])) {
+            *i += 1;
+            return 1;
+        }
+    if (args_is(arg, "-fa", "--flash-attn")) {
+        // llama.cpp took it bare, now with a value: one of these is taken along
+        static const char *const vals[] = {"on", "off", "auto", "1", "0"};
+        *i += 1;
+        for (size_t k = 0; *i < argc && k < sizeof vals / sizeof vals[0]; k++)
+            if (!strcmp(argv[*i], vals[k])) {
+                *i += 1;
+                break;
+            }
+        return 1;
+    }
+    if (args_is(arg, "-ngl", "--n-gpu-layers") || args_is(arg, "--gpu-layers", NULL)) {
+        int n = 0;
+        int rc = args_value_int(argc, argv, i, -1, 1 << 20, &n, err);
+        if (rc)
+            return rc;
+        if (n == 0)
+            am->backend = LOAD_BACKEND_CPU;
+        return 1;
+    }
+    return 0;
+}
 
 // --log-file, --log-format, --no-access-log; 1 consumed, 0 not ours, < 0 a bad value.
 static int parse_log_flag(struct srv_log_config *c, int argc, char **argv, int *i,
@@ -142,8 +207,13 @@ static int parse_serve_flag(struct serve_flags *f, int argc, char **argv, int *i
         rc = args_value_int(argc, argv, i, 1, 1 << 16, &f->sc.max_connections, err);
     else if (args_is(arg, "--timeout", NULL))
         rc = args_value_int(argc, argv, i, 1, 1 << 20, &f->sc.timeout_s, err);
-    else if (args_is(arg, "--alias", NULL))
+    else if (args_is(arg, "--alias", "-a"))
         rc = args_value_str(argc, argv, i, &f->sc.model_id, err);
+    else if (args_is(arg, "--strict-model-name", NULL)) {
+        f->sc.strict_model_name = true;
+        *i += 1;
+    } else if (args_is(arg, "-n", "--n-predict") || args_is(arg, "--predict", NULL))
+        rc = args_value_int(argc, argv, i, -1, 1 << 24, &f->n_predict, err);
     else if (args_is(arg, "--chat-template", NULL))
         rc = args_value_str(argc, argv, i, &f->chat_template, err);
     else if (args_is(arg, "-sps", "--slot-prompt-similarity")) {
@@ -181,15 +251,42 @@ static int pick_template(const char *path, const char *override, struct serve_co
     return 0;
 }
 
-static const char *base_name(const char *path) {
+// The model id by default: the file's base name without ".gguf" (llama-server's habit).
+static void model_id_of(const char *path, char *out, size_t cap) {
     const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
+    snprintf(out, cap, "%s", s ? s + 1 : path);
+    size_t n = strlen(out);
+    if (n > 5 && !strcmp(out + n - 5, ".gguf"))
+        out[n - 5] = '\0';
+}
+
+// The server's sampling defaults from the sampler flags and -n; a request
+// overrides each.
+static int serve_defaults(const struct serve_flags *f, struct api_defaults *d, struct verr *err) {
+    const struct sampler_params *p = &f->sp;
+    if (!(p->repeat_penalty > 0))
+        return verr_set(err, VERR_RANGE, "--repeat-penalty: %g must be above 0",
+                        (double)p->repeat_penalty);
+    *d = (struct api_defaults){.temperature = p->temp,
+                               .top_p = p->top_p,
+                               .min_p = p->min_p,
+                               .top_k = p->top_k,
+                               .repeat_penalty = p->repeat_penalty,
+                               .repeat_last_n = p->repeat_last_n,
+                               .presence_penalty = p->presence_penalty,
+                               .frequency_penalty = p->frequency_penalty,
+                               .seed = p->seed == SAMPLER_SEED_RANDOM ? -1 : (int64_t)p->seed,
+                               .n_predict = f->n_predict};
+    return 0;
 }
 
 static int run_server(struct args_model *am, struct serve_flags *f) {
     struct verr err = {0};
-    if (!f->sc.model_id)
-        f->sc.model_id = base_name(am->model_path);
+    char id[256];
+    if (!f->sc.model_id) {
+        model_id_of(am->model_path, id, sizeof id);
+        f->sc.model_id = id;
+    }
     if (pick_template(am->model_path, f->chat_template, &f->sc, &err)) {
         srv_log(SRV_LOG_ERROR, "%s", err.msg);
         return 1; // the model file (or its template) failed: a runtime error, as in run
@@ -219,6 +316,12 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
     tools_warn_ctx("serve", am, e->fc->cfg.n_ctx / f->sc.n_parallel, e->m->hp.n_ctx_train, false);
     srv_log(SRV_LOG_INFO, "ready: model '%s', %d slots of %d tokens, backend %s", f->sc.model_id,
             f->sc.n_parallel, e->fc->cfg.n_ctx / f->sc.n_parallel, e->be->ops->name);
+    const struct api_defaults *d = &f->sc.defaults;
+    srv_log(SRV_LOG_INFO,
+            "sampling defaults (a request overrides each): temperature %g, top_k %d, top_p %g, "
+            "min_p %g, repeat_penalty %g, n_predict %d",
+            (double)d->temperature, d->top_k, (double)d->top_p, (double)d->min_p,
+            (double)d->repeat_penalty, d->n_predict);
     if (e->fc->cfg.se_g > 1) {
         const int slot = e->fc->cfg.n_ctx / f->sc.n_parallel;
         const int64_t ext = se_extended_ctx(e->m->hp.n_ctx_train, e->fc->cfg.se_g, e->fc->cfg.se_w);
@@ -245,23 +348,30 @@ out:
 int cmd_serve(int argc, char **argv) {
     struct args_model am;
     args_model_default(&am);
-    struct serve_flags f = {.log = {.format = SRV_LOG_TEXT, .access = true}};
+    struct serve_flags f = {.log = {.format = SRV_LOG_TEXT, .access = true}, .n_predict = -1};
     serve_config_default(&f.sc);
+    sampler_params_default(&f.sp);
     struct verr err = {0};
     for (int i = 1; i < argc;) {
         int rc = 0;
-        enum tools_flag tf = tools_flag_shared("serve", usage, &am, NULL, argc, argv, &i, &rc);
+        enum tools_flag tf = tools_flag_shared("serve", usage, &am, &f.sp, argc, argv, &i, &rc);
         if (tf == TOOLS_FLAG_EXIT)
             return rc;
         if (tf == TOOLS_FLAG_TAKEN)
             continue;
         rc = parse_serve_flag(&f, argc, argv, &i, &err);
+        if (rc == 0)
+            rc = parse_llama_flag(&am, argc, argv, &i, &err);
         if (rc < 0) {
             fprintf(stderr, "vela serve: %s\n", err.msg);
             return 2;
         }
         if (rc == 0)
             return tools_unknown_option("serve", argv[i]);
+    }
+    if (serve_defaults(&f, &f.sc.defaults, &err)) {
+        fprintf(stderr, "vela serve: %s\n", err.msg);
+        return 2;
     }
     if (!am.model_path) {
         int st = tools_use_default_model("serve", &am.model_path);

@@ -5,8 +5,9 @@
 # Starts the server on a synthetic model (random weights: the text is
 # gibberish, which is all these tests need) on a free loopback port, runs
 # tests/serve/test_openai.py against it and stops it; test_selfextend.py,
-# test_shutdown.py and test_logging.py start and stop servers of their own (exact self-extend). Exit 77 (ctest:
-# skipped) when the Python packages cannot be installed (no registry reachable).
+# test_shutdown.py, test_logging.py and test_llama_flags.py start and stop
+# servers of their own. Exit 77 (ctest: skipped) when the Python packages
+# cannot be installed (no registry reachable).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 vela="$1"
@@ -33,12 +34,12 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [ -n "$port" ] || { echo "the server did not start"; cat "$log"; exit 1; }
-export VELA_SERVE_URL="http://127.0.0.1:$port" VELA_SERVE_KEY=test-key VELA_SERVE_MODEL=tiny.gguf
+export VELA_SERVE_URL="http://127.0.0.1:$port" VELA_SERVE_KEY=test-key VELA_SERVE_MODEL=tiny
 # test_selfextend.py, test_shutdown.py and test_logging.py start servers of their own
 export VELA_BIN="$vela" VELA_SERVE_WORK="$work"
 status=0
 "$venv/bin/pytest" -q -p no:cacheprovider "$here/test_openai.py" "$here/test_selfextend.py" \
-  "$here/test_shutdown.py" "$here/test_logging.py" || status=$?
+  "$here/test_shutdown.py" "$here/test_logging.py" "$here/test_llama_flags.py" || status=$?
 # SIGTERM ends the server cleanly: exit status 0.
 kill -TERM $pid
 wait $pid || { echo "the server did not stop cleanly"; cat "$log"; status=1; }

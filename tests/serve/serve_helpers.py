@@ -1,6 +1,8 @@
 """What the server tests that start servers of their own share: a synthetic
 model and waiting for a server to be ready. (tests/serve/run.sh sets
 VELA_BIN and VELA_SERVE_WORK.)"""
+import http.client
+import json
 import os
 import re
 import subprocess
@@ -33,3 +35,20 @@ def wait_ready(p, log_path):
     if p.poll() is None:
         p.kill()
     raise RuntimeError("the server did not start: " + text)
+
+
+def request(port, method, path, body=None):
+    """One HTTP request to the server on port (body: sent as JSON); (status, bytes)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request(method, path, json.dumps(body) if body is not None else None,
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
+def stop(p):
+    """SIGTERM; the server must exit 0."""
+    p.terminate()
+    assert p.wait(timeout=30) == 0

@@ -11,32 +11,16 @@ port N: Address already in use" printed by libmicrohttpd itself); text lines
 on stderr by default; --no-access-log leaves out the access lines.
 (tests/serve/run.sh sets VELA_BIN and VELA_SERVE_WORK.)
 """
-import http.client
 import json
 import os
 import re
 import subprocess
 
-from serve_helpers import VELA, WORK, tiny_model, wait_ready
+from serve_helpers import VELA, WORK, request, stop, tiny_model, wait_ready
 
 def serve_args(port="0"):
     return [VELA, "serve", "-m", tiny_model(512), "--backend", "cpu", "-t", "1", "--port", port,
             "--no-progress", "-np", "2", "-c", "1024"]
-
-
-def request(port, method, path, body=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request(method, path, json.dumps(body) if body is not None else None,
-              {"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, data
-
-
-def stop(p):
-    p.terminate()
-    assert p.wait(timeout=30) == 0
 
 
 def test_json_log_file_access_lines_and_libmicrohttpd():

@@ -325,33 +325,86 @@ static int parse_logprobs(const cJSON *o, struct api_request *r, struct api_erro
 }
 
 static int parse_sampling(const cJSON *o, struct api_request *r, struct api_error *e) {
-    int64_t seed = -1;
+    int64_t seed = r->seed;
+    bool has_seed = false;
     if (get_float(o, "temperature", 0, 2, &r->temperature, e) ||
         get_float(o, "top_p", 0, 1, &r->top_p, e) ||
         get_int32(o, "top_k", 0, 1 << 30, &r->top_k, e) ||
         get_float(o, "min_p", 0, 1, &r->min_p, e) ||
         get_float(o, "presence_penalty", -2, 2, &r->presence_penalty, e) ||
         get_float(o, "frequency_penalty", -2, 2, &r->frequency_penalty, e) ||
-        get_int(o, "seed", -9.2e18, 9.2e18, &seed, &r->has_seed, e))
+        // 0 would divide logits by zero (the sampler's penalty is logit / repeat)
+        get_float(o, "repeat_penalty", 1e-3, 100, &r->repeat_penalty, e) ||
+        get_int32(o, "repeat_last_n", -1, 1 << 24, &r->repeat_last_n, e) ||
+        get_int(o, "seed", -9.2e18, 9.2e18, &seed, &has_seed, e))
         return -1;
     r->seed = seed;
+    // llama-server's -1 (any negative): a random seed, whatever the server's
+    if (has_seed)
+        r->has_seed = seed >= 0;
     return 0;
 }
 
-static int parse_limits(const cJSON *o, struct api_request *r, struct api_error *e) {
+// A field whose value asks for something vela's sampler cannot do yet
+// (tools, grammars, logit bias, typical or mirostat sampling): a 400 naming
+// it. The values that ask for nothing pass (an empty logit_bias or tools,
+// tool_choice "none" or "auto" without tools, typical_p 1, mirostat 0), so
+// that clients sending their defaults still work.
+static int parse_unsupported(const cJSON *o, struct api_error *e) {
+    static const char *const objects[] = {"logit_bias", "tools", "grammar", "json_schema"};
+    for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, objects[i]);
+        bool empty = !v || cJSON_IsNull(v) ||
+                     ((cJSON_IsObject(v) || cJSON_IsArray(v)) && !v->child) ||
+                     (cJSON_IsString(v) && !v->valuestring[0]);
+        if (!empty)
+            return BAD("'%s' is not supported yet (vela's sampler has no %s); leave it out",
+                       objects[i],
+                       i == 0   ? "logit bias"
+                       : i == 1 ? "tool calling"
+                                : "grammar-constrained sampling");
+    }
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(o, "tool_choice");
+    if (tc && !cJSON_IsNull(tc) &&
+        !(cJSON_IsString(tc) &&
+          (!strcmp(tc->valuestring, "none") || !strcmp(tc->valuestring, "auto"))))
+        return BAD("'tool_choice' is not supported yet (vela has no tool calling); leave it out "
+                   "or send \"none\"");
+    double typical = 1, mirostat = 0, unused = 0;
+    if (get_num(o, "typical_p", 0, 1, &typical, NULL, e) ||
+        get_num(o, "mirostat", 0, 2, &mirostat, NULL, e) ||
+        get_num(o, "mirostat_tau", 0, 1e6, &unused, NULL, e) ||
+        get_num(o, "mirostat_eta", 0, 1e6, &unused, NULL, e))
+        return -1;
+    if (typical != 1)
+        return BAD("'typical_p' %g is not supported yet (vela's sampler has no typical "
+                   "sampling); leave it out or send 1",
+                   typical);
+    if (mirostat != 0)
+        return BAD("'mirostat' %g is not supported yet (vela's sampler has no mirostat); leave "
+                   "it out or send 0",
+                   mirostat);
+    return 0;
+}
+
+// max_tokens, max_completion_tokens and llama-server's n_predict (-1: until
+// a stop; it wins) within the server's -n; n, n_keep, grp_attn_*.
+static int parse_limits(const cJSON *o, const struct api_defaults *d, struct api_request *r,
+                        struct api_error *e) {
     // Bounded so that a hostile number cannot size anything; the server
     // caps generation at the slot's context.
     const double max_tok = 1 << 24;
-    int64_t mt = 0;
-    bool has_mt = false, has_mct = false;
-    if (get_int(o, "max_tokens", 0, max_tok, &mt, &has_mt, e))
-        return -1;
-    if (has_mt)
-        r->max_tokens = (int)mt;
-    if (get_int(o, "max_completion_tokens", 0, max_tok, &mt, &has_mct, e))
-        return -1;
-    if (has_mct)
-        r->max_tokens = (int)mt;
+    static const char *const names[] = {"max_tokens", "max_completion_tokens", "n_predict"};
+    for (int i = 0; i < 3; i++) {
+        int64_t mt = 0;
+        bool has = false;
+        if (get_int(o, names[i], i == 2 ? -1 : 0, max_tok, &mt, &has, e))
+            return -1;
+        if (has)
+            r->max_tokens = (int)mt;
+    }
+    if (d->n_predict >= 0 && (r->max_tokens < 0 || r->max_tokens > d->n_predict))
+        r->max_tokens = d->n_predict;
     int64_t nk = -1;
     if (get_int32(o, "n", 1, API_MAX_N, &r->n, e) ||
         get_int(o, "n_keep", -1, 1 << 24, &nk, &r->has_n_keep, e) ||
@@ -455,20 +508,36 @@ static int parse_stream(const cJSON *o, struct api_request *r, struct api_error 
         if (!cJSON_IsObject(rf) || !cJSON_IsString(ty))
             return BAD("'response_format' must be an object with a 'type'");
         if (strcmp(ty->valuestring, "text"))
-            return BAD("'response_format' of type '%.40s' is not supported (vela has no "
-                       "grammar-constrained sampling yet; use 'text')",
+            return BAD("'response_format' of type '%.40s' is not supported yet (vela has no "
+                       "grammar-constrained sampling; use 'text')",
                        ty->valuestring);
     }
     return 0;
 }
 
-static void request_defaults(enum api_kind k, struct api_request *r) {
+void api_defaults_openai(struct api_defaults *d) {
+    *d = (struct api_defaults){.temperature = 1.0f,
+                               .top_p = 1.0f,
+                               .repeat_penalty = 1.0f,
+                               .repeat_last_n = 64,
+                               .seed = -1,
+                               .n_predict = -1};
+}
+
+static void request_defaults(enum api_kind k, const struct api_defaults *d, struct api_request *r) {
     memset(r, 0, sizeof *r);
     r->kind = k;
-    r->max_tokens = k == API_COMPLETION ? 16 : -1; // OpenAI's defaults
-    r->temperature = 1.0f;
-    r->top_p = 1.0f;
-    r->seed = -1;
+    r->max_tokens = d->n_predict >= 0 ? d->n_predict : k == API_COMPLETION ? 16 : -1;
+    r->temperature = d->temperature;
+    r->top_p = d->top_p;
+    r->top_k = d->top_k;
+    r->min_p = d->min_p;
+    r->repeat_penalty = d->repeat_penalty;
+    r->repeat_last_n = d->repeat_last_n;
+    r->presence_penalty = d->presence_penalty;
+    r->frequency_penalty = d->frequency_penalty;
+    r->seed = d->seed;
+    r->has_seed = d->seed >= 0;
     r->n = 1;
     r->n_keep = -1;
     r->grp_attn_n = 1;
@@ -476,9 +545,14 @@ static void request_defaults(enum api_kind k, struct api_request *r) {
     r->cache_prompt = true; // llama-server's default
 }
 
-int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_request *r,
-                      struct api_error *e) {
-    request_defaults(k, r);
+int api_parse_request(enum api_kind k, const char *body, size_t len, const struct api_defaults *d,
+                      struct api_request *r, struct api_error *e) {
+    struct api_defaults openai;
+    if (!d) {
+        api_defaults_openai(&openai);
+        d = &openai;
+    }
+    request_defaults(k, d, r);
     if (!api_utf8_valid(body, len))
         return BAD("the request body is not valid UTF-8");
     cJSON *o = api_json_parse(body, len);
@@ -490,8 +564,9 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_
         rc = BAD("the request body must be a JSON object");
     else if (get_string(o, "model", &r->model, e) ||
              (k == API_COMPLETION ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
-             parse_sampling(o, r, e) || parse_limits(o, r, e) || parse_stop(o, r, e) ||
-             parse_stream(o, r, e) || parse_logprobs(o, r, e) || parse_self_extend(o, r, e))
+             parse_sampling(o, r, e) || parse_unsupported(o, e) || parse_limits(o, d, r, e) ||
+             parse_stop(o, r, e) || parse_stream(o, r, e) || parse_logprobs(o, r, e) ||
+             parse_self_extend(o, r, e))
         rc = -1;
     cJSON_Delete(o);
     if (rc)

@@ -53,7 +53,9 @@ struct api_request {
     float min_p;       // 0: off
     float presence_penalty;
     float frequency_penalty;
-    int64_t seed; // -1: random
+    float repeat_penalty; // llama-server's: 1.0 (off)
+    int repeat_last_n;    // tokens the penalties look back on (64; 0: off, -1: the context)
+    int64_t seed;         // -1: random
     bool has_seed;
     char *stop[API_MAX_STOP];
     int n_stop;
@@ -75,6 +77,23 @@ struct api_request {
 
 void api_request_free(struct api_request *r);
 
+// What a request that leaves a sampling field out gets: the server's
+// defaults (llama-server's --temp, --top-k, --top-p, --min-p,
+// --repeat-penalty, --repeat-last-n, --presence-penalty,
+// --frequency-penalty, --seed, -n).
+struct api_defaults {
+    float temperature, top_p, min_p;
+    int top_k;
+    float repeat_penalty;
+    int repeat_last_n;
+    float presence_penalty, frequency_penalty;
+    int64_t seed;  // -1: random
+    int n_predict; // -1: none given (OpenAI's max_tokens: 16 for completions, until a stop
+                   // for chat); >= 0: the default of max_tokens / n_predict and their cap
+};
+// OpenAI's: temperature 1, top_p 1, no top_k / min_p / penalties, random seed, no -n.
+void api_defaults_openai(struct api_defaults *d);
+
 // An error as OpenAI reports it: HTTP status, type and code.
 struct api_error {
     int status;       // 400, 401, 404, 405, 413, 500, 503
@@ -85,12 +104,18 @@ struct api_error {
 };
 
 // Parses body (len bytes, not necessarily NUL-terminated) as a request of
-// kind k. Unknown fields are ignored (OpenAI clients send many); a field of
-// the wrong type or out of range, broken JSON, invalid UTF-8, or a missing
+// kind k; fields left out take d's values (NULL: api_defaults_openai).
+// Unknown fields are ignored (OpenAI clients send many); a field of the
+// wrong type or out of range, broken JSON, invalid UTF-8, or a missing
 // prompt/messages is a 400 in *e naming the field and what was expected.
+// Fields of llama-server or OpenAI that vela cannot honour yet (logit_bias,
+// typical_p < 1, mirostat, tools, tool_choice, grammar, json_schema,
+// response_format other than text) are a 400 naming the field, never
+// silently ignored. n_predict is llama-server's max_tokens (-1: until a
+// stop; it wins over max_tokens); d->n_predict >= 0 caps both.
 // Returns 0 or -1 (then *r is freed and zeroed).
-int api_parse_request(enum api_kind k, const char *body, size_t len, struct api_request *r,
-                      struct api_error *e);
+int api_parse_request(enum api_kind k, const char *body, size_t len, const struct api_defaults *d,
+                      struct api_request *r, struct api_error *e);
 
 // What a request's context fields are checked against: the server's slots
 // and its cache mode.

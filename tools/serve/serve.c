@@ -60,6 +60,7 @@ void serve_config_default(struct serve_config *c) {
     c->max_body = (size_t)4 << 20;
     c->max_connections = 256;
     c->timeout_s = 600;
+    api_defaults_openai(&c->defaults);
 }
 
 // --- responses ------------------------------------------------------------------
@@ -378,9 +379,9 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
                                          struct conn *cn) {
     struct api_request a;
     struct api_error e = {0};
-    if (api_parse_request(k, cn->body.p ? cn->body.p : "", cn->body.len, &a, &e))
+    if (api_parse_request(k, cn->body.p ? cn->body.p : "", cn->body.len, &s->cfg.defaults, &a, &e))
         return send_error(c, &e);
-    if (a.model && strcmp(a.model, s->model_id)) {
+    if (s->cfg.strict_model_name && a.model && strcmp(a.model, s->model_id)) {
         api_fail(&e, 404, "invalid_request_error", "model_not_found",
                  "the model '%.100s' does not exist; this server serves '%.100s'", a.model,
                  s->model_id);

@@ -20,6 +20,7 @@
 #include "gguf/verr.h"
 #include "host/engine/engine.h"
 #include "host/tokenizer/chat.h"
+#include "tools/serve/api.h"
 
 struct serve_config {
     const char *host;     // "127.0.0.1"
@@ -30,7 +31,12 @@ struct serve_config {
     size_t max_body;      // bytes of a request body (413 beyond)
     int max_connections;  // concurrent connections
     int timeout_s;        // idle connection timeout
-    const char *model_id; // the name /v1/models lists (the file's base name by default)
+    const char *model_id; // the name /v1/models lists and responses carry (--alias; by
+                          // default the file's base name without ".gguf")
+    // --strict-model-name: a request naming another model gets 404; otherwise
+    // any name is answered by the served model, as llama-server does
+    bool strict_model_name;
+    struct api_defaults defaults; // sampling fields a request leaves out (--temp, ..., -n)
     enum chat_template tmpl;
     bool have_tmpl; // the model has a usable chat template
     bool verbose;

@@ -241,6 +241,8 @@ static void job_request(struct srv_req *r, int i, struct engine_request *q) {
     q->sp.min_p = a->min_p;
     q->sp.presence_penalty = a->presence_penalty;
     q->sp.frequency_penalty = a->frequency_penalty;
+    q->sp.repeat_penalty = a->repeat_penalty;
+    q->sp.repeat_last_n = a->repeat_last_n;
     q->sp.seed = a->has_seed ? (uint32_t)((uint64_t)a->seed + (uint64_t)i) : SAMPLER_SEED_RANDOM;
     if (q->sp.seed == SAMPLER_SEED_RANDOM && a->has_seed)
         q->sp.seed = 0;
