@@ -3,10 +3,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "gguf/gguf.h"
 #include "host/engine/engine.h"
+#include "host/model/model.h"
+#include "host/ops/backend.h"
 #include "host/ops/selfextend.h"
 #include "host/tokenizer/chat.h"
 #include "tools/args.h"
@@ -39,8 +42,11 @@ static void usage(FILE *out) {
             "                            machine only; 0.0.0.0: every interface)\n"
             "  --port N                  TCP port (default: 8080; 0: any free port)\n"
             "  -np, --parallel N         slots: sequences decoded together (1..%d, default: 4).\n"
-            "                            -c is split between them as llama-server does: each\n"
-            "                            request gets -c / N cells of context\n"
+            "                            -c is split between them: each request gets -c / N\n"
+            "                            cells of context. Without -c (or -c 0) each slot\n"
+            "                            gets the model's trained context, capped so that\n"
+            "                            the KV cache takes at most half the free memory\n"
+            "                            left beside the weights (a line says what it chose)\n"
             "  --queue N                 requests waiting for a free slot before new ones get\n"
             "                            503 (default: 64)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (all but /health)\n"
@@ -97,7 +103,9 @@ static void usage(FILE *out) {
             "than text, typical_p other than 1, mirostat other than 0. A request may name\n"
             "any model (see --strict-model-name).\n",
             SERVE_PARALLEL_MAX);
-    args_help_model(out);
+    args_help_model_ctx(out, "KV cells the slots share (default, or 0: each slot\n"
+                             "                            the model's trained context, capped "
+                             "by memory)");
     args_help_sampler(out);
 }
 
@@ -251,6 +259,70 @@ static int pick_template(const char *path, const char *override, struct serve_co
     return 0;
 }
 
+// Free memory of the device the KV cache will live on: the GPU when the
+// backend may be CUDA and one answers, else the CPU; *name says which.
+// BACKEND_MEM_UNLIMITED when it cannot say.
+static size_t ctx_free_memory(const struct args_model *am, char *name, size_t cap) {
+    size_t free_b = BACKEND_MEM_UNLIMITED, total = 0;
+    struct verr err = {0};
+    struct backend_device d = {BACKEND_DEVICE_CUDA, am->device};
+    if (am->backend == LOAD_BACKEND_CPU || !backend_cuda_built() ||
+        backend_device_memory(&d, &free_b, &total, &err))
+        d = (struct backend_device){BACKEND_DEVICE_CPU, 0};
+    if (d.kind == BACKEND_DEVICE_CPU && backend_device_memory(&d, &free_b, &total, &err))
+        free_b = BACKEND_MEM_UNLIMITED;
+    backend_device_name(&d, name, cap);
+    return free_b;
+}
+
+// -c when not given (llama-server's -c 0): every slot gets the model's
+// trained context, as long as the KV cache takes at most half of the
+// device's free memory once the weights (the file's size) are counted;
+// a multiple of 256 cells a slot when memory caps it. Logs what it chose.
+static int pick_ctx(struct args_model *am, int n_parallel, struct verr *err) {
+    if (am->n_ctx > 0)
+        return 0;
+    struct gguf_file *f = NULL;
+    struct model_hparams hp;
+    int rc = gguf_open(&f, am->model_path, err);
+    if (rc)
+        return rc;
+    rc = model_read_hparams(f, &hp, err);
+    gguf_close(f);
+    if (rc)
+        return rc;
+    const size_t esize_k = am->type_k == GGML_TYPE_F32 ? 4 : 2;
+    const size_t esize_v = am->type_v == GGML_TYPE_F32 ? 4 : 2;
+    const size_t per_cell = (size_t)hp.n_layer * (size_t)hp.n_head_kv *
+                            ((size_t)hp.head_dim * esize_k + (size_t)hp.head_dim_v * esize_v);
+    struct stat st;
+    const size_t weights = stat(am->model_path, &st) ? 0 : (size_t)st.st_size;
+    char dev[32];
+    const size_t free_b = ctx_free_memory(am, dev, sizeof dev);
+    int64_t slot = hp.n_ctx_train > 0 ? hp.n_ctx_train : FORWARD_CTX_CAP;
+    bool capped = false;
+    if (free_b != BACKEND_MEM_UNLIMITED && per_cell > 0) {
+        const size_t budget = free_b > weights ? (free_b - weights) / 2 : 0;
+        const int64_t fit = (int64_t)(budget / per_cell) / n_parallel / 256 * 256;
+        if (fit < slot) {
+            slot = fit > 256 ? fit : 256;
+            capped = true;
+        }
+    }
+    if (slot * n_parallel > (1 << 30) / 2)
+        slot = (1 << 30) / 2 / n_parallel;
+    am->n_ctx = (int)(slot * n_parallel);
+    srv_log(SRV_LOG_INFO,
+            "context: -c %d, %d slots of %lld tokens (%s; KV cache %.0f MiB, %.0f MiB free on "
+            "%s); -c N sets it",
+            am->n_ctx, n_parallel, (long long)slot,
+            capped ? "the model's trained context capped by memory"
+                   : "each the model's trained context",
+            (double)per_cell * am->n_ctx / 1048576.0,
+            free_b == BACKEND_MEM_UNLIMITED ? -1.0 : (double)free_b / 1048576.0, dev);
+    return 0;
+}
+
 // The model id by default: the file's base name without ".gguf" (llama-server's habit).
 static void model_id_of(const char *path, char *out, size_t cap) {
     const char *s = strrchr(path, '/');
@@ -287,7 +359,8 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
         model_id_of(am->model_path, id, sizeof id);
         f->sc.model_id = id;
     }
-    if (pick_template(am->model_path, f->chat_template, &f->sc, &err)) {
+    if (pick_template(am->model_path, f->chat_template, &f->sc, &err) ||
+        pick_ctx(am, f->sc.n_parallel, &err)) {
         srv_log(SRV_LOG_ERROR, "%s", err.msg);
         return 1; // the model file (or its template) failed: a runtime error, as in run
     }

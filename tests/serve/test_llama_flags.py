@@ -3,7 +3,8 @@ runs (-ngl, -fa, --jinja, --no-mmap, --mlock, --metrics, -cb, --no-webui are
 taken), the server's sampling flags (--temp, --top-k, --top-p, --min-p,
 -n) are the defaults of requests that leave those fields out, any model name
 is answered by the served model unless --strict-model-name, and the model id
-is the file's name without ".gguf" unless --alias.
+is the file's name without ".gguf" unless --alias; without -c each slot gets
+the model's trained context (capped by memory), and a line says so.
 
 Servers of their own on a synthetic model (tests/serve/run.sh sets VELA_BIN
 and VELA_SERVE_WORK).
@@ -16,11 +17,11 @@ from serve_helpers import VELA, WORK, stop, tiny_model, wait_ready
 from serve_helpers import request as raw_request
 
 
-def start(name, extra):
+def start(name, extra, ctx=("-c", "1024")):
     log_path = os.path.join(WORK, name + ".log")
     log = open(log_path, "w")
     p = subprocess.Popen([VELA, "serve", "-m", tiny_model(512), "-t", "1", "--port", "0",
-                          "--no-progress", "-np", "2", "-c", "1024"] + extra,
+                          "--no-progress", "-np", "2"] + list(ctx) + extra,
                          stdout=log, stderr=subprocess.STDOUT)
     return p, wait_ready(p, log_path), log_path
 
@@ -55,11 +56,15 @@ def test_llama_server_command_line_and_server_sampling_defaults():
         stop(p)
 
 
-def test_llama_server_defaults_are_logged():
-    p, port, log_path = start("llama-defaults", ["--backend", "cpu"])
+def test_llama_server_defaults_and_context_without_c():
+    p, port, log_path = start("llama-defaults", ["--backend", "cpu"], ctx=())
     try:
         log = open(log_path).read()
         assert "temperature 0.8, top_k 40, top_p 0.95, min_p 0.05" in log, log
+        # the model is trained for 512 tokens: each of the 2 slots gets them all
+        assert "context: -c 1024, 2 slots of 512 tokens" in log, log
+        st, models = request(port, "GET", "/v1/models")
+        assert models["data"][0]["meta"]["n_ctx_slot"] == 512
     finally:
         stop(p)
 
