@@ -30,7 +30,8 @@ static void usage(FILE *out) {
             "[options]\n\n"
             "Serves the model over HTTP with the OpenAI API: POST /v1/completions,\n"
             "/v1/chat/completions (stream: server-sent events), GET /v1/models, /health,\n"
-            "/metrics (Prometheus), POST /tokenize, /detokenize. Requests are decoded\n"
+            "/metrics (Prometheus), POST /tokenize, /detokenize and llama-server's GET\n"
+            "/props, POST /apply-template. Requests are decoded\n"
             "together (continuous batching): a new one joins the running batch at the next\n"
             "step. Ctrl-C or SIGTERM stops it: each running stream gets a last chunk with\n"
             "finish_reason \"error\" and the error, then [DONE]; other running requests get\n"
@@ -355,6 +356,7 @@ static int serve_defaults(const struct serve_flags *f, struct api_defaults *d, s
 static int run_server(struct args_model *am, struct serve_flags *f) {
     struct verr err = {0};
     char id[256];
+    f->sc.model_path = am->model_path;
     if (!f->sc.model_id) {
         model_id_of(am->model_path, id, sizeof id);
         f->sc.model_id = id;

@@ -511,3 +511,23 @@ def test_n_predict_and_repeat_penalty_work(client):
     plain = greedy()
     assert greedy(repeat_penalty=1.0) == plain, "1.0 is off, the default"
     assert greedy(repeat_penalty=50.0, repeat_last_n=-1) != plain
+
+
+def test_props_and_apply_template():
+    """llama-server's /props (the defaults a request gets) and /apply-template."""
+    status, p = raw("GET", "/props")
+    assert status == 200, p
+    params = p["default_generation_settings"]["params"]
+    # run.sh gives no sampling flags: llama-server's defaults
+    assert abs(params["temperature"] - 0.8) < 1e-6 and params["top_k"] == 40
+    assert abs(params["top_p"] - 0.95) < 1e-6 and abs(params["min_p"] - 0.05) < 1e-6
+    assert p["total_slots"] == 4 and p["default_generation_settings"]["n_ctx"] == 256
+    assert p["model_alias"] == MODEL and p["chat_template"] == "chatml"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
+    status, t = raw("POST", "/apply-template", json.dumps({"messages": msgs}))
+    assert status == 200, t
+    assert t["prompt"].endswith("hi there<|im_end|>\n<|im_start|>assistant\n"), t
+    status, e = raw("POST", "/apply-template", json.dumps({"messages": []}))
+    assert status == 400 and "'messages'" in e["error"]["message"]
+    assert raw("POST", "/props", "{}")[0] == 405
+    assert raw("GET", "/apply-template")[0] == 405

@@ -326,6 +326,23 @@ static enum MHD_Result complete_stream(struct serve *s, struct MHD_Connection *c
 
 // --- prompts -----------------------------------------------------------------------
 
+// A chat request's messages formatted with the model's template, the
+// assistant's turn opened: *text malloc'd, *len bytes.
+static int format_chat(const struct serve *s, const struct api_request *a, char **text, size_t *len,
+                       struct api_error *e) {
+    if (!s->cfg.have_tmpl)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "the model has no usable chat template (start the server with "
+                        "--chat-template NAME)");
+    struct chat_msg msgs[API_MAX_MESSAGES];
+    for (int i = 0; i < a->n_messages; i++)
+        msgs[i] = (struct chat_msg){a->messages[i].role, a->messages[i].content};
+    struct verr err = {0};
+    if (chat_format(s->cfg.tmpl, msgs, (size_t)a->n_messages, true, text, len, &err))
+        return api_fail(e, 400, "invalid_request_error", "invalid_value", "%s", err.msg);
+    return 0;
+}
+
 // The prompt's tokens: the completion's text or ids, or the chat formatted
 // with the model's template. The template's end-of-turn token joins the stop
 // tokens.
@@ -353,15 +370,8 @@ static int prompt_tokens(struct serve *s, struct api_request *a, int32_t **toks,
     size_t len = text ? strlen(text) : 0;
     bool formatted = false;
     if (a->kind == API_CHAT) {
-        if (!s->cfg.have_tmpl)
-            return api_fail(e, 400, "invalid_request_error", "invalid_value",
-                            "the model has no usable chat template (start the server with "
-                            "--chat-template NAME)");
-        struct chat_msg msgs[API_MAX_MESSAGES];
-        for (int i = 0; i < a->n_messages; i++)
-            msgs[i] = (struct chat_msg){a->messages[i].role, a->messages[i].content};
-        if (chat_format(s->cfg.tmpl, msgs, (size_t)a->n_messages, true, &text, &len, &err))
-            return api_fail(e, 400, "invalid_request_error", "invalid_value", "%s", err.msg);
+        if (format_chat(s, a, &text, &len, e))
+            return -1;
         formatted = true;
         *stop_tok = chat_eot_token(tok, s->cfg.tmpl);
     }
@@ -520,6 +530,61 @@ static enum MHD_Result handle_detokenize(struct serve *s, struct MHD_Connection 
     return send_json(c, 200, js);
 }
 
+// llama-server's POST /apply-template: {"messages": [...]} as the chat
+// endpoint takes them -> {"prompt": the formatted text}.
+static enum MHD_Result handle_apply_template(struct serve *s, struct MHD_Connection *c,
+                                             struct conn *cn) {
+    struct api_request a;
+    struct api_error e = {0};
+    if (api_parse_request(API_CHAT, cn->body.p ? cn->body.p : "", cn->body.len, &s->cfg.defaults,
+                          &a, &e))
+        return send_error(c, &e);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = format_chat(s, &a, &text, &len, &e);
+    api_request_free(&a);
+    if (rc)
+        return send_error(c, &e);
+    cJSON *res = cJSON_CreateObject();
+    cJSON_AddStringToObject(res, "prompt", text); // NUL-terminated, UTF-8 (messages are checked)
+    free(text);
+    char *js = cJSON_PrintUnformatted(res);
+    cJSON_Delete(res);
+    return send_json(c, 200, js);
+}
+
+// llama-server's GET /props: the defaults a request gets, the slots, the
+// model and its chat template.
+static enum MHD_Result handle_props(struct serve *s, struct MHD_Connection *c) {
+    const struct api_defaults *d = &s->cfg.defaults;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *g = cJSON_AddObjectToObject(o, "default_generation_settings");
+    cJSON_AddNumberToObject(g, "n_ctx", s->limits.n_ctx_slot);
+    cJSON *p = cJSON_AddObjectToObject(g, "params");
+    cJSON_AddNumberToObject(p, "n_predict", d->n_predict);
+    cJSON_AddNumberToObject(p, "temperature", d->temperature);
+    cJSON_AddNumberToObject(p, "top_k", d->top_k);
+    cJSON_AddNumberToObject(p, "top_p", d->top_p);
+    cJSON_AddNumberToObject(p, "min_p", d->min_p);
+    cJSON_AddNumberToObject(p, "repeat_penalty", d->repeat_penalty);
+    cJSON_AddNumberToObject(p, "repeat_last_n", d->repeat_last_n);
+    cJSON_AddNumberToObject(p, "presence_penalty", d->presence_penalty);
+    cJSON_AddNumberToObject(p, "frequency_penalty", d->frequency_penalty);
+    cJSON_AddNumberToObject(p, "seed", d->seed < 0 ? -1 : (double)d->seed);
+    cJSON_AddNumberToObject(o, "total_slots", s->cfg.n_parallel);
+    cJSON_AddStringToObject(o, "model_alias", s->model_id);
+    cJSON_AddStringToObject(o, "model_path", s->cfg.model_path ? s->cfg.model_path : "");
+    cJSON_AddStringToObject(o, "chat_template",
+                            s->cfg.have_tmpl ? chat_template_name(s->cfg.tmpl) : "");
+    cJSON *m = cJSON_AddObjectToObject(o, "modalities");
+    cJSON_AddBoolToObject(m, "vision", false);
+    cJSON_AddBoolToObject(m, "audio", false);
+    cJSON_AddStringToObject(o, "build_info", "vela");
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return send_json(c, 200, js);
+}
+
 static enum MHD_Result handle_models(struct serve *s, struct MHD_Connection *c) {
     cJSON *o = cJSON_CreateObject(), *data = cJSON_CreateArray(), *m = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
@@ -624,6 +689,8 @@ enum route {
     R_DETOKENIZE,
     R_COMPLETIONS,
     R_CHAT,
+    R_PROPS,
+    R_APPLY_TEMPLATE,
     R_NONE,
 };
 
@@ -643,6 +710,8 @@ static const struct {
     {"/completions", "POST", R_COMPLETIONS},
     {"/v1/chat/completions", "POST", R_CHAT},
     {"/chat/completions", "POST", R_CHAT},
+    {"/props", "GET", R_PROPS},
+    {"/apply-template", "POST", R_APPLY_TEMPLATE},
 };
 
 static bool authorized(const struct serve *s, struct MHD_Connection *c) {
@@ -695,6 +764,10 @@ static enum MHD_Result dispatch(struct serve *s, struct MHD_Connection *c, const
         return handle_completion(s, c, API_COMPLETION, cn);
     case R_CHAT:
         return handle_completion(s, c, API_CHAT, cn);
+    case R_PROPS:
+        return handle_props(s, c);
+    case R_APPLY_TEMPLATE:
+        return handle_apply_template(s, c, cn);
     default:
         return MHD_NO;
     }

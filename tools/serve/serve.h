@@ -31,7 +31,8 @@ struct serve_config {
     size_t max_body;      // bytes of a request body (413 beyond)
     int max_connections;  // concurrent connections
     int timeout_s;        // idle connection timeout
-    const char *model_id; // the name /v1/models lists and responses carry (--alias; by
+    const char *model_path; // the GGUF file (/props)
+    const char *model_id;   // the name /v1/models lists and responses carry (--alias; by
                           // default the file's base name without ".gguf")
     // --strict-model-name: a request naming another model gets 404; otherwise
     // any name is answered by the served model, as llama-server does
