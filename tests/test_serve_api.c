@@ -529,3 +529,37 @@ Test(serve_api, server_defaults_fill_what_a_request_leaves_out) {
     cr_expect_eq(r.max_tokens, 32, "-n caps n_predict -1 too");
     api_request_free(&r);
 }
+
+// POST /completion (llama-server's own shape): a prompt, one answer, until a
+// stop unless n_predict / max_tokens; n > 1 and logprobs are refused.
+Test(serve_api, native_completion_request_and_answer) {
+    struct api_request r;
+    struct api_error e = {0};
+    const char *body = "{\"prompt\": \"hi\", \"stream\": true}";
+    cr_assert_eq(api_parse_request(API_NATIVE, body, strlen(body), NULL, &r, &e), 0, "%s",
+                 e.message);
+    cr_expect_str_eq(r.prompt, "hi");
+    cr_expect_eq(r.max_tokens, -1, "llama-server's n_predict default: until a stop");
+    cr_expect(r.stream);
+    api_request_free(&r);
+    const char *n2 = "{\"prompt\": \"hi\", \"n\": 2}";
+    cr_expect_eq(api_parse_request(API_NATIVE, n2, strlen(n2), NULL, &r, &e), -1);
+    cr_expect(strstr(e.message, "'n' is not supported by /completion"), "%s", e.message);
+
+    const struct api_choice c = {.text = "abc", .len = 2, .finish = "length"};
+    const struct api_usage u = {.prompt_tokens = 5, .completion_tokens = 2, .cached_tokens = 1};
+    char *js = api_native_json("m", &c, &u);
+    cJSON *o = cJSON_Parse(js);
+    cr_assert_not_null(o, "%s", js);
+    cr_expect_str_eq(cJSON_GetObjectItem(o, "content")->valuestring, "ab");
+    cr_expect(cJSON_IsTrue(cJSON_GetObjectItem(o, "stop")));
+    cr_expect_str_eq(cJSON_GetObjectItem(o, "stop_type")->valuestring, "limit");
+    cr_expect_eq(cJSON_GetObjectItem(o, "tokens_predicted")->valueint, 2);
+    cr_expect_eq(cJSON_GetObjectItem(o, "tokens_evaluated")->valueint, 5);
+    cr_expect_not_null(cJSON_GetObjectItem(o, "timings"));
+    cJSON_Delete(o);
+    free(js);
+    char *ev = api_native_chunk_sse("m", &c, NULL);
+    cr_expect_str_eq(ev, "data: {\"content\":\"ab\",\"stop\":false,\"id_slot\":-1}\n\n");
+    free(ev);
+}

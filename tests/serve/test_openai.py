@@ -531,3 +531,26 @@ def test_props_and_apply_template():
     assert status == 400 and "'messages'" in e["error"]["message"]
     assert raw("POST", "/props", "{}")[0] == 405
     assert raw("GET", "/apply-template")[0] == 405
+
+
+def test_native_completion_endpoint():
+    """llama-server's POST /completion: prompt, n_predict, stream; content in the reply."""
+    body = {"prompt": "Once upon", "n_predict": 6, "ignore_eos": True, "temperature": 0}
+    status, a = raw("POST", "/completion", json.dumps(body))
+    assert status == 200, a
+    assert a["stop"] is True and a["stop_type"] == "limit" and a["tokens_predicted"] == 6
+    assert a["model"] == MODEL and isinstance(a["content"], str) and "timings" in a
+    h = {"Content-Type": "application/json", "Authorization": "Bearer " + KEY}
+    c = http.client.HTTPConnection(HOST, PORT, timeout=60)
+    c.request("POST", "/completion", json.dumps(dict(body, stream=True)), h)
+    r = c.getresponse()
+    events = [json.loads(line[6:]) for line in r.read().decode().split("\n\n")
+              if line.startswith("data: ")]
+    c.close()
+    assert r.status == 200 and events, events
+    assert all(ev["stop"] is False for ev in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(ev["content"] for ev in events) == a["content"]
+    assert events[-1]["tokens_predicted"] == 6
+    status, e = raw("POST", "/completion", json.dumps({"prompt": "x", "n": 2}))
+    assert status == 400 and "'n'" in e["error"]["message"]
+    assert raw("GET", "/completion")[0] == 405

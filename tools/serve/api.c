@@ -527,6 +527,7 @@ void api_defaults_openai(struct api_defaults *d) {
 static void request_defaults(enum api_kind k, const struct api_defaults *d, struct api_request *r) {
     memset(r, 0, sizeof *r);
     r->kind = k;
+    // OpenAI's 16 for completions; chat and llama-server's /completion: until a stop
     r->max_tokens = d->n_predict >= 0 ? d->n_predict : k == API_COMPLETION ? 16 : -1;
     r->temperature = d->temperature;
     r->top_p = d->top_p;
@@ -563,11 +564,14 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, const struc
     if (!cJSON_IsObject(o))
         rc = BAD("the request body must be a JSON object");
     else if (get_string(o, "model", &r->model, e) ||
-             (k == API_COMPLETION ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
+             (k != API_CHAT ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
              parse_sampling(o, r, e) || parse_unsupported(o, e) || parse_limits(o, d, r, e) ||
              parse_stop(o, r, e) || parse_stream(o, r, e) || parse_logprobs(o, r, e) ||
              parse_self_extend(o, r, e))
         rc = -1;
+    else if (k == API_NATIVE && (r->n > 1 || r->logprobs))
+        rc = BAD("'%s' is not supported by /completion (use /v1/completions)",
+                 r->n > 1 ? "n" : "logprobs");
     cJSON_Delete(o);
     if (rc)
         api_request_free(r);
@@ -691,6 +695,8 @@ static cJSON *envelope(enum api_kind k, const char *id, const char *model, int64
     return o;
 }
 
+static void add_timings(cJSON *o, const struct api_usage *u);
+
 static void add_usage(cJSON *o, const struct api_usage *u) {
     cJSON *us = cJSON_CreateObject();
     cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
@@ -699,9 +705,12 @@ static void add_usage(cJSON *o, const struct api_usage *u) {
     cJSON *det = cJSON_AddObjectToObject(us, "prompt_tokens_details");
     cJSON_AddNumberToObject(det, "cached_tokens", u->cached_tokens);
     cJSON_AddItemToObject(o, "usage", us);
-    if (!u->timings)
-        return;
-    // llama-server's names; per-token and per-second values as it derives them.
+    if (u->timings)
+        add_timings(o, u);
+}
+
+// llama-server's "timings": its names; per-second values as it derives them.
+static void add_timings(cJSON *o, const struct api_usage *u) {
     cJSON *t = cJSON_AddObjectToObject(o, "timings");
     cJSON_AddNumberToObject(t, "cache_n", u->cached_tokens);
     cJSON_AddNumberToObject(t, "prompt_n", u->prompt_n);
@@ -758,6 +767,45 @@ char *api_chunk_error_sse(enum api_kind k, const char *id, const char *model, in
     cJSON *arr = cJSON_AddArrayToObject(o, "choices");
     const struct api_choice c = {.text = "", .len = 0, .finish = "error"};
     cJSON_AddItemToArray(arr, choice_json(k, index, &c, true, false));
+    add_error(o, e);
+    return sse_event(o);
+}
+
+// llama-server's /completion fields of a finished or running answer.
+static cJSON *native_object(const char *model, const struct api_choice *c,
+                            const struct api_usage *u) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "content", string_n(c->text ? c->text : "", c->text ? c->len : 0));
+    cJSON_AddBoolToObject(o, "stop", u != NULL);
+    cJSON_AddNumberToObject(o, "id_slot", -1); // the engine does not say which slot it took
+    if (!u)
+        return o;
+    cJSON_AddStringToObject(o, "model", model);
+    cJSON_AddNumberToObject(o, "tokens_predicted", u->completion_tokens);
+    cJSON_AddNumberToObject(o, "tokens_evaluated", u->prompt_tokens);
+    cJSON_AddNumberToObject(o, "tokens_cached", u->cached_tokens);
+    // "stop": an end-of-generation token or a stop string ended it
+    cJSON_AddStringToObject(o, "stop_type",
+                            c->finish && !strcmp(c->finish, "length") ? "limit" : "eos");
+    cJSON_AddBoolToObject(o, "truncated", false);
+    add_timings(o, u);
+    return o;
+}
+
+char *api_native_json(const char *model, const struct api_choice *c, const struct api_usage *u) {
+    cJSON *o = native_object(model, c, u);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+char *api_native_chunk_sse(const char *model, const struct api_choice *c,
+                           const struct api_usage *u) {
+    return sse_event(native_object(model, c, u));
+}
+
+char *api_error_sse(const struct api_error *e) {
+    cJSON *o = cJSON_CreateObject();
     add_error(o, e);
     return sse_event(o);
 }

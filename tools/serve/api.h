@@ -26,6 +26,8 @@
 enum api_kind {
     API_COMPLETION = 0, // POST /v1/completions
     API_CHAT = 1,       // POST /v1/chat/completions
+    API_NATIVE = 2,     // POST /completion: llama-server's own shape (a prompt, one answer;
+                        // without max_tokens / n_predict: until a stop)
 };
 
 struct api_message {
@@ -205,6 +207,21 @@ char *api_chunk_sse(enum api_kind k, const char *id, const char *model, int64_t 
 // memory.
 char *api_chunk_error_sse(enum api_kind k, const char *id, const char *model, int64_t created,
                           int index, const struct api_error *e);
+
+// llama-server's /completion answer (API_NATIVE), the whole one:
+// {"content", "stop": true, "id_slot": -1, "model", "tokens_predicted",
+// "tokens_evaluated", "tokens_cached", "stop_type": "eos" | "limit",
+// "truncated": false, "timings"}. malloc'd; NULL when out of memory.
+char *api_native_json(const char *model, const struct api_choice *c, const struct api_usage *u);
+// One stream event of it: {"content", "stop": false, "id_slot": -1} while
+// it runs (u NULL), the whole answer's fields with "stop": true at the end
+// (u set). No [DONE] follows, as in llama-server. malloc'd; NULL when out of
+// memory.
+char *api_native_chunk_sse(const char *model, const struct api_choice *c,
+                           const struct api_usage *u);
+// The error object of api_error_json as an SSE event (a /completion stream
+// that ended in error). malloc'd; NULL when out of memory.
+char *api_error_sse(const struct api_error *e);
 
 // The SSE terminator "data: [DONE]\n\n".
 extern const char api_sse_done[];

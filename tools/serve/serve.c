@@ -180,9 +180,10 @@ static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
     }
     struct api_usage u = usage_of(r);
     cn->tokens_out = u.completion_tokens;
-    char *json =
-        error ? NULL
-              : api_response_json(r->api.kind, r->id, s->model_id, r->created, ch, r->n_jobs, &u);
+    char *json = error                       ? NULL
+                 : r->api.kind == API_NATIVE ? api_native_json(s->model_id, &ch[0], &u)
+                                             : api_response_json(r->api.kind, r->id, s->model_id,
+                                                                 r->created, ch, r->n_jobs, &u);
     pthread_mutex_unlock(&r->mu);
     if (error) {
         struct api_error e;
@@ -212,10 +213,39 @@ static int out_add(struct stream *st, char *s) {
     return rc;
 }
 
+// llama-server's /completion stream (one choice): new text as
+// {"content", "stop": false} events, then the whole answer's fields with
+// "stop": true, or the error; no [DONE] (r->mu held).
+static int stream_collect_native(struct stream *st) {
+    struct srv_req *r = st->r;
+    struct srv_job *j = &r->jobs[0];
+    if (j->text.len > j->sent) {
+        struct api_choice ch = {.text = j->text.p + j->sent, .len = j->text.len - j->sent};
+        if (out_add(st, api_native_chunk_sse(st->s->model_id, &ch, NULL)))
+            return -1;
+        j->sent = j->text.len;
+    }
+    if (!j->done)
+        return 0;
+    struct api_usage u = usage_of(r);
+    st->cn->tokens_out = u.completion_tokens;
+    struct api_error e;
+    const struct api_choice ch = {.text = "", .len = 0, .finish = j->finish};
+    bool error = !strcmp(j->finish, "error");
+    if (error)
+        ended_error(st->s, &e);
+    if (out_add(st, error ? api_error_sse(&e) : api_native_chunk_sse(st->s->model_id, &ch, &u)))
+        return -1;
+    st->ended = true;
+    return 0;
+}
+
 // New text, logprobs and endings of every choice as SSE events (r->mu held).
 static int stream_collect(struct stream *st) {
     struct srv_req *r = st->r;
     const enum api_kind k = r->api.kind;
+    if (k == API_NATIVE)
+        return stream_collect_native(st);
     for (int i = 0; i < r->n_jobs; i++) {
         struct srv_job *j = &r->jobs[i];
         bool news = j->text.len > j->sent || j->lp_sent < j->n_lp;
@@ -352,7 +382,7 @@ static int prompt_tokens(struct serve *s, struct api_request *a, int32_t **toks,
     const int V = s->e->m->hp.n_vocab;
     struct verr err = {0};
     *stop_tok = -1;
-    if (a->kind == API_COMPLETION && a->prompt_tokens) {
+    if (a->kind != API_CHAT && a->prompt_tokens) {
         for (int i = 0; i < a->n_prompt_tokens; i++)
             if (a->prompt_tokens[i] >= V)
                 return api_fail(e, 400, "invalid_request_error", "invalid_value",
@@ -691,6 +721,7 @@ enum route {
     R_CHAT,
     R_PROPS,
     R_APPLY_TEMPLATE,
+    R_NATIVE,
     R_NONE,
 };
 
@@ -711,6 +742,7 @@ static const struct {
     {"/v1/chat/completions", "POST", R_CHAT},
     {"/chat/completions", "POST", R_CHAT},
     {"/props", "GET", R_PROPS},
+    {"/completion", "POST", R_NATIVE},
     {"/apply-template", "POST", R_APPLY_TEMPLATE},
 };
 
@@ -766,6 +798,8 @@ static enum MHD_Result dispatch(struct serve *s, struct MHD_Connection *c, const
         return handle_completion(s, c, API_CHAT, cn);
     case R_PROPS:
         return handle_props(s, c);
+    case R_NATIVE:
+        return handle_completion(s, c, API_NATIVE, cn);
     case R_APPLY_TEMPLATE:
         return handle_apply_template(s, c, cn);
     default:
