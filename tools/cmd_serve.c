@@ -32,11 +32,11 @@ static void usage(FILE *out) {
             "/v1/chat/completions (stream: server-sent events), GET /v1/models, /health,\n"
             "/metrics (Prometheus), POST /tokenize, /detokenize and llama-server's POST\n"
             "/completion (its own shape: prompt, n_predict, stream; content in the reply),\n"
-            "GET /props, POST /apply-template. Requests are decoded together (continuous\n"
-            "batching): a new one joins the running batch at the next step. Ctrl-C or\n"
-            "SIGTERM stops it: each running stream gets a last chunk with finish_reason\n"
-            "\"error\" and the error, then [DONE]; other running requests get 503; it exits\n"
-            "0 within the decode step it is in plus 5 s for those answers.\n"
+            "GET /props, /slots, POST /apply-template. Requests are decoded together\n"
+            "(continuous batching): a new one joins the running batch at the next step.\n"
+            "Ctrl-C or SIGTERM stops it: each running stream gets a last chunk with\n"
+            "finish_reason \"error\" and the error, then [DONE]; other running requests get\n"
+            "503; it exits 0 within the decode step it is in plus 5 s for those answers.\n"
             "Without -m: the default model, SmolLM2-135M-Instruct, from the cache\n"
             "($VELA_CACHE or ~/.cache/vela; bash tools/model_cache.sh fetches it).\n\n"
             "server:\n"
@@ -60,6 +60,8 @@ static void usage(FILE *out) {
             "  --strict-model-name       a request naming another model gets 404 (default:\n"
             "                            any name is answered by the served model, as\n"
             "                            llama-server does)\n"
+            "  --slots, --no-slots       GET /slots answers with each slot's state (default:\n"
+            "                            off, 501 as in llama-server without --slots)\n"
             "  -n, --n-predict N         tokens a request generates when it names no\n"
             "                            max_tokens / n_predict, and the most it may ask for\n"
             "                            (default: -1, none: OpenAI's 16 for completions,\n"
@@ -221,6 +223,9 @@ static int parse_serve_flag(struct serve_flags *f, int argc, char **argv, int *i
         rc = args_value_str(argc, argv, i, &f->sc.model_id, err);
     else if (args_is(arg, "--strict-model-name", NULL)) {
         f->sc.strict_model_name = true;
+        *i += 1;
+    } else if (args_is(arg, "--slots", "--no-slots")) {
+        f->sc.slots = !strcmp(arg, "--slots");
         *i += 1;
     } else if (args_is(arg, "-n", "--n-predict") || args_is(arg, "--predict", NULL))
         rc = args_value_int(argc, argv, i, -1, 1 << 24, &f->n_predict, err);

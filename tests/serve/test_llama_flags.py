@@ -34,7 +34,7 @@ def request(port, method, path, body=None):
 def test_llama_server_command_line_and_server_sampling_defaults():
     p, port, log_path = start("llama-flags", [
         "-ngl", "0", "-fa", "on", "--jinja", "--no-mmap", "--mlock", "--metrics", "-cb",
-        "--no-webui", "--temp", "0", "--top-k", "1", "-n", "5"])
+        "--no-webui", "--temp", "0", "--top-k", "1", "-n", "5", "--slots"])
     try:
         log = open(log_path).read()
         assert "backend cpu" in log, "-ngl 0: the CPU backend"
@@ -52,6 +52,9 @@ def test_llama_server_command_line_and_server_sampling_defaults():
         assert st == 200 and b["choices"][0]["text"] == a["choices"][0]["text"]
         st, c = request(port, "POST", "/v1/completions", dict(body, max_tokens=50))
         assert st == 200 and c["usage"]["completion_tokens"] == 5, "-n caps max_tokens"
+        st, slots = request(port, "GET", "/slots")  # --slots: it answers
+        assert st == 200 and [x["id"] for x in slots] == [0, 1], slots
+        assert all(x["n_ctx"] == 512 and x["is_processing"] is False for x in slots), slots
     finally:
         stop(p)
 

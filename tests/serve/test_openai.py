@@ -554,3 +554,6 @@ def test_native_completion_endpoint():
     status, e = raw("POST", "/completion", json.dumps({"prompt": "x", "n": 2}))
     assert status == 400 and "'n'" in e["error"]["message"]
     assert raw("GET", "/completion")[0] == 405
+    # /slots needs --slots (run.sh gives none), as in llama-server
+    status, e = raw("GET", "/slots")
+    assert status == 501 and "--slots" in e["error"]["message"], e

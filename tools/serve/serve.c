@@ -615,6 +615,30 @@ static enum MHD_Result handle_props(struct serve *s, struct MHD_Connection *c) {
     return send_json(c, 200, js);
 }
 
+// llama-server's GET /slots (with --slots): each slot's id, context and
+// whether it holds a request ("state": 0 idle, 1 reading its prompt, 2
+// generating) as the engine left them after its last step.
+static enum MHD_Result handle_slots(struct serve *s, struct MHD_Connection *c) {
+    if (!s->cfg.slots)
+        return fail(c, 501, "not_supported_error", "not_supported",
+                    "This server does not support slots endpoint. Start it with `--slots`");
+    struct srv_metrics m;
+    srv_worker_metrics(&s->w, &m);
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < s->cfg.n_parallel; i++) {
+        const int state = i < m.n_slots ? m.slot_state[i] : 0;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", i);
+        cJSON_AddNumberToObject(o, "n_ctx", s->limits.n_ctx_slot);
+        cJSON_AddBoolToObject(o, "is_processing", state != 0);
+        cJSON_AddNumberToObject(o, "state", state);
+        cJSON_AddItemToArray(arr, o);
+    }
+    char *js = cJSON_PrintUnformatted(arr);
+    cJSON_Delete(arr);
+    return send_json(c, 200, js);
+}
+
 static enum MHD_Result handle_models(struct serve *s, struct MHD_Connection *c) {
     cJSON *o = cJSON_CreateObject(), *data = cJSON_CreateArray(), *m = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
@@ -722,6 +746,7 @@ enum route {
     R_PROPS,
     R_APPLY_TEMPLATE,
     R_NATIVE,
+    R_SLOTS,
     R_NONE,
 };
 
@@ -743,6 +768,7 @@ static const struct {
     {"/chat/completions", "POST", R_CHAT},
     {"/props", "GET", R_PROPS},
     {"/completion", "POST", R_NATIVE},
+    {"/slots", "GET", R_SLOTS},
     {"/apply-template", "POST", R_APPLY_TEMPLATE},
 };
 
@@ -800,6 +826,8 @@ static enum MHD_Result dispatch(struct serve *s, struct MHD_Connection *c, const
         return handle_props(s, c);
     case R_NATIVE:
         return handle_completion(s, c, API_NATIVE, cn);
+    case R_SLOTS:
+        return handle_slots(s, c);
     case R_APPLY_TEMPLATE:
         return handle_apply_template(s, c, cn);
     default:

@@ -37,6 +37,7 @@ struct serve_config {
     // --strict-model-name: a request naming another model gets 404; otherwise
     // any name is answered by the served model, as llama-server does
     bool strict_model_name;
+    bool slots; // --slots: GET /slots answers (llama-server's guard); 501 otherwise
     struct api_defaults defaults; // sampling fields a request leaves out (--temp, ..., -n)
     enum chat_template tmpl;
     bool have_tmpl; // the model has a usable chat template

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/engine/sched.h"
 #include "host/engine/stop.h"
 #include "host/tokenizer/tokenizer.h"
 #include "tools/serve/log.h"
@@ -349,6 +350,13 @@ static void update_gauges(struct srv_worker *w) {
     w->m.queued = engine_n_queued(w->e);
     w->m.kv_cells_used = w->e->fc->kv.used;
     w->m.kv_cells_total = w->e->fc->kv.cfg.n_ctx;
+    // the slots as the engine thread, their owner, left them after this step
+    const struct engine_sched *sc = w->e->sched;
+    w->m.n_slots = sc && sc->cfg.n_slots < SRV_MAX_SLOTS ? sc->cfg.n_slots : SRV_MAX_SLOTS;
+    for (int i = 0; sc && i < w->m.n_slots; i++)
+        w->m.slot_state[i] = sc->slots[i].state == SLOT_FREE     ? 0
+                             : sc->slots[i].state == SLOT_PROMPT ? 1
+                                                                 : 2;
     pthread_mutex_unlock(&w->mu);
 }
 

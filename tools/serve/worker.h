@@ -68,6 +68,8 @@ struct srv_req {
     double t_submit_ms;
 };
 
+#define SRV_MAX_SLOTS 256 // --parallel's bound
+
 // Counters for /metrics (under the worker's lock).
 #define SRV_HIST_BUCKETS 12
 struct srv_metrics {
@@ -79,6 +81,10 @@ struct srv_metrics {
     uint64_t ttft_count, itl_count;
     uint64_t ttft_hist[SRV_HIST_BUCKETS], itl_hist[SRV_HIST_BUCKETS]; // cumulative on output
     int running, queued;
+    // each slot's state after the last step (/slots): 0 free, 1 reading its
+    // prompt, 2 generating; n_slots of them
+    unsigned char slot_state[SRV_MAX_SLOTS];
+    int n_slots;
     int kv_cells_used, kv_cells_total;
     double t_start_ms;
 };
