@@ -112,6 +112,15 @@ class Report:
                 f.write("FAIL " + line + "\n")
         return False
 
+    def xfail(self, name, detail):
+        """A failure of a known bug (it does not fail the run)."""
+        line = "%s: %s (seed %d)" % (name, detail, self.seed)
+        with self.lock:
+            self.xfailed.append(line)
+            shown = len(self.xfailed) <= 3
+        if shown:
+            print("XFAIL " + line, flush=True)
+
     def count(self, what, n=1):
         with self.lock:
             self.counts[what] += n
@@ -199,6 +208,33 @@ def plain_answer(kind, obj):
              for c in chs]
     return texts, json.dumps([c.get("logprobs") for c in chs], sort_keys=True), \
         obj["usage"]["completion_tokens"]
+
+
+def stream_call(port, kind, body):
+    """(status, SSE events, the body of a refusal) of a streamed request."""
+    c = http.client.HTTPConnection(HOST, port, timeout=HTTP_TIMEOUT_S)
+    try:
+        c.request("POST", path_of(kind), json.dumps(body), headers())
+        r = c.getresponse()
+        if r.status != 200:
+            return r.status, [], r.read()
+        return 200, read_events(r, time.monotonic() + HTTP_TIMEOUT_S), b""
+    finally:
+        c.close()
+
+
+# Known bug (tools/serve/api.c, string_n: cJSON strings end at a NUL byte): a
+# generated NUL byte (the tiny model's byte token 0x00) ends the JSON string
+# that carries it. A plain answer's text stops before it (the completion
+# tokens still count the rest); the stream chunk holding it loses it and what
+# follows in that chunk, which depends on how tokens fall into chunks. So a
+# request whose plain answer alone is a proper prefix of its stream alone
+# (seeds 158289675, 1419818011 have one) is an expected failure when
+# streamed: its stream must still begin with the plain text.
+def nul_cut(plain, stream):
+    """Whether stream differs from plain as the NUL bug makes it differ."""
+    return len(plain) == len(stream) and plain != stream and all(
+        s.startswith(p) and pf == sf for (p, pf), (s, sf) in zip(plain, stream))
 
 
 def read_events(resp, deadline):
@@ -408,8 +444,9 @@ class Soak:
     ACTIONS = [("plain", 28), ("stream", 28), ("disconnect", 10), ("cancel", 9),
                ("hostile", 20), ("metrics", 5)]
 
-    def __init__(self, rep, srv, cat, refs, hostile, seed):
+    def __init__(self, rep, srv, cat, refs, nul_bug, hostile, seed):
         self.rep, self.srv, self.cat, self.refs, self.hostile = rep, srv, cat, refs, hostile
+        self.nul_bug = nul_bug
         self.seed = seed
         self.c = collections.Counter()  # this server's counts (the metrics' deltas)
         self.ids = set()
@@ -466,9 +503,15 @@ class Soak:
     def compare(self, i, got, what):
         ref = self.refs[i]
         same = got == ref if what == "plain" else got == ref[0]
+        kind, body = self.cat[i]
+        if not same and what == "stream" and i in self.nul_bug and nul_cut(ref[0], got):
+            self.count("expected failures (NUL bug)")
+            self.rep.xfail("equals the request alone", "-np %d stream %s %s: got %r, alone "
+                           "%r (a NUL byte cuts the text: tools/serve/api.c string_n)" % (
+                               self.srv.n_par, kind, json.dumps(body), got, ref[0]))
+            return
         if not same:
             self.count("mismatches")
-        kind, body = self.cat[i]
         self.rep.check(same, "equals the request alone",
                        "-np %d %s %s %s: got %r, alone %r" % (
                            self.srv.n_par, what, kind, json.dumps(body), got,
@@ -495,18 +538,12 @@ class Soak:
             body["stream_options"] = {"include_usage": True}
         self.count("requests")
         self.count("streamed")
-        c = http.client.HTTPConnection(HOST, self.srv.port, timeout=HTTP_TIMEOUT_S)
-        try:
-            c.request("POST", path_of(kind), json.dumps(body), headers())
-            r = c.getresponse()
-            if r.status != 200:
-                self.count("errors")
-                self.rep.check(False, "valid requests answered 200", "-np %d stream: %d %s" % (
-                    self.srv.n_par, r.status, r.read()[:300]))
-                return
-            events = read_events(r, time.monotonic() + HTTP_TIMEOUT_S)
-        finally:
-            c.close()
+        status, events, data = stream_call(self.srv.port, kind, body)
+        if status != 200:
+            self.count("errors")
+            self.rep.check(False, "valid requests answered 200", "-np %d stream: %d %s" % (
+                self.srv.n_par, status, data[:300]))
+            return
         try:
             got, ids, errors = stream_answer(kind, events, body.get("n", 1))
         except (ValueError, KeyError, IndexError) as e:
@@ -586,23 +623,39 @@ class Soak:
 
 
 def references(rep, model, cat):
-    """Each catalogue request alone (non-streamed) on a fresh -np 1 server."""
+    """Each catalogue request alone (non-streamed) on a fresh -np 1 server,
+    and the set of those whose stream alone shows the NUL bug (nul_cut)."""
     srv = Server("soak-reference", model, 1)
     try:
-        refs = []
+        refs, nul_bug = [], set()
         for kind, body in cat:
             status, data = call(srv.port, "POST", path_of(kind), json.dumps(body))
             if status != 200:
                 raise RuntimeError("the reference of %s: %d %s" % (json.dumps(body), status,
                                                                    data[:300]))
             refs.append(plain_answer(kind, json.loads(data)))
+        # streamed alone: the same text and finish_reason
+        for i, (kind, body) in enumerate(cat):
+            status, events, data = stream_call(srv.port, kind, dict(body, stream=True))
+            try:
+                got = stream_answer(kind, events, body.get("n", 1))[0]
+            except (ValueError, KeyError, IndexError) as e:
+                got = "%d %s %s" % (status, data[:300], e)
+            detail = "the reference server, streamed: %s: got %r, plain %r" % (
+                json.dumps(body), got, refs[i][0])
+            if nul_cut(refs[i][0], got):
+                nul_bug.add(i)
+                rep.xfail("a stream equals the plain answer", detail +
+                          " (a NUL byte cuts the text: tools/serve/api.c string_n)")
+            else:
+                rep.check(got == refs[i][0], "a stream equals the plain answer", detail)
         # the same again: greedy answers are deterministic run to run
         for (kind, body), ref in zip(cat, refs):
             status, data = call(srv.port, "POST", path_of(kind), json.dumps(body))
             rep.check(status == 200 and plain_answer(kind, json.loads(data)) == ref,
                       "equals the request alone", "the reference server, twice: %s"
                       % json.dumps(body))
-        return refs
+        return refs, nul_bug
     finally:
         srv.stop()
 
@@ -729,12 +782,12 @@ def check_log(rep, srv, n_before_signal):
               "-np %d: %r" % (srv.n_par, (errors + five)[:5]))
 
 
-def soak_one(rep, args, model, n_par, cat, refs):
+def soak_one(rep, args, model, n_par, cat, refs, nul_bug):
     t0 = time.monotonic()
     hostile = hostile_inputs(SLOT_CTX)
     srv = Server("soak-np%d" % n_par, model, n_par)
     try:
-        soak = Soak(rep, srv, cat, refs, hostile, args.seed)
+        soak = Soak(rep, srv, cat, refs, nul_bug, hostile, args.seed)
         n_threads = n_par + 2
         n_actions = args.actions or (80 + 25 * n_par if not args.long else 2000)
         seconds = args.seconds or (25 if not args.long else 300)
@@ -793,17 +846,18 @@ def main():
     try:
         model = args.model or tiny_model(512)
         cat = catalogue(random.Random(args.seed), 48 if args.long else 16)
-        refs = references(rep, model, cat)
+        refs, nul_bug = references(rep, model, cat)
         for n_par in [int(x) for x in args.np.split(",")]:
-            soak_one(rep, args, model, n_par, cat, refs)
+            soak_one(rep, args, model, n_par, cat, refs, nul_bug)
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         rep.check(False, "the soak ran", "%s: %s" % (type(e).__name__, e))
     c = rep.counts
-    print("%d passed, %d failed; requests %d, streamed %d, disconnects %d, cancellations %d, "
-          "hostile inputs %d, mismatches %d, errors %d; seed %d; %.0f s" % (
-              rep.passed, len(rep.failed), c["requests"], c["streamed"], c["disconnects"],
-              c["cancellations"], c["hostile inputs"], c["mismatches"], c["errors"], args.seed,
-              time.monotonic() - t0))
+    print("%d passed, %d failed, %d expected failures (known bugs); requests %d, streamed %d, "
+          "disconnects %d, cancellations %d, hostile inputs %d, mismatches %d, errors %d; "
+          "seed %d; %.0f s" % (
+              rep.passed, len(rep.failed), len(rep.xfailed), c["requests"], c["streamed"],
+              c["disconnects"], c["cancellations"], c["hostile inputs"], c["mismatches"],
+              c["errors"], args.seed, time.monotonic() - t0))
     return 1 if rep.failed else 0
 
 
