@@ -836,6 +836,7 @@ def main():
     os.environ["VELA_BIN"] = os.path.abspath(args.vela)
     os.environ["VELA_SERVE_WORK"] = work
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
     from serve_helpers import tiny_model
     t0 = time.monotonic()
     print("soak: seed %d (--seed %d replays it), %s mode, -np %s; logs in %s" % (
