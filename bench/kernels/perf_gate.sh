@@ -6,8 +6,9 @@
 # case's predicted fraction of bandwidth falls more than 5% below
 # bench/results/kernels-predicted-ci.json. selfcheck: the same traffic with
 # every global load of the machine code waited on at once; the gate must fail.
-# cuobjdump comes from the pinned PyPI package in a venv under BUILD_DIR
-# (this toolkit ships none); exit 77 (ctest: skipped) when it cannot be had.
+# cuobjdump and the nvdisasm it runs come from the pinned PyPI packages in a
+# venv under BUILD_DIR when PATH and the toolkit lack them (this toolkit ships
+# neither); exit 77 (ctest: skipped) when they cannot be had.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bench="$1"
@@ -15,17 +16,19 @@ build="$2"
 mode="${3:-gate}"
 work="$build/perf-model"
 mkdir -p "$work"
-pin="nvidia-cuda-cuobjdump==13.2.86"
+# cuobjdump -sass runs nvdisasm: both packages, one release
+pins=(nvidia-cuda-cuobjdump==13.2.86 nvidia-cuda-nvdisasm==13.2.86)
 venv="$work/venv"
-if ! command -v cuobjdump >/dev/null && [ ! -x /usr/local/cuda/bin/cuobjdump ]; then
-  if ! "$venv/bin/python" -c "import nvidia" 2>/dev/null; then
+if { command -v cuobjdump && command -v nvdisasm; } >/dev/null 2>&1 ||
+  { [ -x /usr/local/cuda/bin/cuobjdump ] && [ -x /usr/local/cuda/bin/nvdisasm ]; }; then
+  py=python3
+else
+  if ! ls "$venv"/lib/python3*/site-packages/nvidia/cu*/bin/nvdisasm >/dev/null 2>&1; then
     python3 -m venv "$venv" || { echo "SKIP: python3 -m venv failed"; exit 77; }
-    "$venv/bin/pip" install -q --disable-pip-version-check "$pin" >"$work/pip.log" 2>&1 ||
-      { echo "SKIP: cannot install $pin (see $work/pip.log)"; exit 77; }
+    "$venv/bin/pip" install -q --disable-pip-version-check "${pins[@]}" >"$work/pip.log" 2>&1 ||
+      { echo "SKIP: cannot install ${pins[*]} (see $work/pip.log)"; exit 77; }
   fi
   py="$venv/bin/python"
-else
-  py=python3
 fi
 model=("$py" "$here/perf_model.py" --build "$build")
 traffic="$work/traffic-ci.jsonl"

@@ -90,25 +90,22 @@ BUILD_OBJ = 'CMakeFiles/vela_cuda.dir/cuda'
 
 # --- machine code ----------------------------------------------------------------------
 
-CUOBJDUMP_PIN = 'nvidia-cuda-cuobjdump==13.2.86'
+# cuobjdump -sass runs nvdisasm: both, from the same release.
+CUOBJDUMP_PIN = 'nvidia-cuda-cuobjdump==13.2.86 nvidia-cuda-nvdisasm==13.2.86'
 
 
 def find_cuobjdump():
-    """cuobjdump from PATH, the CUDA toolkit or the pinned PyPI package in a
-    venv (README: the performance model); None if none."""
-    for c in [shutil.which('cuobjdump'), '/usr/local/cuda/bin/cuobjdump'] + sorted(
-            glob.glob(os.path.join(sys.prefix, 'lib/python3*/site-packages/nvidia/cu*/bin/'
-                                               'cuobjdump'))):
-        if c and os.access(c, os.X_OK):
+    """cuobjdump with an nvdisasm beside it or on PATH (-sass runs it): from
+    PATH, the CUDA toolkit or the pinned PyPI packages in this Python's
+    environment (README: the performance model); None if none."""
+    cands = [shutil.which('cuobjdump'), '/usr/local/cuda/bin/cuobjdump']
+    cands += sorted(glob.glob(os.path.join(sys.prefix, 'lib/python3*/site-packages/nvidia/cu*/bin/'
+                                                       'cuobjdump')))
+    for c in cands:
+        if c and os.access(c, os.X_OK) and (
+                os.access(os.path.join(os.path.dirname(c), 'nvdisasm'), os.X_OK) or
+                shutil.which('nvdisasm')):
             return c
-    try:
-        import nvidia  # noqa: F401  the pip package's namespace
-        for p in nvidia.__path__:
-            for c in glob.glob(os.path.join(p, 'cu*/bin/cuobjdump')):
-                if os.access(c, os.X_OK):
-                    return c
-    except ImportError:
-        pass
     return None
 
 
@@ -149,10 +146,18 @@ def load_object(path, cuobjdump, cache_dir):
         with open(cache, 'rb') as f:
             return pickle.load(f)
     arch = [] if path.endswith('.cubin') else ['-arch', 'sm_90']
-    text = subprocess.run([cuobjdump, '-sass'] + arch + [path], capture_output=True, text=True,
-                          check=True).stdout
-    res = parse_res(subprocess.run([cuobjdump, '-res-usage'] + arch + [path],
-                                   capture_output=True, text=True, check=True).stdout)
+    # cuobjdump finds nvdisasm on PATH: the one beside it first (PyPI packages)
+    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep +
+               os.environ.get('PATH', ''))
+    runs = []
+    for what in ('-sass', '-res-usage'):
+        r = subprocess.run([cuobjdump, what] + arch + [path], capture_output=True, text=True,
+                           env=env)
+        if r.returncode:
+            raise SystemExit('perf_model: %s %s %s failed: %s' % (
+                cuobjdump, what, path, r.stderr.strip()[-500:]))
+        runs.append(r.stdout)
+    text, res = runs[0], parse_res(runs[1])
     fns = sass.parse(text)
     names = demangle(list(fns))
     out = {}
@@ -865,8 +870,8 @@ def main():
         return 0 if cmd_record(a, REPORT_RUNS, 'llama2-7b,llama3-8b', 16) else 1
     cuobjdump = a.cuobjdump or find_cuobjdump()
     if not cuobjdump:
-        print('perf_model: no cuobjdump (pip install %s, or the CUDA toolkit\'s): skipped'
-              % CUOBJDUMP_PIN)
+        print('perf_model: no cuobjdump with nvdisasm (pip install %s, or the CUDA '
+              'toolkit\'s): skipped' % CUOBJDUMP_PIN)
         return 77
     objs = a.obj or default_objs(a.build)
     if not objs:
