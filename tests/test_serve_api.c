@@ -223,6 +223,25 @@ Test(serve_api, error_json_has_openai_shape) {
     free(s);
 }
 
+// A generated NUL byte is text like any other: written as \u0000, with
+// what follows it, in answers and in stream chunks (cJSON's strings end at a
+// NUL: the text was cut there).
+Test(serve_api, nul_bytes_in_text) {
+    static const char text[] = {'a', '\0', 'b', '"', '\0', '\0', 'c'};
+    struct api_choice ch = {.text = text, .len = sizeof text, .finish = "stop"};
+    struct api_usage u = {.prompt_tokens = 1, .completion_tokens = 3};
+    char *s = api_response_json(API_COMPLETION, "cmpl-1", "m", 42, &ch, 1, &u);
+    cr_assert_not_null(strstr(s, "\"a\\u0000b\\\"\\u0000\\u0000c\""), "%s", s);
+    cJSON *o = cJSON_Parse(s);
+    cr_assert_not_null(o, "valid JSON: %s", s);
+    cJSON_Delete(o);
+    free(s);
+    struct api_choice d = {.text = text, .len = 2};
+    s = api_chunk_sse(API_CHAT, "chatcmpl-1", "m", 42, 0, &d, true, NULL);
+    cr_expect_not_null(strstr(s, "\"content\":\"a\\u0000\""), "%s", s);
+    free(s);
+}
+
 Test(serve_api, response_and_chunks) {
     struct api_choice ch[2] = {{.text = "hello", .len = 5, .finish = "stop"},
                                {.text = "hi there", .len = 2, .finish = "length"}};

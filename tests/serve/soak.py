@@ -223,20 +223,6 @@ def stream_call(port, kind, body):
         c.close()
 
 
-# Known bug (tools/serve/api.c, string_n: cJSON strings end at a NUL byte): a
-# generated NUL byte (the tiny model's byte token 0x00) ends the JSON string
-# that carries it. A plain answer's text stops before it (the completion
-# tokens still count the rest); the stream chunk holding it loses it and what
-# follows in that chunk, which depends on how tokens fall into chunks. So a
-# request whose plain answer alone is a proper prefix of its stream alone
-# (seeds 158289675, 1419818011 have one) is an expected failure when
-# streamed: its stream must still begin with the plain text.
-def nul_cut(plain, stream):
-    """Whether stream differs from plain as the NUL bug makes it differ."""
-    return len(plain) == len(stream) and plain != stream and all(
-        s.startswith(p) and pf == sf for (p, pf), (s, sf) in zip(plain, stream))
-
-
 def read_events(resp, deadline):
     """The data of each SSE event of a streamed answer (to its end)."""
     events, data = [], []
@@ -444,9 +430,8 @@ class Soak:
     ACTIONS = [("plain", 28), ("stream", 28), ("disconnect", 10), ("cancel", 9),
                ("hostile", 20), ("metrics", 5)]
 
-    def __init__(self, rep, srv, cat, refs, nul_bug, hostile, seed):
+    def __init__(self, rep, srv, cat, refs, hostile, seed):
         self.rep, self.srv, self.cat, self.refs, self.hostile = rep, srv, cat, refs, hostile
-        self.nul_bug = nul_bug
         self.seed = seed
         self.c = collections.Counter()  # this server's counts (the metrics' deltas)
         self.ids = set()
@@ -504,12 +489,6 @@ class Soak:
         ref = self.refs[i]
         same = got == ref if what == "plain" else got == ref[0]
         kind, body = self.cat[i]
-        if not same and what == "stream" and i in self.nul_bug and nul_cut(ref[0], got):
-            self.count("expected failures (NUL bug)")
-            self.rep.xfail("equals the request alone", "-np %d stream %s %s: got %r, alone "
-                           "%r (a NUL byte cuts the text: tools/serve/api.c string_n)" % (
-                               self.srv.n_par, kind, json.dumps(body), got, ref[0]))
-            return
         if not same:
             self.count("mismatches")
         self.rep.check(same, "equals the request alone",
@@ -623,11 +602,13 @@ class Soak:
 
 
 def references(rep, model, cat):
-    """Each catalogue request alone (non-streamed) on a fresh -np 1 server,
-    and the set of those whose stream alone shows the NUL bug (nul_cut)."""
+    """Each catalogue request alone (non-streamed) on a fresh -np 1 server;
+    its stream alone must give the same text (a generated NUL byte included:
+    the tiny model has a byte token 0x00, seeds 158289675 and 1419818011 make
+    one)."""
     srv = Server("soak-reference", model, 1)
     try:
-        refs, nul_bug = [], set()
+        refs = []
         for kind, body in cat:
             status, data = call(srv.port, "POST", path_of(kind), json.dumps(body))
             if status != 200:
@@ -643,19 +624,14 @@ def references(rep, model, cat):
                 got = "%d %s %s" % (status, data[:300], e)
             detail = "the reference server, streamed: %s: got %r, plain %r" % (
                 json.dumps(body), got, refs[i][0])
-            if nul_cut(refs[i][0], got):
-                nul_bug.add(i)
-                rep.xfail("a stream equals the plain answer", detail +
-                          " (a NUL byte cuts the text: tools/serve/api.c string_n)")
-            else:
-                rep.check(got == refs[i][0], "a stream equals the plain answer", detail)
+            rep.check(got == refs[i][0], "a stream equals the plain answer", detail)
         # the same again: greedy answers are deterministic run to run
         for (kind, body), ref in zip(cat, refs):
             status, data = call(srv.port, "POST", path_of(kind), json.dumps(body))
             rep.check(status == 200 and plain_answer(kind, json.loads(data)) == ref,
                       "equals the request alone", "the reference server, twice: %s"
                       % json.dumps(body))
-        return refs, nul_bug
+        return refs
     finally:
         srv.stop()
 
@@ -782,12 +758,12 @@ def check_log(rep, srv, n_before_signal):
               "-np %d: %r" % (srv.n_par, (errors + five)[:5]))
 
 
-def soak_one(rep, args, model, n_par, cat, refs, nul_bug):
+def soak_one(rep, args, model, n_par, cat, refs):
     t0 = time.monotonic()
     hostile = hostile_inputs(SLOT_CTX)
     srv = Server("soak-np%d" % n_par, model, n_par)
     try:
-        soak = Soak(rep, srv, cat, refs, nul_bug, hostile, args.seed)
+        soak = Soak(rep, srv, cat, refs, hostile, args.seed)
         n_threads = n_par + 2
         n_actions = args.actions or (80 + 25 * n_par if not args.long else 2000)
         seconds = args.seconds or (25 if not args.long else 300)
@@ -847,9 +823,9 @@ def main():
     try:
         model = args.model or tiny_model(512)
         cat = catalogue(random.Random(args.seed), 48 if args.long else 16)
-        refs, nul_bug = references(rep, model, cat)
+        refs = references(rep, model, cat)
         for n_par in [int(x) for x in args.np.split(",")]:
-            soak_one(rep, args, model, n_par, cat, refs, nul_bug)
+            soak_one(rep, args, model, n_par, cat, refs)
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         rep.check(False, "the soak ran", "%s: %s" % (type(e).__name__, e))
     c = rep.counts

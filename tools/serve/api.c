@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "host/ops/selfextend.h"
+#include "tools/serve/buf.h"
 
 const char api_sse_done[] = "data: [DONE]\n\n";
 
@@ -603,14 +604,36 @@ char *api_error_json(const struct api_error *e) {
 }
 
 // A string of n bytes (not NUL-terminated) as a JSON string item.
+// The JSON string of the n bytes at s, NUL bytes included: a model may
+// generate byte 0, and cJSON's strings end at the first NUL, which would cut
+// the text there. Text holding one is written as raw JSON: the runs between
+// NULs escaped by cJSON, each NUL as \u0000.
 static cJSON *string_n(const char *s, size_t n) {
     char *t = malloc(n + 1);
     if (!t)
         return NULL;
     memcpy(t, s, n);
     t[n] = '\0';
-    cJSON *v = cJSON_CreateString(t);
+    if (!memchr(t, 0, n)) {
+        cJSON *v = cJSON_CreateString(t);
+        free(t);
+        return v;
+    }
+    struct buf b = {0};
+    bool ok = buf_add(&b, "\"", 1) == 0;
+    for (size_t i = 0; ok && i <= n; i += strlen(t + i) + 1) {
+        if (i > 0)
+            ok = buf_add(&b, "\\u0000", 6) == 0;
+        cJSON *run = cJSON_CreateString(t + i);
+        char *esc = run ? cJSON_PrintUnformatted(run) : NULL; // "...", escaped
+        ok = ok && esc && buf_add(&b, esc + 1, strlen(esc) - 2) == 0;
+        cJSON_free(esc);
+        cJSON_Delete(run);
+    }
+    ok = ok && buf_add(&b, "\"", 1) == 0;
     free(t);
+    cJSON *v = ok ? cJSON_CreateRaw(b.p) : NULL;
+    buf_free(&b);
     return v;
 }
 
