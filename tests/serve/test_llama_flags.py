@@ -12,6 +12,7 @@ and VELA_SERVE_WORK).
 import json
 import os
 import subprocess
+import time
 
 from serve_helpers import VELA, WORK, stop, tiny_model, wait_ready
 from serve_helpers import request as raw_request
@@ -52,8 +53,14 @@ def test_llama_server_command_line_and_server_sampling_defaults():
         assert st == 200 and b["choices"][0]["text"] == a["choices"][0]["text"]
         st, c = request(port, "POST", "/v1/completions", dict(body, max_tokens=50))
         assert st == 200 and c["usage"]["completion_tokens"] == 5, "-n caps max_tokens"
-        st, slots = request(port, "GET", "/slots")  # --slots: it answers
-        assert st == 200 and [x["id"] for x in slots] == [0, 1], slots
+        # --slots: it answers. A slot's state is the engine's after its last
+        # step, which ends just after the answer went out: idle within a moment.
+        for _ in range(100):
+            st, slots = request(port, "GET", "/slots")
+            assert st == 200 and [x["id"] for x in slots] == [0, 1], slots
+            if not any(x["is_processing"] for x in slots):
+                break
+            time.sleep(0.05)
         assert all(x["n_ctx"] == 512 and x["is_processing"] is False for x in slots), slots
     finally:
         stop(p)
