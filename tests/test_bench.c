@@ -18,6 +18,7 @@
 
 #include "gguf/gguf.h"
 #include "tests/args_config.h"
+#include "tests/file_helpers.h"
 #include "tools/args.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "host/split/pipeline.h"
@@ -30,16 +31,6 @@ static const char *vela_bin(void) {
     return b ? b : "./vela";
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *buf = calloc(1, 1 << 20);
-    size_t n = f ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-    return buf;
-}
-
 // Runs `vela ARGS`, capturing stdout and stderr (NUL-terminated, malloc'd).
 static int run_vela(const char *args, char **out, char **errs) {
     char o[300], e[300], cmd[4096];
@@ -47,8 +38,8 @@ static int run_vela(const char *args, char **out, char **errs) {
     snprintf(e, sizeof e, "%s/err", dir);
     snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", vela_bin(), args, o, e);
     int st = system(cmd);
-    *out = slurp(o);
-    *errs = slurp(e);
+    *out = test_read_text(o);
+    *errs = test_read_text(e);
     unlink(o);
     unlink(e);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;

@@ -11,6 +11,7 @@
 
 #include "host/ops/backend.h"
 #include "tiny_model.h"
+#include "file_helpers.h"
 
 static char model_path[128];
 static struct tiny_cfg model_cfg;
@@ -24,18 +25,6 @@ static const char *vela_bin(void) {
 // Every run is bounded: one that does not end by itself (the runaway
 // generation of issue #31) fails with status 124 instead of hanging.
 #define RUN_TIMEOUT "timeout -k 5 300"
-
-// A whole file (at most 1 MiB) as a NUL-terminated malloc'd string; "" when
-// it cannot be read.
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *buf = calloc(1, 1 << 20);
-    size_t n = f ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-    return buf;
-}
 
 // Runs `vela ARGS REDIRECTIONS` under RUN_TIMEOUT; its exit status.
 static int run_shell(const char *args, const char *redirections) {
@@ -52,8 +41,8 @@ static int run_vela(const char *args, char **out, char **errs) {
     tiny_temp_path(e, sizeof e, "err");
     snprintf(redir, sizeof redir, ">%s 2>%s", o, e);
     int st = run_shell(args, redir);
-    *out = slurp(o);
-    *errs = slurp(e);
+    *out = test_read_text(o);
+    *errs = test_read_text(e);
     unlink(o);
     unlink(e);
     return st;
@@ -66,7 +55,7 @@ static int run_vela_merged(const char *args, char **all) {
     tiny_temp_path(o, sizeof o, "all");
     snprintf(redir, sizeof redir, ">%s 2>&1", o);
     int st = run_shell(args, redir);
-    *all = slurp(o);
+    *all = test_read_text(o);
     unlink(o);
     return st;
 }
