@@ -10,8 +10,9 @@ launches), adds the compiled facts of each kernel for sm_90 (ptxas:
 bench/results/kernels-sm90-resources.json, from sm90_resources.py) and the
 sm_90 occupancy rules, and writes
 
-  report   bench/results/kernels-emulated.json and the generated tables of
-           bench/README.md ("Emulated traffic"): Llama-2-7B and Llama-3-8B
+  report   bench/results/kernels-emulated.json and its tables in
+           bench/results/kernels-emulated.md (how to read them:
+           bench/README.md, "Emulated traffic"): Llama-2-7B and Llama-3-8B
            shapes, decode and prefill, and the bandwidth ceiling of the
            decode step per model and quant;
   gate     the small version (the ci-small shapes) compared with committed
@@ -531,7 +532,7 @@ def main():
     p.add_argument('--resources', default=os.path.join(ROOT, 'bench/results/'
                                                        'kernels-sm90-resources.json'))
     p.add_argument('--out', default=os.path.join(ROOT, 'bench/results/kernels-emulated.json'))
-    p.add_argument('--readme', default=os.path.join(ROOT, 'bench/README.md'))
+    p.add_argument('--readme', default=os.path.join(ROOT, 'bench/results/kernels-emulated.md'))
     p = sub.add_parser('fold', help='a recorded traffic file -> report JSON (+ README tables)')
     p.add_argument('traffic')
     p.add_argument('--resources', default=os.path.join(ROOT, 'bench/results/'

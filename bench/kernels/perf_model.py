@@ -45,7 +45,7 @@ Commands:
            and each recorded launch's prediction (seconds, once built)
   record   runs the emulated bench (vela-bench-kernels-emu) for the report's
            cases and variants into traffic files
-  report   bench/results/kernels-predicted.json + the tables of bench/README.md
+  report   bench/results/kernels-predicted.json + its tables, kernels-predicted.md
   calibrate  fits the constants on half the measured rows, checks the rest
   gate     CI: predicted fraction of bandwidth per decode case (ci-small
            shapes) against bench/results/kernels-predicted-ci.json; fails
@@ -97,7 +97,7 @@ CUOBJDUMP_PIN = 'nvidia-cuda-cuobjdump==13.2.86 nvidia-cuda-nvdisasm==13.2.86'
 def find_cuobjdump():
     """cuobjdump with an nvdisasm beside it or on PATH (-sass runs it): from
     PATH, the CUDA toolkit or the pinned PyPI packages in this Python's
-    environment (README: the performance model); None if none."""
+    environment (bench/README.md, "Performance model"); None if none."""
     cands = [shutil.which('cuobjdump'), '/usr/local/cuda/bin/cuobjdump']
     cands += sorted(glob.glob(os.path.join(sys.prefix, 'lib/python3*/site-packages/nvidia/cu*/bin/'
                                                        'cuobjdump')))
@@ -674,7 +674,7 @@ def ranking_line(rank):
 
 
 def readme_row(r):
-    """The rows of bench/README.md's short table."""
+    """The rows of bench/results/kernels-predicted.md's short table."""
     if r['model'] != 'llama3-8b' or r['n_tok'] not in (1, 8) or r['act'] == 'f32':
         return False
     if r['family'].startswith('matvec'):
@@ -849,7 +849,8 @@ def main():
         if name == 'report':
             p.add_argument('--out', default=os.path.join(ROOT,
                                                          'bench/results/kernels-predicted.json'))
-            p.add_argument('--readme', default=os.path.join(ROOT, 'bench/README.md'))
+            p.add_argument('--readme', default=os.path.join(ROOT,
+                                                            'bench/results/kernels-predicted.md'))
             p.add_argument('--summary', default=os.path.join(ROOT, 'bench/results/SUMMARY.json'),
                            help="a GPU run's SUMMARY.json: its tg128 rows check the decode step")
     p = sub.add_parser('gate')
