@@ -29,7 +29,7 @@
 // visible, m = -inf, and the combine skips them; a single split's acc / l
 // equals the combine of it with empty ones), so their outputs are
 // bit-identical. A decode step recorded in a CUDA graph with n_kv rounded up
-// (host/forward.c) relies on this.
+// (host/forward/forward.c) relies on this.
 // Prefill (n_tok >= ATTN_TC_MIN_TOK, F16 K/V, head dims multiples of 16)
 // runs attn_tc_kernel on tensor cores instead: see its comment below. It
 // walks all tiles in one block per row tile (no split), so the rounding

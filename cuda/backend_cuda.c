@@ -221,7 +221,7 @@ static int cu_mem_info(struct backend *be, size_t *free_bytes, size_t *total_byt
 }
 
 // Page-locked staging for upload_async: the DMA engine reads it while the
-// host fills the other buffer of the ring (host/model.c).
+// host fills the other buffer of the ring (host/model/model.c).
 static int cu_alloc_host_pinned(struct backend *be, size_t bytes, void **out) {
     *out = NULL;
     CU_ENTER(be);
@@ -251,7 +251,7 @@ static int cu_upload_check_slot(struct backend *be, int slot) {
     return VERR_OK;
 }
 
-// Contract (host/backend.h): returns without waiting; src must stay
+// Contract (host/ops/backend.h): returns without waiting; src must stay
 // untouched until upload_wait(slot).
 static int cu_upload_async(struct backend *be, void *dst, const void *src, size_t bytes, int slot) {
     CU_NOT_RECORDING(be, "upload_async");
@@ -331,7 +331,7 @@ static int cu_check_weight(struct backend *be, const struct backend_weight *w, c
     return VERR_OK;
 }
 
-// The float steps of llama.cpp's ggml_rope_yarn_corr_dim (same as host/rope.c).
+// The float steps of llama.cpp's ggml_rope_yarn_corr_dim (same as host/backend/rope.c).
 static float cu_corr_dim(int n_rot, int n_ctx_orig, float n_turns, float base) {
     return n_rot * logf(n_ctx_orig / (n_turns * 2 * (float)M_PI)) / (2 * logf(base));
 }
@@ -764,7 +764,7 @@ static int cu_argmax(struct backend *be, int32_t *out, const float *logits, int 
     return cuda_argmax_rows(out, logits, n_rows, n_vocab, cb_of(be)->stream, &be->err);
 }
 
-// min_p's logf is taken here, in C with the host's libm, as host/sampler.c
+// min_p's logf is taken here, in C with the host's libm, as host/backend/sampler.c
 // takes it: the threshold max + logf(min_p) is then the same float on both.
 static int cu_sample(struct backend *be, int32_t *out, const float *logits, int n_rows, int n_vocab,
                      const struct sample_params *sp) {
@@ -970,7 +970,7 @@ static const struct backend_ops cuda_ops = {
     .destroy = cu_destroy,
 };
 
-// For benchmarks (host/backend.h): the stream every op of `be` enqueues on.
+// For benchmarks (host/ops/backend.h): the stream every op of `be` enqueues on.
 void *backend_cuda_stream(struct backend *be) {
     if (!be || be->ops != &cuda_ops || !be->impl)
         return NULL;

@@ -1,4 +1,4 @@
-// backend_cuda_device_info: what benchmarks report about a GPU (host/backend.h).
+// backend_cuda_device_info: what benchmarks report about a GPU (host/ops/backend.h).
 // The memory clock comes from cudaDeviceGetAttribute: CUDA 13 dropped
 // memoryClockRate from cudaDeviceProp.
 #include <stdio.h>

@@ -1,4 +1,4 @@
-// RoPE with the YaRN ramp (llama.cpp's semantics, host/rope.h), the fused
+// RoPE with the YaRN ramp (llama.cpp's semantics, host/backend/rope.h), the fused
 // rotate-and-store into KV cache cells, and the KV shift over all layers.
 //
 // The angle of pair i is formed exactly as the CPU reference forms it: the

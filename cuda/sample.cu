@@ -56,7 +56,7 @@ extern "C" int cuda_argmax_rows(int32_t *out, const float *logits, int n_rows, i
 }
 
 // ---------------------------------------------------------------------------
-// Sampling on the device: host/sampler.c's chain after the penalties
+// Sampling on the device: host/backend/sampler.c's chain after the penalties
 // (sampler_chain), row by row, with the uniform draw u given by the host.
 //
 // How the same token as the CPU reference comes out:

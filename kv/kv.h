@@ -82,7 +82,7 @@ void kv_free(struct kv_cache *kv);
 // Empties every cell (head 0, used 0, no pending shift) and zeroes K and V on
 // the backend, as llama.cpp's clear. Only a backend error can fail it; the
 // bookkeeping is cleared either way. On the front cache of a split model
-// (host/pipeline.h) the other stages' caches are cleared too, K and V
+// (host/split/) the other stages' caches are cleared too, K and V
 // included, before the next decode runs on them (they follow n_clears).
 int kv_clear(struct kv_cache *kv, struct verr *err);
 

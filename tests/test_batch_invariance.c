@@ -1,4 +1,4 @@
-// Batch invariance as a tested property (DESIGN.md, conventions): on the CPU
+// Batch invariance as a tested property (docs/architecture.md, "Batch invariance"): on the CPU
 // backend a request's logits, and so its tokens, are bit-identical whatever
 // shares its batch, whatever the thread count, whichever thread runs which
 // chunk, with or without solo spells, and wherever its cells sit in the KV

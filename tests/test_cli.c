@@ -660,7 +660,7 @@ Test(cli, warns_threads_and_context) {
     free(err);
 }
 
-// README's `vela eval -m $M -p "Some text" --logits-out logits.f32`: a text
+// `vela eval -m $M -p "Some text" --logits-out logits.f32` (README): a text
 // of fewer tokens than the step API's least context (5) works; a run that
 // fails leaves no logits file behind.
 Test(cli, eval_short_text_and_no_file_on_failure) {

@@ -1,4 +1,4 @@
-// The generation engine (host/engine.c) on the CPU backend with tiny models
+// The generation engine (host/engine/) on the CPU backend with tiny models
 // written by the test (tests/tiny_model.h):
 // - context shift: after every shift, the logits the engine samples from
 //   equal those of a fresh evaluation of exactly the kept tokens at

@@ -1,7 +1,7 @@
 // The layering check: reads every #include "..." line of the library and
 // tool sources and fails on an include that points up the layer order or
-// sideways into a folder the layer may not see (DESIGN.md's table, README's
-// layout section), and on a cycle among headers. Each failure names the file,
+// sideways into a folder the layer may not see (docs/architecture.md,
+// "Layers"), and on a cycle among headers. Each failure names the file,
 // the line and the rule.
 //
 // The order, bottom to top:

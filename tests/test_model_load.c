@@ -1,4 +1,4 @@
-// Loading weights (host/model.c, model_load_ex) on the CPU:
+// Loading weights (host/model/model.c, model_load_ex) on the CPU:
 // - every tensor on the backend is byte-identical to the file (vectors: the
 //   file's F32, or its F16 values converted), each at a 256-byte aligned
 //   offset of one allocation; through the direct path (the CPU backend's
@@ -9,7 +9,7 @@
 //   (model_load_bytes), for one load and for the stages of a split model;
 // - memory: a load that does not fit in what ops->mem_info reports is
 //   refused before anything is allocated, with the numbers in the message,
-//   and the budget (pipeline_load_budget, host/plan.c's accounting) covers
+//   and the budget (pipeline_load_budget, host/split/plan.c's accounting) covers
 //   what forward_init then allocates.
 #include <criterion/criterion.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-// The CPU reference backend (host/backend_cpu.c), op by op: against values
+// The CPU reference backend (host/backend/backend_cpu.c), op by op: against values
 // computed by hand, against naive implementations written here (random
 // inputs, odd sizes), and 1 thread against 3 (must be bit-identical).
 // RoPE, rope_kv_store and kv_shift are in tests/test_rope.c.

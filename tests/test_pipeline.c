@@ -265,7 +265,7 @@ Test(pipeline, vela_eval_devices_cpu_cpu) {
     free(errs);
 }
 
-// Two and three processes, one stage each (mpirun, host/mpi.c; CPU ranks talk
+// Two and three processes, one stage each (mpirun, host/split/mpi.c; CPU ranks talk
 // over the MPI transport): the same logits file as one process.
 Test(pipeline, mpirun_ranks_give_the_same_logits) {
 #ifndef VELA_HAVE_MPI

@@ -1,4 +1,4 @@
-// The layer split plan (host/plan.h) with made-up sizes: proportions as
+// The layer split plan (host/split/plan.h) with made-up sizes: proportions as
 // llama.cpp assigns them, contiguity, the first / last stage's extras, the
 // free-memory check and its message, rebalancing by free memory, and the
 // parsers of --tensor-split and --devices. Integer arithmetic only: every

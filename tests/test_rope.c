@@ -1,5 +1,5 @@
-// RoPE / YaRN / KV shift of the CPU reference backend (host/rope.c,
-// host/backend_cpu.c) against hand-computed values, against a naive
+// RoPE / YaRN / KV shift of the CPU reference backend (host/backend/rope.c,
+// host/backend/backend_cpu.c) against hand-computed values, against a naive
 // implementation written here, and against the invariants a KV shift must
 // keep (shift = rope at the new position, norm preserved, no drift).
 #include <criterion/criterion.h>

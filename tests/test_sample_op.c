@@ -1,4 +1,4 @@
-// The CPU backend's sample op against host/sampler.c: for random logits and
+// The CPU backend's sample op against host/backend/sampler.c: for random logits and
 // random chain parameters the op, given the draw u, must pick exactly the
 // token sampler_sample picks when its RNG makes that same draw. Integer ids
 // are compared for equality: there is no tolerance, the op runs the

@@ -141,7 +141,7 @@ static int cpu_upload(struct backend *be, void *dst, const void *src, size_t byt
     return cpu_copy(be, dst, src, bytes, "upload");
 }
 
-// What the kernel reports available (host/stage.c reads it for the split
+// What the kernel reports available (host/split/pipeline.c reads it for the split
 // plan too); BACKEND_MEM_UNLIMITED when it cannot say.
 static int cpu_mem_info(struct backend *be, size_t *free_bytes, size_t *total_bytes) {
     const struct backend_device d = {BACKEND_DEVICE_CPU, 0};
@@ -904,7 +904,7 @@ static int cpu_argmax(struct backend *be, int32_t *out, const float *logits, int
 }
 
 // ---------------------------------------------------------------------------
-// sample: host/sampler.c's chain, row by row, with the draws given
+// sample: sampler.c's chain, row by row, with the draws given
 
 struct sample_job {
     int32_t *out;        // [n_rows]

@@ -84,7 +84,7 @@ int32_t sampler_dist_u(struct sampler_cands *c, double u);
 // largest logit, the first candidate on ties; u unused), else
 // top_k -> top_p -> min_p -> temp -> dist(u). Modifies c. sampler_sample is
 // the penalties followed by this with u from its RNG; a backend's sample op
-// (host/backend.h) must pick what this picks, row by row.
+// (host/ops/backend.h) must pick what this picks, row by row.
 int32_t sampler_chain(struct sampler_cands *c, float temp, int top_k, float top_p, float min_p,
                       double u);
 
@@ -102,7 +102,7 @@ void sampler_reset(struct sampler *s);
 // Samples the next token from logits [n_vocab] (not modified).
 int32_t sampler_sample(struct sampler *s, const float *logits);
 
-// Sampling on the backend (ops->sample, host/backend.h) takes the chain's
+// Sampling on the backend (ops->sample, host/ops/backend.h) takes the chain's
 // parameters and one draw per row; the penalties stay on the host.
 struct sample_params;
 // True when s applies no penalty (the next token then depends only on the

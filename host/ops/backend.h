@@ -1,5 +1,5 @@
 // The backend interface: the table of operations the one forward pass in
-// host/ is written against. The CPU backend (host/backend_cpu.c) is the
+// host/ is written against. The CPU backend (host/backend/backend_cpu.c) is the
 // float32 reference that defines "correct"; the CUDA backend (cuda/)
 // implements the same ops with fused kernels and is tested against it.
 //
@@ -109,7 +109,7 @@ struct attn_args {
     const int32_t *q_se; // [n_tok][2] or NULL
 };
 
-// One row of the sample op: host/sampler.h's chain after its penalties.
+// One row of the sample op: host/backend/sampler.h's chain after its penalties.
 // u is the row's uniform draw, taken on the host from the sequence's seeded
 // sampler (sampler_next_params), so the host sampler stays the one place with
 // RNG state and every backend picks the same token for the same logits and u.
@@ -243,7 +243,7 @@ struct backend_ops {
     int (*argmax)(struct backend *be, int32_t *out /* [n_rows] */,
                   const float *logits /* [n_rows][n_vocab] */, int n_rows, int n_vocab);
 
-    // out[r] = the token sampler_chain (host/sampler.h) picks from row r with
+    // out[r] = the token sampler_chain (host/backend/sampler.h) picks from row r with
     // sp[r]: greedy, or top_k -> top_p -> min_p -> temp -> dist with the draw
     // sp[r].u. No penalties: a caller that needs them samples on the host.
     // sp is host memory, read before the call returns; each u in [0, 1).

@@ -1,6 +1,6 @@
 // The tokenizer: vocabulary, special-token handling, SentencePiece and
 // byte-level BPE encoding, pieces and detokenization. The pre-tokenizers
-// live in host/tokenizer_pre.c, the GGUF loading in host/tokenizer_load.c.
+// live in tokenizer_pre.c, the GGUF loading in tokenizer_load.c.
 //
 // Behaviour follows llama.cpp's llama-vocab.cpp (the reference for what the
 // ids must be); the code is our own.

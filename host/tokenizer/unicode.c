@@ -1,4 +1,4 @@
-// Unicode helpers; see host/unicode.h for the contracts.
+// Unicode helpers; see unicode.h for the contracts.
 #include "host/tokenizer/unicode.h"
 
 uint16_t unicode_flags(uint32_t cp) {

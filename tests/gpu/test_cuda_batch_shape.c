@@ -1,5 +1,5 @@
 // What the CUDA backend promises of a request that shares its batch
-// (DESIGN.md, conventions): the same kernels over the same batch shape give
+// (docs/architecture.md, "Batch invariance"): the same kernels over the same batch shape give
 // the same bits. A sequence's logits do not depend on the other sequences'
 // tokens when the step keeps its shape: as many tokens, the same n_kv
 // bucket, the sequence's tokens at the same rows and its cells at the same

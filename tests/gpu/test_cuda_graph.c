@@ -1,4 +1,4 @@
-// Decode steps recorded into CUDA graphs and replayed (host/forward.c,
+// Decode steps recorded into CUDA graphs and replayed (host/forward/forward.c,
 // "graphs") against the same steps run op by op: two sequences decoding
 // token by token (steps of 2 and 1 tokens) from short prompts across several
 // BACKEND_KV_BUCKET windows of n_kv, with a context shift of each sequence on
@@ -6,7 +6,7 @@
 // the middle of the window and reused). Logits, argmax ids and sampled ids
 // must be bit-identical with graphs on and off: the replayed kernels are the
 // eager ones with the same arguments except n_kv, and attention's result does
-// not depend on n_kv within a bucket (host/backend.h). The same again with K
+// not depend on n_kv within a bucket (host/ops/backend.h). The same again with K
 // cached unrotated and each sequence attending with its own exact
 // self-extend G and W (forward_batch.se, uploaded before every replay).
 // Skips itself without a CUDA device.

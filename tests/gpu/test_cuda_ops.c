@@ -1,5 +1,5 @@
 // The CUDA backend against the CPU reference, op by op, through the op table
-// of host/backend.h: the same random inputs are uploaded to both backends,
+// of host/ops/backend.h: the same random inputs are uploaded to both backends,
 // the op runs on both, the results are downloaded and compared with a stated
 // tolerance; the worst error of every comparison is logged (cr_log_info).
 // Without a usable CUDA device every test skips itself (never passes).

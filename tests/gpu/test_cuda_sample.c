@@ -1,5 +1,5 @@
 // The CUDA sample op against the CPU sample op (which tests/test_sample_op.c
-// ties to host/sampler.c): the same logits, parameters and draws u go to both
+// ties to host/backend/sampler.c): the same logits, parameters and draws u go to both
 // backends and the picked ids must be identical, row by row, on both of the
 // CUDA op's paths (top_k <= CUDA_SAMPLE_MAX_K: one block per row; top_k off or
 // larger: whole rows sorted first) and for greedy rows.

@@ -1,4 +1,4 @@
-// A model split by layers over CUDA stages (host/pipeline.h) against the same
+// A model split by layers over CUDA stages (host/split/pipeline.h) against the same
 // model on one CUDA backend: every decode's logits, with micro-batches of
 // several sizes, after KV sequence ops (copy, remove, shift, divide),
 // context shift and self-extend, and a cleared cache on every stage; with
