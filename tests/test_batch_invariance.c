@@ -19,10 +19,10 @@
 // a fragmented cache seen), so it cannot pass by not testing them.
 //
 // Each CPU path: AVX-VNNI (q8 kernels, AVX2 attention), AVX2
-// (VELA_CPU_Q8=avx2), plain (VELA_CPU_Q8=off, VELA_CPU_ATTN=plain: f32
-// activations), plain with q8 activations (the reference q8_1 dots), and
-// the AVX2 attention with f32 activations; a path this CPU lacks is skipped
-// and says so. On a tiny Q4_1 model
+// (cpu_q8_pin(CPU_Q8_ISA_AVX2)), plain (cpu_q8_pin(CPU_Q8_ISA_NONE),
+// cpu_attention_pin_plain(true): f32 activations), plain with q8
+// activations (the reference q8_1 dots), and the AVX2 attention with f32
+// activations; a path this CPU lacks is skipped and says so. On a tiny Q4_1 model
 // (tests/tiny_model.h), and on SmolLM2-135M-Instruct Q4_1 with real text
 // where bash tools/model_cache.sh has fetched it (skipped otherwise).
 #include <criterion/criterion.h>
@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "host/backend/cpu_attention.h"
 #include "host/backend/cpu_q8.h"
 #include "host/engine/step.h"
 #include "tests/engine_helpers.h"
@@ -41,34 +42,27 @@
 #define BI_STEP_TOKENS 64 // the most rows a step holds
 #define BI_MAX_GEN 24
 
-// One CPU path: its environment and whether this CPU has it.
+// One CPU path: the kernels it pins and whether this CPU has it.
 struct bi_path {
     const char *name;
-    const char *q8;   // VELA_CPU_Q8 (NULL: unset)
-    const char *attn; // VELA_CPU_ATTN (NULL: unset)
-    int act;          // BACKEND_ACT_*
+    enum cpu_q8_isa q8; // cpu_q8_pin
+    bool attn_plain;    // cpu_attention_pin_plain
+    int act;            // BACKEND_ACT_*
 };
 
 static const struct bi_path bi_paths[] = {
-    {"avx-vnni", NULL, NULL, BACKEND_ACT_DEFAULT},
-    {"avx2", "avx2", NULL, BACKEND_ACT_DEFAULT},
-    {"plain f32", "off", "plain", BACKEND_ACT_F32},
-    {"plain q8_1", "off", "plain", BACKEND_ACT_Q8},
+    {"avx-vnni", CPU_Q8_ISA_AVXVNNI, false, BACKEND_ACT_DEFAULT},
+    {"avx2", CPU_Q8_ISA_AVX2, false, BACKEND_ACT_DEFAULT},
+    {"plain f32", CPU_Q8_ISA_NONE, true, BACKEND_ACT_F32},
+    {"plain q8_1", CPU_Q8_ISA_NONE, true, BACKEND_ACT_Q8},
     // The AVX2 attention kernels under f32 activations: q8 activations
     // round most of a small difference away, which hides one on a tiny model.
-    {"avx2 attention, f32", NULL, NULL, BACKEND_ACT_F32},
+    {"avx2 attention, f32", CPU_Q8_ISA_AVXVNNI, false, BACKEND_ACT_F32},
 };
 
-static void bi_setenv(const char *name, const char *v) {
-    if (v)
-        setenv(name, v, 1);
-    else
-        unsetenv(name);
-}
-
-// Sets p's environment; false (and a note) when this CPU lacks the path.
+// Pins p's kernels; false (and a note) when this CPU lacks the path.
 static bool bi_path_enter(const struct bi_path *p) {
-    bi_setenv("VELA_CPU_Q8", NULL);
+    cpu_q8_pin(CPU_Q8_ISA_AVXVNNI);
     const enum cpu_q8_isa isa = cpu_q8_isa();
     if ((!strcmp(p->name, "avx-vnni") && isa != CPU_Q8_ISA_AVXVNNI) ||
         (!strncmp(p->name, "avx2", 4) && isa == CPU_Q8_ISA_NONE)) {
@@ -76,14 +70,14 @@ static bool bi_path_enter(const struct bi_path *p) {
                     cpu_q8_isa_name(isa));
         return false;
     }
-    bi_setenv("VELA_CPU_Q8", p->q8);
-    bi_setenv("VELA_CPU_ATTN", p->attn);
+    cpu_q8_pin(p->q8);
+    cpu_attention_pin_plain(p->attn_plain);
     return true;
 }
 
 static void bi_path_leave(void) {
-    unsetenv("VELA_CPU_Q8");
-    unsetenv("VELA_CPU_ATTN");
+    cpu_q8_pin(CPU_Q8_ISA_AVXVNNI);
+    cpu_attention_pin_plain(false);
     unsetenv("VELA_POOL_CHAOS");
 }
 

@@ -258,7 +258,7 @@ Test(cpu_q8, batch_invariant_and_accumulate) {
 
 // Through the backend op table: matmul with act_q8 on, a prefill-sized batch,
 // against quant_dot_q8_1 (+ bias) per output, and decode (one token) equal to
-// that token's row of the batch. Without AVX2 (or with VELA_CPU_Q8=off) the
+// that token's row of the batch. Without AVX2 (or with cpu_q8_pin(CPU_Q8_ISA_NONE)) the
 // backend takes quant_dot_q8_1 itself, for every batch too: error 0.
 Test(cpu_q8, backend_matmul_uses_it_for_every_batch) {
     rng_seed(104);

@@ -18,6 +18,7 @@
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "host/ops/backend.h"
+#include "host/backend/cpu_attention.h"
 #include "host/backend/cpu_q8.h"
 #include "host/backend/threadpool.h"
 #include "tests/cpu_op_helpers.h"
@@ -1206,16 +1207,16 @@ static void se_batch_free(struct se_batch *b) {
     free(b->vh);
 }
 
-// One attention call into out; plain: with VELA_CPU_ATTN=plain, which the
-// backend reads on its first attention call (so a backend is plain or not
-// for its whole life, whichever way it is called later).
+// One attention call into out; plain: with cpu_attention_pin_plain(true),
+// which the backend reads on its first attention call (so a backend is plain
+// or not for its whole life, whichever way it is called later).
 static void se_call(struct backend *be, bool plain, const struct attn_args *a0, float *out) {
     struct attn_args a = *a0;
     a.out = out;
     if (plain)
-        setenv("VELA_CPU_ATTN", "plain", 1);
+        cpu_attention_pin_plain(true);
     const int rc = be->ops->attention(be, &a);
-    unsetenv("VELA_CPU_ATTN");
+    cpu_attention_pin_plain(false);
     cr_assert_eq(rc, 0, "%s", be->err.msg);
 }
 

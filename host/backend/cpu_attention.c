@@ -119,11 +119,16 @@ static void *attn_aligned(size_t bytes) {
     return aligned_alloc(ATTN_ALIGN, bytes ? bytes : ATTN_ALIGN);
 }
 
+// cpu_attention_pin_plain's choice for states created from now on.
+static _Atomic bool attn_pin_plain;
+
+void cpu_attention_pin_plain(bool plain) {
+    attn_pin_plain = plain;
+}
+
 static bool attn_have_avx2(void) {
 #ifdef ATTN_X86
-    // VELA_CPU_ATTN=plain runs the plain C kernels (to compare them).
-    const char *pin = getenv("VELA_CPU_ATTN");
-    if (pin && strcmp(pin, "plain") == 0)
+    if (attn_pin_plain)
         return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");

@@ -8,6 +8,8 @@
 #ifndef VELA_HOST_CPU_ATTENTION_H
 #define VELA_HOST_CPU_ATTENTION_H
 
+#include <stdbool.h>
+
 #include "gguf/verr.h"
 #include "host/backend/threadpool.h"
 #include "host/ops/backend.h"
@@ -18,6 +20,12 @@ struct cpu_attn;
 // (NULL before) and kept for the next; one call at a time per state.
 int cpu_attention_run(struct cpu_attn **st, struct threadpool *pool, const struct attn_args *a,
                       struct verr *err);
+
+// Kernel experiments (tests and benchmarks compare the paths on one
+// machine): with plain, states created from now on (a backend's first
+// attention call creates its state) run the plain C kernels even where the
+// AVX2 ones could run; they give the same bits. The product never calls it.
+void cpu_attention_pin_plain(bool plain);
 
 // Frees a state (NULL is fine).
 void cpu_attention_free(struct cpu_attn *st);

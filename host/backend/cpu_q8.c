@@ -13,24 +13,32 @@ static int64_t round_up(int64_t v, int64_t m) {
     return (v + m - 1) / m * m;
 }
 
-enum cpu_q8_isa cpu_q8_isa(void) {
+// The most capable kernels cpu_q8_isa() may report (cpu_q8_pin).
+static _Atomic int q8_pin = CPU_Q8_ISA_AVXVNNI;
+
+void cpu_q8_pin(enum cpu_q8_isa max) {
+    q8_pin = max;
+}
+
+static enum cpu_q8_isa cpu_q8_isa_probe(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    // VELA_CPU_Q8=avx2 pins the AVX2 kernels on a VNNI machine (to compare
-    // them), VELA_CPU_Q8=off turns the fast path off (the reference dots).
-    const char *pin = getenv("VELA_CPU_Q8");
-    if (pin && strcmp(pin, "off") == 0)
-        return CPU_Q8_ISA_NONE;
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         return CPU_Q8_ISA_NONE;
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-    if (__builtin_cpu_supports("avxvnni") && !(pin && strcmp(pin, "avx2") == 0))
+    if (__builtin_cpu_supports("avxvnni"))
         return CPU_Q8_ISA_AVXVNNI;
 #endif
     return CPU_Q8_ISA_AVX2;
 #else
     return CPU_Q8_ISA_NONE;
 #endif
+}
+
+enum cpu_q8_isa cpu_q8_isa(void) {
+    const enum cpu_q8_isa isa = cpu_q8_isa_probe();
+    const enum cpu_q8_isa max = (enum cpu_q8_isa)q8_pin;
+    return isa < max ? isa : max;
 }
 
 const char *cpu_q8_isa_name(enum cpu_q8_isa isa) {

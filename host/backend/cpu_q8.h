@@ -56,7 +56,15 @@ enum cpu_q8_isa {
     CPU_Q8_ISA_AVX2 = 1,    // AVX2 + FMA + F16C
     CPU_Q8_ISA_AVXVNNI = 2, // AVX2 with AVX-VNNI's vpdpbusd
 };
+// The kernels this CPU runs, at most the pinned ones (cpu_q8_pin).
 enum cpu_q8_isa cpu_q8_isa(void);
+// Kernel experiments (tests and benchmarks compare the paths on one
+// machine): caps what cpu_q8_isa() reports, and so the kernels of every CPU
+// backend created afterwards (each probes once, when it is created).
+// CPU_Q8_ISA_NONE: the reference dots; CPU_Q8_ISA_AVX2: the AVX2 kernels on
+// an AVX-VNNI CPU; CPU_Q8_ISA_AVXVNNI (the default): no cap. Never raises
+// the CPU's own level. The product never calls it.
+void cpu_q8_pin(enum cpu_q8_isa max);
 const char *cpu_q8_isa_name(enum cpu_q8_isa isa);
 
 // Bytes of the buffer cpu_q8_x_init lays out for n_tok tokens of n_in
