@@ -44,6 +44,7 @@
 #include <limits.h>
 #include <mma.h>
 
+#include "cuda/attention.h"
 #include "cuda/q8_1.cuh"
 
 #define ATTN_WARPS 4

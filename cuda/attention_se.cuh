@@ -24,6 +24,7 @@
 #ifndef VELA_CUDA_ATTENTION_SE_CUH
 #define VELA_CUDA_ATTENTION_SE_CUH
 
+#include "cuda/attention.h"
 #include "cuda/rope.cuh"
 #include "host/ops/selfextend.h"
 

@@ -15,7 +15,14 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_ops.h"
+#include "cuda/attention.h"
+#include "cuda/elementwise.h"
+#include "cuda/matmul.h"
+#include "cuda/matvec.h"
+#include "cuda/matvec_q8.h"
+#include "cuda/norm.h"
+#include "cuda/rope.h"
+#include "cuda/sample.h"
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "host/ops/backend.h"

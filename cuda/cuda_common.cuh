@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda/cuda_ops.h"
+#include "cuda/cuda_boundary.h"
 
 // After every kernel launch: launch-configuration errors (bad grid, too much
 // shared memory, no kernel image for this GPU) surface here; faults inside

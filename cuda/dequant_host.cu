@@ -2,6 +2,7 @@
 // a GPU check them, bit for bit, against gguf/quant.c (tests/gpu/
 // test_cuda_decode.c). Not used on any inference path.
 #include "cuda/dequant.cuh"
+#include "cuda/dequant_host.h"
 
 template <int T> static void dequant_host_row(const uint8_t *row, int64_t n, float *out) {
     for (int64_t sb = 0; sb < n / 32; sb++)

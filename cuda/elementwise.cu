@@ -1,6 +1,7 @@
 // Elementwise and gather ops: embed (dequantize selected rows), swiglu, geglu, scale, add,
 // get_rows. All are memory-bound grid-stride loops over the output.
 #include "cuda/dequant.cuh"
+#include "cuda/elementwise.h"
 
 #define EW_THREADS 256
 

@@ -14,6 +14,9 @@
 //                 accumulate in f32: they agree to f32 rounding.
 // Scratch layout: [activations, 256-aligned][weight slice (cuBLAS path)].
 #include "cuda/dequant.cuh"
+#include "cuda/matmul.h"
+#include "cuda/matmul_tc.h"
+#include "cuda/matvec.h"
 
 // Elements of one decoded weight slice (f16): 128 MiB of scratch at most.
 #define MATMUL_SLICE_ELEMS ((int64_t)64 << 20)

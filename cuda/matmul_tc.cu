@@ -53,6 +53,7 @@
 #include <mma.h>
 
 #include "cuda/dequant.cuh"
+#include "cuda/matmul_tc.h"
 
 #define TC_THREADS 256
 #define TC_WARPS (TC_THREADS / VELA_WARP)

@@ -14,6 +14,7 @@
 // folded in) or, for gate/up, computes both dots of a row and writes
 // silu(gate) * up.
 #include "cuda/dequant.cuh"
+#include "cuda/matvec.h"
 
 #define MATVEC_WARPS 4 // rows per block
 

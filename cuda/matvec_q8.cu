@@ -62,6 +62,7 @@
 // 8 nibbles in 8 __byte_perm), so __dp4a sees the levels themselves; signed,
 // no activation sum.
 #include "cuda/dequant.cuh"
+#include "cuda/matvec_q8.h"
 #include "cuda/q8_1.cuh"
 
 #include <atomic>

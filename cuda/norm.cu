@@ -4,6 +4,7 @@
 // With xq, the block also writes each output row as q8_1 blocks (the input
 // format of the act_q8 mat-vec, cuda/q8_1.cuh), so the next mat-vec needs no
 // quantize launch: a warp's 32 consecutive outputs are one q8_1 block.
+#include "cuda/norm.h"
 #include "cuda/q8_1.cuh"
 
 #define NORM_THREADS 256

@@ -9,6 +9,7 @@
 // What remains different is cosf/sinf (CUDA's are within 2 ulp, glibc's
 // within 1), so results agree to a few float ulps of |x|.
 #include "cuda/rope.cuh"
+#include "cuda/rope.h"
 
 #define ROPE_THREADS 64
 #define ROPE_SHIFT_THREADS 128

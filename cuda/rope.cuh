@@ -6,6 +6,7 @@
 #define VELA_CUDA_ROPE_CUH
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/rope.h"
 
 static __device__ __forceinline__ float rope_ramp(float lo, float hi, int i) {
     const float d = 0.001f > __fsub_rn(hi, lo) ? 0.001f : __fsub_rn(hi, lo);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/sample.h"
 
 #define ARGMAX_THREADS 256
 

@@ -51,7 +51,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_ops.h"
+#include "cuda/attention.h"
+#include "cuda/matmul_tc.h"
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "gguf/types.h"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_ops.h"
+#include "cuda/dequant_host.h"
 #include "gguf/quant.h"
 #include "gguf/types.h"
 

@@ -25,7 +25,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_ops.h"
+#include "cuda/matmul.h"
+#include "cuda/matmul_tc.h"
 #include "gguf/quant.h"
 #include "gguf/types.h"
 #include "tests/gpu/raw_cuda.h"

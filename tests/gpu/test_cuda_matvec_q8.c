@@ -19,7 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_ops.h"
+#include "cuda/matvec_q8.h"
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "gguf/types.h"

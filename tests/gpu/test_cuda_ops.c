@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_ops.h" // CUDA_MATVEC_MAX_TOK: which path a matmul takes
+#include "cuda/attention.h" // cuda_attention_scratch_bytes: the split-K plan
+#include "cuda/matvec.h"    // CUDA_MATVEC_MAX_TOK: which path a matmul takes
 #include "gguf/quant.h"
 #include "gguf/types.h"
 #include "host/ops/backend.h"

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_ops.h" // CUDA_SAMPLE_MAX_K: which path a row takes
+#include "cuda/sample.h" // CUDA_SAMPLE_MAX_K: which path a row takes
 #include "host/ops/backend.h"
 #include "host/backend/sampler.h"
 #include "tests/gpu/gpu_fixture.h"

@@ -1,0 +1,42 @@
+// matmul_tc.cu: the fused quantized GEMM on tensor cores
+// (cuda/cuda_boundary.h: the contract of every entry point).
+#ifndef VELA_CUDA_MATMUL_TC_H
+#define VELA_CUDA_MATMUL_TC_H
+
+#include "cuda/cuda_boundary.h"
+
+VELA_CUDA_BEGIN
+
+// The fused quantized GEMM of cuda_matmul_apply for batches of at most
+// cuda_matmul_tc_max_tok() tokens: weights read once per launch (per 128
+// tokens), decoded to f16 tile by tile in shared memory, multiplied on tensor
+// cores (WMMA, f32 accumulation). Default threshold: up to 128 tokens the
+// step is bound by weight traffic, which the fused kernel cuts from ~4.6 to
+// ~0.6 bytes per Q4_0 weight; above it the dequant + cuBLAS path (whose f16
+// copy of the weights is amortized over more tokens and whose GEMM reaches a
+// higher math rate) is expected to win. The measured crossover belongs here
+// (bench/kernels: the matmul_tc family).
+#define CUDA_MATMUL_TC_MAX_TOK 128
+// The threshold in force: cuda_matmul_tc_set_max_tok's value if set (n >= 0),
+// else VELA_MATMUL_TC_MAX_TOK (read once; a non-negative integer, 0 disables
+// the fused path), else CUDA_MATMUL_TC_MAX_TOK. The setter is for tests and
+// benchmarks (n < 0 restores the environment's / default value).
+int cuda_matmul_tc_max_tok(void);
+void cuda_matmul_tc_set_max_tok(int n);
+// 1 when cuda_matmul_apply serves (type, n_tok) with the fused kernel: Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, 1 <= n_tok <= the
+// threshold, a device with tensor cores (compute capability >= 7.0).
+int cuda_matmul_tc_takes(enum ggml_type type, int n_tok);
+// out[t][o] = sum_i W[o][i] * xh[t][i] (+ bias[o]), or out += W xh
+// (accumulate; bias must then be NULL), any n_tok >= 1 and n_out >= 1, n_in a
+// multiple of the type's block size. Weights decoded exactly as the host
+// decoder then rounded to f16; xh: the activations already rounded to f16
+// (f16 bits, as __float2half_rn gives them). w and xh 16-byte aligned.
+int cuda_matmul_q_tc(float *out /* [n_tok][n_out] */, const void *w, enum ggml_type type,
+                     int64_t n_in, int64_t n_out, const uint16_t *xh /* [n_tok][n_in] */,
+                     const float *bias /* [n_out] or NULL */, int n_tok, int accumulate,
+                     cudaStream_t stream, struct verr *err);
+
+VELA_CUDA_END
+
+#endif

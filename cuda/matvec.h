@@ -1,0 +1,47 @@
+// matvec.cu: the f32-activation mat-vec of decode batches, several weight
+// matrices and an epilogue per launch (cuda/cuda_boundary.h: the contract of
+// every entry point).
+#ifndef VELA_CUDA_MATVEC_H
+#define VELA_CUDA_MATVEC_H
+
+#include "cuda/cuda_boundary.h"
+
+VELA_CUDA_BEGIN
+
+// Largest n_tok that matmul serves with the mat-vec kernels (weights read
+// once, dequantized in registers, f32 activations). Larger batches go through
+// a dense GEMM (cuda/matmul.h): F32 weights by an f32 cuBLAS GEMM, F16
+// weights by cuBLAS with activations rounded to f16, BF16 with activations
+// rounded to bf16, and the quantized types by dequantizing slices of rows to
+// f16 first.
+#define CUDA_MATVEC_MAX_TOK 8
+
+// out[t][o] = sum_i W[o][i] * x[t][i] (+ bias[o]) for n_tok <= CUDA_MATVEC_MAX_TOK
+// (a plain matmul is one CUDA_MV_STORE segment), for several weight matrices
+// sharing one input and one launch (Q/K/V, gate/up): every segment has the
+// same type and n_in (a multiple of the type's block size). Epilogues:
+//   CUDA_MV_STORE:  seg.out[t][o]  = W x (+ bias)         (any number of segs)
+//   CUDA_MV_ADD:    seg.out[t][o] += W x (+ bias)         (residual folded in)
+//   CUDA_MV_SWIGLU: segs[0].out[t][o] = silu(W0 x) * (W1 x); exactly 2 segs
+//                   with equal n_out, segs[1].out unused, no bias.
+//   CUDA_MV_GEGLU:  the same with gelu (vela_gelu_mul, cuda_geglu_apply's).
+// Per output the arithmetic is the one of a single STORE segment followed by
+// cuda_add_apply / cuda_swiglu_apply, so fused and unfused results are
+// bit-identical.
+#define CUDA_MV_MAX_SEGS 3
+enum cuda_mv_epilogue { CUDA_MV_STORE = 0, CUDA_MV_ADD = 1, CUDA_MV_SWIGLU = 2, CUDA_MV_GEGLU = 3 };
+// The gated epilogues (one gate and one up row per output).
+#define CUDA_MV_GATED(epi) ((epi) == CUDA_MV_SWIGLU || (epi) == CUDA_MV_GEGLU)
+struct cuda_mv_seg {
+    float *out;        // [n_tok][n_out]
+    const void *w;     // [n_out] rows of the type, 16-byte aligned
+    const float *bias; // [n_out] or NULL
+    int64_t n_out;
+};
+int cuda_matvec_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
+                     enum ggml_type type, int64_t n_in, const float *x /* [n_tok][n_in] */,
+                     int n_tok, enum cuda_mv_epilogue epi, cudaStream_t stream, struct verr *err);
+
+VELA_CUDA_END
+
+#endif
