@@ -32,6 +32,16 @@
 #define M_PI 3.14159265358979323846
 #endif
 
+// A q8_1 copy of src's rows x n floats (cuda_backend.xq), left by an op for
+// the mat-vec op right after it (act_q8). src NULL: none.
+struct cu_xq {
+    const float *src; // [rows][n]
+    int rows;
+    int64_t n;
+    bool copied; // false: no copy was made (not a decode batch, act_q8 off)
+    bool strict; // rms_norm_q8's: the next op must be a mat-vec reading src
+};
+
 struct cuda_backend {
     cudaStream_t stream;
     cublasHandle_t cublas;
@@ -44,16 +54,14 @@ struct cuda_backend {
     // k (created on first use; recorded[k] false until then).
     cudaEvent_t upload_ev[BACKEND_UPLOAD_SLOTS];
     bool upload_recorded[BACKEND_UPLOAD_SLOTS];
-    // act_q8: rms_norm and attention write their output as q8_1 into xq too
-    // when it is a decode batch; the op right after (op_seq == xq_seq + 1)
-    // takes those blocks instead of quantizing x again if it reads that very
-    // output.
+    // act_q8: rms_norm_q8 (the fused op) and attention (for the output
+    // projection) write their output of a decode batch as q8_1 into xq too
+    // and describe it in xq_left; cu_enter hands it to the next op alone
+    // (xq_offer), which takes those blocks instead of quantizing x again
+    // when it reads that very output.
     void *xq; // device, xq_bytes (not the scratch: the next op may use that)
     size_t xq_bytes;
-    const float *xq_src; // the rms_norm / attention output xq holds
-    int xq_rows;
-    int64_t xq_n;
-    uint64_t op_seq, xq_seq;
+    struct cu_xq xq_left, xq_offer;
     // decode attention's split-K plan (cuda_attn; VELA_ATTN_SPLIT); 0: defaults
     int attn_split_blocks_per_sm, attn_split_min_cells;
     // the dp4a mat-vec's kernel (cuda_matvec_q8_segs; VELA_MATVEC_Q8)
@@ -126,14 +134,33 @@ static struct cuda_backend *cb_of(struct backend *be) {
                             cudaGetErrorString(e_), __FILE__, __LINE__);                           \
     } while (0)
 
-// Ops may be called from a thread whose current device is another GPU.
-// Every op counts itself (op_seq), which is what ends the validity of the q8
-// copy an rms_norm left (struct cuda_backend).
-#define CU_ENTER(be)                                                                               \
+// Every op starts here. The q8_1 copy the op before left is offered to
+// this op and no other (struct cuda_backend.xq_offer). x, n_tok: what a
+// mat-vec op reads (NULL for any other op), held to rms_norm_q8's contract
+// (host/ops/backend.h): right after it only a mat-vec of its output may
+// run. And ops may be called from a thread whose current device is another
+// GPU.
+static int cu_enter(struct backend *be, const float *x, int n_tok, const char *op) {
+    struct cuda_backend *cb = cb_of(be);
+    cb->xq_offer = cb->xq_left;
+    cb->xq_left = (struct cu_xq){0};
+    const struct cu_xq *o = &cb->xq_offer;
+    if (o->strict && (x != o->src || n_tok != o->rows))
+        return verr_set(&be->err, VERR_RANGE,
+                        "%s right after rms_norm_q8: the op after it must be a mat-vec reading "
+                        "its output [%d][%lld]",
+                        op, o->rows, (long long)o->n);
+    CU_CHECK(be, cudaSetDevice(be->device));
+    return VERR_OK;
+}
+
+#define CU_ENTER_READING(be, x, n_tok)                                                             \
     do {                                                                                           \
-        cb_of(be)->op_seq++;                                                                       \
-        CU_CHECK(be, cudaSetDevice((be)->device));                                                 \
+        int re_ = cu_enter((be), (x), (n_tok), __func__);                                          \
+        if (re_)                                                                                   \
+            return re_;                                                                            \
     } while (0)
+#define CU_ENTER(be) CU_ENTER_READING(be, NULL, 0)
 
 _Static_assert(CUDA_ATTN_PLAN_CELLS % BACKEND_KV_BUCKET == 0,
                "a bucket of n_kv must not straddle two attention plans");
@@ -416,24 +443,23 @@ static int cu_xq_for(struct backend *be, int rows, int64_t n, void **xq) {
     return VERR_OK;
 }
 
-// The op that just ran (op_seq) wrote src's rows x n floats as q8_1 to xq.
-static void cu_xq_written(struct backend *be, const float *src, int rows, int64_t n) {
-    struct cuda_backend *cb = cb_of(be);
-    cb->xq_src = src;
-    cb->xq_rows = rows;
-    cb->xq_n = n;
-    cb->xq_seq = cb->op_seq;
-}
-
 static int cu_rms_norm(struct backend *be, float *out, const float *x, const float *w, int n_rows,
                        int n, float eps) {
+    CU_ENTER(be);
+    return cuda_rms_norm_apply(out, x, w, n_rows, n, eps, NULL, cb_of(be)->stream, &be->err);
+}
+
+// The fused op: the norm kernel writes out's q8_1 copy in the same pass,
+// offered to the mat-vec op that must come next (cu_enter).
+static int cu_rms_norm_q8(struct backend *be, float *out, const float *x, const float *w,
+                          int n_rows, int n, float eps) {
     CU_ENTER(be);
     void *xq = NULL;
     int rc = cu_xq_for(be, n_rows, n, &xq);
     if (!rc)
         rc = cuda_rms_norm_apply(out, x, w, n_rows, n, eps, xq, cb_of(be)->stream, &be->err);
-    if (!rc && xq)
-        cu_xq_written(be, out, n_rows, n);
+    if (!rc)
+        cb_of(be)->xq_left = (struct cu_xq){out, n_rows, n, xq != NULL, true};
     return rc;
 }
 
@@ -443,14 +469,19 @@ _Static_assert(BACKEND_ACT_Q8_MAX_TOK == CUDA_MATVEC_MAX_TOK,
 // The decode mat-vec of segments sharing x: f32 activations, or with act_q8
 // (backend.h) x quantized to q8_1 in the scratch first and the dp4a kernels.
 // x as q8_1 blocks for the act_q8 mat-vec: the copy the op just before
-// wrote (rms_norm, attention) when it is x, else x quantized into the scratch.
+// wrote (rms_norm_q8, attention) when it is x, else x quantized into the
+// scratch.
 static int cu_xq_of(struct backend *be, const float *x, int n_tok, int64_t n_in, const void **xq) {
     struct cuda_backend *cb = cb_of(be);
-    if (cb->op_seq == cb->xq_seq + 1 && x == cb->xq_src && n_tok == cb->xq_rows &&
-        n_in == cb->xq_n) {
+    const struct cu_xq *o = &cb->xq_offer;
+    if (o->copied && x == o->src && n_tok == o->rows && n_in == o->n) {
         *xq = cb->xq;
         return VERR_OK;
     }
+    if (o->strict && o->copied)
+        return verr_set(&be->err, VERR_RANGE,
+                        "mat-vec after rms_norm_q8 reads rows of %lld, the norm wrote %lld",
+                        (long long)n_in, (long long)o->n);
     const int64_t row = quant_q8_1_row_bytes(n_in);
     if (row <= 0)
         return verr_set(&be->err, VERR_RANGE, "matmul: n_in %lld is not a multiple of 32",
@@ -477,9 +508,10 @@ static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_s
     return rc;
 }
 
-static int cu_matmul(struct backend *be, float *out, const struct backend_weight *w, const float *x,
-                     const float *bias, int n_tok) {
-    CU_ENTER(be);
+// The matmul op's work, also for the fused ops' unfused paths (no cu_enter:
+// they are inside one op).
+static int cu_matmul_one(struct backend *be, float *out, const struct backend_weight *w,
+                         const float *x, const float *bias, int n_tok) {
     int rc = cu_check_weight(be, w, "matmul");
     if (rc)
         return rc;
@@ -499,13 +531,19 @@ static int cu_matmul(struct backend *be, float *out, const struct backend_weight
                              0, cb->scratch, cb->scratch_bytes, cb->stream, &be->err);
 }
 
+static int cu_matmul(struct backend *be, float *out, const struct backend_weight *w, const float *x,
+                     const float *bias, int n_tok) {
+    CU_ENTER_READING(be, x, n_tok);
+    return cu_matmul_one(be, out, w, x, bias, n_tok);
+}
+
 // Decode batches: one mat-vec launch per weight type among the matrices
 // (Q4_K_M-like files keep V in Q6_K: Q and K share a launch), with x
 // quantized once for all of them under act_q8; larger batches: one matmul
 // each.
 static int cu_matmul_multi(struct backend *be, const struct backend_mm *mm, int n, const float *x,
                            int n_tok) {
-    CU_ENTER(be);
+    CU_ENTER_READING(be, x, n_tok);
     if (!mm || n < 1 || n > BACKEND_MM_MAX || n > CUDA_MV_MAX_SEGS)
         return verr_set(&be->err, VERR_RANGE, "matmul_multi: %d matrices (1 to %d)", n,
                         BACKEND_MM_MAX);
@@ -549,7 +587,7 @@ static int cu_matmul_multi(struct backend *be, const struct backend_mm *mm, int 
         return VERR_OK;
     }
     for (int i = 0; i < n; i++) {
-        int rc = cu_matmul(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
+        int rc = cu_matmul_one(be, mm[i].out, mm[i].w, x, mm[i].bias, n_tok);
         if (rc)
             return rc;
     }
@@ -558,7 +596,7 @@ static int cu_matmul_multi(struct backend *be, const struct backend_mm *mm, int 
 
 static int cu_matmul_add(struct backend *be, float *y, const struct backend_weight *w,
                          const float *x, int n_tok) {
-    CU_ENTER(be);
+    CU_ENTER_READING(be, x, n_tok);
     int rc = cu_check_weight(be, w, "matmul_add");
     if (rc)
         return rc;
@@ -603,9 +641,9 @@ static int cu_matmul_gated(struct backend *be, float *out, float *up_tmp,
                                             {out, w_up->data, NULL, w_up->n_out}};
         return cu_matvec(be, segs, 2, w_gate->type, w_gate->n_in, x, NULL, n_tok, epi);
     }
-    rc = cu_matmul(be, out, w_gate, x, NULL, n_tok);
+    rc = cu_matmul_one(be, out, w_gate, x, NULL, n_tok);
     if (!rc)
-        rc = cu_matmul(be, up_tmp, w_up, x, NULL, n_tok);
+        rc = cu_matmul_one(be, up_tmp, w_up, x, NULL, n_tok);
     const int64_t n = (int64_t)n_tok * w_gate->n_out;
     if (!rc)
         rc = epi == CUDA_MV_GEGLU
@@ -617,7 +655,7 @@ static int cu_matmul_gated(struct backend *be, float *out, float *up_tmp,
 static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
                             const struct backend_weight *w_gate, const struct backend_weight *w_up,
                             const float *x, int n_tok) {
-    CU_ENTER(be);
+    CU_ENTER_READING(be, x, n_tok);
     return cu_matmul_gated(be, out, up_tmp, w_gate, w_up, x, n_tok, CUDA_MV_SWIGLU,
                            "matmul_swiglu");
 }
@@ -625,7 +663,7 @@ static int cu_matmul_swiglu(struct backend *be, float *out, float *up_tmp,
 static int cu_matmul_geglu(struct backend *be, float *out, float *up_tmp,
                            const struct backend_weight *w_gate, const struct backend_weight *w_up,
                            const float *x, int n_tok) {
-    CU_ENTER(be);
+    CU_ENTER_READING(be, x, n_tok);
     return cu_matmul_gated(be, out, up_tmp, w_gate, w_up, x, n_tok, CUDA_MV_GEGLU, "matmul_geglu");
 }
 
@@ -719,7 +757,7 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         rc = cuda_attention_apply(&ca, cb->sm_count, cb->scratch, cb->scratch_bytes, cb->stream,
                                   &be->err);
     if (!rc && ca.xq)
-        cu_xq_written(be, a->out, a->n_tok, n_out);
+        cb->xq_left = (struct cu_xq){a->out, a->n_tok, n_out, true, false};
     return rc;
 }
 
@@ -948,6 +986,7 @@ static const struct backend_ops cuda_ops = {
     .sync = cu_sync,
     .embed = cu_embed,
     .rms_norm = cu_rms_norm,
+    .rms_norm_q8 = cu_rms_norm_q8,
     .matmul = cu_matmul,
     .matmul_multi = cu_matmul_multi,
     .matmul_add = cu_matmul_add,

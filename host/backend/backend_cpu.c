@@ -977,6 +977,7 @@ static const struct backend_ops cpu_ops = {
     .sync = cpu_sync,
     .embed = cpu_embed,
     .rms_norm = cpu_rms_norm,
+    .rms_norm_q8 = cpu_rms_norm, // its matmuls quantize x themselves (act_q8)
     .matmul = cpu_matmul,
     .matmul_multi = cpu_matmul_multi,
     .matmul_add = cpu_matmul_add,

@@ -584,7 +584,8 @@ static int layer_attention(struct forward_ctx *fc, int il, float *x, int t0, int
     const struct rope_params *rp = swa ? &fc->rope_swa : &fc->rope;
     const int32_t *d_pos = fc->d_pos + t0, *d_seq = fc->d_seq + t0; // [n_tok]
     const int32_t *d_cells = fc->d_cells + t0;                      // [n_tok]
-    OP("attn_norm", be->ops->rms_norm(be, fc->xn, x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
+    OP("attn_norm + q8_1 for q/k/v",
+       be->ops->rms_norm_q8(be, fc->xn, x, L->attn_norm, n_tok, n_embd, hp->norm_eps));
     const struct backend_mm qkv[3] = {
         {fc->q, &L->wq, L->bq}, {fc->k, &L->wk, L->bk}, {fc->v, &L->wv, L->bv}};
     OP("attn_q/k/v", be->ops->matmul_multi(be, qkv, 3, fc->xn, n_tok));
@@ -637,7 +638,8 @@ static int layer_ffn(struct forward_ctx *fc, int il, float *x, int n_tok, struct
     struct backend *be = fc->be;
     const struct model_layer *L = &m->layers[il];
     const int n_embd = hp->n_embd;
-    OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
+    OP("ffn_norm + q8_1 for gate/up",
+       be->ops->rms_norm_q8(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
     if (arch_get(hp->arch)->block.ffn == ARCH_FFN_GEGLU)
         OP("ffn_gate/up + geglu",
            be->ops->matmul_geglu(be, fc->gate, fc->up, &L->w_gate, &L->w_up, fc->xn, n_tok));
@@ -668,7 +670,8 @@ int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only,
     float *xo = fc->xo + (size_t)r0 * n_embd;              // [nr][n_embd]
     float *logits = fc->logits + (size_t)r0 * hp->n_vocab; // [nr][n_vocab]
     OP("get_rows", be->ops->get_rows(be, xo, fc->x, fc->d_rows + r0, nr, n_embd));
-    OP("output_norm", be->ops->rms_norm(be, xo, xo, m->output_norm, nr, n_embd, hp->norm_eps));
+    OP("output_norm + q8_1 for output",
+       be->ops->rms_norm_q8(be, xo, xo, m->output_norm, nr, n_embd, hp->norm_eps));
     OP("output", be->ops->matmul(be, logits, &m->output, xo, NULL, nr));
     if (argmax_only && fc->sp)
         OP("sample", be->ops->sample(be, fc->d_argmax + r0, logits, nr, hp->n_vocab, fc->sp + r0));

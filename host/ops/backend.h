@@ -151,6 +151,20 @@ struct backend_ops {
                     const float *x /* [n_rows][n] */, const float *w /* [n] */, int n_rows, int n,
                     float eps);
 
+    // Fused: rms_norm, and out handed on as the q8_1 activations (act_q8) of
+    // the mat-vec that reads it, so that it is not quantized a second time.
+    // Same contract and result as rms_norm; the op right after it on this
+    // backend must be a matmul, matmul_multi, matmul_add, matmul_swiglu or
+    // matmul_geglu with x = out and n_tok = n_rows (the CUDA backend refuses
+    // any other op there with VERR_RANGE: the fusion is never lost in
+    // silence). Bit for bit, the pair gives what rms_norm + that op give: the
+    // copy is quant_q8_1_row(out[r]), what the mat-vec computes from out
+    // itself. The CPU backend's matmuls quantize x themselves: its
+    // rms_norm_q8 is its rms_norm.
+    int (*rms_norm_q8)(struct backend *be, float *out /* [n_rows][n] */,
+                       const float *x /* [n_rows][n] */, const float *w /* [n] */, int n_rows,
+                       int n, float eps);
+
     // out[t][o] = sum_i W[o][i] * x[t][i] (+ bias[o]); out must not alias x.
     int (*matmul)(struct backend *be, float *out /* [n_tok][w->n_out] */,
                   const struct backend_weight *w, const float *x /* [n_tok][w->n_in] */,

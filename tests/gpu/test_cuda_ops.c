@@ -690,10 +690,11 @@ Test(cuda, matvec_q8_env) {
     backend_destroy(piped);
 }
 
-// act_q8: an rms_norm of a decode batch also writes its output as q8_1, and
+// act_q8: rms_norm_q8 of a decode batch also writes its output as q8_1, and
 // the mat-vec right after it reads those blocks instead of quantizing again.
-// Its results must equal those of the same mat-vec after an unrelated op
-// (which makes it quantize x itself), bit for bit, for every batch size.
+// Its results must equal those of the same mat-vec after a plain rms_norm
+// (which makes it quantize x itself), bit for bit, for every batch size;
+// any other op right after rms_norm_q8 is refused.
 Test(cuda, rms_norm_q8_feeds_the_next_matvec) {
     REQUIRE_GPU();
     rng_seed(43);
@@ -714,11 +715,17 @@ Test(cuda, rms_norm_q8_feeds_the_next_matvec) {
             OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n_out * sizeof(float), &o2));
             OK(gpu, gpu->ops->alloc(gpu, 64, &dummy));
             OK(gpu, gpu->ops->memset_zero(gpu, dummy, 64)); // the add reads it (initcheck)
-            OK(gpu, gpu->ops->rms_norm(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
+            OK(gpu, gpu->ops->rms_norm_q8(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
             OK(gpu, gpu->ops->matmul(gpu, o1, &bw, xn, NULL, n_tok)); // the q8 copy
             OK(gpu, gpu->ops->rms_norm(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
-            OK(gpu, gpu->ops->add(gpu, dummy, dummy, 4));             // not the next op any more
             OK(gpu, gpu->ops->matmul(gpu, o2, &bw, xn, NULL, n_tok)); // quantizes xn itself
+            OK(gpu, gpu->ops->rms_norm_q8(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
+            cr_expect_eq(gpu->ops->add(gpu, dummy, dummy, 4), VERR_RANGE,
+                         "an op between rms_norm_q8 and its mat-vec");
+            OK(gpu, gpu->ops->rms_norm_q8(gpu, xn, xg, nwg, n_tok, n, 1e-5f));
+            cr_expect_eq(gpu->ops->matmul(gpu, o2, &bw, xg, NULL, n_tok), VERR_RANGE,
+                         "a mat-vec of another x right after rms_norm_q8");
+            OK(gpu, gpu->ops->add(gpu, dummy, dummy, 4)); // the refusal left nothing pending
             float *a = gpu_fetch(o1, (size_t)n_tok * n_out),
                   *b = gpu_fetch(o2, (size_t)n_tok * n_out);
             char what[96];
