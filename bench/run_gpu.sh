@@ -25,8 +25,8 @@
 # fixed device time (tests/gpu/session.sh) keeps time for the summary, and
 # VELA_STEP_MAX (seconds, default 300) bounds each one, so that a hang costs
 # that much and no more;
-# VELA_F32ACT=0 skips the --matvec-act f32 decode runs; MVQ_PIPE and
-# MVQ_PIPE_PLANS (below) the pipelined mat-vec's runs; LLAMA_JOBS (default
+# VELA_F32ACT=0 skips the --matvec-act f32 decode runs; MVQ_PIPE_PLANS
+# (below) the pipelined mat-vec's runs; LLAMA_JOBS (default
 # all cores) and LLAMA_NICE (default 0) for the llama.cpp build.
 set -euo pipefail
 
@@ -65,11 +65,11 @@ LLAMA_BATCHED_ARGS=${LLAMA_BATCHED_ARGS:-}
 VELA_DEADLINE=${VELA_DEADLINE:-}
 VELA_STEP_MAX=${VELA_STEP_MAX:-300}
 VELA_F32ACT=${VELA_F32ACT:-1}
-# The dp4a mat-vec's pipelined kernel (VELA_MATVEC_Q8=pipe:B, B blocks per
-# SM) beside the default one-pass kernel, before the default moves: MVQ_PIPE
-# is the plan of the vela stage's extra tg runs (rows tgN@pipe), MVQ_PIPE_PLANS
-# those the kernels stage times (rows matvec*@pipe:B). Empty skips them.
-MVQ_PIPE=${MVQ_PIPE-pipe}
+# The dp4a mat-vec's pipelined kernel (a variant under test,
+# vela-bench-kernels --matvec-q8 pipe:B, B blocks per SM) beside the default
+# one-pass kernel, before the default moves: MVQ_PIPE_PLANS are the plans the
+# kernels stage times (rows matvec*@pipe:B). Empty skips them. The product
+# (vela bench) runs the default kernel only.
 MVQ_PIPE_PLANS=${MVQ_PIPE_PLANS-pipe:2 pipe:4 pipe:8}
 LLAMA_JOBS=${LLAMA_JOBS:-}
 LLAMA_NICE=${LLAMA_NICE:-0}
@@ -197,13 +197,6 @@ stage_vela() {
         -r "$REPS" --matvec-act f32 --json >"$RAW/vela-$name-f32act.json" 2>>"$RAW/run.log" \
         || log "vela: bench --matvec-act f32 failed on $name" ;;
     esac
-    # decode through the pipelined dp4a mat-vec (CUDA only; f16 models do not use it)
-    case $name in *f16*) ;; *)
-      [ -z "$MVQ_PIPE" ] || [ "$BACKEND" != cuda ] ||
-      VELA_MATVEC_Q8=$MVQ_PIPE timed "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" \
-        --backend "$BACKEND" -p 0 -n "$N_GEN" -r "$REPS" --json >"$RAW/vela-$name-pipe.json" \
-        2>>"$RAW/run.log" || log "vela: bench with VELA_MATVEC_Q8=$MVQ_PIPE failed on $name" ;;
-    esac
   done
   if [ "$DEPTH" != 0 ] && model_names | grep -qx "$DEPTH_MODEL"; then
     log "vela: bench $DEPTH_MODEL tg$N_GEN at depth $DEPTH"
@@ -217,12 +210,6 @@ stage_vela() {
       -n "$N_GEN" -r 3 --parallel "$PARALLEL" --json \
       >"$RAW/vela-$PARALLEL_MODEL-parallel.json" 2>>"$RAW/run.log" \
       || log "vela: bench --parallel failed on $PARALLEL_MODEL"
-    # 8 sequences through the pipelined dp4a mat-vec (4096-wide rows fit it)
-    [ -z "$MVQ_PIPE" ] || [ "$BACKEND" != cuda ] ||
-      VELA_MATVEC_Q8=$MVQ_PIPE timed "$BUILD/vela" bench -m "$MODELS_DIR/$PARALLEL_MODEL.gguf" \
-        --backend "$BACKEND" -p 0 -n "$N_GEN" -r 3 --parallel 8 --json \
-        >"$RAW/vela-$PARALLEL_MODEL-parallel-pipe.json" 2>>"$RAW/run.log" \
-        || log "vela: bench --parallel 8 with VELA_MATVEC_Q8=$MVQ_PIPE failed on $PARALLEL_MODEL"
   fi
 }
 
@@ -241,13 +228,13 @@ stage_kernels() {
     --models llama3-8b,llama2-7b --ctx 4096,16384,65536 "${reps[@]}" \
     --json "$RAW/kernels-attn-se.json" >"$RAW/kernels-attn-se.md" 2>>"$RAW/run.log" \
     || log "kernels: some attention cases failed (see kernels-attn-se.json)"
-  # Decode attention under other split-K plans (VELA_ATTN_SPLIT=BxC: blocks
+  # Decode attention under other split-K plans (--attn-split BxC: blocks
   # per SM aimed at, cells per split at least; the default is the run above):
   # their rows join kernels-attn-se.json as "attn_decode@BxC".
   local plan
   for plan in ${ATTN_SPLIT_PLANS-4x64 4x128 4x256 2x64}; do
     log "kernels: decode attention, split plan $plan"
-    VELA_ATTN_SPLIT=$plan timed "$BUILD/bench/vela-bench-kernels" \
+    timed "$BUILD/bench/vela-bench-kernels" --attn-split "$plan" \
       --filter attn_decode,attn_se_decode --models llama3-8b,llama2-7b --ctx 4096,16384,65536 \
       "${reps[@]}" --json "$RAW/kernels-attn-split-$plan.json" \
       >"$RAW/kernels-attn-split-$plan.md" 2>>"$RAW/run.log" \
@@ -256,17 +243,17 @@ stage_kernels() {
   merge_plans "$RAW/kernels-attn-se.json" attn_split "$RAW"/kernels-attn-split-*.json \
     || log "kernels: merging the split plans failed"
   # The decode mat-vecs (one token, and 8) through the pipelined dp4a kernel
-  # (VELA_MATVEC_Q8=pipe:B; the default one-pass kernel's rows are in the
+  # (--matvec-q8 pipe:B; the default one-pass kernel's rows are in the
   # first run): rows "matvec@pipe:B" etc. join kernels.json.
   local mvq_models=llama3-8b,llama2-7b
   [ "$QUICK" = 1 ] && mvq_models=llama3-8b # the one the quick run above has
   for plan in $MVQ_PIPE_PLANS; do
-    log "kernels: decode mat-vecs, VELA_MATVEC_Q8=$plan"
-    VELA_MATVEC_Q8=$plan timed "$BUILD/bench/vela-bench-kernels" \
+    log "kernels: decode mat-vecs, --matvec-q8 $plan"
+    timed "$BUILD/bench/vela-bench-kernels" --matvec-q8 "$plan" \
       --filter matvec,matvec_qkv,matvec_swiglu,matvec_add --models "$mvq_models" \
       --types q4_0,q4_K,q6_K,q8_0 --matvec-act q8 --matvec-tok 1,8 "${reps[@]}" \
       --json "$RAW/kernels-mvq-$plan.json" >"$RAW/kernels-mvq-$plan.md" 2>>"$RAW/run.log" \
-      || log "kernels: VELA_MATVEC_Q8=$plan: some cases failed"
+      || log "kernels: --matvec-q8 $plan: some cases failed"
   done
   merge_plans "$RAW/kernels.json" matvec_q8 "$RAW"/kernels-mvq-*.json \
     || log "kernels: merging the mat-vec plans failed"
@@ -419,9 +406,6 @@ for n in names:
     # the same decode with f32 activations (--matvec-act f32), named e.g. tg128@f32act
     for t in (load(f"{raw}/vela-{n}-f32act.json") or {}).get("tests", []):
         add(n, dict(t, test=t["test"] + "@f32act"), llama_tps(n, t))
-    # and through the pipelined dp4a mat-vec (VELA_MATVEC_Q8=pipe), e.g. tg128@pipe
-    for t in (load(f"{raw}/vela-{n}-pipe.json") or {}).get("tests", []):
-        add(n, dict(t, test=t["test"] + "@pipe"), llama_tps(n, t))
     vd, ld = depth[n]
     for t in (vd or {}).get("tests", []):
         add(n, t, llama_tps(n, t, ld or []))
@@ -432,9 +416,6 @@ for t in (vela_par or {}).get("tests", []):
     if t["n_parallel"] == 1 and any(r["model"] == par_model and r["test"] == t["test"] for r in rows):
         continue
     add(par_model, t, par_tps(t))
-# the same through the pipelined dp4a mat-vec (VELA_MATVEC_Q8=pipe)
-for t in (load(f"{raw}/vela-{par_model}-parallel-pipe.json") or {}).get("tests", []):
-    add(par_model, dict(t, test=t["test"] + "@pipe"), par_tps(t))
 
 first = next((v for v in list(vela.values()) + [vela_par] if v), {}) or {}
 lc = None

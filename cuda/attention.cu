@@ -779,8 +779,9 @@ static struct attn_plan attn_make_plan(const struct cuda_attn *a, int sm_count) 
     // waited for before its scores: the GPU's memory is kept busy by blocks
     // side by side. Up to 4 fit per SM (registers); more splits also mean
     // more partial results through L2 (n_group rows per split). The H200 run
-    // measured 8-10% of bandwidth at 4k-64k keys with 2 per SM: VELA_ATTN_SPLIT
-    // lets a GPU session time other plans against it before a default moves.
+    // measured 8-10% of bandwidth at 4k-64k keys with 2 per SM: other plans
+    // are timed against it (vela-bench-kernels --attn-split, setting
+    // split_blocks_per_sm / split_min_cells) before a default moves.
     const int per_sm =
         a->split_blocks_per_sm > 0 ? a->split_blocks_per_sm : CUDA_ATTN_SPLIT_BLOCKS_PER_SM;
     const int min_cells = a->split_min_cells > 0 ? a->split_min_cells : CUDA_ATTN_SPLIT_MIN_CELLS;

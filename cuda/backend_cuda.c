@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/attention.h"
+#include "cuda/backend_cuda.h"
 #include "cuda/elementwise.h"
 #include "cuda/matmul.h"
 #include "cuda/matvec.h"
@@ -62,65 +63,13 @@ struct cuda_backend {
     void *xq; // device, xq_bytes (not the scratch: the next op may use that)
     size_t xq_bytes;
     struct cu_xq xq_left, xq_offer;
-    // decode attention's split-K plan (cuda_attn; VELA_ATTN_SPLIT); 0: defaults
+    // decode attention's split-K plan (cuda_attn); 0: defaults. Variants
+    // under test: backend_cuda_set_attn_split (cuda/backend_cuda.h).
     int attn_split_blocks_per_sm, attn_split_min_cells;
-    // the dp4a mat-vec's kernel (cuda_matvec_q8_segs; VELA_MATVEC_Q8)
+    // the dp4a mat-vec's kernel (cuda_matvec_q8_segs); the one-pass kernel
+    // unless backend_cuda_set_matvec_q8 picked another
     struct cuda_mvq_plan mvq;
 };
-
-// VELA_ATTN_SPLIT=BxC: decode attention's split-K plan aims at B blocks per
-// multiprocessor with at least C cells per split (default CUDA_ATTN_SPLIT_*,
-// 2x256). Unset or empty: the default. For timing plans against each other
-// (bench/run_gpu.sh's kernels stage) and for tuning on other GPUs.
-static int cu_attn_split_from_env(struct cuda_backend *cb, struct verr *err) {
-    const char *v = getenv("VELA_ATTN_SPLIT");
-    if (!v || !*v)
-        return VERR_OK;
-    char *end = NULL;
-    const long b = strtol(v, &end, 10);
-    long c = -1;
-    if (end != v && (*end == 'x' || *end == 'X')) {
-        const char *cs = end + 1;
-        c = strtol(cs, &end, 10);
-        if (end == cs)
-            c = -1;
-    }
-    if (c < 0 || *end || b < 1 || b > 64 || c < 32 || c > 65536 || c % 32)
-        return verr_set(err, VERR_RANGE,
-                        "VELA_ATTN_SPLIT='%s': expected BxC, B blocks per multiprocessor (1..64) "
-                        "and C cells per split (32..65536, a multiple of 32), e.g. 4x64",
-                        v);
-    cb->attn_split_blocks_per_sm = (int)b;
-    cb->attn_split_min_cells = (int)c;
-    return VERR_OK;
-}
-
-// VELA_MATVEC_Q8=pass|pipe|pipe:B picks the dp4a mat-vec's kernel: the
-// one-pass kernel (the default), or the pipelined one aiming at B blocks per
-// multiprocessor (default CUDA_MVQ_PIPE_BLOCKS_PER_SM). For timing them
-// against each other (bench/run_gpu.sh) before the default moves.
-static int cu_mvq_plan_from_env(struct cuda_backend *cb, struct verr *err) {
-    const char *v = getenv("VELA_MATVEC_Q8");
-    if (!v || !*v || strcmp(v, "pass") == 0)
-        return VERR_OK;
-    long b = 0;
-    char *end = NULL;
-    if (strncmp(v, "pipe", 4) == 0 && v[4] == ':') {
-        b = strtol(v + 5, &end, 10);
-        if (end == v + 5 || *end || b < 1 || b > 64)
-            b = -1;
-    } else if (strcmp(v, "pipe") != 0) {
-        b = -1;
-    }
-    if (b < 0)
-        return verr_set(err, VERR_RANGE,
-                        "VELA_MATVEC_Q8='%s': expected pass, pipe or pipe:B with B blocks per "
-                        "multiprocessor (1..64), e.g. pipe:4",
-                        v);
-    cb->mvq.pipelined = 1;
-    cb->mvq.blocks_per_sm = (int)b;
-    return VERR_OK;
-}
 
 static struct cuda_backend *cb_of(struct backend *be) {
     return (struct cuda_backend *)be->impl;
@@ -1051,14 +1000,6 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
         free(cb);
         return verr_set(err, VERR_NOMEM, "CUDA backend: out of host memory");
     }
-    int rc_env = cu_attn_split_from_env(cb, err);
-    if (!rc_env)
-        rc_env = cu_mvq_plan_from_env(cb, err);
-    if (rc_env) {
-        free(be);
-        free(cb);
-        return rc_env;
-    }
     const char *what = NULL;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess)
@@ -1100,5 +1041,44 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
     be->act_q8 = true;
     be->impl = cb;
     *out = be;
+    return VERR_OK;
+}
+
+// Variants under test (cuda/backend_cuda.h).
+static int cu_variant_backend(struct backend *be, const char *what, struct verr *err) {
+    if (!be || be->ops != &cuda_ops || !be->impl)
+        return verr_set(err, VERR_RANGE, "%s: not a CUDA backend", what);
+    return VERR_OK;
+}
+
+int backend_cuda_set_attn_split(struct backend *be, int blocks_per_sm, int min_cells,
+                                struct verr *err) {
+    int rc = cu_variant_backend(be, "backend_cuda_set_attn_split", err);
+    if (rc)
+        return rc;
+    const bool dflt = blocks_per_sm == 0 && min_cells == 0;
+    if (!dflt && (blocks_per_sm < 1 || blocks_per_sm > 64 || min_cells < 32 || min_cells > 65536 ||
+                  min_cells % 32))
+        return verr_set(err, VERR_RANGE,
+                        "attention split %dx%d: expected B blocks per multiprocessor (1..64) and "
+                        "C cells per split (32..65536, a multiple of 32), or 0x0",
+                        blocks_per_sm, min_cells);
+    cb_of(be)->attn_split_blocks_per_sm = blocks_per_sm;
+    cb_of(be)->attn_split_min_cells = min_cells;
+    return VERR_OK;
+}
+
+int backend_cuda_set_matvec_q8(struct backend *be, int pipelined, int blocks_per_sm,
+                               struct verr *err) {
+    int rc = cu_variant_backend(be, "backend_cuda_set_matvec_q8", err);
+    if (rc)
+        return rc;
+    if (blocks_per_sm < 0 || blocks_per_sm > 64 || (!pipelined && blocks_per_sm))
+        return verr_set(err, VERR_RANGE,
+                        "dp4a mat-vec kernel: blocks per multiprocessor %d (pipelined: 0..64, "
+                        "0 the default; one-pass: 0)",
+                        blocks_per_sm);
+    cb_of(be)->mvq.pipelined = pipelined ? 1 : 0;
+    cb_of(be)->mvq.blocks_per_sm = blocks_per_sm;
     return VERR_OK;
 }

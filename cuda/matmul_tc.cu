@@ -396,21 +396,7 @@ static std::atomic<int> tc_max_tok_override{-1};
 
 extern "C" int cuda_matmul_tc_max_tok(void) {
     const int o = tc_max_tok_override.load();
-    if (o >= 0)
-        return o;
-    // VELA_MATMUL_TC_MAX_TOK, read once: a non-negative integer (0 disables
-    // the fused path); anything else keeps the default.
-    static const int from_env = [] {
-        const char *s = getenv("VELA_MATMUL_TC_MAX_TOK");
-        if (!s || !*s)
-            return CUDA_MATMUL_TC_MAX_TOK;
-        char *end = NULL;
-        const long v = strtol(s, &end, 10);
-        if (*end != '\0' || v < 0 || v > INT32_MAX)
-            return CUDA_MATMUL_TC_MAX_TOK;
-        return (int)v;
-    }();
-    return from_env;
+    return o >= 0 ? o : CUDA_MATMUL_TC_MAX_TOK;
 }
 
 extern "C" void cuda_matmul_tc_set_max_tok(int n) {

@@ -17,10 +17,9 @@ VELA_CUDA_BEGIN
 // higher math rate) is expected to win. The measured crossover belongs here
 // (bench/kernels: the matmul_tc family).
 #define CUDA_MATMUL_TC_MAX_TOK 128
-// The threshold in force: cuda_matmul_tc_set_max_tok's value if set (n >= 0),
-// else VELA_MATMUL_TC_MAX_TOK (read once; a non-negative integer, 0 disables
-// the fused path), else CUDA_MATMUL_TC_MAX_TOK. The setter is for tests and
-// benchmarks (n < 0 restores the environment's / default value).
+// The threshold in force: cuda_matmul_tc_set_max_tok's value if set (n >= 0;
+// 0 disables the fused path), else CUDA_MATMUL_TC_MAX_TOK. The setter is for
+// tests and benchmarks (n < 0 restores the default); it is process-wide.
 int cuda_matmul_tc_max_tok(void);
 void cuda_matmul_tc_set_max_tok(int n);
 // 1 when cuda_matmul_apply serves (type, n_tok) with the fused kernel: Q4_0,

@@ -52,6 +52,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/attention.h"
+#include "cuda/backend_cuda.h"
 #include "cuda/matmul_tc.h"
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
@@ -110,6 +111,11 @@ struct options {
     int reps, warmup, device;
     bool act[2];     // mat-vec activations to time: [0] f32, [1] q8 (backend.act_q8)
     bool tc_path[2]; // matmul_tc paths: [0] fused, [1] dequant + cuBLAS
+    // The kernel variants under test (cuda/backend_cuda.h), as given
+    // (--attn-split BxC, --matvec-q8 pass|pipe[:B]) and parsed.
+    char attn_split[32], matvec_q8[32];
+    int split_blocks_per_sm, split_min_cells; // 0, 0: the default plan
+    int mvq_pipelined, mvq_blocks_per_sm;     // 0, 0: the one-pass kernel
 };
 
 // --- context --------------------------------------------------------------------
@@ -998,6 +1004,12 @@ static void usage(FILE *out) {
         "  --matvec-act LIST      activations of the mat-vec families: q8 (the CUDA\n"
         "                         default, dp4a), f32 (default: q8,f32; F32/F16/BF16\n"
         "                         weights always f32)\n"
+        "  --matvec-q8 KERNEL     the dp4a mat-vec's kernel, a variant under test: pass\n"
+        "                         (the default: one block per row pair) or pipe[:B]\n"
+        "                         (the pipelined kernel, B blocks per SM, 1..64, default 4)\n"
+        "  --attn-split BxC       decode attention's split-K plan, a variant under test:\n"
+        "                         aim at B blocks per SM (1..64), at least C cells per\n"
+        "                         split (32..65536, a multiple of 32); default 2x256\n"
         "  -r, --reps N           timed repetitions (default: 10)\n"
         "  --warmup N             untimed calls first (default: 2)\n"
         "  --device N             CUDA device (default: 0)\n"
@@ -1027,6 +1039,35 @@ static int parse_pos_int(const char *s, long max, int *out) {
     if (end == s || *end || errno || v < 1 || v > max)
         return -1;
     *out = (int)v;
+    return 0;
+}
+
+// --attn-split BxC (the ranges are the backend's: backend_cuda_set_attn_split
+// checks them again).
+static int parse_attn_split(struct options *o, const char *s) {
+    char b[16];
+    const char *x = strpbrk(s, "xX");
+    if (!x || (size_t)(x - s) >= sizeof b)
+        return -1;
+    memcpy(b, s, (size_t)(x - s));
+    b[x - s] = '\0';
+    if (parse_pos_int(b, 64, &o->split_blocks_per_sm) ||
+        parse_pos_int(x + 1, 65536, &o->split_min_cells) || o->split_min_cells % 32 ||
+        o->split_min_cells < 32)
+        return -1;
+    snprintf(o->attn_split, sizeof o->attn_split, "%s", s);
+    return 0;
+}
+
+// --matvec-q8 pass|pipe|pipe:B
+static int parse_matvec_q8(struct options *o, const char *s) {
+    o->mvq_pipelined = strncmp(s, "pipe", 4) == 0;
+    o->mvq_blocks_per_sm = 0;
+    if (!strcmp(s, "pass") || !strcmp(s, "pipe"))
+        ;
+    else if (!o->mvq_pipelined || s[4] != ':' || parse_pos_int(s + 5, 64, &o->mvq_blocks_per_sm))
+        return -1;
+    snprintf(o->matvec_q8, sizeof o->matvec_q8, "%s", s);
     return 0;
 }
 
@@ -1071,6 +1112,9 @@ static int parse_args(struct options *o, int argc, char **argv) {
     o->prefill_tok = 512;
     o->act[0] = o->act[1] = true;
     o->tc_path[0] = o->tc_path[1] = true;
+    snprintf(o->attn_split, sizeof o->attn_split, "%dx%d", CUDA_ATTN_SPLIT_BLOCKS_PER_SM,
+             CUDA_ATTN_SPLIT_MIN_CELLS);
+    snprintf(o->matvec_q8, sizeof o->matvec_q8, "pass");
 #ifdef VELA_EMU
     o->reps = 1; // emulated: counted, not timed
     o->warmup = 0;
@@ -1152,6 +1196,12 @@ static int parse_args(struct options *o, int argc, char **argv) {
                 }
                 p += n + (p[n] == ',');
             }
+        } else if (!strcmp(a, "--attn-split")) {
+            NEED_VALUE;
+            rc = parse_attn_split(o, v);
+        } else if (!strcmp(a, "--matvec-q8")) {
+            NEED_VALUE;
+            rc = parse_matvec_q8(o, v);
         } else if (!strcmp(a, "--prefill-tokens")) {
             NEED_VALUE;
             rc = parse_pos_int(v, 1 << 16, &o->prefill_tok);
@@ -1255,7 +1305,9 @@ int main(int argc, char **argv) {
 
     struct verr err = {0};
     if (backend_cuda_device_info(b.opt.device, &b.dev, &err) ||
-        backend_cuda_create(&b.be, b.opt.device, &err)) {
+        backend_cuda_create(&b.be, b.opt.device, &err) ||
+        backend_cuda_set_attn_split(b.be, b.opt.split_blocks_per_sm, b.opt.split_min_cells, &err) ||
+        backend_cuda_set_matvec_q8(b.be, b.opt.mvq_pipelined, b.opt.mvq_blocks_per_sm, &err)) {
         fprintf(stderr, "vela-bench-kernels: %s\n", err.msg);
         cJSON_Delete(root);
         return 1;
@@ -1298,13 +1350,9 @@ int main(int argc, char **argv) {
     cJSON_AddNumberToObject(par, "warmup", b.opt.warmup);
     cJSON_AddNumberToObject(par, "flush_bytes", (double)b.flush_bytes);
     cJSON_AddNumberToObject(par, "prefill_tokens", b.opt.prefill_tok);
-    // decode attention's split-K plan (cuda/backend_cuda.c): BxC, or the default
-    const char *split = getenv("VELA_ATTN_SPLIT");
-    snprintf(v, sizeof v, "%dx%d", CUDA_ATTN_SPLIT_BLOCKS_PER_SM, CUDA_ATTN_SPLIT_MIN_CELLS);
-    cJSON_AddStringToObject(par, "attn_split", split && *split ? split : v);
-    // the dp4a mat-vec's kernel (cuda/backend_cuda.c): pass (the default) or pipe[:B]
-    const char *mvq = getenv("VELA_MATVEC_Q8");
-    cJSON_AddStringToObject(par, "matvec_q8", mvq && *mvq ? mvq : "pass");
+    // the kernel variants timed (--attn-split, --matvec-q8)
+    cJSON_AddStringToObject(par, "attn_split", b.opt.attn_split);
+    cJSON_AddStringToObject(par, "matvec_q8", b.opt.matvec_q8);
     b.results = cJSON_AddArrayToObject(root, "results");
 
     printf("device: %s, %d SMs, L2 %.0f MiB, peak bandwidth %.0f GB/s, driver %d, runtime %d\n\n",

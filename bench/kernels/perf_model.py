@@ -323,8 +323,8 @@ def row_key(r):
 
 def measured_variant(kernel):
     """(family, variant) of a measured row's kernel: bench/run_gpu.sh names a
-    variant's rows 'matvec@pipe:4' (VELA_MATVEC_Q8) and 'attn_decode@4x64'
-    (VELA_ATTN_SPLIT); the model calls them 'pipe:4' and 'split:4x64'."""
+    variant's rows 'matvec@pipe:4' (--matvec-q8) and 'attn_decode@4x64'
+    (--attn-split); the model calls them 'pipe:4' and 'split:4x64'."""
     fam, _, plan = kernel.partition('@')
     if not plan:
         return fam, ''
@@ -638,7 +638,7 @@ def markdown(doc):
         '"Launches free": the same kernels with no cost between them, what a persistent '
         'decode kernel (one launch per token) or full fusion could reach at best with '
         'today\'s kernels. "pipe:4": the mat-vecs through the pipelined kernel '
-        '(VELA_MATVEC_Q8=pipe:4, recorded for Q4_0, Q4_K, Q6_K, Q8_0), untimed on a GPU.',
+        '(--matvec-q8 pipe:4, recorded for Q4_0, Q4_K, Q6_K, Q8_0), untimed on a GPU.',
         '',
         'Llama-3-8B shapes (the full set, Llama-2-7B too, is in the JSON): ffn_up stands '
         'for the mat-vecs, decode attention at three lengths, the small kernels; each '
@@ -781,22 +781,25 @@ MV_FAMILIES = 'matvec,matvec_qkv,matvec_swiglu,matvec_add'
 ALL_TYPES = 'f16,q4_0,q4_K,q5_K,q6_K,q8_0,q2_K,q3_K,iq4_nl,iq4_xs'
 MEASURED_TYPES = 'q4_0,q4_K,q6_K,q8_0'
 ATTN_CTX = '256,512,4096,32768'
-# (traffic file, variant, environment, families, arguments, blocks sampled)
+# (traffic file, variant, families, arguments): a variant under test is
+# picked by vela-bench-kernels' --matvec-q8 / --attn-split
 REPORT_RUNS = [
-    ('mv', '', {}, MV_FAMILIES,
+    ('mv', '', MV_FAMILIES,
      ['--types', ALL_TYPES, '--matvec-tok', '1,2,4,8', '--matvec-act', 'q8']),
-    ('mvf32', '', {}, MV_FAMILIES,
+    ('mvf32', '', MV_FAMILIES,
      ['--types', MEASURED_TYPES, '--matvec-tok', '1,8', '--matvec-act', 'f32']),
-    ('attn', '', {}, 'attn_decode,attn_se_decode', ['--ctx', ATTN_CTX]),
-    ('small', '', {}, 'rope,rope_kv_store,rms_norm,argmax,sample', ['--ctx', '4096']),
-    ('pipe4', 'pipe:4', {'VELA_MATVEC_Q8': 'pipe:4'}, MV_FAMILIES,
-     ['--types', MEASURED_TYPES, '--matvec-tok', '1,8', '--matvec-act', 'q8']),
-    ('pipe8', 'pipe:8', {'VELA_MATVEC_Q8': 'pipe:8'}, MV_FAMILIES,
-     ['--types', MEASURED_TYPES, '--matvec-tok', '1,8', '--matvec-act', 'q8']),
-] + [('split' + s, 'split:' + s, {'VELA_ATTN_SPLIT': s}, 'attn_decode',
-      ['--ctx', '256,4096,32768']) for s in ('4x64', '4x128', '4x256', '2x64')]
+    ('attn', '', 'attn_decode,attn_se_decode', ['--ctx', ATTN_CTX]),
+    ('small', '', 'rope,rope_kv_store,rms_norm,argmax,sample', ['--ctx', '4096']),
+    ('pipe4', 'pipe:4', MV_FAMILIES,
+     ['--matvec-q8', 'pipe:4', '--types', MEASURED_TYPES, '--matvec-tok', '1,8',
+      '--matvec-act', 'q8']),
+    ('pipe8', 'pipe:8', MV_FAMILIES,
+     ['--matvec-q8', 'pipe:8', '--types', MEASURED_TYPES, '--matvec-tok', '1,8',
+      '--matvec-act', 'q8']),
+] + [('split' + s, 'split:' + s, 'attn_decode', ['--attn-split', s, '--ctx', '256,4096,32768'])
+     for s in ('4x64', '4x128', '4x256', '2x64')]
 CI_RUNS = [
-    ('ci', '', {}, MV_FAMILIES + ',attn_decode,rms_norm,rope_kv_store,argmax',
+    ('ci', '', MV_FAMILIES + ',attn_decode,rms_norm,rope_kv_store,argmax',
      ['--types', 'f16,q4_0,q4_K,q6_K,q8_0', '--matvec-tok', '1,8', '--matvec-act', 'q8',
       '--ctx', '4096']),
 ]
@@ -805,11 +808,11 @@ CI_RUNS = [
 def cmd_record(a, runs, models, sample):
     files = []
     os.makedirs(a.dir, exist_ok=True)
-    for name, variant, env, fams, args in runs:
+    for name, variant, fams, args in runs:
         path = os.path.abspath(os.path.join(a.dir, 'traffic-%s.jsonl' % name))
         if os.path.exists(path):
             os.remove(path)
-        e = dict(os.environ, VELA_EMU_TRAFFIC=path, VELA_EMU_SAMPLE_BLOCKS=str(sample), **env)
+        e = dict(os.environ, VELA_EMU_TRAFFIC=path, VELA_EMU_SAMPLE_BLOCKS=str(sample))
         cmd = [a.bench, '--models', models, '--filter', fams] + args
         t0 = time.time()
         r = subprocess.run(cmd, env=e, capture_output=True, text=True)

@@ -452,12 +452,12 @@ run_kernel_detail() {
     -k 'regex:attn_kernel|attn_combine|matvec_q8_kernel|quantize_q8_1' --launch-count 8 \
     "$B/bench/vela-bench-kernels" --filter attn_decode,matvec --models llama3-8b --types q4_K \
     --ctx 4096 --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0 && done_mark profile-kernels
-  # the pipelined mat-vec (VELA_MATVEC_Q8=pipe) on the same shapes, appended
+  # the pipelined mat-vec (--matvec-q8 pipe) on the same shapes, appended
   [ "$(left)" -ge 40 ] && step "profile:kernels-pipe" quiet "$W/logs/profile.err" \
-    bash -c '"${@:2}" >>"$1" 2>&1' _ "$W/bench/raw/ncu-kernels-detail.txt" env VELA_MATVEC_Q8=pipe \
+    bash -c '"${@:2}" >>"$1" 2>&1' _ "$W/bench/raw/ncu-kernels-detail.txt" \
     timeout 30 "$ncu" --clock-control none --set detailed -k 'regex:matvec_q8_pipe_kernel' \
-    --launch-count 4 "$B/bench/vela-bench-kernels" --filter matvec --models llama3-8b \
-    --types q4_K --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0
+    --launch-count 4 "$B/bench/vela-bench-kernels" --matvec-q8 pipe --filter matvec \
+    --models llama3-8b --types q4_K --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0
   return 0
 }
 if command -v "${VELA_NCU:-ncu}" >/dev/null; then

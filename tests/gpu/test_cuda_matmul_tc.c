@@ -9,7 +9,7 @@
 //     256; rows whose bytes are only 2-byte aligned), with bias, with
 //     accumulate (out += W x), without either;
 //   - more than 128 tokens (blockIdx.y token chunks), a matrix tall enough for
-//     64-row blocks, and the threshold (VELA_MATMUL_TC_MAX_TOK / the setter);
+//     64-row blocks, and the threshold (the default / the setter);
 //   - what the entry point refuses.
 // Without a CUDA device every test skips itself. The emulator runs the same
 // shapes (about 32 s on 2 cores).
@@ -316,10 +316,7 @@ Test(matmul_tc, threshold) {
     REQUIRE_GPU();
     cuda_matmul_tc_set_max_tok(-1);
     const int def = cuda_matmul_tc_max_tok();
-    const char *env = getenv("VELA_MATMUL_TC_MAX_TOK");
-    if (!env)
-        cr_expect_eq(def, CUDA_MATMUL_TC_MAX_TOK);
-    cr_log_info("threshold in force: %d (VELA_MATMUL_TC_MAX_TOK %s)", def, env ? env : "unset");
+    cr_expect_eq(def, CUDA_MATMUL_TC_MAX_TOK);
     cuda_matmul_tc_set_max_tok(64);
     cr_expect_eq(cuda_matmul_tc_max_tok(), 64);
     cr_expect(cuda_matmul_tc_takes(GGML_TYPE_Q4_K, 64));

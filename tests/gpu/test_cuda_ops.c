@@ -16,8 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/attention.h" // cuda_attention_scratch_bytes: the split-K plan
-#include "cuda/matvec.h"    // CUDA_MATVEC_MAX_TOK: which path a matmul takes
+#include "cuda/attention.h"    // cuda_attention_scratch_bytes: the split-K plan
+#include "cuda/backend_cuda.h" // the variants under test
+#include "cuda/matvec.h"       // CUDA_MATVEC_MAX_TOK: which path a matmul takes
 #include "gguf/quant.h"
 #include "gguf/types.h"
 #include "host/ops/backend.h"
@@ -636,37 +637,23 @@ Test(cuda, matmul_act_q8) {
     cpu->act_q8 = gpu->act_q8 = false;
 }
 
-// Each value of env `var` in bad[] makes backend_cuda_create refuse
-// (VERR_RANGE, no backend) with a message naming var and the expected form
-// (`hint`); var is unset afterwards.
-static void expect_env_refused(const char *var, const char *const *bad, size_t n,
-                               const char *hint) {
-    for (size_t i = 0; i < n; i++) {
-        struct backend *be = NULL;
-        struct verr err = {0};
-        cr_assert_eq(setenv(var, bad[i], 1), 0);
-        cr_expect_eq(backend_cuda_create(&be, 0, &err), VERR_RANGE, "%s=%s accepted", var, bad[i]);
-        cr_expect(be == NULL && strstr(err.msg, var) && strstr(err.msg, hint), "%s=%s: '%s'", var,
-                  bad[i], err.msg);
-        backend_destroy(be);
-    }
-    unsetenv(var);
-}
-
-// VELA_MATVEC_Q8 picks the dp4a mat-vec's kernel of a CUDA backend; bad
-// values refuse to make one, saying what was expected. With the pipelined
-// kernel (pipe:1: few blocks, several row pairs each) the act_q8 decode
-// matmuls and fused ops match the CPU as the default kernel does
+// backend_cuda_set_matvec_q8 picks the dp4a mat-vec's kernel of a CUDA
+// backend (a variant under test, cuda/backend_cuda.h); values it cannot
+// take are refused, and refused on the CPU backend. With the pipelined
+// kernel (1 block per SM: few blocks, several row pairs each) the act_q8
+// decode matmuls and fused ops match the CPU as the default kernel does
 // (test_cuda_matvec_q8 checks the two kernels bit for bit).
-Test(cuda, matvec_q8_env) {
+Test(cuda, matvec_q8_variant) {
     REQUIRE_GPU();
-    const char *bad[] = {"pipe:0", "pipe:65", "pipe:", "pipes", "pipe:4x", "fast", "pipe:-1"};
-    expect_env_refused("VELA_MATVEC_Q8", bad, sizeof bad / sizeof bad[0], "pipe:B");
-    cr_assert_eq(setenv("VELA_MATVEC_Q8", "pipe:1", 1), 0);
     struct backend *piped = NULL;
     struct verr err = {0};
-    cr_assert_eq(backend_cuda_create(&piped, 0, &err), 0, "VELA_MATVEC_Q8=pipe:1: %s", err.msg);
-    unsetenv("VELA_MATVEC_Q8");
+    cr_assert_eq(backend_cuda_create(&piped, 0, &err), 0, "%s", err.msg);
+    const int bad[][2] = {{1, -1}, {1, 65}, {0, 4}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_expect_eq(backend_cuda_set_matvec_q8(piped, bad[i][0], bad[i][1], &err), VERR_RANGE,
+                     "pipelined %d, %d blocks per SM accepted", bad[i][0], bad[i][1]);
+    cr_expect_eq(backend_cuda_set_matvec_q8(cpu, 1, 4, &err), VERR_RANGE, "the CPU backend");
+    cr_assert_eq(backend_cuda_set_matvec_q8(piped, 1, 1, &err), 0, "%s", err.msg);
     struct backend *const saved = gpu;
     gpu = piped;
     rng_seed(43);
@@ -1507,17 +1494,20 @@ Test(cuda, attention_split_plan) {
     }
 }
 
-// VELA_ATTN_SPLIT=BxC sets the plan of a CUDA backend; bad values refuse
-// to make one, saying what was expected. A plan of many splits (4x64)
-// matches the CPU as the default does.
-Test(cuda, attention_split_env) {
+// backend_cuda_set_attn_split sets the split-K plan of a CUDA backend (a
+// variant under test, cuda/backend_cuda.h); plans the kernel cannot take are
+// refused. A plan of many splits (4x64) matches the CPU as the default does.
+Test(cuda, attention_split_variant) {
     REQUIRE_GPU();
-    const char *bad[] = {"4x65", "0x64", "65x64", "4x", "x64", "4x64z", "abc", "4x16"};
-    expect_env_refused("VELA_ATTN_SPLIT", bad, sizeof bad / sizeof bad[0], "BxC");
-    cr_assert_eq(setenv("VELA_ATTN_SPLIT", "4x64", 1), 0);
     struct backend *many = NULL;
     struct verr err = {0};
-    cr_assert_eq(backend_cuda_create(&many, 0, &err), 0, "VELA_ATTN_SPLIT=4x64: %s", err.msg);
+    cr_assert_eq(backend_cuda_create(&many, 0, &err), 0, "%s", err.msg);
+    const int bad[][2] = {{4, 65}, {0, 64}, {65, 64}, {4, 0}, {4, 16}, {4, 65568}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_expect_eq(backend_cuda_set_attn_split(many, bad[i][0], bad[i][1], &err), VERR_RANGE,
+                     "plan %dx%d accepted", bad[i][0], bad[i][1]);
+    cr_expect_eq(backend_cuda_set_attn_split(cpu, 4, 64, &err), VERR_RANGE, "the CPU backend");
+    cr_assert_eq(backend_cuda_set_attn_split(many, 4, 64, &err), 0, "%s", err.msg);
     many->act_q8 = false;
     struct backend *const saved = gpu;
     gpu = many;
@@ -1527,7 +1517,6 @@ Test(cuda, attention_split_env) {
             attn_check_case(&attn_cases[ci], false); // the split-K decode cases
     gpu = saved;
     backend_destroy(many);
-    unsetenv("VELA_ATTN_SPLIT");
 }
 
 Test(cuda, attention_rejects_large_heads) {

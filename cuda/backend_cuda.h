@@ -1,0 +1,31 @@
+// The CUDA backend's kernel variants under test: settings that benchmarks
+// (bench/kernels) and tests (tests/gpu, tests/emu) pass to a backend made by
+// backend_cuda_create (host/ops/backend.h), to time or check a variant
+// beside the default before the default moves. Not product settings: the
+// forward pass and the vela command never call these, and a backend starts
+// with the defaults. Each returns 0, or VERR_RANGE with err filled (not a
+// CUDA backend, or a value the kernels cannot take; nothing changed then).
+// Call between ops, not while a graph is recorded: graphs recorded before
+// keep the variant they were recorded with.
+#ifndef VELA_CUDA_BACKEND_CUDA_H
+#define VELA_CUDA_BACKEND_CUDA_H
+
+#include "gguf/verr.h"
+
+struct backend;
+
+// Decode attention's split-K plan (struct cuda_attn, cuda/attention.h):
+// aim at blocks_per_sm blocks per multiprocessor (1..64), each split at
+// least min_cells cells (32..65536, a multiple of 32); 0, 0: the defaults
+// CUDA_ATTN_SPLIT_BLOCKS_PER_SM x CUDA_ATTN_SPLIT_MIN_CELLS.
+int backend_cuda_set_attn_split(struct backend *be, int blocks_per_sm, int min_cells,
+                                struct verr *err);
+
+// The dp4a mat-vec's kernel (struct cuda_mvq_plan, cuda/matvec_q8.h):
+// pipelined 0, blocks_per_sm 0: the one-pass kernel (the default);
+// pipelined 1: the pipelined kernel aiming at blocks_per_sm blocks per
+// multiprocessor (1..64; 0: CUDA_MVQ_PIPE_BLOCKS_PER_SM).
+int backend_cuda_set_matvec_q8(struct backend *be, int pipelined, int blocks_per_sm,
+                               struct verr *err);
+
+#endif
