@@ -20,11 +20,11 @@
 // attn_se_tc_far_k) between two more barriers. Each row takes its far
 // scores from the pass of its own G, so a row's bits are those of a call
 // with its (G, W) for every token.
-// Included by attention.cu after its ATTN_* constants.
+// A part of attention.cu, which includes it after cuda/attention.h and its
+// ATTN_* constants (it reads both; it is not a header of its own).
 #ifndef VELA_CUDA_ATTENTION_SE_CUH
 #define VELA_CUDA_ATTENTION_SE_CUH
 
-#include "cuda/attention.h"
 #include "cuda/rope.cuh"
 #include "host/ops/selfextend.h"
 

@@ -156,8 +156,8 @@ int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be
                                "allocating cell positions", err)) ||
             (rc = alloc_zeroed(be, n * (size_t)w * sizeof(uint64_t), (void **)&kv->d_cell_seq,
                                "allocating cell sequences", err)) ||
-            (rc = alloc_zeroed(be, n * sizeof(int32_t), (void **)&kv->d_delta,
-                               "allocating deltas", err))) {
+            (rc = alloc_zeroed(be, n * sizeof(int32_t), (void **)&kv->d_delta, "allocating deltas",
+                               err))) {
             kv_free(kv);
             return rc;
         }
@@ -236,17 +236,16 @@ int kv_find_slot(struct kv_cache *kv, const int32_t *pos, const int32_t *seq, in
                             pos[t]);
         if (seq[t] < 0 || seq[t] >= kv->cfg.n_seq_max)
             return verr_set(err, VERR_RANGE,
-                            "kv_find_slot: token %d has sequence id %d outside [0, %d)", t,
-                            seq[t], kv->cfg.n_seq_max);
+                            "kv_find_slot: token %d has sequence id %d outside [0, %d)", t, seq[t],
+                            kv->cfg.n_seq_max);
     }
     if (n_tok > n_ctx)
         return verr_set(err, VERR_FULL,
                         "kv_find_slot: a batch of %d tokens does not fit a cache of %d cells",
                         n_tok, n_ctx);
     if (n_tok > n_ctx - kv->used)
-        return verr_set(err, VERR_FULL,
-                        "kv_find_slot: cache full: %d tokens, %d of %d cells free", n_tok,
-                        n_ctx - kv->used, n_ctx);
+        return verr_set(err, VERR_FULL, "kv_find_slot: cache full: %d tokens, %d of %d cells free",
+                        n_tok, n_ctx - kv->used, n_ctx);
 
     // The search of llama.cpp's find_slot, on a local head so that a failed
     // search leaves the cache as it was. `tested` counts the candidate starts
@@ -447,9 +446,8 @@ int kv_seq_div(struct kv_cache *kv, int seq, int32_t p0, int32_t p1, int d, stru
             continue;
         int64_t nd = (int64_t)kv->delta[i] + kv->pos[i] / d - kv->pos[i];
         if (nd < INT32_MIN)
-            return verr_set(err, VERR_RANGE,
-                            "kv_seq_div: cell %d: accumulated delta %d overflows", i,
-                            kv->delta[i]);
+            return verr_set(err, VERR_RANGE, "kv_seq_div: cell %d: accumulated delta %d overflows",
+                            i, kv->delta[i]);
     }
     for (int i = 0; i < n_ctx; i++) {
         if (!in_range(kv->pos[i], p0, p1) || !cell_has(kv, i, seq))
@@ -516,8 +514,8 @@ int kv_context_shift(struct kv_cache *kv, int seq, int32_t n_keep, int32_t n_pas
     if (rc)
         return rc;
     if (n_keep < 0 || n_keep > n_past)
-        return verr_set(err, VERR_RANGE,
-                        "kv_context_shift: n_keep %d must be in [0, n_past = %d]", n_keep, n_past);
+        return verr_set(err, VERR_RANGE, "kv_context_shift: n_keep %d must be in [0, n_past = %d]",
+                        n_keep, n_past);
     int32_t n_discard = (n_past - n_keep) / 2;
     // Both ranges are within [0, n_past] and seq is valid: neither op can
     // fail (the add only lowers positions).
@@ -527,4 +525,39 @@ int kv_context_shift(struct kv_cache *kv, int seq, int32_t n_keep, int32_t n_pas
     if (n_discard_out)
         *n_discard_out = n_discard;
     return 0;
+}
+
+// --- following another cache ---------------------------------------------------
+
+void kv_follow_range(struct kv_cache *dst, int lo, int hi, const int32_t *pos, const int32_t *delta,
+                     const uint64_t *seq, int head, int used, bool has_shift) {
+    if (lo < hi) {
+        const size_t n = (size_t)(hi - lo), w = (size_t)dst->seq_words;
+        memcpy(dst->pos + lo, pos, n * sizeof *pos);
+        memcpy(dst->delta + lo, delta, n * sizeof *delta);
+        memcpy(dst->seq + (size_t)lo * w, seq, n * w * sizeof *seq);
+        if (dst->dirty_lo >= dst->dirty_hi) {
+            dst->dirty_lo = lo;
+            dst->dirty_hi = hi;
+        } else {
+            if (lo < dst->dirty_lo)
+                dst->dirty_lo = lo;
+            if (hi > dst->dirty_hi)
+                dst->dirty_hi = hi;
+        }
+    }
+    dst->head = head;
+    dst->used = used;
+    dst->has_shift = dst->has_shift || has_shift;
+}
+
+// Every change to a cell (claim, free, move, sequence set) marks it dirty
+// until the next kv_prepare, and deltas are non-zero only on such cells, so
+// the dirty range is everything that changed since the last decode.
+void kv_follow(struct kv_cache *dst, const struct kv_cache *src) {
+    const int lo = src->dirty_lo, hi = src->dirty_hi;
+    const size_t w = (size_t)src->seq_words;
+    kv_follow_range(dst, lo, hi, src->pos + (lo < hi ? lo : 0), src->delta + (lo < hi ? lo : 0),
+                    src->seq + (lo < hi ? (size_t)lo * w : 0), src->head, src->used,
+                    src->has_shift);
 }

@@ -33,8 +33,8 @@
 #define KV_PAD 32              // n_kv is rounded up to a multiple of this
 
 struct kv_config {
-    int n_ctx;             // number of cells, >= 1
-    int n_layer;           // the dims below are checked only when a backend is given
+    int n_ctx;   // number of cells, >= 1
+    int n_layer; // the dims below are checked only when a backend is given
     int n_head_kv;
     int head_dim;          // K
     int head_dim_v;        // V
@@ -44,30 +44,30 @@ struct kv_config {
 };
 
 struct kv_cache {
-    struct kv_config cfg;    // as given, with n_seq_max resolved
-    struct backend *be;      // NULL: bookkeeping only (no K/V, no mirrors)
+    struct kv_config cfg; // as given, with n_seq_max resolved
+    struct backend *be;   // NULL: bookkeeping only (no K/V, no mirrors)
 
     // host bookkeeping
-    int32_t *pos;            // [n_ctx] position of each cell, -1 when empty
-    int32_t *delta;          // [n_ctx] shift accumulated since the last kv_prepare
-    uint64_t *seq;           // [n_ctx][seq_words] bit s of cell c: c holds sequence s
-    int seq_words;           // ceil(n_seq_max / 64)
-    int head;                // where the next slot search starts, in [0, n_ctx)
-    int used;                // non-empty cells
-    bool has_shift;          // a seq_add / seq_div moved a cell since the last kv_prepare
-    int dirty_lo, dirty_hi;  // cells [dirty_lo, dirty_hi) changed since the last
-                             // upload of the mirrors; empty when lo >= hi
-    uint64_t n_clears;       // kv_clear calls since kv_init: the other stages of a
-                             // split model clear their K/V when the front's changes
+    int32_t *pos;           // [n_ctx] position of each cell, -1 when empty
+    int32_t *delta;         // [n_ctx] shift accumulated since the last kv_prepare
+    uint64_t *seq;          // [n_ctx][seq_words] bit s of cell c: c holds sequence s
+    int seq_words;          // ceil(n_seq_max / 64)
+    int head;               // where the next slot search starts, in [0, n_ctx)
+    int used;               // non-empty cells
+    bool has_shift;         // a seq_add / seq_div moved a cell since the last kv_prepare
+    int dirty_lo, dirty_hi; // cells [dirty_lo, dirty_hi) changed since the last
+                            // upload of the mirrors; empty when lo >= hi
+    uint64_t n_clears;      // kv_clear calls since kv_init: the other stages of a
+                            // split model clear their K/V when the front's changes
 
     // backend memory (NULL when be is NULL)
-    size_t k_row_bytes;      // one cell of one layer: n_head_kv*head_dim of type_k
-    size_t v_row_bytes;      // one cell of one layer: n_head_kv*head_dim_v of type_v
-    void *k;                 // [n_layer][n_ctx][n_head_kv][head_dim] of type_k
-    void *v;                 // [n_layer][n_ctx][n_head_kv][head_dim_v] of type_v
-    int32_t *d_cell_pos;     // [n_ctx] mirror of pos, current after kv_prepare
-    uint64_t *d_cell_seq;    // [n_ctx][seq_words] mirror of seq, current after kv_prepare
-    int32_t *d_delta;        // [n_ctx] staging for the kv_shift op
+    size_t k_row_bytes;   // one cell of one layer: n_head_kv*head_dim of type_k
+    size_t v_row_bytes;   // one cell of one layer: n_head_kv*head_dim_v of type_v
+    void *k;              // [n_layer][n_ctx][n_head_kv][head_dim] of type_k
+    void *v;              // [n_layer][n_ctx][n_head_kv][head_dim_v] of type_v
+    int32_t *d_cell_pos;  // [n_ctx] mirror of pos, current after kv_prepare
+    uint64_t *d_cell_seq; // [n_ctx][seq_words] mirror of seq, current after kv_prepare
+    int32_t *d_delta;     // [n_ctx] staging for the kv_shift op
 };
 
 // Allocates the host bookkeeping and, when be is not NULL, K, V (zeroed, so
@@ -75,8 +75,7 @@ struct kv_cache {
 // empty, head 0. On failure *kv is left zeroed (kv_free is still safe).
 // Errors: VERR_RANGE (a bad dimension), VERR_UNSUPPORTED (a cache type other
 // than F16/F32), VERR_NOMEM, or the backend's error.
-int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be,
-            struct verr *err);
+int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be, struct verr *err);
 // Frees everything kv_init allocated; safe on a zeroed or already freed cache.
 void kv_free(struct kv_cache *kv);
 // Empties every cell (head 0, used 0, no pending shift) and zeroes K and V on
@@ -167,5 +166,16 @@ int kv_prepare(struct kv_cache *kv, const struct rope_params *rp, struct verr *e
 // 0 <= n_keep <= n_past and seq is in range.
 int kv_context_shift(struct kv_cache *kv, int seq, int32_t n_keep, int32_t n_past,
                      int32_t *n_discard_out, struct verr *err);
+
+// --- a cache that follows another's bookkeeping (the stages of a split model:
+// one cache decides, the others hold the same cells for their own layers).
+
+// Brings dst's bookkeeping to src's for the cells src changed since its last
+// kv_prepare (and every cell after a clear); dst's K / V are untouched.
+void kv_follow(struct kv_cache *dst, const struct kv_cache *src);
+// The same from arrays: cells [lo, hi) of pos, delta [hi-lo] and seq
+// [hi-lo][seq_words], then head, used and the pending-shift flag.
+void kv_follow_range(struct kv_cache *dst, int lo, int hi, const int32_t *pos, const int32_t *delta,
+                     const uint64_t *seq, int head, int used, bool has_shift);
 
 #endif

@@ -13,6 +13,8 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
+#include "host/split/pipeline.h"
 #include "tests/arch_models.h"
 #include "tools/mkmodel/mkmodel.h"
 
@@ -44,41 +46,53 @@ static void af_free(struct af_model *a) {
     unlink(a->path);
 }
 
-static void af_init(struct forward_ctx *fc, const struct model *m) {
+// A context of cfg over a's backend and model (a pipeline of one stage that
+// borrows them).
+static struct context *af_context(struct af_model *a, const struct forward_config *cfg) {
+    struct verr err = {0};
+    struct pipeline *p;
+    cr_assert_eq(pipeline_wrap(&p, a->be, a->m, false, &err), 0, "%s", err.msg);
+    struct context *c;
+    cr_assert_eq(context_create(&c, p, cfg, true, &err), 0, "%s", err.msg);
+    return c;
+}
+
+static struct context *af_init(struct af_model *a) {
     struct forward_config cfg;
     forward_config_default(&cfg);
     cfg.n_ctx = 64;
     cfg.n_batch = AF_N_TOK;
     cfg.type_k = cfg.type_v = GGML_TYPE_F32;
-    struct verr err = {0};
-    cr_assert_eq(forward_init(fc, m, &cfg, &err), 0, "%s", err.msg);
+    return af_context(a, &cfg);
 }
 
 // n tokens at positions p0.. of sequence 0; every row's logits into out.
-static int af_decode(struct forward_ctx *fc, int p0, int n, float *out, struct verr *err) {
+static int af_decode(struct context *c, int p0, int n, float *out, struct verr *err) {
     int32_t tok[AF_N_TOK], pos[AF_N_TOK], seq[AF_N_TOK] = {0};
     int8_t want[AF_N_TOK];
+    const int n_vocab = context_model(c)->hp.n_vocab;
     for (int t = 0; t < n; t++) {
-        tok[t] = (31 * (p0 + t) + 7) % fc->m->hp.n_vocab;
+        tok[t] = (31 * (p0 + t) + 7) % n_vocab;
         pos[t] = p0 + t;
         want[t] = 1;
     }
     const struct forward_batch b = {n, tok, pos, seq, want, NULL};
-    int rc = forward_decode(fc, &b, err);
-    const size_t V = (size_t)fc->m->hp.n_vocab;
+    struct context_result res;
+    int rc = context_decode_logits(c, &b, &res, err);
+    cr_assert(rc || res.n_rows == n);
+    const size_t V = (size_t)n_vocab;
     for (int r = 0; !rc && out && r < n; r++)
-        memcpy(out + (size_t)r * V, forward_logits(fc, r), V * sizeof(float));
+        memcpy(out + (size_t)r * V, context_row_logits(&res, r), V * sizeof(float));
     return rc;
 }
 
 static void af_logits(const struct mkmodel_config *c, float *out) {
     struct af_model a;
     af_load(&a, c);
-    struct forward_ctx fc;
-    af_init(&fc, a.m);
+    struct context *ctx = af_init(&a);
     struct verr err = {0};
-    cr_assert_eq(af_decode(&fc, 0, AF_N_TOK, out, &err), 0, "%s", err.msg);
-    forward_free(&fc);
+    cr_assert_eq(af_decode(ctx, 0, AF_N_TOK, out, &err), 0, "%s", err.msg);
+    context_free(ctx);
     af_free(&a);
 }
 
@@ -124,13 +138,15 @@ Test(arch_forward, context_shift_qwen3_runs_gemma3_refuses) {
         af_config(&c, arch ? MODEL_ARCH_GEMMA3 : MODEL_ARCH_QWEN3, 8);
         struct af_model a;
         af_load(&a, &c);
-        struct forward_ctx fc;
-        af_init(&fc, a.m);
+        struct context *ctx = af_init(&a);
         struct verr err = {0};
-        cr_assert_eq(af_decode(&fc, 0, 16, NULL, &err), 0, "%s", err.msg);
-        int32_t n_discard = 0;
-        cr_assert_eq(kv_context_shift(&fc.kv, 0, 4, 16, &n_discard, &err), 0, "%s", err.msg);
-        const int rc = af_decode(&fc, 16 - n_discard, 1, NULL, &err);
+        cr_assert_eq(af_decode(ctx, 0, 16, NULL, &err), 0, "%s", err.msg);
+        // llama-cli's context shift (kv_context_shift) with n_keep 4 at n_past 16
+        const int32_t n_discard = (16 - 4) / 2;
+        cr_assert_eq(context_seq_rm(ctx, 0, 4, 4 + n_discard, &err), 0, "%s", err.msg);
+        cr_assert_eq(context_seq_add(ctx, 0, 4 + n_discard, 16, -n_discard, &err), 0, "%s",
+                     err.msg);
+        const int rc = af_decode(ctx, 16 - n_discard, 1, NULL, &err);
         if (arch) {
             cr_expect_eq(rc, VERR_UNSUPPORTED, "gemma3 context shift: rc %d", rc);
             cr_expect(strstr(err.msg, "RoPE bases") != NULL, "message: %s", err.msg);
@@ -138,7 +154,7 @@ Test(arch_forward, context_shift_qwen3_runs_gemma3_refuses) {
         } else {
             cr_expect_eq(rc, 0, "qwen3 context shift: %s", err.msg);
         }
-        forward_free(&fc);
+        context_free(ctx);
         af_free(&a);
     }
 }
@@ -176,18 +192,17 @@ Test(arch_forward, self_extend_runs_without_window) {
         cfg.n_batch = AF_N_TOK;
         cfg.se_g = 2;
         cfg.se_w = 8;
-        struct forward_ctx fc;
+        struct context *ctx = af_context(&a, &cfg);
         struct verr err = {0};
-        cr_assert_eq(forward_init(&fc, a.m, &cfg, &err), 0, "%s", err.msg);
         float *l = malloc(sizeof(float) * AF_N_TOK * a.m->hp.n_vocab);
-        cr_expect_eq(af_decode(&fc, 0, AF_N_TOK, l, &err), 0, "%s", err.msg);
+        cr_expect_eq(af_decode(ctx, 0, AF_N_TOK, l, &err), 0, "%s", err.msg);
         for (int i = 0; i < AF_N_TOK * a.m->hp.n_vocab; i++)
             if (!isfinite(l[i])) {
                 cr_expect_fail("%s: logit %d is %g", model_arch_name(a.m->hp.arch), i, l[i]);
                 break;
             }
         free(l);
-        forward_free(&fc);
+        context_free(ctx);
         af_free(&a);
     }
 }

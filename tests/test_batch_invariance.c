@@ -209,10 +209,12 @@ static int bi_run_shared(const struct bi_engine_cfg *c, const struct bi_req *ref
     snprintf(sv, sizeof sv, "%d", seed);
     setenv("VELA_POOL_CHAOS", sv, 1);
     struct engine *e = bi_open(c);
-    bi_base_ops = *e->be->ops;
+    struct backend *be = e->weights->stage[0].be; // one stage: the CPU backend
+    cr_assert_eq(e->weights->n_stages, 1);
+    bi_base_ops = *be->ops;
     bi_ops = bi_base_ops;
     bi_ops.attention = bi_attention;
-    e->be->ops = &bi_ops;
+    be->ops = &bi_ops;
     struct verr err = {0};
     int next = 0, step = 0;
     for (;;) {
@@ -225,7 +227,7 @@ static int bi_run_shared(const struct bi_engine_cfg *c, const struct bi_req *ref
             break;
         cr_assert_lt(step, 100000, "the engine never goes idle");
     }
-    e->be->ops = &bi_base_ops;
+    be->ops = &bi_base_ops;
     engine_close(e);
     unsetenv("VELA_POOL_CHAOS");
 

@@ -27,6 +27,7 @@
 
 #include "host/engine/engine.h"
 #include "host/forward/forward.h"
+#include "host/split/context.h"
 #include "tiny_model.h"
 #include "tools/args.h"
 
@@ -109,8 +110,8 @@ static double rel_err(const float *a, const float *ref, int n) {
 // Context shift against a fresh evaluation of the kept tokens
 
 struct shift_check {
-    struct forward_ctx fresh; // a second context on the same model
-    int32_t ctx[64];          // the tokens the cache holds, in order, + the pending one
+    struct context *fresh; // a second context on the same weights
+    int32_t ctx[64];       // the tokens the cache holds, in order, + the pending one
     int n;
     int n_keep; // llama-cli's: --keep + BOS
     int n_ctx;
@@ -152,10 +153,11 @@ static int shift_logits(void *user, int seq, int32_t pos, const float *logits) {
     for (int t = 0; t < c->n; t++)
         p[t] = t;
     struct verr err = {0};
-    cr_assert_eq(kv_clear(&c->fresh.kv, &err), 0, "%s", err.msg);
+    cr_assert_eq(context_clear(c->fresh, &err), 0, "%s", err.msg);
     struct forward_batch b = {c->n, c->ctx, p, s, NULL, NULL};
-    cr_assert_eq(forward_decode(&c->fresh, &b, &err), 0, "%s", err.msg);
-    double e = rel_err(logits, forward_logits(&c->fresh, 0), c->fresh.m->hp.n_vocab);
+    struct context_result res;
+    cr_assert_eq(context_decode_logits(c->fresh, &b, &res, &err), 0, "%s", err.msg);
+    double e = rel_err(logits, context_row_logits(&res, 0), res.n_vocab);
     c->n_checked++;
     if (c->n_shifts > 0) {
         c->n_checked_after_shift++;
@@ -175,9 +177,9 @@ static void context_shift_case(enum ggml_type kv, float tol) {
     struct engine *e = open_engine(path, n_ctx, 32, kv, 1);
 
     struct shift_check c = {.n_ctx = n_ctx, .tol = tol};
-    struct forward_config fcfg = e->fc->cfg;
+    struct forward_config fcfg = *context_config(e->ctx);
     struct verr err = {0};
-    cr_assert_eq(forward_init(&c.fresh, e->m, &fcfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(context_create(&c.fresh, e->weights, &fcfg, false, &err), 0, "%s", err.msg);
     const int32_t prompt[] = {1, 270, 280, 261, 290, 275, 263, 299}; // BOS first
     const int n_prompt = 8;
     memcpy(c.ctx, prompt, sizeof prompt);
@@ -203,8 +205,8 @@ static void context_shift_case(enum ggml_type kv, float tol) {
     cr_log_info("context shift, %s cache: %d shifts, worst relative logit error %.3g before the "
                 "first shift, %.3g after (tolerance %.0e)",
                 ggml_type_name(kv), c.n_shifts, c.worst_before, c.worst_after, (double)tol);
-    cr_assert_eq(e->fc->kv.used, 0, "the finished sequence leaves no cell behind");
-    forward_free(&c.fresh);
+    cr_assert_eq(context_cells_used(e->ctx), 0, "the finished sequence leaves no cell behind");
+    context_free(c.fresh);
     engine_close(e);
     remove_model(&w, path);
 }
@@ -273,12 +275,12 @@ static int count_notes(void *user, enum engine_event ev, int seq, int32_t token,
     return 0;
 }
 
-// The worst rel_err of the kept rows against the first k->n_last rows of fc.
-static double worst_rows(const struct rows_keep *k, struct forward_ctx *fc) {
+// The worst rel_err of the kept rows against the first k->n_last rows of res.
+static double worst_rows(const struct rows_keep *k, const struct context_result *res) {
     double worst = 0;
     for (int r = 0; r < k->n_last; r++)
-        worst = fmax(worst,
-                     rel_err(k->last + (size_t)r * k->n_vocab, forward_logits(fc, r), k->n_vocab));
+        worst = fmax(worst, rel_err(k->last + (size_t)r * k->n_vocab, context_row_logits(res, r),
+                                    k->n_vocab));
     return worst;
 }
 
@@ -302,37 +304,39 @@ static double selfextend_case(const char *path, enum ggml_type kv, int n, int n_
     cr_assert_gt(k.n_div, 0, "no self-extend round ran");
     cr_assert_eq(k.n_notes, 3 * k.n_div, "three lines per round (shift, div, shift)");
     // A fresh cache fills cells 0..n-1 in order: cell t holds token t.
-    cr_assert_eq(e->fc->kv.used, n);
+    const struct kv_cache *cache = &context_stage(e->ctx, 0)->kv;
+    cr_assert_eq(context_cells_used(e->ctx), n);
     for (int t = 0; t < n; t++) {
-        cr_assert(kv_cell_has_seq(&e->fc->kv, t, 0));
-        pos_out[t] = kv_cell_pos(&e->fc->kv, t);
+        cr_assert(kv_cell_has_seq(cache, t, 0));
+        pos_out[t] = kv_cell_pos(cache, t);
     }
 
     // The same tokens at the final positions, given directly, in one batch.
-    struct forward_config cfg = e->fc->cfg;
+    struct forward_config cfg = *context_config(e->ctx);
     cfg.n_batch = n;
     cfg.n_outputs_max = n;
-    struct forward_ctx fresh;
-    cr_assert_eq(forward_init(&fresh, e->m, &cfg, &err), 0, "%s", err.msg);
+    struct context *fresh;
+    cr_assert_eq(context_create(&fresh, e->weights, &cfg, false, &err), 0, "%s", err.msg);
     int32_t *seq = calloc(n, sizeof(int32_t));
     int8_t *want = calloc(n, 1);
     for (int t = k.first_last; t < n; t++)
         want[t] = 1;
     struct forward_batch b = {n, tok, pos_out, seq, want, NULL};
-    cr_assert_eq(forward_decode(&fresh, &b, &err), 0, "%s", err.msg);
-    cr_assert_eq(fresh.n_out, k.n_last);
-    double worst = worst_rows(&k, &fresh);
+    struct context_result res;
+    cr_assert_eq(context_decode_logits(fresh, &b, &res, &err), 0, "%s", err.msg);
+    cr_assert_eq(res.n_rows, k.n_last);
+    double worst = worst_rows(&k, &res);
 
     // Plain positions 0..n-1: the check above is not vacuous.
     int32_t *plain = malloc(sizeof(int32_t) * n);
     for (int t = 0; t < n; t++)
         plain[t] = t;
-    cr_assert_eq(kv_clear(&fresh.kv, &err), 0, "%s", err.msg);
+    cr_assert_eq(context_clear(fresh, &err), 0, "%s", err.msg);
     b.pos = plain;
-    cr_assert_eq(forward_decode(&fresh, &b, &err), 0, "%s", err.msg);
-    *err_plain = worst_rows(&k, &fresh);
+    cr_assert_eq(context_decode_logits(fresh, &b, &res, &err), 0, "%s", err.msg);
+    *err_plain = worst_rows(&k, &res);
 
-    forward_free(&fresh);
+    context_free(fresh);
     free(plain);
     free(seq);
     free(want);
@@ -424,7 +428,7 @@ static void parallel_vs_solo(const char *path, const struct engine_prompt *promp
     cr_assert_eq(st.n_seq, n);
     if (splits_out)
         *splits_out = st.n_batch_splits;
-    cr_assert_eq(e->fc->kv.used, 0, "finished sequences are removed");
+    cr_assert_eq(context_cells_used(e->ctx), 0, "finished sequences are removed");
     engine_close(e);
 
     e = open_engine(path, n_ctx_seq, n_batch, GGML_TYPE_F16, 1);
@@ -609,7 +613,8 @@ Test(engine, bad_input_leaves_cache_unchanged) {
     for (int t = 0; t < 40; t++)
         tok[t] = 3 + t;
     cr_assert_eq(engine_eval(e, tok, 10, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    struct cache_snap before = snap(&e->fc->kv);
+    const struct kv_cache *kv = &context_stage(e->ctx, 0)->kv;
+    struct cache_snap before = snap(kv);
     cr_assert_eq(before.used, 10);
     struct engine_gen_params g;
     engine_gen_params_default(&g);
@@ -619,47 +624,47 @@ Test(engine, bad_input_leaves_cache_unchanged) {
     err.msg[0] = '\0';
     cr_expect_eq(engine_generate(e, tok, 29, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "prompt is too long (29 tokens, max 28)"), "%s", err.msg);
-    expect_unchanged(&e->fc->kv, &before, "a long prompt");
+    expect_unchanged(kv, &before, "a long prompt");
 
     struct engine_prompt ps[3] = {{tok, 5}, {tok, 30}, {tok, 3}};
     cr_expect_eq(engine_generate_batch(e, ps, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "prompt 1 is too long (30 tokens, max 28)"), "%s", err.msg);
-    expect_unchanged(&e->fc->kv, &before, "a long prompt in a list");
+    expect_unchanged(kv, &before, "a long prompt in a list");
 
     g.n_parallel = 2; // the context was opened for 1 sequence
     cr_expect_eq(engine_generate(e, tok, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "--parallel 2: the context was opened for 1 sequences"), "%s",
               err.msg);
-    expect_unchanged(&e->fc->kv, &before, "--parallel 2");
+    expect_unchanged(kv, &before, "--parallel 2");
 
     g.n_parallel = 1;
     int32_t bad[3] = {1, 5000, 7};
     cr_expect_eq(engine_generate(e, bad, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "token id 5000 is out of range"), "%s", err.msg);
-    expect_unchanged(&e->fc->kv, &before, "a bad token id");
+    expect_unchanged(kv, &before, "a bad token id");
 
     g.ga_n = 3;
     g.ga_w = 8; // not a multiple of 3
     cr_expect_eq(engine_generate(e, tok, 3, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "multiple"), "%s", err.msg);
-    expect_unchanged(&e->fc->kv, &before, "bad self-extend values");
+    expect_unchanged(kv, &before, "bad self-extend values");
     g.ga_n = 1;
 
     cr_expect_eq(engine_eval(e, tok, 33, NULL, NULL, NULL, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "33 tokens do not fit in the context of 32"), "%s", err.msg);
-    expect_unchanged(&e->fc->kv, &before, "eval of more tokens than cells");
+    expect_unchanged(kv, &before, "eval of more tokens than cells");
 
     struct engine_eval_params ep = {.ga_n = 2, .ga_w = 64};
     cr_expect_eq(engine_eval_ex(e, tok, 10, &ep, NULL, NULL, NULL, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "ga_w 64 must be <= n_ctx 32"), "%s", err.msg);
-    expect_unchanged(&e->fc->kv, &before, "a self-extend width wider than the cache");
+    expect_unchanged(kv, &before, "a self-extend width wider than the cache");
 
     // a sequence id outside the cache and a batch larger than it, at the forward pass
     int32_t pos[1] = {10}, seq[1] = {2};
     struct forward_batch b = {1, tok, pos, seq, NULL, NULL};
-    cr_expect_eq(forward_decode(e->fc, &b, &err), VERR_RANGE);
+    cr_expect_eq(context_decode_logits(e->ctx, &b, NULL, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "sequence id 2"), "%s", err.msg);
-    expect_unchanged(&e->fc->kv, &before, "a bad sequence id");
+    expect_unchanged(kv, &before, "a bad sequence id");
 
     // the cache stays usable: a good run after all that (a fixed seed and no
     // stop at EOS, so that exactly n_predict tokens come: with a random seed
@@ -676,7 +681,7 @@ Test(engine, bad_input_leaves_cache_unchanged) {
     g.n_parallel = 2;
     cr_expect_eq(engine_generate(e, tok, 13, &g, NULL, NULL, &st, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "prompt is too long (13 tokens, max 12)"), "%s", err.msg);
-    cr_expect_eq(e->fc->kv.used, 0);
+    cr_expect_eq(context_cells_used(e->ctx), 0);
     engine_close(e);
 
     // more sequences than cells allow

@@ -1,8 +1,8 @@
 // Sampling on the backend in the generation loop (host/engine/ with
-// forward_decode_sample): with temp > 0 and no penalties, each step takes
-// every row's draw from its sequence's seeded sampler before the decode and
-// the backend's sample op picks the token, so no logits row comes to the
-// host. The op path must give exactly the tokens of the host path
+// FORWARD_ROW_SAMPLE rows, host/split/context.h): with temp > 0 and no
+// penalties, each step takes every row's draw from its sequence's seeded
+// sampler before the decode and the backend's sample op picks the token, so
+// no logits row comes to the host. The op path must give exactly the tokens of the host path
 // (sampler_sample on downloaded logits), which an on_logits callback forces:
 // same seed, same draws, same chain (the CPU op runs host/backend/sampler.c's chain).
 // Checked for one sequence, --parallel samples of one prompt (their first

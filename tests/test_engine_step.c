@@ -101,7 +101,7 @@ static void run_alone(struct engine *solo, const struct engine_request *r, struc
     submit(solo, r, o);
     engine_test_run_to_end(solo);
     cr_assert_eq(o->n_done, 1);
-    cr_assert_eq(solo->fc->kv.used, 0);
+    cr_assert_eq(context_cells_used(solo->ctx), 0);
 }
 
 static void expect_same(const struct req_out *got, const struct req_out *alone, const char *what,
@@ -171,7 +171,7 @@ Test(engine_step, submit_while_others_decode) {
     cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
     submit(e, &rc, c);
     engine_test_run_to_end(e);
-    cr_assert_eq(e->fc->kv.used, 0, "finished requests leave no cell behind");
+    cr_assert_eq(context_cells_used(e->ctx), 0, "finished requests leave no cell behind");
     engine_close(e);
 
     struct engine *solo = open_engine(n_ctx_seq, n_batch, 1);
@@ -224,12 +224,13 @@ Test(engine_step, cancel_frees_cells_at_once) {
         cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
     // B holds its prompt and every token but the last sampled one.
     const int b_cells = r[1].n_tokens + o[1].n - 1;
-    const int used = e->fc->kv.used;
+    const int used = context_cells_used(e->ctx);
     cr_assert_eq(engine_cancel(e, o[1].id, &err), 0, "%s", err.msg);
     cr_expect_str_eq(o[1].why, "cancelled", "done at once, not at the next step");
     cr_expect_eq(o[1].st.n_gen, 7);
-    cr_expect_eq(e->fc->kv.used, used - b_cells, "cells used: %d before, %d after, B had %d", used,
-                 e->fc->kv.used, b_cells);
+    cr_expect_eq(context_cells_used(e->ctx), used - b_cells,
+                 "cells used: %d before, %d after, B had %d", used, context_cells_used(e->ctx),
+                 b_cells);
     cr_expect_eq(engine_n_active(e), 2);
     cr_expect_eq(engine_cancel(e, o[1].id, &err), VERR_NOTFOUND);
     cr_expect(strstr(err.msg, "is not active or queued"), "%s", err.msg);
@@ -241,7 +242,7 @@ Test(engine_step, cancel_frees_cells_at_once) {
     r5.sp.seed = 555;
     submit(e, &r5, &o[5]);
     engine_test_run_to_end(e);
-    cr_expect_eq(e->fc->kv.used, 0);
+    cr_expect_eq(context_cells_used(e->ctx), 0);
     cr_expect_str_eq(o[5].why, "cancelled");
     cr_expect_eq(o[5].n, 3, "cancelled from its callback after 3 tokens: %d", o[5].n);
     engine_close(e);
@@ -340,7 +341,7 @@ static void sixty_four(bool penalties) {
         steps++;
     }
     cr_assert_eq(rc, 0, "%s", err.msg);
-    cr_assert_eq(e->fc->kv.used, 0);
+    cr_assert_eq(context_cells_used(e->ctx), 0);
     const struct engine_stats *st = engine_sched_stats(e);
     cr_expect_eq(st->n_seq, n_req);
     cr_log_info("64 requests%s in %d steps: %d prompt + %d generated tokens (%d on the "
@@ -487,7 +488,7 @@ struct state_snap {
 };
 
 static struct state_snap snap(const struct engine *e) {
-    const struct kv_cache *kv = &e->fc->kv;
+    const struct kv_cache *kv = &context_stage(e->ctx, 0)->kv;
     struct state_snap s = {.used = kv->used,
                            .head = kv->head,
                            .n_active = engine_n_active(e),
@@ -518,7 +519,7 @@ Test(engine_step, bad_input_is_refused_and_changes_nothing) {
     struct verr err = {0};
     for (int k = 0; k < 4; k++)
         cr_assert_eq(engine_step(e, &err), 1, "%s", err.msg);
-    cr_assert_gt(e->fc->kv.used, 0);
+    cr_assert_gt(context_cells_used(e->ctx), 0);
 
     struct engine_request r = ok;
     r.n_tokens = 0;
@@ -618,12 +619,12 @@ Test(engine_step, eval_and_requests_take_turns) {
     engine_test_run_to_end(e);
     // 20 cells of sequence 0 left by eval, then two requests at once.
     cr_assert_eq(engine_eval(e, tok, 20, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    cr_assert_eq(e->fc->kv.used, 20);
+    cr_assert_eq(context_cells_used(e->ctx), 20);
     submit(e, &r, &o[1]);
     struct engine_request r2 = greedy_request(tok + 3, 12, 16);
     submit(e, &r2, &o[2]);
     engine_test_run_to_end(e);
-    cr_expect_eq(e->fc->kv.used, 0);
+    cr_expect_eq(context_cells_used(e->ctx), 0);
     expect_same(&o[1], &o[0], "request", 1);
     struct engine *solo = open_engine(32, 2, 1);
     struct req_out *alone = calloc(1, sizeof *alone);
@@ -720,7 +721,7 @@ Test(engine_step, every_row_request_matches_eval) {
     cr_log_info("every-row request beside 2 generating ones: %d rows in %d calls, worst relative "
                 "error against engine_eval %.3g",
                 ro.n_seen, ro.n_calls, worst / mx);
-    cr_expect_eq(e->fc->kv.used, 0);
+    cr_expect_eq(context_cells_used(e->ctx), 0);
     // A non-zero return ends it ("stopped") after the step.
     struct rows_out rs = {.rows = ro.rows, .stop_after = 2};
     r.user = &rs;
@@ -821,7 +822,8 @@ Test(engine_step, prompt_cache_picks_the_slot_with_the_longest_prefix) {
         engine_test_run_to_end(e);
         cr_expect_eq(first[k].st.n_prompt_reused, 0);
     }
-    cr_expect_eq(e->fc->kv.used, 3 * (30 + 3), "every slot keeps its prompt and answer");
+    cr_expect_eq(context_cells_used(e->ctx), 3 * (30 + 3),
+                 "every slot keeps its prompt and answer");
     // Prompt 1 (its first 30 tokens and 10 more) goes to prompt 1's slot.
     for (int round = 0; round < 2; round++) {
         const int k = round ? 0 : 1;

@@ -30,6 +30,8 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
+#include "host/split/pipeline.h"
 #include "kv/kv.h"
 #include "kv/policy.h"
 #include "tests/pipeline_helpers.h"
@@ -195,8 +197,9 @@ struct se_run {
     enum ggml_type kv_type;
 };
 
-static void ctx_open(struct fixture *fx, const struct se_run *sr, int n_seq,
-                     struct forward_ctx *fc) {
+// A context of sr over fx's backend and model (borrowed: a pipeline of one
+// stage that leaves them to the fixture).
+static struct context *ctx_open(struct fixture *fx, const struct se_run *sr, int n_seq) {
     struct forward_config cfg;
     forward_config_default(&cfg);
     cfg.n_ctx = sr->n_ctx;
@@ -207,14 +210,18 @@ static void ctx_open(struct fixture *fx, const struct se_run *sr, int n_seq,
     cfg.se_g = sr->G;
     cfg.se_w = sr->W;
     struct verr err = {0};
-    cr_assert_eq(forward_init(fc, fx->m, &cfg, &err), 0, "forward_init: %s", err.msg);
+    struct pipeline *p;
+    cr_assert_eq(pipeline_wrap(&p, fx->be, fx->m, false, &err), 0, "pipeline_wrap: %s", err.msg);
+    struct context *c;
+    cr_assert_eq(context_create(&c, p, &cfg, true, &err), 0, "context_create: %s", err.msg);
+    return c;
 }
 
 // Decodes tokens at positions p0.. of seq 0 in chunks of n_batch, every row
 // wanting logits, on an open context; out [n][n_vocab].
-static void decode_all(struct forward_ctx *fc, const int32_t *tok, int n, int p0, int n_batch,
+static void decode_all(struct context *c, const int32_t *tok, int n, int p0, int n_batch,
                        float *out) {
-    const int V = fc->m->hp.n_vocab;
+    const int V = context_model(c)->hp.n_vocab;
     int32_t *pos = malloc(sizeof(int32_t) * n), *seq = calloc(n, sizeof(int32_t));
     int8_t *want = malloc(n);
     for (int t = 0; t < n; t++) {
@@ -225,8 +232,10 @@ static void decode_all(struct forward_ctx *fc, const int32_t *tok, int n, int p0
     for (int i = 0; i < n; i += n_batch) {
         const int nb = n - i < n_batch ? n - i : n_batch;
         struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i, NULL};
-        cr_assert_eq(forward_decode(fc, &b, &err), 0, "forward_decode: %s", err.msg);
-        memcpy(out + (size_t)i * V, fc->h_logits, sizeof(float) * (size_t)nb * V);
+        struct context_result res;
+        cr_assert_eq(context_decode_logits(c, &b, &res, &err), 0, "context_decode: %s", err.msg);
+        cr_assert_eq(res.n_rows, nb);
+        memcpy(out + (size_t)i * V, res.logits, sizeof(float) * (size_t)nb * V);
     }
     free(pos);
     free(seq);
@@ -234,11 +243,10 @@ static void decode_all(struct forward_ctx *fc, const int32_t *tok, int n, int p0
 }
 
 static float *run_prompt(struct fixture *fx, const struct se_run *sr, const int32_t *tok, int n) {
-    struct forward_ctx fc;
-    ctx_open(fx, sr, 1, &fc);
+    struct context *c = ctx_open(fx, sr, 1);
     float *out = malloc(sizeof(float) * (size_t)n * fx->cfg.n_vocab);
-    decode_all(&fc, tok, n, 0, sr->n_batch, out);
-    forward_free(&fc);
+    decode_all(c, tok, n, 0, sr->n_batch, out);
+    context_free(c);
     return out;
 }
 
@@ -392,27 +400,30 @@ Test(exact_selfextend, context_shift_equals_fresh_evaluation) {
         for (int gi = 0; gi < 2; gi++) {
             const enum ggml_type t = f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
             struct se_run sr = {gs[gi][0], gs[gi][1], 1, 64, t};
-            struct forward_ctx fc;
-            ctx_open(&fx, &sr, 1, &fc);
+            struct context *ctx = ctx_open(&fx, &sr, 1);
+            const struct kv_cache *kv = &context_stage(ctx, 0)->kv;
             float *scratch = malloc(sizeof(float) * (size_t)n * V);
-            decode_all(&fc, tok, n, 0, 1, scratch);
-            const size_t kbytes = fc.kv.k_row_bytes * (size_t)fc.kv.cfg.n_ctx;
+            decode_all(ctx, tok, n, 0, 1, scratch);
+            const size_t kbytes = kv->k_row_bytes * (size_t)kv->cfg.n_ctx;
             void *k_before = malloc(kbytes);
-            memcpy(k_before, kv_layer_k(&fc.kv, 0), kbytes);
-            int32_t nd = 0;
+            memcpy(k_before, kv_layer_k(kv, 0), kbytes);
+            // llama-cli's context shift (kv_context_shift) through the context:
+            // half of the positions after n_keep go, the rest move down.
+            const int32_t nd = (n - n_keep) / 2;
             struct verr err = {0};
-            cr_assert_eq(kv_context_shift(&fc.kv, 0, n_keep, n, &nd, &err), 0, "%s", err.msg);
+            cr_assert_eq(context_seq_rm(ctx, 0, n_keep, n_keep + nd, &err), 0, "%s", err.msg);
+            cr_assert_eq(context_seq_add(ctx, 0, n_keep + nd, n, -nd, &err), 0, "%s", err.msg);
             cr_assert_gt(nd, 0);
             float *after = malloc(sizeof(float) * V);
-            decode_all(&fc, tok + n, 1, n - nd, 1, after);
+            decode_all(ctx, tok + n, 1, n - nd, 1, after);
             // Every kept cell's K is as stored; the new token went to a freed cell.
-            const size_t row = fc.kv.k_row_bytes;
+            const size_t row = kv->k_row_bytes;
             for (int cell = 0; cell < n; cell++)
-                if (kv_cell_pos(&fc.kv, cell) >= 0 && kv_cell_pos(&fc.kv, cell) != n - nd)
+                if (kv_cell_pos(kv, cell) >= 0 && kv_cell_pos(kv, cell) != n - nd)
                     cr_assert_eq(memcmp((char *)k_before + cell * row,
-                                        (char *)kv_layer_k(&fc.kv, 0) + cell * row, row),
+                                        (char *)kv_layer_k(kv, 0) + cell * row, row),
                                  0, "cell %d: K was rewritten by the shift", cell);
-            forward_free(&fc);
+            context_free(ctx);
 
             // Fresh: the kept tokens at positions 0.., then the new token.
             int32_t *kept = malloc(sizeof(int32_t) * (n - nd + 1));
@@ -458,7 +469,7 @@ static void open_run(const struct fixture *fx, const char *devices, enum ggml_ty
     a.k_unrotated = unrot;
     struct verr err = {0};
     cr_assert_eq(run_load(r, &a, fx->path, &err), 0, "%s", err.msg);
-    cr_assert(!devices || split_pipeline(r->x), "not split");
+    cr_assert(!devices || r->p->n_stages == 2, "not split");
 }
 
 // Decodes n_seq sequences (tok[s][0..len[s])) interleaved, `per` tokens of
@@ -486,9 +497,11 @@ static void decode_interleaved(struct run *r, int32_t *const *tok, const int *le
             break;
         struct forward_batch b = {nb, bt, bp, bs, want, se ? bse : NULL};
         struct verr err = {0};
-        cr_assert_eq(executor_decode(r->x, &b, FORWARD_HEAD_LOGITS, NULL, &err), 0, "%s", err.msg);
+        struct context_result res;
+        cr_assert_eq(context_decode_logits(r->c, &b, &res, &err), 0, "%s", err.msg);
+        cr_assert_eq(res.n_rows, nb);
         for (int i = 0; i < nb; i++)
-            memcpy(got[bs[i]] + (size_t)bp[i] * V, forward_logits(r->fc, i), sizeof(float) * V);
+            memcpy(got[bs[i]] + (size_t)bp[i] * V, context_row_logits(&res, i), sizeof(float) * V);
     }
 }
 
@@ -617,8 +630,8 @@ Test(exact_selfextend, two_cpu_stages_bit_for_bit) {
         struct run r;
         struct verr err = {0};
         cr_assert_eq(run_load(&r, &a, fx.path, &err), 0, "%s", err.msg);
-        cr_assert(d == 0 || split_pipeline(r.x), "not split");
-        cr_assert(r.fc->cfg.k_unrotated);
+        cr_assert(d == 0 || r.p->n_stages == 2, "not split");
+        cr_assert(context_config(r.c)->k_unrotated);
         logits[d] = decode_seq(&r, 0, 0, n, 8, 0);
         close_run(&r);
     }
@@ -650,21 +663,20 @@ Test(exact_selfextend, bad_per_token_values_are_refused) {
     fixture_open(&fx, &c);
     for (int unrot = 0; unrot < 2; unrot++) {
         struct se_run sr = {unrot ? 1 : 0, 0, 8, 128, GGML_TYPE_F32};
-        struct forward_ctx fc;
-        ctx_open(&fx, &sr, 1, &fc);
+        struct context *ctx = ctx_open(&fx, &sr, 1);
         const int bad[][2] = {{2, 0}, {0, 8}, {-2, 8}, {4, 64}, {4, 100}};
         for (size_t k = 0; k < (unrot ? sizeof bad / sizeof bad[0] : 1); k++) {
             int32_t tok[2] = {1, 2}, pos[2] = {0, 1}, seq[2] = {0, 0};
             int32_t se[4] = {1, 0, bad[k][0], bad[k][1]};
             struct forward_batch b = {2, tok, pos, seq, NULL, se};
             struct verr err = {0};
-            const int rc = forward_decode(&fc, &b, &err);
+            const int rc = context_decode_logits(ctx, &b, NULL, &err);
             cr_assert(rc == VERR_RANGE || rc == VERR_UNSUPPORTED, "G %d W %d accepted (rc %d)",
                       bad[k][0], bad[k][1], rc);
             cr_assert(strstr(err.msg, unrot ? "token 1" : "unrotated"), "message: %s", err.msg);
-            cr_assert_eq(fc.kv.used, 0, "cells were claimed");
+            cr_assert_eq(context_cells_used(ctx), 0, "cells were claimed");
         }
-        forward_free(&fc);
+        context_free(ctx);
     }
     fixture_close(&fx);
 }

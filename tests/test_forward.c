@@ -22,6 +22,8 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
+#include "tests/context_helpers.h"
 #include "tiny_model.h"
 
 #define TOL_F32 1e-5
@@ -83,9 +85,9 @@ static void run_forward(struct fixture *fx, const int32_t *tokens, int n, int p0
     fc_cfg.type_k = fc_cfg.type_v = kv_type;
     if (ro)
         fc_cfg.rope = *ro;
-    struct forward_ctx fc;
+    struct context *c;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, fx->m, &fc_cfg, &err), 0, "forward_init: %s", err.msg);
+    cr_assert_eq(test_ctx_wrap(&c, fx->m, &fc_cfg, &err), 0, "context: %s", err.msg);
     const int V = fx->m->hp.n_vocab;
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, sizeof(int32_t));
     int8_t *want = malloc((size_t)n);
@@ -96,20 +98,23 @@ static void run_forward(struct fixture *fx, const int32_t *tokens, int n, int p0
     for (int i = 0; i < n; i += n_batch) {
         int nb = n - i < n_batch ? n - i : n_batch;
         struct forward_batch b = {nb, tokens + i, pos + i, seq + i, want + i, NULL};
-        cr_assert_eq(forward_decode(&fc, &b, &err), 0, "forward_decode: %s", err.msg);
-        cr_assert_eq(fc.n_out, nb);
+        struct context_result res;
+        cr_assert_eq(context_decode_logits(c, &b, &res, &err), 0, "context_decode_logits: %s",
+                     err.msg);
+        cr_assert_eq(res.n_rows, nb);
         for (int r = 0; r < nb; r++)
-            memcpy(out + (size_t)(i + r) * V, forward_logits(&fc, r), sizeof(float) * (size_t)V);
+            memcpy(out + (size_t)(i + r) * V, context_row_logits(&res, r),
+                   sizeof(float) * (size_t)V);
     }
     free(pos);
     free(seq);
     free(want);
-    forward_free(&fc);
+    context_free(c);
 }
 
 // fixture_open of the default tiny llama and a context on it of n_ctx cells
-// and n_batch tokens a decode (0: forward_config_default's).
-static void open_llama_ctx(struct fixture *fx, struct forward_ctx *fc, int n_ctx, int n_batch) {
+// and n_batch tokens a decode (0: forward_config_default's, capped at n_ctx).
+static struct context *open_llama_ctx(struct fixture *fx, int n_ctx, int n_batch) {
     struct tiny_cfg c;
     tiny_cfg_default(&c, "llama");
     fixture_open(fx, &c);
@@ -119,7 +124,9 @@ static void open_llama_ctx(struct fixture *fx, struct forward_ctx *fc, int n_ctx
     if (n_batch)
         cfg.n_batch = n_batch;
     struct verr err = {0};
-    cr_assert_eq(forward_init(fc, fx->m, &cfg, &err), 0, "%s", err.msg);
+    struct context *ctx;
+    cr_assert_eq(test_ctx_wrap(&ctx, fx->m, &cfg, &err), 0, "%s", err.msg);
+    return ctx;
 }
 
 // Worst |got - ref| / max(1, max |ref|) over all logits.
@@ -309,9 +316,9 @@ Test(forward, two_sequences_one_batch) {
     cfg.n_batch = 16;
     cfg.n_seq_max = 2;
     cfg.type_k = cfg.type_v = GGML_TYPE_F32;
-    struct forward_ctx fc;
+    struct context *ctx;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, fx.m, &cfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(test_ctx_wrap(&ctx, fx.m, &cfg, &err), 0, "%s", err.msg);
     // interleaved: a0 b0 a1 b1 ... then the rest of a
     int32_t tok[12], pos[12], seq[12];
     int8_t want[12];
@@ -336,12 +343,14 @@ Test(forward, two_sequences_one_batch) {
     for (int start = 0; start < n; start += 8) {
         int cnt = n - start < 8 ? n - start : 8;
         struct forward_batch b = {cnt, tok + start, pos + start, seq + start, want + start, NULL};
-        cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
+        struct context_result res;
+        cr_assert_eq(context_decode_logits(ctx, &b, &res, &err), 0, "%s", err.msg);
+        cr_assert_eq(res.n_rows, cnt);
         for (int r = 0; r < cnt; r++) {
             int i = start + r;
             const float *alone =
                 seq[i] == 0 ? alone_a + (size_t)pos[i] * V : alone_b + (size_t)pos[i] * V;
-            const float *got = forward_logits(&fc, r);
+            const float *got = context_row_logits(&res, r);
             for (int v = 0; v < V; v++)
                 worst = fmax(worst, fabs((double)got[v] - alone[v]));
         }
@@ -350,7 +359,7 @@ Test(forward, two_sequences_one_batch) {
     // cells could differ, and masked cells contribute exact zeros.
     cr_expect_lt(worst, 1e-6, "two sequences in one batch vs each alone: worst %g", worst);
     printf("two sequences in one batch vs alone: worst abs logit difference %.3g\n", worst);
-    forward_free(&fc);
+    context_free(ctx);
     free(alone_a);
     free(alone_b);
     fixture_close(&fx);
@@ -358,49 +367,53 @@ Test(forward, two_sequences_one_batch) {
 
 Test(forward, argmax_matches_logits) {
     struct fixture fx;
-    struct forward_ctx fc;
     struct verr err = {0};
-    open_llama_ctx(&fx, &fc, 32, 8);
+    struct context *c = open_llama_ctx(&fx, 32, 8);
     int32_t tok[4] = {1, 2, 3, 4}, pos[4] = {0, 1, 2, 3}, seq[4] = {0};
     struct forward_batch b = {4, tok, pos, seq, NULL, NULL};
-    cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
-    cr_assert_eq(fc.n_out, 1, "NULL logits flags: the last row only");
-    const float *l = forward_logits(&fc, 0);
+    struct context_result res;
+    cr_assert_eq(context_decode_logits(c, &b, &res, &err), 0, "%s", err.msg);
+    cr_assert_eq(res.n_rows, 1, "NULL logits flags: the last row only");
+    cr_assert_eq(res.batch_idx[0], 3);
+    const float *l = context_row_logits(&res, 0);
     int best = 0;
     for (int v = 1; v < fx.cfg.n_vocab; v++)
         if (l[v] > l[best])
             best = v;
     // Same tokens again in a fresh cache: argmax on the backend.
-    cr_assert_eq(kv_clear(&fc.kv, &err), 0, "%s", err.msg);
-    cr_assert_eq(forward_decode_argmax(&fc, &b, &err), 0, "%s", err.msg);
-    cr_expect_eq(forward_argmax(&fc, 0), best);
-    forward_free(&fc);
+    cr_assert_eq(context_clear(c, &err), 0, "%s", err.msg);
+    const uint8_t how[1] = {FORWARD_ROW_ARGMAX};
+    const struct context_plan plan = {.batch = b, .how = how};
+    cr_assert_eq(context_decode(c, &plan, &res, &err), 0, "%s", err.msg);
+    cr_assert_eq(res.n_rows, 1);
+    cr_expect_eq(res.ids[0], best);
+    context_free(c);
     fixture_close(&fx);
 }
 
 Test(forward, bad_batches) {
     struct fixture fx;
-    struct forward_ctx fc;
     struct verr err = {0};
-    open_llama_ctx(&fx, &fc, 8, 4);
+    struct context *c = open_llama_ctx(&fx, 8, 4);
     int32_t tok[5] = {1, 64, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, seq[5] = {0};
     struct forward_batch b = {2, tok, pos, seq, NULL, NULL};
-    cr_expect_eq(forward_decode(&fc, &b, &err), VERR_RANGE);
+    cr_expect_eq(context_decode_logits(c, &b, NULL, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "token id 64") != NULL, "%s", err.msg);
     b.n_tok = 5;
     tok[1] = 2;
-    cr_expect_eq(forward_decode(&fc, &b, &err), VERR_RANGE, "batch above n_batch");
+    cr_expect_eq(context_decode_logits(c, &b, NULL, &err), VERR_RANGE, "batch above n_batch");
     // fill the 8 cells, then one more is VERR_FULL and leaves the cache as it was
     b.n_tok = 4;
-    cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
+    cr_assert_eq(context_decode_logits(c, &b, NULL, &err), 0, "%s", err.msg);
     int32_t pos2[4] = {4, 5, 6, 7};
     b.pos = pos2;
-    cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
+    cr_assert_eq(context_decode_logits(c, &b, NULL, &err), 0, "%s", err.msg);
     int32_t pos3[1] = {8};
     struct forward_batch one = {1, tok, pos3, seq, NULL, NULL};
-    cr_expect_eq(forward_decode(&fc, &one, &err), VERR_FULL, "%s", err.msg);
-    cr_expect_eq(kv_seq_pos_max(&fc.kv, 0), 7);
-    forward_free(&fc);
+    cr_expect_eq(context_decode_logits(c, &one, NULL, &err), VERR_FULL, "%s", err.msg);
+    cr_expect_eq(context_seq_pos_max(c, 0), 7);
+    cr_expect_eq(context_cells_used(c), 8);
+    context_free(c);
     fixture_close(&fx);
 }
 
@@ -408,16 +421,19 @@ Test(forward, bad_batches) {
 // graphs existed, and no graph is ever recorded.
 Test(forward, cpu_has_no_graphs) {
     struct fixture fx;
-    struct forward_ctx fc;
     struct verr err = {0};
-    open_llama_ctx(&fx, &fc, 32, 0);
+    struct context *c = open_llama_ctx(&fx, 32, 0);
     cr_assert_null(fx.m->be->ops->graph_begin);
-    cr_expect(!fc.graphs_on);
+    cr_assert_eq(context_pipeline(c)->n_stages, 1);
+    cr_expect(!context_stage(c, 0)->graphs_on);
     int32_t tok = 5, pos = 0, seq = 0;
     struct forward_batch b = {1, &tok, &pos, &seq, NULL, NULL};
-    cr_assert_eq(forward_decode_argmax(&fc, &b, &err), 0, "%s", err.msg);
-    cr_expect_eq(fc.graph_stats.recorded, 0);
-    cr_expect_eq(fc.graph_stats.replays, 0);
-    forward_free(&fc);
+    struct context_result res;
+    cr_assert_eq(test_ctx_decode_all(c, &b, FORWARD_ROW_ARGMAX, NULL, &res, &err), 0, "%s",
+                 err.msg);
+    const struct forward_graph_stats st = context_graph_stats(c);
+    cr_expect_eq(st.recorded, 0);
+    cr_expect_eq(st.replays, 0);
+    context_free(c);
     fixture_close(&fx);
 }

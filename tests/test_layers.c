@@ -75,7 +75,7 @@ static bool allowed(const struct layer *l, const char *dir) {
     return false;
 }
 
-// Every scanned file's includes: an edge list for the cycle search.
+// Every scanned file's includes: an edge list for the cycle searches.
 #define MAX_FILES 512
 #define MAX_INC 48
 struct file {
@@ -165,6 +165,23 @@ static int find_file(const char *path) {
     return -1;
 }
 
+// The cycle a depth-first search found: the stack from w's entry up to
+// depth, then w again ("a -> b -> a").
+static void write_chain(char *out, size_t cap, const int *stack, int depth, int w,
+                        const char *(*name)(int)) {
+    size_t len = 0;
+    int from = depth;
+    while (from > 0 && stack[from] != w)
+        from--;
+    for (int i = from; i <= depth; i++)
+        len += (size_t)snprintf(out + len, cap - len, "%s -> ", name(stack[i]));
+    snprintf(out + len, cap - len, "%s", name(w));
+}
+
+static const char *file_name(int i) {
+    return files[i].path;
+}
+
 // Depth-first search over header includes: state 1 = on the stack, 2 = done.
 // On a cycle, writes the chain into out and returns true.
 static bool dfs(int v, int *state, int *stack, int depth, char *out, size_t cap) {
@@ -175,13 +192,7 @@ static bool dfs(int v, int *state, int *stack, int depth, char *out, size_t cap)
         if (w < 0)
             continue;
         if (state[w] == 1) {
-            size_t len = 0;
-            int from = depth;
-            while (from > 0 && stack[from] != w)
-                from--;
-            for (int i = from; i <= depth; i++)
-                len += (size_t)snprintf(out + len, cap - len, "%s -> ", files[stack[i]].path);
-            snprintf(out + len, cap - len, "%s", files[w].path);
+            write_chain(out, cap, stack, depth, w, file_name);
             return true;
         }
         if (state[w] == 0 && dfs(w, state, stack, depth + 1, out, cap))
@@ -211,8 +222,111 @@ Test(layers, no_include_cycle) {
             cr_assert_fail("include cycle: %s", chain);
 }
 
-// The check can fail: a file of the forward layer including the engine, and
-// a two-header cycle, are both reported (on a copy of the rules, no files).
+// --- file cycles: a module is a .c and its .h (or .cu and .cuh) of one
+// path; module A depends on B when a file of A includes a header of B. A
+// cycle of modules (a.c calls b.c, b.c calls a.c, through their headers)
+// means neither can be read or tested without the other.
+
+#define MAX_MODULES MAX_FILES
+static char modules[MAX_MODULES][512];
+static int n_modules;
+static bool module_edge[MAX_MODULES][MAX_MODULES];
+
+// The module of a path: the path without its extension.
+static void module_of(const char *path, char *out, size_t cap) {
+    snprintf(out, cap, "%s", path);
+    char *dot = strrchr(out, '.');
+    if (dot && !strchr(dot, '/'))
+        *dot = '\0';
+}
+
+static int module_find(const char *name) {
+    for (int i = 0; i < n_modules; i++)
+        if (!strcmp(modules[i], name))
+            return i;
+    return -1;
+}
+
+// Modules and their edges from files[] (the headers a file includes that
+// are in the tree).
+static void modules_build(void) {
+    n_modules = 0;
+    memset(module_edge, 0, sizeof module_edge);
+    char name[512];
+    for (int i = 0; i < n_files; i++) {
+        module_of(files[i].path, name, sizeof name);
+        if (module_find(name) < 0)
+            snprintf(modules[n_modules++], sizeof modules[0], "%s", name);
+    }
+    for (int i = 0; i < n_files; i++) {
+        module_of(files[i].path, name, sizeof name);
+        const int a = module_find(name);
+        for (int k = 0; k < files[i].n_inc; k++) {
+            if (find_file(files[i].inc[k]) < 0)
+                continue;
+            module_of(files[i].inc[k], name, sizeof name);
+            const int b = module_find(name);
+            if (b >= 0 && b != a)
+                module_edge[a][b] = true;
+        }
+    }
+}
+
+static const char *module_name(int i) {
+    return modules[i];
+}
+
+static bool module_dfs(int v, int *state, int *stack, int depth, char *out, size_t cap) {
+    state[v] = 1;
+    stack[depth] = v;
+    for (int w = 0; w < n_modules; w++) {
+        if (!module_edge[v][w])
+            continue;
+        if (state[w] == 1) {
+            write_chain(out, cap, stack, depth, w, module_name);
+            return true;
+        }
+        if (state[w] == 0 && module_dfs(w, state, stack, depth + 1, out, cap))
+            return true;
+    }
+    state[v] = 2;
+    return false;
+}
+
+// Every cycle's chain, one per line; returns how many starting modules found one.
+static int module_cycles(char *out, size_t cap) {
+    static int state[MAX_MODULES], stack[MAX_MODULES];
+    memset(state, 0, sizeof state);
+    int n = 0;
+    out[0] = '\0';
+    for (int v = 0; v < n_modules; v++) {
+        char chain[4096] = "";
+        if (state[v] == 0 && module_dfs(v, state, stack, 0, chain, sizeof chain)) {
+            size_t len = strlen(out);
+            snprintf(out + len, cap - len, "%s\n", chain);
+            n++;
+            // the modules left on the stack stay grey: reset them for the next start
+            for (int i = 0; i < n_modules; i++)
+                if (state[i] == 1)
+                    state[i] = 2;
+        }
+    }
+    return n;
+}
+
+Test(layers, no_file_cycle) {
+    static char msgs[1 << 16];
+    msgs[0] = '\0';
+    scan_tree(msgs, sizeof msgs);
+    modules_build();
+    static char cycles[1 << 16];
+    int n = module_cycles(cycles, sizeof cycles);
+    cr_assert_eq(n, 0, "%d file cycle(s) (a .c/.h pair is one file here):\n%s", n, cycles);
+}
+
+// The check can fail: a file of the forward layer including the engine, a
+// two-header cycle and a two-file cycle are all reported (on a copy of the
+// rules, no files).
 Test(layers, the_rules_catch_an_upward_include) {
     const struct layer *fwd = layer_of("host/forward");
     cr_assert_not_null(fwd);
@@ -234,4 +348,20 @@ Test(layers, the_rules_catch_an_upward_include) {
     char chain[256] = "";
     cr_assert(dfs(0, state, stack, 0, chain, sizeof chain));
     cr_assert_str_eq(chain, "a/x.h -> a/y.h -> a/x.h");
+
+    // a.c includes b.h, b.c includes a.h: no header cycle, a file cycle.
+    n_files = 4;
+    memset(files, 0, 4 * sizeof files[0]);
+    const char *paths[4] = {"m/a.c", "m/a.h", "m/b.c", "m/b.h"};
+    for (int i = 0; i < 4; i++)
+        snprintf(files[i].path, sizeof files[i].path, "%s", paths[i]);
+    snprintf(files[0].inc[0], sizeof files[0].inc[0], "m/b.h");
+    files[0].n_inc = 1;
+    snprintf(files[2].inc[0], sizeof files[2].inc[0], "m/a.h");
+    files[2].n_inc = 1;
+    modules_build();
+    cr_assert_eq(n_modules, 2);
+    static char cycles[1024];
+    cr_assert_eq(module_cycles(cycles, sizeof cycles), 1);
+    cr_assert_str_eq(cycles, "m/a -> m/b -> m/a\n");
 }

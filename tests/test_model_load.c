@@ -18,11 +18,11 @@
 #include <string.h>
 
 #include "gguf/quant.h"
-#include "tools/args.h"
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/split/pipeline.h"
 #include "tiny_model.h"
+#include "tools/args.h"
 
 // --- the stub backend: the CPU backend with async uploads that are lazy -----
 
@@ -396,16 +396,14 @@ Test(model_load, progress_of_a_split_model_is_one_total) {
     a.n_threads = 2;
     a.devices = "cpu,cpu";
     struct calls *c = calloc(1, sizeof *c);
-    struct backend *be = NULL;
-    struct model *m = NULL;
     struct load_config lc;
     struct forward_config lcfg;
     args_load_config(&a, &lc);
     args_ctx_config(&a, &lcfg);
     struct pipeline *pipe = NULL;
-    cr_assert_eq(pipeline_load_ex(&lc, &lcfg, f, record, c, &pipe, &be, &m, &err), 0, "%s",
-                 err.msg);
+    cr_assert_eq(pipeline_load_ex(&lc, &lcfg, f, record, c, &pipe, &err), 0, "%s", err.msg);
     cr_assert(pipe && pipe->n_stages == 2);
+    cr_assert(pipe->stage[0].be && pipe->stage[0].m, "stage 0 is loaded in this process");
     size_t total = 0;
     for (int s = 0; s < 2; s++) {
         size_t b = 0;

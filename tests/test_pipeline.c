@@ -17,13 +17,13 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "tests/args_config.h"
-#include "tools/args.h"
 #include "host/forward/forward.h"
+#include "host/split/context.h"
 #include "host/split/pipeline.h"
-#include "kv/selfextend.h"
+#include "tests/args_config.h"
 #include "tests/pipeline_helpers.h"
 #include "tiny_model.h"
+#include "tools/args.h"
 
 static struct tiny_cfg cfg;
 static struct tiny_weights weights;
@@ -77,7 +77,8 @@ Test(pipeline, stages_give_the_same_logits) {
     struct run ref;
     struct verr err = {0};
     cr_assert_eq(open_run(&ref, NULL, NULL, 0, &err), 0, "%s", err.msg);
-    cr_assert_null(split_pipeline(ref.x));
+    cr_assert_eq(ref.p->n_stages, 1);
+    cr_assert_null(context_describe(ref.c));
     float *want = decode_seq(&ref, 0, 0, n, 8, 0);
     close_run(&ref);
 
@@ -87,9 +88,9 @@ Test(pipeline, stages_give_the_same_logits) {
         for (size_t u = 0; u < 4; u++) {
             struct run r;
             cr_assert_eq(open_run(&r, devs[d], NULL, ubs[u], &err), 0, "%s: %s", devs[d], err.msg);
-            cr_assert_not_null(split_pipeline(r.x), "%s: not split", devs[d]);
-            cr_assert_eq(split_pipeline(r.x)->n_stages, (int)d + 2);
-            cr_assert_not_null(executor_describe(r.x));
+            cr_assert_gt(r.p->n_stages, 1, "%s: not split", devs[d]);
+            cr_assert_eq(r.p->n_stages, (int)d + 2);
+            cr_assert_not_null(context_describe(r.c));
             float *got = decode_seq(&r, 0, 0, n, 8, 0);
             char what[64];
             snprintf(what, sizeof what, "--devices %s -ub %d", devs[d], ubs[u]);
@@ -105,7 +106,8 @@ Test(pipeline, tensor_split_sets_the_ranges) {
     struct run r;
     struct verr err = {0};
     cr_assert_eq(open_run(&r, "cpu,cpu", "3,1", 0, &err), 0, "%s", err.msg);
-    const struct pipeline *p = split_pipeline(r.x);
+    const struct pipeline *p = r.p;
+    cr_assert_eq(p->n_stages, 2);
     cr_assert_eq(p->stage[0].l0, 0);
     cr_assert_eq(p->stage[0].l1, 3);
     cr_assert_eq(p->stage[1].l0, 3);
@@ -113,17 +115,17 @@ Test(pipeline, tensor_split_sets_the_ranges) {
     // Each stage holds its own layers and cache only.
     cr_assert_eq(r.m->layer_begin, 0);
     cr_assert_eq(r.m->layer_end, 3);
-    cr_assert_eq(r.fc->kv.cfg.n_layer, 3);
+    cr_assert_eq(context_stage(r.c, 0)->kv.cfg.n_layer, 3);
     cr_assert_null(r.m->output_norm, "the head is on the last stage");
     cr_assert_not_null(p->stage[1].m->output_norm);
     cr_assert_null(p->stage[1].m->layers[0].attn_norm, "layer 0 is not loaded on stage 1");
-    cr_assert(strstr(executor_describe(r.x), "layers 0-2 (3) +embed"), "%s",
-              executor_describe(r.x));
+    cr_assert(strstr(context_describe(r.c), "layers 0-2 (3) +embed"), "%s", context_describe(r.c));
     close_run(&r);
 
-    // "1,0": one device holds everything: no pipeline.
+    // "1,0": one device holds everything: a pipeline of one stage, no split.
     cr_assert_eq(open_run(&r, "cpu,cpu", "1,0", 0, &err), 0, "%s", err.msg);
-    cr_assert_null(split_pipeline(r.x));
+    cr_assert_eq(r.p->n_stages, 1);
+    cr_assert_null(context_describe(r.c));
     close_run(&r);
 }
 
@@ -138,8 +140,9 @@ Test(pipeline, kv_ops_reach_every_stage) {
     cr_assert_eq(open_run(&r, "cpu,cpu,cpu", NULL, 2, &err), 0, "%s", err.msg);
     kv_script(&r, &g1, &g2);
     // Every stage's cache holds the front's cells.
-    for (int s = 1; s < split_pipeline(r.x)->n_stages; s++) {
-        const struct kv_cache *k0 = &r.fc->kv, *ks = &split_pipeline_ctx(r.x)->fc[s]->kv;
+    cr_assert_eq(r.p->n_stages, 3);
+    for (int s = 1; s < r.p->n_stages; s++) {
+        const struct kv_cache *k0 = &context_stage(r.c, 0)->kv, *ks = &context_stage(r.c, s)->kv;
         cr_assert_eq(ks->used, k0->used);
         cr_assert_eq(memcmp(ks->pos, k0->pos, sizeof(int32_t) * k0->cfg.n_ctx), 0);
     }
@@ -156,11 +159,12 @@ Test(pipeline, per_stage_time_hook) {
     struct run r;
     struct verr err = {0};
     cr_assert_eq(open_run(&r, "cpu,cpu", NULL, 0, &err), 0, "%s", err.msg);
-    split_pipeline(r.x)->timing = true;
+    cr_assert_eq(r.p->n_stages, 2);
+    r.p->timing = true;
     free(decode_seq(&r, 0, 0, 8, 8, 0));
     for (int s = 0; s < 2; s++)
-        cr_assert_gt(split_pipeline(r.x)->stage_ms[s], 0.0, "stage %d", s);
-    cr_assert_eq(split_pipeline(r.x)->n_decodes, 1);
+        cr_assert_gt(r.p->stage_ms[s], 0.0, "stage %d", s);
+    cr_assert_eq(r.p->n_decodes, 1);
     close_run(&r);
 }
 
@@ -332,18 +336,21 @@ Test(pipeline, plan_from_the_file) {
     size_t unl[2] = {BACKEND_MEM_UNLIMITED, BACKEND_MEM_UNLIMITED};
     struct plan p;
     char text[1024];
-    cr_assert_eq(pipeline_plan(lc_of(&a), ctx_of(&a, 0), f, d, 2, unl, &p, text, sizeof text, &err), 0, "%s", err.msg);
+    cr_assert_eq(pipeline_plan(lc_of(&a), ctx_of(&a, 0), f, d, 2, unl, &p, text, sizeof text, &err),
+                 0, "%s", err.msg);
     cr_assert_eq(p.n_stages, 2);
     cr_assert(strstr(text, "stage 1: cpu"), "%s", text);
     struct run r;
     cr_assert_eq(open_run(&r, "cpu,cpu", NULL, 0, &err), 0, "%s", err.msg);
     // Weights: exactly what model_load_layers allocated on each stage.
     cr_assert_eq(p.stage[0].weight_bytes, r.m->n_bytes);
-    cr_assert_eq(p.stage[1].weight_bytes, split_pipeline(r.x)->stage[1].m->n_bytes);
+    cr_assert_eq(p.stage[1].weight_bytes, r.p->stage[1].m->n_bytes);
     close_run(&r);
 
     size_t tiny[2] = {64 << 10, 64 << 10}; // the model is ~0.7 MiB
-    cr_assert_eq(pipeline_plan(lc_of(&a), ctx_of(&a, 0), f, d, 2, tiny, &p, text, sizeof text, &err), VERR_NOMEM);
+    cr_assert_eq(
+        pipeline_plan(lc_of(&a), ctx_of(&a, 0), f, d, 2, tiny, &p, text, sizeof text, &err),
+        VERR_NOMEM);
     cr_assert(strstr(err.msg, "does not fit"), "%s", err.msg);
     gguf_close(f);
 }

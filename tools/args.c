@@ -1,5 +1,6 @@
 // Shared flag parsing for the model-running commands (see args.h).
 #include "tools/args.h"
+#include "host/split/context.h"
 #include "host/split/mpi.h"
 #include "host/split/plan.h"
 
@@ -483,7 +484,7 @@ bool args_mpi_worker(int argc, char **argv, int *status) {
     struct forward_config fc;
     args_load_config(&a, &lc);
     args_ctx_config(&a, &fc);
-    if (pipeline_mpi_worker_run(&lc, &fc, &err)) {
+    if (context_serve_rank(&lc, &fc, &err)) {
         fprintf(stderr, "vela (rank %s): %s\n", getenv("OMPI_COMM_WORLD_RANK"), err.msg);
         *status = 1;
     }

@@ -49,8 +49,8 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
 #include "host/split/pipeline.h"
-#include "host/split/split.h"
 #include "kv/kv.h"
 #include "tools/args.h"
 #include "tools/cmds.h"
@@ -213,11 +213,8 @@ struct test {
 
 // A split model's layers live in its stages' models (m is stage 0's): the
 // one holding layer il, or the first / last layer (embedding / head).
-static const struct model *layer_model(const struct split_model *smod, int il) {
-    const struct pipeline *pipe = smod->pipe;
-    const struct model *m = smod->m;
-    if (!pipe)
-        return m;
+static const struct model *layer_model(const struct pipeline *pipe, int il) {
+    const struct model *m = pipe->stage[0].m;
     for (int s = 0; s < pipe->n_stages; s++) {
         const struct model *sm = pipe->stage[s].m;
         if (sm && il >= sm->layer_begin && il < sm->layer_end)
@@ -226,20 +223,13 @@ static const struct model *layer_model(const struct split_model *smod, int il) {
     return m; // a stage in another process: its shapes are not here
 }
 
-static const struct model *head_model(const struct split_model *smod) {
-    return layer_model(smod, smod->m->hp.n_layer - 1);
+static const struct model *head_model(const struct pipeline *pipe) {
+    return layer_model(pipe, pipe->stage[0].m->hp.n_layer - 1);
 }
 
 // Weight bytes and parameters of the whole model: every stage's, the
 // embedding table counted once where a tied head loads it again.
-static void model_totals(const struct split_model *smod, double *bytes, double *params) {
-    const struct pipeline *pipe = smod->pipe;
-    const struct model *m = smod->m;
-    if (!pipe) {
-        *bytes = (double)m->n_bytes;
-        *params = (double)m->n_params;
-        return;
-    }
+static void model_totals(const struct pipeline *pipe, double *bytes, double *params) {
     *bytes = *params = 0;
     for (int s = 0; s < pipe->n_stages; s++) {
         const struct model *sm = pipe->stage[s].m;
@@ -257,8 +247,8 @@ static void model_totals(const struct split_model *smod, double *bytes, double *
 
 // Bytes read by one forward pass over n_tok tokens, weights only: every
 // matrix and norm once, the embedding rows of the batch.
-static double weight_bytes(const struct split_model *smod, int n_tok) {
-    const struct model *m = smod->m;
+static double weight_bytes(const struct pipeline *smod, int n_tok) {
+    const struct model *m = smod->stage[0].m;
     const struct model_hparams *hp = &m->hp;
     const struct model *mh = head_model(smod);
     double b = 0;
@@ -275,8 +265,8 @@ static double weight_bytes(const struct split_model *smod, int n_tok) {
 
 // Multiply-adds of the matrices a token goes through (x2 = flops), without
 // the output head.
-static double layer_matmul_params(const struct split_model *smod) {
-    const struct model *m = smod->m;
+static double layer_matmul_params(const struct pipeline *smod) {
+    const struct model *m = smod->stage[0].m;
     double p = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         double lb, lp;
@@ -287,9 +277,9 @@ static double layer_matmul_params(const struct split_model *smod) {
 }
 
 // The bytes and flops of a run, from the model's shapes (see the top).
-static void test_cost(struct test *t, const struct split_model *smod, enum ggml_type type_k,
+static void test_cost(struct test *t, const struct pipeline *smod, enum ggml_type type_k,
                       enum ggml_type type_v, int n_batch) {
-    const struct model *m = smod->m;
+    const struct model *m = smod->stage[0].m;
     const struct model_hparams *hp = &m->hp;
     // K and V of one cell, all layers
     const double cell = (double)hp->n_layer * hp->n_head_kv *
@@ -331,10 +321,10 @@ static uint64_t rng_next(uint64_t *s) {
 }
 
 struct runner {
-    struct executor *x;
-    bool full_logits;
+    struct context *ctx;
+    uint8_t *how; // [n_batch] every row ARGMAX, or LOGITS (--full-logits)
     int n_vocab;
-    int pp_batch;             // a pp test's tokens per decode (the executor's may be larger)
+    int pp_batch;             // a pp test's tokens per decode (the context's may be larger)
     int32_t *tok, *pos, *seq; // [n_batch]
     int8_t *want;             // [n_batch]
 };
@@ -342,19 +332,18 @@ struct runner {
 static int decode(struct runner *r, int n, const int8_t *want, struct verr *err) {
     const struct forward_batch b = {
         .n_tok = n, .token = r->tok, .pos = r->pos, .seq = r->seq, .logits = want};
-    return executor_decode(r->x, &b, r->full_logits ? FORWARD_HEAD_LOGITS : FORWARD_HEAD_ARGMAX,
-                           NULL, err);
+    const struct context_plan plan = {.batch = b, .how = r->how};
+    return context_decode(r->ctx, &plan, NULL, err);
 }
 
 // The depth prefix of test t (untimed): the cache cleared, then n_depth
 // random tokens of sequence 0 at positions [0, n_depth) in batches of the
-// executor's n_batch, only the last of each wanting logits, and the cells
+// context's n_batch, only the last of each wanting logits, and the cells
 // shared with sequences 1..n_parallel-1 (kv_seq_cp).
 static int fill_depth(struct runner *r, const struct test *t, struct verr *err) {
-    struct kv_cache *kv = &r->x->fc->kv;
-    int rc = kv_clear(kv, err);
+    int rc = context_clear(r->ctx, err);
     uint64_t s = 0x5DEECE66Dull;
-    const int nb = r->x->fc->cfg.n_batch;
+    const int nb = context_config(r->ctx)->n_batch;
     for (int p0 = 0; !rc && p0 < t->n_depth; p0 += nb) {
         const int n = t->n_depth - p0 < nb ? t->n_depth - p0 : nb;
         for (int i = 0; i < n; i++) {
@@ -365,7 +354,7 @@ static int fill_depth(struct runner *r, const struct test *t, struct verr *err) 
         rc = decode(r, n, NULL, err);
     }
     for (int j = 1; !rc && j < t->n_parallel; j++)
-        rc = kv_seq_cp(kv, 0, j, 0, t->n_depth, err);
+        rc = context_seq_cp(r->ctx, 0, j, 0, t->n_depth, err);
     return rc ? verr_wrap(err, "filling the cache to depth %d", t->n_depth) : 0;
 }
 
@@ -375,7 +364,7 @@ static int fill_depth(struct runner *r, const struct test *t, struct verr *err) 
 static int run_once(struct runner *r, const struct test *t, uint64_t seed, double *secs,
                     struct verr *err) {
     const int D = t->n_depth;
-    int rc = D == 0 ? kv_clear(&r->x->fc->kv, err) : kv_seq_rm(&r->x->fc->kv, -1, D, -1, err);
+    int rc = D == 0 ? context_clear(r->ctx, err) : context_seq_rm(r->ctx, -1, D, -1, err);
     if (rc)
         return rc;
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -416,11 +405,11 @@ static int run_once(struct runner *r, const struct test *t, uint64_t seed, doubl
     return 0;
 }
 
-static int run_test(struct test *t, struct split_model *smod, const struct args_model *am, int reps,
+static int run_test(struct test *t, struct pipeline *smod, const struct args_model *am, int reps,
                     bool full_logits, bool stage_times, bool verbose, struct verr *err) {
     struct forward_config cfg;
     args_ctx_config(am, &cfg);
-    forward_config_resolve(&cfg, &smod->m->hp);
+    forward_config_resolve(&cfg, &smod->stage[0].m->hp);
     // the cells: the depth prefix (shared by the sequences) and the test's
     int need = t->n_depth, batch;
     if (t->kind == TEST_PP) {
@@ -440,19 +429,20 @@ static int run_test(struct test *t, struct split_model *smod, const struct args_
     cfg.n_ctx = am->n_ctx > need ? am->n_ctx : need;
     test_cost(t, smod, cfg.type_k, cfg.type_v, batch);
 
-    struct runner r = {
-        .full_logits = full_logits, .n_vocab = smod->m->hp.n_vocab, .pp_batch = batch};
-    int rc = split_executor_create(&r.x, smod, &cfg, false, err);
+    struct runner r = {.n_vocab = smod->stage[0].m->hp.n_vocab, .pp_batch = batch};
+    int rc = context_create(&r.ctx, smod, &cfg, false, err);
     if (rc)
         return verr_wrap(err, "%s", t->name);
     const size_t nb = (size_t)cfg.n_batch;
+    if ((r.how = malloc(nb)))
+        memset(r.how, full_logits ? FORWARD_ROW_LOGITS : FORWARD_ROW_ARGMAX, nb);
     r.tok = malloc(nb * sizeof *r.tok);
     r.pos = malloc(nb * sizeof *r.pos);
     r.seq = malloc(nb * sizeof *r.seq);
     r.want = malloc(nb);
     t->samples_ts = calloc((size_t)reps, sizeof *t->samples_ts);
     t->samples_s = calloc((size_t)reps, sizeof *t->samples_s);
-    if (!r.tok || !r.pos || !r.seq || !r.want || !t->samples_ts || !t->samples_s) {
+    if (!r.how || !r.tok || !r.pos || !r.seq || !r.want || !t->samples_ts || !t->samples_s) {
         rc = verr_set(err, VERR_NOMEM, "out of host memory");
         goto out;
     }
@@ -481,10 +471,10 @@ static int run_test(struct test *t, struct split_model *smod, const struct args_
             fprintf(stderr, "vela bench: %s: repetition %d: %.3f s, %.2f t/s\n", t->name, i + 1,
                     secs, t->samples_ts[i]);
     }
-    if (stage_times && smod->pipe) {
+    if (stage_times && smod->n_stages > 1) {
         // One more run, not among the samples: the hook syncs after each
         // stage's work, which serialises the pipeline.
-        struct pipeline *p = smod->pipe;
+        struct pipeline *p = smod;
         memset(p->stage_ms, 0, sizeof p->stage_ms);
         p->xfer_ms = 0;
         p->n_decodes = 0;
@@ -508,7 +498,8 @@ out:
     free(r.pos);
     free(r.seq);
     free(r.want);
-    executor_destroy(r.x);
+    free(r.how);
+    context_free(r.ctx);
     return rc;
 }
 
@@ -890,13 +881,13 @@ static void bench_config(const struct args_model *a, int n_ctx, int n_batch, int
 // check, or the stages of a split; n_ctx / n_batch / n_out: the largest
 // context, batch and logits rows of the tests.
 static int bench_load(const struct args_model *a, const struct gguf_file *f, int n_ctx, int n_batch,
-                      int n_out, bool quiet, struct split_model *sm, struct verr *err) {
+                      int n_out, bool quiet, struct pipeline **sm, struct verr *err) {
     struct load_config lc;
     struct forward_config cfg;
     bench_config(a, n_ctx, n_batch, n_out, &lc, &cfg);
     struct load_progress lprog;
     load_progress_init(&lprog, "vela bench", quiet || a->no_progress);
-    return split_load(sm, &lc, &cfg, f, load_progress_update, &lprog, err);
+    return pipeline_load_ex(&lc, &cfg, f, load_progress_update, &lprog, sm, err);
 }
 
 // The peak bandwidth a split over GPUs can draw on: each distinct GPU's
@@ -1064,7 +1055,7 @@ int cmd_bench(int argc, char **argv) {
 
     int status = 1;
     struct gguf_file *f = NULL;
-    struct split_model sm = {0};
+    struct pipeline *sm = NULL;
     struct report rp = {.model_path = am.model_path, .reps = reps, .full_logits = full_logits};
     if (gguf_open(&f, am.model_path, &err)) {
         fprintf(stderr, "vela bench: %s\n", err.msg);
@@ -1115,7 +1106,7 @@ int cmd_bench(int argc, char **argv) {
         for (int k = 0; k < n_tests; k++) {
             struct test one = tests[k];
             one.samples_ts = one.samples_s = NULL;
-            int rc = run_test(&one, &sm, &am_one, reps, full_logits, false, am.verbose, &err);
+            int rc = run_test(&one, sm, &am_one, reps, full_logits, false, am.verbose, &err);
             if (!rc) {
                 tests[k].have_single = true;
                 tests[k].single_ts = mean_of(one.samples_ts, reps);
@@ -1132,7 +1123,8 @@ int cmd_bench(int argc, char **argv) {
                 fprintf(stderr, "vela bench: %s on %s alone: %.2f t/s\n", tests[k].name,
                         rp.single_device, tests[k].single_ts);
         }
-        split_model_free(&sm);
+        pipeline_free(sm);
+        sm = NULL;
     }
     if (bench_load(&am, f, load_ctx, load_batch, load_out, json, &sm, &err)) {
         fprintf(stderr, "vela bench: %s\n", err.msg);
@@ -1140,8 +1132,8 @@ int cmd_bench(int argc, char **argv) {
     }
     gguf_close(f);
     f = NULL;
-    const struct model *m = sm.m;
-    struct backend *be = sm.be;
+    const struct model *m = sm->stage[0].m;
+    struct backend *be = sm->stage[0].be;
     if (args_selfextend_check(&am, &m->hp, load_ctx, (int)longest, stderr, &err)) {
         if (max_depth > 0)
             fprintf(stderr, "vela bench: -d %d: %s\n", max_depth, err.msg);
@@ -1166,15 +1158,15 @@ int cmd_bench(int argc, char **argv) {
         status = 2;
         goto out;
     }
-    if (am.verbose && sm.pipe)
-        fprintf(stderr, "vela bench: split plan:\n%s", sm.pipe->plan_text);
+    if (am.verbose && sm->n_stages > 1)
+        fprintf(stderr, "vela bench: split plan:\n%s", sm->plan_text);
 
     rp.m = m;
     rp.am = &am;
-    rp.pipe = sm.pipe;
+    rp.pipe = sm->n_stages > 1 ? sm : NULL;
     rp.split_compare = split_compare;
     rp.no_stage_times = no_stage_times;
-    model_totals(&sm, &rp.size_bytes, &rp.n_params);
+    model_totals(sm, &rp.size_bytes, &rp.n_params);
     rp.ftype = ftype_str;
     rp.backend = be->ops->name;
     rp.act_q8 = be->act_q8;
@@ -1198,7 +1190,7 @@ int cmd_bench(int argc, char **argv) {
         rp.have_gpu = true;
         snprintf(rp.device_name, sizeof rp.device_name, "%s", rp.gpu.name);
         rp.peak_bw_gbs = rp.gpu.peak_bw_gbs;
-        if (sm.pipe && (rp.peak_bw_gbs = split_peak_bw(sm.pipe, &err)) < 0) {
+        if (sm->n_stages > 1 && (rp.peak_bw_gbs = split_peak_bw(sm, &err)) < 0) {
             fprintf(stderr, "vela bench: %s\n", err.msg);
             goto out;
         }
@@ -1209,7 +1201,7 @@ int cmd_bench(int argc, char **argv) {
     if (!json)
         print_table_header(&rp);
     for (int k = 0; k < n_tests; k++) {
-        if (run_test(&tests[k], &sm, &am, reps, full_logits, !no_stage_times, am.verbose, &err)) {
+        if (run_test(&tests[k], sm, &am, reps, full_logits, !no_stage_times, am.verbose, &err)) {
             fprintf(stderr, "vela bench: %s\n", err.msg);
             goto out;
         }
@@ -1237,7 +1229,7 @@ out:
         free(tests[k].samples_ts);
         free(tests[k].samples_s);
     }
-    split_model_free(&sm);
+    pipeline_free(sm);
     gguf_close(f);
     return status;
 }

@@ -179,7 +179,7 @@ static int answer(struct chat *c) {
     struct verr err = {0};
     int32_t *toks = NULL;
     int n = 0;
-    const int n_ctx = c->e->fc->cfg.n_ctx;
+    const int n_ctx = context_config(c->e->ctx)->n_ctx;
     // Too long for the context: drop the oldest exchanges, never the system
     // message or the new one.
     for (;;) {
@@ -334,7 +334,7 @@ static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_nam
         fprintf(stderr, "vela chat: %s\n", err.msg);
         return 1;
     }
-    tools_warn_ctx("chat", am, c->e->fc->cfg.n_ctx, c->e->m->hp.n_ctx_train, false);
+    tools_warn_ctx("chat", am, context_config(c->e->ctx)->n_ctx, c->e->m->hp.n_ctx_train, false);
     c->eot = chat_eot_token(c->e->tok, c->tmpl);
     const char *eot_text = chat_template_eot(c->tmpl);
     const char *stops[1] = {eot_text};
@@ -346,7 +346,7 @@ static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_nam
         return 1;
     c->n_system = system_msg ? 1 : 0;
     fprintf(stderr, "vela chat: %s, chat template %s (%s), context %d tokens; /exit to leave\n",
-            am->model_path, chat_template_name(c->tmpl), source, c->e->fc->cfg.n_ctx);
+            am->model_path, chat_template_name(c->tmpl), source, context_config(c->e->ctx)->n_ctx);
     return 0;
 }
 

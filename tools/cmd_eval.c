@@ -222,8 +222,8 @@ static int open_for_tokens(const struct eval_flags *f, const char *text, size_t 
         return 1;
     }
     const int want = *n_tok > EVAL_CTX_MIN ? *n_tok : EVAL_CTX_MIN;
-    if (am->n_ctx == 0 && want != (*e)->fc->cfg.n_ctx) {
-        struct forward_config cfg = (*e)->fc->cfg;
+    if (am->n_ctx == 0 && want != context_config((*e)->ctx)->n_ctx) {
+        struct forward_config cfg = *context_config((*e)->ctx);
         cfg.n_ctx = want;
         cfg.n_batch = am->n_batch < want ? am->n_batch : want;
         cfg.n_outputs_max = cfg.n_batch;
@@ -250,7 +250,7 @@ static void say_summary(const struct eval_flags *f, const struct engine *e,
     printf("n_tokens: %d\nn_vocab: %d\ntop1_last: %d (logit %.6f, piece '%.*s')\n"
            "time: %.2f ms (%.2f tokens/s, %s)\n",
            n_tok, V, best, out->last[best], (int)plen, piece, t_ms,
-           t_ms > 0 ? 1e3 * n_tok / t_ms : 0.0, e->be->ops->name);
+           t_ms > 0 ? 1e3 * n_tok / t_ms : 0.0, context_backend_name(e->ctx));
     if (f->logits_out)
         printf("logits: %s (%d x %d float32)\n", f->logits_out, n_tok, V);
 }
@@ -261,8 +261,10 @@ static void say_summary(const struct eval_flags *f, const struct engine *e,
 static int eval_tokens(struct eval_flags *f, struct engine *e, const int32_t *tokens, int n_tok,
                        struct eval_out *out, double *t_ms) {
     struct verr err = {0};
-    tools_warn_ctx("eval", &f->am, e->fc->cfg.n_ctx, e->m->hp.n_ctx_train, f->ep.ga_n != 1);
-    if (args_selfextend_check(&f->am, &e->m->hp, e->fc->cfg.n_ctx, n_tok, stderr, &err)) {
+    tools_warn_ctx("eval", &f->am, context_config(e->ctx)->n_ctx, e->m->hp.n_ctx_train,
+                   f->ep.ga_n != 1);
+    if (args_selfextend_check(&f->am, &e->m->hp, context_config(e->ctx)->n_ctx, n_tok, stderr,
+                              &err)) {
         fprintf(stderr, "vela eval: %s\n", err.msg);
         return 1;
     }

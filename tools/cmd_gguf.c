@@ -140,18 +140,44 @@ static struct gguf_value arr_elem(const struct gguf_array *a, uint64_t i) {
 static void fmt_scalar(struct sbuf *b, const struct gguf_value *v, bool json_bool) {
     char tmp[64];
     switch (v->type) {
-    case GGUF_VT_UINT8: sb_printf(b, "%u", (unsigned)v->u8); break;
-    case GGUF_VT_INT8: sb_printf(b, "%d", (int)v->i8); break;
-    case GGUF_VT_UINT16: sb_printf(b, "%u", (unsigned)v->u16); break;
-    case GGUF_VT_INT16: sb_printf(b, "%d", (int)v->i16); break;
-    case GGUF_VT_UINT32: sb_printf(b, "%" PRIu32, v->u32); break;
-    case GGUF_VT_INT32: sb_printf(b, "%" PRId32, v->i32); break;
-    case GGUF_VT_UINT64: sb_printf(b, "%" PRIu64, v->u64); break;
-    case GGUF_VT_INT64: sb_printf(b, "%" PRId64, v->i64); break;
-    case GGUF_VT_FLOAT32: fmt_real(tmp, sizeof tmp, v->f32, true); sb_puts(b, tmp); break;
-    case GGUF_VT_FLOAT64: fmt_real(tmp, sizeof tmp, v->f64, false); sb_puts(b, tmp); break;
-    case GGUF_VT_BOOL: sb_puts(b, v->b ? (json_bool ? "true" : "True") : (json_bool ? "false" : "False")); break;
-    default: sb_puts(b, "?"); break;
+    case GGUF_VT_UINT8:
+        sb_printf(b, "%u", (unsigned)v->u8);
+        break;
+    case GGUF_VT_INT8:
+        sb_printf(b, "%d", (int)v->i8);
+        break;
+    case GGUF_VT_UINT16:
+        sb_printf(b, "%u", (unsigned)v->u16);
+        break;
+    case GGUF_VT_INT16:
+        sb_printf(b, "%d", (int)v->i16);
+        break;
+    case GGUF_VT_UINT32:
+        sb_printf(b, "%" PRIu32, v->u32);
+        break;
+    case GGUF_VT_INT32:
+        sb_printf(b, "%" PRId32, v->i32);
+        break;
+    case GGUF_VT_UINT64:
+        sb_printf(b, "%" PRIu64, v->u64);
+        break;
+    case GGUF_VT_INT64:
+        sb_printf(b, "%" PRId64, v->i64);
+        break;
+    case GGUF_VT_FLOAT32:
+        fmt_real(tmp, sizeof tmp, v->f32, true);
+        sb_puts(b, tmp);
+        break;
+    case GGUF_VT_FLOAT64:
+        fmt_real(tmp, sizeof tmp, v->f64, false);
+        sb_puts(b, tmp);
+        break;
+    case GGUF_VT_BOOL:
+        sb_puts(b, v->b ? (json_bool ? "true" : "True") : (json_bool ? "false" : "False"));
+        break;
+    default:
+        sb_puts(b, "?");
+        break;
     }
 }
 
@@ -181,7 +207,8 @@ static size_t utf8_len(const unsigned char *s, size_t left) {
             return 0;
         cp = (cp << 6) | (s[i] & 0x3f);
     }
-    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
         return 0;
     return n;
 }
@@ -313,8 +340,8 @@ static int dump_text(const struct gguf_file *f, bool tensors) {
     char tmp[64];
     printf("* File: %s\n", f->path);
     printf("* GGUF version %" PRIu32 ", LITTLE endian, %" PRIu64 " tensor(s), %" PRIu64
-           " key/value pair(s), alignment %" PRIu64 ", data section at offset %" PRIu64
-           ", %" PRIu64 " bytes\n",
+           " key/value pair(s), alignment %" PRIu64 ", data section at offset %" PRIu64 ", %" PRIu64
+           " bytes\n",
            f->version, f->n_tensors, f->n_kv, f->alignment, f->data_offset, f->size);
     printf("* Dumping %" PRIu64 " key/value pair(s)\n", f->n_kv + 3);
     snprintf(tmp, sizeof tmp, "%" PRIu32, f->version);
@@ -366,8 +393,8 @@ static int dump_text(const struct gguf_file *f, bool tensors) {
             char shape[96];
             snprintf(shape, sizeof shape, "%5" PRId64 ", %5" PRId64 ", %5" PRId64 ", %5" PRId64,
                      t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
-            printf("%7" PRIu64 ": %-*s | %-26s | %-7s | %12" PRIu64 " | %12" PRIu64 "\n", i + 1,
-                   w, line.p, shape, tmp, t->offset, t->nbytes);
+            printf("%7" PRIu64 ": %-*s | %-26s | %-7s | %12" PRIu64 " | %12" PRIu64 "\n", i + 1, w,
+                   line.p, shape, tmp, t->offset, t->nbytes);
         }
     }
     free(line.p);
@@ -421,7 +448,8 @@ static cJSON *json_str(const struct gguf_str *s) {
 static cJSON *json_scalar(const struct gguf_value *v) {
     char tmp[64];
     switch (v->type) {
-    case GGUF_VT_BOOL: return cJSON_CreateBool(v->b);
+    case GGUF_VT_BOOL:
+        return cJSON_CreateBool(v->b);
     case GGUF_VT_FLOAT32:
     case GGUF_VT_FLOAT64: {
         double x = v->type == GGUF_VT_FLOAT32 ? v->f32 : v->f64;
@@ -519,9 +547,11 @@ static int dump_json(const struct gguf_file *f, bool tensors) {
         snprintf(tmp, sizeof tmp, "%" PRIu32, f->version);
         ok = ok && json_add_entry(meta, "GGUF.version", 0, "UINT32", 4, cJSON_CreateRaw(tmp), NULL);
         snprintf(tmp, sizeof tmp, "%" PRIu64, f->n_tensors);
-        ok = ok && json_add_entry(meta, "GGUF.tensor_count", 1, "UINT64", 8, cJSON_CreateRaw(tmp), NULL);
+        ok = ok &&
+             json_add_entry(meta, "GGUF.tensor_count", 1, "UINT64", 8, cJSON_CreateRaw(tmp), NULL);
         snprintf(tmp, sizeof tmp, "%" PRIu64, f->n_kv);
-        ok = ok && json_add_entry(meta, "GGUF.kv_count", 2, "UINT64", 16, cJSON_CreateRaw(tmp), NULL);
+        ok = ok &&
+             json_add_entry(meta, "GGUF.kv_count", 2, "UINT64", 16, cJSON_CreateRaw(tmp), NULL);
         for (uint64_t i = 0; ok && i < f->n_kv; i++) {
             const struct gguf_value *v = &f->kv[i].val;
             ok = json_add_entry(meta, f->kv[i].key, (int64_t)i + 3, gguf_vtype_name(v->type),

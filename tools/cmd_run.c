@@ -641,7 +641,8 @@ static int prepare_run(struct run_flags *f, struct engine *e, const struct engin
     int longest = 0;
     for (int s = 0; s < n_seq; s++)
         longest = prompts[s].n_tokens > longest ? prompts[s].n_tokens : longest;
-    if (args_selfextend_check(&f->am, &e->m->hp, e->fc->cfg.n_ctx, longest, stderr, &err)) {
+    if (args_selfextend_check(&f->am, &e->m->hp, context_config(e->ctx)->n_ctx, longest, stderr,
+                              &err)) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         return 1;
     }
@@ -656,7 +657,7 @@ static int prepare_run(struct run_flags *f, struct engine *e, const struct engin
             return 1;
         }
     }
-    const int n_ctx_seq = e->fc->cfg.n_ctx / f->gp.n_parallel;
+    const int n_ctx_seq = context_config(e->ctx)->n_ctx / f->gp.n_parallel;
     if (f->am.verbose)
         say_prompts(f, prompts, n_seq, n_ctx_seq);
     tools_warn_ctx("run", &f->am, n_ctx_seq, e->m->hp.n_ctx_train, f->gp.ga_n != 1);
@@ -712,7 +713,7 @@ static int run_prompts(struct run_flags *f, char *text, size_t text_len, enum ch
         fprintf(stderr, "vela run: %s\n", err.msg);
         goto done;
     }
-    say_results(f, e, &out, &st, e->fc->cfg.n_ctx / f->gp.n_parallel);
+    say_results(f, e, &out, &st, context_config(e->ctx)->n_ctx / f->gp.n_parallel);
     status = 0;
 done:
     run_out_free(&out);

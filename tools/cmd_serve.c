@@ -394,23 +394,26 @@ static int run_server(struct args_model *am, struct serve_flags *f) {
         srv_log(SRV_LOG_ERROR, "%s", err.msg);
         goto out;
     }
-    tools_warn_ctx("serve", am, e->fc->cfg.n_ctx / f->sc.n_parallel, e->m->hp.n_ctx_train, false);
+    tools_warn_ctx("serve", am, context_config(e->ctx)->n_ctx / f->sc.n_parallel,
+                   e->m->hp.n_ctx_train, false);
     srv_log(SRV_LOG_INFO, "ready: model '%s', %d slots of %d tokens, backend %s", f->sc.model_id,
-            f->sc.n_parallel, e->fc->cfg.n_ctx / f->sc.n_parallel, e->be->ops->name);
+            f->sc.n_parallel, context_config(e->ctx)->n_ctx / f->sc.n_parallel,
+            context_backend_name(e->ctx));
     const struct api_defaults *d = &f->sc.defaults;
     srv_log(SRV_LOG_INFO,
             "sampling defaults (a request overrides each): temperature %g, top_k %d, top_p %g, "
             "min_p %g, repeat_penalty %g, n_predict %d",
             (double)d->temperature, d->top_k, (double)d->top_p, (double)d->min_p,
             (double)d->repeat_penalty, d->n_predict);
-    if (e->fc->cfg.se_g > 1) {
-        const int slot = e->fc->cfg.n_ctx / f->sc.n_parallel;
-        const int64_t ext = se_extended_ctx(e->m->hp.n_ctx_train, e->fc->cfg.se_g, e->fc->cfg.se_w);
+    if (context_config(e->ctx)->se_g > 1) {
+        const int slot = context_config(e->ctx)->n_ctx / f->sc.n_parallel;
+        const int64_t ext = se_extended_ctx(e->m->hp.n_ctx_train, context_config(e->ctx)->se_g,
+                                            context_config(e->ctx)->se_w);
         srv_log(SRV_LOG_INFO,
                 "exact self-extend G %d, W %d: a request may use %lld tokens "
                 "(the trained context %d extends to %lld; a slot holds %d)",
-                e->fc->cfg.se_g, e->fc->cfg.se_w, (long long)(ext < slot ? ext : slot),
-                e->m->hp.n_ctx_train, (long long)ext, slot);
+                context_config(e->ctx)->se_g, context_config(e->ctx)->se_w,
+                (long long)(ext < slot ? ext : slot), e->m->hp.n_ctx_train, (long long)ext, slot);
     }
     fflush(stderr);
     while (!g_stop) {

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
-#include "tools/args.h"
 #include "host/tokenizer/tokenizer.h"
+#include "tools/args.h"
 #include "tools/cmds.h"
 
 static void usage(FILE *out) {

@@ -5,7 +5,6 @@
 
 #include <stddef.h>
 #include <stdio.h>
-#include <unistd.h>
 
 int backend_create_device(const struct backend_device *d, const struct backend_settings *s,
                           struct backend **out, struct verr *err) {
@@ -33,34 +32,7 @@ int backend_device_memory(const struct backend_device *d, size_t *free_bytes, si
                           struct verr *err) {
     if (d->kind == BACKEND_DEVICE_CUDA)
         return backend_cuda_mem_info(d->ordinal, free_bytes, total_bytes, err);
-    // MemAvailable counts the page cache the kernel would give back (the
-    // mmap'ed model file lives there); sysconf's free pages do not.
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        unsigned long long avail_kb = 0, total_kb = 0;
-        while (fgets(line, sizeof line, f)) {
-            sscanf(line, "MemAvailable: %llu kB", &avail_kb);
-            sscanf(line, "MemTotal: %llu kB", &total_kb);
-        }
-        fclose(f);
-        if (avail_kb && total_kb) {
-            *free_bytes = (size_t)avail_kb * 1024;
-            *total_bytes = (size_t)total_kb * 1024;
-            return 0;
-        }
-    }
-    long page = sysconf(_SC_PAGESIZE);
-    long avail = sysconf(_SC_AVPHYS_PAGES), phys = sysconf(_SC_PHYS_PAGES);
-    if (page <= 0 || avail < 0 || phys <= 0) {
-        // Unknown: the plan treats the CPU as unlimited rather than refuse.
-        *free_bytes = BACKEND_MEM_UNLIMITED;
-        *total_bytes = BACKEND_MEM_UNLIMITED;
-        return 0;
-    }
-    *free_bytes = (size_t)avail * (size_t)page;
-    *total_bytes = (size_t)phys * (size_t)page;
-    return 0;
+    return backend_cpu_mem_info(free_bytes, total_bytes);
 }
 
 void backend_device_name(const struct backend_device *d, char *buf, size_t cap) {

@@ -11,8 +11,10 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
@@ -141,11 +143,39 @@ static int cpu_upload(struct backend *be, void *dst, const void *src, size_t byt
     return cpu_copy(be, dst, src, bytes, "upload");
 }
 
-// What the kernel reports available (host/split/pipeline.c reads it for the split
-// plan too); BACKEND_MEM_UNLIMITED when it cannot say.
+int backend_cpu_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    // MemAvailable counts the page cache the kernel would give back (the
+    // mmap'ed model file lives there); sysconf's free pages do not.
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long avail_kb = 0, total_kb = 0;
+        while (fgets(line, sizeof line, f)) {
+            sscanf(line, "MemAvailable: %llu kB", &avail_kb);
+            sscanf(line, "MemTotal: %llu kB", &total_kb);
+        }
+        fclose(f);
+        if (avail_kb && total_kb) {
+            *free_bytes = (size_t)avail_kb * 1024;
+            *total_bytes = (size_t)total_kb * 1024;
+            return 0;
+        }
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    long avail = sysconf(_SC_AVPHYS_PAGES), phys = sysconf(_SC_PHYS_PAGES);
+    if (page <= 0 || avail < 0 || phys <= 0) {
+        // Unknown: the plan treats the CPU as unlimited rather than refuse.
+        *free_bytes = BACKEND_MEM_UNLIMITED;
+        *total_bytes = BACKEND_MEM_UNLIMITED;
+        return 0;
+    }
+    *free_bytes = (size_t)avail * (size_t)page;
+    *total_bytes = (size_t)phys * (size_t)page;
+    return 0;
+}
+
 static int cpu_mem_info(struct backend *be, size_t *free_bytes, size_t *total_bytes) {
-    const struct backend_device d = {BACKEND_DEVICE_CPU, 0};
-    return backend_device_memory(&d, free_bytes, total_bytes, &be->err);
+    return backend_cpu_mem_info(free_bytes, total_bytes);
 }
 
 static int cpu_download(struct backend *be, void *dst, const void *src, size_t bytes) {

@@ -1,21 +1,13 @@
 // The generation engine (see engine.h): llama-cli's main loop over the one
 // forward pass, the sampler and the streaming detokenizer.
 #include "host/engine/engine.h"
-#include "host/engine/sched.h"
+#include "host/engine/step.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gguf/gguf.h"
-#include "host/split/pipeline.h"
-
-double engine_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 void engine_config_default(struct engine_config *c) {
     memset(c, 0, sizeof *c);
@@ -60,12 +52,12 @@ int engine_open(struct engine **out, const struct engine_config *c, struct verr 
     int rc = gguf_open(&f, path, err);
     if (rc)
         goto fail;
-    // One backend, or a model split over several devices (e->m and e->be
-    // are then stage 0's, see host/split/split.h).
-    if ((rc = split_load(&e->sm, &c->load, &fcfg, f, c->progress, c->progress_user, err)))
+    // One backend, or a model split over several devices (e->m is then
+    // stage 0's, see host/split/pipeline.h).
+    if ((rc =
+             pipeline_load_ex(&c->load, &fcfg, f, c->progress, c->progress_user, &e->weights, err)))
         goto fail;
-    e->m = e->sm.m;
-    e->be = e->sm.be;
+    e->m = e->weights->stage[0].m;
     if ((rc = open_tokenizer(e, f, path, c->need_tokenizer, err)))
         goto fail;
     forward_config_resolve(&fcfg, &e->m->hp);
@@ -84,12 +76,11 @@ fail:
 int engine_reopen(struct engine *e, const struct forward_config *cfg, struct verr *err) {
     engine_sched_free(e->sched); // its requests' cells go with the cache
     e->sched = NULL;
-    executor_destroy(e->x);
-    e->x = NULL;
-    e->fc = NULL;
-    int rc = split_executor_create(&e->x, &e->sm, cfg, false, err);
+    context_free(e->ctx);
+    e->ctx = NULL;
+    int rc = context_create(&e->ctx, e->weights, cfg, false, err);
     if (!rc)
-        e->fc = e->x->fc;
+        e->m = context_model(e->ctx);
     return rc;
 }
 
@@ -97,9 +88,9 @@ void engine_close(struct engine *e) {
     if (!e)
         return;
     engine_sched_free(e->sched);
-    executor_destroy(e->x);
+    context_free(e->ctx);
     tokenizer_free(e->tok);
-    split_model_free(&e->sm);
+    pipeline_free(e->weights);
     free(e);
 }
 
@@ -134,8 +125,8 @@ static int eval_rows(void *user, uint64_t id, int first, int n, const float *log
 
 static int eval_check(const struct engine *e, const int32_t *tokens, int n_tokens, int ga_n,
                       int ga_w, struct verr *err) {
-    const struct forward_ctx *fc = e->fc;
-    const int n_ctx = fc->cfg.n_ctx, n_batch = fc->cfg.n_batch;
+    const struct forward_config *cfg = context_config(e->ctx);
+    const int n_ctx = cfg->n_ctx, n_batch = cfg->n_batch;
     if (n_tokens < 1)
         return verr_set(err, VERR_RANGE, "no tokens to evaluate");
     if (engine_n_active(e) || engine_n_queued(e))
@@ -144,11 +135,11 @@ static int eval_check(const struct engine *e, const int32_t *tokens, int n_token
     if (n_tokens > n_ctx)
         return verr_set(err, VERR_RANGE, "%d tokens do not fit in the context of %d (-c)", n_tokens,
                         n_ctx);
-    if (fc->cfg.n_outputs_max < n_batch)
+    if (cfg->n_outputs_max < n_batch)
         return verr_set(err, VERR_RANGE,
                         "engine_eval: the context keeps logits of %d rows, "
                         "the batch is %d",
-                        fc->cfg.n_outputs_max, n_batch);
+                        cfg->n_outputs_max, n_batch);
     for (int t = 0; t < n_tokens; t++)
         if (tokens[t] < 0 || tokens[t] >= e->m->hp.n_vocab)
             return verr_set(err, VERR_RANGE, "token id %d is out of range (n_vocab %d)", tokens[t],
@@ -158,7 +149,7 @@ static int eval_check(const struct engine *e, const int32_t *tokens, int n_token
     pp.ga_n = ga_n;
     pp.ga_w = ga_w;
     struct kv_policy pol;
-    return kv_policy_init(&pol, &pp, &fc->kv, 0, n_ctx, err);
+    return context_policy_init(e->ctx, &pol, &pp, 0, n_ctx, err);
 }
 
 int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,
@@ -168,12 +159,11 @@ int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,
     int rc = eval_check(e, tokens, n_tokens, ga_n, ga_w, err);
     if (rc)
         return rc;
-    struct engine_sched_config saved = {0};
-    if (e->sched)
-        saved = e->sched->cfg;
+    struct engine_sched_config saved;
+    engine_sched_config_get(e, &saved);
     // One slot of the whole context, a chunk of n_batch tokens a step.
     struct engine_sched_config c = {.n_slots = 1, .n_queue_max = 1, .n_step_tokens = -1};
-    if ((rc = engine_sched_configure(e, &c, err)) || (rc = kv_clear(&e->fc->kv, err)))
+    if ((rc = engine_sched_configure(e, &c, err)) || (rc = context_clear(e->ctx, err)))
         goto out;
     struct eval_loop l = {.p = p, .rows = rows, .user = user};
     struct engine_request r;
@@ -194,7 +184,7 @@ int engine_eval_ex(struct engine *e, const int32_t *tokens, int n_tokens,
         ;
     if (rc >= 0 && l.rc) {
         rc = l.rc > 0 ? verr_set(err, VERR_IO, "writing logits failed") : l.rc;
-        sched_end_all(e, "stopped", NULL);
+        engine_end_all(e, "stopped", NULL);
     }
     if (!rc && t_ms)
         *t_ms = engine_now_ms() - t0 - l.spent_in_rows;
@@ -211,8 +201,8 @@ int engine_eval(struct engine *e, const int32_t *tokens, int n_tokens, engine_ro
 void engine_describe(const struct engine *e, char *buf, size_t cap) {
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
-    const struct forward_ctx *fc = e->fc;
-    const struct rope_params *rp = &fc->rope;
+    const struct forward_config *cfg = context_config(e->ctx);
+    const struct rope_params *rp = context_rope(e->ctx);
     snprintf(buf, cap,
              "model: %s (%s), %.2f M parameters, %.2f MiB of weights (%s), output %s\n"
              "hparams: n_embd %d, n_layer %d, n_head %d, n_head_kv %d, head_dim %d/%d, n_ff %d, "
@@ -229,14 +219,12 @@ void engine_describe(const struct engine *e, char *buf, size_t cap) {
              hp->n_ctx_train, hp->norm_eps, rp->mode == ROPE_MODE_NEOX ? "neox" : "normal",
              rp->n_rot, rp->freq_base, rp->freq_scale, rope_scaling_name(hp->rope_scaling),
              rp->ext_factor, rp->attn_factor, rp->beta_fast, rp->beta_slow, rp->n_ctx_orig,
-             rp->freq_factors ? ", rope_freqs.weight" : "", e->be->ops->name, fc->cfg.n_ctx,
-             fc->cfg.n_batch, fc->cfg.n_seq_max, ggml_type_name(fc->cfg.type_k),
-             ggml_type_name(fc->cfg.type_v),
-             (double)(fc->kv.k_row_bytes + fc->kv.v_row_bytes) * fc->cfg.n_ctx * hp->n_layer /
-                 (1024.0 * 1024.0),
+             rp->freq_factors ? ", rope_freqs.weight" : "", context_backend_name(e->ctx),
+             cfg->n_ctx, cfg->n_batch, cfg->n_seq_max, ggml_type_name(cfg->type_k),
+             ggml_type_name(cfg->type_v), context_kv_bytes(e->ctx) / (1024.0 * 1024.0),
              e->tok ? (tokenizer_get_type(e->tok) == TOKENIZER_SPM ? "spm (llama)" : "bpe (gpt2)")
                     : "none");
-    const char *plan = executor_describe(e->x); // NULL with one stage
+    const char *plan = context_describe(e->ctx); // NULL with one stage
     if (plan) {
         size_t n = strlen(buf);
         if (n < cap)

@@ -22,10 +22,11 @@
 
 #include "gguf/verr.h"
 #include "host/backend/sampler.h"
+#include "host/engine/core.h"
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
-#include "host/split/split.h"
+#include "host/split/context.h"
 #include "host/tokenizer/tokenizer.h"
 
 // What engine_open opens: the model, where it runs (load), and its context.
@@ -42,29 +43,11 @@ struct engine_config {
 };
 void engine_config_default(struct engine_config *c);
 
-struct engine_sched;
-
-struct engine {
-    struct split_model sm;      // the weights, on one device or several (owned)
-    struct executor *x;         // decodes over sm (host/forward/executor.h)
-    struct forward_ctx *fc;     // x's front context: the KV cache, config, last results
-    struct model *m;            // sm.m: hparams, name
-    struct backend *be;         // sm.be
-    struct tokenizer *tok;      // NULL when the file has none and it was not needed
-    struct engine_sched *sched; // the step API's slots and queue (step.h); NULL until used
-    double t_load_ms;           // open + load + upload + context
-};
-
 int engine_open(struct engine **out, const struct engine_config *c, struct verr *err);
-// engine_close and engine_reopen free the step API's state (host/engine/step.c).
-void engine_sched_free(struct engine_sched *s);
 void engine_close(struct engine *e);
 // Replaces the context (cache, scratch) with one for cfg, keeping the
 // weights: `vela eval` sizes the cache once it knows the token count.
 int engine_reopen(struct engine *e, const struct forward_config *cfg, struct verr *err);
-
-// Monotonic milliseconds.
-double engine_now_ms(void);
 
 // Context and sequences. The cache has n_ctx cells (-c) shared by up to
 // n_parallel sequences decoded together; each sequence may use n_ctx /
@@ -98,36 +81,6 @@ struct engine_gen_params {
 };
 
 void engine_gen_params_default(struct engine_gen_params *g);
-
-enum engine_event {
-    ENGINE_EV_TOKEN, // a sampled token; text/len: its printable piece (maybe empty);
-                     // token -1: text the stream held back, flushed at the end
-    ENGINE_EV_DONE,  // a sequence ended; text: why ("eog", "n_predict", "context full",
-                     // "stopped"); token: its last token
-    ENGINE_EV_NOTE,  // a log line (self-extend rounds, sequence starts); text: the line
-    ENGINE_EV_SHIFT, // a context shift of sequence seq; token: n_discard; text: a line
-};
-
-// Return non-zero to stop generating (all sequences). seq is the index of
-// the prompt (engine_generate_batch) or of the sample (engine_generate).
-typedef int (*engine_event_fn)(void *user, enum engine_event ev, int seq, int32_t token,
-                               const char *text, size_t len);
-
-struct engine_stats {
-    int n_prompt;       // prompt tokens evaluated (a prompt shared by samples counts once)
-    int n_gen;          // tokens sampled (all sequences)
-    int n_gen_backend;  // of those, picked on the backend (argmax or sample op) from rows
-                        // that never came to the host
-    int n_decode_gen;   // decode steps that carried generated tokens
-    int n_seq;          // sequences finished
-    double t_prompt_ms; // decode time of prompt tokens (a step with both kinds is split
-                        // by token count)
-    double t_gen_ms;    // decode time of generated tokens + sampling
-    double t_total_ms;  // the whole loop
-    uint32_t seed;      // the sampler seed used by sequence 0
-    int n_ctx_shifts;   // all sequences
-    int n_batch_splits; // decodes retried with a smaller batch (fragmented cache)
-};
 
 struct engine_prompt {
     const int32_t *tokens; // [n_tokens]

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/engine/sched.h"
+#include "host/engine/engine.h"
+#include "host/engine/step.h"
 
 void engine_gen_params_default(struct engine_gen_params *g) {
     memset(g, 0, sizeof *g);
@@ -26,20 +27,20 @@ void engine_gen_params_default(struct engine_gen_params *g) {
 static int check_params(const struct engine *e, const struct engine_prompt *prompts, int n_prompts,
                         bool samples, const struct engine_gen_params *g, int n_ctx_seq,
                         struct verr *err) {
-    const struct forward_ctx *fc = e->fc;
+    const struct forward_config *cfg = context_config(e->ctx);
     const int n_par = g->n_parallel, V = e->m->hp.n_vocab;
     if (n_prompts < 1)
         return verr_set(err, VERR_RANGE, "no prompt");
-    if (n_par < 1 || n_par > fc->cfg.n_seq_max ||
-        fc->cfg.n_outputs_max < (n_par < fc->cfg.n_batch ? n_par : fc->cfg.n_batch))
+    if (n_par < 1 || n_par > cfg->n_seq_max ||
+        cfg->n_outputs_max < (n_par < cfg->n_batch ? n_par : cfg->n_batch))
         return verr_set(err, VERR_RANGE,
                         "--parallel %d: the context was opened for %d sequences (%d logits rows)",
-                        n_par, fc->cfg.n_seq_max, fc->cfg.n_outputs_max);
+                        n_par, cfg->n_seq_max, cfg->n_outputs_max);
     if (n_ctx_seq < 5)
         return verr_set(err, VERR_RANGE,
                         "a context of %d cells leaves %d per sequence for --parallel %d; each "
                         "needs at least 5 (raise -c)",
-                        fc->cfg.n_ctx, n_ctx_seq, n_par);
+                        cfg->n_ctx, n_ctx_seq, n_par);
     if (g->n_predict < -2)
         return verr_set(err, VERR_RANGE,
                         "n_predict %d: -1 (until EOG) or -2 (until the context is "
@@ -49,10 +50,10 @@ static int check_params(const struct engine *e, const struct engine_prompt *prom
     kv_policy_params_default(&pp);
     pp.ga_n = g->ga_n;
     pp.ga_w = g->ga_w;
-    pp.se_g = fc->cfg.se_g;
-    pp.se_w = fc->cfg.se_w;
+    pp.se_g = cfg->se_g;
+    pp.se_w = cfg->se_w;
     struct kv_policy pol;
-    int rc = kv_policy_init(&pol, &pp, &fc->kv, 0, n_ctx_seq, err);
+    int rc = context_policy_init(e->ctx, &pol, &pp, 0, n_ctx_seq, err);
     if (rc)
         return rc;
     for (int i = 0; i < n_prompts; i++) {
@@ -86,6 +87,7 @@ struct gen_loop {
     const struct engine_gen_params *g;
     engine_event_fn cb;
     void *user;
+    int n_queue_max; // the step API's queue, as configured for this loop
     bool halt;
 };
 
@@ -104,7 +106,7 @@ static int on_req_event(void *user, const struct engine_req_event *ev) {
     if (w->cb && w->cb(w->user, ev->ev, it->i, ev->token, ev->text, ev->len) &&
         ev->ev == ENGINE_EV_TOKEN) {
         w->halt = true;
-        w->e->sched->halt = true; // the step samples no further slot
+        engine_sched_halt(w->e); // the step samples no further slot
     }
     return 0;
 }
@@ -114,7 +116,7 @@ static int on_req_logits(void *user, uint64_t id, int32_t pos, const float *logi
     (void)id;
     if (it->w->g->on_logits(it->w->g->logits_user, it->i, pos, logits)) {
         it->w->halt = true;
-        it->w->e->sched->halt = true;
+        engine_sched_halt(it->w->e);
     }
     return 0;
 }
@@ -159,7 +161,7 @@ static int base_seed(const struct engine *e, const struct sampler_params *sp, ui
 // Submits prompts from *next while the queue takes them, then steps once.
 static int loop_step(struct gen_loop *w, const struct engine_prompt *prompts, int n_prompts,
                      struct gen_item *items, uint32_t base, int *next, struct verr *err) {
-    while (*next < n_prompts && engine_n_queued(w->e) < w->e->sched->cfg.n_queue_max) {
+    while (*next < n_prompts && engine_n_queued(w->e) < w->n_queue_max) {
         int i = *next;
         uint32_t seed = i == 0 ? base : base + (uint32_t)i;
         if (i > 0 && seed == SAMPLER_SEED_RANDOM)
@@ -180,7 +182,7 @@ static int generate(struct engine *e, const struct engine_prompt *prompts, int n
                     struct engine_stats *st, struct verr *err) {
     memset(st, 0, sizeof *st);
     const int n_par = g->n_parallel;
-    const int n_ctx_seq = n_par >= 1 ? e->fc->cfg.n_ctx / n_par : 0;
+    const int n_ctx_seq = n_par >= 1 ? context_config(e->ctx)->n_ctx / n_par : 0;
     int rc = check_params(e, prompts, n_prompts, samples, g, n_ctx_seq, err);
     if (rc)
         return rc;
@@ -189,16 +191,15 @@ static int generate(struct engine *e, const struct engine_prompt *prompts, int n
     uint32_t base;
     if ((rc = base_seed(e, &g->sp, &base, err)))
         return rc;
-    struct engine_sched_config saved = {0};
-    if (e->sched)
-        saved = e->sched->cfg;
+    struct engine_sched_config saved;
+    engine_sched_config_get(e, &saved);
     struct engine_sched_config c = {.n_slots = n_par, .n_queue_max = n_par, .n_step_tokens = -1};
     struct gen_item *items = malloc((size_t)n_prompts * sizeof *items);
     if (!items)
         return verr_set(err, VERR_NOMEM, "out of host memory");
-    if ((rc = engine_sched_configure(e, &c, err)) || (rc = kv_clear(&e->fc->kv, err)))
+    if ((rc = engine_sched_configure(e, &c, err)) || (rc = context_clear(e->ctx, err)))
         goto out;
-    struct gen_loop w = {.e = e, .g = g, .cb = cb, .user = user};
+    struct gen_loop w = {.e = e, .g = g, .cb = cb, .user = user, .n_queue_max = c.n_queue_max};
     int next = 0;
     double t_start = engine_now_ms();
     // (0 with prompts left: every started one ended within the step)
@@ -209,14 +210,14 @@ static int generate(struct engine *e, const struct engine_prompt *prompts, int n
     if (rc < 0)
         goto out;
     // A stop requested by a callback still flushes and ends every sequence.
-    if (w.halt && (rc = sched_end_all(e, "stopped", err)))
+    if (w.halt && (rc = engine_end_all(e, "stopped", err)))
         goto out;
-    *st = e->sched->st;
+    *st = *engine_sched_stats(e);
     st->seed = base;
     st->t_total_ms = engine_now_ms() - t_start;
 out:
     if (rc)
-        sched_end_all(e, "error", NULL);
+        engine_end_all(e, "error", NULL);
     // The step API's own configuration again (the defaults when it had none).
     engine_sched_configure(e, &saved, NULL);
     free(items);

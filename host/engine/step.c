@@ -5,9 +5,80 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/engine/sched.h"
-#include "host/forward/executor.h"
+#include "host/engine/step.h"
 #include "host/ops/selfextend.h"
+#include "host/split/context.h"
+#include "kv/policy.h"
+
+// --- the step API's state: slots, queue, the step batch
+
+// A submitted request: the caller's description with owned copies.
+struct sched_req {
+    uint64_t id;
+    struct engine_request p; // p.tokens / p.stop_tokens point at the copies below
+    int32_t *tokens;         // [n_tokens]
+    int32_t *stop;           // [n_stop_tokens]
+    struct engine_req_stats st;
+};
+
+enum slot_state { SLOT_FREE, SLOT_PROMPT, SLOT_GEN };
+
+// One sequence being decoded. Its sequence id in the cache is its slot index.
+struct slot {
+    enum slot_state state;
+    struct sched_req *rq; // NULL when free
+    int n_consumed;       // prompt tokens decoded (or shared)
+    int32_t n_past;       // position of the next token
+    int n_cells;          // cells holding this sequence
+    int32_t next;         // the sampled token waiting to be decoded; -1: none yet
+    int out_row;          // index in this step's batch of the row it samples from; -1: none
+    int32_t out_pos;
+    int share_from; // slot whose prompt cells it will share; -1: none
+    bool can_share; // no shift can ever move this sequence's prompt cells
+    bool started_now;
+    const char *end_why;    // set during a step (engine_cancel from a callback, on_rows):
+                            // it ends after the step with this reason
+    int chunk_b0, chunk_c0; // its prompt chunk in this step: batch index, prompt index
+    uint8_t row_how;        // this step: what its row gives back (enum forward_row)
+    int32_t amax;           // the token the backend picked from its row (argmax or sample op)
+    float *last;            // [n_vocab] its row (sampling on the host); kept across requests
+    // The tokens of this slot's cells, positions 0..n_hist-1, while no
+    // policy moved them (hist_ok): what a request with reuse_cells compares
+    // its prompt against. Kept across requests, as `last`.
+    int32_t *hist;
+    int n_hist, cap_hist;
+    bool hist_ok;
+    uint64_t last_used; // the engine's tick when its last request ended (0: never)
+    struct sampler *smp;
+    struct tokenizer_stream *stream;
+    struct kv_policy pol; // context shift, self-extend, ... (kv/policy.h)
+    // The exact self-extend G and W (G 1: off) its request's tokens attend
+    // with, and the ones its kept cells (hist) were computed with: K/V of
+    // later layers come from earlier layers' attention, so a request with
+    // other values reuses only cells no far key reached (se_shared_prefix).
+    int se_g, se_w;
+};
+
+struct engine_sched {
+    struct engine_sched_config cfg; // as resolved (n_slots, n_queue_max >= 1)
+    int n_ctx_seq;                  // cells per slot
+    struct slot *slots;             // [cfg.n_slots]
+    struct sched_req **queue;       // [cfg.n_queue_max] ring
+    int q_head, q_len;
+    struct sample_params *rows; // [cap] this step's rows' sample parameters, in batch order
+    uint8_t *how;               // [cap] this step's rows' enum forward_row, in batch order
+    int cap;                    // the step batch: n_slots * n_batch entries
+    int32_t *tok, *pos, *seq;
+    int32_t *se; // [cap][2] each entry's exact self-extend G, W (the slot's)
+    int8_t *want;
+    uint64_t next_id;
+    uint64_t tick; // counts requests ending (slot.last_used)
+    struct engine_stats st;
+    bool in_step;
+    // Set by a hook (engine_generate_batch's stop): the step samples no
+    // further slot.
+    bool halt;
+};
 
 void engine_request_default(struct engine_request *r) {
     memset(r, 0, sizeof *r);
@@ -54,28 +125,29 @@ void engine_sched_free(struct engine_sched *s) {
     free(s->seq);
     free(s->se);
     free(s->want);
+    free(s->how);
     free(s);
 }
 
 // The configuration with its defaults filled in, checked against the context.
 static int sched_resolve(const struct engine *e, const struct engine_sched_config *c,
                          struct engine_sched_config *out, int *n_ctx_seq, struct verr *err) {
-    const struct forward_ctx *fc = e->fc;
-    const int n_batch = fc->cfg.n_batch;
+    const struct forward_config *cfg = context_config(e->ctx);
+    const int n_batch = cfg->n_batch;
     struct engine_sched_config r = *c;
     if (r.n_slots == 0)
-        r.n_slots = fc->cfg.n_seq_max;
+        r.n_slots = cfg->n_seq_max;
     if (r.n_queue_max == 0)
         r.n_queue_max = 256;
     // Every generating request takes one token of the budget; prompts get
     // the rest, so the budget must leave them some.
     if (r.n_step_tokens == 0)
         r.n_step_tokens = n_batch > r.n_slots ? n_batch : r.n_slots + 1;
-    if (r.n_slots < 1 || r.n_slots > fc->cfg.n_seq_max ||
-        fc->cfg.n_outputs_max < (r.n_slots < n_batch ? r.n_slots : n_batch))
+    if (r.n_slots < 1 || r.n_slots > cfg->n_seq_max ||
+        cfg->n_outputs_max < (r.n_slots < n_batch ? r.n_slots : n_batch))
         return verr_set(err, VERR_RANGE,
                         "%d slots: the context was opened for %d sequences (%d logits rows)",
-                        r.n_slots, fc->cfg.n_seq_max, fc->cfg.n_outputs_max);
+                        r.n_slots, cfg->n_seq_max, cfg->n_outputs_max);
     if (!(r.slot_similarity >= 0 && r.slot_similarity <= 1))
         return verr_set(err, VERR_RANGE, "slot prompt similarity %g: 0 .. 1",
                         (double)r.slot_similarity);
@@ -86,12 +158,12 @@ static int sched_resolve(const struct engine *e, const struct engine_sched_confi
                         "step budget %d: -1 (none), 0 (n_batch) or more than the %d slots "
                         "(each generating request takes a token of it)",
                         r.n_step_tokens, r.n_slots);
-    *n_ctx_seq = fc->cfg.n_ctx / r.n_slots;
+    *n_ctx_seq = cfg->n_ctx / r.n_slots;
     if (*n_ctx_seq < 5)
         return verr_set(err, VERR_RANGE,
                         "a context of %d cells leaves %d per slot for %d slots; each needs at "
                         "least 5 (raise -c)",
-                        fc->cfg.n_ctx, *n_ctx_seq, r.n_slots);
+                        cfg->n_ctx, *n_ctx_seq, r.n_slots);
     *out = r;
     return 0;
 }
@@ -115,16 +187,18 @@ int engine_sched_configure(struct engine *e, const struct engine_sched_config *c
         return verr_set(err, VERR_NOMEM, "out of host memory");
     s->cfg = r;
     s->n_ctx_seq = n_ctx_seq;
-    s->cap = r.n_slots * e->fc->cfg.n_batch;
+    s->cap = r.n_slots * context_config(e->ctx)->n_batch;
     s->slots = calloc((size_t)r.n_slots, sizeof *s->slots);
     s->queue = calloc((size_t)r.n_queue_max, sizeof *s->queue);
-    s->rows = malloc((size_t)r.n_slots * sizeof *s->rows);
+    s->rows = malloc((size_t)s->cap * sizeof *s->rows);
+    s->how = malloc((size_t)s->cap);
     s->tok = malloc((size_t)s->cap * sizeof *s->tok);
     s->pos = malloc((size_t)s->cap * sizeof *s->pos);
     s->seq = malloc((size_t)s->cap * sizeof *s->seq);
     s->se = malloc((size_t)s->cap * 2 * sizeof *s->se);
     s->want = malloc((size_t)s->cap);
-    if (!s->slots || !s->queue || !s->rows || !s->tok || !s->pos || !s->seq || !s->se || !s->want) {
+    if (!s->slots || !s->queue || !s->rows || !s->tok || !s->pos || !s->seq || !s->se || !s->want ||
+        !s->how) {
         engine_sched_free(s);
         return verr_set(err, VERR_NOMEM, "out of host memory");
     }
@@ -152,6 +226,25 @@ int engine_n_active(const struct engine *e) {
 
 int engine_n_queued(const struct engine *e) {
     return e->sched ? e->sched->q_len : 0;
+}
+
+void engine_sched_config_get(const struct engine *e, struct engine_sched_config *out) {
+    if (e->sched)
+        *out = e->sched->cfg;
+    else
+        memset(out, 0, sizeof *out);
+}
+
+enum engine_slot_state engine_slot_state(const struct engine *e, int slot) {
+    const struct engine_sched *s = e->sched;
+    if (!s || slot < 0 || slot >= s->cfg.n_slots || s->slots[slot].state == SLOT_FREE)
+        return ENGINE_SLOT_FREE;
+    return s->slots[slot].state == SLOT_PROMPT ? ENGINE_SLOT_PROMPT : ENGINE_SLOT_GEN;
+}
+
+void engine_sched_halt(struct engine *e) {
+    if (e->sched)
+        e->sched->halt = true;
 }
 
 const struct engine_stats *engine_sched_stats(const struct engine *e) {
@@ -184,7 +277,7 @@ static int check_tokens(const int32_t *t, int n, int V, const char *what, struct
 // The exact self-extend G and W request r attends with (G 1: off; W then 0):
 // its own, or the context's (forward_config se_g / se_w).
 static void request_se(const struct engine *e, const struct engine_request *r, int *g, int *w) {
-    const struct forward_config *c = &e->fc->cfg;
+    const struct forward_config *c = context_config(e->ctx);
     *g = r->se_g != 0 ? r->se_g : c->se_g > 1 ? c->se_g : 1;
     *w = r->se_g != 0 ? r->se_w : c->se_w;
     if (*g == 1)
@@ -220,7 +313,7 @@ static int check_request_se(const struct engine *e, const struct engine_request 
                         r->se_g);
     if (r->se_g <= 1)
         return 0;
-    if (!e->fc->cfg.k_unrotated)
+    if (!context_config(e->ctx)->k_unrotated)
         return verr_set(err, VERR_RANGE,
                         "self-extend G = %d for one request needs a context that caches K "
                         "unrotated (k_unrotated, or se_g > 1 for every request)",
@@ -233,7 +326,7 @@ static int check_request_se(const struct engine *e, const struct engine_request 
 }
 
 static int check_request(const struct engine *e, const struct engine_request *r, struct verr *err) {
-    const int V = e->m->hp.n_vocab, n_batch = e->fc->cfg.n_batch;
+    const int V = e->m->hp.n_vocab, n_batch = context_config(e->ctx)->n_batch;
     // llama-cli's limit: room for a few generated tokens after the prompt;
     // a request that only reads its prompt may fill the context.
     const int max = e->sched->n_ctx_seq - (r->on_rows ? 0 : 4);
@@ -255,9 +348,9 @@ static int check_request(const struct engine *e, const struct engine_request *r,
                         "a request that takes every row (on_rows) generates nothing: n_predict "
                         "%d must be 0",
                         r->n_predict);
-    if (r->on_rows && e->fc->cfg.n_outputs_max < n_batch)
+    if (r->on_rows && context_config(e->ctx)->n_outputs_max < n_batch)
         return verr_set(err, VERR_RANGE, "the context keeps logits of %d rows, the batch is %d",
-                        e->fc->cfg.n_outputs_max, n_batch);
+                        context_config(e->ctx)->n_outputs_max, n_batch);
     if (r->n_stop_tokens < 0 || r->n_stop_tokens > ENGINE_MAX_STOP_TOKENS ||
         (r->n_stop_tokens > 0 && !r->stop_tokens))
         return verr_set(err, VERR_RANGE, "%d stop tokens: 0 .. %d", r->n_stop_tokens,
@@ -269,7 +362,7 @@ static int check_request(const struct engine *e, const struct engine_request *r,
     struct kv_policy_params pp;
     struct kv_policy pol;
     policy_params(e, r, &pp);
-    if ((rc = kv_policy_init(&pol, &pp, &e->fc->kv, 0, e->sched->n_ctx_seq, err)))
+    if ((rc = context_policy_init(e->ctx, &pol, &pp, 0, e->sched->n_ctx_seq, err)))
         return rc;
     return check_sampler(&r->sp, err);
 }
@@ -442,7 +535,7 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     q->st.t_start_ms = engine_now_ms();
     struct kv_policy_params pp;
     policy_params(e, r, &pp);
-    int rc = kv_policy_init(&sl->pol, &pp, &e->fc->kv, si, s->n_ctx_seq, err);
+    int rc = context_policy_init(e->ctx, &sl->pol, &pp, si, s->n_ctx_seq, err);
     if (rc)
         return rc;
     if (sl->pol.kind == KV_POLICY_SELFEXTEND) {
@@ -480,7 +573,7 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     }
     const int reuse = share >= 0 ? 0 : reusable_prefix(sl, r, n_hist, kept_g, kept_w);
     if (reuse > 0) {
-        if ((rc = kv_seq_rm(&e->fc->kv, si, reuse, -1, err)))
+        if ((rc = context_seq_rm(e->ctx, si, reuse, -1, err)))
             return rc;
         sl->n_consumed = sl->n_cells = reuse;
         sl->n_past = reuse;
@@ -490,8 +583,8 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
         return 0;
     }
     sl->hist_ok = true; // n_hist 0: this request's tokens are recorded from position 0
-    if (e->fc->kv.used &&
-        (rc = alone ? kv_clear(&e->fc->kv, err) : kv_seq_rm(&e->fc->kv, si, -1, -1, err)))
+    if (context_cells_used(e->ctx) &&
+        (rc = alone ? context_clear(e->ctx, err) : context_seq_rm(e->ctx, si, -1, -1, err)))
         return rc;
     sl->share_from = share;
     return 0;
@@ -516,7 +609,7 @@ static int slot_finish(struct engine *e, struct engine_sched *s, int si, const c
     }
     // After a failed step the cells no longer agree with the record: none is kept.
     const bool keep = q->p.keep_cells && strcmp(why, "error") != 0;
-    int rc = keep ? 0 : kv_seq_rm(&e->fc->kv, si, -1, -1, err);
+    int rc = keep ? 0 : context_seq_rm(e->ctx, si, -1, -1, err);
     if (!keep)
         sl->hist_ok = false;
     sl->last_used = ++s->tick;
@@ -549,7 +642,7 @@ static int end_active(struct engine *e, struct engine_sched *s, const char *why,
     return rc;
 }
 
-int sched_end_all(struct engine *e, const char *why, struct verr *err) {
+int engine_end_all(struct engine *e, const char *why, struct verr *err) {
     struct engine_sched *s = e->sched;
     if (!s)
         return 0;
@@ -619,7 +712,7 @@ static int make_room(struct engine *e, struct engine_sched *s, int si, struct ve
     struct slot *sl = &s->slots[si];
     const int32_t n_past = sl->n_past;
     int32_t n_discard = 0;
-    int rc = kv_policy_make_room(&sl->pol, &e->fc->kv, &sl->n_past, &sl->n_cells, &n_discard, err);
+    int rc = context_policy_make_room(e->ctx, &sl->pol, &sl->n_past, &sl->n_cells, &n_discard, err);
     if (rc < 0 || n_discard <= 0)
         return rc;
     char line[160];
@@ -684,7 +777,7 @@ static void add_entries(struct engine_sched *s, int si, int nb, struct step_coun
 // budget, in slot order.
 static int step_build(struct engine *e, struct engine_sched *s, struct step_count *c,
                       struct verr *err) {
-    const int n_batch = e->fc->cfg.n_batch;
+    const int n_batch = context_config(e->ctx)->n_batch;
     int left = INT_MAX; // prompt tokens the budget still allows (may go below 0)
     bool took_prompt = false;
     if (s->cfg.n_step_tokens > 0) {
@@ -719,65 +812,82 @@ static int step_build(struct engine *e, struct engine_sched *s, struct step_coun
             left -= nb;
             took_prompt = true;
         }
-        if ((rc = kv_policy_before_batch(&sl->pol, &e->fc->kv, &sl->n_past, err)))
+        if ((rc = context_policy_before_batch(e->ctx, &sl->pol, &sl->n_past, err)))
             return rc;
         add_entries(s, si, nb, c);
     }
     return 0;
 }
 
-// Where this step's rows are picked: the argmax on the backend when every
-// active request is greedy without penalties; the backend's sample op when
-// none has penalties or a logits hook and none waits to share a prompt's row
-// (its draws are taken here, once, in batch order: the draws sampler_sample
-// would take later); else the rows come to the host.
-static int step_head(struct engine *e, struct engine_sched *s, int n, enum forward_head *head,
-                     struct verr *err) {
-    bool argmax = true, sample = executor_can_sample(e->x);
-    for (int si = 0; si < s->cfg.n_slots; si++) {
-        const struct slot *sl = &s->slots[si];
-        if (sl->state == SLOT_FREE)
-            continue;
-        const struct engine_request *r = &sl->rq->p;
-        bool pen_off = sampler_penalties_off(sl->smp);
-        bool host = r->on_logits || r->on_rows; // wants rows on the host
-        argmax = argmax && !host && r->sp.temp <= 0 && pen_off;
-        sample = sample && !host && pen_off && sl->share_from < 0;
-    }
-    if (argmax) {
-        *head = FORWARD_HEAD_ARGMAX;
-        return 0;
-    }
-    if (sample) {
-        *head = FORWARD_HEAD_SAMPLE;
-        for (int bi = 0, o = 0; bi < n; bi++)
-            if (s->want[bi])
-                sampler_next_params(s->slots[s->seq[bi]].smp, &s->rows[o++]);
-        return 0;
-    }
-    *head = FORWARD_HEAD_LOGITS;
-    const size_t row = (size_t)e->m->hp.n_vocab * sizeof(float);
+// What a request's rows give back (enum forward_row): the argmax on the
+// backend when it is greedy without penalties; the backend's sample op when
+// it has no penalties and no logits hook and the context can sample; else
+// the logits come to the host. It depends on the request alone, never on
+// the others decoded with it.
+static uint8_t slot_how(const struct slot *sl, bool can_sample) {
+    const struct engine_request *r = &sl->rq->p;
+    if (r->on_logits || r->on_rows || !sampler_penalties_off(sl->smp))
+        return FORWARD_ROW_LOGITS;
+    if (r->sp.temp <= 0)
+        return FORWARD_ROW_ARGMAX;
+    return can_sample ? FORWARD_ROW_SAMPLE : FORWARD_ROW_LOGITS;
+}
+
+// Each row of the step's batch: its kind (s->how) and, for the sample op,
+// its parameters (s->rows; the draw is taken here, once, in batch order:
+// the draw sampler_sample would take later). A row that requests waiting to
+// share its prompt will copy stays ARGMAX only when every one of them is
+// greedy too; else it and they take the logits.
+static int step_rows(struct engine *e, struct engine_sched *s, int n, struct verr *err) {
+    const bool can_sample = context_can_sample(e->ctx);
     for (int si = 0; si < s->cfg.n_slots; si++)
-        if (s->slots[si].state != SLOT_FREE && !s->slots[si].last &&
-            !(s->slots[si].last = malloc(row)))
+        if (s->slots[si].state != SLOT_FREE)
+            s->slots[si].row_how = slot_how(&s->slots[si], can_sample);
+    for (int pass = 0; pass < 2; pass++)
+        for (int si = 0; si < s->cfg.n_slots; si++) {
+            struct slot *sl = &s->slots[si];
+            if (sl->state != SLOT_PROMPT || sl->share_from < 0)
+                continue;
+            struct slot *src = &s->slots[sl->share_from];
+            const bool greedy = src->row_how == FORWARD_ROW_ARGMAX &&
+                                slot_how(sl, can_sample) == FORWARD_ROW_ARGMAX;
+            if (pass == 0 && !greedy)
+                src->row_how = FORWARD_ROW_LOGITS;
+            if (pass == 1)
+                sl->row_how = greedy ? FORWARD_ROW_ARGMAX : FORWARD_ROW_LOGITS;
+        }
+    for (int bi = 0, o = 0; bi < n; bi++) {
+        if (!s->want[bi])
+            continue;
+        struct slot *sl = &s->slots[s->seq[bi]];
+        s->how[o] = sl->row_how;
+        if (sl->row_how == FORWARD_ROW_SAMPLE)
+            sampler_next_params(sl->smp, &s->rows[o]);
+        o++;
+    }
+    const size_t row = (size_t)e->m->hp.n_vocab * sizeof(float);
+    for (int si = 0; si < s->cfg.n_slots; si++) {
+        struct slot *sl = &s->slots[si];
+        if (sl->state != SLOT_FREE && sl->row_how == FORWARD_ROW_LOGITS && !sl->last &&
+            !(sl->last = malloc(row)))
             return verr_set(err, VERR_NOMEM, "out of host memory");
+    }
     return 0;
 }
 
 // After the piece of the step batch from entry i: the rows of the requests
 // that take every row, one call per request and piece.
-static void deliver_rows(struct engine *e, struct engine_sched *s, int i) {
-    const struct forward_ctx *fc = e->fc;
-    for (int o = 0, k; o < fc->n_out; o += k) {
-        const int bi = i + fc->out_batch_idx[o], si = s->seq[bi];
-        for (k = 1; o + k < fc->n_out && s->seq[i + fc->out_batch_idx[o + k]] == si; k++)
+static void deliver_rows(struct engine_sched *s, int i, const struct context_result *res) {
+    for (int o = 0, k; o < res->n_rows; o += k) {
+        const int bi = i + res->batch_idx[o], si = s->seq[bi];
+        for (k = 1; o + k < res->n_rows && s->seq[i + res->batch_idx[o + k]] == si; k++)
             ;
         struct slot *sl = si >= 0 && si < s->cfg.n_slots ? &s->slots[si] : NULL;
         if (!sl || !sl->rq || !sl->rq->p.on_rows || sl->end_why)
             continue;
         const struct engine_request *r = &sl->rq->p;
         if (r->on_rows(r->user, sl->rq->id, sl->chunk_c0 + (bi - sl->chunk_b0), k,
-                       forward_logits(fc, o)))
+                       context_row_logits(res, o)))
             sl->end_why = "stopped";
     }
 }
@@ -786,21 +896,22 @@ static void deliver_rows(struct engine *e, struct engine_sched *s, int i) {
 // tokens; a piece that finds no contiguous run of free cells is retried in
 // halves (llama.cpp's parallel example), down to single tokens, which always
 // fit since every sequence stays within its share of the cells. Each output
-// row is stored with the slot it belongs to. With the sample op, a retried
-// piece passes the same rows again, so no draw is taken twice.
-static int step_decode(struct engine *e, struct engine_sched *s, int n, enum forward_head head,
-                       struct verr *err) {
-    struct forward_ctx *fc = e->fc;
+// row is stored with the slot it belongs to. A retried piece passes the same
+// sample rows again, so no draw is taken twice.
+static int step_decode(struct engine *e, struct engine_sched *s, int n, struct verr *err) {
+    const struct forward_config *cfg = context_config(e->ctx);
     const int V = e->m->hp.n_vocab, n_slots = s->cfg.n_slots;
-    int piece = fc->cfg.n_batch;
+    int piece = cfg->n_batch;
     int o_base = 0; // output rows of the step before entry i
     for (int i = 0; i < n;) {
         int nb = n - i < piece ? n - i : piece;
-        struct forward_batch b = {nb,          s->tok + i,
-                                  s->pos + i,  s->seq + i,
-                                  s->want + i, fc->cfg.k_unrotated ? s->se + 2 * i : NULL};
-        const struct sample_params *rows = head == FORWARD_HEAD_SAMPLE ? s->rows + o_base : NULL;
-        int rc = executor_decode(e->x, &b, head, rows, err);
+        const struct context_plan plan = {.batch = {nb, s->tok + i, s->pos + i, s->seq + i,
+                                                    s->want + i,
+                                                    cfg->k_unrotated ? s->se + 2 * i : NULL},
+                                          .how = s->how + o_base,
+                                          .sp = s->rows + o_base};
+        struct context_result res;
+        int rc = context_decode(e->ctx, &plan, &res, err);
         if (rc == VERR_FULL && nb > 1) {
             piece = nb / 2;
             s->st.n_batch_splits++;
@@ -808,27 +919,25 @@ static int step_decode(struct engine *e, struct engine_sched *s, int n, enum for
         }
         if (rc)
             return rc;
-        for (int o = 0; o < fc->n_out; o++) {
-            int bi = i + fc->out_batch_idx[o];
+        for (int o = 0; o < res.n_rows; o++) {
+            int bi = i + res.batch_idx[o];
             int si = s->seq[bi];
             if (si < 0 || si >= n_slots || s->slots[si].out_row != bi)
                 continue;
-            if (head != FORWARD_HEAD_LOGITS)
-                s->slots[si].amax = forward_argmax(fc, o);
+            if (plan.how[o] != FORWARD_ROW_LOGITS)
+                s->slots[si].amax = res.ids[o];
             else
-                memcpy(s->slots[si].last, forward_logits(fc, o), (size_t)V * sizeof(float));
+                memcpy(s->slots[si].last, context_row_logits(&res, o), (size_t)V * sizeof(float));
         }
-        if (head == FORWARD_HEAD_LOGITS)
-            deliver_rows(e, s, i);
-        o_base += fc->n_out;
+        deliver_rows(s, i, &res);
+        o_base += res.n_rows;
         i += nb;
     }
     return 0;
 }
 
 // Requests that share a prompt read just now take its cells and its row.
-static int step_share(struct engine *e, struct engine_sched *s, enum forward_head head,
-                      struct verr *err) {
+static int step_share(struct engine *e, struct engine_sched *s, struct verr *err) {
     const int V = e->m->hp.n_vocab;
     for (int si = 0; si < s->cfg.n_slots; si++) {
         struct slot *sl = &s->slots[si];
@@ -837,7 +946,7 @@ static int step_share(struct engine *e, struct engine_sched *s, enum forward_hea
         const struct slot *src = &s->slots[sl->share_from];
         if (src->out_row < 0 || src->state != SLOT_PROMPT)
             continue; // its prompt is still being read
-        int rc = kv_seq_cp(&e->fc->kv, sl->share_from, si, -1, -1, err);
+        int rc = context_seq_cp(e->ctx, sl->share_from, si, -1, -1, err);
         if (rc)
             return rc;
         sl->n_consumed = src->n_consumed;
@@ -846,7 +955,7 @@ static int step_share(struct engine *e, struct engine_sched *s, enum forward_hea
         sl->out_row = src->out_row;
         sl->out_pos = src->out_pos;
         sl->amax = src->amax;
-        if (head == FORWARD_HEAD_LOGITS)
+        if (src->row_how == FORWARD_ROW_LOGITS)
             memcpy(sl->last, src->last, (size_t)V * sizeof(float));
         sl->share_from = -1;
         // Its cells are the source's: so is the record of their tokens.
@@ -924,11 +1033,10 @@ static int step_once(struct engine *e, struct engine_sched *s, struct verr *err)
         return rc;
     if (c.n == 0)
         return 0; // every generating slot ended on a full context
-    enum forward_head head;
-    if ((rc = step_head(e, s, c.n, &head, err)))
+    if ((rc = step_rows(e, s, c.n, err)))
         return rc;
     double t0 = engine_now_ms();
-    if ((rc = step_decode(e, s, c.n, head, err)))
+    if ((rc = step_decode(e, s, c.n, err)))
         return rc;
     double t_dec = engine_now_ms() - t0;
     s->st.t_prompt_ms += t_dec * c.n_p / c.n;
@@ -936,14 +1044,14 @@ static int step_once(struct engine *e, struct engine_sched *s, struct verr *err)
     s->st.n_prompt += c.n_p;
     if (c.n_g)
         s->st.n_decode_gen++;
-    if ((rc = step_share(e, s, head, err)))
+    if ((rc = step_share(e, s, err)))
         return rc;
     double ts = engine_now_ms();
     for (int si = 0; si < s->cfg.n_slots && !s->halt; si++) {
         const struct slot *sl = &s->slots[si];
         if (sl->out_row < 0 || sl->state == SLOT_FREE)
             continue;
-        if ((rc = sample_slot(e, s, si, head != FORWARD_HEAD_LOGITS, err)))
+        if ((rc = sample_slot(e, s, si, sl->row_how != FORWARD_ROW_LOGITS, err)))
             return rc;
     }
     s->st.t_gen_ms += engine_now_ms() - ts;

@@ -28,7 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "host/engine/engine.h"
+#include "gguf/verr.h"
+#include "host/backend/sampler.h"
+#include "host/engine/core.h"
 
 // One request's numbers; times are engine_now_ms() values or durations in ms.
 struct engine_req_stats {
@@ -170,11 +172,28 @@ int engine_step(struct engine *e, struct verr *err);
 // VERR_NOTFOUND when no active or queued request has that id.
 int engine_cancel(struct engine *e, uint64_t id, struct verr *err);
 
+// Frees the step API's state (engine_close and engine_reopen call it; NULL: nothing).
+void engine_sched_free(struct engine_sched *s);
+
 // Requests in slots and in the queue.
 int engine_n_active(const struct engine *e);
 int engine_n_queued(const struct engine *e);
 // A request's numbers so far; VERR_NOTFOUND once it ended (its DONE event has them).
 int engine_req_stats_get(const struct engine *e, uint64_t id, struct engine_req_stats *out);
+// What slot i does now (free for an index outside the slots).
+enum engine_slot_state { ENGINE_SLOT_FREE, ENGINE_SLOT_PROMPT, ENGINE_SLOT_GEN };
+enum engine_slot_state engine_slot_state(const struct engine *e, int slot);
+
+// The slots, queue and budget as resolved (zeros before the first configure).
+void engine_sched_config_get(const struct engine *e, struct engine_sched_config *out);
+
+// For the loops over the step API (engine_generate_batch, engine_eval):
+// the current step samples no further request (called from a callback).
+void engine_sched_halt(struct engine *e);
+// Ends every active request with `why` in slot order and frees the queued
+// ones without an event.
+int engine_end_all(struct engine *e, const char *why, struct verr *err);
+
 // Engine-wide numbers since the last engine_sched_configure (n_seq: requests ended;
 // t_total_ms and seed unused).
 const struct engine_stats *engine_sched_stats(const struct engine *e);

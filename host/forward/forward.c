@@ -120,9 +120,9 @@ static void init_arch_attn(struct forward_ctx *fc, const struct model_hparams *h
     }
 }
 
-// front: the context is the front of a pipeline (host/split/): it keeps
-// the head's buffers, which receive the last stage's logits, and records no
-// graphs (its decodes run stage by stage).
+// front: the context is the front of a pipeline whose last stage runs in
+// another process (host/split/): it keeps the head's buffers, which receive
+// that stage's logits and ids.
 static int init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg_in,
                 bool front, struct verr *err) {
     memset(fc, 0, sizeof *fc);
@@ -232,7 +232,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     }
     const char *env = getenv("VELA_NO_CUDA_GRAPH");
     const bool env_off = env && *env && strcmp(env, "0") != 0;
-    fc->graphs_on = fc->be->ops->graph_begin && !fc->cfg.no_graph && !env_off && !front;
+    fc->graphs_on = fc->be->ops->graph_begin && !fc->cfg.no_graph && !env_off;
     return 0;
 fail:
     forward_free(fc);
@@ -283,45 +283,100 @@ void forward_free(struct forward_ctx *fc) {
     } while (0)
 
 static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err);
+static int stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err);
 
-// The device part of a one-stage decode step, after forward_stage_upload:
-// embed, the layers with attention over cells [0, n_kv), the head.
-static int decode_step_ops(struct forward_ctx *fc, int n_tok, int n_out, int n_kv, bool argmax_only,
-                           struct verr *err) {
+static enum forward_row row_how(const uint8_t *how, int r) {
+    return how ? (enum forward_row)how[r] : FORWARD_ROW_LOGITS;
+}
+
+// The end of a row run [r, *end) of one kind in [r, r1).
+static int row_run(const uint8_t *how, int r, int r1) {
+    int e = r + 1;
+    while (e < r1 && row_how(how, e) == row_how(how, r))
+        e++;
+    return e;
+}
+
+// Output rows [r0, r0+nr) (last stage): gathers their x rows, final norm,
+// LM head into logits rows [r0, r0+nr), then the argmax of the ARGMAX rows.
+static int head_logits(struct forward_ctx *fc, int r0, int nr, const uint8_t *how,
+                       struct verr *err) {
+    const struct model *m = fc->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = fc->be;
+    const int n_embd = hp->n_embd, V = hp->n_vocab;
+    int il = -1;
+    float *xo = fc->xo + (size_t)r0 * n_embd; // [nr][n_embd]
+    float *logits = fc->logits;               // [n_out][n_vocab]
+    OP("get_rows", be->ops->get_rows(be, xo, fc->x, fc->d_rows + r0, nr, n_embd));
+    OP("output_norm + q8_1 for output",
+       be->ops->rms_norm_q8(be, xo, xo, m->output_norm, nr, n_embd, hp->norm_eps));
+    OP("output", be->ops->matmul(be, logits + (size_t)r0 * V, &m->output, xo, NULL, nr));
+    for (int r = r0, e; r < r0 + nr; r = e) {
+        e = row_run(how, r, r0 + nr);
+        if (row_how(how, r) == FORWARD_ROW_ARGMAX)
+            OP("argmax", be->ops->argmax(be, fc->d_argmax + r, logits + (size_t)r * V, e - r, V));
+    }
+    return 0;
+}
+
+// The SAMPLE rows of [r0, r0+nr): the token ops->sample picks with sp[r].
+// Never recorded: sp is host memory that changes every step.
+static int head_sample(struct forward_ctx *fc, int r0, int nr, const uint8_t *how,
+                       const struct sample_params *sp, struct verr *err) {
+    struct backend *be = fc->be;
+    const int V = fc->m->hp.n_vocab;
+    int il = -1;
+    for (int r = r0, e; r < r0 + nr; r = e) {
+        e = row_run(how, r, r0 + nr);
+        if (row_how(how, r) != FORWARD_ROW_SAMPLE)
+            continue;
+        if (!sp)
+            return verr_set(err, VERR_RANGE, "forward: row %d is sampled but has no sample_params",
+                            r);
+        OP("sample",
+           be->ops->sample(be, fc->d_argmax + r, fc->logits + (size_t)r * V, e - r, V, sp + r));
+    }
+    return 0;
+}
+
+// The device ops of a part (eager, or being recorded): embed, the layers
+// with attention over cells [0, n_kv), the head up to the ARGMAX rows' ids.
+static int part_ops(struct forward_ctx *fc, const struct forward_part *pt, int n_kv,
+                    const uint8_t *how, struct verr *err) {
     int rc;
-    if ((rc = forward_stage_embed(fc, 0, n_tok, err)) ||
-        (rc = stage_layers(fc, 0, n_tok, n_kv, err)))
+    if ((pt->embed && (rc = stage_embed(fc, pt->t0, pt->n, err))) ||
+        (rc = stage_layers(fc, pt->t0, pt->n, n_kv, err)))
         return rc;
-    if (n_out > 0 && (rc = forward_stage_head(fc, 0, n_out, argmax_only, err)))
+    if (pt->head && pt->nr > 0 && (rc = head_logits(fc, pt->r0, pt->nr, how, err)))
         return rc;
     return 0;
 }
 
 // --- graphs ------------------------------------------------------------------
 //
-// A decode step of at most FORWARD_GRAPH_MAX_TOK tokens on a backend with
-// graph ops (CUDA), one stage, graphs not disabled (--no-cuda-graph,
-// VELA_NO_CUDA_GRAPH=1), goes like this:
-//   host, eager, before the replay (none of it recorded):
-//     the checks, kv_find_slot; kv_prepare (the pending K shift runs as an
-//     eager kernel, the changed cell mirrors are copied); tokens, positions,
-//     seq ids, cells and output rows are copied to their fixed device buffers
-//     fc->d_* (stream-ordered copies, nothing waits for the device);
+// A part of at most FORWARD_GRAPH_MAX_TOK tokens on a backend with graph ops
+// (CUDA), graphs not disabled (--no-cuda-graph, VELA_NO_CUDA_GRAPH=1), goes
+// like this:
+//   host, eager, before (forward_stage_upload; none of it recorded):
+//     kv_prepare (the pending K shift runs as an eager kernel, the changed
+//     cell mirrors are copied); tokens, positions, seq ids, cells and output
+//     rows are copied to their fixed device buffers fc->d_* (stream-ordered
+//     copies, nothing waits for the device);
 //   device, one graph launch:
-//     embed, every layer, final norm, LM head, and argmax when the caller
-//     wants ids only. Attention runs over n_kv rounded up to
+//     part_ops: embed, the stage's layers, final norm, LM head and the
+//     ARGMAX rows' ids. Attention runs over n_kv rounded up to
 //     BACKEND_KV_BUCKET (capped at n_ctx): the cells past the used range are
 //     empty (pos -1 on the device too) and masked, and the backend's
 //     attention gives the same bits for every n_kv of a bucket, so the logits
 //     equal an eager step's;
 //   host, eager, after the launch:
-//     forward_decode_sample's sample op (its rows are host memory that
-//     changes every step, so its graph ends at the logits); the download of
-//     the ids or logits and the one synchronisation of the step, its end.
-// One graph per (n_tok, n_out, n_kv bucket, argmax or logits), recorded the
+//     the SAMPLE rows' sample op (their rows are host memory that changes
+//     every step), then the driver's download and synchronisation.
+// One graph per (part, n_kv bucket, which rows are ARGMAX), recorded the
 // first time that shape is seen (the recording is then replayed for that
 // step too) and kept in fc->graphs, least recently used out. A recording an
-// op refuses (the scratch would grow, ...) is discarded and the step runs
+// op refuses (the scratch would grow, ...) is discarded and the part runs
 // eagerly with the same n_kv, which grows the scratch so that the next
 // recording fits; after FORWARD_GRAPH_FAIL_MAX failures in a row the context
 // stops recording. A graph whose scratch moved since it was recorded (a
@@ -342,61 +397,95 @@ static void graph_drop(struct forward_ctx *fc, struct forward_graph *g) {
     fc->graph_stats.live--;
 }
 
-static int decode_step_graph(struct forward_ctx *fc, int n_tok, int n_out, bool argmax_only,
-                             struct verr *err) {
-    struct backend *be = fc->be;
-    const int n_kv = graph_n_kv(fc);
-    const bool sample = argmax_only && fc->sp;
-    const bool g_argmax = argmax_only && !sample;
-    struct forward_graph *g = NULL, *victim = NULL;
-    for (int i = 0; i < FORWARD_GRAPH_CACHE && !g; i++) {
+// Bit r - r0 set: row r is an ARGMAX row (n <= FORWARD_GRAPH_MAX_TOK rows).
+static uint32_t argmax_mask(const struct forward_part *pt, const uint8_t *how) {
+    uint32_t mask = 0;
+    for (int r = 0; pt->head && r < pt->nr; r++)
+        if (row_how(how, pt->r0 + r) == FORWARD_ROW_ARGMAX)
+            mask |= 1u << r;
+    return mask;
+}
+
+static struct forward_graph *graph_find(struct forward_ctx *fc, const struct forward_graph *key,
+                                        struct forward_graph **victim) {
+    *victim = NULL;
+    for (int i = 0; i < FORWARD_GRAPH_CACHE; i++) {
         struct forward_graph *c = &fc->graphs[i];
-        if (c->exec && c->n_tok == n_tok && c->n_out == n_out && c->n_kv == n_kv &&
-            c->argmax == g_argmax)
-            g = c;
-        else if (!victim || (victim->exec && (!c->exec || c->last_use < victim->last_use)))
-            victim = c;
+        if (c->exec && c->t0 == key->t0 && c->n_tok == key->n_tok && c->r0 == key->r0 &&
+            c->n_out == key->n_out && c->n_kv == key->n_kv && c->argmax == key->argmax)
+            return c;
+        if (!*victim || ((*victim)->exec && (!c->exec || c->last_use < (*victim)->last_use)))
+            *victim = c;
     }
+    return NULL;
+}
+
+// Records the part into a graph in *victim's place; 1: recording failed (the
+// caller runs it eagerly).
+static int graph_record(struct forward_ctx *fc, const struct forward_part *pt, const uint8_t *how,
+                        const struct forward_graph *key, struct forward_graph *victim) {
+    struct backend *be = fc->be;
+    void *exec = NULL;
+    int rc = be->ops->graph_begin(be);
+    if (!rc) {
+        struct verr rec_err = {0};
+        int rc_ops = part_ops(fc, pt, key->n_kv, how, &rec_err);
+        rc = be->ops->graph_end(be, rc_ops ? NULL : &exec);
+        if (rc_ops)
+            rc = rc_ops;
+    }
+    if (rc || !exec) {
+        fc->graph_fail_run++;
+        return 1;
+    }
+    graph_drop(fc, victim);
+    *victim = *key;
+    victim->exec = exec;
+    fc->graph_fail_run = 0;
+    fc->graph_stats.recorded++;
+    fc->graph_stats.live++;
+    return 0;
+}
+
+static int part_graph(struct forward_ctx *fc, const struct forward_part *pt, const uint8_t *how,
+                      struct verr *err) {
+    struct backend *be = fc->be;
+    const struct forward_graph key = {.t0 = pt->t0,
+                                      .n_tok = pt->n,
+                                      .r0 = pt->head ? pt->r0 : 0,
+                                      .n_out = pt->head ? pt->nr : 0,
+                                      .n_kv = graph_n_kv(fc),
+                                      .argmax = argmax_mask(pt, how)};
+    struct forward_graph *victim;
+    struct forward_graph *g = graph_find(fc, &key, &victim);
     if (g && !be->ops->graph_current(be, g->exec)) {
         graph_drop(fc, g);
         victim = g;
         g = NULL;
     }
     if (!g) {
-        if (fc->graph_fail_run >= FORWARD_GRAPH_FAIL_MAX) {
+        if (fc->graph_fail_run >= FORWARD_GRAPH_FAIL_MAX ||
+            graph_record(fc, pt, how, &key, victim)) {
             fc->graph_stats.eager++;
-            return decode_step_ops(fc, n_tok, n_out, n_kv, argmax_only, err);
+            return part_ops(fc, pt, key.n_kv, how, err);
         }
-        void *exec = NULL;
-        int rc = be->ops->graph_begin(be);
-        if (!rc) {
-            struct verr rec_err = {0};
-            int rc_ops = decode_step_ops(fc, n_tok, n_out, n_kv, g_argmax, &rec_err);
-            rc = be->ops->graph_end(be, rc_ops ? NULL : &exec);
-            if (rc_ops)
-                rc = rc_ops;
-        }
-        if (rc || !exec) {
-            fc->graph_fail_run++;
-            fc->graph_stats.eager++;
-            return decode_step_ops(fc, n_tok, n_out, n_kv, argmax_only, err);
-        }
-        graph_drop(fc, victim);
         g = victim;
-        *g = (struct forward_graph){
-            .exec = exec, .n_tok = n_tok, .n_out = n_out, .n_kv = n_kv, .argmax = g_argmax};
-        fc->graph_fail_run = 0;
-        fc->graph_stats.recorded++;
-        fc->graph_stats.live++;
     }
     g->last_use = ++fc->graph_tick;
     int il = -1;
     OP("graph launch", be->ops->graph_launch(be, g->exec));
     fc->graph_stats.replays++;
-    if (sample && n_out > 0)
-        OP("sample",
-           be->ops->sample(be, fc->d_argmax, fc->logits, n_out, fc->m->hp.n_vocab, fc->sp));
     return 0;
+}
+
+int forward_stage_run(struct forward_ctx *fc, const struct forward_part *pt, const uint8_t *how,
+                      const struct sample_params *sp, struct verr *err) {
+    int rc = fc->graphs_on && pt->n <= FORWARD_GRAPH_MAX_TOK
+                 ? part_graph(fc, pt, how, err)
+                 : part_ops(fc, pt, kv_n_kv(&fc->kv), how, err);
+    if (rc || !pt->head || pt->nr == 0)
+        return rc;
+    return head_sample(fc, pt->r0, pt->nr, how, sp, err);
 }
 
 // b->se: only in the unrotated cache mode; each G >= 1, each W as
@@ -472,25 +561,6 @@ void forward_batch_undo(struct forward_ctx *fc, const struct forward_batch *b) {
     fc->n_out = 0;
 }
 
-// One stage holding the whole model: after forward_batch_begin, the upload,
-// the device ops (replayed from a graph when the step is small) and the
-// download of the results.
-static int decode_one_stage(struct forward_ctx *fc, const struct forward_batch *b, int n_out,
-                            bool argmax_only, struct verr *err) {
-    int rc = forward_stage_upload(fc, b, fc->h_cells, fc->h_rows, n_out, err);
-    if (rc)
-        return rc;
-    if (fc->graphs_on && b->n_tok <= FORWARD_GRAPH_MAX_TOK)
-        rc = decode_step_graph(fc, b->n_tok, n_out, argmax_only, err);
-    else
-        rc = decode_step_ops(fc, b->n_tok, n_out, kv_n_kv(&fc->kv), argmax_only, err);
-    if (rc ||
-        (rc = forward_stage_download(fc, n_out, argmax_only, fc->h_logits, fc->h_argmax, err)))
-        return rc;
-    fc->n_out = n_out;
-    return 0;
-}
-
 int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
                          const int32_t *cells, const int32_t *rows, int n_out, struct verr *err) {
     struct backend *be = fc->be;
@@ -531,7 +601,7 @@ int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
     return 0;
 }
 
-int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err) {
+static int stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err) {
     struct backend *be = fc->be;
     const struct model *m = fc->m;
     int il = -1;
@@ -542,10 +612,6 @@ int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err)
         OP("embedding scale",
            be->ops->scale(be, x, sqrtf((float)m->hp.n_embd), (int64_t)n * m->hp.n_embd));
     return 0;
-}
-
-int forward_stage_layers(struct forward_ctx *fc, int t0, int n_tok, struct verr *err) {
-    return stage_layers(fc, t0, n_tok, kv_n_kv(&fc->kv), err);
 }
 
 // x += post_norm(w in), or x += w in (one fused op) without a post-norm:
@@ -661,84 +727,26 @@ static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, str
     return 0;
 }
 
-int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only, struct verr *err) {
-    const struct model *m = fc->m;
-    const struct model_hparams *hp = &m->hp;
+int forward_stage_download(struct forward_ctx *fc, int n_out, const uint8_t *how, float *h_logits,
+                           int32_t *h_ids, struct verr *err) {
     struct backend *be = fc->be;
-    const int n_embd = hp->n_embd;
+    const size_t V = (size_t)fc->m->hp.n_vocab;
     int il = -1;
-    float *xo = fc->xo + (size_t)r0 * n_embd;              // [nr][n_embd]
-    float *logits = fc->logits + (size_t)r0 * hp->n_vocab; // [nr][n_vocab]
-    OP("get_rows", be->ops->get_rows(be, xo, fc->x, fc->d_rows + r0, nr, n_embd));
-    OP("output_norm + q8_1 for output",
-       be->ops->rms_norm_q8(be, xo, xo, m->output_norm, nr, n_embd, hp->norm_eps));
-    OP("output", be->ops->matmul(be, logits, &m->output, xo, NULL, nr));
-    if (argmax_only && fc->sp)
-        OP("sample", be->ops->sample(be, fc->d_argmax + r0, logits, nr, hp->n_vocab, fc->sp + r0));
-    else if (argmax_only)
-        OP("argmax", be->ops->argmax(be, fc->d_argmax + r0, logits, nr, hp->n_vocab));
-    return 0;
-}
-
-int forward_stage_download(struct forward_ctx *fc, int n_out, bool argmax_only, float *h_logits,
-                           int32_t *h_argmax, struct verr *err) {
-    struct backend *be = fc->be;
-    int il = -1;
-    if (n_out > 0) {
-        if (argmax_only)
-            OP("download argmax",
-               be->ops->download(be, h_argmax, fc->d_argmax, (size_t)n_out * sizeof(int32_t)));
+    bool ids = false;
+    for (int r = 0, e; r < n_out; r = e) {
+        e = row_run(how, r, n_out);
+        if (row_how(how, r) != FORWARD_ROW_LOGITS)
+            ids = true;
         else
             OP("download logits",
-               be->ops->download(be, h_logits, fc->logits,
-                                 (size_t)n_out * (size_t)fc->m->hp.n_vocab * sizeof(float)));
+               be->ops->download(be, h_logits + (size_t)r * V, fc->logits + (size_t)r * V,
+                                 (size_t)(e - r) * V * sizeof(float)));
     }
+    if (ids)
+        OP("download ids",
+           be->ops->download(be, h_ids, fc->d_argmax, (size_t)n_out * sizeof(int32_t)));
     OP("sync", be->ops->sync(be));
     return 0;
 }
 
 #undef OP
-
-// A decode that fails after claiming cells gives them back, so the cache
-// holds no cell whose K/V were never written.
-static int decode_or_undo(struct forward_ctx *fc, const struct forward_batch *b, bool argmax_only,
-                          struct verr *err) {
-    int n_out = 0;
-    int rc = forward_batch_begin(fc, b, &n_out, err);
-    if (rc)
-        return rc;
-    if ((rc = decode_one_stage(fc, b, n_out, argmax_only, err)))
-        forward_batch_undo(fc, b);
-    return rc;
-}
-
-int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err) {
-    return decode_or_undo(fc, b, false, err);
-}
-
-int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err) {
-    return decode_or_undo(fc, b, true, err);
-}
-
-int forward_decode_sample(struct forward_ctx *fc, const struct forward_batch *b,
-                          const struct sample_params *sp, struct verr *err) {
-    if (!sp)
-        return verr_set(err, VERR_RANGE, "forward: no sample rows");
-    fc->sp = sp;
-    int rc = decode_or_undo(fc, b, true, err);
-    fc->sp = NULL;
-    return rc;
-}
-
-int forward_decode_head(struct forward_ctx *fc, const struct forward_batch *b,
-                        enum forward_head head, const struct sample_params *sp, struct verr *err) {
-    switch (head) {
-    case FORWARD_HEAD_ARGMAX:
-        return forward_decode_argmax(fc, b, err);
-    case FORWARD_HEAD_SAMPLE:
-        return forward_decode_sample(fc, b, sp, err);
-    case FORWARD_HEAD_LOGITS:
-        break;
-    }
-    return forward_decode(fc, b, err);
-}

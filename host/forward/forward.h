@@ -7,17 +7,23 @@
 //       with their own RoPE base) -> out proj (-> rms_norm: gemma3) + residual
 //       -> rms_norm -> swiglu or geglu(gate, up) -> down (-> rms_norm) +
 //       residual] x n_layer
-//   -> rows that want logits -> final norm -> lm head
-// and leaves the logits (or only their argmax) on the host. q,k,v, gate/up +
+//   -> rows that want logits -> final norm -> lm head -> per row: the logits,
+//      their argmax, or the token the backend's sample op picks. q,k,v, gate/up +
 // swiglu/geglu and proj + residual are the backend's fused matmul ops (one
 // launch each for CUDA decode batches). Which optional steps run is the
 // architecture's table (host/model/arch.h, struct arch_block).
 //
+// A struct forward_ctx is one stage's context: its layers' KV cache and
+// scratch. The decode driver (host/split/pipeline.c, for one stage or
+// several) runs a decode as forward_batch_begin on the front stage, then per
+// stage forward_stage_upload and forward_stage_run for each micro-batch, and
+// forward_stage_download on the last; host/split/context.h is what the
+// engine calls.
+//
 // Contract: scratch buffers are sized for n_batch tokens and n_outputs_max
 // output rows when the context is created and never reallocated; a batch
 // larger than that is refused (callers split prompts into chunks of
-// n_batch). The KV cache belongs to the context; callers may run sequence
-// ops on fc->kv between decodes (they take effect at the next decode).
+// n_batch).
 #ifndef VELA_HOST_FORWARD_H
 #define VELA_HOST_FORWARD_H
 
@@ -72,19 +78,19 @@ struct forward_config {
     int se_g, se_w;
 };
 
-// Decode steps of at most this many tokens are recorded into backend graphs
-// (the mat-vec path of the CUDA backend) and replayed.
+// Parts of at most this many tokens are recorded into backend graphs (the
+// mat-vec path of the CUDA backend) and replayed.
 #define FORWARD_GRAPH_MAX_TOK 8
 // Graphs kept per context (least recently used ones are destroyed).
 #define FORWARD_GRAPH_CACHE 32
 
-// One recorded decode step: n_tok tokens, n_out output rows, attention over
-// n_kv cells (a multiple of BACKEND_KV_BUCKET or n_ctx), the head ending in
-// argmax or in the logits.
+// One recorded part of a decode (struct forward_part): tokens [t0, t0+n_tok),
+// output rows [r0, r0+n_out), attention over n_kv cells (a multiple of
+// BACKEND_KV_BUCKET or n_ctx); bit i of argmax: row r0+i ends in its argmax.
 struct forward_graph {
     void *exec; // the backend's; NULL: the slot is free
-    int n_tok, n_out, n_kv;
-    bool argmax;
+    int t0, n_tok, r0, n_out, n_kv;
+    uint32_t argmax;
     uint64_t last_use;
 };
 
@@ -154,15 +160,11 @@ struct forward_ctx {
     // host results of the last decode
     int n_out;              // rows that wanted logits
     int32_t *out_batch_idx; // [n_out] batch index of output row r
-    float *h_logits;        // [n_out][n_vocab] (forward_decode)
-    int32_t *h_argmax;      // [n_out] (forward_decode_argmax)
+    float *h_logits;        // [n_out][n_vocab] rows of FORWARD_ROW_LOGITS
+    int32_t *h_argmax;      // [n_out] ids of FORWARD_ROW_ARGMAX / _SAMPLE rows
     int32_t *h_cells;       // [n_batch] scratch
     int32_t *h_rows;        // [n_out] scratch
     int32_t *h_se;          // [n_batch][2] scratch: cfg's (G, W) per token (unrotated mode)
-    // forward_decode_sample's rows during its decode (host memory, [n_out]),
-    // read by the head stage (forward_stage_head); NULL otherwise.
-    const struct sample_params *sp;
-
     // Recorded decode steps (backend graph ops; see forward.c, "graphs").
     bool graphs_on;      // the backend has graph ops and they were not disabled
     int graph_fail_run;  // recordings failed in a row; graphs go off at a limit
@@ -173,50 +175,33 @@ struct forward_ctx {
 
 int forward_init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg,
                  struct verr *err);
-// forward_init for the front context of a pipeline (host/split/): it also
-// keeps the head's buffers (the last stage's logits land there) when m has
-// no head, and records no graphs.
+// forward_init for the front stage of a pipeline whose last stage runs in
+// another process: it also keeps the head's buffers (the last stage's
+// logits and ids land there) when m has no head.
 int forward_init_front(struct forward_ctx *fc, const struct model *m,
                        const struct forward_config *cfg, struct verr *err);
 void forward_free(struct forward_ctx *fc);
 
-// Runs the batch; afterwards forward_logits(fc, r) is the logits row of the
-// r-th entry (in batch order) that wanted logits. Errors: VERR_RANGE (a token
-// id outside the vocabulary, a negative position, a bad seq id, n_tok outside
-// [1, n_batch], too many outputs), VERR_FULL (no room in the KV cache), or
-// the backend's error.
-int forward_decode(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err);
-// As forward_decode, but only the argmax of each output row is computed on
-// the backend and downloaded: forward_argmax(fc, r).
-int forward_decode_argmax(struct forward_ctx *fc, const struct forward_batch *b, struct verr *err);
-// As forward_decode_argmax, but output row r is sampled on the backend
-// (ops->sample) with sp[r] (host memory, one per row that wants logits, in
-// batch order): forward_argmax(fc, r) is the token picked. A retried decode
-// passes the same sp again (the draws in it were taken once).
-int forward_decode_sample(struct forward_ctx *fc, const struct forward_batch *b,
-                          const struct sample_params *sp, struct verr *err);
-
-// What a decode leaves on the host for each output row.
-enum forward_head {
-    FORWARD_HEAD_LOGITS = 0, // the logits (forward_decode)
-    FORWARD_HEAD_ARGMAX = 1, // their argmax only (forward_decode_argmax)
-    FORWARD_HEAD_SAMPLE = 2, // the token the sample op picks (forward_decode_sample)
+// What a decode gives back for one output row.
+enum forward_row {
+    FORWARD_ROW_LOGITS = 0, // the logits row, on the host
+    FORWARD_ROW_ARGMAX = 1, // its argmax only (the logits stay on the backend)
+    FORWARD_ROW_SAMPLE = 2, // the token ops->sample picks with the row's sample_params
 };
-// One of the three above by `head` (sp: the sample rows, SAMPLE only).
-int forward_decode_head(struct forward_ctx *fc, const struct forward_batch *b,
-                        enum forward_head head, const struct sample_params *sp, struct verr *err);
 
-// The first half of every decode, for drivers of several stages
-// (host/split/): checks the batch (b->se included), lists its output rows (fc->h_rows and
-// fc->out_batch_idx, *n_out of them) and claims its cells (fc->h_cells,
-// kv_find_slot). On an error nothing was claimed. After a later failure,
-// forward_batch_undo gives the cells back.
+// The first half of every decode, on the front stage (the one whose cache
+// keeps the bookkeeping): checks the batch (b->se included), lists its
+// output rows (fc->h_rows and fc->out_batch_idx, *n_out of them) and claims
+// its cells (fc->h_cells, kv_find_slot). Errors: VERR_RANGE (a token id
+// outside the vocabulary, a negative position, a bad seq id, n_tok outside
+// [1, n_batch], too many outputs), VERR_FULL (no room in the KV cache); on
+// an error nothing was claimed. After a later failure, forward_batch_undo
+// gives the cells back.
 int forward_batch_begin(struct forward_ctx *fc, const struct forward_batch *b, int *n_out,
                         struct verr *err);
 void forward_batch_undo(struct forward_ctx *fc, const struct forward_batch *b);
 
-// --- one stage's part of a decode (host/pipeline.c drives these; a whole
-// model runs them back to back). Token ranges [t0, t0+n) index the batch;
+// --- one stage's part of a decode. Token ranges [t0, t0+n) index the batch;
 // the residual stream of token t is row t of fc->x, so micro-batches of one
 // decode never share rows and can be in flight on several stages at once.
 
@@ -226,24 +211,27 @@ void forward_batch_undo(struct forward_ctx *fc, const struct forward_batch *b);
 // self-extend G and W (b->se or the context's).
 int forward_stage_upload(struct forward_ctx *fc, const struct forward_batch *b,
                          const int32_t *cells, const int32_t *rows, int n_out, struct verr *err);
-// x rows [t0, t0+n) = embeddings of the batch's tokens (first stage only).
-int forward_stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err);
-// Runs fc's layers [m->layer_begin, m->layer_end) over x rows [t0, t0+n).
-int forward_stage_layers(struct forward_ctx *fc, int t0, int n, struct verr *err);
-// Output rows [r0, r0+nr) (last stage only): gathers their x rows, final norm,
-// LM head into logits rows [r0, r0+nr); with argmax_only their argmax too, or
-// the tokens ops->sample picks with fc->sp[r0..r0+nr) when fc->sp is set.
-int forward_stage_head(struct forward_ctx *fc, int r0, int nr, bool argmax_only, struct verr *err);
-// Downloads n_out rows of logits (or their argmax) into the host arrays, then
-// waits for fc's backend.
-int forward_stage_download(struct forward_ctx *fc, int n_out, bool argmax_only, float *h_logits,
-                           int32_t *h_argmax, struct verr *err);
 
-static inline const float *forward_logits(const struct forward_ctx *fc, int r) {
-    return fc->h_logits + (size_t)r * (size_t)fc->m->hp.n_vocab;
-}
-static inline int32_t forward_argmax(const struct forward_ctx *fc, int r) {
-    return fc->h_argmax[r];
-}
+// One micro-batch on one stage.
+struct forward_part {
+    int t0, n;  // tokens [t0, t0+n) of the batch
+    int r0, nr; // the output rows among them: [r0, r0+nr) (head only)
+    bool embed; // first stage: x rows = the tokens' embeddings
+    bool head;  // last stage: final norm, LM head and each row's result
+};
+// Runs the part: embed, fc's layers [m->layer_begin, m->layer_end) over x
+// rows [t0, t0+n), the head. how[r] (enum forward_row, [n_out]; NULL: every
+// row LOGITS) says what row r gives: logits rows stay in fc->logits, ARGMAX
+// and SAMPLE rows leave their id in fc->d_argmax (SAMPLE with sp[r], host
+// memory, [n_out]; a retried decode passes the same sp, whose draws were
+// taken once). Parts of at most FORWARD_GRAPH_MAX_TOK tokens replay a
+// recorded graph when the backend has them (see forward.c, "graphs").
+int forward_stage_run(struct forward_ctx *fc, const struct forward_part *pt, const uint8_t *how,
+                      const struct sample_params *sp, struct verr *err);
+// Downloads the n_out rows' results (last stage): LOGITS rows into h_logits
+// [n_out][n_vocab] (their rows), the others' ids into h_ids [n_out]; then
+// waits for fc's backend.
+int forward_stage_download(struct forward_ctx *fc, int n_out, const uint8_t *how, float *h_logits,
+                           int32_t *h_ids, struct verr *err);
 
 #endif

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "host/model/model.h"
+#include "host/model/layout.h"
 
 // Registering an architecture: its id in enum model_arch (arch.h), its
 // table's declaration here and its line in `archs`.

@@ -19,16 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "host/model/layout.h"
 #include "host/ops/backend.h"
-
-// The registry's ids (stable: tests and mkmodel configs use them).
-enum model_arch {
-    MODEL_ARCH_LLAMA = 0,  // Llama 2/3, Mistral, TinyLlama: normal RoPE
-    MODEL_ARCH_QWEN2 = 1,  // NeoX RoPE, Q/K/V biases
-    MODEL_ARCH_QWEN3 = 2,  // NeoX RoPE, per-head Q/K RMS norm
-    MODEL_ARCH_GEMMA3 = 3, // sandwich norms, GeGLU, sliding-window layers
-    MODEL_ARCH_COUNT
-};
 
 // A dimension of a tensor, as a function of the hyperparameters
 // (struct arch_dims, filled from struct model_hparams or a mkmodel config).
@@ -163,7 +155,7 @@ const char *arch_names(char *buf, size_t cap);
 extern const struct arch_tensor arch_globals_llama[];
 
 // Shorthands for writing tables (in an arch_<name>.c, which includes
-// host/model/model.h for the fields): a matrix / vector of a block, by
+// host/model/layout.h for the fields): a matrix / vector of a block, by
 // enum arch_dim and enum arch_role without their prefixes.
 #define ARCH_LAYER_MAT(name, ne0, ne1, optional, role, field)                                      \
     {                                                                                              \

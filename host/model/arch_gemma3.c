@@ -7,7 +7,7 @@
 // global one by default (gemma3.attention.sliding_window_pattern), the local
 // ones with their own RoPE base (host/model/model.h).
 #include "host/model/arch.h"
-#include "host/model/model.h"
+#include "host/model/layout.h"
 
 static const struct arch_tensor layer[] = {
     ARCH_LAYER_VEC("attn_norm.weight", N_EMBD, false, NORM, attn_norm),

@@ -1,7 +1,7 @@
 // llama: Llama 2/3, Mistral, TinyLlama, ... Normal RoPE; Q/K/V biases are
 // accepted when a conversion carries them (as llama.cpp does).
 #include "host/model/arch.h"
-#include "host/model/model.h"
+#include "host/model/layout.h"
 
 static const struct arch_tensor layer[] = {
     ARCH_LAYER_LLAMA(true),

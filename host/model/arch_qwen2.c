@@ -1,7 +1,7 @@
 // qwen2: Qwen2 / Qwen2.5. The llama block with NeoX RoPE and required Q/K/V
 // biases.
 #include "host/model/arch.h"
-#include "host/model/model.h"
+#include "host/model/layout.h"
 
 static const struct arch_tensor layer[] = {
     ARCH_LAYER_LLAMA(false),

@@ -3,7 +3,7 @@
 // weight per head dimension) before RoPE. The head dimension comes from
 // qwen3.attention.key_length and need not be n_embd / n_head.
 #include "host/model/arch.h"
-#include "host/model/model.h"
+#include "host/model/layout.h"
 
 static const struct arch_tensor layer[] = {
     ARCH_LAYER_VEC("attn_norm.weight", N_EMBD, false, NORM, attn_norm),

@@ -412,6 +412,11 @@ int backend_create_device(const struct backend_device *d, const struct backend_s
 // cannot reach.
 int backend_device_memory(const struct backend_device *d, size_t *free_bytes, size_t *total_bytes,
                           struct verr *err);
+// CPU side of backend_device_memory (host/backend/backend_cpu.c): MemAvailable
+// and MemTotal of /proc/meminfo (the page cache the kernel would give back
+// counts: the mmap'ed model lives there), else sysconf's pages, else
+// BACKEND_MEM_UNLIMITED.
+int backend_cpu_mem_info(size_t *free_bytes, size_t *total_bytes);
 // CUDA side of backend_device_memory (cuda/, or the no-CUDA stub).
 int backend_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, struct verr *err);
 // Whether the accelerator library linked in is CUDA's (real or emulated).

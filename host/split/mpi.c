@@ -1,8 +1,6 @@
 // One stage per process under mpirun (see mpi.h).
 #include "host/split/mpi.h"
 
-#include "host/split/split.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +27,7 @@ static bool under_mpirun(void) {
 enum { MSG_DECODE = 1, MSG_QUIT = 2 };
 
 struct msg_hdr {
-    int32_t kind, n_tok, n_out, argmax_only;
+    int32_t kind, n_tok, n_out;
     int32_t lo, hi, head, used, has_shift, seq_words;
     int32_t has_se;    // the batch's per-token self-extend values follow its seq ids
     uint32_t n_clears; // rank 0's kv.n_clears (mod 2^32): a rank behind clears its K/V first
@@ -42,14 +40,13 @@ int pipeline_mpi_bcast_config(struct pipeline_ctl *ctl, struct forward_config *c
 }
 
 int pipeline_mpi_send_decode(struct pipeline_ctl *ctl, const struct forward_batch *b,
-                             const int32_t *cells, const int32_t *rows, int n_out, bool argmax_only,
-                             const struct kv_cache *kv, struct verr *err) {
+                             const int32_t *cells, const int32_t *rows, int n_out,
+                             const uint8_t *how, const struct kv_cache *kv, struct verr *err) {
     const int lo = kv->dirty_lo < kv->dirty_hi ? kv->dirty_lo : 0;
     const int hi = kv->dirty_lo < kv->dirty_hi ? kv->dirty_hi : 0;
     struct msg_hdr h = {.kind = MSG_DECODE,
                         .n_tok = b->n_tok,
                         .n_out = n_out,
-                        .argmax_only = argmax_only,
                         .lo = lo,
                         .hi = hi,
                         .head = kv->head,
@@ -67,6 +64,7 @@ int pipeline_mpi_send_decode(struct pipeline_ctl *ctl, const struct forward_batc
         (b->se && (rc = ctl->bcast(ctl, (void *)b->se, 2 * nt, err))) ||
         (rc = ctl->bcast(ctl, (void *)cells, nt, err)) ||
         (rc = ctl->bcast(ctl, (void *)rows, (size_t)n_out * sizeof(int32_t), err)) ||
+        (rc = ctl->bcast(ctl, (void *)how, (size_t)n_out, err)) ||
         (rc = ctl->bcast(ctl, kv->pos + lo, nc * sizeof(int32_t), err)) ||
         (rc = ctl->bcast(ctl, kv->delta + lo, nc * sizeof(int32_t), err)) ||
         (rc = ctl->bcast(ctl, kv->seq + (size_t)lo * kv->seq_words,
@@ -81,6 +79,7 @@ void pipeline_mpi_decode_free(struct pipeline_mpi_decode *d) {
     free(d->seq);
     free(d->cells);
     free(d->rows);
+    free(d->how);
     free(d->se);
     memset(d, 0, sizeof *d);
 }
@@ -109,17 +108,17 @@ int pipeline_mpi_recv_decode(struct pipeline_ctl *ctl, struct kv_cache *kv,
     const size_t nt = (size_t)h.n_tok, nc = (size_t)(h.hi - h.lo);
     d->n_tok = h.n_tok;
     d->n_out = h.n_out;
-    d->argmax_only = h.argmax_only != 0;
     d->token = malloc(nt * 4);
     d->pos = malloc(nt * 4);
     d->seq = malloc(nt * 4);
     d->cells = malloc(nt * 4);
     d->rows = malloc((size_t)(h.n_out + 1) * 4);
+    d->how = malloc((size_t)h.n_out + 1);
     d->se = h.has_se ? malloc(nt * 8) : NULL;
     int32_t *pos = malloc((nc + 1) * 4), *delta = malloc((nc + 1) * 4);
     uint64_t *seq = malloc((nc * (size_t)h.seq_words + 1) * 8);
-    if (!d->token || !d->pos || !d->seq || !d->cells || !d->rows || !pos || !delta || !seq ||
-        (h.has_se && !d->se)) {
+    if (!d->token || !d->pos || !d->seq || !d->cells || !d->rows || !d->how || !pos || !delta ||
+        !seq || (h.has_se && !d->se)) {
         rc = verr_set(err, VERR_NOMEM, "out of host memory");
         goto out;
     }
@@ -129,10 +128,11 @@ int pipeline_mpi_recv_decode(struct pipeline_ctl *ctl, struct kv_cache *kv,
         (d->se && (rc = ctl->bcast(ctl, d->se, nt * 8, err))) ||
         (rc = ctl->bcast(ctl, d->cells, nt * 4, err)) ||
         (rc = ctl->bcast(ctl, d->rows, (size_t)h.n_out * 4, err)) ||
+        (rc = ctl->bcast(ctl, d->how, (size_t)h.n_out, err)) ||
         (rc = ctl->bcast(ctl, pos, nc * 4, err)) || (rc = ctl->bcast(ctl, delta, nc * 4, err)) ||
         (rc = ctl->bcast(ctl, seq, nc * (size_t)h.seq_words * 8, err)))
         goto out;
-    pipeline_kv_follow_range(kv, h.lo, h.hi, pos, delta, seq, h.head, h.used, h.has_shift != 0);
+    kv_follow_range(kv, h.lo, h.hi, pos, delta, seq, h.head, h.used, h.has_shift != 0);
 out:
     free(pos);
     free(delta);
@@ -305,11 +305,8 @@ int transport_mpi_create(struct transport **out, struct pipeline_ctl *ctl,
 
 // --- loading one rank's stage -------------------------------------------------------
 
-// This rank's device (its entry of --devices, else the GPU of its local
-// rank: one process per GPU on each node, else the CPU), checked, and its
-// free memory, gathered from every rank: kinds[r] = kind << 32 | ordinal.
-static int gather_devices(struct pipeline_ctl *ctl, const struct load_config *a, uint64_t *kinds,
-                          uint64_t *frees, struct verr *err) {
+int pipeline_mpi_gather_devices(struct pipeline_ctl *ctl, const struct load_config *a,
+                                uint64_t *kinds, uint64_t *frees, struct verr *err) {
     const int n = ctl->n_ranks, me = ctl->rank;
     struct backend_device list[PLAN_MAX_DEVICES], mine = {BACKEND_DEVICE_CPU, 0};
     int n_list = 0, rc;
@@ -343,138 +340,8 @@ static int gather_devices(struct pipeline_ctl *ctl, const struct load_config *a,
     return 0;
 }
 
-int pipeline_mpi_load(struct pipeline_ctl *ctl, const struct load_config *a,
-                      const struct forward_config *cfg, const struct gguf_file *f,
-                      struct pipeline **pipe, struct backend **be, struct model **m,
-                      struct verr *err) {
-    const int n = ctl->n_ranks, me = ctl->rank;
-    int rc;
-    if (n > PLAN_MAX_DEVICES) {
-        rc = verr_set(err, VERR_RANGE, "mpirun: %d ranks (at most %d stages)", n, PLAN_MAX_DEVICES);
-        ctl->destroy(ctl);
-        return rc;
-    }
-    struct pipeline *p = calloc(1, sizeof *p);
-    if (!p) {
-        ctl->destroy(ctl);
-        return verr_set(err, VERR_NOMEM, "out of host memory");
-    }
-    p->ctl = ctl;
-    p->n_ubatch = a->n_ubatch;
-
-    uint64_t kinds[PLAN_MAX_DEVICES], frees[PLAN_MAX_DEVICES];
-    if ((rc = gather_devices(ctl, a, kinds, frees, err)))
-        goto fail;
-    struct backend_device devs[PLAN_MAX_DEVICES];
-    size_t free_bytes[PLAN_MAX_DEVICES];
-    for (int r = 0; r < n; r++) {
-        devs[r].kind = (enum backend_device_kind)(kinds[r] >> 32);
-        devs[r].ordinal = (int)(uint32_t)kinds[r];
-        free_bytes[r] = (size_t)frees[r];
-    }
-    // Rank 0 plans (its n_ctx is the engine's); every rank loads what it says.
-    int32_t plan_rc = 0;
-    char msg[sizeof err->msg] = {0};
-    if (me == 0) {
-        struct verr perr = {0};
-        plan_rc = pipeline_plan(a, cfg, f, devs, n, free_bytes, &p->plan, p->plan_text,
-                                sizeof p->plan_text, &perr);
-        if (!plan_rc && p->plan.n_stages != n)
-            plan_rc = verr_set(&perr, VERR_RANGE,
-                               "mpirun: %d ranks but the split has %d stages: every rank needs "
-                               "layers (no 0 in --tensor-split)",
-                               n, p->plan.n_stages);
-        memcpy(msg, perr.msg, sizeof msg);
-    }
-    if ((rc = ctl->bcast(ctl, &plan_rc, sizeof plan_rc, err)) ||
-        (rc = ctl->bcast(ctl, msg, sizeof msg, err)) ||
-        (rc = ctl->bcast(ctl, &p->plan, sizeof p->plan, err)) ||
-        (rc = ctl->bcast(ctl, p->plan_text, sizeof p->plan_text, err)))
-        goto fail;
-    if (plan_rc) {
-        rc = verr_set(err, plan_rc, "%s", msg);
-        goto fail;
-    }
-    p->n_stages = n;
-    for (int s = 0; s < n; s++) {
-        struct pipeline_stage *st = &p->stage[s];
-        st->dev = devs[s];
-        char dn[24];
-        backend_device_name(&devs[s], dn, sizeof dn);
-        snprintf(st->name, sizeof st->name, "rank%d:%s", s, dn);
-        st->l0 = p->plan.stage[s].l0;
-        st->l1 = p->plan.stage[s].l1;
-    }
-    struct pipeline_stage *st = &p->stage[me];
-    rc = backend_create_device(&st->dev, &a->be, &st->be, err);
-    if (rc || (rc = model_load_layers(&st->m, f, st->be, st->l0, st->l1, err))) {
-        verr_wrap(err, "rank %d (%s)", me, st->name);
-        goto fail;
-    }
-    struct backend *bes[PLAN_MAX_DEVICES] = {0};
-    bes[me] = st->be;
-    bool all_cuda = true;
-    for (int s = 0; s < n; s++)
-        all_cuda &= devs[s].kind == BACKEND_DEVICE_CUDA;
-    if (all_cuda) {
-        unsigned char id[TRANSPORT_NCCL_ID_BYTES] = {0};
-        if (me == 0 && (rc = transport_nccl_unique_id(id, err)))
-            goto fail;
-        if ((rc = ctl->bcast(ctl, id, sizeof id, err)) ||
-            (rc = transport_nccl_create(&p->tp, bes, n, id, me, err)))
-            goto fail;
-    } else if ((rc = transport_mpi_create(&p->tp, ctl, bes, n, err))) {
-        goto fail;
-    }
-    size_t len = strlen(p->plan_text);
-    snprintf(p->plan_text + len, sizeof p->plan_text - len, "transport: %s, %d processes\n",
-             p->tp->ops->name, n);
-    st->owned = true;
-    *be = st->be;
-    *m = st->m;
-    *pipe = p;
-    return 0;
-fail:
-    if (p->stage[me].m)
-        model_free(p->stage[me].m);
-    backend_destroy(p->stage[me].be);
-    p->stage[me].m = NULL;
-    p->stage[me].be = NULL;
-    p->ctl = NULL;
-    pipeline_free(p);
-    ctl->destroy(ctl);
-    return rc;
-}
-
 // --- ranks other than 0 ----------------------------------------------------------
 
 bool pipeline_mpi_is_worker(void) {
     return under_mpirun() && env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0) != 0;
-}
-
-int pipeline_mpi_worker_run(const struct load_config *lc, const struct forward_config *lcfg,
-                            struct verr *err) {
-    if (!lc->model_path)
-        return verr_set(err, VERR_RANGE, "MPI worker: no model (-m)");
-    struct gguf_file *f = NULL;
-    struct split_model sm = {0};
-    struct executor *x = NULL;
-    int rc = gguf_open(&f, lc->model_path, err);
-    if (!rc)
-        rc = split_load(&sm, lc, lcfg, f, NULL, NULL, err);
-    if (!rc && !sm.pipe)
-        rc = verr_set(err, VERR_RANGE, "MPI worker: the model is not split");
-    // Every stage's cache and scratch take rank 0's shapes.
-    struct forward_config cfg;
-    forward_config_default(&cfg);
-    if (!rc)
-        rc = pipeline_mpi_bcast_config(sm.pipe->ctl, &cfg, err);
-    if (!rc)
-        rc = split_executor_create(&x, &sm, &cfg, true, err);
-    if (!rc)
-        rc = pipeline_serve(split_pipeline_ctx(x), err);
-    executor_destroy(x);
-    split_model_free(&sm);
-    gguf_close(f);
-    return rc;
 }

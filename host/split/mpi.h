@@ -22,18 +22,33 @@
 
 #include "gguf/gguf.h"
 #include "gguf/verr.h"
-#include "host/split/pipeline.h"
+#include "host/forward/forward.h"
+#include "host/ops/transport.h"
+#include "host/split/plan.h"
+#include "kv/kv.h"
+
+// Control channel between the processes of a multi-process pipeline (MPI).
+struct pipeline_ctl {
+    int rank, n_ranks;
+    // Rank 0's bytes to every rank.
+    int (*bcast)(struct pipeline_ctl *c, void *buf, size_t bytes, struct verr *err);
+    // Every rank's value to every rank: out[r] = rank r's v.
+    int (*allgather)(struct pipeline_ctl *c, uint64_t v, uint64_t *out, struct verr *err);
+    void (*destroy)(struct pipeline_ctl *c);
+    void *impl;
+};
 
 // *out = NULL (and 0) unless this process was started by mpirun with more
 // than one rank; then MPI is initialised and *out is the control channel.
 // VERR_UNSUPPORTED under mpirun when vela was built without MPI.
 int pipeline_mpi_ctl_create(struct pipeline_ctl **out, struct verr *err);
 
-// pipeline_load for one rank (host/pipeline.c calls it under mpirun).
-int pipeline_mpi_load(struct pipeline_ctl *ctl, const struct load_config *lc,
-                      const struct forward_config *cfg, const struct gguf_file *f,
-                      struct pipeline **pipe, struct backend **be, struct model **m,
-                      struct verr *err);
+// This rank's device (its entry of --devices, else the GPU of its local rank:
+// one process per GPU on each node, else the CPU), checked, and every rank's
+// device and free memory: kinds[r] = kind << 32 | ordinal, frees[r] bytes
+// ([ctl->n_ranks] each). A rank that cannot use its device fails them all.
+int pipeline_mpi_gather_devices(struct pipeline_ctl *ctl, const struct load_config *lc,
+                                uint64_t *kinds, uint64_t *frees, struct verr *err);
 
 // Rank 0 -> every rank: the forward config (pipeline_ctx_init), so that every
 // stage's cache and scratch have the same shape.
@@ -42,16 +57,16 @@ int pipeline_mpi_bcast_config(struct pipeline_ctl *ctl, struct forward_config *c
 
 struct pipeline_mpi_decode {
     bool quit;
-    bool argmax_only;
     int n_tok, n_out;
+    uint8_t *how;                       // [n_out] enum forward_row of each output row
     int32_t *token, *pos, *seq, *cells; // [n_tok]
     int32_t *rows;                      // [n_out]
     int32_t *se;                        // [n_tok][2] the batch's self-extend G, W, or NULL
 };
 
 int pipeline_mpi_send_decode(struct pipeline_ctl *ctl, const struct forward_batch *b,
-                             const int32_t *cells, const int32_t *rows, int n_out, bool argmax_only,
-                             const struct kv_cache *kv, struct verr *err);
+                             const int32_t *cells, const int32_t *rows, int n_out,
+                             const uint8_t *how, const struct kv_cache *kv, struct verr *err);
 // Receives one message; applies its KV bookkeeping to kv.
 int pipeline_mpi_recv_decode(struct pipeline_ctl *ctl, struct kv_cache *kv,
                              struct pipeline_mpi_decode *d, struct verr *err);
@@ -65,9 +80,4 @@ int transport_mpi_create(struct transport **out, struct pipeline_ctl *ctl,
 // Whether this process is a rank other than 0 of an mpirun job (it then
 // serves its stage instead of running the command: tools/main.c).
 bool pipeline_mpi_is_worker(void);
-// A rank other than 0: loads this rank's stage as lc / cfg say (the same
-// model flags rank 0 got), serves rank 0's decodes until it quits.
-int pipeline_mpi_worker_run(const struct load_config *lc, const struct forward_config *cfg,
-                            struct verr *err);
-
 #endif

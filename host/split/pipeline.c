@@ -16,13 +16,6 @@ static double now_ms(void) {
 
 // --- devices -------------------------------------------------------------------
 
-void load_config_default(struct load_config *c) {
-    memset(c, 0, sizeof *c);
-    c->backend = LOAD_BACKEND_AUTO;
-    c->split_mode = LOAD_SPLIT_LAYER;
-    c->be.act = BACKEND_ACT_DEFAULT;
-}
-
 int pipeline_resolve_devices(const struct load_config *a, struct backend_device *devs, int *n,
                              struct verr *err) {
     *n = 0;
@@ -248,25 +241,182 @@ static int load_one(const struct load_config *a, const struct forward_config *cf
     return model_load_ex(m, f, be, lp, err);
 }
 
+// Under mpirun: every rank plans the same split (rank 0's) and loads its own
+// stage; the other stages are remote (be and m NULL).
+static int load_ranks(struct pipeline_ctl *ctl, const struct load_config *a,
+                      const struct forward_config *cfg, const struct gguf_file *f,
+                      struct pipeline **pipe, struct verr *err) {
+    const int n = ctl->n_ranks, me = ctl->rank;
+    int rc;
+    if (n > PLAN_MAX_DEVICES) {
+        rc = verr_set(err, VERR_RANGE, "mpirun: %d ranks (at most %d stages)", n, PLAN_MAX_DEVICES);
+        ctl->destroy(ctl);
+        return rc;
+    }
+    struct pipeline *p = calloc(1, sizeof *p);
+    if (!p) {
+        ctl->destroy(ctl);
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    }
+    p->ctl = ctl;
+    p->n_ubatch = a->n_ubatch;
+
+    uint64_t kinds[PLAN_MAX_DEVICES], frees[PLAN_MAX_DEVICES];
+    if ((rc = pipeline_mpi_gather_devices(ctl, a, kinds, frees, err)))
+        goto fail;
+    struct backend_device devs[PLAN_MAX_DEVICES];
+    size_t free_bytes[PLAN_MAX_DEVICES];
+    for (int r = 0; r < n; r++) {
+        devs[r].kind = (enum backend_device_kind)(kinds[r] >> 32);
+        devs[r].ordinal = (int)(uint32_t)kinds[r];
+        free_bytes[r] = (size_t)frees[r];
+    }
+    // Rank 0 plans (its n_ctx is the engine's); every rank loads what it says.
+    int32_t plan_rc = 0;
+    char msg[sizeof err->msg] = {0};
+    if (me == 0) {
+        struct verr perr = {0};
+        plan_rc = pipeline_plan(a, cfg, f, devs, n, free_bytes, &p->plan, p->plan_text,
+                                sizeof p->plan_text, &perr);
+        if (!plan_rc && p->plan.n_stages != n)
+            plan_rc = verr_set(&perr, VERR_RANGE,
+                               "mpirun: %d ranks but the split has %d stages: every rank needs "
+                               "layers (no 0 in --tensor-split)",
+                               n, p->plan.n_stages);
+        memcpy(msg, perr.msg, sizeof msg);
+    }
+    if ((rc = ctl->bcast(ctl, &plan_rc, sizeof plan_rc, err)) ||
+        (rc = ctl->bcast(ctl, msg, sizeof msg, err)) ||
+        (rc = ctl->bcast(ctl, &p->plan, sizeof p->plan, err)) ||
+        (rc = ctl->bcast(ctl, p->plan_text, sizeof p->plan_text, err)))
+        goto fail;
+    if (plan_rc) {
+        rc = verr_set(err, plan_rc, "%s", msg);
+        goto fail;
+    }
+    p->n_stages = n;
+    for (int s = 0; s < n; s++) {
+        struct pipeline_stage *st = &p->stage[s];
+        st->dev = devs[s];
+        char dn[24];
+        backend_device_name(&devs[s], dn, sizeof dn);
+        snprintf(st->name, sizeof st->name, "rank%d:%s", s, dn);
+        st->l0 = p->plan.stage[s].l0;
+        st->l1 = p->plan.stage[s].l1;
+    }
+    struct pipeline_stage *st = &p->stage[me];
+    rc = backend_create_device(&st->dev, &a->be, &st->be, err);
+    if (rc || (rc = model_load_layers(&st->m, f, st->be, st->l0, st->l1, err))) {
+        verr_wrap(err, "rank %d (%s)", me, st->name);
+        goto fail;
+    }
+    struct backend *bes[PLAN_MAX_DEVICES] = {0};
+    bes[me] = st->be;
+    bool all_cuda = true;
+    for (int s = 0; s < n; s++)
+        all_cuda &= devs[s].kind == BACKEND_DEVICE_CUDA;
+    if (all_cuda) {
+        unsigned char id[TRANSPORT_NCCL_ID_BYTES] = {0};
+        if (me == 0 && (rc = transport_nccl_unique_id(id, err)))
+            goto fail;
+        if ((rc = ctl->bcast(ctl, id, sizeof id, err)) ||
+            (rc = transport_nccl_create(&p->tp, bes, n, id, me, err)))
+            goto fail;
+    } else if ((rc = transport_mpi_create(&p->tp, ctl, bes, n, err))) {
+        goto fail;
+    }
+    size_t len = strlen(p->plan_text);
+    snprintf(p->plan_text + len, sizeof p->plan_text - len, "transport: %s, %d processes\n",
+             p->tp->ops->name, n);
+    st->owned = true;
+    *pipe = p;
+    return 0;
+fail:
+    if (p->stage[me].m)
+        model_free(p->stage[me].m);
+    backend_destroy(p->stage[me].be);
+    p->stage[me].m = NULL;
+    p->stage[me].be = NULL;
+    p->ctl = NULL;
+    pipeline_free(p);
+    ctl->destroy(ctl);
+    return rc;
+}
+
+// A pipeline of one stage over be and m (owned or not).
+static int pipeline_one(struct pipeline **out, const struct backend_device *d, struct backend *be,
+                        struct model *m, bool own, struct verr *err) {
+    struct pipeline *p = calloc(1, sizeof *p);
+    if (!p)
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    p->n_stages = 1;
+    struct pipeline_stage *st = &p->stage[0];
+    st->dev = *d;
+    backend_device_name(&st->dev, st->name, sizeof st->name);
+    st->l0 = m->layer_begin;
+    st->l1 = m->layer_end;
+    st->be = be;
+    st->m = m;
+    st->owned = own;
+    *out = p;
+    return 0;
+}
+
+int pipeline_wrap(struct pipeline **out, struct backend *be, struct model *m, bool own,
+                  struct verr *err) {
+    *out = NULL;
+    struct backend_device d = {BACKEND_DEVICE_CPU, 0};
+    if (be->device >= 0)
+        d = (struct backend_device){BACKEND_DEVICE_CUDA, be->device};
+    int rc = pipeline_one(out, &d, be, m, own, err);
+    if (rc && own) {
+        model_free(m);
+        backend_destroy(be);
+    }
+    return rc;
+}
+
+// One device: its backend and the model, with the memory check unless the
+// plan made it.
+static int load_one_device(const struct load_config *a, const struct forward_config *cfg,
+                           const struct gguf_file *f, const struct backend_device *d, bool auto_be,
+                           struct model_load_params *lp, struct pipeline **out, struct verr *err) {
+    struct backend *be = NULL;
+    struct model *m = NULL;
+    int rc;
+    if (auto_be)
+        rc = create_backend_auto(a, &be, err);
+    else if ((rc = create_backend(a, d, &be, err)) && a->devices)
+        verr_wrap(err, "--devices");
+    if (rc)
+        return rc;
+    struct backend_device used = *d;
+    if (auto_be)
+        used = be->device >= 0 ? (struct backend_device){BACKEND_DEVICE_CUDA, be->device}
+                               : (struct backend_device){BACKEND_DEVICE_CPU, 0};
+    if ((rc = load_one(a, cfg, f, &used, lp, be, &m, err)) ||
+        (rc = pipeline_one(out, &used, be, m, true, err))) {
+        model_free(m);
+        backend_destroy(be);
+    }
+    return rc;
+}
+
 int pipeline_load(const struct load_config *lc, const struct forward_config *cfg,
-                  const struct gguf_file *f, struct pipeline **pipe, struct backend **be,
-                  struct model **m, struct verr *err) {
-    return pipeline_load_ex(lc, cfg, f, NULL, NULL, pipe, be, m, err);
+                  const struct gguf_file *f, struct pipeline **pipe, struct verr *err) {
+    return pipeline_load_ex(lc, cfg, f, NULL, NULL, pipe, err);
 }
 
 int pipeline_load_ex(const struct load_config *a, const struct forward_config *cfg,
                      const struct gguf_file *f, model_progress_fn progress, void *progress_user,
-                     struct pipeline **pipe, struct backend **be, struct model **m,
-                     struct verr *err) {
+                     struct pipeline **pipe, struct verr *err) {
     *pipe = NULL;
-    *be = NULL;
-    *m = NULL;
     struct pipeline_ctl *ctl = NULL;
     int rc = pipeline_mpi_ctl_create(&ctl, err);
     if (rc)
         return rc;
     if (ctl)
-        return pipeline_mpi_load(ctl, a, cfg, f, pipe, be, m, err);
+        return load_ranks(ctl, a, cfg, f, pipe, err);
 
     struct backend_device devs[PLAN_MAX_DEVICES];
     int n = 0;
@@ -276,20 +426,8 @@ int pipeline_load_ex(const struct load_config *a, const struct forward_config *c
     model_load_params_default(&lp);
     lp.progress = progress;
     lp.progress_user = progress_user;
-    if (n == 1) {
-        // One device: what engine_open always did.
-        if (!a->devices)
-            rc = create_backend_auto(a, be, err);
-        else if ((rc = create_backend(a, &devs[0], be, err)))
-            verr_wrap(err, "--devices");
-        if (rc)
-            return rc;
-        if ((rc = load_one(a, cfg, f, &devs[0], &lp, *be, m, err))) {
-            backend_destroy(*be);
-            *be = NULL;
-        }
-        return rc;
-    }
+    if (n == 1)
+        return load_one_device(a, cfg, f, &devs[0], !a->devices, &lp, pipe, err);
 
     struct pipeline *p = calloc(1, sizeof *p);
     if (!p)
@@ -308,17 +446,11 @@ int pipeline_load_ex(const struct load_config *a, const struct forward_config *c
         st->owned = true;
     }
     if (p->n_stages == 1) {
-        // --tensor-split gave every layer to one device: no pipeline.
+        // --tensor-split gave every layer to one device.
         struct backend_device d = p->stage[0].dev;
         free(p);
-        if ((rc = create_backend(a, &d, be, err)))
-            return rc;
         lp.skip_memory_check = true; // the plan checked it
-        if ((rc = load_one(a, cfg, f, &d, &lp, *be, m, err))) {
-            backend_destroy(*be);
-            *be = NULL;
-        }
-        return rc;
+        return load_one_device(a, cfg, f, &d, false, &lp, pipe, err);
     }
     // Progress: every stage's bytes as one total; the plan checked memory.
     size_t stage_bytes[PLAN_MAX_DEVICES];
@@ -348,8 +480,6 @@ int pipeline_load_ex(const struct load_config *a, const struct forward_config *c
         goto fail;
     size_t len = strlen(p->plan_text);
     snprintf(p->plan_text + len, sizeof p->plan_text - len, "transport: %s\n", p->tp->ops->name);
-    *be = p->stage[0].be;
-    *m = p->stage[0].m;
     *pipe = p;
     return 0;
 fail:
@@ -377,29 +507,16 @@ void pipeline_free(struct pipeline *p) {
 
 // --- contexts ------------------------------------------------------------------
 
-int pipeline_ctx_init(struct pipeline_ctx **out, struct pipeline *p, struct forward_ctx *front,
+int pipeline_ctx_init(struct pipeline_ctx **out, struct pipeline *p,
                       const struct forward_config *cfg, struct verr *err) {
     *out = NULL;
     struct pipeline_ctx *pc = calloc(1, sizeof *pc);
     if (!pc)
         return verr_set(err, VERR_NOMEM, "out of host memory");
     pc->p = p;
-    if (p->ctl && p->ctl->rank == 0) {
-        // Every rank's stage gets the front's shapes (n_ctx, batch, cache types).
-        struct forward_config c = *cfg;
-        int rc = pipeline_mpi_bcast_config(p->ctl, &c, err);
-        if (rc) {
-            free(pc);
-            return rc;
-        }
-    }
+    pc->front = -1;
     for (int s = 0; s < p->n_stages; s++) {
         struct pipeline_stage *st = &p->stage[s];
-        if (st->m == front->m) {
-            pc->fc[s] = front;
-            pc->front = s;
-            continue;
-        }
         if (!st->m)
             continue; // another process's stage
         struct forward_ctx *fc = calloc(1, sizeof *fc);
@@ -407,13 +524,28 @@ int pipeline_ctx_init(struct pipeline_ctx **out, struct pipeline *p, struct forw
             pipeline_ctx_free(pc);
             return verr_set(err, VERR_NOMEM, "out of host memory");
         }
-        int rc = forward_init(fc, st->m, cfg, err);
+        // Rank 0's stage receives the head's results from another process.
+        const bool receives = pc->front < 0 && p->ctl && s < p->n_stages - 1;
+        int rc =
+            receives ? forward_init_front(fc, st->m, cfg, err) : forward_init(fc, st->m, cfg, err);
         if (rc) {
             free(fc);
             pipeline_ctx_free(pc);
-            return verr_wrap(err, "stage %d (%s)", s, st->name);
+            return p->n_stages > 1 ? verr_wrap(err, "stage %d (%s)", s, st->name) : rc;
         }
         pc->fc[s] = fc;
+        if (pc->front < 0)
+            pc->front = s;
+    }
+    // Every row LOGITS: what a decode without `how` asks for.
+    int rc = 0;
+    if (pc->front < 0)
+        rc = verr_set(err, VERR_RANGE, "pipeline: no stage in this process");
+    else if (!(pc->how_logits = calloc((size_t)pc->fc[pc->front]->cfg.n_outputs_max, 1)))
+        rc = verr_set(err, VERR_NOMEM, "out of host memory");
+    if (rc) {
+        pipeline_ctx_free(pc);
+        return rc;
     }
     *out = pc;
     return 0;
@@ -423,49 +555,12 @@ void pipeline_ctx_free(struct pipeline_ctx *pc) {
     if (!pc)
         return;
     for (int s = 0; s < pc->p->n_stages; s++) {
-        struct forward_ctx *fc = pc->fc[s];
-        if (!fc || s == pc->front)
-            continue; // the front: its owner frees it
-        forward_free(fc);
-        free(fc);
+        if (pc->fc[s])
+            forward_free(pc->fc[s]);
+        free(pc->fc[s]);
     }
+    free(pc->how_logits);
     free(pc);
-}
-
-// --- KV bookkeeping ------------------------------------------------------------
-
-void pipeline_kv_follow_range(struct kv_cache *dst, int lo, int hi, const int32_t *pos,
-                              const int32_t *delta, const uint64_t *seq, int head, int used,
-                              bool has_shift) {
-    if (lo < hi) {
-        const size_t n = (size_t)(hi - lo), w = (size_t)dst->seq_words;
-        memcpy(dst->pos + lo, pos, n * sizeof *pos);
-        memcpy(dst->delta + lo, delta, n * sizeof *delta);
-        memcpy(dst->seq + (size_t)lo * w, seq, n * w * sizeof *seq);
-        if (dst->dirty_lo >= dst->dirty_hi) {
-            dst->dirty_lo = lo;
-            dst->dirty_hi = hi;
-        } else {
-            if (lo < dst->dirty_lo)
-                dst->dirty_lo = lo;
-            if (hi > dst->dirty_hi)
-                dst->dirty_hi = hi;
-        }
-    }
-    dst->head = head;
-    dst->used = used;
-    dst->has_shift = dst->has_shift || has_shift;
-}
-
-// Every change to a cell (claim, free, move, sequence set) marks it dirty
-// until the next kv_prepare, and deltas are non-zero only on such cells, so
-// the dirty range is everything that changed since the last decode.
-void pipeline_kv_follow(struct kv_cache *dst, const struct kv_cache *src) {
-    const int lo = src->dirty_lo, hi = src->dirty_hi;
-    const size_t w = (size_t)src->seq_words;
-    pipeline_kv_follow_range(
-        dst, lo, hi, src->pos + (lo < hi ? lo : 0), src->delta + (lo < hi ? lo : 0),
-        src->seq + (lo < hi ? (size_t)lo * w : 0), src->head, src->used, src->has_shift);
 }
 
 // --- decode --------------------------------------------------------------------
@@ -481,73 +576,107 @@ static int xfer(struct pipeline *p, int from, const void *src, int to, void *dst
     return 0;
 }
 
-// Every process runs this for every decode, with the same batch and cells:
-// it does the work of its local stages and its side of each transfer.
-static int run_stages(struct pipeline_ctx *pc, const struct forward_batch *b, const int32_t *cells,
-                      const int32_t *rows, int n_out, bool argmax_only, float *h_logits,
-                      int32_t *h_argmax, struct verr *err) {
+static int stage_fail(const struct pipeline *p, int s, int rc, struct verr *err) {
+    return p->n_stages > 1 ? verr_wrap(err, "stage %d (%s)", s, p->stage[s].name) : rc;
+}
+
+// One micro-batch through every stage: the hidden state in from the stage
+// before, the stage's part, and (timing) its wall time.
+static int run_micro(struct pipeline_ctx *pc, const struct forward_part *part, const uint8_t *how,
+                     const struct sample_params *sp, struct verr *err) {
     struct pipeline *p = pc->p;
-    const int S = p->n_stages, last = S - 1, n_tok = b->n_tok;
-    struct forward_ctx *any = NULL;
-    for (int s = 0; s < S && !any; s++)
-        any = pc->fc[s];
-    const int E = any->m->hp.n_embd, V = any->m->hp.n_vocab;
+    const int S = p->n_stages;
+    int rc;
+    for (int s = 0; s < S; s++) {
+        struct forward_ctx *fc = pc->fc[s];
+        if (s > 0) {
+            struct forward_ctx *prev = pc->fc[s - 1];
+            const size_t E = (size_t)pc->fc[pc->front]->m->hp.n_embd;
+            const size_t off = (size_t)part->t0 * E;
+            if ((rc = xfer(p, s - 1, prev ? prev->x + off : NULL, s, fc ? fc->x + off : NULL,
+                           (size_t)part->n * E * sizeof(float), err)))
+                return rc;
+        }
+        if (!fc)
+            continue;
+        struct forward_part pt = *part;
+        pt.embed = s == 0;
+        pt.head = s == S - 1;
+        double ts = p->timing ? now_ms() : 0;
+        if ((rc = forward_stage_run(fc, &pt, how, sp, err)))
+            return stage_fail(p, s, rc, err);
+        if (p->timing) {
+            if (fc->be->ops->sync(fc->be))
+                return verr_set(err, VERR_BACKEND, "stage %d (%s): %s", s, p->stage[s].name,
+                                fc->be->err.msg);
+            p->stage_ms[s] += now_ms() - ts;
+        }
+    }
+    return 0;
+}
+
+// The last stage's results to the host of the front (rank 0).
+static int run_results(struct pipeline_ctx *pc, int n_out, const uint8_t *how, float *h_logits,
+                       int32_t *h_ids, struct verr *err) {
+    struct pipeline *p = pc->p;
+    const int last = p->n_stages - 1;
+    struct forward_ctx *fl = pc->fc[last], *f0 = pc->fc[0];
+    int rc;
+    if (fl && f0) {
+        if ((rc = forward_stage_download(fl, n_out, how, h_logits, h_ids, err)))
+            return stage_fail(p, last, rc, err);
+        return 0;
+    }
+    if (n_out == 0)
+        return 0;
+    bool any_logits = false, any_ids = false;
+    for (int r = 0; r < n_out; r++) {
+        any_logits |= how[r] == FORWARD_ROW_LOGITS;
+        any_ids |= how[r] != FORWARD_ROW_LOGITS;
+    }
+    const size_t V = (size_t)pc->fc[pc->front]->m->hp.n_vocab;
+    if (any_logits && (rc = xfer(p, last, fl ? fl->logits : NULL, 0, f0 ? f0->logits : NULL,
+                                 (size_t)n_out * V * sizeof(float), err)))
+        return rc;
+    if (any_ids && (rc = xfer(p, last, fl ? fl->d_argmax : NULL, 0, f0 ? f0->d_argmax : NULL,
+                              (size_t)n_out * sizeof(int32_t), err)))
+        return rc;
+    if (f0 && (rc = forward_stage_download(f0, n_out, how, h_logits, h_ids, err)))
+        return rc;
+    return 0;
+}
+
+// The driver: every process runs this for every decode, with the same batch,
+// cells and rows; it does the work of its local stages and its side of each
+// transfer. A decode's batch is cut into micro-batches of n_ubatch tokens
+// (default ceil(n_tok / n_stages)); micro-batch k+1 is enqueued on stage s
+// right after micro-batch k was handed to stage s+1.
+static int run_stages(struct pipeline_ctx *pc, const struct forward_batch *b, const int32_t *cells,
+                      const int32_t *rows, int n_out, const uint8_t *how,
+                      const struct sample_params *sp, float *h_logits, int32_t *h_ids,
+                      struct verr *err) {
+    struct pipeline *p = pc->p;
+    const int S = p->n_stages, n_tok = b->n_tok;
     int rc;
     for (int s = 0; s < S; s++)
         if (pc->fc[s] && (rc = forward_stage_upload(pc->fc[s], b, cells, rows, n_out, err)))
-            return verr_wrap(err, "stage %d (%s)", s, p->stage[s].name);
-
+            return stage_fail(p, s, rc, err);
     int ub = p->n_ubatch > 0 ? p->n_ubatch : (n_tok + S - 1) / S;
     if (ub < 1)
         ub = 1;
-    int r0 = 0; // first output row of the micro-batch
+    struct forward_part part = {0};
     for (int t0 = 0; t0 < n_tok; t0 += ub) {
-        const int n = n_tok - t0 < ub ? n_tok - t0 : ub;
-        int r1 = r0;
-        while (r1 < n_out && rows[r1] < t0 + n)
-            r1++;
-        for (int s = 0; s < S; s++) {
-            struct forward_ctx *fc = pc->fc[s];
-            if (s > 0) {
-                struct forward_ctx *prev = pc->fc[s - 1];
-                const size_t off = (size_t)t0 * E;
-                if ((rc = xfer(p, s - 1, prev ? prev->x + off : NULL, s, fc ? fc->x + off : NULL,
-                               (size_t)n * E * sizeof(float), err)))
-                    return rc;
-            }
-            if (!fc)
-                continue;
-            double ts = p->timing ? now_ms() : 0;
-            if ((s == 0 && (rc = forward_stage_embed(fc, t0, n, err))) ||
-                (rc = forward_stage_layers(fc, t0, n, err)) ||
-                (s == last && r1 > r0 &&
-                 (rc = forward_stage_head(fc, r0, r1 - r0, argmax_only, err))))
-                return verr_wrap(err, "stage %d (%s)", s, p->stage[s].name);
-            if (p->timing) {
-                if (fc->be->ops->sync(fc->be))
-                    return verr_set(err, VERR_BACKEND, "stage %d (%s): %s", s, p->stage[s].name,
-                                    fc->be->err.msg);
-                p->stage_ms[s] += now_ms() - ts;
-            }
-        }
-        r0 = r1;
-    }
-
-    // Results: the last stage's rows to the host of rank 0.
-    struct forward_ctx *fl = pc->fc[last], *f0 = pc->fc[0];
-    if (fl && f0) {
-        if ((rc = forward_stage_download(fl, n_out, argmax_only, h_logits, h_argmax, err)))
-            return verr_wrap(err, "stage %d (%s)", last, p->stage[last].name);
-    } else if (n_out > 0) {
-        size_t bytes = argmax_only ? (size_t)n_out * sizeof(int32_t)
-                                   : (size_t)n_out * (size_t)V * sizeof(float);
-        const void *src = fl ? (argmax_only ? (void *)fl->d_argmax : (void *)fl->logits) : NULL;
-        void *dst = f0 ? (argmax_only ? (void *)f0->d_argmax : (void *)f0->logits) : NULL;
-        if ((rc = xfer(p, last, src, 0, dst, bytes, err)))
-            return rc;
-        if (f0 && (rc = forward_stage_download(f0, n_out, argmax_only, h_logits, h_argmax, err)))
+        part.t0 = t0;
+        part.n = n_tok - t0 < ub ? n_tok - t0 : ub;
+        part.r0 += part.nr;
+        part.nr = 0;
+        while (part.r0 + part.nr < n_out && rows[part.r0 + part.nr] < t0 + part.n)
+            part.nr++;
+        if ((rc = run_micro(pc, &part, how, sp, err)))
             return rc;
     }
+    if ((rc = run_results(pc, n_out, how, h_logits, h_ids, err)))
+        return rc;
     for (int s = 0; s < S; s++) {
         struct forward_ctx *fc = pc->fc[s];
         if (fc && fc->be->ops->sync(fc->be))
@@ -558,49 +687,72 @@ static int run_stages(struct pipeline_ctx *pc, const struct forward_batch *b, co
     return 0;
 }
 
-int pipeline_decode(struct pipeline_ctx *pc, const struct forward_batch *b, int n_out,
-                    bool argmax_only, struct verr *err) {
+// Every other stage's cache takes the front's bookkeeping (after a clear of
+// the front, its K/V are zeroed too: kv_clear's contract).
+static int follow_front(struct pipeline_ctx *pc, struct verr *err) {
     struct pipeline *p = pc->p;
-    struct forward_ctx *front = pc->fc[0];
+    struct forward_ctx *front = pc->fc[pc->front];
+    for (int s = 0; s < p->n_stages; s++) {
+        if (!pc->fc[s] || s == pc->front)
+            continue;
+        struct kv_cache *ks = &pc->fc[s]->kv;
+        if (ks->n_clears != front->kv.n_clears) {
+            int rc = kv_clear(ks, err);
+            if (rc)
+                return verr_wrap(err, "stage %d (%s): clearing the cache", s, p->stage[s].name);
+            ks->n_clears = front->kv.n_clears;
+        }
+        kv_follow(ks, &front->kv);
+    }
+    return 0;
+}
+
+int pipeline_decode(struct pipeline_ctx *pc, const struct forward_batch *b, const uint8_t *how,
+                    const struct sample_params *sp, struct verr *err) {
+    struct pipeline *p = pc->p;
+    struct forward_ctx *front = pc->front == 0 ? pc->fc[0] : NULL;
     if (!front)
         return verr_set(err, VERR_RANGE, "pipeline: decodes are driven by rank 0");
-    for (int s = 1; s < p->n_stages; s++)
-        if (pc->fc[s]) {
-            struct kv_cache *ks = &pc->fc[s]->kv;
-            if (ks->n_clears != front->kv.n_clears) {
-                // The front was cleared since this stage's last decode: its K/V
-                // must be zeroed too (kv_clear's contract), not only its cells.
-                int rc = kv_clear(ks, err);
-                if (rc)
-                    return verr_wrap(err, "stage %d (%s): clearing the cache", s, p->stage[s].name);
-                ks->n_clears = front->kv.n_clears;
-            }
-            pipeline_kv_follow(ks, &front->kv);
-            pc->fc[s]->sp = front->sp; // the head stage samples with the front's rows
-        }
-    if (p->ctl) {
-        int rc = pipeline_mpi_send_decode(p->ctl, b, front->h_cells, front->h_rows, n_out,
-                                          argmax_only, &front->kv, err);
-        if (rc)
-            return rc;
+    int n_out = 0;
+    int rc = forward_batch_begin(front, b, &n_out, err);
+    if (rc)
+        return rc;
+    for (int r = 0; r < n_out && !rc; r++) {
+        const int h = how ? how[r] : FORWARD_ROW_LOGITS;
+        if (h == FORWARD_ROW_SAMPLE && p->ctl)
+            rc = verr_set(err, VERR_UNSUPPORTED,
+                          "pipeline: sampling on the backend with the head in another process");
+        else if (h == FORWARD_ROW_SAMPLE && !sp)
+            rc = verr_set(err, VERR_RANGE, "pipeline: row %d is sampled but has no sample_params",
+                          r);
+        else if (h < FORWARD_ROW_LOGITS || h > FORWARD_ROW_SAMPLE)
+            rc = verr_set(err, VERR_RANGE, "pipeline: row %d: unknown result kind %d", r, h);
     }
-    int rc = run_stages(pc, b, front->h_cells, front->h_rows, n_out, argmax_only, front->h_logits,
+    if (!how)
+        how = pc->how_logits;
+    if (!rc)
+        rc = follow_front(pc, err);
+    if (!rc && p->ctl)
+        rc = pipeline_mpi_send_decode(p->ctl, b, front->h_cells, front->h_rows, n_out, how,
+                                      &front->kv, err);
+    if (!rc)
+        rc = run_stages(pc, b, front->h_cells, front->h_rows, n_out, how, sp, front->h_logits,
                         front->h_argmax, err);
-    for (int s = 1; s < p->n_stages; s++)
-        if (pc->fc[s])
-            pc->fc[s]->sp = NULL;
-    return rc;
+    if (rc) {
+        forward_batch_undo(front, b);
+        return rc;
+    }
+    front->n_out = n_out;
+    return 0;
 }
 
 int pipeline_serve(struct pipeline_ctx *pc, struct verr *err) {
     struct pipeline *p = pc->p;
     if (!p->ctl)
         return verr_set(err, VERR_RANGE, "pipeline_serve: not a multi-process pipeline");
-    struct forward_ctx *mine = NULL;
-    for (int s = 0; s < p->n_stages && !mine; s++)
-        mine = pc->fc[s];
-    if (!mine)
+    if (pc->front < 0)
         return verr_set(err, VERR_RANGE, "pipeline_serve: no local stage");
+    struct forward_ctx *mine = pc->fc[pc->front];
     for (;;) {
         struct pipeline_mpi_decode d;
         int rc = pipeline_mpi_recv_decode(p->ctl, &mine->kv, &d, err);
@@ -609,7 +761,7 @@ int pipeline_serve(struct pipeline_ctx *pc, struct verr *err) {
         if (d.quit)
             return 0;
         struct forward_batch b = {d.n_tok, d.token, d.pos, d.seq, NULL, d.se};
-        rc = run_stages(pc, &b, d.cells, d.rows, d.n_out, d.argmax_only, NULL, NULL, err);
+        rc = run_stages(pc, &b, d.cells, d.rows, d.n_out, d.how, NULL, NULL, NULL, err);
         pipeline_mpi_decode_free(&d);
         if (rc)
             return rc;

@@ -365,3 +365,10 @@ int plan_check_devices(const struct backend_device *d, int n, int n_cuda, bool b
     }
     return 0;
 }
+
+void load_config_default(struct load_config *c) {
+    memset(c, 0, sizeof *c);
+    c->backend = LOAD_BACKEND_AUTO;
+    c->split_mode = LOAD_SPLIT_LAYER;
+    c->be.act = BACKEND_ACT_DEFAULT;
+}

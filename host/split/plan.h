@@ -91,4 +91,31 @@ int plan_parse_devices(const char *s, struct backend_device *out, int max, int *
 int plan_check_devices(const struct backend_device *d, int n, int n_cuda, bool built_with_cuda,
                        struct verr *err);
 
+// Where and how a model runs: the library's load configuration (tools/
+// fills it from llama.cpp's flags, named beside each field).
+enum load_backend {
+    LOAD_BACKEND_AUTO = 0, // cuda when a GPU is usable, else cpu
+    LOAD_BACKEND_CPU = 1,
+    LOAD_BACKEND_CUDA = 2,
+};
+enum load_split_mode {
+    LOAD_SPLIT_LAYER = 0, // contiguous layer ranges per device (the default)
+    LOAD_SPLIT_NONE = 1,  // everything on main_device
+    LOAD_SPLIT_ROW = 2,   // llama.cpp's row split: refused
+};
+struct load_config {
+    const char *model_path;          // -m
+    enum load_backend backend;       // --backend (auto)
+    int main_device;                 // --device / --main-gpu: CUDA ordinal (0)
+    struct backend_settings be;      // -t (0: all cores), --matvec-act (the backend's)
+    enum load_split_mode split_mode; // --split-mode (layer)
+    // --devices: "cpu", CUDA ordinals or "cudaN"/"cuda:N", comma separated
+    // (plan_parse_devices); NULL: every visible GPU, or the CPU without one.
+    const char *devices;
+    // --tensor-split: proportions "3,1" (plan_parse_split); NULL: by free memory.
+    const char *tensor_split;
+    int n_ubatch; // --ubatch-size: pipeline micro-batch tokens (0: ceil(n_tok / n_stages))
+};
+void load_config_default(struct load_config *c);
+
 #endif

@@ -28,6 +28,8 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
+#include "tests/context_helpers.h"
 #include "tests/engine_helpers.h"
 
 enum { BS_SEQ = 4, BS_PROMPT = 12, BS_STEPS = 6, BS_ROWS = 1 + BS_STEPS };
@@ -41,9 +43,9 @@ static void bs_run(struct model *m, uint64_t other, bool alone, float *out) {
     cfg.n_ctx = 128;
     cfg.n_batch = BS_SEQ * BS_PROMPT;
     cfg.n_seq_max = BS_SEQ;
-    struct forward_ctx fc;
+    struct context *c;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(test_ctx_wrap(&c, m, &cfg, &err), 0, "%s", err.msg);
     const int V = m->hp.n_vocab, n_seq = alone ? 1 : BS_SEQ;
     int32_t tok[BS_SEQ * BS_PROMPT], pos[BS_SEQ * BS_PROMPT], seq[BS_SEQ * BS_PROMPT];
     int8_t want[BS_SEQ * BS_PROMPT];
@@ -60,11 +62,12 @@ static void bs_run(struct model *m, uint64_t other, bool alone, float *out) {
                 want[n] = q == 0 && i == per - 1;
             }
         const struct forward_batch b = {n, tok, pos, seq, want, NULL};
-        cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
-        cr_assert_eq(fc.n_out, 1);
-        memcpy(out + (size_t)step * V, forward_logits(&fc, 0), sizeof(float) * (size_t)V);
+        struct context_result res;
+        cr_assert_eq(context_decode_logits(c, &b, &res, &err), 0, "%s", err.msg);
+        cr_assert_eq(res.n_rows, 1);
+        memcpy(out + (size_t)step * V, context_row_logits(&res, 0), sizeof(float) * (size_t)V);
     }
-    forward_free(&fc);
+    context_free(c);
 }
 
 Test(cuda_batch_shape, same_kernels_and_shape_give_the_same_bits) {

@@ -18,6 +18,8 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
+#include "tests/context_helpers.h"
 #include "tests/tiny_model.h"
 
 #define N_STEPS 480
@@ -32,23 +34,28 @@ struct result {
     struct forward_graph_stats st;
 };
 
-static void decode_or_die(struct forward_ctx *fc, enum mode mode, const struct forward_batch *b,
-                          const struct sample_params *sp) {
+// Every row of the batch as mode says (SAMPLE rows with sp [rows]).
+static void decode_or_die(struct context *c, enum mode mode, const struct forward_batch *b,
+                          const struct sample_params *sp, struct context_result *res) {
     struct verr err = {0};
-    int rc = mode == MODE_LOGITS   ? forward_decode(fc, b, &err)
-             : mode == MODE_ARGMAX ? forward_decode_argmax(fc, b, &err)
-                                   : forward_decode_sample(fc, b, sp, &err);
+    static const enum forward_row how[] = {
+        [MODE_LOGITS] = FORWARD_ROW_LOGITS,
+        [MODE_ARGMAX] = FORWARD_ROW_ARGMAX,
+        [MODE_SAMPLE] = FORWARD_ROW_SAMPLE,
+    };
+    int rc = test_ctx_decode_all(c, b, how[mode], mode == MODE_SAMPLE ? sp : NULL, res, &err);
     cr_assert_eq(rc, 0, "decode: %s", err.msg);
 }
 
-static void keep_outputs(struct forward_ctx *fc, enum mode mode, struct result *r) {
-    const int V = fc->m->hp.n_vocab;
-    for (int o = 0; o < fc->n_out; o++) {
+static void keep_outputs(const struct context_result *res, enum mode mode, struct result *r) {
+    const int V = res->n_vocab;
+    for (int o = 0; o < res->n_rows; o++) {
         cr_assert_lt(r->n_rows, MAX_ROWS);
         if (mode == MODE_LOGITS)
-            memcpy(r->logits + (size_t)r->n_rows * V, forward_logits(fc, o), sizeof(float) * V);
+            memcpy(r->logits + (size_t)r->n_rows * V, context_row_logits(res, o),
+                   sizeof(float) * V);
         else
-            r->ids[r->n_rows] = forward_argmax(fc, o);
+            r->ids[r->n_rows] = res->ids[o];
         r->n_rows++;
     }
 }
@@ -64,10 +71,11 @@ static void run_script(struct model *m, bool graphs, enum mode mode, const int (
     cfg.n_seq_max = 2;
     cfg.no_graph = !graphs;
     cfg.k_unrotated = se != NULL;
-    struct forward_ctx fc;
+    struct context *c;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
-    cr_assert_eq(fc.graphs_on, graphs, "graphs_on %d", fc.graphs_on);
+    cr_assert_eq(test_ctx_wrap(&c, m, &cfg, &err), 0, "%s", err.msg);
+    const struct forward_ctx *fc = context_stage(c, 0); // the one stage: its cache and graphs
+    cr_assert_eq(fc->graphs_on, graphs, "graphs_on %d", fc->graphs_on);
     const int V = m->hp.n_vocab;
     r->n_rows = 0;
 
@@ -86,9 +94,10 @@ static void run_script(struct model *m, bool graphs, enum mode mode, const int (
         struct forward_batch b = {plen[s], tok, pos, seq, NULL, se ? bse : NULL};
         struct sample_params sp = {
             .temp = 0.9f, .top_k = 20, .top_p = 0.95f, .min_p = 0.02f, .u = 0.5};
-        decode_or_die(&fc, mode, &b, &sp);
-        keep_outputs(&fc, mode, r);
-        last[s] = mode == MODE_LOGITS ? tok[plen[s] - 1] : forward_argmax(&fc, 0);
+        struct context_result res;
+        decode_or_die(c, mode, &b, &sp, &res);
+        keep_outputs(&res, mode, r);
+        last[s] = mode == MODE_LOGITS ? tok[plen[s] - 1] : res.ids[0];
         n_past[s] = plen[s];
     }
 
@@ -96,8 +105,7 @@ static void run_script(struct model *m, bool graphs, enum mode mode, const int (
         if (step == 150 || step == 300) { // llama-cli's context shift, one sequence at a time
             const int s = step == 150 ? 0 : 1;
             int32_t discard = 0;
-            cr_assert_eq(kv_context_shift(&fc.kv, s, 4, n_past[s], &discard, &err), 0, "%s",
-                         err.msg);
+            cr_assert_eq(test_ctx_shift(c, s, 4, n_past[s], &discard, &err), 0, "%s", err.msg);
             n_past[s] -= discard;
         }
         int32_t tok[2], pos[2], seq[2], bse[4];
@@ -121,22 +129,23 @@ static void run_script(struct model *m, bool graphs, enum mode mode, const int (
                                            .min_p = 0.02f,
                                            .u = (double)((step * 37 + i * 11) % 97) / 97.0};
         struct forward_batch b = {n, tok, pos, seq, want, se ? bse : NULL};
-        decode_or_die(&fc, mode, &b, sp);
-        keep_outputs(&fc, mode, r);
+        struct context_result res;
+        decode_or_die(c, mode, &b, sp, &res);
+        keep_outputs(&res, mode, r);
         for (int i = 0; i < n; i++) {
             if (mode != MODE_LOGITS)
-                last[seq[i]] = forward_argmax(&fc, i);
+                last[seq[i]] = res.ids[i];
             n_past[seq[i]]++;
         }
     }
     cr_log_info("graphs %s, mode %d: n_kv %d at the end; %lld recorded, %lld replays, %lld eager "
                 "graph-eligible steps, %d live",
-                graphs ? "on" : "off", (int)mode, kv_n_kv(&fc.kv),
-                (long long)fc.graph_stats.recorded, (long long)fc.graph_stats.replays,
-                (long long)fc.graph_stats.eager, fc.graph_stats.live);
-    cr_assert_gt(kv_n_kv(&fc.kv), 2 * BACKEND_KV_BUCKET, "the script must cross several buckets");
-    r->st = fc.graph_stats;
-    forward_free(&fc);
+                graphs ? "on" : "off", (int)mode, kv_n_kv(&fc->kv),
+                (long long)fc->graph_stats.recorded, (long long)fc->graph_stats.replays,
+                (long long)fc->graph_stats.eager, fc->graph_stats.live);
+    cr_assert_gt(kv_n_kv(&fc->kv), 2 * BACKEND_KV_BUCKET, "the script must cross several buckets");
+    r->st = context_graph_stats(c);
+    context_free(c);
 }
 
 static void compare_modes(enum mode mode, const int (*se)[2]) {
@@ -229,15 +238,15 @@ Test(cuda_graph, env_turns_graphs_off) {
     struct forward_config cfg;
     forward_config_default(&cfg);
     cfg.n_ctx = 64;
-    struct forward_ctx fc;
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
-    cr_expect(fc.graphs_on, "graphs are on by default on the CUDA backend");
-    forward_free(&fc);
+    struct context *ctx;
+    cr_assert_eq(test_ctx_wrap(&ctx, m, &cfg, &err), 0, "%s", err.msg);
+    cr_expect(context_stage(ctx, 0)->graphs_on, "graphs are on by default on the CUDA backend");
+    context_free(ctx);
     setenv("VELA_NO_CUDA_GRAPH", "1", 1);
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(test_ctx_wrap(&ctx, m, &cfg, &err), 0, "%s", err.msg);
     unsetenv("VELA_NO_CUDA_GRAPH");
-    cr_expect(!fc.graphs_on, "VELA_NO_CUDA_GRAPH=1 turns graphs off");
-    forward_free(&fc);
+    cr_expect(!context_stage(ctx, 0)->graphs_on, "VELA_NO_CUDA_GRAPH=1 turns graphs off");
+    context_free(ctx);
     model_free(m);
     backend_destroy(gpu);
     tiny_weights_free(&w);

@@ -34,6 +34,8 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
+#include "tests/context_helpers.h"
 #include "tests/gpu/gpu_fixture.h"
 #include "tests/rng_splitmix.h"
 #include "tests/tiny_model.h"
@@ -564,9 +566,9 @@ static void se_forward(struct model *m, int n_batch, const int32_t *tok, int n, 
     cfg.n_batch = n_batch;
     cfg.se_g = 2;
     cfg.se_w = 16;
-    struct forward_ctx fc;
+    struct context *c;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+    cr_assert_eq(test_ctx_wrap(&c, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
     const int V = m->hp.n_vocab;
     int32_t pos[128], seq[128] = {0};
     int8_t want[128];
@@ -577,10 +579,13 @@ static void se_forward(struct model *m, int n_batch, const int32_t *tok, int n, 
     for (int i = 0; i < n; i += n_batch) {
         const int nb = n - i < n_batch ? n - i : n_batch;
         struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i, NULL};
-        cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s: %s", m->be->ops->name, err.msg);
-        memcpy(out + (size_t)i * V, fc.h_logits, sizeof(float) * (size_t)nb * V);
+        struct context_result res;
+        cr_assert_eq(context_decode_logits(c, &b, &res, &err), 0, "%s: %s", m->be->ops->name,
+                     err.msg);
+        cr_assert_eq(res.n_rows, nb);
+        memcpy(out + (size_t)i * V, res.logits, sizeof(float) * (size_t)nb * V);
     }
-    forward_free(&fc);
+    context_free(c);
 }
 
 // Logits [2][n][V] of two sequences decoded side by side on one backend's
@@ -594,9 +599,9 @@ static void se_forward_two(struct model *m, int n_batch, const int32_t *tok, int
     cfg.n_batch = n_batch;
     cfg.n_seq_max = 2;
     cfg.k_unrotated = true;
-    struct forward_ctx fc;
+    struct context *c;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+    cr_assert_eq(test_ctx_wrap(&c, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
     const int V = m->hp.n_vocab, per = n_batch / 2;
     static const int32_t se_of[2][2] = {{2, 16}, {3, 8}};
     for (int i = 0; i < n; i += per) {
@@ -613,12 +618,15 @@ static void se_forward_two(struct model *m, int n_batch, const int32_t *tok, int
                 want[nb] = 1;
             }
         struct forward_batch b = {nb, bt, bp, bs, want, bse};
-        cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+        struct context_result res;
+        cr_assert_eq(context_decode_logits(c, &b, &res, &err), 0, "%s: %s", m->be->ops->name,
+                     err.msg);
+        cr_assert_eq(res.n_rows, nb);
         for (int r = 0; r < nb; r++)
-            memcpy(out + ((size_t)bs[r] * n + bp[r]) * V, forward_logits(&fc, r),
+            memcpy(out + ((size_t)bs[r] * n + bp[r]) * V, context_row_logits(&res, r),
                    sizeof(float) * V);
     }
-    forward_free(&fc);
+    context_free(c);
 }
 
 Test(cuda_se, whole_model_matches_the_cpu) {

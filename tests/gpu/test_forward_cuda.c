@@ -39,6 +39,8 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
+#include "tests/context_helpers.h"
 #include "tests/tiny_model.h"
 
 static void run_tokens(struct model *m, int n_batch, enum ggml_type kv, const int32_t *tok, int n,
@@ -48,9 +50,9 @@ static void run_tokens(struct model *m, int n_batch, enum ggml_type kv, const in
     cfg.n_ctx = 64;
     cfg.n_batch = n_batch;
     cfg.type_k = cfg.type_v = kv;
-    struct forward_ctx fc;
+    struct context *c;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+    cr_assert_eq(test_ctx_wrap(&c, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
     const int V = m->hp.n_vocab;
     int32_t pos[64], seq[64] = {0};
     int8_t want[64];
@@ -61,16 +63,19 @@ static void run_tokens(struct model *m, int n_batch, enum ggml_type kv, const in
     for (int i = 0; i < n; i += n_batch) {
         int nb = n - i < n_batch ? n - i : n_batch;
         struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i, NULL};
-        int rc = argmax ? forward_decode_argmax(&fc, &b, &err) : forward_decode(&fc, &b, &err);
+        struct context_result res;
+        int rc = test_ctx_decode_all(c, &b, argmax ? FORWARD_ROW_ARGMAX : FORWARD_ROW_LOGITS, NULL,
+                                     &res, &err);
         cr_assert_eq(rc, 0, "%s: %s", m->be->ops->name, err.msg);
+        cr_assert_eq(res.n_rows, nb);
         for (int r = 0; r < nb; r++) {
             if (argmax)
-                amax[i + r] = forward_argmax(&fc, r);
+                amax[i + r] = res.ids[r];
             else
-                memcpy(out + (size_t)(i + r) * V, forward_logits(&fc, r), sizeof(float) * V);
+                memcpy(out + (size_t)(i + r) * V, context_row_logits(&res, r), sizeof(float) * V);
         }
     }
-    forward_free(&fc);
+    context_free(c);
 }
 
 // tol: the 20-token batch (GEMM path); tol_dec: batches of 1 and 3 tokens
@@ -340,7 +345,7 @@ Test(forward_cuda, pinned_load_matches_cpu) {
     unlink(path);
 }
 
-// forward_decode_sample on the GPU picks what the host chain picks from the
+// FORWARD_ROW_SAMPLE rows on the GPU pick what the host chain picks from the
 // GPU's own logits (same batch, fresh context) with the same rows.
 Test(forward_cuda, decode_sample_matches_host_chain) {
     if (backend_cuda_device_count() == 0)
@@ -375,14 +380,18 @@ Test(forward_cuda, decode_sample_matches_host_chain) {
     cfg.n_ctx = 64;
     cfg.n_batch = n;
     struct forward_batch b = {n, tok, pos, seq, want, NULL};
-    struct forward_ctx fc;
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
-    cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s", err.msg);
+    struct context *ctx;
+    struct context_result res;
+    cr_assert_eq(test_ctx_wrap(&ctx, m, &cfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(context_decode_logits(ctx, &b, &res, &err), 0, "%s", err.msg);
+    cr_assert_eq(res.n_rows, n);
     float *logits = malloc(sizeof(float) * n * V);
-    memcpy(logits, fc.h_logits, sizeof(float) * n * V);
-    forward_free(&fc);
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s", err.msg);
-    cr_assert_eq(forward_decode_sample(&fc, &b, sp, &err), 0, "%s", err.msg);
+    memcpy(logits, res.logits, sizeof(float) * n * V);
+    context_free(ctx);
+    cr_assert_eq(test_ctx_wrap(&ctx, m, &cfg, &err), 0, "%s", err.msg);
+    cr_assert_eq(test_ctx_decode_all(ctx, &b, FORWARD_ROW_SAMPLE, sp, &res, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(res.n_rows, n);
     struct sampler_cand *cands = malloc(sizeof *cands * V);
     for (int r = 0; r < n; r++) {
         for (int v = 0; v < V; v++)
@@ -390,10 +399,10 @@ Test(forward_cuda, decode_sample_matches_host_chain) {
         struct sampler_cands cc = {cands, (size_t)V, false};
         int32_t want_tok =
             sampler_chain(&cc, sp[r].temp, sp[r].top_k, sp[r].top_p, sp[r].min_p, sp[r].u);
-        cr_expect_eq(forward_argmax(&fc, r), want_tok, "row %d: %d on the GPU, %d on the host", r,
-                     forward_argmax(&fc, r), want_tok);
+        cr_expect_eq(res.ids[r], want_tok, "row %d: %d on the GPU, %d on the host", r, res.ids[r],
+                     want_tok);
     }
-    forward_free(&fc);
+    context_free(ctx);
     free(cands);
     free(logits);
     model_free(m);

@@ -34,7 +34,9 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "host/split/context.h"
 #include "tests/arch_models.h"
+#include "tests/context_helpers.h"
 #include "tools/mkmodel/mkmodel.h"
 
 #define ARCH_N_TOK 20
@@ -46,9 +48,9 @@ static void arch_logits(struct model *m, int n_batch, enum ggml_type kv, float *
     cfg.n_ctx = 64;
     cfg.n_batch = n_batch;
     cfg.type_k = cfg.type_v = kv;
-    struct forward_ctx fc;
+    struct context *c;
     struct verr err = {0};
-    cr_assert_eq(forward_init(&fc, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+    cr_assert_eq(test_ctx_wrap(&c, m, &cfg, &err), 0, "%s: %s", m->be->ops->name, err.msg);
     int32_t tok[ARCH_N_TOK], pos[ARCH_N_TOK], seq[ARCH_N_TOK] = {0};
     int8_t want[ARCH_N_TOK];
     for (int t = 0; t < ARCH_N_TOK; t++) {
@@ -60,11 +62,14 @@ static void arch_logits(struct model *m, int n_batch, enum ggml_type kv, float *
     for (int i = 0; i < ARCH_N_TOK; i += n_batch) {
         const int nb = ARCH_N_TOK - i < n_batch ? ARCH_N_TOK - i : n_batch;
         const struct forward_batch b = {nb, tok + i, pos + i, seq + i, want + i, NULL};
-        cr_assert_eq(forward_decode(&fc, &b, &err), 0, "%s: %s", m->be->ops->name, err.msg);
+        struct context_result res;
+        cr_assert_eq(context_decode_logits(c, &b, &res, &err), 0, "%s: %s", m->be->ops->name,
+                     err.msg);
+        cr_assert_eq(res.n_rows, nb);
         for (int r = 0; r < nb; r++)
-            memcpy(out + (size_t)(i + r) * V, forward_logits(&fc, r), V * sizeof(float));
+            memcpy(out + (size_t)(i + r) * V, context_row_logits(&res, r), V * sizeof(float));
     }
-    forward_free(&fc);
+    context_free(c);
 }
 
 // tol: decode batches (1 token); tol_batch: the 20-token batch (skipped

@@ -17,21 +17,25 @@
 // CUDA_MATVEC_MAX_TOK (8) tokens, so every micro-batch size takes the
 // mat-vec path whose rows do not depend on the other rows of the batch, and
 // attention's split-K plan depends on the n_kv bucket only; the transports
-// copy floats without converting them. Any difference is a bug in the split
-// (a layer twice or never, a stale cache cell, a transfer out of order).
+// copy floats without converting them. Both sides record and replay each
+// stage's small parts as CUDA graphs, which run the eager kernels with the
+// same arguments (tests/gpu/test_cuda_graph.c). Any difference is a bug in
+// the split (a layer twice or never, a stale cache cell, a transfer out of
+// order).
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/args.h"
-#include "host/ops/backend.h"
 #include "host/forward/forward.h"
+#include "host/ops/backend.h"
+#include "host/split/context.h"
 #include "host/split/pipeline.h"
 #include "kv/selfextend.h"
 #include "tests/pipeline_helpers.h"
 #include "tests/tiny_model.h"
+#include "tools/args.h"
 
 #ifdef VELA_EMU
 #include <nccl.h> // the emulator's shim: emu_nccl_bytes_delivered
@@ -92,7 +96,7 @@ static int open_run(struct run *r, const char *devices, int n_ubatch, enum ggml_
 }
 
 static const char *transport_name(const struct run *r) {
-    return split_pipeline(r->x) && split_pipeline(r->x)->tp ? split_pipeline(r->x)->tp->ops->name : "none";
+    return r->p->tp ? r->p->tp->ops->name : "none";
 }
 
 static void assert_same(const float *a, const float *b, size_t n, const char *what) {
@@ -126,7 +130,8 @@ static void reference(enum ggml_type kv_type) {
     struct run r;
     struct verr err = {0};
     cr_assert_eq(open_run(&r, NULL, 0, kv_type, &err), 0, "%s", err.msg);
-    cr_assert_null(split_pipeline(r.x));
+    cr_assert_eq(r.p->n_stages, 1, "the reference runs on one stage");
+    cr_assert_null(r.p->tp);
     ref_plain = decode_seq(&r, 0, 0, N_TOK, 8, 0);
     close_run(&r);
     cr_assert_eq(open_run(&r, NULL, 0, kv_type, &err), 0, "%s", err.msg);
@@ -137,24 +142,22 @@ static void reference(enum ggml_type kv_type) {
 
 // One split against the reference with a KV cache of kv_type: plain
 // decodes with each micro-batch size, then the KV script with the first.
-static void check_split_kv(const char *devices, int n_stages, const char *transport,
-                           const int *ubs, int n_ubs, enum ggml_type kv_type) {
+static void check_split_kv(const char *devices, int n_stages, const char *transport, const int *ubs,
+                           int n_ubs, enum ggml_type kv_type) {
     const int V = cfg.n_vocab;
     struct verr err = {0};
     reference(kv_type);
     for (int u = 0; u < n_ubs; u++) {
         struct run r;
-        cr_assert_eq(open_run(&r, devices, ubs[u], kv_type, &err), 0, "%s: %s", devices,
-                     err.msg);
-        cr_assert_not_null(split_pipeline(r.x), "%s: not split", devices);
-        cr_assert_eq(split_pipeline(r.x)->n_stages, n_stages);
+        cr_assert_eq(open_run(&r, devices, ubs[u], kv_type, &err), 0, "%s: %s", devices, err.msg);
+        cr_assert_gt(r.p->n_stages, 1, "%s: not split", devices);
+        cr_assert_eq(r.p->n_stages, n_stages);
+        cr_assert_not_null(context_describe(r.c), "%s: no split plan", devices);
         cr_assert_str_eq(transport_name(&r), transport, "--devices %s: transport %s\n%s", devices,
-                         transport_name(&r), executor_describe(r.x));
-        cr_assert_null(strstr(executor_describe(r.x), "unavailable"), "%s",
-                       executor_describe(r.x));
+                         transport_name(&r), context_describe(r.c));
+        cr_assert_null(strstr(context_describe(r.c), "unavailable"), "%s", context_describe(r.c));
         for (int s = 0; s < n_stages; s++)
-            cr_assert_eq(split_pipeline(r.x)->stage[s].be->device, split_pipeline(r.x)->stage[s].dev.ordinal,
-                         "stage %d", s);
+            cr_assert_eq(r.p->stage[s].be->device, r.p->stage[s].dev.ordinal, "stage %d", s);
 #ifdef VELA_EMU
         const unsigned long long nccl0 = emu_nccl_bytes_delivered();
 #endif
@@ -177,8 +180,9 @@ static void check_split_kv(const char *devices, int n_stages, const char *transp
     float *g1, *g2;
     cr_assert_eq(open_run(&r, devices, ubs[0], kv_type, &err), 0, "%s", err.msg);
     kv_script(&r, &g1, &g2);
-    for (int s = 1; s < split_pipeline(r.x)->n_stages; s++) {
-        const struct kv_cache *k0 = &r.fc->kv, *ks = &split_pipeline_ctx(r.x)->fc[s]->kv;
+    cr_assert_eq(r.p->n_stages, n_stages);
+    for (int s = 1; s < r.p->n_stages; s++) {
+        const struct kv_cache *k0 = &context_stage(r.c, 0)->kv, *ks = &context_stage(r.c, s)->kv;
         cr_assert_eq(ks->used, k0->used, "stage %d", s);
         cr_assert_eq(memcmp(ks->pos, k0->pos, sizeof(int32_t) * k0->cfg.n_ctx), 0, "stage %d", s);
     }
@@ -230,7 +234,7 @@ Test(pipeline_cuda, shared_and_separate_gpus) {
     check_split("0,0,1", 3, "in-process", ubs, 1);
 }
 
-// kv_clear on the front (what the engine does before each run) must empty
+// context_clear (what the engine does before each run) must empty
 // every stage's cache, K and V included: after a clear and one token at
 // cell 0, no stage holds anything in cells 1.. of any layer.
 static void check_clear(const char *devices) {
@@ -238,10 +242,12 @@ static void check_clear(const char *devices) {
     struct verr err = {0};
     cr_assert_eq(open_run(&r, devices, 0, GGML_TYPE_F32, &err), 0, "%s: %s", devices, err.msg);
     free(decode_seq(&r, 0, 0, 12, 8, 0));
-    cr_assert_eq(kv_clear(&r.fc->kv, &err), 0, "%s", err.msg);
+    cr_assert_eq(context_clear(r.c, &err), 0, "%s", err.msg);
     free(decode_seq(&r, 0, 0, 1, 1, 5));
-    for (int s = 0; s < split_pipeline(r.x)->n_stages; s++) {
-        struct forward_ctx *fc = split_pipeline_ctx(r.x)->fc[s];
+    cr_assert_gt(r.p->n_stages, 1, "--devices %s: not split", devices);
+    for (int s = 0; s < r.p->n_stages; s++) {
+        const struct forward_ctx *fc = context_stage(r.c, s);
+        cr_assert_not_null(fc, "stage %d", s);
         const struct kv_cache *kv = &fc->kv;
         const int L = kv->cfg.n_layer, C = kv->cfg.n_ctx;
         for (int which = 0; which < 2; which++) {
@@ -256,8 +262,10 @@ static void check_clear(const char *devices) {
             for (int l = 0; l < L; l++)
                 for (size_t b = row; b < row * (size_t)C; b++)
                     stale += h[(size_t)l * row * C + b] != 0;
-            cr_expect_eq(stale, 0, "--devices %s: stage %d: %ld bytes of %s in cells 1..%d survive "
-                         "kv_clear", devices, s, stale, which ? "V" : "K", C - 1);
+            cr_expect_eq(stale, 0,
+                         "--devices %s: stage %d: %ld bytes of %s in cells 1..%d survive "
+                         "context_clear",
+                         devices, s, stale, which ? "V" : "K", C - 1);
             free(h);
         }
     }

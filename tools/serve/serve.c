@@ -649,8 +649,9 @@ static enum MHD_Result handle_models(struct serve *s, struct MHD_Connection *c) 
     cJSON *meta = cJSON_AddObjectToObject(m, "meta");
     cJSON_AddNumberToObject(meta, "n_vocab", s->e->m->hp.n_vocab);
     cJSON_AddNumberToObject(meta, "n_ctx_train", s->e->m->hp.n_ctx_train);
-    cJSON_AddNumberToObject(meta, "n_ctx", s->e->fc->cfg.n_ctx);
-    cJSON_AddNumberToObject(meta, "n_ctx_slot", s->e->fc->cfg.n_ctx / s->cfg.n_parallel);
+    cJSON_AddNumberToObject(meta, "n_ctx", context_config(s->e->ctx)->n_ctx);
+    cJSON_AddNumberToObject(meta, "n_ctx_slot",
+                            context_config(s->e->ctx)->n_ctx / s->cfg.n_parallel);
     cJSON_AddNumberToObject(meta, "n_params", (double)s->e->m->n_params);
     if (s->limits.se_g > 1) {
         cJSON *se = cJSON_AddObjectToObject(meta, "self_extend");
@@ -979,16 +980,18 @@ int serve_start(struct serve **out, const struct serve_config *cfg, int *port_ou
 
 int serve_set_engine(struct serve *s, struct engine *e, struct verr *err) {
     s->e = e;
-    s->limits = (struct api_ctx_limits){.n_ctx_slot = e->fc->cfg.n_ctx / s->cfg.n_parallel,
-                                        .n_ctx_train = e->m->hp.n_ctx_train,
-                                        .se_g = e->fc->cfg.se_g,
-                                        .se_w = e->fc->cfg.se_w,
-                                        .k_unrotated = e->fc->cfg.k_unrotated};
+    s->limits =
+        (struct api_ctx_limits){.n_ctx_slot = context_config(e->ctx)->n_ctx / s->cfg.n_parallel,
+                                .n_ctx_train = e->m->hp.n_ctx_train,
+                                .se_g = context_config(e->ctx)->se_g,
+                                .se_w = context_config(e->ctx)->se_w,
+                                .k_unrotated = context_config(e->ctx)->k_unrotated};
     if (s->limits.se_g > 1 && s->limits.se_w >= s->limits.n_ctx_slot)
         return verr_set(err, VERR_RANGE,
                         "self-extend window W = %d is not below a slot's context of %d cells "
                         "(-c %d split between %d slots): raise -c or lower --parallel",
-                        s->limits.se_w, s->limits.n_ctx_slot, e->fc->cfg.n_ctx, s->cfg.n_parallel);
+                        s->limits.se_w, s->limits.n_ctx_slot, context_config(e->ctx)->n_ctx,
+                        s->cfg.n_parallel);
     int rc = srv_worker_start(&s->w, e, s->cfg.n_parallel, s->cfg.n_queue_max,
                               s->cfg.slot_similarity, err);
     if (rc)

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/engine/sched.h"
 #include "host/engine/stop.h"
 #include "host/tokenizer/tokenizer.h"
 #include "tools/serve/log.h"
@@ -348,15 +347,16 @@ static void update_gauges(struct srv_worker *w) {
     pthread_mutex_lock(&w->mu);
     w->m.running = engine_n_active(w->e);
     w->m.queued = engine_n_queued(w->e);
-    w->m.kv_cells_used = w->e->fc->kv.used;
-    w->m.kv_cells_total = w->e->fc->kv.cfg.n_ctx;
+    w->m.kv_cells_used = context_cells_used(w->e->ctx);
+    w->m.kv_cells_total = context_config(w->e->ctx)->n_ctx;
     // the slots as the engine thread, their owner, left them after this step
-    const struct engine_sched *sc = w->e->sched;
-    w->m.n_slots = sc && sc->cfg.n_slots < SRV_MAX_SLOTS ? sc->cfg.n_slots : SRV_MAX_SLOTS;
-    for (int i = 0; sc && i < w->m.n_slots; i++)
-        w->m.slot_state[i] = sc->slots[i].state == SLOT_FREE     ? 0
-                             : sc->slots[i].state == SLOT_PROMPT ? 1
-                                                                 : 2;
+    struct engine_sched_config sc;
+    engine_sched_config_get(w->e, &sc);
+    w->m.n_slots = sc.n_slots < SRV_MAX_SLOTS ? sc.n_slots : SRV_MAX_SLOTS;
+    for (int i = 0; i < w->m.n_slots; i++)
+        w->m.slot_state[i] = engine_slot_state(w->e, i) == ENGINE_SLOT_FREE     ? 0
+                             : engine_slot_state(w->e, i) == ENGINE_SLOT_PROMPT ? 1
+                                                                                : 2;
     pthread_mutex_unlock(&w->mu);
 }
 
