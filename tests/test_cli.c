@@ -9,9 +9,10 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "file_helpers.h"
 #include "host/ops/backend.h"
 #include "tiny_model.h"
-#include "file_helpers.h"
+#include "tools/args.h"
 
 static char model_path[128];
 static struct tiny_cfg model_cfg;
@@ -485,6 +486,37 @@ Test(cli, run_says_synthetic) {
     free(out);
     free(err);
     unlink(path);
+}
+
+// A flag's variable gives its value (the command line wins), a bad one is a
+// usage error naming the variable, and docs/environment.md lists every
+// variable of the flag table.
+Test(cli, flag_environment) {
+    char *out, *err, args[512];
+    setenv("VELA_ARG_THREADS", "abc", 1);
+    cr_expect_eq(run_vela("run -m x.gguf", &out, &err), 2);
+    cr_expect(strstr(err, "VELA_ARG_THREADS: 'abc' is not an integer"), "%s", err);
+    free(out);
+    free(err);
+    unsetenv("VELA_ARG_THREADS");
+    setenv("VELA_ARG_MODEL", model_path, 1);
+    setenv("VELA_ARG_N_PREDICT", "3", 1);
+    cr_expect_eq(run_vela("run -p hi --temp 0 --backend cpu -t 1 -n 2", &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "/     2 tokens"), "-n wins over VELA_ARG_N_PREDICT: %s", err);
+    free(out);
+    free(err);
+    unsetenv("VELA_ARG_MODEL");
+    unsetenv("VELA_ARG_N_PREDICT");
+    snprintf(args, sizeof args, "%s/docs/environment.md", VELA_SOURCE_DIR);
+    char *doc = test_read_text(args);
+    for (size_t k = 0; k < cli_flags.n_rows; k++) {
+        const char *env = cli_flags.rows[k].env;
+        if (env) {
+            snprintf(args, sizeof args, "`%s`", env);
+            cr_expect(strstr(doc, args), "docs/environment.md does not list %s", env);
+        }
+    }
+    free(doc);
 }
 
 // -c 0 is the model's context: --help says so.

@@ -1,13 +1,7 @@
-// Shared command-line flags of the model-running commands (run, eval,
-// bench): model, backend, threads, context, batch, KV cache types, RoPE
-// overrides, and the sampler flags, with llama.cpp's names and defaults.
-//
-// Contract: the parsers never print and never exit. Each looks at argv[*i];
-// when it is one of its flags it consumes the flag and its value, advances
-// *i past them and returns 1; when the flag belongs to someone else it
-// returns 0 and leaves *i alone; a missing or bad value ("--temp abc") is
-// VERR_RANGE with a message naming the flag. Commands try each group in turn
-// and report whatever nobody claimed as unknown (usage error, exit 2).
+// The command line of every vela command: struct cli holds what the flags
+// set, and the flag table (tools/args.c, read with tools/flags.h) lists every
+// flag once: its spellings (llama.cpp's), value, help, environment variable
+// and the commands that take it. --help is written from the same table.
 #ifndef VELA_HOST_ARGS_H
 #define VELA_HOST_ARGS_H
 
@@ -23,6 +17,11 @@
 #include "host/model/model.h"
 #include "host/ops/backend.h"
 #include "host/split/pipeline.h"
+#include "tools/flags.h"
+#include "tools/mkmodel/mkmodel.h"
+#include "tools/quantize.h"
+#include "tools/serve/log.h"
+#include "tools/serve/serve.h"
 
 struct args_model {
     const char *model_path;     // -m, --model
@@ -49,24 +48,84 @@ struct args_model {
 };
 
 void args_model_default(struct args_model *a);
-int args_parse_model(struct args_model *a, int argc, char **argv, int *i, struct verr *err);
-void args_help_model(FILE *out);
-// The same with the -c line's text after the flag replaced by ctx_text (a
-// command whose -c 0 means something else; NULL: the usual text).
-void args_help_model_ctx(FILE *out, const char *ctx_text);
 
-// --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n
-// --presence-penalty --frequency-penalty --seed (-s)
-int args_parse_sampler(struct sampler_params *s, int argc, char **argv, int *i, struct verr *err);
-void args_help_sampler(FILE *out);
+// The commands (struct flag.cmds bits).
+enum cli_cmd {
+    CLI_RUN = 1u << 0,
+    CLI_CHAT = 1u << 1,
+    CLI_EVAL = 1u << 2,
+    CLI_SERVE = 1u << 3,
+    CLI_BENCH = 1u << 4,
+    CLI_QUANTIZE = 1u << 5,
+    CLI_MKMODEL = 1u << 6,
+    CLI_TOKENIZE = 1u << 7,
+    CLI_GGUF_DUMP = 1u << 8,
+    CLI_MPI_WORKER = 1u << 9, // a rank other than 0 under mpirun: the model flags only
+};
+// The commands that load a model and run it, and those that sample.
+#define CLI_MODEL (CLI_RUN | CLI_CHAT | CLI_EVAL | CLI_SERVE | CLI_BENCH | CLI_MPI_WORKER)
+#define CLI_SAMPLE (CLI_RUN | CLI_CHAT | CLI_SERVE)
 
-// Value helpers for a command's own flags: read argv[*i + 1] as the value
-// of flag argv[*i], advance *i by 2. VERR_RANGE with "FLAG: ..." otherwise.
-int args_value_str(int argc, char **argv, int *i, const char **out, struct verr *err);
-int args_value_int(int argc, char **argv, int *i, long min, long max, int *out, struct verr *err);
-int args_value_float(int argc, char **argv, int *i, float *out, struct verr *err);
-// A flag equal to `name` or `alias` (alias may be NULL).
-bool args_is(const char *arg, const char *name, const char *alias);
+#define CLI_RUN_PARALLEL_MAX 256   // run --parallel
+#define CLI_SERVE_PARALLEL_MAX 256 // serve --parallel
+#define CLI_BENCH_MAX_LIST 16      // bench --parallel / -d: values in the list
+
+// vela tokenize: where the text comes from.
+enum cli_text_source { CLI_TEXT_NONE, CLI_TEXT_PROMPT, CLI_TEXT_FILE, CLI_TEXT_STDIN };
+
+// What the flags of every command set. Fields a command does not read keep
+// their defaults (cli_defaults).
+struct cli {
+    struct args_model am;         // model, backend, split, rope (CLI_MODEL)
+    struct engine_gen_params gp;  // -n, sampling, -gan/-gaw, --ignore-eos, run's --parallel
+    struct engine_eval_params ep; // eval (its ga_n / ga_w come from gp)
+    const char *prompt;           // -p: run, eval
+    const char *prompt_file;      // -f: run, eval
+    const char *system_msg;       // -sys: run --chat, chat
+    const char *chat_template;    // --chat-template: run --chat, chat, serve
+    struct {
+        bool display_prompt, escape, chat; // --no-display-prompt, --[no-]escape, --chat
+        bool n_given, shift_given;         // -n, --[no-]context-shift were given
+    } run;
+    struct {
+        const char *tokens, *logits_out;
+    } eval;
+    struct {
+        int n_prompt, n_gen, reps;
+        int par[CLI_BENCH_MAX_LIST], n_par;     // --parallel
+        int depth[CLI_BENCH_MAX_LIST], n_depth; // -d
+        bool json, full_logits, split_compare, no_stage_times;
+    } bench;
+    struct serve_config sc;    // serve
+    struct srv_log_config log; // serve's --log-*
+    struct {
+        enum cli_text_source src;
+        const char *text; // -p's text or -f's path
+        bool ids_only, show_count, no_bos, parse_special, escapes;
+    } tok;
+    struct {
+        struct quantize_opts o;
+        bool quiet;
+    } quant;
+    struct {
+        struct mkmodel_config cfg;
+        const char *out, *preset;
+        bool quiet, saw_type, saw_mix;
+        bool saw_n_vocab, saw_rope_scale, saw_yarn_ctx, saw_freqs_opt; // checked after parsing
+    } mk;
+    struct {
+        bool json, tensors;
+    } dump;
+    bool ignored;       // the llama-server flags that change nothing here
+    const char *pos[4]; // arguments that are not flags (quantize, gguf dump)
+    int n_pos;
+};
+
+// Every command's defaults (llama.cpp's where it has the flag).
+void cli_defaults(struct cli *c);
+
+// The flag table of every command.
+extern const struct flag_table cli_flags;
 
 // The library's configuration from the flags: where and how the model runs
 // (host/split/pipeline.h) and the context (host/forward/forward.h; n_ctx 0

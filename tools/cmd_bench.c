@@ -61,40 +61,16 @@
 
 #include "vela_commit.h" // generated at build time (cmake/vela_commit.cmake)
 
-#define BENCH_MAX_PARALLEL 16
-#define BENCH_PARALLEL_CAP 4096
-#define BENCH_MAX_DEPTHS 16
-#define BENCH_DEPTH_CAP (1 << 24)
+#define BENCH_MAX_PARALLEL CLI_BENCH_MAX_LIST
+#define BENCH_MAX_DEPTHS CLI_BENCH_MAX_LIST
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: vela bench -m MODEL [options]\n\n"
             "Measures prompt processing (ppN) and generation (tgN) throughput in tokens/s,\n"
             "as mean +- standard deviation over -r repetitions after one warm-up, and the\n"
-            "memory bandwidth that implies. Output: a markdown table, or JSON with --json.\n\n"
-            "tests:\n"
-            "  -p, --n-prompt N          prompt tokens per pp test; 0 skips it (default: 512)\n"
-            "  -n, --n-gen N             decode steps per tg test; 0 skips it (default: 128)\n"
-            "  --parallel N[,N...]       sequences decoding at once in the tg tests, one token\n"
-            "                            each per step (default: 1), e.g. 1,8,32,64,128,256\n"
-            "  -d, --n-depth N[,N...]    run every test on top of N cached tokens (filled\n"
-            "                            untimed, the same prefix for each repetition and\n"
-            "                            sequence): \"pp512 @ d4096\" (default: 0)\n"
-            "  -r, --repetitions N       timed repetitions of each test (default: 5)\n"
-            "  --full-logits             download every logits row to the host (llama.cpp's\n"
-            "                            behaviour) instead of only its argmax\n"
-            "  --json                    print JSON instead of the table\n"
-            "  --split-compare           run every test twice: on the main device alone\n"
-            "                            (--split-mode none) and split as the flags ask; print\n"
-            "                            the ratio split t/s / one-device t/s per test\n"
-            "  --no-stage-times          a split model: skip the extra run per test that\n"
-            "                            times each stage (it serialises the stages, so t/s\n"
-            "                            never comes from it)\n"
-            "  -h, --help                this help\n"
-            "  (-b sets the pp batch size; the KV cache holds what each test needs, or -c\n"
-            "  cells when that is larger; --devices, --tensor-split, --split-mode and -ub\n"
-            "  split the model by layers as 'vela run' does, see below)\n\n");
-    args_help_model(out);
+            "memory bandwidth that implies. Output: a markdown table, or JSON with --json.\n\n");
+    flags_help(out, &cli_flags, CLI_BENCH);
 }
 
 // --- statistics and formatting ----------------------------------------------------
@@ -120,31 +96,6 @@ static double stddev_of(const double *v, int n) {
     for (int i = 0; i < n; i++)
         s += (v[i] - m) * (v[i] - m);
     return sqrt(s / (n - 1));
-}
-
-// "1,8,32" -> values in [lo, hi], at most max_n of them; VERR_RANGE naming
-// flag otherwise.
-static int parse_list(const char *flag, const char *s, long lo, long hi, int max_n, int *vals,
-                      int *n_vals, struct verr *err) {
-    int n = 0;
-    const char *p = s;
-    for (;;) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || (*end != ',' && *end != '\0'))
-            return verr_set(err, VERR_RANGE, "%s: '%s' is not a list of numbers", flag, s);
-        if (v < lo || v > hi)
-            return verr_set(err, VERR_RANGE, "%s: %ld is out of range [%ld, %ld]", flag, v, lo, hi);
-        if (n == max_n)
-            return verr_set(err, VERR_RANGE, "%s: at most %d values", flag, max_n);
-        vals[n++] = (int)v;
-        if (*end == '\0')
-            break;
-        p = end + 1;
-    }
-    *n_vals = n;
-    return 0;
 }
 
 // "7B", "124M": the size label llama.cpp puts after the architecture.
@@ -696,16 +647,8 @@ static cJSON *split_json(const struct report *rp, const struct test *t) {
     return o;
 }
 
-static char *report_json(const struct report *rp, const struct test *tests, int n_tests) {
-    const struct model *m = rp->m;
-    const struct model_hparams *hp = &m->hp;
-    char date[32];
-    iso_date(date, sizeof date);
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "commit", VELA_COMMIT);
-    cJSON_AddStringToObject(root, "date", date);
-    cJSON_AddStringToObject(root, "backend", rp->backend);
-
+// The device: the GPU's versions and shape, or the CPU's count.
+static void json_device(cJSON *root, const struct report *rp) {
     cJSON *dev = cJSON_AddObjectToObject(root, "device");
     cJSON_AddStringToObject(dev, "name", rp->device_name);
     if (rp->have_gpu) {
@@ -731,7 +674,12 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
         cJSON_AddNumberToObject(dev, "n_cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
         cJSON_AddNullToObject(dev, "peak_bw_gbs");
     }
+}
 
+// The model's shape and weight types.
+static void json_model(cJSON *root, const struct report *rp) {
+    const struct model *m = rp->m;
+    const struct model_hparams *hp = &m->hp;
     cJSON *mo = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(mo, "path", rp->model_path);
     cJSON_AddStringToObject(mo, "name", m->name ? m->name : "");
@@ -755,7 +703,10 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
     for (int i = 0; i < GGML_TYPE_COUNT; i++)
         if (rp->type_count[i] > 0)
             cJSON_AddNumberToObject(wt, ggml_type_name((uint32_t)i), rp->type_count[i]);
+}
 
+// How the tests ran: batch, threads, cache types, split flags.
+static void json_params(cJSON *root, const struct report *rp) {
     cJSON *pa = cJSON_AddObjectToObject(root, "params");
     cJSON_AddNumberToObject(pa, "n_batch", rp->n_batch);
     cJSON_AddNumberToObject(pa, "n_threads", rp->have_gpu ? 0 : rp->n_threads);
@@ -774,42 +725,42 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
     else
         cJSON_AddNullToObject(pa, "tensor_split");
     cJSON_AddNumberToObject(pa, "n_ubatch", rp->am->n_ubatch);
-    if (rp->pipe)
-        cJSON_AddItemToObject(root, "split", split_json(rp, NULL));
-    else
-        cJSON_AddNullToObject(root, "split");
+}
 
-    cJSON *arr = cJSON_AddArrayToObject(root, "tests");
-    for (int i = 0; i < n_tests; i++) {
-        const struct test *t = &tests[i];
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "test", t->name);
-        cJSON_AddStringToObject(o, "kind", t->kind == TEST_PP ? "pp" : "tg");
-        cJSON_AddNumberToObject(o, "n_prompt", t->kind == TEST_PP ? t->n_tokens : 0);
-        cJSON_AddNumberToObject(o, "n_gen", t->kind == TEST_TG ? t->n_tokens : 0);
-        cJSON_AddNumberToObject(o, "n_parallel", t->n_parallel);
-        cJSON_AddNumberToObject(o, "n_depth", t->n_depth);
-        cJSON_AddNumberToObject(o, "n_tokens", t->tokens);
-        cJSON_AddNumberToObject(o, "avg_ts", mean_of(t->samples_ts, rp->reps));
-        cJSON_AddNumberToObject(o, "stddev_ts", stddev_of(t->samples_ts, rp->reps));
-        cJSON_AddItemToObject(o, "samples_ts", cJSON_CreateDoubleArray(t->samples_ts, rp->reps));
-        cJSON_AddNumberToObject(o, "avg_ms", 1e3 * mean_of(t->samples_s, rp->reps));
-        cJSON_AddNumberToObject(o, "stddev_ms", 1e3 * stddev_of(t->samples_s, rp->reps));
-        cJSON_AddNumberToObject(o, "bytes_per_run", t->bytes);
-        const double bw = test_bw_gbs(t, rp->reps);
-        cJSON_AddNumberToObject(o, "bw_gbs", bw);
-        if (rp->have_gpu && rp->peak_bw_gbs > 0)
-            cJSON_AddNumberToObject(o, "bw_frac", bw / rp->peak_bw_gbs);
-        else
-            cJSON_AddNullToObject(o, "bw_frac");
-        const double s = test_mean_secs(t, rp->reps);
-        cJSON_AddNumberToObject(o, "tflops", s > 0 ? t->flops / s / 1e12 : 0);
-        if (rp->pipe && t->have_stages)
-            cJSON_AddItemToObject(o, "split", split_json(rp, t));
-        else
-            cJSON_AddNullToObject(o, "split");
-        cJSON_AddItemToArray(arr, o);
-    }
+// One test's figures.
+static cJSON *json_test(const struct report *rp, const struct test *t) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "test", t->name);
+    cJSON_AddStringToObject(o, "kind", t->kind == TEST_PP ? "pp" : "tg");
+    cJSON_AddNumberToObject(o, "n_prompt", t->kind == TEST_PP ? t->n_tokens : 0);
+    cJSON_AddNumberToObject(o, "n_gen", t->kind == TEST_TG ? t->n_tokens : 0);
+    cJSON_AddNumberToObject(o, "n_parallel", t->n_parallel);
+    cJSON_AddNumberToObject(o, "n_depth", t->n_depth);
+    cJSON_AddNumberToObject(o, "n_tokens", t->tokens);
+    cJSON_AddNumberToObject(o, "avg_ts", mean_of(t->samples_ts, rp->reps));
+    cJSON_AddNumberToObject(o, "stddev_ts", stddev_of(t->samples_ts, rp->reps));
+    cJSON_AddItemToObject(o, "samples_ts", cJSON_CreateDoubleArray(t->samples_ts, rp->reps));
+    cJSON_AddNumberToObject(o, "avg_ms", 1e3 * mean_of(t->samples_s, rp->reps));
+    cJSON_AddNumberToObject(o, "stddev_ms", 1e3 * stddev_of(t->samples_s, rp->reps));
+    cJSON_AddNumberToObject(o, "bytes_per_run", t->bytes);
+    const double bw = test_bw_gbs(t, rp->reps);
+    cJSON_AddNumberToObject(o, "bw_gbs", bw);
+    if (rp->have_gpu && rp->peak_bw_gbs > 0)
+        cJSON_AddNumberToObject(o, "bw_frac", bw / rp->peak_bw_gbs);
+    else
+        cJSON_AddNullToObject(o, "bw_frac");
+    const double s = test_mean_secs(t, rp->reps);
+    cJSON_AddNumberToObject(o, "tflops", s > 0 ? t->flops / s / 1e12 : 0);
+    if (rp->pipe && t->have_stages)
+        cJSON_AddItemToObject(o, "split", split_json(rp, t));
+    else
+        cJSON_AddNullToObject(o, "split");
+    return o;
+}
+
+// --split-compare: each test on the split beside the single device.
+static void json_scaling(cJSON *root, const struct report *rp, const struct test *tests,
+                         int n_tests) {
     if (rp->split_compare) {
         cJSON *sc = cJSON_AddArrayToObject(root, "scaling");
         for (int i = 0; i < n_tests; i++) {
@@ -829,6 +780,26 @@ static char *report_json(const struct report *rp, const struct test *tests, int 
             cJSON_AddItemToArray(sc, o);
         }
     }
+}
+
+static char *report_json(const struct report *rp, const struct test *tests, int n_tests) {
+    char date[32];
+    iso_date(date, sizeof date);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "commit", VELA_COMMIT);
+    cJSON_AddStringToObject(root, "date", date);
+    cJSON_AddStringToObject(root, "backend", rp->backend);
+    json_device(root, rp);
+    json_model(root, rp);
+    json_params(root, rp);
+    if (rp->pipe)
+        cJSON_AddItemToObject(root, "split", split_json(rp, NULL));
+    else
+        cJSON_AddNullToObject(root, "split");
+    cJSON *arr = cJSON_AddArrayToObject(root, "tests");
+    for (int i = 0; i < n_tests; i++)
+        cJSON_AddItemToArray(arr, json_test(rp, &tests[i]));
+    json_scaling(root, rp, tests, n_tests);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     return text;
@@ -913,78 +884,43 @@ static double split_peak_bw(const struct pipeline *p, struct verr *err) {
     return sum;
 }
 
-int cmd_bench(int argc, char **argv) {
-    struct args_model am;
-    args_model_default(&am);
-    int n_prompt = 512, n_gen = 128, reps = 5;
-    int par[BENCH_MAX_PARALLEL] = {1}, n_par = 1;
-    int depth[BENCH_MAX_DEPTHS] = {0}, n_depth = 1;
-    bool json = false, full_logits = false, split_compare = false, no_stage_times = false;
+// One `vela bench`: the flags, the tests and what each step finds for the next.
+struct bench {
+    struct args_model am;     // the flags
+    struct args_model am_one; // --split-compare's other run: everything on the main device
+    int n_prompt, n_gen, reps;
+    bool json, full_logits, split_compare, no_stage_times;
+    struct test *tests;
+    int n_tests;
+    struct backend_device devs[PLAN_MAX_DEVICES];
+    struct backend_device dev_one[PLAN_MAX_DEVICES]; // the resolution may list several
+    int n_devs;
+    // The tests' largest context, batch and logits rows: what the load's
+    // memory check (and a split's plan) must allow for.
+    int load_ctx, load_batch, load_out, max_depth;
+    long longest; // the most positions a sequence of a test reaches
+};
+
+// The flags that need more than the parser to judge; 0 or the usage status
+// (printed). Fills b's tests and devices.
+static int bench_check_flags(const struct cli *c, struct bench *b) {
+    const struct args_model am = b->am;
     struct verr err = {0};
-    for (int i = 1; i < argc;) {
-        const char *arg = argv[i];
-        int rc = 0;
-        enum tools_flag tf = tools_flag_shared("bench", usage, &am, NULL, argc, argv, &i, &rc);
-        if (tf == TOOLS_FLAG_EXIT)
-            return rc;
-        if (tf == TOOLS_FLAG_TAKEN)
-            continue;
-        if (args_is(arg, "-p", "--n-prompt"))
-            rc = args_value_int(argc, argv, &i, 0, 1L << 20, &n_prompt, &err);
-        else if (args_is(arg, "-n", "--n-gen"))
-            rc = args_value_int(argc, argv, &i, 0, 1L << 20, &n_gen, &err);
-        else if (args_is(arg, "-r", "--repetitions"))
-            rc = args_value_int(argc, argv, &i, 1, 100000, &reps, &err);
-        else if (args_is(arg, "--parallel", "-np")) {
-            const char *s = NULL;
-            rc = args_value_str(argc, argv, &i, &s, &err);
-            if (!rc)
-                rc = parse_list("--parallel", s, 1, BENCH_PARALLEL_CAP, BENCH_MAX_PARALLEL, par,
-                                &n_par, &err);
-        } else if (args_is(arg, "-d", "--n-depth")) {
-            const char *s = NULL;
-            rc = args_value_str(argc, argv, &i, &s, &err);
-            if (!rc)
-                rc = parse_list("-d", s, 0, BENCH_DEPTH_CAP, BENCH_MAX_DEPTHS, depth, &n_depth,
-                                &err);
-        } else if (args_is(arg, "--json", NULL)) {
-            json = true;
-            i++;
-            rc = 0;
-        } else if (args_is(arg, "--full-logits", NULL)) {
-            full_logits = true;
-            i++;
-            rc = 0;
-        } else if (args_is(arg, "--split-compare", NULL)) {
-            split_compare = true;
-            i++;
-            rc = 0;
-        } else if (args_is(arg, "--no-stage-times", NULL)) {
-            no_stage_times = true;
-            i++;
-            rc = 0;
-        } else {
-            return tools_unknown_option("bench", arg);
-        }
-        if (rc) {
-            fprintf(stderr, "vela bench: %s\n", err.msg);
-            return 2;
-        }
-    }
     if (!am.model_path) {
         fprintf(stderr, "vela bench: no model given (-m FILE)\n");
         return 2;
     }
     tools_note_synthetic("bench", am.model_path);
-    if (n_prompt == 0 && n_gen == 0) {
+    if (b->n_prompt == 0 && b->n_gen == 0) {
         fprintf(stderr, "vela bench: nothing to measure (-p 0 and -n 0)\n");
         return 2;
     }
-
     // The tests, in llama-bench's order: for each depth pp first, then tg for
     // each --parallel.
     static struct test tests[BENCH_MAX_DEPTHS * (1 + BENCH_MAX_PARALLEL)];
-    const int n_tests = make_tests(n_prompt, n_gen, par, n_par, depth, n_depth, tests);
+    b->tests = tests;
+    b->n_tests = make_tests(b->n_prompt, b->n_gen, c->bench.par, c->bench.n_par, c->bench.depth,
+                            c->bench.n_depth, tests);
 
     // Under mpirun the other ranks serve one forward context each
     // (host/mpi.h) and bench makes one per test: refuse before they load.
@@ -998,7 +934,7 @@ int cmd_bench(int argc, char **argv) {
     }
     // Split flags the parser cannot judge alone (--split-mode row, devices
     // that do not exist, more proportions than devices) are flag errors too.
-    struct backend_device devs[PLAN_MAX_DEVICES];
+    struct backend_device *devs = b->devs;
     int n_devs = 0;
     struct load_config lc_flags;
     args_load_config(&am, &lc_flags);
@@ -1006,12 +942,12 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "vela bench: %s\n", err.msg);
         return 2;
     }
-    // --split-compare's other run: everything on the main device.
-    struct args_model am_one = am;
-    am_one.split_mode = LOAD_SPLIT_NONE;
-    am_one.tensor_split = NULL;
-    struct backend_device dev_one;
-    if (split_compare) {
+    b->n_devs = n_devs;
+    b->am_one = am;
+    b->am_one.split_mode = LOAD_SPLIT_NONE;
+    b->am_one.tensor_split = NULL;
+    if (b->split_compare) {
+        const struct args_model am_one = b->am_one;
         int n_one = 0;
         if (am.split_mode != LOAD_SPLIT_LAYER || n_devs < 2) {
             fprintf(stderr, "vela bench: --split-compare needs a layer split over several devices "
@@ -1020,25 +956,28 @@ int cmd_bench(int argc, char **argv) {
         }
         struct load_config lc_one;
         args_load_config(&am_one, &lc_one);
-        if (pipeline_resolve_devices(&lc_one, &dev_one, &n_one, &err)) {
+        if (pipeline_resolve_devices(&lc_one, b->dev_one, &n_one, &err)) {
             fprintf(stderr, "vela bench: --split-compare: %s\n", err.msg);
             return 2;
         }
     }
+    return 0;
+}
 
-    // The tests' largest context, batch and logits rows: what the load's
-    // memory check (and a split's plan) must allow for.
+// The context, batch and logits rows the tests need at most (b's load_*).
+static void bench_sizes(const struct cli *c, struct bench *b) {
+    const int n_prompt = b->n_prompt, n_gen = b->n_gen;
     int max_par = 1, max_depth = 0;
-    for (int k = 0; k < n_par; k++)
-        max_par = par[k] > max_par ? par[k] : max_par;
-    for (int k = 0; k < n_depth; k++)
-        max_depth = depth[k] > max_depth ? depth[k] : max_depth;
-    int load_ctx = am.n_ctx, load_batch = 1, load_out = 1;
-    long longest = 0; // the most positions a sequence of a test reaches
+    for (int k = 0; k < c->bench.n_par; k++)
+        max_par = c->bench.par[k] > max_par ? c->bench.par[k] : max_par;
+    for (int k = 0; k < c->bench.n_depth; k++)
+        max_depth = c->bench.depth[k] > max_depth ? c->bench.depth[k] : max_depth;
+    int load_ctx = b->am.n_ctx, load_batch = 1, load_out = 1;
+    long longest = 0;
     if (n_prompt > 0) {
         const long need = (long)max_depth + n_prompt;
         load_ctx = need > load_ctx ? (int)(need < (1L << 30) ? need : (1L << 30)) : load_ctx;
-        load_batch = am.n_batch < n_prompt ? am.n_batch : n_prompt;
+        load_batch = b->am.n_batch < n_prompt ? b->am.n_batch : n_prompt;
         longest = need;
     }
     if (n_gen > 0) {
@@ -1049,97 +988,110 @@ int cmd_bench(int argc, char **argv) {
         longest = (long)max_depth + n_gen > longest ? (long)max_depth + n_gen : longest;
     }
     if (max_depth > 0) { // the prefix is filled in batches of -b
-        const int fill = am.n_batch < max_depth ? am.n_batch : max_depth;
+        const int fill = b->am.n_batch < max_depth ? b->am.n_batch : max_depth;
         load_batch = fill > load_batch ? fill : load_batch;
     }
+    b->load_ctx = load_ctx;
+    b->load_batch = load_batch;
+    b->load_out = load_out;
+    b->max_depth = max_depth;
+    b->longest = longest;
+}
 
-    int status = 1;
-    struct gguf_file *f = NULL;
-    struct pipeline *sm = NULL;
-    struct report rp = {.model_path = am.model_path, .reps = reps, .full_logits = full_logits};
-    if (gguf_open(&f, am.model_path, &err)) {
-        fprintf(stderr, "vela bench: %s\n", err.msg);
-        goto out;
-    }
+// The file's tensor types and file type into rp, and with several devices
+// the layout before any load, memory aside (the load checks it with the
+// tests' exact sizes): more devices than layers and the like are flag
+// errors. 0, or the exit status (printed).
+static int bench_plan(const struct bench *b, const struct gguf_file *f, struct report *rp,
+                      struct plan *pl) {
+    const struct args_model am = b->am;
+    const struct backend_device *devs = b->devs;
+    const int n_devs = b->n_devs, load_ctx = b->load_ctx;
+    struct verr err = {0};
     for (uint64_t k = 0; k < f->n_tensors; k++)
         if ((unsigned)f->tensors[k].type < GGML_TYPE_COUNT)
-            rp.type_count[f->tensors[k].type]++;
+            rp->type_count[f->tensors[k].type]++;
     uint32_t ftype = 0;
-    const char *ftype_str = NULL;
     if (gguf_find_key(f, "general.file_type") >= 0 &&
         gguf_get_u32(f, "general.file_type", &ftype, NULL) == 0) {
         const struct ftype_info *fi = ftype_by_id((int)ftype); // llama-bench's name
-        ftype_str = fi ? fi->desc : NULL;
+        rp->ftype = fi ? fi->desc : NULL;
     }
-    struct plan pl = {.n_stages = 1};
+    *pl = (struct plan){.n_stages = 1};
     if (n_devs > 1) {
-        // The layout before any load, memory aside (the load checks it with
-        // the tests' exact sizes): more devices than layers and the like are
-        // flag errors.
         size_t unlimited[PLAN_MAX_DEVICES];
         for (int d = 0; d < n_devs; d++)
             unlimited[d] = BACKEND_MEM_UNLIMITED;
         struct load_config lc_plan;
         struct forward_config cfg_plan;
         bench_config(&am, load_ctx, am.n_batch, 0, &lc_plan, &cfg_plan);
-        int rc = pipeline_plan(&lc_plan, &cfg_plan, f, devs, n_devs, unlimited, &pl, NULL, 0, &err);
+        int rc = pipeline_plan(&lc_plan, &cfg_plan, f, devs, n_devs, unlimited, pl, NULL, 0, &err);
         if (rc) {
             fprintf(stderr, "vela bench: %s\n", err.msg);
-            status = rc == VERR_RANGE ? 2 : 1;
-            goto out;
+            return rc == VERR_RANGE ? 2 : 1;
         }
     }
-    if (split_compare) {
-        // A plan of one stage (--tensor-split 1,0) has nothing to compare.
-        if (pl.n_stages < 2) {
-            fprintf(stderr, "vela bench: --split-compare: the plan puts every layer on one "
-                            "device (see --tensor-split)\n");
-            status = 2;
-            goto out;
-        }
-        // The one-device run first, then the split one (never both loaded).
-        backend_device_name(&dev_one, rp.single_device, sizeof rp.single_device);
-        if (bench_load(&am_one, f, load_ctx, load_batch, load_out, json, &sm, &err)) {
-            fprintf(stderr, "vela bench: --split-compare (%s): %s\n", rp.single_device, err.msg);
-            goto out;
-        }
-        for (int k = 0; k < n_tests; k++) {
-            struct test one = tests[k];
-            one.samples_ts = one.samples_s = NULL;
-            int rc = run_test(&one, sm, &am_one, reps, full_logits, false, am.verbose, &err);
-            if (!rc) {
-                tests[k].have_single = true;
-                tests[k].single_ts = mean_of(one.samples_ts, reps);
-                tests[k].single_sd = stddev_of(one.samples_ts, reps);
-            }
-            free(one.samples_ts);
-            free(one.samples_s);
-            if (rc) {
-                fprintf(stderr, "vela bench: --split-compare (%s): %s\n", rp.single_device,
-                        err.msg);
-                goto out;
-            }
-            if (am.verbose)
-                fprintf(stderr, "vela bench: %s on %s alone: %.2f t/s\n", tests[k].name,
-                        rp.single_device, tests[k].single_ts);
-        }
-        pipeline_free(sm);
-        sm = NULL;
+    return 0;
+}
+
+// --split-compare: every test on the main device alone first (the split
+// run loads afterwards, never both at once). 0, or the exit status (printed).
+static int bench_single(struct bench *b, const struct gguf_file *f, const struct plan *pl,
+                        struct report *rp) {
+    const struct args_model am = b->am, am_one = b->am_one;
+    const int reps = b->reps, load_ctx = b->load_ctx, load_batch = b->load_batch;
+    const int load_out = b->load_out;
+    const bool json = b->json, full_logits = b->full_logits;
+    struct test *tests = b->tests;
+    struct verr err = {0};
+    // A plan of one stage (--tensor-split 1,0) has nothing to compare.
+    if (pl->n_stages < 2) {
+        fprintf(stderr, "vela bench: --split-compare: the plan puts every layer on one "
+                        "device (see --tensor-split)\n");
+        return 2;
     }
-    if (bench_load(&am, f, load_ctx, load_batch, load_out, json, &sm, &err)) {
-        fprintf(stderr, "vela bench: %s\n", err.msg);
-        goto out;
+    backend_device_name(&b->dev_one[0], rp->single_device, sizeof rp->single_device);
+    struct pipeline *sm = NULL;
+    if (bench_load(&am_one, f, load_ctx, load_batch, load_out, json, &sm, &err)) {
+        fprintf(stderr, "vela bench: --split-compare (%s): %s\n", rp->single_device, err.msg);
+        return 1;
     }
-    gguf_close(f);
-    f = NULL;
-    const struct model *m = sm->stage[0].m;
-    struct backend *be = sm->stage[0].be;
-    if (args_selfextend_check(&am, &m->hp, load_ctx, (int)longest, stderr, &err)) {
+    int status = 0;
+    for (int k = 0; k < b->n_tests && !status; k++) {
+        struct test one = tests[k];
+        one.samples_ts = one.samples_s = NULL;
+        int rc = run_test(&one, sm, &am_one, reps, full_logits, false, am.verbose, &err);
+        if (!rc) {
+            tests[k].have_single = true;
+            tests[k].single_ts = mean_of(one.samples_ts, reps);
+            tests[k].single_sd = stddev_of(one.samples_ts, reps);
+        }
+        free(one.samples_ts);
+        free(one.samples_s);
+        if (rc) {
+            fprintf(stderr, "vela bench: --split-compare (%s): %s\n", rp->single_device, err.msg);
+            status = 1;
+        } else if (am.verbose) {
+            fprintf(stderr, "vela bench: %s on %s alone: %.2f t/s\n", tests[k].name,
+                    rp->single_device, tests[k].single_ts);
+        }
+    }
+    pipeline_free(sm);
+    return status;
+}
+
+// The loaded model against the tests' context: self-extend's, or the
+// model's unless -c asks for more. 0, or the exit status (printed).
+static int bench_check_ctx(const struct bench *b, const struct model *m) {
+    const struct args_model am = b->am;
+    const int load_ctx = b->load_ctx, max_depth = b->max_depth;
+    struct verr err = {0};
+    if (args_selfextend_check(&am, &m->hp, load_ctx, (int)b->longest, stderr, &err)) {
         if (max_depth > 0)
             fprintf(stderr, "vela bench: -d %d: %s\n", max_depth, err.msg);
         else
             fprintf(stderr, "vela bench: %s\n", err.msg);
-        goto out;
+        return 1;
     }
     // A context beyond the model's would run for minutes on text the model
     // was never trained for: only when asked for with -c (or --self-extend,
@@ -1154,80 +1106,143 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr,
                 "vela bench: %s-p %d / -n %d need a context of %d tokens, beyond the model's %d "
                 "(its context_length)%s: pass -c %d to run them anyway\n",
-                dflag, n_prompt, n_gen, load_ctx, m->hp.n_ctx_train, cflag, load_ctx);
-        status = 2;
-        goto out;
+                dflag, b->n_prompt, b->n_gen, load_ctx, m->hp.n_ctx_train, cflag, load_ctx);
+        return 2;
     }
-    if (am.verbose && sm->n_stages > 1)
-        fprintf(stderr, "vela bench: split plan:\n%s", sm->plan_text);
+    return 0;
+}
 
-    rp.m = m;
-    rp.am = &am;
-    rp.pipe = sm->n_stages > 1 ? sm : NULL;
-    rp.split_compare = split_compare;
-    rp.no_stage_times = no_stage_times;
-    model_totals(sm, &rp.size_bytes, &rp.n_params);
-    rp.ftype = ftype_str;
-    rp.backend = be->ops->name;
-    rp.act_q8 = be->act_q8;
-    rp.n_threads = be->n_threads;
-    rp.n_batch = am.n_batch;
-    rp.type_k = am.type_k;
-    rp.type_v = am.type_v;
-    {
-        char sz[32], ty[32];
-        size_label((int64_t)rp.n_params, sz, sizeof sz);
-        snprintf(ty, sizeof ty, "%s", ftype_str ? ftype_str : ggml_type_name(m->weight_type));
-        if (!ftype_str)
-            upper(ty);
-        snprintf(rp.desc, sizeof rp.desc, "%s %s %s", model_arch_name(m->hp.arch), sz, ty);
+// The report's description of the model, the backend and the device. 0, or
+// the exit status (printed).
+static int bench_describe(const struct bench *b, struct pipeline *sm, struct report *rp) {
+    const struct args_model *am = &b->am;
+    const struct model *m = sm->stage[0].m;
+    struct backend *be = sm->stage[0].be;
+    struct verr err = {0};
+    rp->m = m;
+    rp->am = am;
+    rp->pipe = sm->n_stages > 1 ? sm : NULL;
+    rp->split_compare = b->split_compare;
+    rp->no_stage_times = b->no_stage_times;
+    model_totals(sm, &rp->size_bytes, &rp->n_params);
+    rp->backend = be->ops->name;
+    rp->act_q8 = be->act_q8;
+    rp->n_threads = be->n_threads;
+    rp->n_batch = am->n_batch;
+    rp->type_k = am->type_k;
+    rp->type_v = am->type_v;
+    char sz[32], ty[32];
+    size_label((int64_t)rp->n_params, sz, sizeof sz);
+    snprintf(ty, sizeof ty, "%s", rp->ftype ? rp->ftype : ggml_type_name(m->weight_type));
+    if (!rp->ftype)
+        upper(ty);
+    snprintf(rp->desc, sizeof rp->desc, "%s %s %s", model_arch_name(m->hp.arch), sz, ty);
+    if (strcmp(be->ops->name, "cuda")) {
+        cpu_name(rp->device_name, sizeof rp->device_name);
+        return 0;
     }
-    if (!strcmp(be->ops->name, "cuda")) {
-        if (backend_cuda_device_info(be->device, &rp.gpu, &err)) {
-            fprintf(stderr, "vela bench: %s\n", err.msg);
-            goto out;
-        }
-        rp.have_gpu = true;
-        snprintf(rp.device_name, sizeof rp.device_name, "%s", rp.gpu.name);
-        rp.peak_bw_gbs = rp.gpu.peak_bw_gbs;
-        if (sm->n_stages > 1 && (rp.peak_bw_gbs = split_peak_bw(sm, &err)) < 0) {
-            fprintf(stderr, "vela bench: %s\n", err.msg);
-            goto out;
-        }
-    } else {
-        cpu_name(rp.device_name, sizeof rp.device_name);
+    if (backend_cuda_device_info(be->device, &rp->gpu, &err)) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        return 1;
     }
+    rp->have_gpu = true;
+    snprintf(rp->device_name, sizeof rp->device_name, "%s", rp->gpu.name);
+    rp->peak_bw_gbs = rp->gpu.peak_bw_gbs;
+    if (sm->n_stages > 1 && (rp->peak_bw_gbs = split_peak_bw(sm, &err)) < 0) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
 
+// Runs the tests and prints the table (row by row) or the JSON. The exit status.
+static int bench_run(struct bench *b, struct pipeline *sm, const struct report *rp) {
+    const struct args_model am = b->am;
+    const int reps = b->reps, n_tests = b->n_tests;
+    const bool json = b->json, full_logits = b->full_logits, no_stage_times = b->no_stage_times;
+    struct test *tests = b->tests;
+    struct verr err = {0};
     if (!json)
-        print_table_header(&rp);
+        print_table_header(rp);
     for (int k = 0; k < n_tests; k++) {
         if (run_test(&tests[k], sm, &am, reps, full_logits, !no_stage_times, am.verbose, &err)) {
             fprintf(stderr, "vela bench: %s\n", err.msg);
-            goto out;
+            return 1;
         }
         if (!json)
-            print_table_row(&rp, &tests[k]);
+            print_table_row(rp, &tests[k]);
     }
     if (json) {
-        char *text = report_json(&rp, tests, n_tests);
+        char *text = report_json(rp, tests, n_tests);
         if (!text) {
             fprintf(stderr, "vela bench: out of memory writing JSON\n");
-            goto out;
+            return 1;
         }
         printf("%s\n", text);
         cJSON_free(text);
     } else {
-        if (rp.pipe)
-            print_split(&rp, tests, n_tests);
-        if (split_compare)
-            print_scaling(&rp, tests, n_tests);
-        printf("\nbuild: %s, device: %s\n", VELA_COMMIT, rp.device_name);
+        if (rp->pipe)
+            print_split(rp, tests, n_tests);
+        if (b->split_compare)
+            print_scaling(rp, tests, n_tests);
+        printf("\nbuild: %s, device: %s\n", VELA_COMMIT, rp->device_name);
     }
-    status = 0;
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    static struct cli c; // large: off the stack
+    cli_defaults(&c);
+    int status = tools_parse("bench", CLI_BENCH, usage, &c, argc, argv, 0);
+    if (status >= 0)
+        return status;
+    static struct bench bench;
+    struct bench *b = &bench;
+    *b = (struct bench){.am = c.am,
+                        .n_prompt = c.bench.n_prompt,
+                        .n_gen = c.bench.n_gen,
+                        .reps = c.bench.reps,
+                        .json = c.bench.json,
+                        .full_logits = c.bench.full_logits,
+                        .split_compare = c.bench.split_compare,
+                        .no_stage_times = c.bench.no_stage_times};
+    if ((status = bench_check_flags(&c, b)))
+        return status;
+    bench_sizes(&c, b);
+    const struct args_model am = b->am;
+    const int load_ctx = b->load_ctx, load_batch = b->load_batch, load_out = b->load_out;
+    const bool json = b->json;
+    struct verr err = {0};
+    struct gguf_file *f = NULL;
+    struct pipeline *sm = NULL;
+    struct report rp = {
+        .model_path = am.model_path, .reps = b->reps, .full_logits = b->full_logits};
+    struct plan pl;
+    status = 1;
+    if (gguf_open(&f, am.model_path, &err)) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        goto out;
+    }
+    if ((status = bench_plan(b, f, &rp, &pl)) ||
+        (b->split_compare && (status = bench_single(b, f, &pl, &rp))))
+        goto out;
+    status = 1;
+    if (bench_load(&am, f, load_ctx, load_batch, load_out, json, &sm, &err)) {
+        fprintf(stderr, "vela bench: %s\n", err.msg);
+        goto out;
+    }
+    gguf_close(f);
+    f = NULL;
+    if ((status = bench_check_ctx(b, sm->stage[0].m)))
+        goto out;
+    if (am.verbose && sm->n_stages > 1)
+        fprintf(stderr, "vela bench: split plan:\n%s", sm->plan_text);
+    if (!(status = bench_describe(b, sm, &rp)))
+        status = bench_run(b, sm, &rp);
 out:
-    for (int k = 0; k < n_tests; k++) {
-        free(tests[k].samples_ts);
-        free(tests[k].samples_s);
+    for (int k = 0; k < b->n_tests; k++) {
+        free(b->tests[k].samples_ts);
+        free(b->tests[k].samples_s);
     }
     pipeline_free(sm);
     gguf_close(f);

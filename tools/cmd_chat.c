@@ -31,26 +31,16 @@
 #define CHAT_MAX_TURNS 4096
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: vela chat [-m MODEL] [options]\n\n"
-            "Chats with the model in the terminal: type a message, Enter sends it; the\n"
-            "reply streams back. The conversation stays in the KV cache between turns\n"
-            "(only the new message is decoded); when it outgrows the context the oldest\n"
-            "turns are dropped. Without -m: the default model (tools/model_cache.sh).\n\n"
-            "commands at the prompt:\n"
-            "  /clear                    forget the conversation (the system message stays)\n"
-            "  /exit, /quit              leave (as does Ctrl-D)\n"
-            "Ctrl-C stops the answer being written, not the program.\n\n"
-            "chat:\n"
-            "  -sys, --system TEXT       a system message first\n"
-            "  --chat-template NAME      a built-in template instead of the model's\n"
-            "  -n, --n-predict N         longest answer in tokens (default: -1, until the end of\n"
-            "                            the turn)\n"
-            "  --ignore-eos              do not end an answer at end-of-generation or end-of-turn\n"
-            "                            tokens (Ctrl-C or -n ends it)\n"
-            "  -h, --help                this help\n");
-    args_help_model(out);
-    args_help_sampler(out);
+    fprintf(out, "usage: vela chat [-m MODEL] [options]\n\n"
+                 "Chats with the model in the terminal: type a message, Enter sends it; the\n"
+                 "reply streams back. The conversation stays in the KV cache between turns\n"
+                 "(only the new message is decoded); when it outgrows the context the oldest\n"
+                 "turns are dropped. Without -m: the default model (tools/model_cache.sh).\n\n"
+                 "commands at the prompt:\n"
+                 "  /clear                    forget the conversation (the system message stays)\n"
+                 "  /exit, /quit              leave (as does Ctrl-D)\n"
+                 "Ctrl-C stops the answer being written, not the program.\n\n");
+    flags_help(out, &cli_flags, CLI_CHAT);
 }
 
 static volatile sig_atomic_t g_interrupt;
@@ -351,44 +341,20 @@ static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_nam
 }
 
 int cmd_chat(int argc, char **argv) {
-    struct args_model am;
-    args_model_default(&am);
+    static struct cli f; // large: off the stack
+    cli_defaults(&f);
+    int status = tools_parse("chat", CLI_CHAT, usage, &f, argc, argv, 0);
+    if (status >= 0)
+        return status;
     struct chat *c = calloc(1, sizeof *c);
     if (!c)
         return 1;
-    sampler_params_default(&c->sp);
-    c->n_predict = -1;
-    const char *tmpl_name = NULL, *system_msg = NULL;
-    struct verr err = {0};
-    int status = 0;
-    for (int i = 1; i < argc;) {
-        const char *arg = argv[i];
-        int rc = 0;
-        enum tools_flag tf = tools_flag_shared("chat", usage, &am, &c->sp, argc, argv, &i, &rc);
-        if (tf == TOOLS_FLAG_EXIT) {
-            free(c);
-            return rc;
-        }
-        if (tf == TOOLS_FLAG_TAKEN)
-            continue;
-        if (args_is(arg, "-sys", "--system"))
-            rc = args_value_str(argc, argv, &i, &system_msg, &err);
-        else if (args_is(arg, "--chat-template", NULL))
-            rc = args_value_str(argc, argv, &i, &tmpl_name, &err);
-        else if (args_is(arg, "--ignore-eos", NULL))
-            c->ignore_eos = true, i++;
-        else if (args_is(arg, "-n", "--n-predict"))
-            rc = args_value_int(argc, argv, &i, -1, 1L << 30, &c->n_predict, &err);
-        else {
-            free(c);
-            return tools_unknown_option("chat", arg);
-        }
-        if (rc) {
-            fprintf(stderr, "vela chat: %s\n", err.msg);
-            free(c);
-            return 2;
-        }
-    }
+    struct args_model am = f.am;
+    const char *tmpl_name = f.chat_template, *system_msg = f.system_msg;
+    c->sp = f.gp.sp;
+    c->n_predict = f.gp.n_predict;
+    c->ignore_eos = f.gp.ignore_eos;
+    status = 0;
     if (!am.model_path && (status = tools_use_default_model("chat", &am.model_path)))
         goto out;
     tools_note_synthetic("chat", am.model_path);

@@ -15,29 +15,15 @@
 #include "tools/progress.h"
 
 // The least context the step API takes for one slot (host/engine/step.c):
-// a text of fewer tokens still gets this many cells.
+// a text of fewer tokens still gets this many cells (-c's help says so).
 #define EVAL_CTX_MIN 5
-#define EVAL_CTX_MIN_TEXT "5"
 
 static void usage(FILE *out) {
     fprintf(out, "usage: vela eval -m MODEL (--tokens 1,2,3 | -p TEXT | -f FILE) [options]\n\n"
                  "Evaluates the tokens as one sequence from position 0, in batches of -b, and\n"
                  "writes the logits of every position as raw little-endian float32\n"
-                 "(n_tokens x n_vocab, row-major) to --logits-out.\n\n"
-                 "input and output:\n"
-                 "  --tokens LIST             comma-separated token ids\n"
-                 "  -p, --prompt TEXT         text, tokenized with BOS as the model asks\n"
-                 "  -f, --file FILE           text from a file\n"
-                 "  --logits-out FILE         where the logits go (default: not written)\n"
-                 "  -gan, --grp-attn-n N      self-extend group factor, 1 = off (default: 1);\n"
-                 "                            positions are regrouped before each batch of -b\n"
-                 "                            tokens; -v prints its shift: / div: lines\n"
-                 "  -gaw, --grp-attn-w N      self-extend group width, a multiple of -gan "
-                 "(default: 512)\n"
-                 "  -h, --help                this help\n");
-    args_help_model_ctx(out,
-                        "context size in tokens; 0 = room for the tokens (at least\n"
-                        "                            " EVAL_CTX_MIN_TEXT " cells) (default: 0)");
+                 "(n_tokens x n_vocab, row-major) to --logits-out.\n\n");
+    flags_help(out, &cli_flags, CLI_EVAL);
 }
 
 // Parses "1,2,3" (spaces allowed around ids). Returns 0 or an error message in err.
@@ -107,36 +93,8 @@ static int on_note(void *user, enum engine_event ev, int seq, int32_t token, con
     return 0;
 }
 
-// The command line of vela eval.
-struct eval_flags {
-    struct args_model am;
-    const char *tokens_arg, *prompt_arg, *prompt_file, *logits_out;
-    struct engine_eval_params ep;
-};
-
-// One of eval's own flags at argv[*i]: 1 consumed, 0 unknown, < 0 a bad value.
-static int parse_eval_flag(struct eval_flags *f, int argc, char **argv, int *i, struct verr *err) {
-    const char *arg = argv[*i];
-    int rc = 0;
-    if (args_is(arg, "--tokens", NULL))
-        rc = args_value_str(argc, argv, i, &f->tokens_arg, err);
-    else if (args_is(arg, "-p", "--prompt"))
-        rc = args_value_str(argc, argv, i, &f->prompt_arg, err);
-    else if (args_is(arg, "-f", "--file"))
-        rc = args_value_str(argc, argv, i, &f->prompt_file, err);
-    else if (args_is(arg, "--logits-out", NULL))
-        rc = args_value_str(argc, argv, i, &f->logits_out, err);
-    else if (args_is(arg, "-gan", "--grp-attn-n"))
-        rc = args_value_int(argc, argv, i, 1, 1L << 20, &f->ep.ga_n, err);
-    else if (args_is(arg, "-gaw", "--grp-attn-w"))
-        rc = args_value_int(argc, argv, i, 1, 1L << 30, &f->ep.ga_w, err);
-    else
-        return 0;
-    return rc ? rc : 1;
-}
-
 // Flags that are missing or exclude each other; 0 or the usage status 2 (printed).
-static int check_eval_flags(const struct eval_flags *f) {
+static int check_eval_flags(const struct cli *f) {
     const struct engine_eval_params *ep = &f->ep;
     if (!f->am.model_path) {
         fprintf(stderr,
@@ -153,7 +111,7 @@ static int check_eval_flags(const struct eval_flags *f) {
         fprintf(stderr, "vela eval: --self-extend and --grp-attn-n exclude each other\n");
         return 2;
     }
-    if (!!f->tokens_arg + !!f->prompt_arg + !!f->prompt_file != 1) {
+    if (!!f->eval.tokens + !!f->prompt + !!f->prompt_file != 1) {
         fprintf(stderr, "vela eval: give exactly one of --tokens, -p, -f\n");
         return 2;
     }
@@ -162,27 +120,14 @@ static int check_eval_flags(const struct eval_flags *f) {
 
 // Parses the command line into f; -1 to go on, else the exit status (help
 // printed: 0; a usage error printed: 2).
-static int parse_eval(struct eval_flags *f, int argc, char **argv) {
-    memset(f, 0, sizeof *f);
-    args_model_default(&f->am);
-    f->ep = (struct engine_eval_params){.ga_n = 1, .ga_w = 512, .cb = on_note, .user = &f->am};
-    struct verr err = {0};
-    for (int i = 1; i < argc;) {
-        int rc = 0;
-        enum tools_flag tf = tools_flag_shared("eval", usage, &f->am, NULL, argc, argv, &i, &rc);
-        if (tf == TOOLS_FLAG_EXIT)
-            return rc;
-        if (tf == TOOLS_FLAG_TAKEN)
-            continue;
-        rc = parse_eval_flag(f, argc, argv, &i, &err);
-        if (rc == 0)
-            return tools_unknown_option("eval", argv[i]);
-        if (rc < 0) {
-            fprintf(stderr, "vela eval: %s\n", err.msg);
-            return 2;
-        }
-    }
-    int st = check_eval_flags(f);
+static int parse_eval(struct cli *f, int argc, char **argv) {
+    cli_defaults(f);
+    int st = tools_parse("eval", CLI_EVAL, usage, f, argc, argv, 0);
+    if (st >= 0)
+        return st;
+    f->ep = (struct engine_eval_params){
+        .ga_n = f->gp.ga_n, .ga_w = f->gp.ga_w, .cb = on_note, .user = &f->am};
+    st = check_eval_flags(f);
     if (st)
         return st;
     tools_note_synthetic("eval", f->am.model_path);
@@ -193,8 +138,8 @@ static int parse_eval(struct eval_flags *f, int argc, char **argv) {
 // text (*text, from -p or -f) the count is known only once the tokenizer is
 // loaded, so the context is opened again for it and *tokens filled then.
 // Non-zero when it fails (printed).
-static int open_for_tokens(const struct eval_flags *f, const char *text, size_t text_len,
-                           int32_t **tokens, int *n_tok, struct engine **e) {
+static int open_for_tokens(const struct cli *f, const char *text, size_t text_len, int32_t **tokens,
+                           int *n_tok, struct engine **e) {
     const struct args_model *am = &f->am;
     struct engine_config op;
     args_engine_config(am, &op);
@@ -236,8 +181,8 @@ static int open_for_tokens(const struct eval_flags *f, const char *text, size_t 
 }
 
 // What eval prints on stdout once every row is written.
-static void say_summary(const struct eval_flags *f, const struct engine *e,
-                        const struct eval_out *out, int n_tok, double t_ms) {
+static void say_summary(const struct cli *f, const struct engine *e, const struct eval_out *out,
+                        int n_tok, double t_ms) {
     const int V = out->n_vocab;
     int best = 0;
     for (int v = 1; v < V; v++)
@@ -251,14 +196,14 @@ static void say_summary(const struct eval_flags *f, const struct engine *e,
            "time: %.2f ms (%.2f tokens/s, %s)\n",
            n_tok, V, best, out->last[best], (int)plen, piece, t_ms,
            t_ms > 0 ? 1e3 * n_tok / t_ms : 0.0, context_backend_name(e->ctx));
-    if (f->logits_out)
-        printf("logits: %s (%d x %d float32)\n", f->logits_out, n_tok, V);
+    if (f->eval.logits_out)
+        printf("logits: %s (%d x %d float32)\n", f->eval.logits_out, n_tok, V);
 }
 
 // Checks the tokens against the model and evaluates them into out (the
 // logits file, when asked for, closed on success). The exit status; a
 // failure is printed.
-static int eval_tokens(struct eval_flags *f, struct engine *e, const int32_t *tokens, int n_tok,
+static int eval_tokens(struct cli *f, struct engine *e, const int32_t *tokens, int n_tok,
                        struct eval_out *out, double *t_ms) {
     struct verr err = {0};
     tools_warn_ctx("eval", &f->am, context_config(e->ctx)->n_ctx, e->m->hp.n_ctx_train,
@@ -284,8 +229,8 @@ static int eval_tokens(struct eval_flags *f, struct engine *e, const int32_t *to
         fprintf(stderr, "vela eval: out of memory\n");
         return 1;
     }
-    if (f->logits_out && !(out->f = fopen(f->logits_out, "wb"))) {
-        fprintf(stderr, "vela eval: cannot open '%s' for writing: %s\n", f->logits_out,
+    if (f->eval.logits_out && !(out->f = fopen(f->eval.logits_out, "wb"))) {
+        fprintf(stderr, "vela eval: cannot open '%s' for writing: %s\n", f->eval.logits_out,
                 strerror(errno));
         return 1;
     }
@@ -297,8 +242,8 @@ static int eval_tokens(struct eval_flags *f, struct engine *e, const int32_t *to
         int bad = fclose(out->f) != 0;
         out->f = NULL;
         if (bad) {
-            fprintf(stderr, "vela eval: writing '%s' failed\n", f->logits_out);
-            unlink(f->logits_out);
+            fprintf(stderr, "vela eval: writing '%s' failed\n", f->eval.logits_out);
+            unlink(f->eval.logits_out);
             return 1;
         }
     }
@@ -306,14 +251,14 @@ static int eval_tokens(struct eval_flags *f, struct engine *e, const int32_t *to
 }
 
 int cmd_eval(int argc, char **argv) {
-    struct eval_flags f;
+    static struct cli f; // large: off the stack
     int status = parse_eval(&f, argc, argv);
     if (status >= 0)
         return status;
     int32_t *tokens = NULL;
     int n_tok = 0;
     struct verr err = {0};
-    if (f.tokens_arg && parse_tokens(f.tokens_arg, &tokens, &n_tok, &err)) {
+    if (f.eval.tokens && parse_tokens(f.eval.tokens, &tokens, &n_tok, &err)) {
         fprintf(stderr, "vela eval: %s\n", err.msg);
         return 2;
     }
@@ -326,11 +271,11 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "vela eval: cannot read '%s'\n", f.prompt_file);
         goto done;
     }
-    if (f.prompt_arg && !(text = strdup(f.prompt_arg))) {
+    if (f.prompt && !(text = strdup(f.prompt))) {
         fprintf(stderr, "vela eval: out of memory\n");
         goto done;
     }
-    text_len = f.prompt_arg ? strlen(f.prompt_arg) : text_len;
+    text_len = f.prompt ? strlen(f.prompt) : text_len;
     double t_ms = 0;
     if (open_for_tokens(&f, text, text_len, &tokens, &n_tok, &e) ||
         eval_tokens(&f, e, tokens, n_tok, &out, &t_ms))
@@ -340,7 +285,7 @@ int cmd_eval(int argc, char **argv) {
 done:
     if (out.f) { // a failed run leaves no logits file behind
         fclose(out.f);
-        unlink(f.logits_out);
+        unlink(f.eval.logits_out);
     }
     free(out.last);
     free(tokens);

@@ -10,7 +10,9 @@
 #include <cjson/cJSON.h>
 
 #include "gguf/gguf.h"
+#include "tools/args.h"
 #include "tools/cmds.h"
+#include "tools/common.h"
 
 // Text output limits: strings longer than this many characters are cut to
 // STR_KEEP characters plus "...", arrays show their first ARR_SHOW elements.
@@ -611,60 +613,39 @@ static void usage_gguf(FILE *out) {
 }
 
 static void usage_dump(FILE *out) {
+    fprintf(out, "usage: vela gguf dump FILE [--json] [--no-tensors]\n\n"
+                 "Prints a GGUF file's header, every key/value pair (long arrays and strings\n"
+                 "abbreviated) and every tensor (name, shape, type, offset in the data section,\n"
+                 "bytes), in the layout of llama.cpp's gguf_dump.py.\n\n");
+    flags_help(out, &cli_flags, CLI_GGUF_DUMP);
     fprintf(out,
-            "usage: vela gguf dump FILE [--json] [--no-tensors]\n\n"
-            "Prints a GGUF file's header, every key/value pair (long arrays and strings\n"
-            "abbreviated) and every tensor (name, shape, type, offset in the data section,\n"
-            "bytes), in the layout of llama.cpp's gguf_dump.py.\n\n"
-            "options:\n"
-            "  --json        print everything as one JSON object instead (arrays in full)\n"
-            "  --no-tensors  leave the tensors out\n"
-            "  -h, --help    show this help\n\n"
-            "exit status: 0 ok, 1 the file cannot be read or is not valid GGUF, 2 usage error\n");
+            "\nexit status: 0 ok, 1 the file cannot be read or is not valid GGUF, 2 usage error\n");
 }
 
 static int cmd_gguf_dump(int argc, char **argv) {
-    const char *path = NULL;
-    bool json = false, tensors = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage_dump(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (!strcmp(a, "--no-tensors")) {
-            tensors = false;
-        } else if (!strcmp(a, "--")) {
-            if (i + 1 < argc && !path && i + 2 == argc) {
-                path = argv[i + 1];
-                break;
-            }
-            fprintf(stderr, "vela gguf dump: expected exactly one FILE after '--'\n");
-            return 2;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "vela gguf dump: unknown option '%s'\n", a);
-            usage_dump(stderr);
-            return 2;
-        } else if (path) {
-            fprintf(stderr, "vela gguf dump: more than one FILE given ('%s' and '%s')\n", path, a);
-            return 2;
-        } else {
-            path = a;
-        }
+    static struct cli c; // large: off the stack
+    cli_defaults(&c);
+    int rc = tools_parse("gguf dump", CLI_GGUF_DUMP, usage_dump, &c, argc, argv, 4);
+    if (rc >= 0)
+        return rc;
+    if (c.n_pos > 1) {
+        fprintf(stderr, "vela gguf dump: more than one FILE given ('%s' and '%s')\n", c.pos[0],
+                c.pos[1]);
+        return 2;
     }
-    if (!path) {
+    if (c.n_pos == 0) {
         fprintf(stderr, "vela gguf dump: missing FILE\n");
         usage_dump(stderr);
         return 2;
     }
+    const char *path = c.pos[0];
     struct verr err = {0};
     struct gguf_file *f = NULL;
     if (gguf_open(&f, path, &err)) {
         fprintf(stderr, "vela gguf dump: %s\n", err.msg);
         return 1;
     }
-    int rc = json ? dump_json(f, tensors) : dump_text(f, tensors);
+    rc = c.dump.json ? dump_json(f, c.dump.tensors) : dump_text(f, c.dump.tensors);
     gguf_close(f);
     if (fflush(stdout) != 0 && rc == 0) {
         fprintf(stderr, "vela gguf dump: cannot write the output\n");

@@ -18,69 +18,19 @@
 #include "tools/default_model.h"
 #include "tools/progress.h"
 
-// --parallel: the most sequences one run decodes together.
-#define RUN_PARALLEL_MAX 256
-
 static void usage(FILE *out) {
-    fprintf(
-        out,
-        "usage: vela run [-m MODEL] [-p PROMPT | -f FILE] [options]\n"
-        "       vela run [-m MODEL] --chat -p QUESTION [options]\n"
-        "       vela run [-m MODEL] --parallel N -f PROMPTS_FILE [options]\n\n"
-        "Generates text from a prompt and streams it to stdout; the sampler seed goes to\n"
-        "stderr before the first token (--seed N replays it), load time, prompt and\n"
-        "generation speed at the end. With --parallel N and -f, every\n"
-        "line of the file is a prompt: up to N are decoded together in one KV cache\n"
-        "(the others wait for a free slot) and each text is printed with its index\n"
-        "when its sequence ends. Without -m: the default model, SmolLM2-135M-Instruct,\n"
-        "from the cache ($VELA_CACHE or ~/.cache/vela; bash tools/model_cache.sh fetches it).\n\n"
-        "prompt and generation:\n"
-        "  -p, --prompt TEXT         prompt (escapes \\n \\t \\\\ \\xNN are processed; default: "
-        "empty = BOS)\n"
-        "  -f, --file FILE           read the prompt from FILE (one trailing newline dropped);\n"
-        "                            with --parallel N > 1: one prompt per line (blank lines "
-        "skipped)\n"
-        "  -n, --n-predict N         tokens to generate per sequence, -1 = until end of "
-        "generation\n"
-        "                            (with context shift: without end), -2 = until the context "
-        "is full\n"
-        "                            (default: -1)\n"
-        "  --ignore-eos              do not stop at end-of-generation tokens\n"
-        "  --no-display-prompt       do not print the prompt before the generated text\n"
-        "  --no-escape               take -p literally\n"
-        "  --chat                    one-shot chat: -p (or -f) is the user's message, formatted "
-        "with\n"
-        "                            the model's chat template (tokenizer.chat_template); prints "
-        "the\n"
-        "                            reply, generated until the end of the assistant's turn or "
-        "until\n"
-        "                            the context is full (no context shift unless "
-        "--context-shift)\n"
-        "  --chat-template NAME      with --chat: this built-in template instead of the model's\n"
-        "                            (chatml, llama2, llama3, mistral-v7, phi3, gemma, zephyr, "
-        "...;\n"
-        "                            an unknown name lists them all)\n"
-        "  -sys, --system TEXT       with --chat: a system message before the user's\n"
-        "  -np, --parallel N         sequences decoded together (1..%d, default: 1); -c is "
-        "shared,\n"
-        "                            each sequence gets -c / N cells. With -p: N samples of the "
-        "prompt\n"
-        "                            (sample i uses seed + i)\n"
-        "  --context-shift           when a sequence's context is full, keep --keep tokens, "
-        "drop half\n"
-        "                            of the rest and go on (default, but for --chat)\n"
-        "  --no-context-shift        stop with \"context full\" instead\n"
-        "  --keep N                  tokens of the prompt kept on a context shift, -1 = all "
-        "(default: 0;\n"
-        "                            BOS is kept on top of N)\n"
-        "  -gan, --grp-attn-n N      self-extend group factor, 1 = off (default: 1); turns the "
-        "context\n"
-        "                            shift off; -v prints its shift: / div: lines\n"
-        "  -gaw, --grp-attn-w N      self-extend group width, a multiple of -gan (default: 512)\n"
-        "  -h, --help                this help\n",
-        RUN_PARALLEL_MAX);
-    args_help_model(out);
-    args_help_sampler(out);
+    fprintf(out, "usage: vela run [-m MODEL] [-p PROMPT | -f FILE] [options]\n"
+                 "       vela run [-m MODEL] --chat -p QUESTION [options]\n"
+                 "       vela run [-m MODEL] --parallel N -f PROMPTS_FILE [options]\n\n"
+                 "Generates text from a prompt and streams it to stdout; the sampler seed goes to\n"
+                 "stderr before the first token (--seed N replays it), load time, prompt and\n"
+                 "generation speed at the end. With --parallel N and -f, every\n"
+                 "line of the file is a prompt: up to N are decoded together in one KV cache\n"
+                 "(the others wait for a free slot) and each text is printed with its index\n"
+                 "when its sequence ends. Without -m: the default model, SmolLM2-135M-Instruct,\n"
+                 "from the cache ($VELA_CACHE or ~/.cache/vela; bash tools/model_cache.sh fetches "
+                 "it).\n\n");
+    flags_help(out, &cli_flags, CLI_RUN);
 }
 
 // llama.cpp's string_process_escapes: \n \r \t \' \" \\ \xNN; anything else stays.
@@ -326,66 +276,14 @@ static int chat_prompt(const char *model_path, const char *tmpl_name, const char
     return 0;
 }
 
-// The command line of vela run.
-struct run_flags {
-    struct args_model am;
-    struct engine_gen_params gp;
-    const char *prompt_arg, *prompt_file;
-    const char *chat_template, *system_msg;
-    bool display_prompt, escape, chat;
-    bool n_given, shift_given; // -n, --[no-]context-shift were given
-};
-
-// One of run's own flags at argv[*i]: 1 consumed, 0 unknown, < 0 a bad value.
-static int parse_run_flag(struct run_flags *f, int argc, char **argv, int *i, struct verr *err) {
-    const char *arg = argv[*i];
-    struct engine_gen_params *gp = &f->gp;
-    int rc = 0;
-    if (args_is(arg, "-p", "--prompt"))
-        rc = args_value_str(argc, argv, i, &f->prompt_arg, err);
-    else if (args_is(arg, "-f", "--file"))
-        rc = args_value_str(argc, argv, i, &f->prompt_file, err);
-    else if (args_is(arg, "-n", "--n-predict"))
-        rc = args_value_int(argc, argv, i, -2, 1L << 30, &gp->n_predict, err), f->n_given = true;
-    else if (args_is(arg, "-np", "--parallel"))
-        rc = args_value_int(argc, argv, i, 1, RUN_PARALLEL_MAX, &gp->n_parallel, err);
-    else if (args_is(arg, "--keep", NULL))
-        rc = args_value_int(argc, argv, i, -1, 1L << 30, &gp->n_keep, err);
-    else if (args_is(arg, "-gan", "--grp-attn-n"))
-        rc = args_value_int(argc, argv, i, 1, 1L << 20, &gp->ga_n, err);
-    else if (args_is(arg, "-gaw", "--grp-attn-w"))
-        rc = args_value_int(argc, argv, i, 1, 1L << 30, &gp->ga_w, err);
-    else if (args_is(arg, "--context-shift", NULL))
-        gp->ctx_shift = true, f->shift_given = true, (*i)++;
-    else if (args_is(arg, "--no-context-shift", NULL))
-        gp->ctx_shift = false, f->shift_given = true, (*i)++;
-    else if (args_is(arg, "--ignore-eos", NULL))
-        gp->ignore_eos = true, (*i)++;
-    else if (args_is(arg, "--no-display-prompt", NULL))
-        f->display_prompt = false, (*i)++;
-    else if (args_is(arg, "--no-escape", NULL))
-        f->escape = false, (*i)++;
-    else if (args_is(arg, "-e", "--escape"))
-        f->escape = true, (*i)++;
-    else if (args_is(arg, "--chat", NULL))
-        f->chat = true, (*i)++;
-    else if (args_is(arg, "--chat-template", NULL))
-        rc = args_value_str(argc, argv, i, &f->chat_template, err);
-    else if (args_is(arg, "-sys", "--system"))
-        rc = args_value_str(argc, argv, i, &f->system_msg, err);
-    else
-        return 0;
-    return rc ? rc : 1;
-}
-
 // Flags that exclude each other; 0 or the usage status 2 (printed).
-static int check_run_flags(struct run_flags *f) {
+static int check_run_flags(struct cli *f) {
     const char *msg = NULL;
-    if ((f->chat_template || f->system_msg) && !f->chat)
+    if ((f->chat_template || f->system_msg) && !f->run.chat)
         msg = "--chat-template and --system go with --chat";
-    else if (f->chat && f->gp.n_parallel != 1)
+    else if (f->run.chat && f->gp.n_parallel != 1)
         msg = "--chat answers one question: drop --parallel";
-    else if (f->prompt_arg && f->prompt_file)
+    else if (f->prompt && f->prompt_file)
         msg = "give -p or -f, not both";
     else if (f->gp.ga_n != 1 && f->am.se_g > 1)
         msg = "--self-extend and --grp-attn-n exclude each other";
@@ -400,35 +298,19 @@ static int check_run_flags(struct run_flags *f) {
     }
     // One question, one answer: the reply ends with its turn or the context,
     // never in a context shift that could let it go on without end.
-    if (f->chat && !f->shift_given)
+    if (f->run.chat && !f->run.shift_given)
         f->gp.ctx_shift = false;
     return 0;
 }
 
 // Parses the command line into f; -1 to go on, else the exit status
 // (help printed: 0; a usage error printed: 2; no default model: its status).
-static int parse_run(struct run_flags *f, int argc, char **argv) {
-    *f = (struct run_flags){.display_prompt = true, .escape = true};
-    args_model_default(&f->am);
-    engine_gen_params_default(&f->gp);
-    struct verr err = {0};
-    for (int i = 1; i < argc;) {
-        int rc = 0;
-        enum tools_flag tf =
-            tools_flag_shared("run", usage, &f->am, &f->gp.sp, argc, argv, &i, &rc);
-        if (tf == TOOLS_FLAG_EXIT)
-            return rc;
-        if (tf == TOOLS_FLAG_TAKEN)
-            continue;
-        rc = parse_run_flag(f, argc, argv, &i, &err);
-        if (rc == 0)
-            return tools_unknown_option("run", argv[i]);
-        if (rc < 0) {
-            fprintf(stderr, "vela run: %s\n", err.msg);
-            return 2;
-        }
-    }
-    int st = check_run_flags(f);
+static int parse_run(struct cli *f, int argc, char **argv) {
+    cli_defaults(f);
+    int st = tools_parse("run", CLI_RUN, usage, f, argc, argv, 0);
+    if (st >= 0)
+        return st;
+    st = check_run_flags(f);
     if (!st && !f->am.model_path)
         st = tools_use_default_model("run", &f->am.model_path);
     if (st)
@@ -440,7 +322,7 @@ static int parse_run(struct run_flags *f, int argc, char **argv) {
 // The prompt's text: -f's file (one trailing newline dropped, as llama.cpp's
 // -f) or -p (escapes processed unless --no-escape), formatted as a chat with
 // --chat (*tmpl: its template). NULL when it fails (printed).
-static char *read_prompt(const struct run_flags *f, size_t *len, enum chat_template *tmpl) {
+static char *read_prompt(const struct cli *f, size_t *len, enum chat_template *tmpl) {
     char *prompt = NULL;
     *len = 0;
     if (f->prompt_file) {
@@ -452,8 +334,8 @@ static char *read_prompt(const struct run_flags *f, size_t *len, enum chat_templ
         if (*len > 0 && prompt[*len - 1] == '\n')
             prompt[--*len] = '\0';
     } else {
-        prompt = strdup(f->prompt_arg ? f->prompt_arg : "");
-        if (prompt && f->escape)
+        prompt = strdup(f->prompt ? f->prompt : "");
+        if (prompt && f->run.escape)
             process_escapes(prompt);
         *len = prompt ? strlen(prompt) : 0;
     }
@@ -461,8 +343,8 @@ static char *read_prompt(const struct run_flags *f, size_t *len, enum chat_templ
         fprintf(stderr, "vela run: out of memory\n");
         return NULL;
     }
-    if (f->chat && chat_prompt(f->am.model_path, f->chat_template, f->system_msg, f->am.verbose,
-                               &prompt, len, tmpl)) {
+    if (f->run.chat && chat_prompt(f->am.model_path, f->chat_template, f->system_msg, f->am.verbose,
+                                   &prompt, len, tmpl)) {
         free(prompt);
         return NULL;
     }
@@ -472,7 +354,7 @@ static char *read_prompt(const struct run_flags *f, size_t *len, enum chat_templ
 // The prompts to generate from: the text's lines (-f with --parallel N > 1)
 // or the text itself, in *lines (pointing into text). Non-zero when it
 // fails (printed).
-static int prompt_lines(const struct run_flags *f, bool lines_mode, char *text, char ***lines,
+static int prompt_lines(const struct cli *f, bool lines_mode, char *text, char ***lines,
                         int *n_lines) {
     if (!lines_mode) {
         if (!(*lines = malloc(sizeof **lines))) {
@@ -527,7 +409,7 @@ static int tokenize_line(struct engine *e, char **lines, int l, bool lines_mode,
 }
 
 // The model and its context for f's sequences. Non-zero when it fails (printed).
-static int open_engine(const struct run_flags *f, struct engine **e) {
+static int open_engine(const struct cli *f, struct engine **e) {
     struct engine_config op;
     args_engine_config(&f->am, &op);
     op.ctx.n_seq_max = f->gp.n_parallel;
@@ -579,7 +461,7 @@ static void run_out_free(struct run_out *out) {
 }
 
 // With -v: the prompts' lengths.
-static void say_prompts(const struct run_flags *f, const struct engine_prompt *prompts, int n_seq,
+static void say_prompts(const struct cli *f, const struct engine_prompt *prompts, int n_seq,
                         int n_ctx_seq) {
     int lo = prompts[0].n_tokens, hi = lo;
     for (int s = 1; s < n_seq; s++) {
@@ -597,15 +479,15 @@ static void say_prompts(const struct run_flags *f, const struct engine_prompt *p
 
 // After the run: which sequences filled their context and why nothing
 // shifted it, then llama-cli's timings.
-static void say_results(const struct run_flags *f, const struct engine *e,
-                        const struct run_out *out, const struct engine_stats *st, int n_ctx_seq) {
+static void say_results(const struct cli *f, const struct engine *e, const struct run_out *out,
+                        const struct engine_stats *st, int n_ctx_seq) {
     const struct engine_gen_params *gp = &f->gp;
     const int n_seq = out->n_seq;
     for (int s = 0; s < n_seq; s++) {
         if (!out->why[s] || strcmp(out->why[s], "context full"))
             continue;
         const char *how = gp->ga_n != 1 ? "; self-extend does not shift the context"
-                          : !gp->ctx_shift && f->chat && !f->shift_given
+                          : !gp->ctx_shift && f->run.chat && !f->run.shift_given
                               ? "; --chat does not shift the context (--context-shift would)"
                           : !gp->ctx_shift ? "; context shift is off (--no-context-shift)"
                                            : "; -n -2 stops there";
@@ -635,7 +517,7 @@ static void say_results(const struct run_flags *f, const struct engine *e,
 // Sets up out for the run (streaming, --chat's end of turn) and says, before
 // the first token, what bounds the run and its seed. Non-zero when it fails
 // (printed).
-static int prepare_run(struct run_flags *f, struct engine *e, const struct engine_prompt *prompts,
+static int prepare_run(struct cli *f, struct engine *e, const struct engine_prompt *prompts,
                        int n_seq, enum chat_template tmpl, struct run_out *out) {
     struct verr err = {0};
     int longest = 0;
@@ -647,9 +529,9 @@ static int prepare_run(struct run_flags *f, struct engine *e, const struct engin
         return 1;
     }
     out->stream = n_seq == 1;
-    out->display_prompt = f->display_prompt && !f->chat; // --chat: the reply alone
+    out->display_prompt = f->run.display_prompt && !f->run.chat; // --chat: the reply alone
     out->verbose = f->am.verbose;
-    if (f->chat) {
+    if (f->run.chat) {
         const char *eot_text = chat_template_eot(tmpl);
         out->eot = chat_eot_token(e->tok, tmpl);
         if (stop_new(&out->stop, &eot_text, 1, &err)) {
@@ -661,14 +543,14 @@ static int prepare_run(struct run_flags *f, struct engine *e, const struct engin
     if (f->am.verbose)
         say_prompts(f, prompts, n_seq, n_ctx_seq);
     tools_warn_ctx("run", &f->am, n_ctx_seq, e->m->hp.n_ctx_train, f->gp.ga_n != 1);
-    if (!f->n_given)
-        say_bounds(&f->gp, f->chat, n_ctx_seq);
+    if (!f->run.n_given)
+        say_bounds(&f->gp, f->run.chat, n_ctx_seq);
     say_seed(&f->gp.sp, n_seq);
     return 0;
 }
 
 // Opens the model, tokenizes the prompts and generates. The exit status.
-static int run_prompts(struct run_flags *f, char *text, size_t text_len, enum chat_template tmpl) {
+static int run_prompts(struct cli *f, char *text, size_t text_len, enum chat_template tmpl) {
     // -f with --parallel N > 1 is a list of prompts, one per line.
     const bool lines_mode = f->prompt_file && f->gp.n_parallel > 1;
     int status = 1, n_lines = 0;
@@ -728,7 +610,7 @@ done:
 }
 
 int cmd_run(int argc, char **argv) {
-    struct run_flags f;
+    static struct cli f; // large: off the stack
     int st = parse_run(&f, argc, argv);
     if (st >= 0)
         return st;

@@ -22,95 +22,35 @@
 
 #ifdef VELA_HAVE_MHD
 
-#define SERVE_PARALLEL_MAX 256
-
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: vela serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] "
-            "[options]\n\n"
-            "Serves the model over HTTP with the OpenAI API: POST /v1/completions,\n"
-            "/v1/chat/completions (stream: server-sent events), GET /v1/models, /health,\n"
-            "/metrics (Prometheus), POST /tokenize, /detokenize and llama-server's POST\n"
-            "/completion (its own shape: prompt, n_predict, stream; content in the reply),\n"
-            "GET /props, /slots, POST /apply-template. Requests are decoded together\n"
-            "(continuous batching): a new one joins the running batch at the next step.\n"
-            "Ctrl-C or SIGTERM stops it: each running stream gets a last chunk with\n"
-            "finish_reason \"error\" and the error, then [DONE]; other running requests get\n"
-            "503; it exits 0 within the decode step it is in plus 5 s for those answers.\n"
-            "Without -m: the default model, SmolLM2-135M-Instruct, from the cache\n"
-            "($VELA_CACHE or ~/.cache/vela; bash tools/model_cache.sh fetches it).\n\n"
-            "server:\n"
-            "  --host ADDR               IPv4 address to listen on (default: 127.0.0.1, this\n"
-            "                            machine only; 0.0.0.0: every interface)\n"
-            "  --port N                  TCP port (default: 8080; 0: any free port)\n"
-            "  -np, --parallel N         slots: sequences decoded together (1..%d, default: 4).\n"
-            "                            -c is split between them: each request gets -c / N\n"
-            "                            cells of context. Without -c (or -c 0) each slot\n"
-            "                            gets the model's trained context, capped so that\n"
-            "                            the KV cache takes at most half the free memory\n"
-            "                            left beside the weights (a line says what it chose)\n"
-            "  --queue N                 requests waiting for a free slot before new ones get\n"
-            "                            503 (default: 64)\n"
-            "  --api-key KEY             require 'Authorization: Bearer KEY' (all but /health)\n"
-            "  --max-body BYTES          largest request body (default: 4194304; 413 beyond)\n"
-            "  --max-connections N       concurrent connections (default: 256)\n"
-            "  --timeout SECONDS         idle connection timeout (default: 600)\n"
-            "  -a, --alias NAME          the model id /v1/models lists and answers carry\n"
-            "                            (default: the file's base name without .gguf)\n"
-            "  --strict-model-name       a request naming another model gets 404 (default:\n"
-            "                            any name is answered by the served model, as\n"
-            "                            llama-server does)\n"
-            "  --slots, --no-slots       GET /slots answers with each slot's state (default:\n"
-            "                            off, 501 as in llama-server without --slots)\n"
-            "  -n, --n-predict N         tokens a request generates when it names no\n"
-            "                            max_tokens / n_predict, and the most it may ask for\n"
-            "                            (default: -1, none: OpenAI's 16 for completions,\n"
-            "                            until a stop or the slot's context for chat)\n"
-            "  --chat-template NAME      override the GGUF's tokenizer.chat_template\n"
-            "  -sps, --slot-prompt-similarity F\n"
-            "                            a request takes the free slot whose cached tokens\n"
-            "                            share the longest prefix with its prompt when that\n"
-            "                            prefix is more than F of them (0..1, default: 0.5;\n"
-            "                            0: any common prefix); else the least recently used\n"
-            "  -se, --self-extend G W    exact self-extend for requests that name none (K\n"
-            "                            cached without RoPE): each slot's context grows to\n"
-            "                            (n_ctx_train - W) * G + W; -c is split between slots\n"
-            "  --kv-unrotated            K cached without RoPE, so that requests may choose\n"
-            "                            their own self_extend (on with --self-extend)\n"
-            "  --log-file FILE           write the log to FILE (appended) instead of stderr\n"
-            "  --log-format text|json    log lines as text or one JSON object each (default:\n"
-            "                            text); -v adds debug lines (libmicrohttpd's messages)\n"
-            "  --no-access-log           no line per request (method, path, status, client,\n"
-            "                            tokens in and out, milliseconds)\n"
-            "  -h, --help                this help\n\n"
-            "llama.cpp flags taken so that a llama-server command line runs unchanged:\n"
-            "  -ngl, --n-gpu-layers N    0: the CPU backend; any other count: every layer on\n"
-            "                            the GPU (vela does not split layers with the CPU)\n"
-            "  -fa, --flash-attn [on|off|auto], --jinja, -cb, --cont-batching, --metrics,\n"
-            "  --no-mmap, --mlock, --no-webui\n"
-            "                            accepted, nothing changes: attention is always\n"
-            "                            fused, chat templates are formatted by vela,\n"
-            "                            batching is always continuous, /metrics is always\n"
-            "                            on, weights are mmap'd and uploaded, no web UI\n\n"
-            "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
-            "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
-            "it the request ends with finish_reason \"length\"), cache_prompt (default\n"
-            "true: reuse the cells a slot kept from earlier requests, decode only the rest),\n"
-            "grp_attn_n / grp_attn_w (llama.cpp's self-extend for this request, without\n"
-            "--self-extend), self_extend {\"n\": G, \"w\": W} (exact self-extend for this\n"
-            "request, with --self-extend or --kv-unrotated; n 1: off), n_predict\n"
-            "(max_tokens; -1: until a stop), repeat_penalty, repeat_last_n. Sampling\n"
-            "fields a request leaves out take the server's (the sampling flags below:\n"
-            "llama-server's defaults, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05).\n"
-            "Fields vela cannot honour yet get a 400 naming them, never silently ignored:\n"
-            "logit_bias, tools, tool_choice, grammar, json_schema, response_format other\n"
-            "than text, typical_p other than 1, mirostat other than 0. A request may name\n"
-            "any model (see --strict-model-name).\n",
-            SERVE_PARALLEL_MAX);
-    args_help_model_ctx(out, "KV cells the slots share (default, or 0: each slot\n"
-                             "                            the model's trained context, capped "
-                             "by memory)");
-    args_help_sampler(out);
+    fprintf(out, "usage: vela serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] "
+                 "[options]\n\n"
+                 "Serves the model over HTTP with the OpenAI API: POST /v1/completions,\n"
+                 "/v1/chat/completions (stream: server-sent events), GET /v1/models, /health,\n"
+                 "/metrics (Prometheus), POST /tokenize, /detokenize and llama-server's POST\n"
+                 "/completion (its own shape: prompt, n_predict, stream; content in the reply),\n"
+                 "GET /props, /slots, POST /apply-template. Requests are decoded together\n"
+                 "(continuous batching): a new one joins the running batch at the next step.\n"
+                 "Ctrl-C or SIGTERM stops it: each running stream gets a last chunk with\n"
+                 "finish_reason \"error\" and the error, then [DONE]; other running requests get\n"
+                 "503; it exits 0 within the decode step it is in plus 5 s for those answers.\n"
+                 "Without -m: the default model, SmolLM2-135M-Instruct, from the cache\n"
+                 "($VELA_CACHE or ~/.cache/vela; bash tools/model_cache.sh fetches it).\n\n"
+                 "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
+                 "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
+                 "it the request ends with finish_reason \"length\"), cache_prompt (default\n"
+                 "true: reuse the cells a slot kept from earlier requests, decode only the rest),\n"
+                 "grp_attn_n / grp_attn_w (llama.cpp's self-extend for this request, without\n"
+                 "--self-extend), self_extend {\"n\": G, \"w\": W} (exact self-extend for this\n"
+                 "request, with --self-extend or --kv-unrotated; n 1: off), n_predict\n"
+                 "(max_tokens; -1: until a stop), repeat_penalty, repeat_last_n. Sampling\n"
+                 "fields a request leaves out take the server's (the sampling flags below:\n"
+                 "llama-server's defaults, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05).\n"
+                 "Fields vela cannot honour yet get a 400 naming them, never silently ignored:\n"
+                 "logit_bias, tools, tool_choice, grammar, json_schema, response_format other\n"
+                 "than text, typical_p other than 1, mirostat other than 0. A request may name\n"
+                 "any model (see --strict-model-name).\n\n");
+    flags_help(out, &cli_flags, CLI_SERVE);
 }
 
 static volatile sig_atomic_t g_stop;
@@ -118,127 +58,6 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) {
     (void)sig;
     g_stop = 1;
-}
-
-struct serve_flags {
-    struct serve_config sc;
-    const char *chat_template;
-    struct srv_log_config log; // --log-file, --log-format, --no-access-log (-v: verbose)
-    struct sampler_params sp;  // --temp, --top-k, ... (llama-server's defaults)
-    int n_predict;             // -n (-1: none)
-};
-
-// llama.cpp's flags that a pasted llama-server command line carries, with
-// what they mean here: -ngl 0 runs on the CPU backend, any other count puts
-// every layer on the GPU (the default backend: the GPU when there is one);
-// -fa [on|off|auto], --jinja, -cb, --metrics, --no-mmap, --mlock and
-// --no-webui change nothing (vela's attention is always fused, templates
-// are formatted by vela, batching is always continuous, /metrics is always
-// on, there is no web UI; weights are read through mmap and uploaded).
-// 1 consumed, 0 not ours, < 0 a bad value.
-static int parse_llama_flag(struct args_model *am, int argc, char **argv, int *i,
-                            struct verr *err) {
-    static const char *const noops[] = {"--jinja",   "--no-jinja", "-cb",     "--cont-batching",
-                                        "--metrics", "--no-mmap",  "--mlock", "--no-webui"};
-    const char *arg = argv[*i];
-    for (size_t k = 0; k < sizeof noops / sizeof noops[0]; k++)
-        if (!strcmp(arg, noops[k])) {
-            *i += 1;
-            return 1;
-        }
-    if (args_is(arg, "-fa", "--flash-attn")) {
-        // llama.cpp took it bare, now with a value: one of these is taken along
-        static const char *const vals[] = {"on", "off", "auto", "1", "0"};
-        *i += 1;
-        for (size_t k = 0; *i < argc && k < sizeof vals / sizeof vals[0]; k++)
-            if (!strcmp(argv[*i], vals[k])) {
-                *i += 1;
-                break;
-            }
-        return 1;
-    }
-    if (args_is(arg, "-ngl", "--n-gpu-layers") || args_is(arg, "--gpu-layers", NULL)) {
-        int n = 0;
-        int rc = args_value_int(argc, argv, i, -1, 1 << 20, &n, err);
-        if (rc)
-            return rc;
-        if (n == 0)
-            am->backend = LOAD_BACKEND_CPU;
-        return 1;
-    }
-    return 0;
-}
-
-// --log-file, --log-format, --no-access-log; 1 consumed, 0 not ours, < 0 a bad value.
-static int parse_log_flag(struct srv_log_config *c, int argc, char **argv, int *i,
-                          struct verr *err) {
-    const char *arg = argv[*i], *s = NULL;
-    int rc = 0;
-    if (args_is(arg, "--log-file", NULL)) {
-        rc = args_value_str(argc, argv, i, &c->path, err);
-    } else if (args_is(arg, "--no-access-log", NULL)) {
-        c->access = false;
-        *i += 1;
-    } else if (args_is(arg, "--log-format", NULL)) {
-        rc = args_value_str(argc, argv, i, &s, err);
-        if (!rc && strcmp(s, "text") && strcmp(s, "json"))
-            rc =
-                verr_set(err, VERR_RANGE, "--log-format: '%s' is not a log format (text, json)", s);
-        else if (!rc)
-            c->format = !strcmp(s, "json") ? SRV_LOG_JSON : SRV_LOG_TEXT;
-    } else {
-        return 0;
-    }
-    return rc ? rc : 1;
-}
-
-// The server's own flags; 1 consumed, 0 not ours, < 0 a bad value.
-static int parse_serve_flag(struct serve_flags *f, int argc, char **argv, int *i,
-                            struct verr *err) {
-    const char *arg = argv[*i];
-    int log_rc = parse_log_flag(&f->log, argc, argv, i, err);
-    if (log_rc)
-        return log_rc;
-    long mb = 0;
-    int rc = 0, v = 0;
-    if (args_is(arg, "--host", NULL))
-        rc = args_value_str(argc, argv, i, &f->sc.host, err);
-    else if (args_is(arg, "--port", NULL))
-        rc = args_value_int(argc, argv, i, 0, 65535, &f->sc.port, err);
-    else if (args_is(arg, "-np", "--parallel"))
-        rc = args_value_int(argc, argv, i, 1, SERVE_PARALLEL_MAX, &f->sc.n_parallel, err);
-    else if (args_is(arg, "--queue", NULL))
-        rc = args_value_int(argc, argv, i, 1, 1 << 16, &f->sc.n_queue_max, err);
-    else if (args_is(arg, "--api-key", NULL))
-        rc = args_value_str(argc, argv, i, &f->sc.api_key, err);
-    else if (args_is(arg, "--max-body", NULL)) {
-        rc = args_value_int(argc, argv, i, 1024, 1 << 30, &v, err);
-        mb = v;
-        f->sc.max_body = (size_t)mb;
-    } else if (args_is(arg, "--max-connections", NULL))
-        rc = args_value_int(argc, argv, i, 1, 1 << 16, &f->sc.max_connections, err);
-    else if (args_is(arg, "--timeout", NULL))
-        rc = args_value_int(argc, argv, i, 1, 1 << 20, &f->sc.timeout_s, err);
-    else if (args_is(arg, "--alias", "-a"))
-        rc = args_value_str(argc, argv, i, &f->sc.model_id, err);
-    else if (args_is(arg, "--strict-model-name", NULL)) {
-        f->sc.strict_model_name = true;
-        *i += 1;
-    } else if (args_is(arg, "--slots", "--no-slots")) {
-        f->sc.slots = !strcmp(arg, "--slots");
-        *i += 1;
-    } else if (args_is(arg, "-n", "--n-predict") || args_is(arg, "--predict", NULL))
-        rc = args_value_int(argc, argv, i, -1, 1 << 24, &f->n_predict, err);
-    else if (args_is(arg, "--chat-template", NULL))
-        rc = args_value_str(argc, argv, i, &f->chat_template, err);
-    else if (args_is(arg, "-sps", "--slot-prompt-similarity")) {
-        rc = args_value_float(argc, argv, i, &f->sc.slot_similarity, err);
-        if (!rc && !(f->sc.slot_similarity >= 0 && f->sc.slot_similarity <= 1))
-            rc = verr_set(err, VERR_RANGE, "%s: %g must be between 0 and 1", arg,
-                          (double)f->sc.slot_similarity);
-    } else
-        return 0;
-    return rc ? rc : 1;
 }
 
 // The model's chat template (or the --chat-template override). A bad
@@ -341,8 +160,8 @@ static void model_id_of(const char *path, char *out, size_t cap) {
 
 // The server's sampling defaults from the sampler flags and -n; a request
 // overrides each.
-static int serve_defaults(const struct serve_flags *f, struct api_defaults *d, struct verr *err) {
-    const struct sampler_params *p = &f->sp;
+static int serve_defaults(const struct cli *f, struct api_defaults *d, struct verr *err) {
+    const struct sampler_params *p = &f->gp.sp;
     if (!(p->repeat_penalty > 0))
         return verr_set(err, VERR_RANGE, "--repeat-penalty: %g must be above 0",
                         (double)p->repeat_penalty);
@@ -355,11 +174,11 @@ static int serve_defaults(const struct serve_flags *f, struct api_defaults *d, s
                                .presence_penalty = p->presence_penalty,
                                .frequency_penalty = p->frequency_penalty,
                                .seed = p->seed == SAMPLER_SEED_RANDOM ? -1 : (int64_t)p->seed,
-                               .n_predict = f->n_predict};
+                               .n_predict = f->gp.n_predict};
     return 0;
 }
 
-static int run_server(struct args_model *am, struct serve_flags *f) {
+static int run_server(struct args_model *am, struct cli *f) {
     struct verr err = {0};
     char id[256];
     f->sc.model_path = am->model_path;
@@ -430,38 +249,19 @@ out:
 }
 
 int cmd_serve(int argc, char **argv) {
-    struct args_model am;
-    args_model_default(&am);
-    struct serve_flags f = {.log = {.format = SRV_LOG_TEXT, .access = true}, .n_predict = -1};
-    serve_config_default(&f.sc);
-    sampler_params_default(&f.sp);
+    static struct cli f; // large: off the stack
+    cli_defaults(&f);
+    int st = tools_parse("serve", CLI_SERVE, usage, &f, argc, argv, 0);
+    if (st >= 0)
+        return st;
+    struct args_model am = f.am;
     struct verr err = {0};
-    for (int i = 1; i < argc;) {
-        int rc = 0;
-        enum tools_flag tf = tools_flag_shared("serve", usage, &am, &f.sp, argc, argv, &i, &rc);
-        if (tf == TOOLS_FLAG_EXIT)
-            return rc;
-        if (tf == TOOLS_FLAG_TAKEN)
-            continue;
-        rc = parse_serve_flag(&f, argc, argv, &i, &err);
-        if (rc == 0)
-            rc = parse_llama_flag(&am, argc, argv, &i, &err);
-        if (rc < 0) {
-            fprintf(stderr, "vela serve: %s\n", err.msg);
-            return 2;
-        }
-        if (rc == 0)
-            return tools_unknown_option("serve", argv[i]);
-    }
     if (serve_defaults(&f, &f.sc.defaults, &err)) {
         fprintf(stderr, "vela serve: %s\n", err.msg);
         return 2;
     }
-    if (!am.model_path) {
-        int st = tools_use_default_model("serve", &am.model_path);
-        if (st)
-            return st;
-    }
+    if (!am.model_path && (st = tools_use_default_model("serve", &am.model_path)))
+        return st;
     f.log.verbose = f.sc.verbose = am.verbose;
     if (srv_log_open(&f.log, &err)) {
         fprintf(stderr, "vela serve: %s\n", err.msg);

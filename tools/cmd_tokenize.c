@@ -10,28 +10,17 @@
 #include "host/tokenizer/tokenizer.h"
 #include "tools/args.h"
 #include "tools/cmds.h"
+#include "tools/common.h"
 
 static void usage(FILE *out) {
     fprintf(out, "usage: vela tokenize -m FILE (-p TEXT | -f FILE | --stdin) [options]\n"
                  "\n"
                  "Tokenizes text with the vocabulary of a GGUF model and prints one line per\n"
                  "token, \"    ID -> 'PIECE'\", as llama.cpp's llama-tokenize.\n"
-                 "\n"
-                 "options:\n"
-                 "  -m, --model FILE      GGUF file holding the tokenizer (tokenizer.ggml.*)\n"
-                 "  -p, --prompt TEXT     the text to tokenize\n"
-                 "  -f, --file FILE       read the text from FILE\n"
-                 "      --stdin           read the text from standard input\n"
-                 "      --ids             print only the ids, as [1, 2, 3]\n"
-                 "      --show-pieces     print \"ID -> 'PIECE'\" lines (the default)\n"
-                 "      --show-count      also print the number of tokens\n"
-                 "      --no-bos          add no BOS / EOS even where the model asks for them\n"
-                 "      --no-parse-special  read control tokens in the text (\"<|im_start|>\") as\n"
-                 "                        plain text\n"
-                 "      --no-escape       take \\n, \\t, \\xHH, ... in the text literally\n"
-                 "  -h, --help            show this help\n"
-                 "\n"
-                 "exit status: 0 ok, 1 runtime error (unreadable file, bad vocabulary), 2 usage\n");
+                 "\n");
+    flags_help(out, &cli_flags, CLI_TOKENIZE);
+    fprintf(out,
+            "\nexit status: 0 ok, 1 runtime error (unreadable file, bad vocabulary), 2 usage\n");
 }
 
 // Reads a whole stream into a malloc'd buffer.
@@ -116,114 +105,40 @@ static size_t process_escapes(char *s, size_t n) {
     return o;
 }
 
-enum source { SRC_NONE, SRC_PROMPT, SRC_FILE, SRC_STDIN };
-
-int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *arg = NULL;
-    enum source src = SRC_NONE;
-    bool ids_only = false, show_count = false, no_bos = false, parse_special = true;
-    bool escapes = true;
-    struct verr err = {0};
-    for (int i = 1; i < argc;) {
-        const char *a = argv[i];
-        enum source s = SRC_NONE;
-        if (args_is(a, "--help", "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (args_is(a, "--model", "-m")) {
-            if (args_value_str(argc, argv, &i, &model, &err))
-                goto usage_error;
-            continue;
-        } else if (args_is(a, "--prompt", "-p")) {
-            s = SRC_PROMPT;
-        } else if (args_is(a, "--file", "-f")) {
-            s = SRC_FILE;
-        } else if (args_is(a, "--stdin", NULL)) {
-            s = SRC_STDIN;
-        } else if (args_is(a, "--ids", NULL)) {
-            ids_only = true;
-        } else if (args_is(a, "--show-pieces", NULL)) {
-            ids_only = false;
-        } else if (args_is(a, "--show-count", NULL)) {
-            show_count = true;
-        } else if (args_is(a, "--no-bos", NULL)) {
-            no_bos = true;
-        } else if (args_is(a, "--no-parse-special", NULL)) {
-            parse_special = false;
-        } else if (args_is(a, "--no-escape", NULL)) {
-            escapes = false;
-        } else {
-            verr_set(&err, VERR_RANGE, "unknown option '%s'", a);
-            goto usage_error;
-        }
-        if (s != SRC_NONE) {
-            if (src != SRC_NONE) {
-                verr_set(&err, VERR_RANGE,
-                         "%s: give the text once (-p, -f and --stdin exclude "
-                         "each other)",
-                         a);
-                goto usage_error;
-            }
-            src = s;
-            if (s != SRC_STDIN) {
-                if (args_value_str(argc, argv, &i, &arg, &err))
-                    goto usage_error;
-                continue;
-            }
-        }
-        i++;
-    }
-    if (!model) {
-        verr_set(&err, VERR_RANGE, "-m FILE is required");
-        goto usage_error;
-    }
-    if (src == SRC_NONE) {
-        verr_set(&err, VERR_RANGE, "the text is missing: give -p TEXT, -f FILE or --stdin");
-        goto usage_error;
-    }
-
-    struct gguf_file *g = NULL;
-    struct tokenizer *t = NULL;
+// The text to tokenize (-p's, or read from -f's file or stdin) in a malloc'd
+// buffer of *len bytes, escapes processed unless --no-escape; NULL when it
+// fails (printed).
+static char *read_text(const struct cli *c, size_t *len) {
     char *text = NULL;
-    int32_t *ids = NULL;
-    int n = 0, status = 1;
-    size_t len = 0;
-    if (gguf_open(&g, model, &err) || tokenizer_load(&t, g, &err)) {
-        fprintf(stderr, "vela tokenize: %s\n", err.msg);
-        goto done;
-    }
-    if (src == SRC_PROMPT) {
-        len = strlen(arg);
-        text = malloc(len + 1);
+    const char *arg = c->tok.text;
+    if (c->tok.src == CLI_TEXT_PROMPT) {
+        *len = strlen(arg);
+        text = malloc(*len + 1);
         if (text)
-            memcpy(text, arg, len + 1);
+            memcpy(text, arg, *len + 1);
+        else
+            fprintf(stderr, "vela tokenize: out of memory\n");
     } else {
-        FILE *f = src == SRC_STDIN ? stdin : fopen(arg, "rb");
+        const bool in = c->tok.src == CLI_TEXT_STDIN;
+        FILE *f = in ? stdin : fopen(arg, "rb");
         if (!f) {
             fprintf(stderr, "vela tokenize: %s: %s\n", arg, strerror(errno));
-            goto done;
+            return NULL;
         }
-        text = read_stream(f, &len);
+        text = read_stream(f, len);
         if (!text)
-            fprintf(stderr, "vela tokenize: %s: read failed\n", src == SRC_STDIN ? "stdin" : arg);
+            fprintf(stderr, "vela tokenize: %s: read failed\n", in ? "stdin" : arg);
         if (f != stdin)
             fclose(f);
     }
-    if (!text) {
-        if (src == SRC_PROMPT)
-            fprintf(stderr, "vela tokenize: out of memory\n");
-        goto done;
-    }
-    if (escapes)
-        len = process_escapes(text, len);
-    // As llama-tokenize: special tokens are added only when the model asks
-    // for a BOS, and --no-bos turns them all off.
-    bool add_special = tokenizer_add_bos(t) && !no_bos;
-    if (tokenizer_encode_alloc(t, text, len, add_special, parse_special, &ids, &n, &err)) {
-        fprintf(stderr, "vela tokenize: %s\n", err.msg);
-        goto done;
-    }
-    if (ids_only) {
+    if (text && c->tok.escapes)
+        *len = process_escapes(text, *len);
+    return text;
+}
+
+static void print_tokens(const struct cli *c, const struct tokenizer *t, const int32_t *ids,
+                         int n) {
+    if (c->tok.ids_only) {
         printf("[");
         for (int i = 0; i < n; i++)
             printf(i ? ", %d" : "%d", ids[i]);
@@ -238,8 +153,46 @@ int cmd_tokenize(int argc, char **argv) {
             printf("'\n");
         }
     }
-    if (show_count)
+    if (c->tok.show_count)
         printf("Total number of tokens: %d\n", n);
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    static struct cli c; // large: off the stack
+    cli_defaults(&c);
+    int status = tools_parse("tokenize", CLI_TOKENIZE, usage, &c, argc, argv, 0);
+    if (status >= 0)
+        return status;
+    const char *missing = !c.am.model_path ? "-m FILE is required"
+                          : c.tok.src == CLI_TEXT_NONE
+                              ? "the text is missing: give -p TEXT, -f FILE or --stdin"
+                              : NULL;
+    if (missing) {
+        fprintf(stderr, "vela tokenize: %s\nTry 'vela tokenize --help'.\n", missing);
+        return 2;
+    }
+    struct verr err = {0};
+    struct gguf_file *g = NULL;
+    struct tokenizer *t = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    int n = 0;
+    size_t len = 0;
+    status = 1;
+    if (gguf_open(&g, c.am.model_path, &err) || tokenizer_load(&t, g, &err)) {
+        fprintf(stderr, "vela tokenize: %s\n", err.msg);
+        goto done;
+    }
+    if (!(text = read_text(&c, &len)))
+        goto done;
+    // As llama-tokenize: special tokens are added only when the model asks
+    // for a BOS, and --no-bos turns them all off.
+    bool add_special = tokenizer_add_bos(t) && !c.tok.no_bos;
+    if (tokenizer_encode_alloc(t, text, len, add_special, c.tok.parse_special, &ids, &n, &err)) {
+        fprintf(stderr, "vela tokenize: %s\n", err.msg);
+        goto done;
+    }
+    print_tokens(&c, t, ids, n);
     status = fflush(stdout) == 0 ? 0 : 1;
 done:
     free(ids);
@@ -247,9 +200,4 @@ done:
     tokenizer_free(t);
     gguf_close(g);
     return status;
-
-usage_error:
-    fprintf(stderr, "vela tokenize: %s\n", err.msg);
-    fprintf(stderr, "Try 'vela tokenize --help'.\n");
-    return 2;
 }

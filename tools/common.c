@@ -18,34 +18,25 @@ static void warn_threads(const char *cmd, int n_threads) {
                 cmd, n_threads, cores, cores == 1 ? "" : "s", cores);
 }
 
-enum tools_flag tools_flag_shared(const char *cmd, void (*usage)(FILE *), struct args_model *am,
-                                  struct sampler_params *sp, int argc, char **argv, int *i,
-                                  int *status) {
-    *status = 0;
-    const char *arg = argv[*i];
-    if (args_is(arg, "-h", "--help")) {
-        usage(stdout);
-        return TOOLS_FLAG_EXIT;
-    }
+int tools_parse(const char *name, unsigned cmd, void (*usage)(FILE *), struct cli *c, int argc,
+                char **argv, int max_pos) {
     struct verr err = {0};
-    int rc = args_parse_model(am, argc, argv, i, &err);
-    if (rc == 0 && sp)
-        rc = args_parse_sampler(sp, argc, argv, i, &err);
-    if (rc == 0)
-        return TOOLS_FLAG_OWN;
-    if (rc < 0) {
-        fprintf(stderr, "vela %s: %s\n", cmd, err.msg);
-        *status = TOOLS_EXIT_USAGE;
-        return TOOLS_FLAG_EXIT;
+    int rc = flags_parse(&cli_flags, cmd, c, argc, argv, 1, c->pos, max_pos, &c->n_pos, &err);
+    if (rc == FLAGS_HELP) {
+        usage(stdout);
+        return TOOLS_EXIT_OK;
     }
-    if (args_is(arg, "-t", "--threads"))
-        warn_threads(cmd, am->n_threads);
-    return TOOLS_FLAG_TAKEN;
-}
-
-int tools_unknown_option(const char *cmd, const char *arg) {
-    fprintf(stderr, "vela %s: unknown option '%s' (see 'vela %s --help')\n", cmd, arg, cmd);
-    return TOOLS_EXIT_USAGE;
+    if (rc == FLAGS_UNKNOWN) {
+        fprintf(stderr, "vela %s: %s (see 'vela %s --help')\n", name, err.msg, name);
+        return TOOLS_EXIT_USAGE;
+    }
+    if (rc) {
+        fprintf(stderr, "vela %s: %s\n", name, err.msg);
+        return TOOLS_EXIT_USAGE;
+    }
+    if (cmd & CLI_MODEL)
+        warn_threads(name, c->am.n_threads);
+    return -1;
 }
 
 char *tools_read_file(const char *path, size_t *len_out) {

@@ -1,5 +1,5 @@
-// Pieces the model-running commands (run, eval, bench) share: the head of
-// their flag loops, the unknown-option message, reading a prompt file.
+// Pieces the commands share: parsing their command line with the flag
+// table, the exit statuses, reading a prompt file, warnings.
 #ifndef VELA_TOOLS_COMMON_H
 #define VELA_TOOLS_COMMON_H
 
@@ -11,27 +11,20 @@
 #include "host/backend/sampler.h"
 #include "tools/args.h"
 
-enum tools_flag {
-    TOOLS_FLAG_OWN = 0, // not a shared flag: the command's own, or unknown
-    TOOLS_FLAG_TAKEN,   // consumed with its value, *i advanced
-    TOOLS_FLAG_EXIT,    // -h printed usage, or a bad value was reported: exit *status
-};                      // *status is 0 but for TOOLS_FLAG_EXIT after a bad value
-
-// Offers argv[*i] to -h/--help, the model flags and, when sp is not NULL, the
-// sampler flags. A bad value is printed as "vela CMD: message" (status 2);
-// help goes to stdout through `usage` (status 0).
-enum tools_flag tools_flag_shared(const char *cmd, void (*usage)(FILE *), struct args_model *am,
-                                  struct sampler_params *sp, int argc, char **argv, int *i,
-                                  int *status);
+// Parses the command line of `vela NAME` (cmd: its CLI_* bit) into c,
+// which holds the defaults (cli_defaults, and whatever the command set
+// before): the environment's VELA_ARG_* values, then argv[1..argc), with up
+// to max_pos arguments that are not flags (c->pos). Returns -1 to go on, or
+// the exit status: 0 when -h / --help printed `usage` to stdout, 2 when a
+// usage error was printed ("vela NAME: message").
+int tools_parse(const char *name, unsigned cmd, void (*usage)(FILE *), struct cli *c, int argc,
+                char **argv, int max_pos);
 
 // Exit statuses of every subcommand (README, "Exit status"): 0 success;
 // 1 a runtime error (the model, a file, the device, generation); 2 a usage
 // error found from the command line alone (an unknown flag, a bad value,
 // flags that exclude each other, no model and no default model).
 enum { TOOLS_EXIT_OK = 0, TOOLS_EXIT_RUNTIME = 1, TOOLS_EXIT_USAGE = 2 };
-
-// Prints "vela CMD: unknown option 'ARG' (see 'vela CMD --help')"; returns 2.
-int tools_unknown_option(const char *cmd, const char *arg);
 
 // A whole file in a NUL-terminated malloc'd buffer of *len_out bytes (the
 // NUL not counted); NULL when it cannot be opened or memory runs out.
