@@ -40,7 +40,8 @@ struct cu_xq {
     int rows;
     int64_t n;
     bool copied; // false: no copy was made (not a decode batch, act_q8 off)
-    bool strict; // rms_norm_q8's: the next op must be a mat-vec reading src
+    bool strict; // rms_norm_q8's, attention's with out_q8: the next op must be a
+                 // mat-vec reading src
 };
 
 struct cuda_backend {
@@ -55,8 +56,8 @@ struct cuda_backend {
     // k (created on first use; recorded[k] false until then).
     cudaEvent_t upload_ev[BACKEND_UPLOAD_SLOTS];
     bool upload_recorded[BACKEND_UPLOAD_SLOTS];
-    // act_q8: rms_norm_q8 (the fused op) and attention (for the output
-    // projection) write their output of a decode batch as q8_1 into xq too
+    // act_q8: rms_norm_q8 (the fused op) and attention with out_q8 (for the
+    // output projection) write their output of a decode batch as q8_1 into xq too
     // and describe it in xq_left; cu_enter hands it to the next op alone
     // (xq_offer), which takes those blocks instead of quantizing x again
     // when it reads that very output.
@@ -85,10 +86,10 @@ static struct cuda_backend *cb_of(struct backend *be) {
 
 // Every op starts here. The q8_1 copy the op before left is offered to
 // this op and no other (struct cuda_backend.xq_offer). x, n_tok: what a
-// mat-vec op reads (NULL for any other op), held to rms_norm_q8's contract
-// (host/ops/backend.h): right after it only a mat-vec of its output may
-// run. And ops may be called from a thread whose current device is another
-// GPU.
+// mat-vec op reads (NULL for any other op), held to the contract of
+// rms_norm_q8 and attention's out_q8 (host/ops/backend.h): right after them
+// only a mat-vec of their output may run. And ops may be called from a thread whose current device
+// is another GPU.
 static int cu_enter(struct backend *be, const float *x, int n_tok, const char *op) {
     struct cuda_backend *cb = cb_of(be);
     cb->xq_offer = cb->xq_left;
@@ -96,8 +97,9 @@ static int cu_enter(struct backend *be, const float *x, int n_tok, const char *o
     const struct cu_xq *o = &cb->xq_offer;
     if (o->strict && (x != o->src || n_tok != o->rows))
         return verr_set(&be->err, VERR_RANGE,
-                        "%s right after rms_norm_q8: the op after it must be a mat-vec reading "
-                        "its output [%d][%lld]",
+                        "%s right after an op that hands its output to a mat-vec (rms_norm_q8, "
+                        "attention with out_q8): the op after it must be a mat-vec reading its "
+                        "output [%d][%lld]",
                         op, o->rows, (long long)o->n);
     CU_CHECK(be, cudaSetDevice(be->device));
     return VERR_OK;
@@ -700,13 +702,13 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
     }
     int rc = cu_scratch_reserve(be, cuda_attention_scratch_bytes(&ca, cb->sm_count));
     const int64_t n_out = (int64_t)a->n_head * a->head_dim_v;
-    if (!rc && a->head_dim_v % 32 == 0)
+    if (!rc && a->out_q8 && a->head_dim_v % 32 == 0)
         rc = cu_xq_for(be, a->n_tok, n_out, &ca.xq);
     if (!rc)
         rc = cuda_attention_apply(&ca, cb->sm_count, cb->scratch, cb->scratch_bytes, cb->stream,
                                   &be->err);
-    if (!rc && ca.xq)
-        cb->xq_left = (struct cu_xq){a->out, a->n_tok, n_out, true, false};
+    if (!rc && a->out_q8)
+        cb->xq_left = (struct cu_xq){a->out, a->n_tok, n_out, ca.xq != NULL, true};
     return rc;
 }
 

@@ -690,6 +690,7 @@ static int layer_attention(struct forward_ctx *fc, int il, float *x, int t0, int
         .se_g = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1,
         .se_w = fc->cfg.se_w,
         .q_se = fc->cfg.k_unrotated ? fc->d_se + 2 * t0 : NULL, // [n_tok][2]
+        .out_q8 = true, // the output projection reads it next
     };
     OP("attention", be->ops->attention(be, &a));
     return proj_residual(fc, il, x, &L->wo, fc->attn, L->attn_post_norm, n_tok, "attn_output", err);

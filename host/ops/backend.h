@@ -107,6 +107,12 @@ struct attn_args {
     // the values (forward_batch_begin: G >= 1, and 1 <= W when G > 1); a
     // backend reads G < 1 as 1 (ordinary attention) and W < 1 as 1.
     const int32_t *q_se; // [n_tok][2] or NULL
+    // The output also goes to the next op as the 8-bit activations of its
+    // mat-vec (as rms_norm_q8's): set when the op right after is the output
+    // projection reading `out`. A backend with act_q8 may write a q8_1 copy
+    // for it and then refuses any other op next; the CPU ignores it (its
+    // matmuls quantize their input themselves).
+    bool out_q8;
 };
 
 // One row of the sample op: host/backend/sampler.h's chain after its penalties.

@@ -456,8 +456,8 @@ static int count_bit_diffs(const char *what, const float *a, const float *b, siz
 }
 
 struct fused_case {
-    enum ggml_type tq, tk, tv;   // Q/K/V types (equal: one launch for decode)
-    enum ggml_type tg, tu, td;   // gate/up/down
+    enum ggml_type tq, tk, tv;    // Q/K/V types (equal: one launch for decode)
+    enum ggml_type tg, tu, td;    // gate/up/down
     int64_t n_in, n_q, n_k, n_ff; // n_in = n_embd
     int n_tok;
 };
@@ -467,11 +467,11 @@ static void run_fused_case(const struct fused_case *fc) {
     const enum ggml_type tys[3] = {fc->tq, fc->tk, fc->tv};
     const int64_t outs[3] = {fc->n_q, fc->n_k, fc->n_k};
     char what[200];
-    snprintf(what, sizeof what, "fused %s/%s/%s %s/%s/%s n_in %lld n_q %lld n_k %lld n_ff %lld n_tok %d",
-             ggml_type_name(fc->tq), ggml_type_name(fc->tk), ggml_type_name(fc->tv),
-             ggml_type_name(fc->tg), ggml_type_name(fc->tu), ggml_type_name(fc->td),
-             (long long)n_in, (long long)fc->n_q, (long long)fc->n_k, (long long)fc->n_ff,
-             fc->n_tok);
+    snprintf(
+        what, sizeof what, "fused %s/%s/%s %s/%s/%s n_in %lld n_q %lld n_k %lld n_ff %lld n_tok %d",
+        ggml_type_name(fc->tq), ggml_type_name(fc->tk), ggml_type_name(fc->tv),
+        ggml_type_name(fc->tg), ggml_type_name(fc->tu), ggml_type_name(fc->td), (long long)n_in,
+        (long long)fc->n_q, (long long)fc->n_k, (long long)fc->n_ff, fc->n_tok);
     float *x = nrand_array((size_t)n_tok * n_in, 1.0f);
     void *xg = gpu_put(x, (size_t)n_tok * n_in * sizeof(float));
 
@@ -1197,11 +1197,16 @@ static bool attn_case_on_tensor_cores(const struct attn_case *c) {
            c->head_dim % 16 == 0 && c->head_dim_v % 16 == 0;
 }
 
-// act_q8 (q8_follow, decode cases with head_dim_v % 32 == 0): the attention
-// also writes its output as q8_1 for the mat-vec right after it (the output
-// projection); that mat-vec must equal the same one run after an unrelated op
-// (which quantizes the output itself), bit for bit, split-K combine included.
-static void attn_q8_follow(const struct attn_case *c, const struct attn_args *ag) {
+// act_q8 (q8_follow, decode cases with head_dim_v % 32 == 0): attention with
+// out_q8 also writes its output as q8_1 for the mat-vec right after it (the
+// output projection); that mat-vec must equal the same one after attention
+// without out_q8 (which quantizes the output itself), bit for bit, split-K
+// combine included; any other op right after it is refused.
+static void attn_q8_follow(const struct attn_case *c, const struct attn_args *ag_in) {
+    struct attn_args q8 = *ag_in, plain = *ag_in;
+    q8.out_q8 = true;
+    plain.out_q8 = false;
+    const struct attn_args *ag = &q8;
     const int64_t n_in = (int64_t)c->n_head * c->head_dim_v, n_out = 37;
     void *wh = make_weight(GGML_TYPE_Q4_0, n_in, n_out);
     void *wg = gpu_put(wh, ggml_row_bytes(GGML_TYPE_Q4_0, n_in) * n_out);
@@ -1214,9 +1219,12 @@ static void attn_q8_follow(const struct attn_case *c, const struct attn_args *ag
     gpu->act_q8 = true;
     OK(gpu, gpu->ops->attention(gpu, ag));
     OK(gpu, gpu->ops->matmul(gpu, o1, &bw, ag->out, NULL, c->n_tok)); // the q8 copy
+    OK(gpu, gpu->ops->attention(gpu, &plain));
+    OK(gpu, gpu->ops->matmul(gpu, o2, &bw, ag->out, NULL, c->n_tok)); // quantizes out itself
     OK(gpu, gpu->ops->attention(gpu, ag));
-    OK(gpu, gpu->ops->add(gpu, dummy, dummy, 4)); // not the next op any more
-    OK(gpu, gpu->ops->matmul(gpu, o2, &bw, ag->out, NULL, c->n_tok));
+    cr_expect_eq(gpu->ops->add(gpu, dummy, dummy, 4), VERR_RANGE,
+                 "%s: an op between attention (out_q8) and its mat-vec", c->note);
+    OK(gpu, gpu->ops->add(gpu, dummy, dummy, 4)); // the refusal left nothing pending
     gpu->act_q8 = false;
     float *a = gpu_fetch(o1, (size_t)c->n_tok * n_out),
           *b = gpu_fetch(o2, (size_t)c->n_tok * n_out);
@@ -1440,8 +1448,7 @@ Test(cuda, attention_prefill_tensor_cores) {
         if (w > worst)
             worst = w;
     }
-    cr_log_info("tensor-core prefill: worst %.3g max|v| (tolerance %.3g)", worst,
-                ATTN_TC_REL_TOL);
+    cr_log_info("tensor-core prefill: worst %.3g max|v| (tolerance %.3g)", worst, ATTN_TC_REL_TOL);
 }
 
 // Decode attention's split-K plan (cuda/attention.cu, attn_make_plan): the
@@ -1798,8 +1805,8 @@ static void cpu_geglu_f16_neighbours(float *alt[2], const struct backend_weight 
             const uint16_t h = quant_f32_to_fp16(gate[i]);
             const bool neg = h & 0x8000, towards_zero = (k == 0) != neg;
             const uint16_t m = h & 0x7fff;
-            const uint16_t step = towards_zero ? (m ? (uint16_t)(h - 1) : (uint16_t)(h ^ 0x8001))
-                                               : (uint16_t)(h + 1);
+            const uint16_t step =
+                towards_zero ? (m ? (uint16_t)(h - 1) : (uint16_t)(h ^ 0x8001)) : (uint16_t)(h + 1);
             moved[i] = quant_fp16_to_f32(step);
         }
         OK(cpu, cpu->ops->upload(cpu, g, moved, bytes));
