@@ -38,7 +38,7 @@ struct args_model {
     bool no_cuda_graph;         // --no-cuda-graph (forward_config.no_graph)
     bool k_unrotated;           // --kv-unrotated (forward_config.k_unrotated)
     int matvec_act;             // --matvec-act q8|f32: backend.act_q8 (BACKEND_ACT_*)
-    // Several devices (host/pipeline.h), llama.cpp's flags. --main-gpu / -mg sets `device`.
+    // Several devices (host/split/pipeline.h), llama.cpp's flags. --main-gpu / -mg sets `device`.
     int split_mode;           // --split-mode layer|none (LOAD_SPLIT_*; layer by default)
     const char *tensor_split; // --tensor-split, -ts "3,1"; NULL: by free memory
     const char *devices;      // --devices, -dev "0,1" / "cpu,cpu"; NULL: every GPU

@@ -17,7 +17,7 @@
 //   untouched). D = 0 clears the cache before each run, as before.
 // Each test runs once untimed (warm-up), then -r times; t/s is the mean and
 // sample standard deviation over the repetitions. Timing covers the decode
-// calls only (forward_decode ends with a backend sync); tokens are random
+// calls only (context_decode ends with a backend sync); tokens are random
 // ids and nothing is sampled, as in llama-bench. By default the logits are
 // reduced to their argmax on the backend (what greedy generation in vela
 // does); --full-logits downloads every logits row, as llama.cpp's API does.
@@ -28,7 +28,7 @@
 // width); the CPU backend has no peak to report.
 //
 // Several devices (--devices, --tensor-split, --split-mode, -ub): the model
-// is loaded through the pipeline (host/pipeline.h) as `vela run` loads it.
+// is loaded through the pipeline (host/split/pipeline.h) as `vela run` loads it.
 // When the plan has more than one stage, each test gets one more run after
 // the timed ones with the pipeline's timing hook on: it waits for each
 // stage's work in turn (serialising the stages), so its per-stage times say
@@ -923,7 +923,7 @@ static int bench_check_flags(const struct cli *c, struct bench *b) {
                             c->bench.n_depth, tests);
 
     // Under mpirun the other ranks serve one forward context each
-    // (host/mpi.h) and bench makes one per test: refuse before they load.
+    // (host/split/mpi.h) and bench makes one per test: refuse before they load.
     const char *np = getenv("OMPI_COMM_WORLD_SIZE");
     if (!np)
         np = getenv("PMI_SIZE");

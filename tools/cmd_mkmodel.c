@@ -1,4 +1,4 @@
-// vela mkmodel: writes a synthetic model as GGUF (host/mkmodel.h does the work).
+// vela mkmodel: writes a synthetic model as GGUF (tools/mkmodel/mkmodel.h does the work).
 #include <errno.h>
 #include <limits.h>
 #include <math.h>

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Generates host/unicode_tables.c: per-code-point category flags and the
+"""Generates host/tokenizer/unicode_tables.c: per-code-point category flags and the
 simple lowercase map the tokenizer's pre-tokenizers need.
 
-Usage: python3 tools/gen_unicode_tables.py > host/unicode_tables.c
+Usage: python3 tools/gen_unicode_tables.py > host/tokenizer/unicode_tables.c
 
 Flags follow the general category of each code point (Python's unicodedata,
 whose Unicode version is written into the output):
@@ -22,7 +22,7 @@ import unicodedata
 
 MAX_CP = 0x110000
 
-# Keep in sync with host/unicode.h.
+# Keep in sync with host/tokenizer/unicode.h.
 F_UNDEFINED = 0x0001
 F_NUMBER = 0x0002
 F_LETTER = 0x0004
@@ -72,7 +72,7 @@ def main():
         % sys.version.split()[0])
     out("// (Unicode %s). Do not edit: change the generator and run it again.\n"
         % unicodedata.unidata_version)
-    out('#include "host/unicode.h"\n\n')
+    out('#include "host/tokenizer/unicode.h"\n\n')
     out("const char unicode_tables_version[] = \"%s\";\n\n" % unicodedata.unidata_version)
     out("// Sorted by first code point; range i covers [first_i, first_{i+1}).\n")
     out("const struct unicode_range unicode_ranges[] = {\n")

@@ -1,7 +1,7 @@
 // The load progress of `vela run` / `vela eval` on stderr: a bar redrawn in
 // place on a terminal ("loading [=====>    ]  43% 1.2/2.9 GiB"), a few plain
 // lines otherwise (every 25%), nothing with --no-progress. The library
-// reports bytes through model_progress_fn (host/model.h); this draws them.
+// reports bytes through model_progress_fn (host/model/model.h); this draws them.
 // `vela quantize` draws its written bytes the same way ("quantizing [...").
 #ifndef VELA_TOOLS_PROGRESS_H
 #define VELA_TOOLS_PROGRESS_H

@@ -58,7 +58,7 @@ void forward_rope_resolve(const struct model *m, const struct rope_overrides *o,
 
 struct forward_config {
     int n_ctx;             // KV cells; 0: the model's n_ctx_train, at most FORWARD_CTX_CAP
-    int n_batch;           // most tokens per forward_decode, >= 1
+    int n_batch;           // most tokens per decode, >= 1
     int n_outputs_max;     // most rows wanting logits per decode; 0: n_batch
     int n_seq_max;         // sequence ids 0..n_seq_max-1; 0: 1
     enum ggml_type type_k; // F16 (default) or F32

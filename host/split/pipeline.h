@@ -108,7 +108,7 @@ int pipeline_load_ex(const struct load_config *lc, const struct forward_config *
 // benchmarks); own: the pipeline frees them (and does on failure).
 int pipeline_wrap(struct pipeline **out, struct backend *be, struct model *m, bool own,
                   struct verr *err);
-// What pipeline_load_ex checks a one-device load against, from host/plan.c's
+// What pipeline_load_ex checks a one-device load against, from host/split/plan.c's
 // accounting for this context: lp's kv_bytes (n_ctx cells of every layer's K
 // and V), scratch_bytes (activations of n_batch tokens, n_outputs_max logits
 // rows, the cache's cell mirrors) and reserve_bytes (256 MiB on a GPU).

@@ -1,7 +1,7 @@
 // The byte-level BPE vocabulary mkmodel generates (see mkmodel_vocab.c for the
-// layout of the ids). Internal to host/mkmodel.c and its tests.
-#ifndef VELA_HOST_MKMODEL_VOCAB_H
-#define VELA_HOST_MKMODEL_VOCAB_H
+// layout of the ids). Internal to tools/mkmodel/mkmodel.c and its tests.
+#ifndef VELA_TOOLS_MKMODEL_VOCAB_H
+#define VELA_TOOLS_MKMODEL_VOCAB_H
 
 #include <stdint.h>
 
