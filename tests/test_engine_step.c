@@ -872,3 +872,48 @@ Test(engine_step, prompt_cache_picks_the_slot_with_the_longest_prefix) {
     engine_close(solo);
     engine_close(e);
 }
+
+// logit_bias (sampler_params.bias): a greedy request that bans its own first
+// token never gets it, and its rows come to the host (the backend's argmax
+// and sample ops have no bias); a greedy request decoded beside it in the
+// same steps keeps its argmax on the backend: what one request gets does not
+// depend on another's sampler. Both give the tokens they give alone.
+Test(engine_step, logit_bias_is_one_requests_own) {
+    const int n_ctx_seq = 64, n_batch = 8, n_gen = 16;
+    int32_t pa[10], pb[10];
+    make_prompt(pa, 10, 4);
+    make_prompt(pb, 10, 5);
+    struct engine_request ra = greedy_request(pa, 10, n_gen), rb = greedy_request(pb, 10, n_gen);
+    struct engine *solo = open_engine(n_ctx_seq, n_batch, 1);
+    struct req_out *o = calloc(5, sizeof *o);
+    submit(solo, &rb, &o[0]);
+    engine_test_run_to_end(solo);
+    cr_assert_eq(o[0].n, n_gen);
+    struct sampler_bias ban = {o[0].tok[0], -INFINITY};
+    rb.sp.bias = &ban;
+    rb.sp.n_bias = 1;
+    submit(solo, &rb, &o[1]); // B banning its own first token
+    engine_test_run_to_end(solo);
+    submit(solo, &ra, &o[2]); // A, no bias
+    engine_test_run_to_end(solo);
+    engine_close(solo);
+    cr_assert_eq(o[1].n, n_gen);
+    for (int i = 0; i < n_gen; i++)
+        cr_expect_neq(o[1].tok[i], ban.token, "token %d is the banned one", i);
+    cr_expect_eq(o[1].st.n_gen_backend, 0, "a biased request's rows come to the host");
+    cr_expect_eq(o[2].st.n_gen_backend, o[2].st.n_gen, "greedy: the backend's argmax");
+
+    struct engine *e = open_engine(n_ctx_seq, n_batch, 2);
+    struct req_out *a = &o[3], *b = &o[4];
+    submit(e, &ra, a);
+    submit(e, &rb, b);
+    engine_test_run_to_end(e);
+    engine_close(e);
+    cr_assert_eq(a->n, n_gen);
+    cr_assert_eq(b->n, n_gen);
+    cr_expect_eq(memcmp(a->tok, o[2].tok, sizeof(int32_t) * n_gen), 0, "A as alone");
+    cr_expect_eq(memcmp(b->tok, o[1].tok, sizeof(int32_t) * n_gen), 0, "B as alone");
+    cr_expect_eq(a->st.n_gen_backend, n_gen, "A keeps the backend's argmax beside B's host rows");
+    cr_expect_eq(b->st.n_gen_backend, 0);
+    free(o);
+}

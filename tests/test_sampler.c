@@ -219,3 +219,60 @@ Test(sampler, chain_order_top_k_before_top_p) {
     sampler_apply_top_p(&c, 0.5f, 1);
     cr_expect_eq(c.size, 2);
 }
+
+// logit_bias comes first (llama.cpp's order): it changes which token the
+// penalties and the chain see; entries of one token add up; -inf bans it;
+// a bias makes the sampler one whose rows the backend's sample op cannot
+// take (the op has no bias). sampler_create copies the entries and refuses
+// tokens outside the vocabulary and biases that are NaN or +inf.
+Test(sampler, logit_bias) {
+    float l[4] = {1.0f, 2.0f, 3.0f, 0.5f};
+    struct sampler_params p;
+    sampler_params_default(&p);
+    p.temp = 0;
+    struct sampler *s;
+    struct verr err = {0};
+    struct sampler_bias b[3] = {{0, 5.0f}, {2, -INFINITY}, {1, 0.0f}};
+    p.bias = b;
+    p.n_bias = 2;
+    cr_assert_eq(sampler_create(&s, &p, 4, &err), 0, "%s", err.msg);
+    b[0].bias = -100; // the sampler holds its own copy
+    cr_expect_eq(sampler_sample(s, l), 0, "1 + 5 = 6 beats 3");
+    cr_expect(!sampler_penalties_off(s), "a bias: rows come to the host");
+    float x[4] = {0.0f, 0.0f, 9.0f, 0.0f};
+    cr_expect_neq(sampler_sample(s, x), 2, "banned, whatever its logit");
+    sampler_free(s);
+
+    // entries of one token add up: 2 + 0.6 + 0.6 = 3.2 > 3
+    struct sampler_bias twice[2] = {{1, 0.6f}, {1, 0.6f}};
+    p.bias = twice;
+    p.n_bias = 2;
+    cr_assert_eq(sampler_create(&s, &p, 4, &err), 0, "%s", err.msg);
+    cr_expect_eq(sampler_sample(s, l), 1);
+    sampler_free(s);
+    p.n_bias = 1;
+    cr_assert_eq(sampler_create(&s, &p, 4, &err), 0, "%s", err.msg);
+    cr_expect_eq(sampler_sample(s, l), 2, "2.6 < 3");
+    sampler_free(s);
+
+    // sampling from {0: 1, 1: 2, 3: 0.5} with 2 banned never draws 2
+    sampler_params_default(&p);
+    p.seed = 11;
+    struct sampler_bias ban = {2, -INFINITY};
+    p.bias = &ban;
+    p.n_bias = 1;
+    cr_assert_eq(sampler_create(&s, &p, 4, &err), 0, "%s", err.msg);
+    for (int i = 0; i < 200; i++)
+        cr_expect_neq(sampler_sample(s, l), 2);
+    sampler_free(s);
+
+    struct sampler_bias bad[3] = {{4, 1.0f}, {-1, 1.0f}, {0, NAN}};
+    for (int i = 0; i < 3; i++) {
+        p.bias = &bad[i];
+        cr_expect_eq(sampler_create(&s, &p, 4, &err), VERR_RANGE, "entry %d", i);
+        cr_expect_null(s);
+    }
+    struct sampler_bias inf = {0, INFINITY};
+    p.bias = &inf;
+    cr_expect_eq(sampler_create(&s, &p, 4, &err), VERR_RANGE, "+inf is refused");
+}

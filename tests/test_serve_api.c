@@ -4,6 +4,7 @@
 // shape, whole responses and SSE chunks as the OpenAI API defines them.
 #include <criterion/criterion.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -474,12 +475,61 @@ Test(serve_api, llama_server_sampling_fields_are_read) {
     api_request_free(&r);
 }
 
+// logit_bias in OpenAI's shape (an object of token ids) and llama-server's
+// (pairs of a token id or a text and a bias, false: never); a bad entry is a
+// 400 that names it.
+Test(serve_api, logit_bias_both_shapes) {
+    struct api_request r;
+    struct api_error e;
+    cr_assert_eq(parse(API_COMPLETION,
+                       "{\"prompt\": \"x\", \"logit_bias\": {\"28\": -100, \"7\": 2.5}}", &r, &e),
+                 0, "%s", e.message);
+    cr_assert_eq(r.n_bias, 2);
+    cr_expect_eq(r.bias[0].token, 28);
+    cr_expect_float_eq(r.bias[0].bias, -100.0f, 0);
+    cr_expect_eq(r.bias[1].token, 7);
+    cr_expect_float_eq(r.bias[1].bias, 2.5f, 0);
+    cr_expect_null(r.bias[1].text);
+    api_request_free(&r);
+    cr_assert_eq(parse(API_CHAT,
+                       "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                       "\"logit_bias\": [[15043, 1], [\"Hello\", false]]}",
+                       &r, &e),
+                 0, "%s", e.message);
+    cr_assert_eq(r.n_bias, 2);
+    cr_expect_eq(r.bias[0].token, 15043);
+    cr_expect_float_eq(r.bias[0].bias, 1.0f, 0);
+    cr_expect_eq(r.bias[1].token, -1);
+    cr_expect_str_eq(r.bias[1].text, "Hello");
+    cr_expect(isinf(r.bias[1].bias) && r.bias[1].bias < 0, "false: never");
+    api_request_free(&r);
+    cr_assert_eq(parse(API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": null}", &r, &e), 0);
+    cr_expect_eq(r.n_bias, 0);
+    api_request_free(&r);
+    static const struct bad_case bad[] = {
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": 3}", "'logit_bias' must be"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}",
+         "'logit_bias' key 'abc'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}",
+         "'logit_bias' key '-1'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"a\"}}",
+         "'logit_bias' entry 0: the bias must be"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": true}}",
+         "'logit_bias' entry 0: the bias must be"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": [[5]]}",
+         "'logit_bias' entry 0: a pair"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": [[1, 2], [1.5, 2]]}",
+         "'logit_bias' entry 1: the token must be"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": [[\"\", 2]]}",
+         "'logit_bias' entry 0: the text must be non-empty"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": [[3, 1e9]]}",
+         "'logit_bias' entry 0: the bias must be"},
+    };
+    expect_refused(bad, sizeof bad / sizeof bad[0]);
+}
+
 Test(serve_api, fields_vela_cannot_honour_are_refused_by_name) {
     static const struct bad_case cases[] = {
-        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"28\": -100}}",
-         "'logit_bias' is not supported yet"},
-        {API_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": [[\",\", false]]}",
-         "'logit_bias' is not supported yet"},
         {API_CHAT,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
          "\"function\", \"function\": {\"name\": \"f\"}}]}",

@@ -69,6 +69,7 @@ enum cli_cmd {
 #define CLI_RUN_PARALLEL_MAX 256   // run --parallel
 #define CLI_SERVE_PARALLEL_MAX 256 // serve --parallel
 #define CLI_BENCH_MAX_LIST 16      // bench --parallel / -d: values in the list
+#define CLI_LOGIT_BIAS_MAX 256     // run / chat -l entries
 
 // vela tokenize: where the text comes from.
 enum cli_text_source { CLI_TEXT_NONE, CLI_TEXT_PROMPT, CLI_TEXT_FILE, CLI_TEXT_STDIN };
@@ -76,8 +77,10 @@ enum cli_text_source { CLI_TEXT_NONE, CLI_TEXT_PROMPT, CLI_TEXT_FILE, CLI_TEXT_S
 // What the flags of every command set. Fields a command does not read keep
 // their defaults (cli_defaults).
 struct cli {
-    struct args_model am;         // model, backend, split, rope (CLI_MODEL)
-    struct engine_gen_params gp;  // -n, sampling, -gan/-gaw, --ignore-eos, run's --parallel
+    struct args_model am;        // model, backend, split, rope (CLI_MODEL)
+    struct engine_gen_params gp; // -n, sampling, -gan/-gaw, --ignore-eos, run's --parallel
+    struct sampler_bias logit_bias[CLI_LOGIT_BIAS_MAX]; // -l: gp.sp.bias points here
+
     struct engine_eval_params ep; // eval (its ga_n / ga_w come from gp)
     const char *prompt;           // -p: run, eval
     const char *prompt_file;      // -f: run, eval

@@ -131,6 +131,35 @@ static int rope_scale(void *opts, const struct flag *f, const char *where, const
     return 1;
 }
 
+// -l, --logit-bias TOKEN_ID(+/-)BIAS (llama.cpp's): 15043+1, 15043-1,
+// 15043-inf (never); repeatable, the entries of one token add up.
+static int logit_bias(void *opts, const struct flag *f, const char *where, const char *const *v,
+                      int n, struct verr *err) {
+    struct cli *c = opts;
+    const char *s = v[0], *sign = s;
+    while (*sign >= '0' && *sign <= '9')
+        sign++;
+    char *end;
+    errno = 0;
+    long tok = strtol(s, &end, 10);
+    float x = 0;
+    if (sign != s && end == sign && !errno && tok <= INT32_MAX && (*sign == '+' || *sign == '-')) {
+        x = strtof(sign + 1, &end);
+        if (end == sign + 1 || *end || !(isfinite(x) || isinf(x)) || x < 0)
+            sign = NULL;
+    } else {
+        sign = NULL;
+    }
+    if (!sign || (isinf(x) && *sign == '+'))
+        return verr_set(err, VERR_RANGE,
+                        "%s: '%s' is not TOKEN_ID(+/-)BIAS (e.g. 15043+1, 15043-inf)", where, s);
+    if (c->gp.sp.n_bias == CLI_LOGIT_BIAS_MAX)
+        return verr_set(err, VERR_RANGE, "%s: more than %d entries", where, CLI_LOGIT_BIAS_MAX);
+    c->logit_bias[c->gp.sp.n_bias++] = (struct sampler_bias){(int32_t)tok, *sign == '-' ? -x : x};
+    c->gp.sp.bias = c->logit_bias;
+    return 1;
+}
+
 static int seed(void *opts, const struct flag *f, const char *where, const char *const *v, int n,
                 struct verr *err) {
     char *end;
@@ -776,6 +805,10 @@ static const struct flag rows[] = {
      "presence penalty; 0.0 is off (default: 0.0)", NULL, FLOAT_ANY(gp.sp.presence_penalty)},
     {CLI_SAMPLE, SEC_SAMPLING, "--frequency-penalty", "N",
      "frequency penalty; 0.0 is off (default: 0.0)", NULL, FLOAT_ANY(gp.sp.frequency_penalty)},
+    {CLI_RUN | CLI_CHAT, SEC_SAMPLING, "-l, --logit-bias", "TOKEN_ID(+/-)BIAS",
+     "add BIAS to the logit of TOKEN_ID before sampling (15043+1, 15043-1; 15043-inf: never); "
+     "repeatable (serve: the request's logit_bias)",
+     NULL, FN(logit_bias, 1, logit_bias)},
     {CLI_SAMPLE, SEC_SAMPLING, "-s, --seed", "N", "RNG seed; -1 is random (default: -1)", NULL,
      FN(gp.sp.seed, 1, seed)},
 

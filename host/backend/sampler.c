@@ -19,9 +19,17 @@ void sampler_params_default(struct sampler_params *p) {
     p->presence_penalty = 0.0f;
     p->frequency_penalty = 0.0f;
     p->seed = SAMPLER_SEED_RANDOM;
+    p->bias = NULL;
+    p->n_bias = 0;
 }
 
 // --- candidates ----------------------------------------------------------------
+
+void sampler_apply_bias(struct sampler_cands *c, const struct sampler_bias *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (b[i].token >= 0 && (size_t)b[i].token < c->size)
+            c->data[b[i].token].logit += b[i].bias;
+}
 
 static int cand_cmp_desc(const void *a, const void *b) {
     const struct sampler_cand *x = a, *y = b;
@@ -279,6 +287,7 @@ struct sampler {
     int n_hist;                 // tokens held (<= n_last)
     int head;                   // next write position
     int32_t *window;            // [n_last] scratch: the history in order
+    struct sampler_bias *bias;  // [p.n_bias] owned copy (p.bias points here)
 };
 
 static uint32_t random_seed(void) {
@@ -306,10 +315,33 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, int n_v
     if (p->repeat_last_n < 0)
         return verr_set(err, VERR_RANGE, "sampler: repeat_last_n %d: pass the context size for -1",
                         p->repeat_last_n);
+    if (p->n_bias < 0 || p->n_bias > SAMPLER_MAX_BIAS || (p->n_bias > 0 && !p->bias))
+        return verr_set(err, VERR_RANGE, "sampler: %d logit bias entries: 0 .. %d", p->n_bias,
+                        SAMPLER_MAX_BIAS);
+    for (int i = 0; i < p->n_bias; i++) {
+        const struct sampler_bias *b = &p->bias[i];
+        if (b->token < 0 || b->token >= n_vocab)
+            return verr_set(err, VERR_RANGE,
+                            "sampler: logit bias of token %d: out of range (n_vocab %d)", b->token,
+                            n_vocab);
+        if (!(isfinite(b->bias) || b->bias == -INFINITY))
+            return verr_set(err, VERR_RANGE,
+                            "sampler: logit bias of token %d: %g (a finite number, or -inf: never)",
+                            b->token, (double)b->bias);
+    }
     struct sampler *s = calloc(1, sizeof *s);
     if (!s)
         return verr_set(err, VERR_NOMEM, "out of host memory");
     s->p = *p;
+    s->p.bias = NULL;
+    if (p->n_bias > 0) {
+        if (!(s->bias = malloc((size_t)p->n_bias * sizeof *s->bias))) {
+            free(s);
+            return verr_set(err, VERR_NOMEM, "out of host memory");
+        }
+        memcpy(s->bias, p->bias, (size_t)p->n_bias * sizeof *s->bias);
+        s->p.bias = s->bias;
+    }
     s->n_vocab = n_vocab;
     s->seed = p->seed == SAMPLER_SEED_RANDOM ? random_seed() : p->seed;
     s->n_last = p->repeat_last_n;
@@ -331,6 +363,7 @@ void sampler_free(struct sampler *s) {
     free(s->cands);
     free(s->last);
     free(s->window);
+    free(s->bias);
     free(s);
 }
 
@@ -360,6 +393,7 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
         s->cands[i].logit = logits[i];
         s->cands[i].p = 0;
     }
+    sampler_apply_bias(&c, s->p.bias, s->p.n_bias);
     // The ring's contents in any order: counts do not depend on order.
     int start = (s->head - s->n_hist + s->n_last) % (s->n_last ? s->n_last : 1);
     for (int i = 0; i < s->n_hist; i++)
@@ -394,8 +428,9 @@ int32_t sampler_chain(struct sampler_cands *c, float temp, int top_k, float top_
 }
 
 bool sampler_penalties_off(const struct sampler *s) {
-    return s->n_last == 0 || (s->p.repeat_penalty == 1.0f && s->p.frequency_penalty == 0.0f &&
-                              s->p.presence_penalty == 0.0f);
+    return s->p.n_bias == 0 &&
+           (s->n_last == 0 || (s->p.repeat_penalty == 1.0f && s->p.frequency_penalty == 0.0f &&
+                               s->p.presence_penalty == 0.0f));
 }
 
 void sampler_next_params(struct sampler *s, struct sample_params *out) {
@@ -408,6 +443,13 @@ void sampler_next_params(struct sampler *s, struct sample_params *out) {
 
 void sampler_describe(const struct sampler *s, char *buf, size_t cap) {
     const struct sampler_params *p = &s->p;
+    if (p->n_bias > 0) {
+        int n = snprintf(buf, cap, "logit_bias(%d) -> ", p->n_bias);
+        if (n < 0 || (size_t)n >= cap)
+            return;
+        buf += n;
+        cap -= (size_t)n;
+    }
     if (p->temp <= 0)
         snprintf(buf, cap, "penalties(last_n=%d, repeat=%.3f, freq=%.3f, present=%.3f) -> greedy",
                  p->repeat_last_n, p->repeat_penalty, p->frequency_penalty, p->presence_penalty);

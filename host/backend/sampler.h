@@ -17,16 +17,28 @@
 
 #define SAMPLER_SEED_RANDOM 0xFFFFFFFFu // llama.cpp's LLAMA_DEFAULT_SEED: pick one at random
 
+// One entry of a logit bias (llama.cpp's --logit-bias, OpenAI's
+// logit_bias): bias is added to the token's logit before every other step
+// of the chain; -INFINITY: the token is never picked. Entries of one token
+// add up.
+struct sampler_bias {
+    int32_t token;
+    float bias; // finite, or -INFINITY
+};
+#define SAMPLER_MAX_BIAS 4096 // entries per sampler
+
 struct sampler_params {
-    float temp;              // 0.8; <= 0: greedy
-    int top_k;               // 40; <= 0: off
-    float top_p;             // 0.95; >= 1: off
-    float min_p;             // 0.05; <= 0: off
-    float repeat_penalty;    // 1.0 (off)
-    int repeat_last_n;       // 64; 0: off, -1: the whole context (the caller passes n_ctx)
-    float presence_penalty;  // 0.0
-    float frequency_penalty; // 0.0
-    uint32_t seed;           // SAMPLER_SEED_RANDOM
+    float temp;                      // 0.8; <= 0: greedy
+    int top_k;                       // 40; <= 0: off
+    float top_p;                     // 0.95; >= 1: off
+    float min_p;                     // 0.05; <= 0: off
+    float repeat_penalty;            // 1.0 (off)
+    int repeat_last_n;               // 64; 0: off, -1: the whole context (the caller passes n_ctx)
+    float presence_penalty;          // 0.0
+    float frequency_penalty;         // 0.0
+    uint32_t seed;                   // SAMPLER_SEED_RANDOM
+    const struct sampler_bias *bias; // [n_bias] (sampler_create copies it); NULL: none
+    int n_bias;                      // 0 .. SAMPLER_MAX_BIAS
 };
 
 void sampler_params_default(struct sampler_params *p);
@@ -44,7 +56,13 @@ struct sampler_cands {
     bool sorted; // by logit, descending
 };
 
-// The steps of the chain, in llama.cpp's semantics. All keep at least one
+// The steps of the chain, in llama.cpp's semantics.
+//
+// bias (first, as llama.cpp's logit_bias sampler): candidate id's logit +=
+// the bias of every entry naming id; c must not be sorted yet (candidate i
+// is token i).
+void sampler_apply_bias(struct sampler_cands *c, const struct sampler_bias *b, int n);
+// All keep at least one
 // candidate (min_keep).
 //
 // penalties: for each candidate whose id occurs count > 0 times in
@@ -90,6 +108,9 @@ int32_t sampler_chain(struct sampler_cands *c, float temp, int top_k, float top_
 
 struct sampler;
 
+// VERR_RANGE: repeat_last_n < 0 (the caller passes n_ctx for -1), more than
+// SAMPLER_MAX_BIAS bias entries, a bias entry's token outside [0, n_vocab)
+// or its bias neither finite nor -INFINITY.
 int sampler_create(struct sampler **out, const struct sampler_params *p, int n_vocab,
                    struct verr *err);
 void sampler_free(struct sampler *s);
@@ -105,8 +126,9 @@ int32_t sampler_sample(struct sampler *s, const float *logits);
 // Sampling on the backend (ops->sample, host/ops/backend.h) takes the chain's
 // parameters and one draw per row; the penalties stay on the host.
 struct sample_params;
-// True when s applies no penalty (the next token then depends only on the
-// logits and one draw), so its rows may be sampled by ops->sample.
+// True when s applies no penalty and no logit bias (the next token then
+// depends only on the logits and one draw), so its rows may be sampled by
+// ops->sample.
 bool sampler_penalties_off(const struct sampler *s);
 // Fills *out with s's chain parameters and, unless greedy, takes the next
 // draw of its RNG into out->u (the draw sampler_sample would take; greedy

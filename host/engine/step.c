@@ -15,9 +15,10 @@
 // A submitted request: the caller's description with owned copies.
 struct sched_req {
     uint64_t id;
-    struct engine_request p; // p.tokens / p.stop_tokens point at the copies below
-    int32_t *tokens;         // [n_tokens]
-    int32_t *stop;           // [n_stop_tokens]
+    struct engine_request p;   // p.tokens / p.stop_tokens point at the copies below
+    int32_t *tokens;           // [n_tokens]
+    int32_t *stop;             // [n_stop_tokens]
+    struct sampler_bias *bias; // [p.sp.n_bias]
     struct engine_req_stats st;
 };
 
@@ -98,6 +99,7 @@ static void req_free(struct sched_req *q) {
         return;
     free(q->tokens);
     free(q->stop);
+    free(q->bias);
     free(q);
 }
 
@@ -255,7 +257,7 @@ const struct engine_stats *engine_sched_stats(const struct engine *e) {
 // ---------------------------------------------------------------------------
 // Submit
 
-static int check_sampler(const struct sampler_params *p, struct verr *err) {
+static int check_sampler(const struct sampler_params *p, int n_vocab, struct verr *err) {
     if (!isfinite(p->temp) || !isfinite(p->top_p) || !isfinite(p->min_p) ||
         !isfinite(p->repeat_penalty) || !isfinite(p->presence_penalty) ||
         !isfinite(p->frequency_penalty))
@@ -263,6 +265,18 @@ static int check_sampler(const struct sampler_params *p, struct verr *err) {
     if (p->repeat_last_n < -1)
         return verr_set(err, VERR_RANGE, "repeat_last_n %d: -1 (the context), 0 (off) or > 0",
                         p->repeat_last_n);
+    if (p->n_bias < 0 || p->n_bias > SAMPLER_MAX_BIAS || (p->n_bias > 0 && !p->bias))
+        return verr_set(err, VERR_RANGE, "%d logit bias entries: 0 .. %d", p->n_bias,
+                        SAMPLER_MAX_BIAS);
+    for (int i = 0; i < p->n_bias; i++) {
+        if (p->bias[i].token < 0 || p->bias[i].token >= n_vocab)
+            return verr_set(err, VERR_RANGE, "logit bias: token id %d is out of range (n_vocab %d)",
+                            p->bias[i].token, n_vocab);
+        if (!(isfinite(p->bias[i].bias) || p->bias[i].bias == -INFINITY))
+            return verr_set(err, VERR_RANGE,
+                            "logit bias of token %d: %g (a finite number, or -inf: never)",
+                            p->bias[i].token, (double)p->bias[i].bias);
+    }
     return 0;
 }
 
@@ -364,7 +378,7 @@ static int check_request(const struct engine *e, const struct engine_request *r,
     policy_params(e, r, &pp);
     if ((rc = context_policy_init(e->ctx, &pol, &pp, 0, e->sched->n_ctx_seq, err)))
         return rc;
-    return check_sampler(&r->sp, err);
+    return check_sampler(&r->sp, V, err);
 }
 
 int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id,
@@ -381,8 +395,9 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
     if (q) {
         q->tokens = malloc((size_t)r->n_tokens * sizeof *q->tokens);
         q->stop = malloc(((size_t)r->n_stop_tokens + 1) * sizeof *q->stop);
+        q->bias = malloc(((size_t)r->sp.n_bias + 1) * sizeof *q->bias);
     }
-    if (!q || !q->tokens || !q->stop) {
+    if (!q || !q->tokens || !q->stop || !q->bias) {
         req_free(q);
         return verr_set(err, VERR_NOMEM, "out of host memory");
     }
@@ -392,6 +407,9 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
     q->p = *r;
     q->p.tokens = q->tokens;
     q->p.stop_tokens = q->stop;
+    if (r->sp.n_bias)
+        memcpy(q->bias, r->sp.bias, (size_t)r->sp.n_bias * sizeof *q->bias);
+    q->p.sp.bias = q->bias;
     if (q->p.sp.repeat_last_n < 0)
         q->p.sp.repeat_last_n = s->n_ctx_seq;
     q->id = s->next_id++;

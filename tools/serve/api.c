@@ -1,8 +1,10 @@
 // OpenAI request parsing and response writing (see api.h).
 #include "tools/serve/api.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +87,9 @@ void api_request_free(struct api_request *r) {
     free(r->messages);
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
+    for (int i = 0; i < r->n_bias; i++)
+        free(r->bias[i].text);
+    free(r->bias);
     memset(r, 0, sizeof *r);
 }
 
@@ -347,12 +352,12 @@ static int parse_sampling(const cJSON *o, struct api_request *r, struct api_erro
 }
 
 // A field whose value asks for something vela's sampler cannot do yet
-// (tools, grammars, logit bias, typical or mirostat sampling): a 400 naming
-// it. The values that ask for nothing pass (an empty logit_bias or tools,
+// (tools, grammars, typical or mirostat sampling): a 400 naming it. The
+// values that ask for nothing pass (empty tools,
 // tool_choice "none" or "auto" without tools, typical_p 1, mirostat 0), so
 // that clients sending their defaults still work.
 static int parse_unsupported(const cJSON *o, struct api_error *e) {
-    static const char *const objects[] = {"logit_bias", "tools", "grammar", "json_schema"};
+    static const char *const objects[] = {"tools", "grammar", "json_schema"};
     for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, objects[i]);
         bool empty = !v || cJSON_IsNull(v) ||
@@ -360,10 +365,7 @@ static int parse_unsupported(const cJSON *o, struct api_error *e) {
                      (cJSON_IsString(v) && !v->valuestring[0]);
         if (!empty)
             return BAD("'%s' is not supported yet (vela's sampler has no %s); leave it out",
-                       objects[i],
-                       i == 0   ? "logit bias"
-                       : i == 1 ? "tool calling"
-                                : "grammar-constrained sampling");
+                       objects[i], i == 0 ? "tool calling" : "grammar-constrained sampling");
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(o, "tool_choice");
     if (tc && !cJSON_IsNull(tc) &&
@@ -385,6 +387,81 @@ static int parse_unsupported(const cJSON *o, struct api_error *e) {
         return BAD("'mirostat' %g is not supported yet (vela's sampler has no mirostat); leave "
                    "it out or send 0",
                    mirostat);
+    return 0;
+}
+
+// One logit_bias value: a number (within +-1e6) or false (never: -inf).
+static int bias_value(const cJSON *v, int i, float *out, struct api_error *e) {
+    if (cJSON_IsFalse(v)) {
+        *out = -INFINITY;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || fabs(v->valuedouble) > 1e6)
+        return BAD("'logit_bias' entry %d: the bias must be a number in [-1e6, 1e6] or false", i);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+// A token id written as a JSON number or (OpenAI's object keys) a string.
+static int bias_token(const cJSON *v, const char *key, int i, int32_t *out, struct api_error *e) {
+    double d = -1;
+    if (key) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(key, &end, 10);
+        if (end == key || *end || errno || x < 0 || x > INT32_MAX)
+            return BAD("'logit_bias' key '%.64s': a token id (a non-negative integer)", key);
+        *out = (int32_t)x;
+        return 0;
+    }
+    if (cJSON_IsNumber(v))
+        d = v->valuedouble;
+    if (!(d >= 0 && d <= INT32_MAX && d == floor(d)))
+        return BAD("'logit_bias' entry %d: the token must be a token id or a string", i);
+    *out = (int32_t)d;
+    return 0;
+}
+
+// logit_bias: OpenAI's object {"id": bias}, or llama-server's array of
+// [id or "text", bias or false] pairs; null or empty: none.
+static int parse_logit_bias(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v))
+        return BAD("'logit_bias' must be an object {\"token id\": bias} or an array of "
+                   "[token id or text, bias] pairs");
+    const int n = cJSON_GetArraySize(v);
+    if (n > API_MAX_LOGIT_BIAS)
+        return BAD("'logit_bias' has %d entries (at most %d)", n, API_MAX_LOGIT_BIAS);
+    if (n == 0)
+        return 0;
+    if (!(r->bias = calloc((size_t)n, sizeof *r->bias)))
+        return api_fail(e, 500, "server_error", NULL, "out of memory");
+    int i = 0;
+    for (const cJSON *it = v->child; it; it = it->next, i++) {
+        struct api_bias *b = &r->bias[i];
+        r->n_bias = i + 1;
+        b->token = -1;
+        const cJSON *tok = it, *val = it;
+        if (cJSON_IsArray(v)) {
+            if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 2)
+                return BAD("'logit_bias' entry %d: a pair [token id or text, bias]", i);
+            tok = it->child;
+            val = it->child->next;
+        }
+        if (bias_value(val, i, &b->bias, e))
+            return -1;
+        if (cJSON_IsString(tok) && cJSON_IsArray(v)) {
+            size_t len = strlen(tok->valuestring);
+            if (!len || !api_utf8_valid(tok->valuestring, len))
+                return BAD("'logit_bias' entry %d: the text must be non-empty UTF-8", i);
+            if (!(b->text = strdup(tok->valuestring)))
+                return api_fail(e, 500, "server_error", NULL, "out of memory");
+        } else if (bias_token(tok, cJSON_IsObject(v) ? it->string : NULL, i, &b->token, e)) {
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -566,9 +643,9 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, const struc
         rc = BAD("the request body must be a JSON object");
     else if (get_string(o, "model", &r->model, e) ||
              (k != API_CHAT ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
-             parse_sampling(o, r, e) || parse_unsupported(o, e) || parse_limits(o, d, r, e) ||
-             parse_stop(o, r, e) || parse_stream(o, r, e) || parse_logprobs(o, r, e) ||
-             parse_self_extend(o, r, e))
+             parse_sampling(o, r, e) || parse_logit_bias(o, r, e) || parse_unsupported(o, e) ||
+             parse_limits(o, d, r, e) || parse_stop(o, r, e) || parse_stream(o, r, e) ||
+             parse_logprobs(o, r, e) || parse_self_extend(o, r, e))
         rc = -1;
     else if (k == API_NATIVE && (r->n > 1 || r->logprobs))
         rc = BAD("'%s' is not supported by /completion (use /v1/completions)",

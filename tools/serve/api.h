@@ -22,6 +22,7 @@
 #define API_MAX_N 16            // choices per request
 #define API_MAX_TOP_LOGPROBS 20 // OpenAI's limit
 #define API_MAX_MESSAGES 1024   // chat messages per request
+#define API_MAX_LOGIT_BIAS 1024 // logit_bias entries per request
 
 enum api_kind {
     API_COMPLETION = 0, // POST /v1/completions
@@ -33,6 +34,15 @@ enum api_kind {
 struct api_message {
     char *role;    // "system", "user", "assistant", "tool"
     char *content; // text (array-of-parts content is joined)
+};
+
+// One logit_bias entry: OpenAI's {"15043": 1.5} or llama-server's
+// [[15043, 1.5]] / [["Hello", -1]] (every token of the text, tokenized
+// without BOS, gets the bias); false bans the token (-INFINITY).
+struct api_bias {
+    int32_t token; // -1: text
+    char *text;    // owned; NULL: token
+    float bias;    // finite, or -INFINITY
 };
 
 // A parsed request. Strings are owned (api_request_free).
@@ -73,8 +83,10 @@ struct api_request {
     int grp_attn_n;  // 1: off
     int grp_attn_w;  // 512
     bool ignore_eos;
-    bool cache_prompt; // reuse a slot's kept cells, keep this request's (default true)
-    int se_n, se_w;    // self_extend {"n": G, "w": W} (0, 0: not given)
+    bool cache_prompt;     // reuse a slot's kept cells, keep this request's (default true)
+    int se_n, se_w;        // self_extend {"n": G, "w": W} (0, 0: not given)
+    struct api_bias *bias; // [n_bias] logit_bias (token ids are checked by the server)
+    int n_bias;
 };
 
 void api_request_free(struct api_request *r);
@@ -110,12 +122,11 @@ struct api_error {
 // Unknown fields are ignored (OpenAI clients send many); a field of the
 // wrong type or out of range, broken JSON, invalid UTF-8, or a missing
 // prompt/messages is a 400 in *e naming the field and what was expected.
-// Fields of llama-server or OpenAI that vela cannot honour yet (logit_bias,
-// typical_p < 1, mirostat, tools, tool_choice, grammar, json_schema,
-// response_format other than text) are a 400 naming the field, never
-// silently ignored. n_predict is llama-server's max_tokens (-1: until a
-// stop; it wins over max_tokens); d->n_predict >= 0 caps both.
-// Returns 0 or -1 (then *r is freed and zeroed).
+// Fields of llama-server or OpenAI that vela cannot honour yet (typical_p <
+// 1, mirostat, tools, tool_choice, grammar, json_schema, response_format
+// other than text) are a 400 naming the field, never silently ignored. n_predict is llama-server's
+// max_tokens (-1: until a stop; it wins over max_tokens); d->n_predict >= 0 caps both. Returns 0 or
+// -1 (then *r is freed and zeroed).
 int api_parse_request(enum api_kind k, const char *body, size_t len, const struct api_defaults *d,
                       struct api_request *r, struct api_error *e);
 

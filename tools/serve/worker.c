@@ -63,6 +63,7 @@ void srv_req_release(struct srv_req *r) {
     }
     api_request_free(&r->api);
     free(r->tokens);
+    free(r->bias);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -243,6 +244,8 @@ static void job_request(struct srv_req *r, int i, struct engine_request *q) {
     q->sp.frequency_penalty = a->frequency_penalty;
     q->sp.repeat_penalty = a->repeat_penalty;
     q->sp.repeat_last_n = a->repeat_last_n;
+    q->sp.bias = r->bias;
+    q->sp.n_bias = r->n_bias;
     q->sp.seed = a->has_seed ? (uint32_t)((uint64_t)a->seed + (uint64_t)i) : SAMPLER_SEED_RANDOM;
     if (q->sp.seed == SAMPLER_SEED_RANDOM && a->has_seed)
         q->sp.seed = 0;

@@ -52,6 +52,8 @@ struct srv_req {
     int32_t stop_tokens[2]; // the chat template's end of turn, when it has a token
     int n_stop_tokens;
     int max_gen; // most tokens a choice may generate (api_check_context); -1: no bound
+    struct sampler_bias *bias; // [n_bias] logit_bias, resolved to token ids (owned)
+    int n_bias;
     int n_jobs;
     struct srv_job jobs[API_MAX_N];
     // set by the engine thread
