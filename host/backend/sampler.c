@@ -307,6 +307,21 @@ static uint32_t random_seed(void) {
     return s == SAMPLER_SEED_RANDOM ? 1u : s;
 }
 
+int sampler_check_bias(const struct sampler_bias *b, int n, int n_vocab, struct verr *err) {
+    if (n < 0 || n > SAMPLER_MAX_BIAS || (n > 0 && !b))
+        return verr_set(err, VERR_RANGE, "%d logit bias entries: 0 .. %d", n, SAMPLER_MAX_BIAS);
+    for (int i = 0; i < n; i++) {
+        if (b[i].token < 0 || b[i].token >= n_vocab)
+            return verr_set(err, VERR_RANGE, "logit bias: token id %d is out of range (n_vocab %d)",
+                            b[i].token, n_vocab);
+        if (!(isfinite(b[i].bias) || b[i].bias == -INFINITY))
+            return verr_set(err, VERR_RANGE,
+                            "logit bias of token %d: %g (a finite number, or -inf: never)",
+                            b[i].token, (double)b[i].bias);
+    }
+    return 0;
+}
+
 int sampler_create(struct sampler **out, const struct sampler_params *p, int n_vocab,
                    struct verr *err) {
     *out = NULL;
@@ -315,20 +330,9 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, int n_v
     if (p->repeat_last_n < 0)
         return verr_set(err, VERR_RANGE, "sampler: repeat_last_n %d: pass the context size for -1",
                         p->repeat_last_n);
-    if (p->n_bias < 0 || p->n_bias > SAMPLER_MAX_BIAS || (p->n_bias > 0 && !p->bias))
-        return verr_set(err, VERR_RANGE, "sampler: %d logit bias entries: 0 .. %d", p->n_bias,
-                        SAMPLER_MAX_BIAS);
-    for (int i = 0; i < p->n_bias; i++) {
-        const struct sampler_bias *b = &p->bias[i];
-        if (b->token < 0 || b->token >= n_vocab)
-            return verr_set(err, VERR_RANGE,
-                            "sampler: logit bias of token %d: out of range (n_vocab %d)", b->token,
-                            n_vocab);
-        if (!(isfinite(b->bias) || b->bias == -INFINITY))
-            return verr_set(err, VERR_RANGE,
-                            "sampler: logit bias of token %d: %g (a finite number, or -inf: never)",
-                            b->token, (double)b->bias);
-    }
+    int rc = sampler_check_bias(p->bias, p->n_bias, n_vocab, err);
+    if (rc)
+        return rc;
     struct sampler *s = calloc(1, sizeof *s);
     if (!s)
         return verr_set(err, VERR_NOMEM, "out of host memory");

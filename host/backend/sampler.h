@@ -108,6 +108,11 @@ int32_t sampler_chain(struct sampler_cands *c, float temp, int top_k, float top_
 
 struct sampler;
 
+// The bias entries against a vocabulary of n_vocab: at most SAMPLER_MAX_BIAS,
+// each token in [0, n_vocab), each bias finite or -INFINITY (VERR_RANGE
+// naming the entry otherwise). sampler_create checks them; a caller that
+// creates its sampler later (the engine, at a request's start) checks first.
+int sampler_check_bias(const struct sampler_bias *b, int n, int n_vocab, struct verr *err);
 // VERR_RANGE: repeat_last_n < 0 (the caller passes n_ctx for -1), more than
 // SAMPLER_MAX_BIAS bias entries, a bias entry's token outside [0, n_vocab)
 // or its bias neither finite nor -INFINITY.

@@ -265,19 +265,7 @@ static int check_sampler(const struct sampler_params *p, int n_vocab, struct ver
     if (p->repeat_last_n < -1)
         return verr_set(err, VERR_RANGE, "repeat_last_n %d: -1 (the context), 0 (off) or > 0",
                         p->repeat_last_n);
-    if (p->n_bias < 0 || p->n_bias > SAMPLER_MAX_BIAS || (p->n_bias > 0 && !p->bias))
-        return verr_set(err, VERR_RANGE, "%d logit bias entries: 0 .. %d", p->n_bias,
-                        SAMPLER_MAX_BIAS);
-    for (int i = 0; i < p->n_bias; i++) {
-        if (p->bias[i].token < 0 || p->bias[i].token >= n_vocab)
-            return verr_set(err, VERR_RANGE, "logit bias: token id %d is out of range (n_vocab %d)",
-                            p->bias[i].token, n_vocab);
-        if (!(isfinite(p->bias[i].bias) || p->bias[i].bias == -INFINITY))
-            return verr_set(err, VERR_RANGE,
-                            "logit bias of token %d: %g (a finite number, or -inf: never)",
-                            p->bias[i].token, (double)p->bias[i].bias);
-    }
-    return 0;
+    return sampler_check_bias(p->bias, p->n_bias, n_vocab, err);
 }
 
 static int check_tokens(const int32_t *t, int n, int V, const char *what, struct verr *err) {

@@ -415,76 +415,64 @@ static int prompt_tokens(struct serve *s, struct api_request *a, int32_t **toks,
     return 0;
 }
 
+// Appends (token, bias) to *b [*n] (capacity *cap, grown); SAMPLER_MAX_BIAS at most.
+static int bias_push(struct sampler_bias **b, int *n, int *cap, int32_t token, float bias,
+                     struct api_error *e) {
+    if (*n == SAMPLER_MAX_BIAS)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "'logit_bias' names more than %d tokens", SAMPLER_MAX_BIAS);
+    if (*n == *cap) {
+        int c = *cap ? 2 * *cap : 16;
+        struct sampler_bias *g = realloc(*b, (size_t)c * sizeof *g);
+        if (!g)
+            return api_fail(e, 500, "server_error", NULL, "out of memory");
+        *b = g;
+        *cap = c;
+    }
+    (*b)[(*n)++] = (struct sampler_bias){token, bias};
+    return 0;
+}
+
 // The request's logit_bias as the sampler's entries: token ids checked
 // against the vocabulary, texts tokenized without BOS as llama-server does
 // (each of their tokens gets the bias).
 static int resolve_logit_bias(struct serve *s, const struct api_request *a,
                               struct sampler_bias **out, int *n_out, struct api_error *e) {
     const int V = s->e->m->hp.n_vocab;
-    *out = NULL;
-    *n_out = 0;
-    if (a->n_bias == 0)
-        return 0;
-    int cap = a->n_bias, n = 0;
-    struct sampler_bias *b = malloc((size_t)cap * sizeof *b);
-    if (!b)
-        return api_fail(e, 500, "server_error", NULL, "out of memory");
-    for (int i = 0; i < a->n_bias; i++) {
+    struct sampler_bias *b = NULL;
+    int n = 0, cap = 0, rc = 0;
+    for (int i = 0; i < a->n_bias && !rc; i++) {
         const struct api_bias *x = &a->bias[i];
+        if (!x->text) {
+            rc = x->token < V ? bias_push(&b, &n, &cap, x->token, x->bias, e)
+                              : api_fail(e, 400, "invalid_request_error", "invalid_value",
+                                         "'logit_bias': token id %d is out of range (n_vocab %d)",
+                                         x->token, V);
+            continue;
+        }
+        if (!s->e->tok) {
+            rc = api_fail(e, 400, "invalid_request_error", "invalid_value",
+                          "'logit_bias' entry %d: the model has no tokenizer: give token ids", i);
+            continue;
+        }
         int32_t *toks = NULL;
         int nt = 0;
-        if (!x->text) {
-            if (x->token >= V) {
-                free(b);
-                return api_fail(e, 400, "invalid_request_error", "invalid_value",
-                                "'logit_bias': token id %d is out of range (n_vocab %d)", x->token,
-                                V);
-            }
-            toks = malloc(sizeof *toks);
-            if (toks)
-                toks[nt++] = x->token;
-        } else {
-            struct verr err = {0};
-            if (!s->e->tok) {
-                free(b);
-                return api_fail(e, 400, "invalid_request_error", "invalid_value",
-                                "'logit_bias' entry %d: the model has no tokenizer: give token "
-                                "ids",
-                                i);
-            }
-            if (tokenizer_encode_alloc(s->e->tok, x->text, strlen(x->text), false, false, &toks,
-                                       &nt, &err)) {
-                free(b);
-                return api_fail(e, 500, "server_error", NULL, "tokenizing logit_bias: %s", err.msg);
-            }
-        }
-        if (n + nt > SAMPLER_MAX_BIAS) {
-            free(toks);
-            free(b);
-            return api_fail(e, 400, "invalid_request_error", "invalid_value",
-                            "'logit_bias' names more than %d tokens", SAMPLER_MAX_BIAS);
-        }
-        if (n + nt > cap) {
-            cap = 2 * (n + nt);
-            struct sampler_bias *g = realloc(b, (size_t)cap * sizeof *b);
-            if (!g) {
-                free(toks);
-                free(b);
-                return api_fail(e, 500, "server_error", NULL, "out of memory");
-            }
-            b = g;
-        }
-        if (nt > 0 && !toks) {
-            free(b);
-            return api_fail(e, 500, "server_error", NULL, "out of memory");
-        }
-        for (int t = 0; t < nt; t++)
-            b[n++] = (struct sampler_bias){toks[t], x->bias};
+        struct verr err = {0};
+        if (tokenizer_encode_alloc(s->e->tok, x->text, strlen(x->text), false, false, &toks, &nt,
+                                   &err))
+            rc = api_fail(e, 500, "server_error", NULL, "tokenizing logit_bias: %s", err.msg);
+        for (int t = 0; t < nt && !rc; t++)
+            rc = bias_push(&b, &n, &cap, toks[t], x->bias, e);
         free(toks);
+    }
+    if (rc) {
+        free(b);
+        b = NULL;
+        n = 0;
     }
     *out = b;
     *n_out = n;
-    return 0;
+    return rc;
 }
 
 static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection *c, enum api_kind k,
