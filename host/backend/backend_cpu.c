@@ -19,6 +19,7 @@
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "host/backend/cpu_attention.h"
+#include "host/backend/cpu_moe.h"
 #include "host/backend/cpu_q8.h"
 #include "host/backend/rope.h"
 #include "host/backend/sampler.h"
@@ -1024,6 +1025,8 @@ static const struct backend_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .argmax = cpu_argmax,
     .sample = cpu_sample,
+    .moe_route = cpu_moe_route,
+    .moe_ffn = cpu_moe_ffn,
     .mem_info = cpu_mem_info,
     .destroy = cpu_destroy,
 };

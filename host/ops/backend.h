@@ -127,6 +127,27 @@ struct sample_params {
     double u;    // [0, 1)
 };
 
+// The routed feed-forward's operands (backend_ops.moe_ffn). An expert stack
+// is one backend_weight holding n_expert matrices one after the other, as
+// ggml stores a [n_in, n_out, n_expert] tensor: expert e's matrix is rows
+// [e * n_out / n_expert, (e + 1) * n_out / n_expert). gate and up: n_expert
+// * n_ff rows of n_embd; down: n_expert * n_embd rows of n_ff; gate and up
+// of one type, down of any.
+struct moe_args {
+    float *out;           // [n_tok][n_embd]; must not alias x or tmp
+    const float *x;       // [n_tok][n_embd]
+    const int32_t *ids;   // [n_tok][k] experts, each in [0, n_expert) (moe_route)
+    const float *weights; // [n_tok][k]
+    const struct backend_weight *gate, *up, *down; // host memory, read during the call
+    int n_expert;
+    int k;
+    int n_tok;
+    float *tmp; // [BACKEND_MOE_TMP(n_tok, k, n_embd, n_ff)] scratch the backend may write
+};
+// Floats of moe_args.tmp.
+#define BACKEND_MOE_TMP(n_tok, k, n_embd, n_ff)                                                    \
+    ((size_t)(n_tok) * (size_t)(k)*2u * ((size_t)(n_ff) + (size_t)(n_embd)))
+
 // The KV cache element types: every backend stores, shifts and attends over
 // K and V in exactly these (kv_init, forward_init and the CUDA ops check
 // with this one function).
@@ -270,6 +291,28 @@ struct backend_ops {
     int (*sample)(struct backend *be, int32_t *out /* [n_rows] */,
                   const float *logits /* [n_rows][n_vocab] */, int n_rows, int n_vocab,
                   const struct sample_params *sp /* [n_rows], host memory */);
+
+    // --- mixture of experts (NULL on a backend without them: forward.c then
+    // refuses a model with experts) ---------------------------------------
+
+    // The router's choice for each token, llama.cpp's build_moe_ffn with
+    // softmax gating: p = softmax(logits[t]) over all n_expert (max
+    // subtracted, sum in double, then multiplied by 1/sum); ids[t][0..k) are
+    // the k largest p in descending order, the lower index first among equal
+    // p; weights[t][j] = p[ids[t][j]], and with renorm each divided by
+    // max(sum_j weights[t][j], 2^-14) (summed in float, j ascending).
+    // 1 <= k <= n_expert.
+    int (*moe_route)(struct backend *be, int32_t *ids /* [n_tok][k] */,
+                     float *weights /* [n_tok][k] */, const float *logits /* [n_tok][n_expert] */,
+                     int n_tok, int n_expert, int k, bool renorm);
+
+    // The routed SwiGLU feed-forward, each token through its k experts:
+    //   h_j = swiglu(matmul(gate_e, x[t]), matmul(up_e, x[t])), e = ids[t][j]
+    //   y_j = matmul(down_e, h_j) * weights[t][j]
+    //   out[t] = ((y_0 + y_1) + y_2) + ... + y_{k-1}
+    // with each matmul as the matmul op computes it (act_q8 included). See
+    // struct moe_args for the expert stacks.
+    int (*moe_ffn)(struct backend *be, const struct moe_args *a);
 
     // --- optional (NULL where a backend has no use for them) -----------------
 
