@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
-bash tools/setup.sh
+bash tools/setup.sh --tests # Chromium too, for the chat page (serve_webui)
 jobs=$(nproc)
 
 # The newcomer's path, README's first command: on a fresh tree the

@@ -510,6 +510,9 @@ static const struct flag rows[] = {
     {CLI_SERVE, SEC_SERVE, "--no-access-log", NULL,
      "no line per request (method, path, status, client, tokens in and out, milliseconds)", NULL,
      UNSET(log.access)},
+    {CLI_SERVE, SEC_SERVE, "--no-webui", NULL,
+     "no chat page at / (404 instead; the page is served without the API key, as llama-server's)",
+     NULL, SET(sc.no_webui)},
     {CLI_SERVE, SEC_SERVE_LLAMA, "-ngl, --n-gpu-layers, --gpu-layers", "N",
      "0: the CPU backend; any other count: every layer on the GPU (vela does not split layers "
      "with the CPU)",
@@ -525,8 +528,6 @@ static const struct flag rows[] = {
      "accepted, nothing changes: /metrics is always on", NULL, SET(ignored)},
     {CLI_SERVE, SEC_SERVE_LLAMA, "--no-mmap, --mlock", NULL,
      "accepted, nothing changes: weights are mmap'd and uploaded", NULL, SET(ignored)},
-    {CLI_SERVE, SEC_SERVE_LLAMA, "--no-webui", NULL, "accepted, nothing changes: no web UI", NULL,
-     SET(ignored)},
 
     // --- vela tokenize ---
     {CLI_TOKENIZE, SEC_TOKENIZE, "-m, --model", "FILE",

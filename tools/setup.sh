@@ -2,6 +2,9 @@
 # Installs what vela needs to build and test on Debian/Ubuntu, when missing.
 # The CUDA toolkit itself is expected to be installed already (nvcc on PATH
 # or under /usr/local/cuda); without it vela builds the CPU backend alone.
+#   tools/setup.sh           what building and running vela needs
+#   tools/setup.sh --tests   also Chromium, for the chat page's browser test
+#                            (tests/run.sh; the test skips itself without it)
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -24,4 +27,15 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: add /usr/local/cuda/bin to PATH to build the CUDA backend" >&2
+fi
+# Chromium apart: Ubuntu's package is a snap stub that cannot install
+# everywhere, and the browser test skips itself (and says so) without it.
+if [ "${1:-}" = "--tests" ] && ! command -v chromium >/dev/null &&
+  ! command -v chromium-browser >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  echo "setup: installing chromium (the chat page's browser test)"
+  [ ${#need[@]} -gt 0 ] || $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null ||
+    echo "setup: chromium could not be installed: the test serve_webui will be skipped" >&2
 fi

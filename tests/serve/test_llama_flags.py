@@ -1,6 +1,6 @@
 """llama-server's habits in `vela serve`: a pasted llama-server command line
 runs (-ngl, -fa, --jinja, --no-mmap, --mlock, --metrics, -cb, --no-webui are
-taken), the server's sampling flags (--temp, --top-k, --top-p, --min-p,
+taken; --no-webui: / is 404), the server's sampling flags (--temp, --top-k, --top-p, --min-p,
 -n) are the defaults of requests that leave those fields out, any model name
 is answered by the served model unless --strict-model-name, and the model id
 is the file's name without ".gguf" unless --alias; without -c each slot gets
@@ -40,6 +40,7 @@ def test_llama_server_command_line_and_server_sampling_defaults():
         log = open(log_path).read()
         assert "backend cpu" in log, "-ngl 0: the CPU backend"
         assert "temperature 0, top_k 1" in log and "n_predict 5" in log
+        assert raw_request(port, "GET", "/")[0] == 404, "--no-webui: no page at /"
         st, models = request(port, "GET", "/v1/models")
         assert st == 200 and models["data"][0]["id"] == "tiny-ctx512", "no .gguf in the id"
         body = {"model": "gpt-3.5-turbo", "prompt": "hello there", "ignore_eos": True,

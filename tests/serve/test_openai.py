@@ -76,6 +76,14 @@ def test_health_and_models(client):
     assert [m.id for m in models.data] == [MODEL]
 
 
+def test_chat_page_needs_no_key():
+    # The page asks for the key itself, as llama-server's; the API still needs it.
+    status, text = raw("GET", "/", key=None)
+    assert status == 200 and "/webui/app.js" in text
+    assert raw("GET", "/v1/models", key=None)[0] == 401
+    assert raw("POST", "/", "{}")[0] == 404
+
+
 def test_completion_and_usage(client):
     r = complete(client, "Once upon a time", max_tokens=10)
     assert r.object == "text_completion"
@@ -330,7 +338,8 @@ def hostile_requests():
                   json.dumps(dict(chat, response_format={"type": "json_schema",
                                                          "json_schema": {"schema": {}}})), {}, 400))
     # unknown path and method; wrong or missing key
-    for p in ["/", "/v2/completions", "/v1/completions/x", "/v1/../etc/passwd", "/%00", "/admin"]:
+    for p in ["/webui/", "/webui/nope.js", "/v2/completions", "/v1/completions/x",
+              "/v1/../etc/passwd", "/x%00", "/admin"]:
         cases.append(("GET", p, None, {}, 404))
     for m, p in [("GET", "/v1/completions"), ("PUT", "/v1/chat/completions"),
                  ("DELETE", "/v1/models"), ("POST", "/health"), ("POST", "/metrics"),

@@ -21,6 +21,7 @@
 #include "host/tokenizer/tokenizer.h"
 #include "tools/serve/api.h"
 #include "tools/serve/log.h"
+#include "tools/serve/webui.h"
 #include "tools/serve/worker.h"
 
 struct serve {
@@ -852,6 +853,10 @@ static bool authorized(const struct serve *s, struct MHD_Connection *c) {
 
 static enum MHD_Result dispatch(struct serve *s, struct MHD_Connection *c, const char *url,
                                 const char *method, struct conn *cn) {
+    // The chat page needs no API key and answers while the model loads.
+    const struct webui_file *page = s->cfg.no_webui ? NULL : webui_find(url, method);
+    if (page)
+        return webui_send(c, page);
     enum route r = R_NONE;
     bool path_known = false;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && r == R_NONE; i++)

@@ -37,7 +37,8 @@ struct serve_config {
     // --strict-model-name: a request naming another model gets 404; otherwise
     // any name is answered by the served model, as llama-server does
     bool strict_model_name;
-    bool slots; // --slots: GET /slots answers (llama-server's guard); 501 otherwise
+    bool slots;    // --slots: GET /slots answers (llama-server's guard); 501 otherwise
+    bool no_webui; // --no-webui: no chat page at / (404, as llama-server; tools/serve/webui.h)
     struct api_defaults defaults; // sampling fields a request leaves out (--temp, ..., -n)
     enum chat_template tmpl;
     bool have_tmpl; // the model has a usable chat template
