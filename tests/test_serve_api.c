@@ -530,14 +530,10 @@ Test(serve_api, logit_bias_both_shapes) {
 
 Test(serve_api, fields_vela_cannot_honour_are_refused_by_name) {
     static const struct bad_case cases[] = {
-        {API_CHAT,
-         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
-         "\"function\", \"function\": {\"name\": \"f\"}}]}",
-         "'tools' is not supported yet"},
-        {API_CHAT,
-         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
-         "\"required\"}",
-         "'tool_choice' is not supported yet"},
+        {API_COMPLETION,
+         "{\"prompt\": \"x\", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+         "\"f\"}}]}",
+         "'tools' is a field of /v1/chat/completions"},
         {API_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= [a-z]+\"}",
          "'grammar' is not supported yet"},
         {API_COMPLETION, "{\"prompt\": \"x\", \"json_schema\": {\"type\": \"object\"}}",

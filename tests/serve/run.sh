@@ -39,7 +39,8 @@ export VELA_SERVE_URL="http://127.0.0.1:$port" VELA_SERVE_KEY=test-key VELA_SERV
 export VELA_BIN="$vela" VELA_SERVE_WORK="$work"
 status=0
 "$venv/bin/pytest" -q -p no:cacheprovider "$here/test_openai.py" "$here/test_selfextend.py" \
-  "$here/test_shutdown.py" "$here/test_logging.py" "$here/test_llama_flags.py" || status=$?
+  "$here/test_shutdown.py" "$here/test_logging.py" "$here/test_llama_flags.py" \
+  "$here/test_tools.py" || status=$?
 # SIGTERM ends the server cleanly: exit status 0.
 kill -TERM $pid
 wait $pid || { echo "the server did not stop cleanly"; cat "$log"; status=1; }

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "host/ops/selfextend.h"
+#include "tools/serve/api_tools.h"
 #include "tools/serve/buf.h"
 
 const char api_sse_done[] = "data: [DONE]\n\n";
@@ -77,6 +78,7 @@ cJSON *api_json_parse(const char *s, size_t len) {
 }
 
 void api_request_free(struct api_request *r) {
+    api_tools_free(r);
     free(r->model);
     free(r->prompt);
     free(r->prompt_tokens);
@@ -302,7 +304,8 @@ static int parse_messages(const cJSON *o, struct api_request *r, struct api_erro
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if ((!content || cJSON_IsNull(content)) && strcmp(role->valuestring, "assistant"))
             return BAD("'messages[%d].content' is required for role '%s'", i, role->valuestring);
-        if (message_content(content, i, &r->messages[i].content, e))
+        if (message_content(content, i, &r->messages[i].content, e) ||
+            api_tools_parse_message(m, i, &r->messages[i], e))
             return -1;
     }
     return 0;
@@ -357,22 +360,17 @@ static int parse_sampling(const cJSON *o, struct api_request *r, struct api_erro
 // tool_choice "none" or "auto" without tools, typical_p 1, mirostat 0), so
 // that clients sending their defaults still work.
 static int parse_unsupported(const cJSON *o, struct api_error *e) {
-    static const char *const objects[] = {"tools", "grammar", "json_schema"};
+    static const char *const objects[] = {"grammar", "json_schema"};
     for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, objects[i]);
         bool empty = !v || cJSON_IsNull(v) ||
                      ((cJSON_IsObject(v) || cJSON_IsArray(v)) && !v->child) ||
                      (cJSON_IsString(v) && !v->valuestring[0]);
         if (!empty)
-            return BAD("'%s' is not supported yet (vela's sampler has no %s); leave it out",
-                       objects[i], i == 0 ? "tool calling" : "grammar-constrained sampling");
+            return BAD("'%s' is not supported yet (vela's sampler has no grammar-constrained "
+                       "sampling); leave it out",
+                       objects[i]);
     }
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(o, "tool_choice");
-    if (tc && !cJSON_IsNull(tc) &&
-        !(cJSON_IsString(tc) &&
-          (!strcmp(tc->valuestring, "none") || !strcmp(tc->valuestring, "auto"))))
-        return BAD("'tool_choice' is not supported yet (vela has no tool calling); leave it out "
-                   "or send \"none\"");
     double typical = 1, mirostat = 0, unused = 0;
     if (get_num(o, "typical_p", 0, 1, &typical, NULL, e) ||
         get_num(o, "mirostat", 0, 2, &mirostat, NULL, e) ||
@@ -643,9 +641,9 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, const struc
         rc = BAD("the request body must be a JSON object");
     else if (get_string(o, "model", &r->model, e) ||
              (k != API_CHAT ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
-             parse_sampling(o, r, e) || parse_logit_bias(o, r, e) || parse_unsupported(o, e) ||
-             parse_limits(o, d, r, e) || parse_stop(o, r, e) || parse_stream(o, r, e) ||
-             parse_logprobs(o, r, e) || parse_self_extend(o, r, e))
+             api_tools_parse(o, r, e) || parse_sampling(o, r, e) || parse_logit_bias(o, r, e) ||
+             parse_unsupported(o, e) || parse_limits(o, d, r, e) || parse_stop(o, r, e) ||
+             parse_stream(o, r, e) || parse_logprobs(o, r, e) || parse_self_extend(o, r, e))
         rc = -1;
     else if (k == API_NATIVE && (r->n > 1 || r->logprobs))
         rc = BAD("'%s' is not supported by /completion (use /v1/completions)",
@@ -770,7 +768,15 @@ static cJSON *choice_json(enum api_kind k, int index, const struct api_choice *c
         cJSON *msg = cJSON_CreateObject();
         if (!stream || first)
             cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddItemToObject(msg, "content", text);
+        if (c->n_calls > 0 && c->len == 0) { // OpenAI: a call's message has null content
+            cJSON_Delete(text);
+            text = stream ? NULL : cJSON_CreateNull();
+        }
+        if (text)
+            cJSON_AddItemToObject(msg, "content", text);
+        if (c->n_calls > 0)
+            cJSON_AddItemToObject(msg, "tool_calls",
+                                  api_tools_calls_json(c->calls, c->n_calls, stream));
         cJSON_AddItemToObject(o, stream ? "delta" : "message", msg);
     }
     cJSON_AddItemToObject(o, "logprobs", logprobs_json(k, c));

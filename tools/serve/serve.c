@@ -21,6 +21,7 @@
 #include "host/tokenizer/tokenizer.h"
 #include "tools/serve/api.h"
 #include "tools/serve/log.h"
+#include "tools/serve/toolcall.h"
 #include "tools/serve/webui.h"
 #include "tools/serve/worker.h"
 
@@ -160,6 +161,41 @@ static void ended_error(struct serve *s, struct api_error *e) {
         api_fail(e, 500, "server_error", NULL, "the request was ended by the server");
 }
 
+// --- tool calls --------------------------------------------------------------------
+
+// The tool calls found in a finished chat answer (tools/serve/toolcall.h).
+struct answer_calls {
+    struct api_tool_call *calls; // [n] owned
+    int n;
+    size_t content_len; // bytes of the text that are content
+};
+
+// Splits job i's finished text into content and calls when the request
+// offered tools; nothing found: the whole text is content. -1: out of memory.
+static int answer_calls_find(const struct serve *s, const struct srv_req *r, int i,
+                             struct answer_calls *ac) {
+    const struct srv_job *j = &r->jobs[i];
+    ac->content_len = j->text.len;
+    if (r->api.kind != API_CHAT || !toolcall_wanted(&r->api))
+        return 0;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "call_%.40s_%d", r->id, i);
+    return toolcall_parse(toolcall_format_of(s->cfg.tmpl), j->text.p ? j->text.p : "", j->text.len,
+                          prefix, &ac->content_len, &ac->calls, &ac->n);
+}
+
+// The choice with its calls: content cut to the text before them, and
+// finish_reason "tool_calls" (OpenAI's) when the answer ended on its own.
+static void answer_calls_apply(const struct answer_calls *ac, struct api_choice *ch) {
+    if (ac->n == 0)
+        return;
+    ch->len = ac->content_len < ch->len ? ac->content_len : ch->len;
+    ch->calls = ac->calls;
+    ch->n_calls = ac->n;
+    if (ch->finish && !strcmp(ch->finish, "stop"))
+        ch->finish = "tool_calls";
+}
+
 // --- non-streamed completions ------------------------------------------------------
 
 static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c, struct srv_req *r,
@@ -174,10 +210,14 @@ static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
         }
     }
     struct api_choice ch[API_MAX_N];
+    struct answer_calls calls[API_MAX_N] = {0};
     bool error = false;
     for (int i = 0; i < r->n_jobs; i++) {
         ch[i] = choice_of(&r->jobs[i]);
         error |= !strcmp(r->jobs[i].finish, "error");
+        if (!error && answer_calls_find(s, r, i, &calls[i]))
+            error = true;
+        answer_calls_apply(&calls[i], &ch[i]);
     }
     struct api_usage u = usage_of(r);
     cn->tokens_out = u.completion_tokens;
@@ -185,6 +225,8 @@ static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
                  : r->api.kind == API_NATIVE ? api_native_json(s->model_id, &ch[0], &u)
                                              : api_response_json(r->api.kind, r->id, s->model_id,
                                                                  r->created, ch, r->n_jobs, &u);
+    for (int i = 0; i < r->n_jobs; i++)
+        toolcall_calls_free(calls[i].calls, calls[i].n);
     pthread_mutex_unlock(&r->mu);
     if (error) {
         struct api_error e;
@@ -241,41 +283,75 @@ static int stream_collect_native(struct stream *st) {
     return 0;
 }
 
+// Choice i's new events: its text up to avail bytes and logprobs, then, once
+// it is done, its tool calls (ac) and its end (r->mu held).
+static int stream_choice(struct stream *st, int i, size_t avail, const struct answer_calls *ac) {
+    struct srv_req *r = st->r;
+    const enum api_kind k = r->api.kind;
+    struct srv_job *j = &r->jobs[i];
+    const bool news = avail > j->sent || j->lp_sent < j->n_lp;
+    if (news || (!st->role_sent[i] && k == API_CHAT)) {
+        const size_t to = avail > j->sent ? avail : j->sent;
+        struct api_choice ch = {.text = j->text.p + j->sent,
+                                .len = to - j->sent,
+                                .lp = r->api.logprobs ? j->lp + j->lp_sent : NULL,
+                                .n_lp = j->n_lp - j->lp_sent};
+        if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch,
+                                      !st->role_sent[i], NULL)))
+            return -1;
+        st->role_sent[i] = true;
+        j->sent = to;
+        j->lp_sent = j->n_lp;
+    }
+    if (!j->done || st->final_sent[i])
+        return 0;
+    if (!strcmp(j->finish, "error")) {
+        struct api_error e;
+        ended_error(st->s, &e);
+        if (out_add(st, api_chunk_error_sse(k, r->id, st->s->model_id, r->created, i, &e)))
+            return -1;
+    } else {
+        struct api_choice ch = {.text = "", .len = 0, .finish = j->finish};
+        if (ac->n > 0) { // the calls in one delta, then the end
+            struct api_choice calls = {.text = "", .len = 0, .calls = ac->calls, .n_calls = ac->n};
+            if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &calls, false,
+                                          NULL)))
+                return -1;
+            answer_calls_apply(ac, &ch);
+        }
+        if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch, false, NULL)))
+            return -1;
+    }
+    st->final_sent[i] = true;
+    return 0;
+}
+
 // New text, logprobs and endings of every choice as SSE events (r->mu held).
 static int stream_collect(struct stream *st) {
     struct srv_req *r = st->r;
     const enum api_kind k = r->api.kind;
     if (k == API_NATIVE)
         return stream_collect_native(st);
+    const bool tools = k == API_CHAT && toolcall_wanted(&r->api);
     for (int i = 0; i < r->n_jobs; i++) {
         struct srv_job *j = &r->jobs[i];
-        bool news = j->text.len > j->sent || j->lp_sent < j->n_lp;
-        if (news || (!st->role_sent[i] && k == API_CHAT)) {
-            struct api_choice ch = {.text = j->text.p + j->sent,
-                                    .len = j->text.len - j->sent,
-                                    .lp = r->api.logprobs ? j->lp + j->lp_sent : NULL,
-                                    .n_lp = j->n_lp - j->lp_sent};
-            if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch,
-                                          !st->role_sent[i], NULL)))
+        // With tools, text that may be a call is held back until the answer ends.
+        size_t avail = j->text.len;
+        struct answer_calls ac = {0};
+        if (tools && !j->done)
+            avail =
+                toolcall_stream_safe(toolcall_format_of(st->s->cfg.tmpl), j->text.p, j->text.len);
+        else if (tools && st->final_sent[i])
+            avail = j->sent;
+        else if (tools && strcmp(j->finish, "error")) {
+            if (answer_calls_find(st->s, r, i, &ac))
                 return -1;
-            st->role_sent[i] = true;
-            j->sent = j->text.len;
-            j->lp_sent = j->n_lp;
+            avail = ac.content_len;
         }
-        if (j->done && !st->final_sent[i]) {
-            if (!strcmp(j->finish, "error")) {
-                struct api_error e;
-                ended_error(st->s, &e);
-                if (out_add(st, api_chunk_error_sse(k, r->id, st->s->model_id, r->created, i, &e)))
-                    return -1;
-            } else {
-                struct api_choice ch = {.text = "", .len = 0, .finish = j->finish};
-                if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch, false,
-                                              NULL)))
-                    return -1;
-            }
-            st->final_sent[i] = true;
-        }
+        int rc = stream_choice(st, i, avail, &ac);
+        toolcall_calls_free(ac.calls, ac.n);
+        if (rc)
+            return -1;
     }
     if (r->n_done == r->n_jobs) {
         st->cn->tokens_out = usage_of(r).completion_tokens;
@@ -365,11 +441,17 @@ static int format_chat(const struct serve *s, const struct api_request *a, char 
         return api_fail(e, 400, "invalid_request_error", "invalid_value",
                         "the model has no usable chat template (start the server with "
                         "--chat-template NAME)");
-    struct chat_msg msgs[API_MAX_MESSAGES];
-    for (int i = 0; i < a->n_messages; i++)
-        msgs[i] = (struct chat_msg){a->messages[i].role, a->messages[i].content};
+    struct chat_msg msgs[API_MAX_MESSAGES + 1];
+    struct toolcall_strs keep = {0};
+    int n = 0;
+    if (toolcall_render(s->cfg.tmpl, a, msgs, &n, &keep, e)) {
+        toolcall_strs_free(&keep);
+        return -1;
+    }
     struct verr err = {0};
-    if (chat_format(s->cfg.tmpl, msgs, (size_t)a->n_messages, true, text, len, &err))
+    int rc = chat_format(s->cfg.tmpl, msgs, (size_t)n, true, text, len, &err);
+    toolcall_strs_free(&keep);
+    if (rc)
         return api_fail(e, 400, "invalid_request_error", "invalid_value", "%s", err.msg);
     return 0;
 }

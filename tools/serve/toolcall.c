@@ -1,0 +1,523 @@
+#include "tools/serve/toolcall.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/serve/buf.h"
+
+#define HERMES_OPEN "<tool_call>"
+#define HERMES_CLOSE "</tool_call>"
+#define LLAMA3_PYTHON_TAG "<|python_tag|>"
+
+enum toolcall_format toolcall_format_of(enum chat_template t) {
+    switch (t) {
+    case CHAT_TMPL_CHATML:
+        return TOOLCALL_HERMES;
+    case CHAT_TMPL_LLAMA3:
+        return TOOLCALL_LLAMA3;
+    default:
+        return TOOLCALL_NONE;
+    }
+}
+
+bool toolcall_wanted(const struct api_request *r) {
+    return r->n_tools > 0 && r->tool_choice != API_TOOL_CHOICE_NONE;
+}
+
+void toolcall_strs_free(struct toolcall_strs *s) {
+    for (int i = 0; i < s->n; i++)
+        free(s->p[i]);
+    free(s->p);
+    memset(s, 0, sizeof *s);
+}
+
+// Takes b's bytes into *keep; NULL when out of memory (b is freed either way).
+static const char *keep_buf(struct toolcall_strs *keep, struct buf *b) {
+    if (keep->n == keep->cap) {
+        int cap = keep->cap ? 2 * keep->cap : 8;
+        char **p = realloc(keep->p, (size_t)cap * sizeof *p);
+        if (!p) {
+            buf_free(b);
+            return NULL;
+        }
+        keep->p = p;
+        keep->cap = cap;
+    }
+    if (!b->p && buf_add(b, "", 0))
+        return NULL;
+    keep->p[keep->n++] = b->p;
+    const char *s = b->p;
+    memset(b, 0, sizeof *b);
+    return s;
+}
+
+// --- JSON as the templates print it ------------------------------------------------
+
+// Python's json.dumps (what Jinja's tojson is): ", " and ": " between items
+// on one line, or with indent > 0 one item per line and "," / ": "; non-ASCII
+// kept as it is.
+static int dump_json(struct buf *b, const cJSON *v, int indent, int depth);
+
+static int dump_string(struct buf *b, const char *s) {
+    int rc = buf_add(b, "\"", 1);
+    for (; *s && !rc; s++) {
+        const unsigned char c = (unsigned char)*s;
+        char esc[8];
+        const char *e = NULL;
+        switch (c) {
+        case '"':
+            e = "\\\"";
+            break;
+        case '\\':
+            e = "\\\\";
+            break;
+        case '\n':
+            e = "\\n";
+            break;
+        case '\r':
+            e = "\\r";
+            break;
+        case '\t':
+            e = "\\t";
+            break;
+        case '\b':
+            e = "\\b";
+            break;
+        case '\f':
+            e = "\\f";
+            break;
+        default:
+            if (c < 0x20) {
+                snprintf(esc, sizeof esc, "\\u%04x", c);
+                e = esc;
+            }
+        }
+        rc = e ? buf_add(b, e, strlen(e)) : buf_add(b, s, 1);
+    }
+    return rc ? rc : buf_add(b, "\"", 1);
+}
+
+// A number as Python prints it: integers without a point, others in the
+// shortest form that reads back the same.
+static int dump_number(struct buf *b, double d) {
+    char s[40];
+    if (!isfinite(d))
+        snprintf(s, sizeof s, "null");
+    else if (d == floor(d) && fabs(d) < 1e15)
+        snprintf(s, sizeof s, "%.0f", d);
+    else
+        for (int p = 1; p <= 17; p++) {
+            snprintf(s, sizeof s, "%.*g", p, d);
+            if (strtod(s, NULL) == d)
+                break;
+        }
+    return buf_add(b, s, strlen(s));
+}
+
+static int dump_newline(struct buf *b, int indent, int depth) {
+    int rc = buf_add(b, "\n", 1);
+    for (int i = 0; i < indent * depth && !rc; i++)
+        rc = buf_add(b, " ", 1);
+    return rc;
+}
+
+static int dump_container(struct buf *b, const cJSON *v, int indent, int depth) {
+    const bool obj = cJSON_IsObject(v);
+    int rc = buf_add(b, obj ? "{" : "[", 1);
+    if (!v->child)
+        return rc ? rc : buf_add(b, obj ? "}" : "]", 1);
+    for (const cJSON *c = v->child; c && !rc; c = c->next) {
+        if (c != v->child)
+            rc = indent > 0 ? buf_add(b, ",", 1) : buf_add(b, ", ", 2);
+        if (!rc && indent > 0)
+            rc = dump_newline(b, indent, depth + 1);
+        if (!rc && obj)
+            rc = dump_string(b, c->string ? c->string : "");
+        if (!rc && obj)
+            rc = buf_add(b, ": ", 2);
+        if (!rc)
+            rc = dump_json(b, c, indent, depth + 1);
+    }
+    if (!rc && indent > 0)
+        rc = dump_newline(b, indent, depth);
+    return rc ? rc : buf_add(b, obj ? "}" : "]", 1);
+}
+
+static int dump_json(struct buf *b, const cJSON *v, int indent, int depth) {
+    if (cJSON_IsObject(v) || cJSON_IsArray(v))
+        return dump_container(b, v, indent, depth);
+    if (cJSON_IsString(v))
+        return dump_string(b, v->valuestring);
+    if (cJSON_IsNumber(v))
+        return dump_number(b, v->valuedouble);
+    if (cJSON_IsBool(v))
+        return cJSON_IsTrue(v) ? buf_add(b, "true", 4) : buf_add(b, "false", 5);
+    return buf_add(b, "null", 4);
+}
+
+// JSON text (a request's tool object or call arguments) re-printed as the
+// templates print it; text that is not JSON is printed as a JSON string.
+static int dump_text(struct buf *b, const char *json, int indent) {
+    cJSON *v = json ? api_json_parse(json, strlen(json)) : NULL;
+    int rc = v ? dump_json(b, v, indent, 0) : dump_string(b, json ? json : "");
+    cJSON_Delete(v);
+    return rc;
+}
+
+static int add_str(struct buf *b, const char *s) {
+    return buf_add(b, s, strlen(s));
+}
+
+// --- prompts -----------------------------------------------------------------------
+
+static int hermes_system(struct buf *b, const struct api_request *r, const char *system) {
+    int rc = add_str(b, system ? system
+                               : "You are Qwen, created by Alibaba Cloud. You are a helpful "
+                                 "assistant.");
+    rc = rc ? rc
+            : add_str(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the "
+                         "user query.\n\nYou are provided with function signatures within "
+                         "<tools></tools> XML tags:\n<tools>");
+    for (int i = 0; i < r->n_tools && !rc; i++)
+        if (!(rc = buf_add(b, "\n", 1)))
+            rc = dump_text(b, r->tools[i].json, 0);
+    return rc ? rc
+              : add_str(b, "\n</tools>\n\nFor each function call, return a json object with "
+                           "function name and arguments within <tool_call></tool_call> XML "
+                           "tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                           "<args-json-object>}\n</tool_call>");
+}
+
+static int hermes_calls(struct buf *b, const struct api_message *m) {
+    int rc = add_str(b, m->content);
+    for (int i = 0; i < m->n_calls && !rc; i++) {
+        if (b->len)
+            rc = buf_add(b, "\n", 1);
+        rc = rc ? rc : add_str(b, HERMES_OPEN "\n{\"name\": ");
+        rc = rc ? rc : dump_string(b, m->calls[i].name);
+        rc = rc ? rc : add_str(b, ", \"arguments\": ");
+        rc = rc ? rc : dump_text(b, m->calls[i].arguments, 0);
+        rc = rc ? rc : add_str(b, "}\n" HERMES_CLOSE);
+    }
+    return rc;
+}
+
+static int llama3_tools(struct buf *b, const struct api_request *r, const char *question) {
+    int rc = add_str(b, "Given the following functions, please respond with a JSON for a function "
+                        "call with its proper arguments that best answers the given "
+                        "prompt.\n\nRespond in the format {\"name\": function name, "
+                        "\"parameters\": dictionary of argument name and its value}.Do not use "
+                        "variables.\n\n");
+    for (int i = 0; i < r->n_tools && !rc; i++)
+        if (!(rc = dump_text(b, r->tools[i].json, 4)))
+            rc = add_str(b, "\n\n");
+    return rc ? rc : add_str(b, question);
+}
+
+static int llama3_calls(struct buf *b, const struct api_message *m) {
+    int rc = 0;
+    for (int i = 0; i < m->n_calls && !rc; i++) {
+        rc = add_str(b, i ? "; {\"name\": " : "{\"name\": ");
+        rc = rc ? rc : dump_string(b, m->calls[i].name);
+        rc = rc ? rc : add_str(b, ", \"parameters\": ");
+        rc = rc ? rc : dump_text(b, m->calls[i].arguments, 0);
+        rc = rc ? rc : add_str(b, "}");
+    }
+    return m->n_calls ? rc : add_str(b, m->content);
+}
+
+// One message of the request, rewritten for format f (the tools block is
+// placed by the caller). *merged: a tool result appended to the previous
+// user turn (Hermes puts consecutive results in one turn).
+static int render_message(enum toolcall_format f, const struct api_message *m, struct buf *b,
+                          const char **role) {
+    *role = m->role;
+    if (!strcmp(m->role, "assistant") && m->n_calls)
+        return f == TOOLCALL_HERMES ? hermes_calls(b, m) : llama3_calls(b, m);
+    if (!strcmp(m->role, "tool")) {
+        if (f == TOOLCALL_LLAMA3) {
+            *role = "ipython";
+            return add_str(b, m->content);
+        }
+        *role = "user";
+        int rc = add_str(b, "<tool_response>\n");
+        rc = rc ? rc : add_str(b, m->content);
+        return rc ? rc : add_str(b, "\n</tool_response>");
+    }
+    return add_str(b, m->content);
+}
+
+static bool uses_tools(const struct api_request *r) {
+    if (r->n_tools > 0 && r->tool_choice != API_TOOL_CHOICE_NONE)
+        return true;
+    for (int i = 0; i < r->n_messages; i++)
+        if (r->messages[i].n_calls || !strcmp(r->messages[i].role, "tool"))
+            return true;
+    return false;
+}
+
+#define OOM() api_fail(e, 500, "server_error", NULL, "out of memory")
+
+// The system turn, with the tools announced (Hermes; Llama 3's tools go in
+// the first user turn).
+static int render_system(enum toolcall_format f, const struct api_request *r, bool show,
+                         struct chat_msg *out, int *n, struct toolcall_strs *keep,
+                         struct api_error *e) {
+    const bool has_sys = r->n_messages > 0 && !strcmp(r->messages[0].role, "system");
+    struct buf b = {0};
+    if (f == TOOLCALL_HERMES && show) {
+        if (hermes_system(&b, r, has_sys ? r->messages[0].content : NULL))
+            return buf_free(&b), OOM();
+    } else if (f == TOOLCALL_LLAMA3 && show) {
+        // Llama 3.1's template; its date_string default (the legacy llama3
+        // formatter trims the turn, as llama.cpp's)
+        if (add_str(&b, "Environment: ipython\nCutting Knowledge Date: December 2023\nToday "
+                        "Date: 26 Jul 2024\n\n") ||
+            (has_sys && add_str(&b, r->messages[0].content)))
+            return buf_free(&b), OOM();
+    } else if (!has_sys) {
+        return 0;
+    } else if (add_str(&b, r->messages[0].content)) {
+        return buf_free(&b), OOM();
+    }
+    const char *s = keep_buf(keep, &b);
+    if (!s)
+        return OOM();
+    out[(*n)++] = (struct chat_msg){"system", s};
+    return 0;
+}
+
+int toolcall_render(enum chat_template t, const struct api_request *r, struct chat_msg *out,
+                    int *n_out, struct toolcall_strs *keep, struct api_error *e) {
+    *n_out = 0;
+    const enum toolcall_format f = toolcall_format_of(t);
+    if (!uses_tools(r)) {
+        for (int i = 0; i < r->n_messages; i++)
+            out[i] = (struct chat_msg){r->messages[i].role, r->messages[i].content};
+        *n_out = r->n_messages;
+        return 0;
+    }
+    if (f == TOOLCALL_NONE)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "'tools': the model's chat template '%s' has no tool-call format in vela "
+                        "(templates with one: chatml (Hermes / Qwen), llama3)",
+                        chat_template_name(t));
+    if (r->tool_choice == API_TOOL_CHOICE_REQUIRED || r->tool_choice == API_TOOL_CHOICE_NAMED)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "'tool_choice': a forced call (\"required\" or a named function) needs "
+                        "grammar-constrained sampling, which vela serve does not have yet; send "
+                        "\"auto\"");
+    const bool show = toolcall_wanted(r);
+    if (render_system(f, r, show, out, n_out, keep, e))
+        return -1;
+    bool tools_placed = f != TOOLCALL_LLAMA3 || !show;
+    const int first = r->n_messages > 0 && !strcmp(r->messages[0].role, "system") ? 1 : 0;
+    for (int i = first; i < r->n_messages; i++) {
+        const struct api_message *m = &r->messages[i];
+        struct buf b = {0};
+        const char *role = m->role;
+        int rc;
+        if (!tools_placed && !strcmp(m->role, "user")) {
+            rc = llama3_tools(&b, r, m->content);
+            tools_placed = true;
+        } else {
+            rc = render_message(f, m, &b, &role);
+        }
+        // Hermes: consecutive tool results share one user turn.
+        const bool join = f == TOOLCALL_HERMES && !strcmp(m->role, "tool") && i > first &&
+                          !strcmp(r->messages[i - 1].role, "tool");
+        if (!rc && join) {
+            struct buf j = {0};
+            rc = add_str(&j, out[*n_out - 1].content) || buf_add(&j, "\n", 1) ||
+                 buf_add(&j, b.p ? b.p : "", b.len);
+            buf_free(&b);
+            b = j;
+            (*n_out)--;
+        }
+        const char *s = rc ? (buf_free(&b), NULL) : keep_buf(keep, &b);
+        if (!s)
+            return OOM();
+        out[(*n_out)++] = (struct chat_msg){role, s};
+    }
+    return 0;
+}
+
+// --- answers -----------------------------------------------------------------------
+
+void toolcall_calls_free(struct api_tool_call *calls, int n) {
+    for (int i = 0; i < n; i++) {
+        free(calls[i].id);
+        free(calls[i].name);
+        free(calls[i].arguments);
+    }
+    free(calls);
+}
+
+static bool is_space(char c) {
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+// One call's JSON object: its name and its arguments under `args_key`
+// ("arguments" or "parameters"; an object, or a string holding one).
+static int call_of(const cJSON *o, struct api_tool_call *c) {
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(o, "arguments");
+    if (!args)
+        args = cJSON_GetObjectItemCaseSensitive(o, "parameters");
+    if (!cJSON_IsObject(o) || !cJSON_IsString(name) || !name->valuestring[0])
+        return 1;
+    if (args && !cJSON_IsObject(args) && !cJSON_IsString(args))
+        return 1;
+    c->name = strdup(name->valuestring);
+    c->arguments = !args                  ? strdup("{}")
+                   : cJSON_IsString(args) ? strdup(args->valuestring)
+                                          : cJSON_PrintUnformatted(args);
+    return c->name && c->arguments ? 0 : -1;
+}
+
+// Appends the call in JSON text s[0..n) to *calls; 1 when it is not a call.
+static int add_call(const char *s, size_t n, struct api_tool_call **calls, int *n_calls) {
+    cJSON *o = api_json_parse(s, n);
+    if (!o)
+        return 1;
+    struct api_tool_call c = {0};
+    int rc = call_of(o, &c);
+    cJSON_Delete(o);
+    struct api_tool_call *grown = rc ? NULL : realloc(*calls, (size_t)(*n_calls + 1) * sizeof c);
+    if (rc || !grown) {
+        free(c.name);
+        free(c.arguments);
+        return rc ? rc : -1;
+    }
+    *calls = grown;
+    grown[(*n_calls)++] = c;
+    return 0;
+}
+
+// Hermes: every <tool_call>...</tool_call> (the last one may be unclosed).
+static int parse_hermes(const char *text, size_t len, size_t *content_len,
+                        struct api_tool_call **calls, int *n) {
+    const char *end = text + len, *open = NULL;
+    for (const char *p = text; p + strlen(HERMES_OPEN) <= end; p++)
+        if (!memcmp(p, HERMES_OPEN, strlen(HERMES_OPEN))) {
+            open = p;
+            break;
+        }
+    if (!open)
+        return 1;
+    *content_len = (size_t)(open - text);
+    for (const char *p = open; p < end;) {
+        while (p < end && is_space(*p))
+            p++;
+        if (p == end)
+            break;
+        if ((size_t)(end - p) < strlen(HERMES_OPEN) || memcmp(p, HERMES_OPEN, strlen(HERMES_OPEN)))
+            return 1; // text after a call that is not another call
+        p += strlen(HERMES_OPEN);
+        const char *close = p;
+        while (close + strlen(HERMES_CLOSE) <= end &&
+               memcmp(close, HERMES_CLOSE, strlen(HERMES_CLOSE)))
+            close++;
+        if (close + strlen(HERMES_CLOSE) > end)
+            close = end;
+        int rc = add_call(p, (size_t)(close - p), calls, n);
+        if (rc)
+            return rc;
+        p = close == end ? end : close + strlen(HERMES_CLOSE);
+    }
+    return 0;
+}
+
+// Llama 3: the whole answer is one call, or calls separated by ';'.
+static int parse_llama3(const char *text, size_t len, size_t *content_len,
+                        struct api_tool_call **calls, int *n) {
+    const char *p = text, *end = text + len;
+    while (p < end && is_space(*p))
+        p++;
+    if ((size_t)(end - p) >= strlen(LLAMA3_PYTHON_TAG) &&
+        !memcmp(p, LLAMA3_PYTHON_TAG, strlen(LLAMA3_PYTHON_TAG)))
+        p += strlen(LLAMA3_PYTHON_TAG);
+    while (p < end && is_space(*p))
+        p++;
+    if (p == end || *p != '{')
+        return 1;
+    *content_len = 0;
+    while (p < end) {
+        // the object's end: the first ';' outside strings at depth 0, or the end
+        const char *q = p;
+        int depth = 0;
+        bool in_str = false;
+        for (; q < end && (in_str || depth > 0 || *q != ';'); q++) {
+            if (in_str) {
+                if (*q == '\\' && q + 1 < end)
+                    q++;
+                else if (*q == '"')
+                    in_str = false;
+            } else if (*q == '"') {
+                in_str = true;
+            } else if (*q == '{' || *q == '[') {
+                depth++;
+            } else if (*q == '}' || *q == ']') {
+                depth--;
+            }
+        }
+        int rc = add_call(p, (size_t)(q - p), calls, n);
+        if (rc)
+            return rc;
+        p = q < end ? q + 1 : end;
+        while (p < end && is_space(*p))
+            p++;
+    }
+    return 0;
+}
+
+int toolcall_parse(enum toolcall_format f, const char *text, size_t len, const char *id_prefix,
+                   size_t *content_len, struct api_tool_call **calls, int *n_calls) {
+    *calls = NULL;
+    *n_calls = 0;
+    *content_len = len;
+    int rc = f == TOOLCALL_HERMES   ? parse_hermes(text, len, content_len, calls, n_calls)
+             : f == TOOLCALL_LLAMA3 ? parse_llama3(text, len, content_len, calls, n_calls)
+                                    : 1;
+    if (rc) { // not calls after all: the whole text is content
+        toolcall_calls_free(*calls, *n_calls);
+        *calls = NULL;
+        *n_calls = 0;
+        *content_len = len;
+        return rc < 0 ? -1 : 0;
+    }
+    while (*content_len > 0 && is_space(text[*content_len - 1]))
+        (*content_len)--;
+    for (int i = 0; i < *n_calls; i++) {
+        char id[96];
+        snprintf(id, sizeof id, "%s_%d", id_prefix, i);
+        if (!((*calls)[i].id = strdup(id)))
+            return -1;
+    }
+    return 0;
+}
+
+size_t toolcall_stream_safe(enum toolcall_format f, const char *text, size_t len) {
+    if (f == TOOLCALL_HERMES) {
+        const size_t n = strlen(HERMES_OPEN);
+        for (size_t i = 0; i < len; i++) {
+            const size_t m = len - i < n ? len - i : n;
+            if (!memcmp(text + i, HERMES_OPEN, m))
+                return i; // a call, or what may become one
+        }
+        return len;
+    }
+    if (f == TOOLCALL_LLAMA3) {
+        size_t i = 0;
+        while (i < len && is_space(text[i]))
+            i++;
+        const size_t n = strlen(LLAMA3_PYTHON_TAG), m = len - i < n ? len - i : n;
+        if (i == len || text[i] == '{' || !memcmp(text + i, LLAMA3_PYTHON_TAG, m))
+            return 0; // the answer may be a call: nothing is content yet
+        return len;
+    }
+    return len;
+}

@@ -1,0 +1,71 @@
+// Tool calling for /v1/chat/completions: the request's tools and the
+// conversation's calls and results written in the text format a chat
+// template's models were trained on, and the model's answer split back into
+// content and tool_calls. Pure functions over strings and cJSON (tested in
+// tests/test_serve_api.c).
+//
+// Formats, as the models' own Jinja templates write them (llama.cpp runs
+// those templates with --jinja; vela writes the same text in C):
+// - TOOLCALL_HERMES (chatml: Qwen 2.5 / 3, Hermes 2 Pro, SmolLM): the tools
+//   as JSON lines inside <tools></tools> in the system turn; a call is
+//   <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>; results
+//   go back in a user turn as <tool_response>\n...\n</tool_response>.
+// - TOOLCALL_LLAMA3 (llama3: Llama 3.1 / 3.2 / 3.3, custom tools in the
+//   first user message): the tools as indented JSON before the user's
+//   question; a call is the whole answer, {"name": ..., "parameters":
+//   {...}} (after an optional <|python_tag|>); results come back in an
+//   "ipython" turn.
+// Other templates have no format here: a request with tools is refused.
+#ifndef VELA_TOOLS_SERVE_TOOLCALL_H
+#define VELA_TOOLS_SERVE_TOOLCALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "host/tokenizer/chat.h"
+#include "tools/serve/api.h"
+
+enum toolcall_format {
+    TOOLCALL_NONE = 0, // the template has no tool-call format here
+    TOOLCALL_HERMES,
+    TOOLCALL_LLAMA3,
+};
+
+// The format of template t's models.
+enum toolcall_format toolcall_format_of(enum chat_template t);
+
+// Strings made by toolcall_render, freed together.
+struct toolcall_strs {
+    char **p; // [n]
+    int n, cap;
+};
+void toolcall_strs_free(struct toolcall_strs *s);
+
+// The request's messages as the chat_msgs template t formats: the tools
+// announced (unless tool_choice is none), assistant tool_calls and role
+// "tool" results written in t's format. out has room for r->n_messages + 1
+// entries; *n_out is set. Strings live in *keep. A request with tools (or
+// with calls or results in its messages) for a template without a format is
+// a 400 naming the template.
+int toolcall_render(enum chat_template t, const struct api_request *r, struct chat_msg *out,
+                    int *n_out, struct toolcall_strs *keep, struct api_error *e);
+
+// Whether the answer to r is to be read for tool calls (tools given and
+// tool_choice is not none).
+bool toolcall_wanted(const struct api_request *r);
+
+// The answer text[0..len) split: *content_len bytes of content (the text
+// before the first call, white space at its end dropped; all of it when
+// there is no call) and the calls, each with id "<id_prefix>_<i>" (malloc'd
+// into *calls, free with toolcall_calls_free). A call whose JSON does not
+// parse, or names no function, leaves the whole text as content. Returns 0,
+// or -1 when out of memory.
+int toolcall_parse(enum toolcall_format f, const char *text, size_t len, const char *id_prefix,
+                   size_t *content_len, struct api_tool_call **calls, int *n_calls);
+void toolcall_calls_free(struct api_tool_call *calls, int n);
+
+// How many bytes of the answer so far, text[0..len), may be streamed as
+// content now: all but what may be (the start of) a tool call.
+size_t toolcall_stream_safe(enum toolcall_format f, const char *text, size_t len);
+
+#endif
