@@ -91,6 +91,9 @@ struct cli {
         bool n_given, shift_given;         // -n, --[no-]context-shift were given
     } run;
     struct {
+        bool no_history; // --no-history: no history file
+    } chat;
+    struct {
         const char *tokens, *logits_out;
     } eval;
     struct {

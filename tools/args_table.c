@@ -412,6 +412,8 @@ static const struct flag rows[] = {
     {CLI_CHAT, SEC_CHAT, "-n, --n-predict", "N",
      "longest answer in tokens (default: -1, until the end of the turn)", "VELA_ARG_N_PREDICT",
      INT(gp.n_predict, -1, 1L << 30)},
+    {CLI_CHAT, SEC_CHAT, "--no-history", NULL,
+     "keep no history file (the session's history, Up / Down, stays)", NULL, SET(chat.no_history)},
 
     // --- vela eval ---
     {CLI_EVAL, SEC_EVAL, "--tokens", "LIST", "comma-separated token ids", NULL, STR(eval.tokens)},

@@ -7,8 +7,6 @@
 // decoded. When the conversation outgrows the context, the oldest turns
 // after the system message are dropped; within an answer, a full context
 // shifts (keeping the system message).
-#include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +23,7 @@
 #include "tools/cmds.h"
 #include "tools/common.h"
 #include "tools/default_model.h"
+#include "tools/line_input.h"
 #include "tools/progress.h"
 #include "tools/serve/buf.h"
 
@@ -40,6 +39,14 @@ static void usage(FILE *out) {
                  "  /clear                    forget the conversation (the system message stays)\n"
                  "  /exit, /quit              leave (as does Ctrl-D)\n"
                  "Ctrl-C stops the answer being written, not the program.\n\n");
+    if (line_input_library())
+        fprintf(out,
+                "Line editing: %s (arrow keys, emacs keys; Up recalls earlier messages);\n"
+                "the history is kept in $XDG_STATE_HOME/vela/chat_history, by default\n"
+                "~/.local/state/vela/chat_history (--no-history: not kept).\n\n",
+                line_input_library());
+    else
+        fprintf(out, "Line editing: none (built without libedit: plain input).\n\n");
     flags_help(out, &cli_flags, CLI_CHAT);
 }
 
@@ -236,47 +243,23 @@ static int answer(struct chat *c) {
     return 0;
 }
 
-// At a terminal: waits until a line can be read (1) or Ctrl-C was pressed
-// (0). Polling in short slices closes the window where the signal lands
-// between a check of the flag and a blocking read, which would then wait on.
-static int wait_line(void) {
-    for (;;) {
-        if (g_interrupt)
-            return 0;
-        struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
-        int r = poll(&p, 1, 100);
-        if (r > 0 || (r < 0 && errno != EINTR))
-            return 1; // a line, end of input, or an error getline reports
-    }
-}
-
 // The conversation loop: reads a line, runs a command or answers it.
-static int chat_loop(struct chat *c) {
-    char *line = NULL;
-    size_t cap = 0;
+static int chat_loop(struct chat *c, struct line_input *in) {
     const bool tty = isatty(STDIN_FILENO);
     for (;;) {
-        if (tty) {
-            printf("> ");
-            fflush(stdout);
-        }
-        errno = 0;
-        // A terminal hands over one line per read, so nothing waits in
-        // stdin's buffer when it is polled; piped input is read as it comes.
-        ssize_t len = tty && !wait_line() ? -1 : getline(&line, &cap, stdin);
-        if (len < 0 && g_interrupt) {
+        const char *line = NULL;
+        ssize_t len = line_input_read(in, &line);
+        if (len == -2) {
             // Ctrl-C at the prompt: nothing to stop.
             g_interrupt = 0;
-            clearerr(stdin);
             printf("\n(/exit or Ctrl-D to leave)\n");
             continue;
         }
         if (len < 0)
             break;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-            line[--len] = '\0';
         if (len == 0)
             continue;
+        line_input_remember(in, line);
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit"))
             break;
         if (!strcmp(line, "/clear")) {
@@ -288,12 +271,9 @@ static int chat_loop(struct chat *c) {
             printf("(unknown command %s: /clear, /exit)\n", line);
             continue;
         }
-        if (add_turn(c, "user", line, (size_t)len) || answer(c)) {
-            free(line);
+        if (add_turn(c, "user", line, (size_t)len) || answer(c))
             return 1;
-        }
     }
-    free(line);
     if (tty)
         printf("\n");
     return 0;
@@ -364,7 +344,11 @@ int cmd_chat(int argc, char **argv) {
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint; // no SA_RESTART: Ctrl-C at the prompt interrupts the read
     sigaction(SIGINT, &sa, NULL);
-    status = chat_loop(c);
+    char *history = f.chat.no_history ? NULL : line_input_history_path("chat_history");
+    struct line_input *in = line_input_open("> ", history, &g_interrupt);
+    free(history);
+    status = in ? chat_loop(c, in) : 1;
+    line_input_close(in);
 out:
     drop_turns(c, 0, c->n_turns);
     stop_free(c->stop);

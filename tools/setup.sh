@@ -18,6 +18,7 @@ command -v git >/dev/null || need+=(git)
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv) # tests/serve (openai client)
 command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin) # mpirun pipelines (host/split/mpi.c)
+[ -e /usr/include/histedit.h ] || need+=(libedit-dev) # vela chat's line editing and history
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO=sudo
