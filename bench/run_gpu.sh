@@ -225,17 +225,25 @@ stage_kernels() {
   local reps=()
   [ "$QUICK" = 1 ] && reps=(-r 3)
   timed "$BUILD/bench/vela-bench-kernels" --filter attn_decode,attn_se_decode,attn_prefill,attn_se_prefill,attn_se_mixed \
-    --models llama3-8b,llama2-7b --ctx 4096,16384,65536 "${reps[@]}" \
+    --models llama3-8b,llama2-7b --ctx 256,4096,16384,65536 "${reps[@]}" \
     --json "$RAW/kernels-attn-se.json" >"$RAW/kernels-attn-se.md" 2>>"$RAW/run.log" \
     || log "kernels: some attention cases failed (see kernels-attn-se.json)"
-  # Decode attention under other split-K plans (--attn-split BxC: blocks
-  # per SM aimed at, cells per split at least; the default is the run above):
-  # their rows join kernels-attn-se.json as "attn_decode@BxC".
+  # Decode attention's other kernel and split plans (--attn-kernel splitk:
+  # the split-K attn_kernel; --attn-split BxC: blocks per SM aimed at, cells
+  # per split at least; the default, attn_dec_kernel's 2x8, is the run
+  # above): their rows join kernels-attn-se.json as "attn_decode@PLAN"
+  # (splitk, splitk:4x64, 4x8, ...). 256 cells is tg128's regime.
   local plan
-  for plan in ${ATTN_SPLIT_PLANS-4x64 4x128 4x256 2x64}; do
-    log "kernels: decode attention, split plan $plan"
-    timed "$BUILD/bench/vela-bench-kernels" --attn-split "$plan" \
-      --filter attn_decode,attn_se_decode --models llama3-8b,llama2-7b --ctx 4096,16384,65536 \
+  for plan in ${ATTN_SPLIT_PLANS-splitk splitk:4x64 4x8 8x8 2x32}; do
+    log "kernels: decode attention, plan $plan"
+    local pargs=()
+    case "$plan" in
+      splitk) pargs=(--attn-kernel splitk) ;;
+      splitk:*) pargs=(--attn-kernel splitk --attn-split "${plan#splitk:}") ;;
+      *) pargs=(--attn-split "$plan") ;;
+    esac
+    timed "$BUILD/bench/vela-bench-kernels" "${pargs[@]}" \
+      --filter attn_decode,attn_se_decode --models llama3-8b,llama2-7b --ctx 256,4096,16384,65536 \
       "${reps[@]}" --json "$RAW/kernels-attn-split-$plan.json" \
       >"$RAW/kernels-attn-split-$plan.md" 2>>"$RAW/run.log" \
       || log "kernels: split plan $plan: some cases failed"

@@ -19,6 +19,10 @@
 // q_pos[t] - cell_pos[c] < window. A tile that no row of the block can see (every
 // cell empty or later than the block's largest q_pos) is skipped before K/V
 // are loaded: in causal prefill that is about half the tiles.
+// Decode (1..CUDA_ATTN_DEC_MAX_TOK tokens, F16/F16 or F32/F32 caches, head
+// dims 64/128/256, no RoPE inside) runs attn_dec_kernel instead, unless the
+// call asks for CUDA_ATTN_DECODE_SPLITK: cuda/attention_decode.cu. What
+// follows is attn_kernel's path: every other call, self-extend included.
 // Split-K (decode, long context): when (row blocks x KV heads) cannot fill
 // the GPU, blockIdx.z splits the cells into n_split ranges; each writes its
 // unnormalized accumulators with (m, l) to scratch and attn_combine_kernel
@@ -45,6 +49,7 @@
 #include <mma.h>
 
 #include "cuda/attention.h"
+#include "cuda/attention_decode.h"
 #include "cuda/q8_1.cuh"
 
 #define ATTN_WARPS 4
@@ -71,22 +76,7 @@ static __device__ __forceinline__ float attn_load(const __half *p) {
 
 #include "cuda/attention_se.cuh" // SE: RoPE inside attn_kernel (the unrotated cache)
 
-// 16 bytes of cache elements widened to float (exact for f16).
-static __device__ __forceinline__ void attn_widen(const uint4 &u, const float *, float *f) {
-    f[0] = __uint_as_float(u.x);
-    f[1] = __uint_as_float(u.y);
-    f[2] = __uint_as_float(u.z);
-    f[3] = __uint_as_float(u.w);
-}
-static __device__ __forceinline__ void attn_widen(const uint4 &u, const __half *, float *f) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 p = __half22float2(*(const __half2 *)&w[i]);
-        f[2 * i] = p.x;
-        f[2 * i + 1] = p.y;
-    }
-}
+#include "cuda/attention_widen.cuh"
 
 // The KV tile of cells [c0, c0 + ATTN_BK) of KV head g (cells at or past
 // c_end as zeros) into shared memory as float: dst[j * ld + d]. VEC: rows are
@@ -825,11 +815,19 @@ static size_t attn_part_acc_bytes(const struct cuda_attn *a, int n_split) {
 extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_attn *a, int sm_count) {
     if (a->n_tok <= 0 || a->n_head_kv <= 0 || a->n_head <= 0)
         return 0;
+    if (cuda_attention_decode_eligible(a))
+        return cuda_attention_decode_scratch_bytes(a, sm_count);
     const struct attn_plan p = attn_make_plan(a, sm_count);
     if (p.n_split == 1)
         return 0;
     return attn_part_acc_bytes(a, p.n_split) +
            (size_t)a->n_tok * a->n_head * p.n_split * 2 * sizeof(float);
+}
+
+extern "C" int cuda_attention_sync_count(const struct cuda_attn *a, int sm_count) {
+    if (a->n_tok <= 0 || a->n_head_kv <= 0 || a->n_head <= 0 || !cuda_attention_decode_eligible(a))
+        return 0;
+    return cuda_attention_decode_sync_count(a, sm_count);
 }
 
 template <typename KT, typename VT, bool VEC, bool SE>
@@ -967,6 +965,8 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
         (se_bad || a->rope.n_rot < 2 || a->rope.n_rot % 2 || a->rope.n_rot > a->head_dim))
         return verr_set(err, VERR_RANGE, "attention: RoPE inside: n_rot %d, G %d, W %d",
                         a->rope.n_rot, a->se_g, a->se_w);
+    if (cuda_attention_decode_eligible(a))
+        return cuda_attention_decode_apply(a, sm_count, scratch, scratch_bytes, stream, err);
     if (k16 && v16 && a->n_tok >= ATTN_TC_MIN_TOK) {
         int dev = 0, cc_major = 0, smem_optin = 0;
         VELA_CUDA_CALL(err, cudaGetDevice(&dev));

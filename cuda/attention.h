@@ -48,17 +48,40 @@ struct cuda_attn {
     struct cuda_rope rope;
     // Split-K plan of the SIMT kernel (decode): aim for split_blocks_per_sm
     // blocks per multiprocessor, each split at least split_min_cells cells
-    // (a multiple of 32); 0: CUDA_ATTN_SPLIT_BLOCKS_PER_SM and
+    // (a multiple of 8); 0: CUDA_ATTN_SPLIT_BLOCKS_PER_SM and
     // CUDA_ATTN_SPLIT_MIN_CELLS. Both calls of one attention step must
     // agree (cuda_attention_scratch_bytes, cuda_attention_apply).
     int split_blocks_per_sm, split_min_cells;
+    // The decode kernel (a variant under test until a GPU decides):
+    // CUDA_ATTN_DECODE_AUTO (0) picks the default, CUDA_ATTN_DECODE_SPLITK
+    // attn_kernel with its split-K plan and combine kernel, CUDA_ATTN_DECODE_DEC
+    // attn_dec_kernel (cuda/attention_decode.cu: cells split for >= 2 blocks
+    // per SM at any length, combine fused) where it applies; split_blocks_per_sm
+    // and split_min_cells plan whichever runs (defaults CUDA_ATTN_DEC_* for
+    // attn_dec_kernel).
+    int decode;
+    // Or NULL: sync_n counters (device memory, zero before the first call)
+    // that attn_dec_kernel counts its splits on and leaves zero; it needs
+    // cuda_attention_sync_count of them, else it merges the splits in a
+    // second launch (the same bits).
+    unsigned int *sync;
+    int sync_n;
 };
 #define CUDA_ATTN_SPLIT_BLOCKS_PER_SM 2
 #define CUDA_ATTN_SPLIT_MIN_CELLS 256
+#define CUDA_ATTN_DECODE_AUTO 0
+#define CUDA_ATTN_DECODE_SPLITK 1
+#define CUDA_ATTN_DECODE_DEC 2
+// attn_dec_kernel: up to this many query tokens; its default plan.
+#define CUDA_ATTN_DEC_MAX_TOK 8
+#define CUDA_ATTN_DEC_BLOCKS_PER_SM 2
+#define CUDA_ATTN_DEC_MIN_CELLS 8
 
 // Scratch bytes the attention call with these sizes needs for its split-K
 // partial results (0 when it runs unsplit). sm_count: multiprocessors.
 size_t cuda_attention_scratch_bytes(const struct cuda_attn *a, int sm_count);
+// Counters the call needs in cuda_attn.sync for a one-launch decode (0: none).
+int cuda_attention_sync_count(const struct cuda_attn *a, int sm_count);
 // Flash attention with online softmax; splits the KV range across blocks when
 // there are too few (token, head) blocks to fill the GPU, using `scratch`.
 int cuda_attention_apply(const struct cuda_attn *a, int sm_count, void *scratch,

@@ -67,6 +67,12 @@ struct cuda_backend {
     // decode attention's split-K plan (cuda_attn); 0: defaults. Variants
     // under test: backend_cuda_set_attn_split (cuda/backend_cuda.h).
     int attn_split_blocks_per_sm, attn_split_min_cells;
+    // the decode attention kernel (cuda_attn.decode; backend_cuda_set_attn_decode)
+    // and the counters its one-launch split combine uses (cuda_attn.sync:
+    // zeroed when allocated, left zero by every launch)
+    int attn_decode;
+    unsigned int *attn_sync;
+    int attn_sync_n;
     // the dp4a mat-vec's kernel (cuda_matvec_q8_segs); the one-pass kernel
     // unless backend_cuda_set_matvec_q8 picked another
     struct cuda_mvq_plan mvq;
@@ -295,6 +301,28 @@ static int cu_scratch_reserve(struct backend *be, size_t bytes) {
                         cudaGetErrorString(e), __FILE__, __LINE__);
     }
     cb->scratch_bytes = want;
+    return VERR_OK;
+}
+
+// Grows decode attention's split counters to at least n (zeroed; graphs
+// recorded with the old ones are stale). While recording it leaves them:
+// attention then merges its splits in a second launch, with the same bits.
+static int cu_attn_sync_reserve(struct backend *be, int n) {
+    struct cuda_backend *cb = cb_of(be);
+    if (n <= cb->attn_sync_n || cb->recording)
+        return VERR_OK;
+    cb->scratch_gen++;
+    const int want = n < 4096 ? 4096 : n;
+    if (cb->attn_sync) {
+        CU_CHECK(be, cudaFreeAsync(cb->attn_sync, cb->stream));
+        cb->attn_sync = NULL;
+        cb->attn_sync_n = 0;
+    }
+    CU_CHECK(be, cudaMallocAsync((void **)&cb->attn_sync, (size_t)want * sizeof(unsigned int),
+                                 cb->stream));
+    CU_CHECK(be,
+             cudaMemsetAsync(cb->attn_sync, 0, (size_t)want * sizeof(unsigned int), cb->stream));
+    cb->attn_sync_n = want;
     return VERR_OK;
 }
 
@@ -690,6 +718,7 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         .window = a->window,
         .split_blocks_per_sm = cb->attn_split_blocks_per_sm,
         .split_min_cells = cb->attn_split_min_cells,
+        .decode = cb->attn_decode,
     };
     if (a->rope) { // the unrotated cache: attn_kernel rotates q and K
         int rc_rope = cu_rope_prepare(be, &ca.rope, a->rope, a->head_dim, true, "attention");
@@ -701,6 +730,10 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         ca.q_se = a->q_se; // each token's own G and W, or NULL
     }
     int rc = cu_scratch_reserve(be, cuda_attention_scratch_bytes(&ca, cb->sm_count));
+    if (!rc)
+        rc = cu_attn_sync_reserve(be, cuda_attention_sync_count(&ca, cb->sm_count));
+    ca.sync = cb->attn_sync;
+    ca.sync_n = cb->attn_sync_n;
     const int64_t n_out = (int64_t)a->n_head * a->head_dim_v;
     if (!rc && a->out_q8 && a->head_dim_v % 32 == 0)
         rc = cu_xq_for(be, a->n_tok, n_out, &ca.xq);
@@ -906,6 +939,8 @@ static void cu_release(struct cuda_backend *cb) {
         (void)cudaFree(cb->scratch); // stream-ordered memory may be freed synchronously too
     if (cb->xq)
         (void)cudaFree(cb->xq);
+    if (cb->attn_sync)
+        (void)cudaFree(cb->attn_sync);
     for (int k = 0; k < BACKEND_UPLOAD_SLOTS; k++)
         if (cb->upload_ev[k])
             (void)cudaEventDestroy(cb->upload_ev[k]);
@@ -1059,14 +1094,27 @@ int backend_cuda_set_attn_split(struct backend *be, int blocks_per_sm, int min_c
     if (rc)
         return rc;
     const bool dflt = blocks_per_sm == 0 && min_cells == 0;
-    if (!dflt && (blocks_per_sm < 1 || blocks_per_sm > 64 || min_cells < 32 || min_cells > 65536 ||
-                  min_cells % 32))
+    if (!dflt && (blocks_per_sm < 1 || blocks_per_sm > 64 || min_cells < 8 || min_cells > 65536 ||
+                  min_cells % 8))
         return verr_set(err, VERR_RANGE,
                         "attention split %dx%d: expected B blocks per multiprocessor (1..64) and "
-                        "C cells per split (32..65536, a multiple of 32), or 0x0",
+                        "C cells per split (8..65536, a multiple of 8), or 0x0",
                         blocks_per_sm, min_cells);
     cb_of(be)->attn_split_blocks_per_sm = blocks_per_sm;
     cb_of(be)->attn_split_min_cells = min_cells;
+    return VERR_OK;
+}
+
+int backend_cuda_set_attn_decode(struct backend *be, int kernel, struct verr *err) {
+    int rc = cu_variant_backend(be, "backend_cuda_set_attn_decode", err);
+    if (rc)
+        return rc;
+    if (kernel != CUDA_ATTN_DECODE_AUTO && kernel != CUDA_ATTN_DECODE_SPLITK &&
+        kernel != CUDA_ATTN_DECODE_DEC)
+        return verr_set(err, VERR_RANGE,
+                        "attention decode kernel %d: expected 0 (default), 1 (split-K) or 2 (dec)",
+                        kernel);
+    cb_of(be)->attn_decode = kernel;
     return VERR_OK;
 }
 

@@ -16,10 +16,16 @@ struct backend;
 
 // Decode attention's split-K plan (struct cuda_attn, cuda/attention.h):
 // aim at blocks_per_sm blocks per multiprocessor (1..64), each split at
-// least min_cells cells (32..65536, a multiple of 32); 0, 0: the defaults
-// CUDA_ATTN_SPLIT_BLOCKS_PER_SM x CUDA_ATTN_SPLIT_MIN_CELLS.
+// least min_cells cells (8..65536, a multiple of 8); 0, 0: the defaults
+// (CUDA_ATTN_DEC_* for attn_dec_kernel, CUDA_ATTN_SPLIT_* for attn_kernel).
 int backend_cuda_set_attn_split(struct backend *be, int blocks_per_sm, int min_cells,
                                 struct verr *err);
+
+// Decode attention's kernel (struct cuda_attn.decode, cuda/attention.h):
+// CUDA_ATTN_DECODE_AUTO (0, the default), CUDA_ATTN_DECODE_SPLITK (1, the
+// split-K attn_kernel) or CUDA_ATTN_DECODE_DEC (2, attn_dec_kernel where it
+// applies). The split plan above applies to whichever runs.
+int backend_cuda_set_attn_decode(struct backend *be, int kernel, struct verr *err);
 
 // The dp4a mat-vec's kernel (struct cuda_mvq_plan, cuda/matvec_q8.h):
 // pipelined 0, blocks_per_sm 0: the one-pass kernel (the default);

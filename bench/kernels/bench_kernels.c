@@ -112,9 +112,11 @@ struct options {
     bool act[2];     // mat-vec activations to time: [0] f32, [1] q8 (backend.act_q8)
     bool tc_path[2]; // matmul_tc paths: [0] fused, [1] dequant + cuBLAS
     // The kernel variants under test (cuda/backend_cuda.h), as given
-    // (--attn-split BxC, --matvec-q8 pass|pipe[:B]) and parsed.
-    char attn_split[32], matvec_q8[32];
+    // (--attn-kernel dec|splitk, --attn-split BxC, --matvec-q8 pass|pipe[:B])
+    // and parsed; attn_split names both: "dec", "4x64", "splitk", "splitk:4x64".
+    char attn_split[48], matvec_q8[32];
     int split_blocks_per_sm, split_min_cells; // 0, 0: the default plan
+    int attn_decode;                          // CUDA_ATTN_DECODE_*; 0: the default
     int mvq_pipelined, mvq_blocks_per_sm;     // 0, 0: the one-pass kernel
 };
 
@@ -1007,9 +1009,13 @@ static void usage(FILE *out) {
         "  --matvec-q8 KERNEL     the dp4a mat-vec's kernel, a variant under test: pass\n"
         "                         (the default: one block per row pair) or pipe[:B]\n"
         "                         (the pipelined kernel, B blocks per SM, 1..64, default 4)\n"
-        "  --attn-split BxC       decode attention's split-K plan, a variant under test:\n"
+        "  --attn-kernel KERNEL   decode attention's kernel, a variant under test: dec\n"
+        "                         (the default: cells split for >= 2 blocks per SM,\n"
+        "                         combine fused) or splitk (attn_kernel + combine)\n"
+        "  --attn-split BxC       decode attention's split plan, a variant under test:\n"
         "                         aim at B blocks per SM (1..64), at least C cells per\n"
-        "                         split (32..65536, a multiple of 32); default 2x256\n"
+        "                         split (8..65536, a multiple of 8); default 2x8 (dec),\n"
+        "                         2x256 (splitk)\n"
         "  -r, --reps N           timed repetitions (default: 10)\n"
         "  --warmup N             untimed calls first (default: 2)\n"
         "  --device N             CUDA device (default: 0)\n"
@@ -1052,8 +1058,8 @@ static int parse_attn_split(struct options *o, const char *s) {
     memcpy(b, s, (size_t)(x - s));
     b[x - s] = '\0';
     if (parse_pos_int(b, 64, &o->split_blocks_per_sm) ||
-        parse_pos_int(x + 1, 65536, &o->split_min_cells) || o->split_min_cells % 32 ||
-        o->split_min_cells < 32)
+        parse_pos_int(x + 1, 65536, &o->split_min_cells) || o->split_min_cells % 8 ||
+        o->split_min_cells < 8)
         return -1;
     snprintf(o->attn_split, sizeof o->attn_split, "%s", s);
     return 0;
@@ -1112,8 +1118,7 @@ static int parse_args(struct options *o, int argc, char **argv) {
     o->prefill_tok = 512;
     o->act[0] = o->act[1] = true;
     o->tc_path[0] = o->tc_path[1] = true;
-    snprintf(o->attn_split, sizeof o->attn_split, "%dx%d", CUDA_ATTN_SPLIT_BLOCKS_PER_SM,
-             CUDA_ATTN_SPLIT_MIN_CELLS);
+    snprintf(o->attn_split, sizeof o->attn_split, "dec");
     snprintf(o->matvec_q8, sizeof o->matvec_q8, "pass");
 #ifdef VELA_EMU
     o->reps = 1; // emulated: counted, not timed
@@ -1199,6 +1204,12 @@ static int parse_args(struct options *o, int argc, char **argv) {
         } else if (!strcmp(a, "--attn-split")) {
             NEED_VALUE;
             rc = parse_attn_split(o, v);
+        } else if (!strcmp(a, "--attn-kernel")) {
+            NEED_VALUE;
+            o->attn_decode = !strcmp(v, "dec")      ? CUDA_ATTN_DECODE_DEC
+                             : !strcmp(v, "splitk") ? CUDA_ATTN_DECODE_SPLITK
+                                                    : -1;
+            rc = o->attn_decode < 0 ? -1 : 0;
         } else if (!strcmp(a, "--matvec-q8")) {
             NEED_VALUE;
             rc = parse_matvec_q8(o, v);
@@ -1255,6 +1266,12 @@ static int parse_args(struct options *o, int argc, char **argv) {
         parse_list("--matvec-tok", "1,8", add_mvtok, o);
     if (o->n_tc_tok == 0)
         parse_list("--tc-tok", "16,64,128", add_tctok, o);
+    if (o->attn_decode == CUDA_ATTN_DECODE_SPLITK) { // the variant's name: splitk[:BxC]
+        char plan[sizeof o->attn_split];
+        snprintf(plan, sizeof plan, "%s", o->attn_split);
+        snprintf(o->attn_split, sizeof o->attn_split, "splitk%s%s",
+                 o->split_blocks_per_sm ? ":" : "", o->split_blocks_per_sm ? plan : "");
+    }
     return 0;
 }
 
@@ -1307,6 +1324,7 @@ int main(int argc, char **argv) {
     if (backend_cuda_device_info(b.opt.device, &b.dev, &err) ||
         backend_cuda_create(&b.be, b.opt.device, &err) ||
         backend_cuda_set_attn_split(b.be, b.opt.split_blocks_per_sm, b.opt.split_min_cells, &err) ||
+        backend_cuda_set_attn_decode(b.be, b.opt.attn_decode, &err) ||
         backend_cuda_set_matvec_q8(b.be, b.opt.mvq_pipelined, b.opt.mvq_blocks_per_sm, &err)) {
         fprintf(stderr, "vela-bench-kernels: %s\n", err.msg);
         cJSON_Delete(root);
@@ -1350,7 +1368,7 @@ int main(int argc, char **argv) {
     cJSON_AddNumberToObject(par, "warmup", b.opt.warmup);
     cJSON_AddNumberToObject(par, "flush_bytes", (double)b.flush_bytes);
     cJSON_AddNumberToObject(par, "prefill_tokens", b.opt.prefill_tok);
-    // the kernel variants timed (--attn-split, --matvec-q8)
+    // the kernel variants timed (--attn-kernel, --attn-split, --matvec-q8)
     cJSON_AddStringToObject(par, "attn_split", b.opt.attn_split);
     cJSON_AddStringToObject(par, "matvec_q8", b.opt.matvec_q8);
     b.results = cJSON_AddArrayToObject(root, "results");

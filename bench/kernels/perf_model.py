@@ -328,7 +328,7 @@ def measured_variant(kernel):
     fam, _, plan = kernel.partition('@')
     if not plan:
         return fam, ''
-    return fam, plan if plan.startswith('pipe') else 'split:' + plan
+    return fam, plan if plan.startswith(('pipe', 'splitk')) else 'split:' + plan
 
 
 def load_measured(paths):
@@ -782,7 +782,7 @@ ALL_TYPES = 'f16,q4_0,q4_K,q5_K,q6_K,q8_0,q2_K,q3_K,iq4_nl,iq4_xs'
 MEASURED_TYPES = 'q4_0,q4_K,q6_K,q8_0'
 ATTN_CTX = '256,512,4096,32768'
 # (traffic file, variant, families, arguments): a variant under test is
-# picked by vela-bench-kernels' --matvec-q8 / --attn-split
+# picked by vela-bench-kernels' --matvec-q8 / --attn-kernel / --attn-split
 REPORT_RUNS = [
     ('mv', '', MV_FAMILIES,
      ['--types', ALL_TYPES, '--matvec-tok', '1,2,4,8', '--matvec-act', 'q8']),
@@ -796,8 +796,13 @@ REPORT_RUNS = [
     ('pipe8', 'pipe:8', MV_FAMILIES,
      ['--matvec-q8', 'pipe:8', '--types', MEASURED_TYPES, '--matvec-tok', '1,8',
       '--matvec-act', 'q8']),
+    # decode attention: the split-K attn_kernel (the default before
+    # attn_dec_kernel) and attn_dec_kernel under other split plans
+    ('splitk', 'splitk', 'attn_decode', ['--attn-kernel', 'splitk', '--ctx', ATTN_CTX]),
+    ('splitk4x64', 'splitk:4x64', 'attn_decode',
+     ['--attn-kernel', 'splitk', '--attn-split', '4x64', '--ctx', '256,4096,32768']),
 ] + [('split' + s, 'split:' + s, 'attn_decode', ['--attn-split', s, '--ctx', '256,4096,32768'])
-     for s in ('4x64', '4x128', '4x256', '2x64')]
+     for s in ('4x8', '8x8', '2x32')]
 CI_RUNS = [
     ('ci', '', MV_FAMILIES + ',attn_decode,rms_norm,rope_kv_store,argmax',
      ['--types', 'f16,q4_0,q4_K,q6_K,q8_0', '--matvec-tok', '1,8', '--matvec-act', 'q8',

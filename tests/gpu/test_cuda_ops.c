@@ -1466,7 +1466,8 @@ static int attn_plan_splits(int n_head, int n_head_kv, int n_kv, int per_sm, int
                                 .head_dim = 128,
                                 .head_dim_v = 128,
                                 .split_blocks_per_sm = per_sm,
-                                .split_min_cells = min_cells};
+                                .split_min_cells = min_cells,
+                                .decode = CUDA_ATTN_DECODE_SPLITK};
     const size_t b = cuda_attention_scratch_bytes(&a, 132);
     cr_assert_eq(b % ((size_t)n_head * 520), 0, "scratch %zu bytes", b);
     return b ? (int)(b / ((size_t)n_head * 520)) : 1;
@@ -1501,6 +1502,41 @@ Test(cuda, attention_split_plan) {
     }
 }
 
+// attn_dec_kernel's plan (cuda/attention_decode.cu, attn_dec_make_plan):
+// ns = ceil(per_sm * 132 / blocks), blocks = tokens x row chunks x KV heads,
+// at most n_kv_plan / min_cells (default 2 x 8) and 64; chunk =
+// ceil(n_kv_plan / ns) rounded up to 8 cells; n_split = ceil(n_kv / chunk).
+Test(cuda, attention_decode_plan) {
+    const struct {
+        int n_head, n_head_kv, n_kv, splits, sync;
+    } cases[] = {
+        {32, 8, 256, 32, 8},    // 33 -> 256 / 8 = 32 splits of 8 cells
+        {32, 8, 200, 25, 8},    // the same plan (chunk 8), 25 splits reach a cell
+        {32, 8, 4096, 32, 8},   // chunk ceil(4096 / 33) = 125 -> 128
+        {32, 8, 32768, 33, 8},  // chunk 993 -> 1000
+        {32, 32, 256, 8, 32},   // MHA: 32 blocks, ceil(264 / 32) = 9, chunk 29 -> 32: 8 splits
+        {128, 8, 4096, 17, 16}, // GQA 16: two chunks of 8 rows, 16 blocks: 17, 241 -> 248
+        {8, 8, 1, 1, 0},        // 1 cell: one split, no counters
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const struct cuda_attn a = {.n_tok = 1,
+                                    .n_kv = cases[i].n_kv,
+                                    .n_head = cases[i].n_head,
+                                    .n_head_kv = cases[i].n_head_kv,
+                                    .head_dim = 128,
+                                    .head_dim_v = 128,
+                                    .type_k = GGML_TYPE_F16,
+                                    .type_v = GGML_TYPE_F16};
+        const size_t b = cuda_attention_scratch_bytes(&a, 132);
+        const size_t per = (size_t)cases[i].n_head * 520;
+        const int got = b ? (int)(b / per) : 1;
+        cr_expect_eq(b % per, 0, "scratch %zu bytes", b);
+        cr_expect_eq(got, cases[i].splits, "heads %d/%d, %d keys: %d splits, want %d",
+                     cases[i].n_head, cases[i].n_head_kv, cases[i].n_kv, got, cases[i].splits);
+        cr_expect_eq(cuda_attention_sync_count(&a, 132), cases[i].sync, "counters");
+    }
+}
+
 // backend_cuda_set_attn_split sets the split-K plan of a CUDA backend (a
 // variant under test, cuda/backend_cuda.h); plans the kernel cannot take are
 // refused. A plan of many splits (4x64) matches the CPU as the default does.
@@ -1509,7 +1545,7 @@ Test(cuda, attention_split_variant) {
     struct backend *many = NULL;
     struct verr err = {0};
     cr_assert_eq(backend_cuda_create(&many, 0, &err), 0, "%s", err.msg);
-    const int bad[][2] = {{4, 65}, {0, 64}, {65, 64}, {4, 0}, {4, 16}, {4, 65568}};
+    const int bad[][2] = {{4, 65}, {0, 64}, {65, 64}, {4, 0}, {4, 12}, {4, 65568}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_expect_eq(backend_cuda_set_attn_split(many, bad[i][0], bad[i][1], &err), VERR_RANGE,
                      "plan %dx%d accepted", bad[i][0], bad[i][1]);
@@ -1524,6 +1560,197 @@ Test(cuda, attention_split_variant) {
             attn_check_case(&attn_cases[ci], false); // the split-K decode cases
     gpu = saved;
     backend_destroy(many);
+}
+
+// attn_dec_kernel (cuda/attention_decode.cu), the default decode kernel,
+// at its edges: one cell, cell counts that are not multiples of its step (8
+// cells a warp for F16 head dim 128) or of the plan's 256, row blocks of 1,
+// 4 and 8 query heads (GQA 1, 2, 4, 7, 8, 16: two row chunks), head dims
+// 64/128/256, F16 and F32, several sequences with empty and shared cells,
+// 8 tokens, windows. Each against the CPU through both kernels (the
+// variant switch), and through the default with a q8_1 copy.
+static const struct attn_case attn_dec_cases[] = {
+    {1, 1, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "dec one cell gqa4", 0},
+    {1, 37, 32, 4, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "dec gqa8 37 cells", 0},
+    {1, 300, 8, 8, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "dec mha hd64 2 seqs", 0},
+    {2, 1000, 8, 2, 256, 256, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "dec hd256 gqa4", 0},
+    {4, 700, 8, 4, 128, 128, GGML_TYPE_F32, GGML_TYPE_F32, false, 3, "dec f32 gqa2 3 seqs", 0},
+    {3, 500, 16, 1, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "dec gqa16 row chunks", 0},
+    {8, 900, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, false, 5, "dec 8 tok 5 seqs window",
+     300},
+    {1, 4099, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "dec 4099 cells window",
+     1000},
+    {1, 257, 4, 1, 256, 256, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "dec f32 hd256 mqa", 0},
+    {2, 70, 14, 2, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, false, 70, "dec gqa7 seq ids >= 64", 0},
+};
+
+Test(cuda, attention_decode_kernels) {
+    REQUIRE_GPU();
+    struct verr err = {0};
+    cr_expect_eq(backend_cuda_set_attn_decode(gpu, 3, &err), VERR_RANGE, "kernel 3 accepted");
+    cr_expect_eq(backend_cuda_set_attn_decode(cpu, 1, &err), VERR_RANGE, "the CPU backend");
+    const int kernels[] = {CUDA_ATTN_DECODE_DEC, CUDA_ATTN_DECODE_SPLITK, CUDA_ATTN_DECODE_AUTO};
+    for (size_t ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++) {
+        cr_assert_eq(backend_cuda_set_attn_decode(gpu, kernels[ki], &err), 0, "%s", err.msg);
+        rng_seed(73);
+        for (size_t ci = 0; ci < sizeof attn_dec_cases / sizeof attn_dec_cases[0]; ci++)
+            attn_check_case(&attn_dec_cases[ci], false);
+        for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++)
+            if (attn_cases[ci].n_tok <= CUDA_ATTN_DEC_MAX_TOK)
+                attn_check_case(&attn_cases[ci], false);
+    }
+    gpu->act_q8 = true;
+    for (size_t ci = 0; ci < sizeof attn_dec_cases / sizeof attn_dec_cases[0]; ci++)
+        attn_check_case(&attn_dec_cases[ci], true);
+    gpu->act_q8 = false;
+}
+
+// Decode output of the 32/8-head, head dim 128, F16 call below over n_kv
+// cells of which the first n_used hold positions 0.. of sequence 0 and the
+// rest are empty. how: 0 through the backend (counters: one launch); 1 and
+// 2 a direct cuda_attention_apply without counters (a second launch merges
+// the splits) and with fresh ones.
+static float *attn_dec_run(const float *q, const uint16_t *k, const uint16_t *v, int n_used,
+                           int n_kv, int how) {
+    const int n_head = 32, n_head_kv = 8, D = 128;
+    int32_t *cell_pos = malloc((size_t)n_kv * sizeof *cell_pos);
+    uint64_t *cell_seq = calloc((size_t)n_kv, sizeof *cell_seq);
+    for (int i = 0; i < n_kv; i++) {
+        cell_pos[i] = i < n_used ? i : -1;
+        cell_seq[i] = i < n_used ? 1 : 0;
+    }
+    const int32_t q_pos = n_used - 1, q_seq = 0;
+    void *bq, *bk, *bv, *bcp, *bcs, *bqp, *bqs, *bo;
+    const size_t nkv = (size_t)n_kv * n_head_kv * D;
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)n_head * D * 4, &bq));
+    OK(gpu, gpu->ops->alloc(gpu, nkv * 2, &bk));
+    OK(gpu, gpu->ops->alloc(gpu, nkv * 2, &bv));
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)n_kv * 4, &bcp));
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)n_kv * 8, &bcs));
+    OK(gpu, gpu->ops->alloc(gpu, 4, &bqp));
+    OK(gpu, gpu->ops->alloc(gpu, 4, &bqs));
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)n_head * D * 4, &bo));
+    OK(gpu, gpu->ops->upload(gpu, bq, q, (size_t)n_head * D * 4));
+    OK(gpu, gpu->ops->upload(gpu, bk, k, nkv * 2));
+    OK(gpu, gpu->ops->upload(gpu, bv, v, nkv * 2));
+    OK(gpu, gpu->ops->upload(gpu, bcp, cell_pos, (size_t)n_kv * 4));
+    OK(gpu, gpu->ops->upload(gpu, bcs, cell_seq, (size_t)n_kv * 8));
+    OK(gpu, gpu->ops->upload(gpu, bqp, &q_pos, 4));
+    OK(gpu, gpu->ops->upload(gpu, bqs, &q_seq, 4));
+    const float scale = 1.0f / sqrtf((float)D);
+    if (how == 0) {
+        struct attn_args ag = {.out = bo,
+                               .q = bq,
+                               .k = bk,
+                               .v = bv,
+                               .type_k = GGML_TYPE_F16,
+                               .type_v = GGML_TYPE_F16,
+                               .cell_pos = bcp,
+                               .cell_seq = bcs,
+                               .seq_words = 1,
+                               .q_pos = bqp,
+                               .q_seq = bqs,
+                               .n_tok = 1,
+                               .n_kv = n_kv,
+                               .n_head = n_head,
+                               .n_head_kv = n_head_kv,
+                               .head_dim = D,
+                               .head_dim_v = D,
+                               .scale = scale};
+        OK(gpu, gpu->ops->attention(gpu, &ag));
+    } else {
+        struct cuda_attn ca = {.out = bo,
+                               .q = bq,
+                               .k = bk,
+                               .v = bv,
+                               .type_k = GGML_TYPE_F16,
+                               .type_v = GGML_TYPE_F16,
+                               .cell_pos = bcp,
+                               .cell_seq = bcs,
+                               .seq_words = 1,
+                               .q_pos = bqp,
+                               .q_seq = bqs,
+                               .n_tok = 1,
+                               .n_kv = n_kv,
+                               .n_head = n_head,
+                               .n_head_kv = n_head_kv,
+                               .head_dim = D,
+                               .head_dim_v = D,
+                               .scale = scale,
+                               .decode = CUDA_ATTN_DECODE_DEC};
+        int sm = 0;
+        cr_assert_eq(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, gpu->device), 0);
+        const size_t sb = cuda_attention_scratch_bytes(&ca, sm);
+        void *scratch = NULL, *sync = NULL;
+        if (sb)
+            OK(gpu, gpu->ops->alloc(gpu, sb, &scratch));
+        if (how == 2) {
+            ca.sync_n = cuda_attention_sync_count(&ca, sm);
+            cr_assert_gt(ca.sync_n, 0, "a split call");
+            OK(gpu, gpu->ops->alloc(gpu, (size_t)ca.sync_n * 4, &sync));
+            OK(gpu, gpu->ops->memset_zero(gpu, sync, (size_t)ca.sync_n * 4));
+            ca.sync = sync;
+        }
+        OK(gpu, gpu->ops->sync(gpu));
+        struct verr err = {0};
+        cr_assert_eq(cuda_attention_apply(&ca, sm, scratch, sb, NULL, &err), 0, "%s", err.msg);
+        cr_assert_eq(cudaDeviceSynchronize(), 0);
+        if (scratch)
+            gpu->ops->free(gpu, scratch);
+        if (sync)
+            gpu->ops->free(gpu, sync);
+    }
+    float *out = malloc((size_t)n_head * D * 4);
+    OK(gpu, gpu->ops->download(gpu, out, bo, (size_t)n_head * D * 4));
+    OK(gpu, gpu->ops->sync(gpu));
+    void *bufs[] = {bq, bk, bv, bcp, bcs, bqp, bqs, bo};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        gpu->ops->free(gpu, bufs[i]);
+    free(cell_pos);
+    free(cell_seq);
+    return out;
+}
+
+// The determinism rule (BACKEND_KV_BUCKET): attn_dec_kernel's output does
+// not change when n_kv grows inside its 256-cell bucket with empty cells
+// (1 cell: one split written directly, against 256: the combine of 32), nor
+// between its one-launch combine (counters) and the two-launch one.
+Test(cuda, attention_decode_bits) {
+    REQUIRE_GPU();
+    cr_assert_eq(backend_cuda_set_attn_decode(gpu, CUDA_ATTN_DECODE_DEC, &gpu->err), 0);
+    rng_seed(74);
+    const int n_max = 512, n_head = 32, n_head_kv = 8, D = 128;
+    float *q = nrand_array((size_t)n_head * D, 1.0f);
+    float *kf = nrand_array((size_t)n_max * n_head_kv * D, 1.0f);
+    float *vf = nrand_array((size_t)n_max * n_head_kv * D, 1.0f);
+    uint16_t *k = cache_from(kf, GGML_TYPE_F16, (size_t)n_max * n_head_kv * D);
+    uint16_t *v = cache_from(vf, GGML_TYPE_F16, (size_t)n_max * n_head_kv * D);
+    const struct {
+        int n_used, n_a, n_b;
+    } pairs[] = {{1, 1, 256}, {300, 300, 512}, {200, 201, 256}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        float *a = attn_dec_run(q, k, v, pairs[i].n_used, pairs[i].n_a, 0);
+        float *b = attn_dec_run(q, k, v, pairs[i].n_used, pairs[i].n_b, 0);
+        cr_expect_eq(memcmp(a, b, (size_t)n_head * D * 4), 0,
+                     "%d used cells: n_kv %d and %d differ", pairs[i].n_used, pairs[i].n_a,
+                     pairs[i].n_b);
+        free(a);
+        free(b);
+    }
+    float *a = attn_dec_run(q, k, v, 450, 500, 0);
+    float *b = attn_dec_run(q, k, v, 450, 500, 1);
+    float *c = attn_dec_run(q, k, v, 450, 500, 2);
+    cr_expect_eq(memcmp(a, b, (size_t)n_head * D * 4), 0, "one launch and two launches differ");
+    cr_expect_eq(memcmp(a, c, (size_t)n_head * D * 4), 0, "backend and direct call differ");
+    free(a);
+    free(b);
+    free(c);
+    free(q);
+    free(kf);
+    free(vf);
+    free(k);
+    free(v);
+    cr_assert_eq(backend_cuda_set_attn_decode(gpu, CUDA_ATTN_DECODE_AUTO, &gpu->err), 0);
 }
 
 Test(cuda, attention_rejects_large_heads) {
