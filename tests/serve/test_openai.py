@@ -339,7 +339,7 @@ def hostile_requests():
                                                          "json_schema": {"schema": {}}})), {}, 400))
     # unknown path and method; wrong or missing key
     for p in ["/webui/", "/webui/nope.js", "/v2/completions", "/v1/completions/x",
-              "/v1/../etc/passwd", "/x%00", "/admin"]:
+              "/v1/../etc/passwd", "/x%00", "/%00", "/health%00x", "/admin"]:
         cases.append(("GET", p, None, {}, 404))
     for m, p in [("GET", "/v1/completions"), ("PUT", "/v1/chat/completions"),
                  ("DELETE", "/v1/models"), ("POST", "/health"), ("POST", "/metrics"),

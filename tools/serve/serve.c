@@ -1093,6 +1093,32 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     srv_log(SRV_LOG_DEBUG, "libmicrohttpd: %s", msg);
 }
 
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+// libmicrohttpd's URL decoding, except that %00 stays as it is: a decoded
+// NUL would end the path there in C strings ("/health%00x" answering as
+// "/health"); kept, the path names nothing and gets a 404.
+static size_t unescape_keep_nul(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls, (void)c;
+    char *w = s;
+    for (const char *r = s; *r;) {
+        const int hi = r[0] == '%' ? hex_digit(r[1]) : -1, lo = hi >= 0 ? hex_digit(r[2]) : -1;
+        if (lo >= 0 && (hi | lo)) {
+            *w++ = (char)(hi * 16 + lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 int serve_start(struct serve **out, const struct serve_config *cfg, int *port_out,
                 struct verr *err) {
     *out = NULL;
@@ -1120,7 +1146,8 @@ int serve_start(struct serve **out, const struct serve_config *cfg, int *port_ou
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 << 10, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 << 10, MHD_OPTION_UNESCAPE_CALLBACK,
+        unescape_keep_nul, NULL, MHD_OPTION_END);
     if (!s->d) {
         int rc = verr_set(err, VERR_IO, "cannot listen on %s:%d: %s", cfg->host, cfg->port,
                           s->mhd_msg[0] ? s->mhd_msg : "in use, or not allowed");
