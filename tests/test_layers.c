@@ -7,7 +7,8 @@
 // The order, bottom to top:
 //   gguf -> host/ops (backend and transport interfaces) -> kv, host/backend,
 //   cuda -> host/model -> host/forward -> host/split -> host/engine -> tools;
-//   host/tokenizer stands on gguf alone.
+//   host/tokenizer and host/grammar stand on gguf alone (the sampler in
+//   host/backend uses host/grammar).
 // tests/ and bench/ may include anything and are not scanned.
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -30,23 +31,27 @@ static const struct layer layers[] = {
     {"gguf", {"gguf"}},
     {"host/ops", {"gguf", "host/ops"}},
     {"host/tokenizer", {"gguf", "host/tokenizer"}},
+    {"host/grammar", {"gguf", "host/grammar"}},
     {"kv", {"gguf", "host/ops", "kv"}},
-    {"host/backend", {"gguf", "host/ops", "host/backend"}},
+    {"host/backend", {"gguf", "host/ops", "host/grammar", "host/backend"}},
     {"cuda", {"gguf", "host/ops", "cuda"}},
-    {"host/model", {"gguf", "host/ops", "host/backend", "host/model"}},
-    {"host/forward", {"gguf", "host/ops", "host/backend", "kv", "host/model", "host/forward"}},
+    {"host/model", {"gguf", "host/ops", "host/grammar", "host/backend", "host/model"}},
+    {"host/forward",
+     {"gguf", "host/ops", "host/grammar", "host/backend", "kv", "host/model", "host/forward"}},
     {"host/split",
-     {"gguf", "host/ops", "host/backend", "kv", "host/model", "host/forward", "host/split"}},
+     {"gguf", "host/ops", "host/grammar", "host/backend", "kv", "host/model", "host/forward",
+      "host/split"}},
     {"host/engine",
-     {"gguf", "host/ops", "host/backend", "kv", "host/model", "host/forward", "host/split",
-      "host/tokenizer", "host/engine"}},
-    {"tools/mkmodel", {"gguf", "host/ops", "host/backend", "host/model", "tools/mkmodel"}},
+     {"gguf", "host/ops", "host/grammar", "host/backend", "kv", "host/model", "host/forward",
+      "host/split", "host/tokenizer", "host/engine"}},
+    {"tools/mkmodel",
+     {"gguf", "host/ops", "host/grammar", "host/backend", "host/model", "tools/mkmodel"}},
     {"tools",
-     {"gguf", "host/ops", "host/backend", "kv", "host/model", "host/forward", "host/split",
-      "host/tokenizer", "host/engine", "tools/mkmodel", "tools/serve", "tools"}},
+     {"gguf", "host/ops", "host/grammar", "host/backend", "kv", "host/model", "host/forward",
+      "host/split", "host/tokenizer", "host/engine", "tools/mkmodel", "tools/serve", "tools"}},
     {"tools/serve",
-     {"gguf", "host/ops", "host/backend", "kv", "host/model", "host/forward", "host/split",
-      "host/tokenizer", "host/engine", "tools/serve"}},
+     {"gguf", "host/ops", "host/grammar", "host/backend", "kv", "host/model", "host/forward",
+      "host/split", "host/tokenizer", "host/engine", "tools/serve"}},
 };
 #define N_LAYERS (sizeof layers / sizeof layers[0])
 
@@ -334,6 +339,7 @@ Test(layers, the_rules_catch_an_upward_include) {
     cr_assert(!allowed(fwd, "host/split"), "forward may not see the split layer");
     cr_assert(!allowed(layer_of("kv"), "host/backend"), "kv sees the interface only");
     cr_assert(!allowed(layer_of("host/tokenizer"), "host/ops"), "the tokenizer stands on gguf");
+    cr_assert(!allowed(layer_of("host/grammar"), "host/tokenizer"), "the grammar stands on gguf");
     cr_assert(allowed(layer_of("host/engine"), "host/forward"));
 
     n_files = 2;

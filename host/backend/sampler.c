@@ -21,6 +21,8 @@ void sampler_params_default(struct sampler_params *p) {
     p->seed = SAMPLER_SEED_RANDOM;
     p->bias = NULL;
     p->n_bias = 0;
+    p->grammar = NULL;
+    p->grammar_vocab = NULL;
 }
 
 // --- candidates ----------------------------------------------------------------
@@ -288,6 +290,11 @@ struct sampler {
     int head;                   // next write position
     int32_t *window;            // [n_last] scratch: the history in order
     struct sampler_bias *bias;  // [p.n_bias] owned copy (p.bias points here)
+    // With a grammar: its state (holding the sampler's reference to
+    // p.grammar) and the trie walk's scratch.
+    struct grammar_state *gst;
+    int32_t *allowed; // [n_vocab] ids the grammar allows
+    uint8_t *keep;    // [n_vocab] all 0 between calls
 };
 
 static uint32_t random_seed(void) {
@@ -322,6 +329,24 @@ int sampler_check_bias(const struct sampler_bias *b, int n, int n_vocab, struct 
     return 0;
 }
 
+// The grammar's state and scratch for s; VERR_RANGE without a matching vocabulary.
+static int sampler_grammar_init(struct sampler *s, const struct sampler_params *p, int n_vocab,
+                                struct verr *err) {
+    if (!p->grammar_vocab || grammar_vocab_n_tokens(p->grammar_vocab) != n_vocab)
+        return verr_set(err, VERR_RANGE,
+                        "sampler: a grammar needs the model's token trie (grammar_vocab of %d "
+                        "tokens), got %d",
+                        n_vocab, p->grammar_vocab ? grammar_vocab_n_tokens(p->grammar_vocab) : 0);
+    int rc = grammar_state_new(&s->gst, p->grammar, err);
+    if (rc)
+        return rc;
+    s->allowed = malloc((size_t)n_vocab * sizeof *s->allowed);
+    s->keep = calloc((size_t)n_vocab, 1);
+    if (!s->allowed || !s->keep)
+        return verr_set(err, VERR_NOMEM, "out of host memory");
+    return 0;
+}
+
 int sampler_create(struct sampler **out, const struct sampler_params *p, int n_vocab,
                    struct verr *err) {
     *out = NULL;
@@ -346,6 +371,10 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, int n_v
         memcpy(s->bias, p->bias, (size_t)p->n_bias * sizeof *s->bias);
         s->p.bias = s->bias;
     }
+    if (p->grammar && (rc = sampler_grammar_init(s, p, n_vocab, err))) {
+        sampler_free(s);
+        return rc;
+    }
     s->n_vocab = n_vocab;
     s->seed = p->seed == SAMPLER_SEED_RANDOM ? random_seed() : p->seed;
     s->n_last = p->repeat_last_n;
@@ -368,6 +397,9 @@ void sampler_free(struct sampler *s) {
     free(s->last);
     free(s->window);
     free(s->bias);
+    grammar_state_free(s->gst);
+    free(s->allowed);
+    free(s->keep);
     free(s);
 }
 
@@ -379,9 +411,11 @@ void sampler_reset(struct sampler *s) {
     s->n_hist = 0;
     s->head = 0;
     sampler_rng_seed(&s->rng, s->seed);
+    if (s->gst)
+        grammar_state_reset(s->gst);
 }
 
-void sampler_accept(struct sampler *s, int32_t token) {
+void sampler_accept_prompt(struct sampler *s, int32_t token) {
     if (s->n_last <= 0)
         return;
     s->last[s->head] = token;
@@ -390,7 +424,22 @@ void sampler_accept(struct sampler *s, int32_t token) {
         s->n_hist++;
 }
 
-int32_t sampler_sample(struct sampler *s, const float *logits) {
+int sampler_accept_checked(struct sampler *s, int32_t token, struct verr *err) {
+    sampler_accept_prompt(s, token);
+    return s->gst ? grammar_state_accept(s->gst, s->p.grammar_vocab, token, err) : 0;
+}
+
+int sampler_accept(struct sampler *s, int32_t token) {
+    return sampler_accept_checked(s, token, NULL);
+}
+
+const struct grammar_state *sampler_grammar_state(const struct sampler *s) {
+    return s->gst;
+}
+
+// Every token as a candidate (candidate i is token i), the logit bias and
+// the penalties applied.
+static struct sampler_cands sampler_fill(struct sampler *s, const float *logits) {
     struct sampler_cands c = {s->cands, (size_t)s->n_vocab, false};
     for (int i = 0; i < s->n_vocab; i++) {
         s->cands[i].id = i;
@@ -404,9 +453,54 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
         s->window[i] = s->last[(start + i) % s->n_last];
     sampler_apply_penalties(&c, s->window, s->n_hist, s->p.repeat_penalty, s->p.frequency_penalty,
                             s->p.presence_penalty);
+    return c;
+}
+
+// The chain again over the tokens the grammar allows (in id order, as the
+// first pass saw them), with a fresh draw.
+static int sampler_resample(struct sampler *s, const float *logits, int32_t *token,
+                            struct verr *err) {
+    int32_t n = 0;
+    int rc = grammar_state_allowed(s->gst, s->p.grammar_vocab, s->allowed, &n, err);
+    if (rc)
+        return rc;
+    if (n == 0)
+        return verr_set(err, VERR_RANGE, "grammar: no token can continue the output here (%s)",
+                        grammar_state_can_end(s->gst) ? "the grammar has ended and the model has "
+                                                        "no end-of-generation token"
+                                                      : "what the grammar expects next is in no "
+                                                        "token of the vocabulary");
+    struct sampler_cands c = sampler_fill(s, logits);
+    for (int32_t k = 0; k < n; k++)
+        s->keep[s->allowed[k]] = 1;
+    size_t m = 0;
+    for (size_t i = 0; i < c.size; i++)
+        if (s->keep[c.data[i].id])
+            c.data[m++] = c.data[i];
+    c.size = m;
+    for (int32_t k = 0; k < n; k++)
+        s->keep[s->allowed[k]] = 0;
+    const double u = s->p.temp <= 0 ? 0.0 : sampler_rng_uniform(&s->rng);
+    *token = sampler_chain(&c, s->p.temp, s->p.top_k, s->p.top_p, s->p.min_p, u);
+    return 0;
+}
+
+int sampler_sample_checked(struct sampler *s, const float *logits, int32_t *token,
+                           struct verr *err) {
+    struct sampler_cands c = sampler_fill(s, logits);
     // Greedy takes no draw: the random sequence advances only when sampling.
     const double u = s->p.temp <= 0 ? 0.0 : sampler_rng_uniform(&s->rng);
-    return sampler_chain(&c, s->p.temp, s->p.top_k, s->p.top_p, s->p.min_p, u);
+    const int32_t tok = sampler_chain(&c, s->p.temp, s->p.top_k, s->p.top_p, s->p.min_p, u);
+    if (!s->gst || grammar_state_allows(s->gst, s->p.grammar_vocab, tok)) {
+        *token = tok;
+        return 0;
+    }
+    return sampler_resample(s, logits, token, err);
+}
+
+int32_t sampler_sample(struct sampler *s, const float *logits) {
+    int32_t tok = -1;
+    return sampler_sample_checked(s, logits, &tok, NULL) ? -1 : tok;
 }
 
 int32_t sampler_chain(struct sampler_cands *c, float temp, int top_k, float top_p, float min_p,
@@ -432,7 +526,7 @@ int32_t sampler_chain(struct sampler_cands *c, float temp, int top_k, float top_
 }
 
 bool sampler_penalties_off(const struct sampler *s) {
-    return s->p.n_bias == 0 &&
+    return s->p.n_bias == 0 && !s->gst &&
            (s->n_last == 0 || (s->p.repeat_penalty == 1.0f && s->p.frequency_penalty == 0.0f &&
                                s->p.presence_penalty == 0.0f));
 }
@@ -447,6 +541,13 @@ void sampler_next_params(struct sampler *s, struct sample_params *out) {
 
 void sampler_describe(const struct sampler *s, char *buf, size_t cap) {
     const struct sampler_params *p = &s->p;
+    if (s->gst) {
+        int n = snprintf(buf, cap, "grammar(%d rules) -> ", grammar_n_rules(p->grammar));
+        if (n < 0 || (size_t)n >= cap)
+            return;
+        buf += n;
+        cap -= (size_t)n;
+    }
     if (p->n_bias > 0) {
         int n = snprintf(buf, cap, "logit_bias(%d) -> ", p->n_bias);
         if (n < 0 || (size_t)n >= cap)

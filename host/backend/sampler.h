@@ -3,6 +3,12 @@
 // over one row of logits, with a small seeded PRNG (xoshiro256**) so that a
 // given seed always gives the same tokens for the same logits.
 //
+// With a grammar (host/grammar/grammar.h) the chain runs as llama.cpp's
+// common_sampler runs it: first over every candidate as usual; only when the
+// grammar refuses the token picked are the candidates cut down to the tokens
+// the grammar allows (a walk of the vocabulary's token trie, not a check of
+// every token) and the chain run again with a fresh draw.
+//
 // temp <= 0 is greedy: penalties are still applied, then the largest logit
 // wins (lowest id on ties). The individual steps are exported so tests can
 // check each against hand-computed distributions.
@@ -14,6 +20,7 @@
 #include <stdint.h>
 
 #include "gguf/verr.h"
+#include "host/grammar/grammar.h"
 
 #define SAMPLER_SEED_RANDOM 0xFFFFFFFFu // llama.cpp's LLAMA_DEFAULT_SEED: pick one at random
 
@@ -39,6 +46,12 @@ struct sampler_params {
     uint32_t seed;                   // SAMPLER_SEED_RANDOM
     const struct sampler_bias *bias; // [n_bias] (sampler_create copies it); NULL: none
     int n_bias;                      // 0 .. SAMPLER_MAX_BIAS
+    // A grammar the output must match (NULL: none): sampler_create takes a
+    // reference, so the caller may free its own right after. grammar_vocab:
+    // the model's token trie (grammar_vocab_new, built once per model and
+    // shared by every sampler), required with a grammar, outliving them all.
+    struct grammar *grammar;
+    const struct grammar_vocab *grammar_vocab;
 };
 
 void sampler_params_default(struct sampler_params *p);
@@ -115,25 +128,47 @@ struct sampler;
 int sampler_check_bias(const struct sampler_bias *b, int n, int n_vocab, struct verr *err);
 // VERR_RANGE: repeat_last_n < 0 (the caller passes n_ctx for -1), more than
 // SAMPLER_MAX_BIAS bias entries, a bias entry's token outside [0, n_vocab)
-// or its bias neither finite nor -INFINITY.
+// or its bias neither finite nor -INFINITY, a grammar without a
+// grammar_vocab or with one of another size than n_vocab.
 int sampler_create(struct sampler **out, const struct sampler_params *p, int n_vocab,
                    struct verr *err);
 void sampler_free(struct sampler *s);
 // The seed actually used (the random one when SAMPLER_SEED_RANDOM was asked for).
 uint32_t sampler_seed(const struct sampler *s);
-// Adds a token to the penalty history (prompt tokens too, as llama.cpp does).
-void sampler_accept(struct sampler *s, int32_t token);
-// Clears the history and re-seeds the RNG with the same seed.
+// A generated token: adds it to the penalty history and advances the
+// grammar past it. Returns 0, or (only with a grammar) VERR_RANGE when the
+// grammar does not allow the token here (the history takes it, the grammar
+// state stays as it was) or VERR_FULL when the grammar grew past its limits.
+int sampler_accept(struct sampler *s, int32_t token);
+// sampler_accept with the grammar's message in err.
+int sampler_accept_checked(struct sampler *s, int32_t token, struct verr *err);
+// A prompt token: the penalty history only (llama.cpp adds prompt tokens to
+// the history too; the grammar constrains generated text alone).
+void sampler_accept_prompt(struct sampler *s, int32_t token);
+// Clears the history, re-seeds the RNG with the same seed and puts the
+// grammar back at its start.
 void sampler_reset(struct sampler *s);
-// Samples the next token from logits [n_vocab] (not modified).
+// Samples the next token from logits [n_vocab] (not modified). With a
+// grammar: a token the grammar allows (an end-of-generation token only where
+// the grammar can end); -1 when the grammar allows no token at all (a dead
+// end: sampler_sample_checked says why).
 int32_t sampler_sample(struct sampler *s, const float *logits);
+// sampler_sample with an error instead of -1: VERR_RANGE when the grammar
+// allows no token (it has ended and the vocabulary has no end-of-generation
+// token, or its remaining characters are in no token), VERR_FULL when it
+// grew past its limits. *token is set on success only.
+int sampler_sample_checked(struct sampler *s, const float *logits, int32_t *token,
+                           struct verr *err);
+// The sampler's grammar state (NULL without a grammar): where the generated
+// text stands, e.g. grammar_state_can_end to tell a finished output.
+const struct grammar_state *sampler_grammar_state(const struct sampler *s);
 
 // Sampling on the backend (ops->sample, host/ops/backend.h) takes the chain's
 // parameters and one draw per row; the penalties stay on the host.
 struct sample_params;
-// True when s applies no penalty and no logit bias (the next token then
-// depends only on the logits and one draw), so its rows may be sampled by
-// ops->sample.
+// True when s applies no penalty, no logit bias and no grammar (the next
+// token then depends only on the logits and one draw), so its rows may be
+// sampled by ops->sample.
 bool sampler_penalties_off(const struct sampler *s);
 // Fills *out with s's chain parameters and, unless greedy, takes the next
 // draw of its RNG into out->u (the draw sampler_sample would take; greedy
