@@ -19,8 +19,10 @@
 #include "cuda/backend_cuda.h"
 #include "cuda/elementwise.h"
 #include "cuda/matmul.h"
+#include "cuda/matmul_tc.h"
 #include "cuda/matvec.h"
 #include "cuda/matvec_q8.h"
+#include "cuda/moe.h"
 #include "cuda/norm.h"
 #include "cuda/rope.h"
 #include "cuda/sample.h"
@@ -448,9 +450,10 @@ _Static_assert(BACKEND_ACT_Q8_MAX_TOK == CUDA_MATVEC_MAX_TOK,
 // The decode mat-vec of segments sharing x: f32 activations, or with act_q8
 // (backend.h) x quantized to q8_1 in the scratch first and the dp4a kernels.
 // x as q8_1 blocks for the act_q8 mat-vec: the copy the op just before
-// wrote (rms_norm_q8, attention) when it is x, else x quantized into the
-// scratch.
-static int cu_xq_of(struct backend *be, const float *x, int n_tok, int64_t n_in, const void **xq) {
+// wrote (rms_norm_q8, attention) when it is x, else x quantized into dst
+// (NULL: the scratch).
+static int cu_xq_into(struct backend *be, const float *x, int n_tok, int64_t n_in, void *dst,
+                      const void **xq) {
     struct cuda_backend *cb = cb_of(be);
     const struct cu_xq *o = &cb->xq_offer;
     if (o->copied && x == o->src && n_tok == o->rows && n_in == o->n) {
@@ -465,11 +468,17 @@ static int cu_xq_of(struct backend *be, const float *x, int n_tok, int64_t n_in,
     if (row <= 0)
         return verr_set(&be->err, VERR_RANGE, "matmul: n_in %lld is not a multiple of 32",
                         (long long)n_in);
-    int rc = cu_scratch_reserve(be, (size_t)n_tok * (size_t)row);
+    int rc = dst ? VERR_OK : cu_scratch_reserve(be, (size_t)n_tok * (size_t)row);
+    if (!dst)
+        dst = cb->scratch;
     if (!rc)
-        rc = cuda_quantize_q8_1(cb->scratch, x, n_tok, n_in, cb->stream, &be->err);
-    *xq = cb->scratch;
+        rc = cuda_quantize_q8_1(dst, x, n_tok, n_in, cb->stream, &be->err);
+    *xq = dst;
     return rc;
+}
+
+static int cu_xq_of(struct backend *be, const float *x, int n_tok, int64_t n_in, const void **xq) {
+    return cu_xq_into(be, x, n_tok, n_in, NULL, xq);
 }
 
 // One decode mat-vec launch over segments of one type sharing x; xq: x as
@@ -836,6 +845,187 @@ static int cu_sample(struct backend *be, int32_t *out, const float *logits, int 
     return rc;
 }
 
+// --- mixture of experts ----------------------------------------------------------
+
+static int cu_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits,
+                        int n_tok, int n_expert, int k, bool renorm) {
+    CU_ENTER(be);
+    return cuda_moe_route(ids, weights, logits, n_tok, n_expert, k, renorm ? 1 : 0,
+                          cb_of(be)->stream, &be->err);
+}
+
+// The host-side checks of moe_ffn (the ids are device memory: the kernels
+// clamp them instead).
+static int cu_moe_check(struct backend *be, const struct moe_args *a) {
+    if (!a || a->n_tok < 0 || a->n_expert < 1 || a->n_expert > CUDA_MOE_MAX_EXPERT || a->k < 1 ||
+        a->k > a->n_expert)
+        return verr_set(&be->err, VERR_RANGE,
+                        "moe_ffn: %d tokens, %d experts, k %d (need 1 <= k <= n_expert <= %d)",
+                        a ? a->n_tok : 0, a ? a->n_expert : 0, a ? a->k : 0, CUDA_MOE_MAX_EXPERT);
+    int rc = cu_check_weight(be, a->gate, "moe_ffn gate");
+    if (!rc)
+        rc = cu_check_weight(be, a->up, "moe_ffn up");
+    if (!rc)
+        rc = cu_check_weight(be, a->down, "moe_ffn down");
+    if (rc)
+        return rc;
+    const struct backend_weight *g = a->gate, *u = a->up, *d = a->down;
+    if (g->n_out % a->n_expert || d->n_out % a->n_expert || g->n_in != u->n_in ||
+        g->n_out != u->n_out || g->type != u->type || d->n_in != g->n_out / a->n_expert ||
+        d->n_out / a->n_expert != g->n_in)
+        return verr_set(&be->err, VERR_RANGE,
+                        "moe_ffn: expert stacks gate %lld x %lld (%s), up %lld x %lld (%s), down "
+                        "%lld x %lld do not fit %d experts",
+                        (long long)g->n_out, (long long)g->n_in, ggml_type_name(g->type),
+                        (long long)u->n_out, (long long)u->n_in, ggml_type_name(u->type),
+                        (long long)d->n_out, (long long)d->n_in, a->n_expert);
+    if (a->n_tok > 0 && (!a->out || !a->x || !a->ids || !a->weights || !a->tmp))
+        return verr_set(&be->err, VERR_RANGE, "moe_ffn: NULL pointer");
+    if ((const void *)a->out == (const void *)a->x || a->out == a->tmp)
+        return verr_set(&be->err, VERR_RANGE, "moe_ffn: out aliases x or tmp");
+    if ((int64_t)a->n_tok * a->k > INT32_MAX / 2)
+        return verr_set(&be->err, VERR_RANGE, "moe_ffn: %d tokens x %d experts are too many",
+                        a->n_tok, a->k);
+    return VERR_OK;
+}
+
+static size_t cu_align16(size_t bytes) {
+    return (bytes + 15) & ~(size_t)15;
+}
+
+// One expert-mode mat-vec over every pair (cuda/matvec.h): q8_1 activations
+// under act_q8 where the type has a dp4a kernel (x quantized into xq_buf,
+// or the copy the op before left), else f32 (the dense matmul's choice).
+static int cu_moe_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_seg,
+                         enum ggml_type type, int64_t n_in, const float *x, int n_x_rows,
+                         const struct cuda_mv_experts *ex, enum cuda_mv_epilogue epi,
+                         void *xq_buf) {
+    struct cuda_backend *cb = cb_of(be);
+    if (!be->act_q8 || !quant_q8_1_dot_supported(type))
+        return cuda_matvec_experts(segs, n_seg, type, n_in, x, ex, epi, cb->stream, &be->err);
+    const void *xq = NULL;
+    int rc = cu_xq_into(be, x, n_x_rows, n_in, xq_buf, &xq);
+    if (!rc)
+        rc = cuda_matvec_q8_experts(segs, n_seg, type, n_in, xq, ex, epi, &cb->mvq, cb->stream,
+                                    &be->err);
+    return rc;
+}
+
+// The mat-vec path (decode batches, and prompt batches the grouped GEMM
+// does not take): every (token, slot) pair through its expert's rows.
+// tmp: h [n_pairs][n_ff], y [n_pairs][n_embd], then the q8_1 activations.
+static int cu_moe_ffn_matvec(struct backend *be, const struct moe_args *a) {
+    const int64_t n_embd = a->gate->n_in, n_ff = a->gate->n_out / a->n_expert;
+    const int n_pairs = a->n_tok * a->k;
+    float *h = a->tmp;
+    float *y = h + (size_t)n_pairs * n_ff;
+    void *xq =
+        (void *)((char *)a->tmp + cu_align16(((size_t)n_pairs * (n_ff + n_embd)) * sizeof(float)));
+    const struct cuda_mv_seg gu[2] = {{h, a->gate->data, NULL, n_ff}, {h, a->up->data, NULL, n_ff}};
+    struct cuda_mv_experts ex = {a->ids, n_pairs, a->n_expert, a->k};
+    int rc =
+        cu_moe_matvec(be, gu, 2, a->gate->type, n_embd, a->x, a->n_tok, &ex, CUDA_MV_SWIGLU, xq);
+    if (rc)
+        return rc;
+    cb_of(be)->xq_offer = (struct cu_xq){0}; // h is not the norm's output
+    const struct cuda_mv_seg dn = {y, a->down->data, NULL, n_embd};
+    ex.x_div = 1;
+    rc = cu_moe_matvec(be, &dn, 1, a->down->type, n_ff, h, n_pairs, &ex, CUDA_MV_STORE, xq);
+    if (!rc)
+        rc = cuda_moe_combine(a->out, y, a->weights, a->n_tok, a->k, n_embd, cb_of(be)->stream,
+                              &be->err);
+    return rc;
+}
+
+// Tokens per tile of the grouped GEMM for these stacks, or 0 where it does
+// not take them: the smallest power of two >= the mean group (16..64; a
+// tile past a group's end is work thrown away), as far as both kernels fit.
+static int cu_moe_tile(const struct moe_args *a) {
+    const int n_pairs = a->n_tok * a->k;
+    int want = 16;
+    while (want < 64 && (int64_t)want * a->n_expert < n_pairs)
+        want *= 2;
+    const int tg = cuda_matmul_tc_group_tpb(a->gate->type, want);
+    const int td = cuda_matmul_tc_group_tpb(a->down->type, want);
+    return tg < td ? tg : td;
+}
+
+// The grouped path (prompt batches, quantized stacks): pairs sorted by
+// expert on the device, each expert's group through the tensor-core GEMM
+// (f16 activations, as the dense GEMM path computes matmul). tmp: A
+// [n_pairs][max(n_ff, n_embd)] (gate, then h, then y), U [n_pairs][n_ff]
+// (up, then h as f16), x as f16, order, offsets, tiles. Returns 1 without
+// enqueueing anything when the tables do not fit (tiny n_embd with many
+// experts): the caller takes the mat-vec path.
+static int cu_moe_ffn_grouped(struct backend *be, const struct moe_args *a, int tpb) {
+    struct cuda_backend *cb = cb_of(be);
+    const int64_t n_embd = a->gate->n_in, n_ff = a->gate->n_out / a->n_expert;
+    const int n_pairs = a->n_tok * a->k;
+    const int n_tiles = cuda_moe_max_tiles(n_pairs, a->n_expert, tpb);
+    const size_t wide = (size_t)(n_ff > n_embd ? n_ff : n_embd);
+    char *base = (char *)a->tmp;
+    size_t off = 0;
+    float *A = (float *)(base + off);
+    off = cu_align16(off + (size_t)n_pairs * wide * sizeof(float));
+    float *U = (float *)(base + off);
+    off = cu_align16(off + (size_t)n_pairs * n_ff * sizeof(float));
+    uint16_t *x16 = (uint16_t *)(base + off);
+    off = cu_align16(off + (size_t)a->n_tok * n_embd * sizeof(uint16_t));
+    int32_t *order = (int32_t *)(base + off);
+    off += (size_t)n_pairs * sizeof(int32_t);
+    int32_t *offsets = (int32_t *)(base + off);
+    off += (size_t)(a->n_expert + 1) * sizeof(int32_t);
+    int32_t *tiles = (int32_t *)(base + off);
+    off += (size_t)n_tiles * 2 * sizeof(int32_t);
+    if (off > BACKEND_MOE_TMP(a->n_tok, a->k, n_embd, n_ff) * sizeof(float) || n_tiles > 65535)
+        return 1;
+    int rc = cuda_convert_f16(x16, a->x, (int64_t)a->n_tok * n_embd, cb->stream, &be->err);
+    if (!rc)
+        rc = cuda_moe_group(order, offsets, tiles, a->ids, n_pairs, a->n_expert, tpb, n_tiles,
+                            cb->stream, &be->err);
+    struct cuda_tc_groups g = {tiles, offsets, order, n_tiles, tpb, a->k};
+    if (!rc)
+        rc = cuda_matmul_q_tc_grouped(A, a->gate->data, a->gate->type, n_embd, n_ff, x16, &g,
+                                      cb->stream, &be->err);
+    if (!rc)
+        rc = cuda_matmul_q_tc_grouped(U, a->up->data, a->up->type, n_embd, n_ff, x16, &g,
+                                      cb->stream, &be->err);
+    const int64_t n_h = (int64_t)n_pairs * n_ff;
+    if (!rc)
+        rc = cuda_swiglu_apply(A, A, U, n_h, cb->stream, &be->err);
+    uint16_t *h16 = (uint16_t *)U; // U is read by the swiglu before
+    if (!rc)
+        rc = cuda_convert_f16(h16, A, n_h, cb->stream, &be->err);
+    g.x_div = 1;
+    if (!rc) // y over A: h lives on as h16
+        rc = cuda_matmul_q_tc_grouped(A, a->down->data, a->down->type, n_ff, n_embd, h16, &g,
+                                      cb->stream, &be->err);
+    if (!rc)
+        rc = cuda_moe_combine(a->out, A, a->weights, a->n_tok, a->k, n_embd, cb->stream, &be->err);
+    return rc;
+}
+
+// Decode batches (n_tok <= CUDA_MATVEC_MAX_TOK): the expert mat-vecs, which
+// give each pair exactly what the dense mat-vec gives it. Larger batches:
+// the grouped tensor-core GEMM for quantized stacks, else the expert
+// mat-vecs over every pair. Nothing here reads the ids on the host or
+// allocates, so the op records into a CUDA graph.
+static int cu_moe_ffn(struct backend *be, const struct moe_args *a) {
+    CU_ENTER_READING(be, a ? a->x : NULL, a ? a->n_tok : 0);
+    int rc = cu_moe_check(be, a);
+    if (rc || a->n_tok == 0)
+        return rc;
+    if (a->n_tok > CUDA_MATVEC_MAX_TOK) {
+        const int tpb = cu_moe_tile(a);
+        if (tpb > 0) {
+            rc = cu_moe_ffn_grouped(be, a, tpb);
+            if (rc != 1)
+                return rc;
+        }
+    }
+    return cu_moe_ffn_matvec(be, a);
+}
+
 // --- graphs --------------------------------------------------------------------
 
 struct cu_graph {
@@ -989,6 +1179,8 @@ static const struct backend_ops cuda_ops = {
     .get_rows = cu_get_rows,
     .argmax = cu_argmax,
     .sample = cu_sample,
+    .moe_route = cu_moe_route,
+    .moe_ffn = cu_moe_ffn,
     .mem_info = cu_mem_info,
     .alloc_host_pinned = cu_alloc_host_pinned,
     .free_host_pinned = cu_free_host_pinned,

@@ -102,6 +102,16 @@ static unsigned int matmul_grid(int64_t n) {
     return (unsigned int)(blocks < 1 ? 1 : blocks);
 }
 
+extern "C" int cuda_convert_f16(uint16_t *dst, const float *src, int64_t n, cudaStream_t stream,
+                                struct verr *err) {
+    if (n <= 0)
+        return VERR_OK;
+    matmul_convert_kernel<__half>
+        <<<matmul_grid(n), MATMUL_THREADS, 0, stream>>>((__half *)dst, src, n);
+    VELA_CHECK_LAUNCH(err, "matmul_convert_kernel<f16>");
+    return VERR_OK;
+}
+
 extern "C" size_t cuda_matmul_scratch_bytes(enum ggml_type type, int64_t n_in, int64_t n_out,
                                             int n_tok) {
     if (type == GGML_TYPE_F32)

@@ -21,6 +21,11 @@ int cuda_matmul_apply(cublasHandle_t cublas, float *out /* [n_tok][n_out] */, co
                       int n_tok, int accumulate, void *scratch, size_t scratch_bytes,
                       cudaStream_t stream, struct verr *err);
 
+// dst[i] = src[i] rounded to f16 (__float2half_rn): the activations of the
+// GEMM path, as cuda_matmul_apply converts them.
+int cuda_convert_f16(uint16_t *dst /* [n] f16 bits */, const float *src /* [n] */, int64_t n,
+                     cudaStream_t stream, struct verr *err);
+
 VELA_CUDA_END
 
 #endif

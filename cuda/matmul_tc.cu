@@ -72,11 +72,25 @@ template <int T> struct tc_raw {
 
 // Shared memory of one block: raw stages, the f16 weight tile, two
 // activation stages of tpb tokens (which the epilogue reuses).
+// Static shared memory of the kernel (its token rows), which the opt-in
+// limit covers too.
+#define TC_STATIC_SMEM (2 * TC_TOK_MAX * 4)
+
 template <int T, int MT> static size_t tc_smem_bytes(int tpb) {
     constexpr int BM = 16 * MT;
     return (size_t)TC_WSTAGES * BM * tc_raw<T>::stride + (size_t)BM * TC_LDH * 2 +
            (size_t)2 * tpb * TC_LDH * 2;
 }
+
+// The grouped form's tiles (cuda_matmul_q_tc_grouped); tiles NULL: a plain
+// GEMM, blockIdx.y the token chunk.
+struct tc_group {
+    const int32_t *tiles;   // [gridDim.y][2]: expert (-1: no tile), first index into order
+    const int32_t *offsets; // [n_expert + 1]
+    const int32_t *order;   // [n_pairs]
+    size_t expert_bytes;    // one expert's matrix
+    int x_div;
+};
 
 template <int T, int MT>
 __global__ static void __launch_bounds__(TC_THREADS, 1)
@@ -85,7 +99,7 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
                      size_t row_bytes, int64_t n_in, int64_t n_out,
                      const __half *__restrict__ xh /* [n_tok][n_in] */,
                      const float *__restrict__ bias /* [n_out] or NULL */, int n_tok, int tpb,
-                     int accumulate) {
+                     int accumulate, const tc_group grp) {
     using namespace nvcuda;
     constexpr int BM = 16 * MT;
     constexpr int TB = tc_raw<T>::tile_bytes, CH = tc_raw<T>::chunks, RS = tc_raw<T>::stride;
@@ -100,10 +114,33 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
     __half *act = wh + (size_t)BM * TC_LDH;                          // [2][tpb][TC_LDH]
     float *stage = (float *)act;                                     // [tpb][LDO]
 
+    // The block's tokens: activation row xrow[t] and output row orow[t] of
+    // its t-th token (a plain GEMM: chunk blockIdx.y; grouped: one tile of
+    // one expert's pairs, in the order of grp.order).
+    __shared__ int xrow[TC_TOK_MAX], orow[TC_TOK_MAX];
     const int tid = threadIdx.x, warp = tid / VELA_WARP;
     const int64_t o0 = (int64_t)blockIdx.x * BM;
-    const int t0 = blockIdx.y * tpb;
-    const int tok_n = min(tpb, n_tok - t0);
+    int tok_n;
+    if (grp.tiles) {
+        const int e = grp.tiles[2 * blockIdx.y], first = grp.tiles[2 * blockIdx.y + 1];
+        if (e < 0)
+            return; // past the last tile: uniform per block
+        tok_n = min(tpb, grp.offsets[e + 1] - first);
+        if (tok_n <= 0)
+            return; // uniform per block
+        w += (size_t)e * grp.expert_bytes;
+        for (int t = tid; t < tok_n; t += TC_THREADS) {
+            const int p = grp.order[first + t];
+            xrow[t] = p / grp.x_div;
+            orow[t] = p;
+        }
+    } else {
+        const int t0 = blockIdx.y * tpb;
+        tok_n = min(tpb, n_tok - t0);
+        for (int t = tid; t < tok_n; t += TC_THREADS)
+            xrow[t] = orow[t] = t0 + t;
+    }
+    __syncthreads();
     const int ntt = (tok_n + 15) / 16;
     const int rows = (int)min((int64_t)BM, n_out - o0);
     const int nk = (int)((n_in + TC_BK - 1) / TC_BK);
@@ -145,7 +182,7 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
             const int t = i / (TC_BK / 8), c = i % (TC_BK / 8);
             if (c < nch)
                 __pipeline_memcpy_async(dst + (size_t)t * TC_LDH + 8 * c,
-                                        xh + (size_t)(t0 + t) * n_in + k0 + 8 * c, 16);
+                                        xh + (size_t)xrow[t] * n_in + k0 + 8 * c, 16);
         }
     };
 
@@ -236,7 +273,7 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
         if (r >= rows)
             continue;
         float v = stage[(size_t)t * LDO + r];
-        float *o = out + (size_t)(t0 + t) * n_out + o0 + r;
+        float *o = out + (size_t)orow[t] * n_out + o0 + r;
         if (bias)
             v = v + bias[o0 + r];
         if (accumulate)
@@ -261,17 +298,19 @@ template <int T, int MT> static size_t tc_smem_most(void) {
 // BM = 64 when that still gives every SM a block (fewer activation re-reads
 // per weight byte: each block reads all its tokens' activations once), else
 // BM = 32 (7B-class 4096-row matrices: 128 blocks instead of 64). Tokens per
-// block: 128, halved until the block fits the device's opt-in shared memory.
+// block: 128, halved until the block fits the device's opt-in shared memory
+// (tpb_fixed > 0: exactly that many, else no plan).
 template <int T>
-static int tc_make_plan(int64_t n_out, int n_tok, int sm_count, int smem_optin, struct tc_plan *p) {
-    int tpb = TC_TOK_MAX;
-    while (tpb > 16 && tpb / 2 >= n_tok)
+static int tc_make_plan(int64_t n_out, int n_tok, int sm_count, int smem_optin, int tpb_fixed,
+                        struct tc_plan *p) {
+    int tpb = tpb_fixed > 0 ? tpb_fixed : TC_TOK_MAX;
+    while (!tpb_fixed && tpb > 16 && tpb / 2 >= n_tok)
         tpb /= 2; // a block's activation stages need not exceed the batch
     const int64_t chunks = (n_tok + tpb - 1) / tpb;
     int mt = (n_out + 63) / 64 * chunks >= sm_count ? 4 : 2;
     for (;;) {
         const size_t s = mt == 4 ? tc_smem_bytes<T, 4>(tpb) : tc_smem_bytes<T, 2>(tpb);
-        if (s <= (size_t)smem_optin) {
+        if (s + TC_STATIC_SMEM <= (size_t)smem_optin) {
             p->mt = mt;
             p->tpb = tpb;
             p->smem = s;
@@ -279,7 +318,7 @@ static int tc_make_plan(int64_t n_out, int n_tok, int sm_count, int smem_optin, 
         }
         if (mt == 4)
             mt = 2;
-        else if (tpb > 16)
+        else if (!tpb_fixed && tpb > 16)
             tpb /= 2;
         else
             return -1;
@@ -289,8 +328,8 @@ static int tc_make_plan(int64_t n_out, int n_tok, int sm_count, int smem_optin, 
 template <int T, int MT>
 static int tc_launch(const struct tc_plan *p, float *out, const void *w, size_t row_bytes,
                      int64_t n_in, int64_t n_out, const __half *xh, const float *bias, int n_tok,
-                     int accumulate, int dev, int smem_optin, cudaStream_t stream,
-                     struct verr *err) {
+                     int accumulate, const tc_group &grp, unsigned int grid_y, int dev,
+                     int smem_optin, cudaStream_t stream, struct verr *err) {
     // Raised once per device to the most any call asks for (capped by the
     // device's opt-in limit), so a call recorded into a CUDA graph makes no
     // attribute call (devices >= 64 set it every time).
@@ -299,19 +338,32 @@ static int tc_launch(const struct tc_plan *p, float *out, const void *w, size_t 
         const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
         if (!bit || !(raised.load() & bit)) {
             size_t most = tc_smem_most<T, MT>();
-            if (most > (size_t)smem_optin)
-                most = (size_t)smem_optin;
+            if (most > (size_t)smem_optin - TC_STATIC_SMEM)
+                most = (size_t)smem_optin - TC_STATIC_SMEM;
             VELA_CUDA_CALL(err, cudaFuncSetAttribute(matmul_tc_kernel<T, MT>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                      (int)most));
             raised.fetch_or(bit);
         }
     }
-    const dim3 grid(ceil_div_u(n_out, 16 * MT), ceil_div_u(n_tok, p->tpb));
+    const dim3 grid(ceil_div_u(n_out, 16 * MT), grid_y);
     matmul_tc_kernel<T, MT><<<grid, TC_THREADS, p->smem, stream>>>(
-        out, (const uint8_t *)w, row_bytes, n_in, n_out, xh, bias, n_tok, p->tpb, accumulate);
+        out, (const uint8_t *)w, row_bytes, n_in, n_out, xh, bias, n_tok, p->tpb, accumulate, grp);
     VELA_CHECK_LAUNCH(err, "matmul_tc_kernel");
     return VERR_OK;
+}
+
+// tc_launch with the plan's BM.
+template <int T>
+static int tc_launch_plan(const struct tc_plan *p, float *out, const void *w, size_t row_bytes,
+                          int64_t n_in, int64_t n_out, const __half *xh, const float *bias,
+                          int n_tok, int accumulate, const tc_group &grp, unsigned int grid_y,
+                          int dev, int smem_optin, cudaStream_t stream, struct verr *err) {
+    if (p->mt == 4)
+        return tc_launch<T, 4>(p, out, w, row_bytes, n_in, n_out, xh, bias, n_tok, accumulate, grp,
+                               grid_y, dev, smem_optin, stream, err);
+    return tc_launch<T, 2>(p, out, w, row_bytes, n_in, n_out, xh, bias, n_tok, accumulate, grp,
+                           grid_y, dev, smem_optin, stream, err);
 }
 
 // Device facts the plan needs: compute capability (WMMA needs 7.0), SM
@@ -372,19 +424,105 @@ extern "C" int cuda_matmul_q_tc(float *out, const void *w, enum ggml_type type, 
     auto run = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
         struct tc_plan p;
-        if (tc_make_plan<T>(n_out, n_tok, sm_count, smem_optin, &p) != 0)
+        if (tc_make_plan<T>(n_out, n_tok, sm_count, smem_optin, 0, &p) != 0)
             return verr_set(err, VERR_UNSUPPORTED,
                             "matmul_tc: %d bytes of shared memory per block are too few",
                             smem_optin);
-        if (p.mt == 4)
-            return tc_launch<T, 4>(&p, out, w, row_bytes, n_in, n_out, x16, bias, n_tok, accumulate,
-                                   dev, smem_optin, stream, err);
-        return tc_launch<T, 2>(&p, out, w, row_bytes, n_in, n_out, x16, bias, n_tok, accumulate,
-                               dev, smem_optin, stream, err);
+        const tc_group none = {};
+        const unsigned int gy = ceil_div_u(n_tok, p.tpb);
+        return tc_launch_plan<T>(&p, out, w, row_bytes, n_in, n_out, x16, bias, n_tok, accumulate,
+                                 none, gy, dev, smem_optin, stream, err);
     };
     rc = VELA_DISPATCH_QTYPE(type, run, 1);
     if (rc == 1)
         return verr_set(err, VERR_UNSUPPORTED, "matmul_tc: weight type %s is not supported",
+                        ggml_type_name(type));
+    return rc;
+}
+
+// The types the fused kernel decodes (cuda_matmul_tc_takes without the
+// batch threshold): dequant.cuh's quantized types.
+static bool tc_type_ok(enum ggml_type type) {
+    auto yes = [](auto) -> int { return 1; };
+    return VELA_DISPATCH_QTYPE(type, yes, 0) == 1;
+}
+
+extern "C" int cuda_matmul_tc_group_tpb(enum ggml_type type, int want) {
+    if (!tc_type_ok(type) || want < 16)
+        return 0;
+    int dev = 0, cc_major = 0, sm_count = 0, smem_optin = 0;
+    struct verr err = {0};
+    if (tc_device(&dev, &cc_major, &sm_count, &smem_optin, &err) != VERR_OK) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (cc_major < 7)
+        return 0;
+    int tpb = TC_TOK_MAX;
+    while (tpb > want)
+        tpb /= 2;
+    auto fits = [&](auto tc) -> int {
+        constexpr int T = decltype(tc)::value;
+        for (; tpb >= 16; tpb /= 2) {
+            struct tc_plan p;
+            if (tc_make_plan<T>(1, tpb, sm_count, smem_optin, tpb, &p) == 0)
+                return tpb;
+        }
+        return 0;
+    };
+    return VELA_DISPATCH_QTYPE(type, fits, 0);
+}
+
+extern "C" int cuda_matmul_q_tc_grouped(float *out, const void *w, enum ggml_type type,
+                                        int64_t n_in, int64_t n_out, const uint16_t *xh,
+                                        const struct cuda_tc_groups *g, cudaStream_t stream,
+                                        struct verr *err) {
+    if (n_out <= 0 || !g || g->n_tiles <= 0)
+        return VERR_OK;
+    const size_t row_bytes = ggml_row_bytes(type, n_in);
+    if (row_bytes == 0)
+        return verr_set(err, VERR_RANGE,
+                        "matmul_tc grouped: %s row of %lld elements is not whole blocks",
+                        ggml_type_name(type), (long long)n_in);
+    if (!g->tiles || !g->offsets || !g->order || g->x_div < 1 || g->n_tiles > 65535 ||
+        (g->tpb != 16 && g->tpb != 32 && g->tpb != 64 && g->tpb != 128))
+        return verr_set(err, VERR_RANGE,
+                        "matmul_tc grouped: %d tiles of %d tokens, x_div %d (need the tables, "
+                        "at most 65535 tiles of 16, 32, 64 or 128 tokens, x_div >= 1)",
+                        g->n_tiles, g->tpb, g->x_div);
+    if ((((uintptr_t)w | (uintptr_t)xh) & 15u) != 0)
+        return verr_set(err, VERR_RANGE,
+                        "matmul_tc grouped: weights %p / activations %p are not 16-byte aligned", w,
+                        (const void *)xh);
+    if ((n_out + 31) / 32 > INT32_MAX)
+        return verr_set(err, VERR_RANGE, "matmul_tc grouped: %lld rows are too many",
+                        (long long)n_out);
+    int dev = 0, cc_major = 0, sm_count = 0, smem_optin = 0;
+    int rc = tc_device(&dev, &cc_major, &sm_count, &smem_optin, err);
+    if (rc)
+        return rc;
+    if (cc_major < 7)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "matmul_tc grouped: compute capability %d.x has no tensor cores", cc_major);
+    const tc_group grp = {g->tiles, g->offsets, g->order, (size_t)n_out * row_bytes, g->x_div};
+    const __half *x16 = (const __half *)xh;
+    auto run = [&](auto tc) -> int {
+        constexpr int T = decltype(tc)::value;
+        struct tc_plan p;
+        // BM as for a plain GEMM of n_tiles chunks (most tiles are real
+        // when the groups are large, where the choice matters)
+        if (tc_make_plan<T>(n_out, g->n_tiles * g->tpb, sm_count, smem_optin, g->tpb, &p) != 0)
+            return verr_set(err, VERR_UNSUPPORTED,
+                            "matmul_tc grouped: %d tokens per block do not fit %d bytes of "
+                            "shared memory",
+                            g->tpb, smem_optin);
+        const unsigned int gy = (unsigned int)g->n_tiles;
+        return tc_launch_plan<T>(&p, out, w, row_bytes, n_in, n_out, x16, NULL, 0, 0, grp, gy, dev,
+                                 smem_optin, stream, err);
+    };
+    rc = tc_type_ok(type) ? VELA_DISPATCH_QTYPE(type, run, 1) : 1;
+    if (rc == 1)
+        return verr_set(err, VERR_UNSUPPORTED, "matmul_tc grouped: weight type %s is not supported",
                         ggml_type_name(type));
     return rc;
 }
@@ -406,23 +544,8 @@ extern "C" void cuda_matmul_tc_set_max_tok(int n) {
 extern "C" int cuda_matmul_tc_takes(enum ggml_type type, int n_tok) {
     if (n_tok <= 0 || n_tok > cuda_matmul_tc_max_tok())
         return 0;
-    switch (type) {
-    case GGML_TYPE_Q4_0:
-    case GGML_TYPE_Q4_1:
-    case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1:
-    case GGML_TYPE_Q8_0:
-    case GGML_TYPE_Q2_K:
-    case GGML_TYPE_Q3_K:
-    case GGML_TYPE_Q4_K:
-    case GGML_TYPE_Q5_K:
-    case GGML_TYPE_Q6_K:
-    case GGML_TYPE_IQ4_NL:
-    case GGML_TYPE_IQ4_XS:
-        break;
-    default:
+    if (!tc_type_ok(type))
         return 0;
-    }
     int dev = 0, cc_major = 0, sm_count = 0, smem_optin = 0;
     struct verr err = {0};
     if (tc_device(&dev, &cc_major, &sm_count, &smem_optin, &err) != VERR_OK) {

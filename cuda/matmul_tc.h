@@ -36,6 +36,32 @@ int cuda_matmul_q_tc(float *out /* [n_tok][n_out] */, const void *w, enum ggml_t
                      const float *bias /* [n_out] or NULL */, int n_tok, int accumulate,
                      cudaStream_t stream, struct verr *err);
 
+// The grouped form (mixture of experts, cuda/moe.h): one launch multiplies
+// every expert's group of rows by that expert's matrix. w is a stack of
+// n_expert matrices of n_out rows; the pairs of expert e are
+// order[offsets[e] .. offsets[e + 1]); tile i of the table (i < n_tiles,
+// the grid's y) is {expert, first}: the up to tpb pairs order[first ..]
+// of that expert (expert -1: no tile, the block exits). Pair p reads
+// activation row p / x_div of xh and writes output row p of out
+// ([n_pairs][n_out]). Per output the arithmetic is the plain kernel's (the
+// same decode, f16 rounding and k order), whatever else is in the group.
+struct cuda_tc_groups {
+    const int32_t *tiles;   // [n_tiles][2], device memory
+    const int32_t *offsets; // [n_expert + 1], device memory
+    const int32_t *order;   // [n_pairs], device memory
+    int n_tiles;            // at most 65535
+    int tpb;                // tokens per tile: 16, 32, 64 or 128
+    int x_div;
+};
+int cuda_matmul_q_tc_grouped(float *out /* [n_pairs][n_out] */, const void *w, enum ggml_type type,
+                             int64_t n_in, int64_t n_out, const uint16_t *xh /* [*][n_in] */,
+                             const struct cuda_tc_groups *g /* host memory */, cudaStream_t stream,
+                             struct verr *err);
+// The largest tile (tokens per block, a power of two in [16, want]) the
+// grouped kernel fits in this device's shared memory for the type; 0 when
+// the type or the device has no fused kernel.
+int cuda_matmul_tc_group_tpb(enum ggml_type type, int want);
+
 VELA_CUDA_END
 
 #endif

@@ -21,13 +21,18 @@
 // Kernel arguments (by value): the segments and where their rows end in the
 // launch's numbering.
 struct mv_args {
-    float *out[CUDA_MV_MAX_SEGS];         // [n_tok][n_out[s]]
-    const uint8_t *w[CUDA_MV_MAX_SEGS];   // [n_out[s]][row_bytes]
-    const float *bias[CUDA_MV_MAX_SEGS];  // [n_out[s]] or NULL
+    float *out[CUDA_MV_MAX_SEGS];        // [n_tok][n_out[s]]
+    const uint8_t *w[CUDA_MV_MAX_SEGS];  // [n_out[s]][row_bytes]
+    const float *bias[CUDA_MV_MAX_SEGS]; // [n_out[s]] or NULL
     int64_t n_out[CUDA_MV_MAX_SEGS];
-    int64_t row_end[CUDA_MV_MAX_SEGS];    // cumulative n_out
-    int64_t n_rows;                       // rows of the launch (row_end of the last segment)
+    int64_t row_end[CUDA_MV_MAX_SEGS]; // cumulative n_out
+    int64_t n_rows;                    // rows of the launch (row_end of the last segment)
     int n_seg;
+    // Expert mode (cuda_matvec_experts; NULL ids: off): blockIdx.y is the
+    // pair pair0 + blockIdx.y, n_tok is 1.
+    const int32_t *ids;  // [n_pairs]
+    size_t expert_bytes; // one expert's matrix: n_out[0] * row_bytes
+    int n_expert, x_div, pair0, n_pairs;
 };
 
 // Row loaders: how a lane's partial dot of one row with every token's x is
@@ -56,9 +61,9 @@ static __device__ __forceinline__ float mv_dot4(const uint2 &u, const float4 &p,
 }
 
 template <int T, int NT, int MODE>
-static __device__ __forceinline__ void mv_row_partial(float acc[NT], const uint8_t *__restrict__ row,
-                                                      const float *__restrict__ x, int64_t n_in,
-                                                      int n_tok, int lane) {
+static __device__ __forceinline__ void
+mv_row_partial(float acc[NT], const uint8_t *__restrict__ row, const float *__restrict__ x,
+               int64_t n_in, int n_tok, int lane) {
 #pragma unroll
     for (int t = 0; t < NT; t++)
         acc[t] = 0.0f;
@@ -155,8 +160,8 @@ static_assert(CUDA_MV_MAX_SEGS == 3, "MV_PICK selects among 3 segments");
 
 template <int T, int NT, int MODE, int EPI>
 __global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
-    matvec_kernel(const mv_args a, size_t row_bytes, const float *__restrict__ x /* [n_tok][n_in] */,
-                  int64_t n_in, int n_tok) {
+    matvec_kernel(const mv_args a, size_t row_bytes,
+                  const float *__restrict__ x /* [n_tok][n_in] */, int64_t n_in, int n_tok) {
     const int64_t g = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / VELA_WARP;
     const int lane = threadIdx.x % VELA_WARP;
     // SWIGLU: a warp takes row g of both matrices; otherwise rows of all
@@ -167,18 +172,28 @@ __global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
     if (!CUDA_MV_GATED(EPI))
         s = g < a.row_end[0] ? 0 : g < a.row_end[1] ? 1 : 2;
     const int64_t o = s == 0 ? g : g - MV_PICK(a, row_end, s - 1), n_out = MV_PICK(a, n_out, s);
+    // Expert mode: expert ids[p] (clamped: never out of bounds), x row
+    // p / x_div, output row p.
+    size_t w_off = 0, out_off = 0;
+    if (a.ids) {
+        const int p = a.pair0 + (int)blockIdx.y;
+        w_off = (size_t)min(max(a.ids[p], 0), a.n_expert - 1) * a.expert_bytes;
+        x += (size_t)(p / a.x_div) * n_in;
+        out_off = (size_t)p * n_out;
+    }
     float acc[NT];
-    mv_row_partial<T, NT, MODE>(acc, MV_PICK(a, w, s) + (size_t)o * row_bytes, x, n_in, n_tok,
-                                lane);
+    mv_row_partial<T, NT, MODE>(acc, MV_PICK(a, w, s) + w_off + (size_t)o * row_bytes, x, n_in,
+                                n_tok, lane);
     if constexpr (CUDA_MV_GATED(EPI)) {
         float up[NT];
-        mv_row_partial<T, NT, MODE>(up, a.w[1] + (size_t)o * row_bytes, x, n_in, n_tok, lane);
+        mv_row_partial<T, NT, MODE>(up, a.w[1] + w_off + (size_t)o * row_bytes, x, n_in, n_tok,
+                                    lane);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t < n_tok) {
                 const float gs = warp_sum(acc[t]), us = warp_sum(up[t]);
                 if (lane == 0)
-                    a.out[0][(size_t)t * n_out + o] =
+                    a.out[0][out_off + (size_t)t * n_out + o] =
                         EPI == CUDA_MV_GEGLU ? vela_gelu_mul(gs, us) : vela_silu_mul(gs, us);
             }
         }
@@ -192,7 +207,7 @@ __global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
             const float sum = warp_sum(acc[t]);
             if (lane == 0) {
                 const float r = bias ? sum + bias[o] : sum;
-                float *dst = out + (size_t)t * n_out + o;
+                float *dst = out + out_off + (size_t)t * n_out + o;
                 if (EPI == CUDA_MV_ADD)
                     *dst += r;
                 else
@@ -207,26 +222,34 @@ static int matvec_launch(const mv_args &a, enum cuda_mv_epilogue epi, size_t row
                          const float *x, int64_t n_in, int n_tok, cudaStream_t stream,
                          struct verr *err) {
     const int64_t rows = CUDA_MV_GATED(epi) ? a.n_out[0] : a.n_rows;
-    const dim3 grid(ceil_div_u(rows, MATVEC_WARPS)), block(MATVEC_WARPS * VELA_WARP);
-    switch (epi) {
-    case CUDA_MV_STORE:
-        matvec_kernel<T, NT, MODE, CUDA_MV_STORE>
-            <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
-        break;
-    case CUDA_MV_ADD:
-        matvec_kernel<T, NT, MODE, CUDA_MV_ADD>
-            <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
-        break;
-    case CUDA_MV_GEGLU:
-        matvec_kernel<T, NT, MODE, CUDA_MV_GEGLU>
-            <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
-        break;
-    default:
-        matvec_kernel<T, NT, MODE, CUDA_MV_SWIGLU>
-            <<<grid, block, 0, stream>>>(a, row_bytes, x, n_in, n_tok);
-        break;
+    const dim3 block(MATVEC_WARPS * VELA_WARP);
+    // Expert mode: the grid's y walks the pairs, at most 65535 per launch.
+    const int n_y_all = a.ids ? a.n_pairs : 1;
+    for (int p0 = 0; p0 < n_y_all; p0 += 65535) {
+        const dim3 grid(ceil_div_u(rows, MATVEC_WARPS),
+                        (unsigned int)(n_y_all - p0 < 65535 ? n_y_all - p0 : 65535));
+        mv_args ap = a;
+        ap.pair0 = p0;
+        switch (epi) {
+        case CUDA_MV_STORE:
+            matvec_kernel<T, NT, MODE, CUDA_MV_STORE>
+                <<<grid, block, 0, stream>>>(ap, row_bytes, x, n_in, n_tok);
+            break;
+        case CUDA_MV_ADD:
+            matvec_kernel<T, NT, MODE, CUDA_MV_ADD>
+                <<<grid, block, 0, stream>>>(ap, row_bytes, x, n_in, n_tok);
+            break;
+        case CUDA_MV_GEGLU:
+            matvec_kernel<T, NT, MODE, CUDA_MV_GEGLU>
+                <<<grid, block, 0, stream>>>(ap, row_bytes, x, n_in, n_tok);
+            break;
+        default:
+            matvec_kernel<T, NT, MODE, CUDA_MV_SWIGLU>
+                <<<grid, block, 0, stream>>>(ap, row_bytes, x, n_in, n_tok);
+            break;
+        }
+        VELA_CHECK_LAUNCH(err, "matvec_kernel");
     }
-    VELA_CHECK_LAUNCH(err, "matvec_kernel");
     return VERR_OK;
 }
 
@@ -240,16 +263,24 @@ static int matvec_launch_nt(const mv_args &a, enum cuda_mv_epilogue epi, size_t 
                                                        err);
 }
 
-extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
-                                int64_t n_in, const float *x, int n_tok,
-                                enum cuda_mv_epilogue epi, cudaStream_t stream,
-                                struct verr *err) {
+// cuda_matvec_segs, and with ex its expert mode (cuda_matvec_experts).
+static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type, int64_t n_in,
+                   const float *x, int n_tok, enum cuda_mv_epilogue epi,
+                   const struct cuda_mv_experts *ex, cudaStream_t stream, struct verr *err) {
+    if (ex && (n_tok != 1 || !ex->ids || ex->n_pairs < 0 || ex->n_expert < 1 || ex->x_div < 1 ||
+               n_seg != (CUDA_MV_GATED(epi) ? 2 : 1)))
+        return verr_set(err, VERR_RANGE,
+                        "matvec experts: n_tok %d, %d segments, ids %p, %d pairs, %d experts, "
+                        "x_div %d: need one token, one segment (two gated), ids and positive "
+                        "counts",
+                        n_tok, n_seg, (const void *)ex->ids, ex->n_pairs, ex->n_expert, ex->x_div);
+    if (ex && ex->n_pairs == 0)
+        return VERR_OK;
     if (n_tok < 1 || n_tok > CUDA_MATVEC_MAX_TOK)
         return verr_set(err, VERR_RANGE, "matvec: n_tok %d outside [1, %d]", n_tok,
                         CUDA_MATVEC_MAX_TOK);
     if (n_seg < 1 || n_seg > CUDA_MV_MAX_SEGS)
-        return verr_set(err, VERR_RANGE, "matvec: %d segments (1 to %d)", n_seg,
-                        CUDA_MV_MAX_SEGS);
+        return verr_set(err, VERR_RANGE, "matvec: %d segments (1 to %d)", n_seg, CUDA_MV_MAX_SEGS);
     if (epi != CUDA_MV_STORE && epi != CUDA_MV_ADD && !CUDA_MV_GATED(epi))
         return verr_set(err, VERR_RANGE, "matvec: unknown epilogue %d", (int)epi);
     if (CUDA_MV_GATED(epi) &&
@@ -285,6 +316,13 @@ extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum 
     a.n_rows = end;
     if (end == 0)
         return VERR_OK;
+    if (ex) {
+        a.ids = ex->ids;
+        a.expert_bytes = (size_t)segs[0].n_out * row_bytes;
+        a.n_expert = ex->n_expert;
+        a.x_div = ex->x_div;
+        a.n_pairs = ex->n_pairs;
+    }
     auto run_q = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
         // float4 reads of x need 16-byte aligned rows: n_in is a multiple of
@@ -311,4 +349,19 @@ extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum 
         return verr_set(err, VERR_UNSUPPORTED, "matvec: weight type %s is not supported",
                         ggml_type_name(type));
     return rc;
+}
+
+extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
+                                int64_t n_in, const float *x, int n_tok, enum cuda_mv_epilogue epi,
+                                cudaStream_t stream, struct verr *err) {
+    return mv_segs(segs, n_seg, type, n_in, x, n_tok, epi, NULL, stream, err);
+}
+
+extern "C" int cuda_matvec_experts(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
+                                   int64_t n_in, const float *x, const struct cuda_mv_experts *ex,
+                                   enum cuda_mv_epilogue epi, cudaStream_t stream,
+                                   struct verr *err) {
+    if (!ex)
+        return verr_set(err, VERR_RANGE, "matvec experts: no expert ids");
+    return mv_segs(segs, n_seg, type, n_in, x, 1, epi, ex, stream, err);
 }

@@ -42,6 +42,28 @@ int cuda_matvec_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, 
                      enum ggml_type type, int64_t n_in, const float *x /* [n_tok][n_in] */,
                      int n_tok, enum cuda_mv_epilogue epi, cudaStream_t stream, struct verr *err);
 
+// Expert mode (mixture of experts, cuda/moe.h): one launch computes, for
+// every (token, slot) pair p in [0, n_pairs), the mat-vec of one token
+// through the matrix of expert e = ids[p]: each segment's w is a stack of
+// n_expert matrices of seg.n_out rows one after another (row r of expert e
+// at row e * n_out + r), the input is row p / x_div of x (x_div = k: the
+// token's own row; 1: a row per pair), the output row p of seg.out
+// ([n_pairs][n_out]). Only the chosen experts' rows are read; ids stay in
+// device memory (CUDA graphs replay with new ids), an id outside
+// [0, n_expert) is clamped into it (the host checks ids before they get
+// here: moe_route writes them). One segment (STORE or ADD) or two (gated);
+// per pair the arithmetic is exactly the plain launch's with n_tok = 1.
+struct cuda_mv_experts {
+    const int32_t *ids; // [n_pairs], device memory
+    int n_pairs;
+    int n_expert;
+    int x_div;
+};
+int cuda_matvec_experts(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
+                        enum ggml_type type, int64_t n_in, const float *x /* [*][n_in] */,
+                        const struct cuda_mv_experts *ex /* host memory */,
+                        enum cuda_mv_epilogue epi, cudaStream_t stream, struct verr *err);
+
 VELA_CUDA_END
 
 #endif

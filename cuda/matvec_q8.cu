@@ -196,12 +196,11 @@ struct mvq_w {
 
 template <int T> struct mvq_traits {
     // The types with a dp4a decode here (quant_q8_1_dot_supported).
-    static constexpr bool dp4a = T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 ||
-                                 T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1 ||
-                                 T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q2_K ||
-                                 T == GGML_TYPE_Q3_K || T == GGML_TYPE_Q4_K ||
-                                 T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K ||
-                                 T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS;
+    static constexpr bool dp4a =
+        T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1 ||
+        T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q2_K || T == GGML_TYPE_Q3_K || T == GGML_TYPE_Q4_K ||
+        T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K || T == GGML_TYPE_IQ4_NL ||
+        T == GGML_TYPE_IQ4_XS;
     // Sub-blocks per weight block.
     static constexpr int subs = qtype<T>::block / 32;
     static constexpr bool has_min =
@@ -368,8 +367,8 @@ static __device__ __forceinline__ float mvq_term(const mvq_w &w, const int *u, i
         const float ti = mul_rn(mul_rn(w.a, dx), (float)(w.sc0 * lo + w.sc1 * hi));
         if (T != GGML_TYPE_Q2_K)
             return ti;
-        return sub_rn(
-            ti, mul_rn(mul_rn(w.b, dx), (float)(w.m0 * (sumq - sumq_hi) + w.m1 * sumq_hi)));
+        return sub_rn(ti,
+                      mul_rn(mul_rn(w.b, dx), (float)(w.m0 * (sumq - sumq_hi) + w.m1 * sumq_hi)));
     }
     int sumi = 0;
 #pragma unroll
@@ -411,7 +410,35 @@ struct mvq_args {
     // Pipelined kernel only: row pairs per block, bytes of the resident
     // activations at the start of shared memory.
     int pairs_per_block, xs_bytes;
+    // Expert mode (cuda_matvec_q8_experts; NULL ids: off): blockIdx.y is the
+    // (token, slot) pair pair0 + blockIdx.y, n_tok is 1.
+    const int32_t *ids;  // [n_pairs] expert of each pair
+    size_t expert_bytes; // one expert's matrix: n_out[0] * row_bytes
+    int n_expert, x_div, pair0;
 };
+
+// What a block of an expert-mode launch reads and writes instead of the
+// plain launch's matrices and rows: expert e = ids[p] (clamped into
+// [0, n_expert): a bad id reads another expert, never out of bounds),
+// activations of row p / x_div, output row p. Plain launches: all zero
+// offsets.
+struct mvq_ex {
+    size_t w_off;      // bytes added to every weight row pointer
+    const uint8_t *xq; // the block's activations [n_tok][xq_row_bytes]
+    size_t out_off;    // floats added to the output pointer
+};
+
+static __device__ __forceinline__ mvq_ex mvq_ex_of(const mvq_args &a) {
+    mvq_ex x = {0, a.xq, 0};
+    if (a.ids) {
+        const int p = a.pair0 + (int)blockIdx.y;
+        const int e = min(max(a.ids[p], 0), a.n_expert - 1);
+        x.w_off = (size_t)e * a.expert_bytes;
+        x.xq = a.xq + (size_t)(p / a.x_div) * a.xq_row_bytes;
+        x.out_off = (size_t)p * (size_t)a.n_out[0];
+    }
+    return x;
+}
 
 // Sub-blocks of the step starting at sub-block sb0 of a row of n_sub.
 static __device__ __forceinline__ int mvq_step_subs(int64_t n_sub, int64_t sb0) {
@@ -437,14 +464,14 @@ static __device__ __forceinline__ mvq_pair mvq_pair_of(const mvq_args &a, unsign
     return p;
 }
 
-static __device__ __forceinline__ void mvq_rows_of(const mvq_args &a, mvq_pair p,
+static __device__ __forceinline__ void mvq_rows_of(const mvq_args &a, mvq_pair p, size_t w_off,
                                                    const uint8_t *rows[MVQ_ROWS]) {
     const bool gated = CUDA_MV_GATED(a.epi);
     const uint8_t *const wseg = p.seg == 0 ? a.w[0] : p.seg == 1 ? a.w[1] : a.w[2];
     const int64_t nseg = p.seg == 0 ? a.n_out[0] : p.seg == 1 ? a.n_out[1] : a.n_out[2];
-    rows[0] = (gated ? a.w[0] : wseg) + (size_t)p.o0 * a.row_bytes;
-    rows[1] = gated ? a.w[1] + (size_t)p.o0 * a.row_bytes
-                    : wseg + (size_t)(p.o0 + 1 < nseg ? p.o0 + 1 : p.o0) * a.row_bytes;
+    rows[0] = (gated ? a.w[0] : wseg) + w_off + (size_t)p.o0 * a.row_bytes;
+    rows[1] = gated ? a.w[1] + w_off + (size_t)p.o0 * a.row_bytes
+                    : wseg + w_off + (size_t)(p.o0 + 1 < nseg ? p.o0 + 1 : p.o0) * a.row_bytes;
 }
 
 // One step of a warp: adds the terms of nsb (<= MVQ_STEP) sub-blocks of both
@@ -506,7 +533,7 @@ static __device__ __forceinline__ void mvq_to_red(float red[MVQ_ROWS][NT],
 // __syncthreads): added in warp order 0..3, so results do not depend on
 // scheduling, then the epilogue; threads tid < MVQ_ROWS * NT write.
 template <int NT>
-static __device__ __forceinline__ void mvq_store(const mvq_args &a, mvq_pair p,
+static __device__ __forceinline__ void mvq_store(const mvq_args &a, mvq_pair p, size_t out_off,
                                                  const float (*red)[MVQ_ROWS][NT], int tid) {
     if (CUDA_MV_GATED(a.epi)) {
         if (tid < a.n_tok) {
@@ -516,7 +543,7 @@ static __device__ __forceinline__ void mvq_store(const mvq_args &a, mvq_pair p,
                 g += red[w][0][tid];
                 u += red[w][1][tid];
             }
-            a.out[0][(size_t)tid * a.n_out[0] + p.o0] =
+            a.out[0][out_off + (size_t)tid * a.n_out[0] + p.o0] =
                 a.epi == CUDA_MV_GEGLU ? vela_gelu_mul(g, u) : mvq_silu_mul(g, u);
         }
     } else if (tid < MVQ_ROWS * NT) {
@@ -532,7 +559,7 @@ static __device__ __forceinline__ void mvq_store(const mvq_args &a, mvq_pair p,
             const int64_t o = p.o0 + r;
             if (bseg)
                 s = s + bseg[o];
-            float *dst = oseg + (size_t)t * nseg + o;
+            float *dst = oseg + out_off + (size_t)t * nseg + o;
             *dst = a.epi == CUDA_MV_ADD ? *dst + s : s;
         }
     }
@@ -556,8 +583,9 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
     const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
 
     const mvq_pair p = mvq_pair_of(a, blockIdx.x);
+    const mvq_ex ex = mvq_ex_of(a);
     const uint8_t *rows[MVQ_ROWS];
-    mvq_rows_of(a, p, rows);
+    mvq_rows_of(a, p, ex.w_off, rows);
 
     uint8_t *xs = mvq_smem + (size_t)warp * a.warp_smem;          // [n_tok][MVQ_STEP][36]
     uint8_t *ws = xs + (size_t)a.n_tok * MVQ_STEP * MVQ_XQ_BYTES; // [MVQ_ROWS][chunk + 16]
@@ -584,7 +612,8 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
         for (int t = 0; t < NT; t++)
             if (t < a.n_tok)
                 warp_copy(xs + t * MVQ_STEP * MVQ_XQ_BYTES,
-                          a.xq + t * a.xq_row_bytes + sb0 * MVQ_XQ_BYTES, nsb * MVQ_XQ_BYTES, lane);
+                          ex.xq + t * a.xq_row_bytes + sb0 * MVQ_XQ_BYTES, nsb * MVQ_XQ_BYTES,
+                          lane);
         __syncwarp();
         if (active)
             mvq_step<T, NT>(acc, ws, xs, MVQ_STEP * MVQ_XQ_BYTES, jb, j, a.n_tok, lane);
@@ -593,7 +622,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
 
     mvq_to_red<NT>(red[warp], acc, lane);
     __syncthreads();
-    mvq_store<NT>(a, p, red, threadIdx.x);
+    mvq_store<NT>(a, p, ex.out_off, red, threadIdx.x);
 }
 
 // ---------------------------------------------------------------------------
@@ -654,11 +683,12 @@ static __device__ __forceinline__ bool copy_async(uint8_t *dst, const uint8_t *s
 // (correct, not overlapped).
 template <int T>
 static __device__ __forceinline__ void mvq_pipe_fetch(const mvq_args &a, unsigned int pair,
-                                                      int64_t sb0, uint8_t *slot, int lane) {
+                                                      size_t w_off, int64_t sb0, uint8_t *slot,
+                                                      int lane) {
     typedef mvq_traits<T> tr;
     const int nsb = mvq_step_subs(a.n_in / 32, sb0);
     const uint8_t *rows[MVQ_ROWS];
-    mvq_rows_of(a, mvq_pair_of(a, pair), rows);
+    mvq_rows_of(a, mvq_pair_of(a, pair), w_off, rows);
     const int64_t off = sb0 / tr::subs * qtype<T>::bytes;
     const int nbytes = nsb / tr::subs * qtype<T>::bytes;
 #pragma unroll
@@ -677,6 +707,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
     extern __shared__ __align__(16) uint8_t mvq_smem[];
     __shared__ float red[2][MVQ_WARPS][MVQ_ROWS][NT]; // by pair parity: one barrier per pair
     const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
+    const mvq_ex ex = mvq_ex_of(a);
     uint8_t *xs = mvq_smem; // [n_tok][n_in / 32][36], as in global memory
     uint8_t *slots = mvq_smem + a.xs_bytes + (size_t)warp * S * pp::slot;
 
@@ -693,7 +724,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
     // where the item exists (k < n_pairs); an empty group otherwise.
     auto fetch = [&](int k, int s, int slot) {
         if (k < n_pairs)
-            mvq_pipe_fetch<T>(a, p_first + (unsigned int)k,
+            mvq_pipe_fetch<T>(a, p_first + (unsigned int)k, ex.w_off,
                               (int64_t)(warp + s * MVQ_WARPS) * MVQ_STEP, slots + slot * pp::slot,
                               lane);
         __pipeline_commit(); // empty groups keep the count uniform
@@ -712,7 +743,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
     // The activations go with the first group: waited for, then made
     // visible to every warp, before the first item.
     // (xq and its rows are 4-byte aligned, checked at launch: always queued)
-    copy_async(xs, a.xq, (int)(a.n_tok * a.xq_row_bytes), threadIdx.x, MVQ_WARPS * VELA_WARP);
+    copy_async(xs, ex.xq, (int)(a.n_tok * a.xq_row_bytes), threadIdx.x, MVQ_WARPS * VELA_WARP);
     // Items 0 .. S - 2 (slots 0 .. S - 2), as fetch_ahead would walk them.
     {
         int k = 0, s = 0;
@@ -751,14 +782,16 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
         __syncthreads();
         // Pair k + 2 writes red[k & 1] again only after every thread has
         // passed the barrier of pair k + 1, i.e. after this read.
-        mvq_store<NT>(a, mvq_pair_of(a, p_first + (unsigned int)k), red[k & 1], threadIdx.x);
+        mvq_store<NT>(a, mvq_pair_of(a, p_first + (unsigned int)k), ex.out_off, red[k & 1],
+                      threadIdx.x);
     }
     __pipeline_wait_prior(0);
 }
 
 template <int T, int NT>
-static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, bool pipelined,
-                            cudaStream_t stream, struct verr *err) {
+static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, unsigned int n_y,
+                            bool pipelined, cudaStream_t stream, struct verr *err) {
+    const dim3 grid(n_blocks, n_y);
     if (pipelined) {
         const size_t smem =
             (size_t)a.xs_bytes + MVQ_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot;
@@ -778,12 +811,12 @@ static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, bool pipel
                 raised.fetch_or(bit);
             }
         }
-        matvec_q8_pipe_kernel<T, NT><<<n_blocks, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
+        matvec_q8_pipe_kernel<T, NT><<<grid, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
         VELA_CHECK_LAUNCH(err, "matvec_q8_pipe_kernel");
         return VERR_OK;
     }
     const size_t smem = (size_t)MVQ_WARPS * a.warp_smem;
-    matvec_q8_kernel<T, NT><<<n_blocks, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
+    matvec_q8_kernel<T, NT><<<grid, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
     VELA_CHECK_LAUNCH(err, "matvec_q8_kernel");
     return VERR_OK;
 }
@@ -833,10 +866,20 @@ static int mvq_pairs_per_block(const struct cuda_mvq_plan *plan, unsigned int n_
     return (int)(k > 0 ? k : 1);
 }
 
-extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
-                                   int64_t n_in, const void *xq, int n_tok,
-                                   enum cuda_mv_epilogue epi, const struct cuda_mvq_plan *plan,
-                                   cudaStream_t stream, struct verr *err) {
+// cuda_matvec_q8_segs, and with ex its expert mode (cuda_matvec_q8_experts).
+static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type, int64_t n_in,
+                    const void *xq, int n_tok, enum cuda_mv_epilogue epi,
+                    const struct cuda_mvq_plan *plan, const struct cuda_mv_experts *ex,
+                    cudaStream_t stream, struct verr *err) {
+    if (ex && (n_tok != 1 || !ex->ids || ex->n_pairs < 0 || ex->n_expert < 1 || ex->x_div < 1 ||
+               n_seg != (CUDA_MV_GATED(epi) ? 2 : 1)))
+        return verr_set(err, VERR_RANGE,
+                        "matvec q8 experts: n_tok %d, %d segments, ids %p, %d pairs, %d experts, "
+                        "x_div %d: need one token, one segment (two gated), ids and positive "
+                        "counts",
+                        n_tok, n_seg, (const void *)ex->ids, ex->n_pairs, ex->n_expert, ex->x_div);
+    if (ex && ex->n_pairs == 0)
+        return VERR_OK;
     if (n_tok < 1 || n_tok > CUDA_MATVEC_MAX_TOK)
         return verr_set(err, VERR_RANGE, "matvec q8: n_tok %d outside [1, %d]", n_tok,
                         CUDA_MATVEC_MAX_TOK);
@@ -908,6 +951,14 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
     a.n_in = n_in;
     a.n_tok = n_tok;
     a.epi = (int)epi;
+    // Expert mode: the grid's y walks the pairs, at most 65535 per launch.
+    const int n_y_all = ex ? ex->n_pairs : 1;
+    if (ex) {
+        a.ids = ex->ids;
+        a.expert_bytes = (size_t)segs[0].n_out * row_bytes;
+        a.n_expert = ex->n_expert;
+        a.x_div = ex->x_div;
+    }
     auto run = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
         typedef mvq_traits<T> tr;
@@ -927,19 +978,47 @@ extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, en
             unsigned int n_blocks = n_pairs;
             if (pipelined) {
                 a.pairs_per_block = mvq_pairs_per_block(
-                    plan, n_pairs,
+                    plan, n_pairs * (unsigned int)(n_y_all < 65535 ? n_y_all : 65535),
                     a.xs_bytes + (size_t)MVQ_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot);
                 n_blocks =
                     (unsigned int)(((int64_t)n_pairs + a.pairs_per_block - 1) / a.pairs_per_block);
             }
             // NT is the register tile of tokens; n_tok 3..8 share the widest
             // (an NT = 4 instance made ptxas spill a few bytes for some types).
-            if (n_tok == 1)
-                return matvec_q8_launch<T, 1>(a, n_blocks, pipelined, stream, err);
-            if (n_tok == 2)
-                return matvec_q8_launch<T, 2>(a, n_blocks, pipelined, stream, err);
-            return matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, pipelined, stream, err);
+            for (int p0 = 0; p0 < n_y_all; p0 += 65535) {
+                a.pair0 = p0;
+                const unsigned int n_y =
+                    (unsigned int)(n_y_all - p0 < 65535 ? n_y_all - p0 : 65535);
+                int rc;
+                if (n_tok == 1)
+                    rc = matvec_q8_launch<T, 1>(a, n_blocks, n_y, pipelined, stream, err);
+                else if (n_tok == 2)
+                    rc = matvec_q8_launch<T, 2>(a, n_blocks, n_y, pipelined, stream, err);
+                else
+                    rc = matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, n_y, pipelined,
+                                                                  stream, err);
+                if (rc)
+                    return rc;
+            }
+            return VERR_OK;
         }
     };
     return VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);
+}
+
+extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
+                                   int64_t n_in, const void *xq, int n_tok,
+                                   enum cuda_mv_epilogue epi, const struct cuda_mvq_plan *plan,
+                                   cudaStream_t stream, struct verr *err) {
+    return mvq_segs(segs, n_seg, type, n_in, xq, n_tok, epi, plan, NULL, stream, err);
+}
+
+extern "C" int cuda_matvec_q8_experts(const struct cuda_mv_seg *segs, int n_seg,
+                                      enum ggml_type type, int64_t n_in, const void *xq,
+                                      const struct cuda_mv_experts *ex, enum cuda_mv_epilogue epi,
+                                      const struct cuda_mvq_plan *plan, cudaStream_t stream,
+                                      struct verr *err) {
+    if (!ex)
+        return verr_set(err, VERR_RANGE, "matvec q8 experts: no expert ids");
+    return mvq_segs(segs, n_seg, type, n_in, xq, 1, epi, plan, ex, stream, err);
 }

@@ -44,6 +44,15 @@ int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory *
                         const void *xq /* [n_tok][n_in/32] q8_1 blocks */, int n_tok,
                         enum cuda_mv_epilogue epi, const struct cuda_mvq_plan *plan /* or NULL */,
                         cudaStream_t stream, struct verr *err);
+// The expert mode of cuda_matvec_q8_segs (struct cuda_mv_experts,
+// cuda/matvec.h): xq holds the q8_1 rows the pairs read ([*][n_in/32]
+// blocks, row p / x_div for pair p).
+int cuda_matvec_q8_experts(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
+                           enum ggml_type type, int64_t n_in, const void *xq,
+                           const struct cuda_mv_experts *ex /* host memory */,
+                           enum cuda_mv_epilogue epi,
+                           const struct cuda_mvq_plan *plan /* or NULL */, cudaStream_t stream,
+                           struct verr *err);
 // 1 when cuda_matvec_q8_segs with these sizes and plan runs the pipelined
 // kernel, else 0 (the one-pass kernel, or a call it would refuse).
 int cuda_matvec_q8_pipelined(enum ggml_type type, int64_t n_in, int n_tok,

@@ -30,6 +30,11 @@
 //   rope          rope op on Q;  rope_kv_store: fused rope + K/V store into an F16 cache
 //   kv_shift      kv_shift op over all layers of a cache of C cells
 //   rms_norm, argmax
+//   moe_route     moe_route op (softmax + top-k + renorm) at the router's shape
+//   moe_ffn       moe_ffn op: every token through its k experts (expert
+//                 mat-vecs for --matvec-tok tokens, q8 and f32 activations;
+//                 the grouped GEMM at --prefill-tokens); only the mixture-of-
+//                 experts shapes (--models qwen3-30b-a3b), which run nothing else
 //
 // Without a CUDA device the program says so and exits 0 (CI runs it).
 //
@@ -71,16 +76,19 @@ struct shape_model {
     const char *name;
     int n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_layer;
     float rope_base;
+    int n_expert, k_expert; // mixture of experts (n_ff: one expert's), 0 for dense
 };
 
 static const struct shape_model shape_models[] = {
-    {"llama2-7b", 4096, 32, 32, 128, 11008, 32000, 32, 10000.0f},
-    {"llama3-8b", 4096, 32, 8, 128, 14336, 128256, 32, 500000.0f},
-    {"llama3-70b", 8192, 64, 8, 128, 28672, 128256, 80, 500000.0f},
+    {"llama2-7b", 4096, 32, 32, 128, 11008, 32000, 32, 10000.0f, 0, 0},
+    {"llama3-8b", 4096, 32, 8, 128, 14336, 128256, 32, 500000.0f, 0, 0},
+    {"llama3-70b", 8192, 64, 8, 128, 28672, 128256, 80, 500000.0f, 0, 0},
     // Not a model: Llama-3's head size and grouping (GQA 8) at a width small
     // enough for the emulated CI gate (tests/emu, emu_traffic_gate); only
     // when named with --models.
-    {"ci-small", 1024, 8, 1, 128, 2816, 8192, 2, 500000.0f},
+    {"ci-small", 1024, 8, 1, 128, 2816, 8192, 2, 500000.0f, 0, 0},
+    // Qwen3-30B-A3B's experts (only the moe_* families; when named).
+    {"qwen3-30b-a3b", 2048, 32, 4, 128, 768, 151936, 48, 1000000.0f, 128, 8},
 };
 #define N_DEFAULT_MODELS 3
 #define N_SHAPE_MODELS (int)(sizeof shape_models / sizeof shape_models[0])
@@ -263,13 +271,15 @@ enum family {
     FAM_ATTN_SE_DECODE,
     FAM_SAMPLE,
     FAM_ATTN_SE_MIXED,
+    FAM_MOE_ROUTE,
+    FAM_MOE_FFN,
 };
 
 static const char *family_name[] = {
-    "matvec",         "matmul",       "matvec_qkv",   "matvec_swiglu", "matvec_add",
-    "cublas_f16",     "attn_prefill", "attn_decode",  "rope",          "rope_kv_store",
-    "kv_shift",       "rms_norm",     "argmax",       "matmul_tc",     "attn_se_prefill",
-    "attn_se_decode", "sample",       "attn_se_mixed"};
+    "matvec",         "matmul",       "matvec_qkv",    "matvec_swiglu", "matvec_add",
+    "cublas_f16",     "attn_prefill", "attn_decode",   "rope",          "rope_kv_store",
+    "kv_shift",       "rms_norm",     "argmax",        "matmul_tc",     "attn_se_prefill",
+    "attn_se_decode", "sample",       "attn_se_mixed", "moe_route",     "moe_ffn"};
 
 enum { ACT_NA = 0, ACT_Q8 = 1, ACT_F32 = 2, ACT_SKIP = -1 };
 
@@ -297,6 +307,7 @@ struct kcase {
     int32_t *pos, *cells, *delta, *amax;
     float *k, *v, *norm_w;
     void *k_cache, *v_cache;
+    struct moe_args moe; // moe_ffn (its weights: w, w2, w3; ids in amax, weights in norm_w)
 };
 
 static int run_case(struct bench *b, const struct kcase *k) {
@@ -356,6 +367,11 @@ static int run_case(struct bench *b, const struct kcase *k) {
             b, be->ops->rms_norm(be, k->out, k->x, k->norm_w, k->n_tok, k->sm->n_embd, 1e-5f));
     case FAM_ARGMAX:
         return op_rc(b, be->ops->argmax(be, k->amax, k->x, k->n_tok, k->sm->n_vocab));
+    case FAM_MOE_ROUTE:
+        return op_rc(b, be->ops->moe_route(be, k->amax, k->out, k->x, k->n_tok, k->sm->n_expert,
+                                           k->sm->k_expert, true));
+    case FAM_MOE_FFN:
+        return op_rc(b, be->ops->moe_ffn(be, &k->moe));
     case FAM_SAMPLE: {
         struct sample_params sp[64];
         for (int r = 0; r < k->n_tok && r < 64; r++)
@@ -388,7 +404,8 @@ static void kcase_free(struct bench *b, struct kcase *k) {
                  (void *)k->a.cell_pos,
                  (void *)k->a.cell_seq,
                  (void *)k->a.q_pos,
-                 (void *)k->a.q_seq};
+                 (void *)k->a.q_seq,
+                 k->moe.tmp};
     // attention reuses out / k_cache / v_cache through k->a: free each pointer once
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
         if (!p[i])
@@ -977,6 +994,107 @@ static void bench_argmax(struct bench *b, const struct shape_model *sm, bool sam
     }
 }
 
+// The router of a mixture-of-experts layer: n_tok rows of n_expert logits.
+static void bench_moe_route(struct bench *b, const struct shape_model *sm) {
+    for (int nt = 0; nt < b->opt.n_matvec_tok; nt++) {
+        struct kcase k = {
+            .fam = FAM_MOE_ROUTE, .sm = sm, .type = GGML_TYPE_F32, .n_tok = b->opt.matvec_tok[nt]};
+        snprintf(k.shape, sizeof k.shape, "route %dx%d k %d", k.n_tok, sm->n_expert, sm->k_expert);
+        k.bytes = (double)k.n_tok * (sm->n_expert * 4.0 + sm->k_expert * 8.0);
+        int rc = alloc_fill(b, (void **)&k.x, GGML_TYPE_F32, sm->n_expert, k.n_tok, 2.0f);
+        if (!rc)
+            rc = dev_alloc(b, (size_t)k.n_tok * sm->k_expert * sizeof(float), (void **)&k.out);
+        if (!rc)
+            rc = dev_alloc(b, (size_t)k.n_tok * sm->k_expert * sizeof(int32_t), (void **)&k.amax);
+        time_case(b, &k, rc);
+    }
+}
+
+// A mixture-of-experts FFN: stacks of n_expert gate/up (n_embd -> n_ff) and
+// down matrices, every token routed to k distinct experts spread over the
+// stack (token t, slot j: expert (t * 37 + j * 13) mod n_expert, weight
+// 1/k). Minimum bytes: the distinct experts' matrices once, x, out.
+static void bench_moe_ffn(struct bench *b, const struct shape_model *sm) {
+    const int E = sm->n_expert, K = sm->k_expert;
+    const int64_t n_embd = sm->n_embd, n_ff = sm->n_ff;
+    for (int ti = 0; ti < b->opt.n_types; ti++)
+        for (int nt = 0; nt <= b->opt.n_matvec_tok * 2; nt++) {
+            const enum ggml_type type = b->opt.types[ti];
+            // passes: the decode token counts (q8, f32), then one prompt batch
+            const bool prompt = nt == b->opt.n_matvec_tok * 2;
+            const int act = prompt ? ACT_NA : matvec_act_of(b, true, type, nt % 2);
+            if (act == ACT_SKIP)
+                continue;
+            struct kcase k = {.fam = FAM_MOE_FFN,
+                              .sm = sm,
+                              .type = type,
+                              .act = act,
+                              .n_tok = prompt ? b->opt.prefill_tok : b->opt.matvec_tok[nt / 2]};
+            snprintf(k.shape, sizeof k.shape, "experts %lldx%lld e%d k%d%s", (long long)n_embd,
+                     (long long)n_ff, E, K, act_tag(act));
+            const int n_pairs = k.n_tok * K;
+            int32_t *ids = malloc((size_t)n_pairs * sizeof *ids);
+            float *wts = malloc((size_t)n_pairs * sizeof *wts);
+            bool *used = calloc((size_t)E, sizeof *used);
+            int n_used = 0, rc = ids && wts && used ? 0 : -1;
+            if (rc)
+                snprintf(b->err, sizeof b->err, "out of host memory");
+            for (int t = 0; !rc && t < k.n_tok; t++)
+                for (int j = 0; j < K; j++) {
+                    const int e = (t * 37 + j * 13) % E;
+                    ids[t * K + j] = e;
+                    wts[t * K + j] = 1.0f / K;
+                    n_used += !used[e];
+                    used[e] = true;
+                }
+            const double per_expert = 2.0 * ggml_row_bytes(type, n_embd) * (double)n_ff +
+                                      ggml_row_bytes(type, n_ff) * (double)n_embd;
+            k.bytes = n_used * per_expert + (double)k.n_tok * n_embd * 8.0;
+            k.flops = 6.0 * (double)n_embd * (double)n_ff * n_pairs;
+            void *w = NULL;
+            if (!rc)
+                rc = alloc_fill(b, &w, type, n_embd, E * n_ff, 1.0f / sqrtf((float)n_embd));
+            k.w = (struct backend_weight){w, type, n_embd, E * n_ff};
+            w = NULL;
+            if (!rc)
+                rc = alloc_fill(b, &w, type, n_embd, E * n_ff, 1.0f / sqrtf((float)n_embd));
+            k.w2 = (struct backend_weight){w, type, n_embd, E * n_ff};
+            w = NULL;
+            if (!rc)
+                rc = alloc_fill(b, &w, type, n_ff, E * n_embd, 1.0f / sqrtf((float)n_ff));
+            k.w3 = (struct backend_weight){w, type, n_ff, E * n_embd};
+            if (!rc)
+                rc = alloc_fill(b, (void **)&k.x, GGML_TYPE_F32, n_embd, k.n_tok, 1.0f);
+            if (!rc)
+                rc = dev_alloc(b, (size_t)k.n_tok * n_embd * sizeof(float), (void **)&k.out);
+            if (!rc)
+                rc = alloc_i32(b, &k.amax, ids, n_pairs);
+            if (!rc)
+                rc = dev_alloc(b, (size_t)n_pairs * sizeof(float), (void **)&k.norm_w);
+            if (!rc)
+                rc = op_rc(
+                    b, b->be->ops->upload(b->be, k.norm_w, wts, (size_t)n_pairs * sizeof(float)));
+            if (!rc)
+                rc = dev_alloc(b, BACKEND_MOE_TMP(k.n_tok, K, n_embd, n_ff) * sizeof(float),
+                               (void **)&k.moe.tmp);
+            k.moe = (struct moe_args){.out = k.out,
+                                      .x = k.x,
+                                      .ids = k.amax,
+                                      .weights = k.norm_w,
+                                      .gate = &k.w,
+                                      .up = &k.w2,
+                                      .down = &k.w3,
+                                      .n_expert = E,
+                                      .k = K,
+                                      .n_tok = k.n_tok,
+                                      .tmp = k.moe.tmp};
+            free(ids);
+            free(wts);
+            free(used);
+            time_case(b, &k, rc);
+        }
+}
+
 // --- command line ---------------------------------------------------------------------
 
 static void usage(FILE *out) {
@@ -993,9 +1111,10 @@ static void usage(FILE *out) {
         "                         matmul_tc, cublas_f16, attn_prefill, attn_decode, rope,\n"
         "                         rope_kv_store, kv_shift, rms_norm, argmax, sample,\n"
         "                         matvec_qkv, matvec_swiglu, matvec_add, attn_se_prefill,\n"
-        "                         attn_se_decode, attn_se_mixed\n"
+        "                         attn_se_decode, attn_se_mixed, moe_route, moe_ffn\n"
         "  --models LIST          shapes: llama2-7b,llama3-8b,llama3-70b (default: these\n"
-        "                         three), ci-small (1024 wide, GQA 8: the emulated CI gate)\n"
+        "                         three), ci-small (1024 wide, GQA 8: the emulated CI gate),\n"
+        "                         qwen3-30b-a3b (128 experts of 2048x768, k 8: moe_* only)\n"
         "  --types LIST           weight types for matvec/matmul (default: f32,f16,bf16,\n"
         "                         q8_0,q4_0,q4_1,q5_0,q5_1,q2_K,q3_K,q4_K,q5_K,q6_K)\n"
         "  --ctx LIST             attention / kv_shift contexts (default: 512,4096,16384,32768)\n"
@@ -1388,6 +1507,13 @@ int main(int argc, char **argv) {
         if (!b.opt.model_on[mi])
             continue;
         const struct shape_model *sm = &shape_models[mi];
+        if (sm->n_expert > 0) { // the expert shapes: the mixture-of-experts ops only
+            if (want_family(&b, FAM_MOE_ROUTE))
+                bench_moe_route(&b, sm);
+            if (want_family(&b, FAM_MOE_FFN))
+                bench_moe_ffn(&b, sm);
+            continue;
+        }
         if (want_family(&b, FAM_MATVEC))
             bench_matmul(&b, sm, FAM_MATVEC);
         if (want_family(&b, FAM_MATMUL))

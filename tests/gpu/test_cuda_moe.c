@@ -1,0 +1,496 @@
+// The mixture-of-experts ops of the CUDA backend (cuda/moe.cu and the
+// expert modes of the mat-vec and tensor-core kernels) against the CPU
+// backend's (host/backend/cpu_moe.c), through the op table: moe_route and
+// moe_ffn with n_expert 8 and 128, k 2 and 8, k = n_expert, equal router
+// logits (every token in the same k groups), decode batches (the expert
+// mat-vecs) and prompt batches (grouped by expert on the device, the
+// grouped tensor-core GEMM), F32/F16/Q8_0/Q4_0/Q4_K stacks (and a Q6_K down
+// stack under Q4_K gate/up, as Q4_K_M files have), act_q8 on and off.
+// Besides the CPU comparison (stated tolerances, worst error logged):
+// moe_ffn equals the dense CUDA ops composed expert by expert bit for bit,
+// and a token's output does not depend on what else is in its batch
+// (bit for bit within the decode shapes and within the prompt shapes).
+// Without a CUDA device every test skips itself.
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/matvec.h" // CUDA_MATVEC_MAX_TOK: which path moe_ffn takes
+#include "gguf/quant.h"
+#include "gguf/types.h"
+#include "host/ops/backend.h"
+#include "tests/gpu/gpu_fixture.h"
+#include "tests/rand_blocks.h"
+#include "tests/rng_splitmix.h"
+
+TestSuite(cuda_moe, .init = setup, .fini = teardown, .timeout = 900);
+
+static void *dl(struct backend *be, const void *src, size_t bytes) {
+    void *h = malloc(bytes + 1);
+    cr_assert_not_null(h);
+    OK(be, be->ops->sync(be));
+    OK(be, be->ops->download(be, h, src, bytes));
+    OK(be, be->ops->sync(be));
+    return h;
+}
+
+static float *nrand_array(size_t n, float sigma) {
+    float *x = malloc(n * sizeof *x + 16);
+    cr_assert_not_null(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = sigma * nrand();
+    return x;
+}
+
+static float *dequant_all(enum ggml_type type, const void *w, int64_t n_in, int64_t n_out) {
+    float *d = malloc((size_t)n_in * (size_t)n_out * sizeof *d);
+    cr_assert_not_null(d);
+    const size_t rb = ggml_row_bytes(type, n_in);
+    struct verr err = {0};
+    for (int64_t o = 0; o < n_out; o++)
+        cr_assert_eq(quant_dequantize_row(type, (const uint8_t *)w + (size_t)o * rb,
+                                          d + (size_t)o * n_in, n_in, &err),
+                     0, "%s", err.msg);
+    return d;
+}
+
+// ---------------------------------------------------------------------------
+// moe_route
+
+// Random logits (sigma 2), or all equal (every p equal: the k lowest ids).
+static void run_route_case(int n_tok, int n_expert, int k, bool renorm, bool equal) {
+    float *logits = nrand_array((size_t)n_tok * n_expert, 2.0f);
+    if (equal)
+        for (size_t i = 0; i < (size_t)n_tok * n_expert; i++)
+            logits[i] = 0.375f;
+    struct dbuf bl = dbuf_new(logits, (size_t)n_tok * n_expert * sizeof(float));
+    struct dbuf bi = dbuf_new(NULL, (size_t)n_tok * k * sizeof(int32_t));
+    struct dbuf bw = dbuf_new(NULL, (size_t)n_tok * k * sizeof(float));
+    OK(cpu, cpu->ops->moe_route(cpu, bi.c, bw.c, bl.c, n_tok, n_expert, k, renorm));
+    OK(gpu, gpu->ops->moe_route(gpu, bi.g, bw.g, bl.g, n_tok, n_expert, k, renorm));
+    int32_t *ic = dl(cpu, bi.c, bi.bytes), *ig = dl(gpu, bi.g, bi.bytes);
+    float *wc = dl(cpu, bw.c, bw.bytes), *wg = dl(gpu, bw.g, bw.bytes);
+    // ids: equal. Random logits leave gaps between neighbouring p far above
+    // the few ulps by which the two sides' p differ, and equal p are ordered
+    // by index on both.
+    // weights: CUDA's expf is within 2 ulp of the correctly rounded value
+    // (CUDA C Programming Guide, maximum ulp errors), glibc's within 1; the
+    // double sums (different order) give the same float 1/sum but for a
+    // last-bit tie; the float product and, with renorm, the float sum of k
+    // terms and the division add a rounding each: 16 ulp (2^-20 relative)
+    // covers them with margin.
+    double worst = 0.0;
+    int id_fail = 0, w_fail = 0;
+    for (int i = 0; i < n_tok * k; i++) {
+        if (ic[i] != ig[i] && id_fail++ < 5)
+            cr_log_error("route %d x %d k %d: pair %d: cuda id %d, cpu id %d", n_tok, n_expert, k,
+                         i, ig[i], ic[i]);
+        const double e = fabs((double)wg[i] - wc[i]), t = fabs((double)wc[i]) / 1048576.0;
+        worst = e > worst ? e : worst;
+        if (e > t && w_fail++ < 5)
+            cr_log_error("route %d x %d k %d: pair %d: cuda weight %.9g, cpu %.9g", n_tok, n_expert,
+                         k, i, wg[i], wc[i]);
+        if (equal)
+            cr_expect_eq(ig[i], i % k, "equal logits: pair %d has expert %d", i, ig[i]);
+    }
+    cr_log_info("route %d tokens x %d experts, k %d%s%s: ids equal %s, worst |weight err| %.3g",
+                n_tok, n_expert, k, renorm ? ", renorm" : "", equal ? ", equal logits" : "",
+                id_fail ? "NO" : "yes", worst);
+    cr_expect_eq(id_fail, 0, "route: %d ids differ", id_fail);
+    cr_expect_eq(w_fail, 0, "route: %d weights outside the tolerance", w_fail);
+    free(ic);
+    free(ig);
+    free(wc);
+    free(wg);
+    free(logits);
+    dbuf_free(&bl);
+    dbuf_free(&bi);
+    dbuf_free(&bw);
+}
+
+Test(cuda_moe, route) {
+    REQUIRE_GPU();
+    rng_seed(3201);
+    static const int shapes[][3] = {{8, 2, 1},    {8, 8, 5},  {128, 8, 1}, {128, 2, 37},
+                                    {128, 8, 40}, {64, 6, 3}, {1, 1, 2},   {300, 4, 3}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int renorm = 0; renorm < 2; renorm++)
+            run_route_case(shapes[i][2], shapes[i][0], shapes[i][1], renorm, false);
+    run_route_case(3, 8, 2, true, true);
+    run_route_case(2, 128, 8, false, true);
+    run_route_case(1, 8, 8, true, true);
+}
+
+// ---------------------------------------------------------------------------
+// moe_ffn
+
+struct moe_case {
+    enum ggml_type t_gu, t_down;
+    int n_embd, n_ff, n_expert, k, n_tok;
+    bool equal; // equal router logits: every token routed to experts 0..k-1
+    bool act_q8;
+};
+
+// One case's inputs on both backends: stacks, x, the CPU router's ids and
+// weights (uploaded to both, so the FFN comparison does not depend on the
+// router's).
+struct moe_in {
+    const struct moe_case *c;
+    void *wg, *wu, *wd; // host copies of the stacks
+    float *x;
+    int32_t *ids;
+    float *weights;
+    struct dbuf bg, bu, bd, bx, bi, bw;
+};
+
+static void moe_in_make(struct moe_in *in, const struct moe_case *c) {
+    memset(in, 0, sizeof *in);
+    in->c = c;
+    const int64_t n_gu = (int64_t)c->n_expert * c->n_ff, n_dn = (int64_t)c->n_expert * c->n_embd;
+    const size_t rb_gu = ggml_row_bytes(c->t_gu, c->n_embd),
+                 rb_dn = ggml_row_bytes(c->t_down, c->n_ff);
+    in->wg = rand_blocks(c->t_gu, c->n_embd, n_gu, RAND_MAGNITUDE_FIRST);
+    in->wu = rand_blocks(c->t_gu, c->n_embd, n_gu, RAND_MAGNITUDE_FIRST);
+    in->wd = rand_blocks(c->t_down, c->n_ff, n_dn, RAND_MAGNITUDE_FIRST);
+    in->x = nrand_array((size_t)c->n_tok * c->n_embd, 1.0f);
+    in->bg = dbuf_new(in->wg, rb_gu * n_gu);
+    in->bu = dbuf_new(in->wu, rb_gu * n_gu);
+    in->bd = dbuf_new(in->wd, rb_dn * n_dn);
+    in->bx = dbuf_new(in->x, (size_t)c->n_tok * c->n_embd * sizeof(float));
+    float *logits = nrand_array((size_t)c->n_tok * c->n_expert, 2.0f);
+    if (c->equal)
+        for (size_t i = 0; i < (size_t)c->n_tok * c->n_expert; i++)
+            logits[i] = -1.5f;
+    struct dbuf bl = dbuf_new(logits, (size_t)c->n_tok * c->n_expert * sizeof(float));
+    struct dbuf bi = dbuf_new(NULL, (size_t)c->n_tok * c->k * sizeof(int32_t));
+    struct dbuf bw = dbuf_new(NULL, (size_t)c->n_tok * c->k * sizeof(float));
+    OK(cpu, cpu->ops->moe_route(cpu, bi.c, bw.c, bl.c, c->n_tok, c->n_expert, c->k, true));
+    in->ids = dl(cpu, bi.c, bi.bytes);
+    in->weights = dl(cpu, bw.c, bw.bytes);
+    OK(gpu, gpu->ops->upload(gpu, bi.g, in->ids, bi.bytes));
+    OK(gpu, gpu->ops->upload(gpu, bw.g, in->weights, bw.bytes));
+    in->bi = bi;
+    in->bw = bw;
+    dbuf_free(&bl);
+    free(logits);
+}
+
+static void moe_in_free(struct moe_in *in) {
+    dbuf_free(&in->bg);
+    dbuf_free(&in->bu);
+    dbuf_free(&in->bd);
+    dbuf_free(&in->bx);
+    dbuf_free(&in->bi);
+    dbuf_free(&in->bw);
+    free(in->wg);
+    free(in->wu);
+    free(in->wd);
+    free(in->x);
+    free(in->ids);
+    free(in->weights);
+}
+
+// moe_ffn on one backend over n_tok tokens starting at token t0 of the
+// case's inputs; returns the output downloaded.
+static float *moe_run(struct backend *be, const struct moe_in *in, int t0, int n_tok) {
+    const struct moe_case *c = in->c;
+    const bool g = be == gpu;
+    const struct backend_weight wg = {g ? in->bg.g : in->bg.c, c->t_gu, c->n_embd,
+                                      (int64_t)c->n_expert * c->n_ff};
+    const struct backend_weight wu = {g ? in->bu.g : in->bu.c, c->t_gu, c->n_embd,
+                                      (int64_t)c->n_expert * c->n_ff};
+    const struct backend_weight wd = {g ? in->bd.g : in->bd.c, c->t_down, c->n_ff,
+                                      (int64_t)c->n_expert * c->n_embd};
+    float *out = NULL, *tmp = NULL;
+    const size_t out_bytes = (size_t)n_tok * c->n_embd * sizeof(float);
+    OK(be, be->ops->alloc(be, out_bytes, (void **)&out));
+    OK(be, be->ops->alloc(be, BACKEND_MOE_TMP(n_tok, c->k, c->n_embd, c->n_ff) * sizeof(float),
+                          (void **)&tmp));
+    const struct moe_args a = {
+        .out = out,
+        .x = (const float *)(g ? in->bx.g : in->bx.c) + (size_t)t0 * c->n_embd,
+        .ids = (const int32_t *)(g ? in->bi.g : in->bi.c) + (size_t)t0 * c->k,
+        .weights = (const float *)(g ? in->bw.g : in->bw.c) + (size_t)t0 * c->k,
+        .gate = &wg,
+        .up = &wu,
+        .down = &wd,
+        .n_expert = c->n_expert,
+        .k = c->k,
+        .n_tok = n_tok,
+        .tmp = tmp,
+    };
+    OK(be, be->ops->moe_ffn(be, &a));
+    float *h = dl(be, out, out_bytes);
+    be->ops->free(be, out);
+    be->ops->free(be, tmp);
+    return h;
+}
+
+static double silu(double g) {
+    return g / (1.0 + exp(-g));
+}
+
+// Largest |v| of the 32-element block holding element i (the q8_1 scale).
+static double amax32(const float *v, int64_t i) {
+    double m = 0.0;
+    for (int64_t j = i / 32 * 32; j < i / 32 * 32 + 32; j++)
+        m = fabs(v[j]) > m ? fabs(v[j]) : m;
+    return m;
+}
+
+// Per output: the condition M (sum over slots of |w| times the absolute
+// down-projection dot, plus the first-order effect of |gate| and |up|
+// dot magnitudes through swiglu) and Q, the same sum with each matmul's
+// magnitudes replaced by the worst q8_1 rounding of its activations (half a
+// step, amax/254, per element, all aligned).
+static void moe_bounds(const struct moe_in *in, const float *gd, const float *ud, const float *dd,
+                       double *M, double *Q) {
+    const struct moe_case *c = in->c;
+    const int E = c->n_embd, F = c->n_ff;
+    double *h = malloc(sizeof(double) * F), *hm = malloc(sizeof(double) * F),
+           *hq = malloc(sizeof(double) * F);
+    float *hf = malloc(sizeof(float) * ((size_t)F + 32));
+    double *xa = malloc(sizeof(double) * E), *ha = malloc(sizeof(double) * F);
+    for (int t = 0; t < c->n_tok; t++) {
+        const float *x = in->x + (size_t)t * E;
+        for (int i = 0; i < E; i++)
+            xa[i] = E % 32 ? 0.0 : amax32(x, i) / 254.0;
+        for (int i = 0; i < E; i++)
+            M[(size_t)t * E + i] = Q[(size_t)t * E + i] = 0.0;
+        for (int j = 0; j < c->k; j++) {
+            const int e = in->ids[t * c->k + j];
+            const double w = fabs(in->weights[t * c->k + j]);
+            for (int f = 0; f < F; f++) {
+                const float *gr = gd + ((size_t)e * F + f) * E, *ur = ud + ((size_t)e * F + f) * E;
+                double gs = 0, us = 0, gm = 0, um = 0, gq = 0, uq = 0;
+                for (int i = 0; i < E; i++) {
+                    gs += (double)gr[i] * x[i];
+                    us += (double)ur[i] * x[i];
+                    gm += fabs((double)gr[i] * x[i]);
+                    um += fabs((double)ur[i] * x[i]);
+                    gq += fabs((double)gr[i]) * xa[i];
+                    uq += fabs((double)ur[i]) * xa[i];
+                }
+                const double sg = 1.0 / (1.0 + exp(-gs)), dsilu = sg * (1.0 + gs * (1.0 - sg));
+                h[f] = silu(gs) * us;
+                hf[f] = (float)h[f];
+                hm[f] = fabs(dsilu * us) * gm + fabs(silu(gs)) * um + fabs(h[f]);
+                hq[f] = fabs(dsilu * us) * gq + fabs(silu(gs)) * uq;
+            }
+            for (int f = 0; f < F; f++)
+                ha[f] = F % 32 ? 0.0 : amax32(hf, f) / 254.0;
+            for (int o = 0; o < E; o++) {
+                const float *dr = dd + ((size_t)e * E + o) * F;
+                double m = 0, q = 0;
+                for (int f = 0; f < F; f++) {
+                    m += fabs((double)dr[f]) * hm[f];
+                    q += fabs((double)dr[f]) * (hq[f] + ha[f]);
+                }
+                M[(size_t)t * E + o] += w * m;
+                Q[(size_t)t * E + o] += w * q;
+            }
+        }
+    }
+    free(h);
+    free(hm);
+    free(hq);
+    free(hf);
+    free(xa);
+    free(ha);
+}
+
+static bool q8_type(enum ggml_type t) {
+    return t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16;
+}
+
+static void run_ffn_case(const struct moe_case *c) {
+    struct moe_in in;
+    moe_in_make(&in, c);
+    cpu->act_q8 = gpu->act_q8 = c->act_q8;
+    float *rc = moe_run(cpu, &in, 0, c->n_tok);
+    float *rg = moe_run(gpu, &in, 0, c->n_tok);
+    const size_t n = (size_t)c->n_tok * c->n_embd;
+    double *M = malloc(n * sizeof *M), *Q = malloc(n * sizeof *Q);
+    float *gd = dequant_all(c->t_gu, in.wg, c->n_embd, (int64_t)c->n_expert * c->n_ff);
+    float *ud = dequant_all(c->t_gu, in.wu, c->n_embd, (int64_t)c->n_expert * c->n_ff);
+    float *dd = dequant_all(c->t_down, in.wd, c->n_ff, (int64_t)c->n_expert * c->n_embd);
+    moe_bounds(&in, gd, ud, dd, M, Q);
+    // Tolerance per output, tol = rel * M + q * Q:
+    //  - f32 accumulation on both sides in different orders (the two mat-vec
+    //    chains, the slot sum): a random walk of ~sqrt(n) roundings of
+    //    2^-24 relative to M; 16 sqrt(n) 2^-24 (8 sigma, doubled for the two
+    //    chained matmuls);
+    //  - prompt batches with quantized stacks: the grouped GEMM rounds
+    //    activations and weights to f16 (2^-11 each, relative per product):
+    //    2^-10 M on top, as the dense GEMM's test allows;
+    //  - q8_1 activations on either side (the CPU's matmuls under act_q8,
+    //    the CUDA mat-vecs under act_q8): each element within half a step
+    //    of its block's scale; Q adds those bounds aligned (real errors are
+    //    a random walk well below it). Where both sides quantize the same
+    //    values (decode, act_q8) only elements of h whose f32 values differ
+    //    across a rounding boundary differ: Q covers that too.
+    // A wrong expert, row, slot or weight changes outputs by O(M).
+    const bool grouped = c->n_tok > CUDA_MATVEC_MAX_TOK && q8_type(c->t_gu) && q8_type(c->t_down);
+    const bool q8 = c->act_q8 && (q8_type(c->t_gu) || q8_type(c->t_down));
+    const int nmax = c->n_embd > c->n_ff ? c->n_embd : c->n_ff;
+    const double rel = 16.0 * sqrt((double)nmax) / 16777216.0 + (grouped ? 1.0 / 1024 : 0.0);
+    double worst = 0.0, worst_ratio = 0.0;
+    int fails = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double tol = rel * M[i] + (q8 || grouped ? Q[i] : 0.0) + 1e-6;
+        const double e = isfinite(rg[i]) ? fabs((double)rg[i] - rc[i]) : INFINITY;
+        worst = e > worst ? e : worst;
+        worst_ratio = e / tol > worst_ratio ? e / tol : worst_ratio;
+        if (e > tol && fails++ < 5)
+            cr_log_error("moe_ffn: element %zu: cuda %.9g, cpu %.9g, tol %.3g", i, rg[i], rc[i],
+                         tol);
+    }
+    char what[200];
+    snprintf(what, sizeof what,
+             "moe_ffn %s/%s n_embd %d n_ff %d, %d experts, k %d, %d tokens%s%s (%s)",
+             ggml_type_name(c->t_gu), ggml_type_name(c->t_down), c->n_embd, c->n_ff, c->n_expert,
+             c->k, c->n_tok, c->equal ? ", equal logits" : "", c->act_q8 ? ", act_q8" : "",
+             c->n_tok <= CUDA_MATVEC_MAX_TOK ? "expert mat-vec"
+             : grouped                       ? "grouped GEMM"
+                                             : "mat-vec over pairs");
+    cr_log_info("%s: worst |err| %.3g, worst err/tol %.3g", what, worst, worst_ratio);
+    cr_expect_eq(fails, 0, "%s: %d of %zu outside the tolerance", what, fails, n);
+
+    // Batch invariance: a token's output is the same bits in a batch of
+    // another size (the same path: decode shapes stay decode, prompt shapes
+    // stay prompt) and position: tokens [1, 1 + m) alone.
+    const int m =
+        c->n_tok <= CUDA_MATVEC_MAX_TOK ? (c->n_tok > 1 ? 1 : 0) : CUDA_MATVEC_MAX_TOK + 1;
+    if (m > 0 && c->n_tok > m) {
+        float *sub = moe_run(gpu, &in, 1, m);
+        cr_expect_eq(memcmp(sub, rg + c->n_embd, (size_t)m * c->n_embd * sizeof(float)), 0,
+                     "%s: tokens 1..%d alone differ from the same tokens in the batch", what, m);
+        free(sub);
+    }
+    cpu->act_q8 = gpu->act_q8 = false;
+    free(gd);
+    free(ud);
+    free(dd);
+    free(M);
+    free(Q);
+    free(rc);
+    free(rg);
+    moe_in_free(&in);
+}
+
+#define F32 GGML_TYPE_F32
+#define F16 GGML_TYPE_F16
+#define Q80 GGML_TYPE_Q8_0
+#define Q40 GGML_TYPE_Q4_0
+#define Q4K GGML_TYPE_Q4_K
+#define Q6K GGML_TYPE_Q6_K
+
+Test(cuda_moe, ffn_decode) {
+    REQUIRE_GPU();
+    rng_seed(3202);
+    static const struct moe_case cases[] = {
+        {F32, F32, 64, 96, 8, 2, 1, false, false},  {F16, F16, 64, 32, 8, 8, 3, false, false},
+        {Q80, Q80, 64, 96, 8, 2, 5, false, true},   {Q40, Q40, 64, 64, 128, 8, 1, false, true},
+        {Q40, Q40, 96, 64, 8, 8, 2, true, true},    {Q4K, Q4K, 256, 256, 128, 8, 1, false, true},
+        {Q4K, Q6K, 256, 256, 8, 2, 8, false, true}, {Q4K, Q4K, 256, 256, 8, 2, 2, false, false},
+        {Q80, Q80, 64, 32, 128, 2, 8, true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_ffn_case(&cases[i]);
+}
+
+Test(cuda_moe, ffn_prompt) {
+    REQUIRE_GPU();
+    rng_seed(3203);
+    static const struct moe_case cases[] = {
+        {Q40, Q40, 64, 96, 8, 2, 40, false, true},     {Q80, Q80, 64, 64, 8, 8, 12, false, false},
+        {Q4K, Q6K, 256, 256, 128, 8, 20, false, true}, {Q40, Q40, 64, 32, 8, 2, 33, true, true},
+        {F32, F32, 64, 96, 8, 2, 10, false, false},    {F16, F16, 32, 64, 128, 8, 9, false, false},
+        {Q4K, Q4K, 256, 256, 8, 8, 17, false, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_ffn_case(&cases[i]);
+}
+
+// Expert e's matrix of a stack as a dense weight.
+static struct backend_weight expert_w(void *stack, enum ggml_type type, int64_t n_in, int64_t rows,
+                                      int e) {
+    const struct backend_weight w = {
+        (const char *)stack + (size_t)e * rows * ggml_row_bytes(type, n_in), type, n_in, rows};
+    return w;
+}
+
+// moe_ffn against the dense CUDA ops composed, bit for bit: per slot j,
+// matmul_swiglu and matmul on expert e's matrices over the tokens routed
+// there (decode: one token at a time, the mat-vec with n_tok = 1 the expert
+// mat-vec runs per pair; prompt: equal logits put every token in the
+// groups of experts 0..k-1, and the dense GEMM of those n_tok tokens is the
+// grouped GEMM's arithmetic), then scale by the slot's weight and add in
+// slot order (the combine's roundings).
+static void run_dense_case(const struct moe_case *c) {
+    struct moe_in in;
+    moe_in_make(&in, c);
+    gpu->act_q8 = c->act_q8;
+    float *rg = moe_run(gpu, &in, 0, c->n_tok);
+    const int E = c->n_embd, F = c->n_ff;
+    const int per = c->equal ? c->n_tok : 1; // tokens per dense call
+    float *h = NULL, *up = NULL, *y = NULL, *acc = NULL;
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)per * F * sizeof(float), (void **)&h));
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)per * F * sizeof(float), (void **)&up));
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)per * E * sizeof(float), (void **)&y));
+    OK(gpu, gpu->ops->alloc(gpu, (size_t)per * E * sizeof(float), (void **)&acc));
+    float *ref = malloc((size_t)c->n_tok * E * sizeof(float));
+    for (int t0 = 0; t0 < c->n_tok; t0 += per) {
+        const float *x = (const float *)in.bx.g + (size_t)t0 * E;
+        for (int j = 0; j < c->k; j++) {
+            const int e = in.ids[t0 * c->k + j];
+            const float w = in.weights[t0 * c->k + j];
+            for (int t = t0; t < t0 + per; t++)
+                cr_assert(in.ids[t * c->k + j] == e && in.weights[t * c->k + j] == w);
+            const struct backend_weight wg = expert_w(in.bg.g, c->t_gu, E, F, e);
+            const struct backend_weight wu = expert_w(in.bu.g, c->t_gu, E, F, e);
+            const struct backend_weight wd = expert_w(in.bd.g, c->t_down, F, E, e);
+            OK(gpu, gpu->ops->matmul_swiglu(gpu, h, up, &wg, &wu, x, per));
+            OK(gpu, gpu->ops->matmul(gpu, j ? y : acc, &wd, h, NULL, per));
+            OK(gpu, gpu->ops->scale(gpu, j ? y : acc, w, (int64_t)per * E));
+            if (j)
+                OK(gpu, gpu->ops->add(gpu, acc, y, (int64_t)per * E));
+        }
+        float *r = dl(gpu, acc, (size_t)per * E * sizeof(float));
+        memcpy(ref + (size_t)t0 * E, r, (size_t)per * E * sizeof(float));
+        free(r);
+    }
+    int diff = 0;
+    for (size_t i = 0; i < (size_t)c->n_tok * E; i++)
+        if (memcmp(&ref[i], &rg[i], sizeof(float)) && diff++ < 5)
+            cr_log_error("moe_ffn vs dense: element %zu: moe %.9g, dense %.9g", i, rg[i], ref[i]);
+    cr_log_info("moe_ffn %s/%s, %d experts, k %d, %d tokens%s vs the dense ops: %d elements differ",
+                ggml_type_name(c->t_gu), ggml_type_name(c->t_down), c->n_expert, c->k, c->n_tok,
+                c->act_q8 ? ", act_q8" : "", diff);
+    cr_expect_eq(diff, 0, "moe_ffn differs from the dense ops composed");
+    gpu->act_q8 = false;
+    gpu->ops->free(gpu, h);
+    gpu->ops->free(gpu, up);
+    gpu->ops->free(gpu, y);
+    gpu->ops->free(gpu, acc);
+    free(ref);
+    free(rg);
+    moe_in_free(&in);
+}
+
+Test(cuda_moe, ffn_equals_dense) {
+    REQUIRE_GPU();
+    rng_seed(3204);
+    static const struct moe_case cases[] = {
+        {Q4K, Q6K, 256, 256, 8, 2, 3, false, true}, {Q40, Q40, 64, 96, 128, 8, 2, false, true},
+        {F16, F32, 64, 32, 8, 2, 2, false, false},  {Q40, Q40, 64, 96, 8, 2, 12, true, true},
+        {Q4K, Q4K, 256, 256, 8, 8, 9, true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_dense_case(&cases[i]);
+}
