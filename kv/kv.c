@@ -96,6 +96,25 @@ static size_t mul3(size_t a, size_t b, size_t c) {
     return ab * c;
 }
 
+// A cache type be runs, whose blocks tile each head (backend_cache_type_quantized).
+static int kv_check_type(struct backend *be, const char *which, enum ggml_type t, int head_dim,
+                         struct verr *err) {
+    if (!backend_supports_cache_type(be, t))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "kv_init: %s cache type %s is not supported by the %s backend (%s)", which,
+                        ggml_type_name(t), be->ops->name,
+                        backend_cache_type_quantized(t) ? "it supports f16/f32 caches so far"
+                                                        : "a cache type is f32, f16, bf16, q8_0, "
+                                                          "q4_0, q4_1, q5_0, q5_1 or iq4_nl");
+    const struct ggml_type_info *ti = ggml_type_get(t);
+    if (!ti || head_dim % (int)ti->block_size != 0)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "kv_init: %s cache type %s stores blocks of %u values: the head dim %d "
+                        "is not a multiple of it (use f16 or a type whose block divides it)",
+                        which, ggml_type_name(t), ti ? ti->block_size : 0, head_dim);
+    return 0;
+}
+
 int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be,
             struct verr *err) {
     memset(kv, 0, sizeof *kv);
@@ -119,10 +138,9 @@ int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be
                             "kv_init: n_layer %d, n_head_kv %d, head_dim %d, head_dim_v %d must "
                             "all be >= 1",
                             c.n_layer, c.n_head_kv, c.head_dim, c.head_dim_v);
-        if (!backend_cache_type_ok(c.type_k) || !backend_cache_type_ok(c.type_v))
-            return verr_set(err, VERR_UNSUPPORTED,
-                            "kv_init: cache types %s/%s: only f32 and f16 are supported",
-                            ggml_type_name(c.type_k), ggml_type_name(c.type_v));
+        int rc = kv_check_type(be, "K", c.type_k, c.head_dim, err);
+        if (rc || (rc = kv_check_type(be, "V", c.type_v, c.head_dim_v, err)))
+            return rc;
     }
 
     int w = (c.n_seq_max + 63) / 64;

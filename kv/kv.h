@@ -38,8 +38,8 @@ struct kv_config {
     int n_head_kv;
     int head_dim;          // K
     int head_dim_v;        // V
-    enum ggml_type type_k; // F16 or F32
-    enum ggml_type type_v; // F16 or F32
+    enum ggml_type type_k; // F16, F32, or a quantized type the backend runs
+    enum ggml_type type_v; // (backend_supports_cache_type)
     int n_seq_max;         // sequence ids are 0..n_seq_max-1; <= 0 means KV_SEQ_MAX_DEFAULT
 };
 
@@ -73,8 +73,9 @@ struct kv_cache {
 // Allocates the host bookkeeping and, when be is not NULL, K, V (zeroed, so
 // cells never hold NaN garbage) and the mirrors through be->ops. All cells
 // empty, head 0. On failure *kv is left zeroed (kv_free is still safe).
-// Errors: VERR_RANGE (a bad dimension), VERR_UNSUPPORTED (a cache type other
-// than F16/F32), VERR_NOMEM, or the backend's error.
+// Errors: VERR_RANGE (a bad dimension), VERR_UNSUPPORTED (a cache type the
+// backend does not run, or a block type whose block size does not divide
+// head_dim / head_dim_v), VERR_NOMEM, or the backend's error.
 int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be, struct verr *err);
 // Frees everything kv_init allocated; safe on a zeroed or already freed cache.
 void kv_free(struct kv_cache *kv);

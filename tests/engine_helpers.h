@@ -31,6 +31,7 @@ struct engine_test_cfg {
     int n_seq;           // sequences, each with a logits row per decode
     const char *devices; // NULL: one CPU backend; "cpu,cpu": two stages
     bool f32_cache;      // F32 K/V (default F16)
+    int type_k, type_v;  // K / V cache types when > 0 (GGML_TYPE_*: F16, BF16, Q8_0, ...)
     bool k_unrotated;    // --kv-unrotated
     int n_threads;       // CPU threads (0: 2)
     int act;             // --matvec-act: BACKEND_ACT_* (0: the backend's default)
@@ -49,6 +50,10 @@ static inline struct engine *engine_test_open(const char *path, const struct eng
     am.devices = c->devices;
     if (c->f32_cache)
         am.type_k = am.type_v = GGML_TYPE_F32;
+    if (c->type_k > 0)
+        am.type_k = (enum ggml_type)c->type_k;
+    if (c->type_v > 0)
+        am.type_v = (enum ggml_type)c->type_v;
     am.k_unrotated = c->k_unrotated;
     struct engine_config op;
     args_engine_config(&am, &op);

@@ -148,6 +148,7 @@ static int bi_attention(struct backend *be, const struct attn_args *a) {
 struct bi_engine_cfg {
     const char *model;
     int n_ctx_seq, n_slots, n_batch, n_threads, act;
+    int type_k, type_v; // KV cache types when > 0 (engine_test_cfg)
 };
 
 static struct engine *bi_open(const struct bi_engine_cfg *c) {
@@ -155,7 +156,9 @@ static struct engine *bi_open(const struct bi_engine_cfg *c) {
                                        .n_batch = c->n_batch,
                                        .n_seq = c->n_slots,
                                        .n_threads = c->n_threads,
-                                       .act = c->act};
+                                       .act = c->act,
+                                       .type_k = c->type_k,
+                                       .type_v = c->type_v};
     struct engine *e = engine_test_open(c->model, &tc);
     struct verr err = {0};
     struct engine_sched_config sc = {.n_slots = c->n_slots,
@@ -397,4 +400,52 @@ Test(batch_invariance, smollm2_real_text) {
         free(ref[i].prompt);
         free(ref[i].logits);
     }
+}
+
+// Quantized KV caches (issue #34): K q8_0 and V q4_1, so that attention
+// dequantizes both; the store quantizes each token's row alone and
+// attention reads the dequantized rows as an F32 cache, so nothing of the
+// batch may reach a token's logits. 24 requests, 1 and 3 threads, every path.
+Test(batch_invariance, quantized_kv_cache) {
+    struct tiny_cfg cfg;
+    tiny_cfg_default(&cfg, "llama");
+    cfg.vocab = true;
+    cfg.n_vocab = 300;
+    cfg.n_embd = 192;
+    cfg.n_head = 6;
+    cfg.n_head_kv = 2;
+    cfg.head_dim = 32; // one block of q8_0 / q4_1 a head
+    cfg.n_rot = 32;
+    cfg.n_ff = 256;
+    cfg.wtype = GGML_TYPE_Q4_1;
+    char *path = engine_test_model(&cfg, "batchinv_kvq");
+    enum { N = 24 };
+    struct bi_req ref[N];
+    memset(ref, 0, sizeof ref);
+    uint64_t s = 34;
+    for (int i = 0; i < N; i++) {
+        struct bi_req *r = &ref[i];
+        r->n_prompt = 1 + (int)((tiny_rand(&s) + 1) * 0.5 * 39); // 1..40
+        r->n_predict = 2 + (int)((tiny_rand(&s) + 1) * 0.5 * 18);
+        r->wave = i < 16 ? 0 : 3 * (i - 14);
+        r->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt);
+        r->prompt[0] = 1;
+        for (int t = 1; t < r->n_prompt; t++)
+            r->prompt[t] = 3 + (int32_t)((tiny_rand(&s) + 1) * 0.5 * (cfg.n_vocab - 4));
+        bi_req_alloc(r, cfg.n_vocab);
+    }
+    const struct bi_engine_cfg base = {.model = path,
+                                       .n_ctx_seq = 64,
+                                       .n_slots = BI_SLOTS,
+                                       .n_batch = BI_STEP_TOKENS,
+                                       .type_k = GGML_TYPE_Q8_0,
+                                       .type_v = GGML_TYPE_Q4_1};
+    const int threads[] = {1, 3};
+    bi_paths_run(&base, ref, N, threads, 2, 0x1fu);
+    for (int i = 0; i < N; i++) {
+        free(ref[i].prompt);
+        free(ref[i].logits);
+    }
+    unlink(path);
+    free(path);
 }

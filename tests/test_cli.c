@@ -159,7 +159,10 @@ Test(cli, usage_errors) {
     cr_expect(strstr(err, "--rope-scaling: 'cubic'"), "%s", err);
     free(out);
     free(err);
-    cr_expect_eq(run_vela("run -m x.gguf --cache-type-k q4_0", &out, &err), 2);
+    cr_expect_eq(run_vela("run -m x.gguf --cache-type-k q4_K", &out, &err), 2);
+    cr_expect(strstr(err, "--cache-type-k: 'q4_K' is not a cache type (f32, f16, bf16, q8_0, "
+                          "q4_0, q4_1, q5_0, q5_1, iq4_nl)"),
+              "%s", err);
     free(out);
     free(err);
     cr_expect_eq(run_vela("run -m x.gguf --matvec-act q4", &out, &err), 2);

@@ -30,8 +30,8 @@ struct args_model {
     int n_threads;              // -t, --threads (0: all cores)
     int n_ctx;                  // -c, --ctx-size (0: the model's, capped at FORWARD_CTX_CAP)
     int n_batch;                // -b, --batch-size (512)
-    enum ggml_type type_k;      // --cache-type-k f32|f16 (f16)
-    enum ggml_type type_v;      // --cache-type-v f32|f16 (f16)
+    enum ggml_type type_k;      // --cache-type-k f32|f16|bf16|q8_0|q4_0|... (f16)
+    enum ggml_type type_v;      // --cache-type-v, as type_k (f16)
     struct rope_overrides rope; // --rope-* / --yarn-*
     bool verbose;               // --verbose, -v
     bool no_progress;           // --no-progress: no load progress on stderr

@@ -320,8 +320,14 @@ static int mk_type(void *opts, const struct flag *f, const char *where, const ch
 
 static const struct flag_choice backends[] = {
     {"cpu", LOAD_BACKEND_CPU}, {"cuda", LOAD_BACKEND_CUDA}, {"auto", LOAD_BACKEND_AUTO}, {0}};
+// llama.cpp's --cache-type-k/-v names (backend_cache_type_quantized beside
+// the floats); the CUDA backend refuses the quantized ones at setup so far.
 static const struct flag_choice cache_types[] = {
-    {"f16", GGML_TYPE_F16}, {"f32", GGML_TYPE_F32}, {0}};
+    {"f16", GGML_TYPE_F16},       {"f32", GGML_TYPE_F32},
+    {"bf16", GGML_TYPE_BF16},     {"q8_0", GGML_TYPE_Q8_0},
+    {"q4_0", GGML_TYPE_Q4_0},     {"q4_1", GGML_TYPE_Q4_1},
+    {"q5_0", GGML_TYPE_Q5_0},     {"q5_1", GGML_TYPE_Q5_1},
+    {"iq4_nl", GGML_TYPE_IQ4_NL}, {0}};
 // "row" is taken so that the pipeline's setup refuses it by name.
 static const struct flag_choice split_modes[] = {
     {"layer", LOAD_SPLIT_LAYER}, {"none", LOAD_SPLIT_NONE}, {"row", LOAD_SPLIT_ROW}, {0}};
@@ -725,11 +731,15 @@ static const struct flag rows[] = {
      "tokens per forward pass when processing a prompt (default: 512)", "VELA_ARG_BATCH",
      INT(am.n_batch, 1, 1L << 20)},
     {CLI_MODEL, SEC_MODEL, "-ctk, --cache-type-k", "T",
-     "KV cache type for K: f32, f16 (default: f16)", "VELA_ARG_CACHE_TYPE_K",
-     ENUM(am.type_k, cache_types, "a supported cache type (f32, f16)")},
+     "KV cache type for K: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (default: f16; "
+     "the quantized ones on the CPU backend so far)",
+     "VELA_ARG_CACHE_TYPE_K",
+     ENUM(am.type_k, cache_types,
+          "a cache type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)")},
     {CLI_MODEL, SEC_MODEL, "-ctv, --cache-type-v", "T",
-     "KV cache type for V: f32, f16 (default: f16)", "VELA_ARG_CACHE_TYPE_V",
-     ENUM(am.type_v, cache_types, "a supported cache type (f32, f16)")},
+     "KV cache type for V: as --cache-type-k (default: f16)", "VELA_ARG_CACHE_TYPE_V",
+     ENUM(am.type_v, cache_types,
+          "a cache type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)")},
     {CLI_MODEL, SEC_MODEL, "-v, --verbose", NULL, "print model and context details", NULL,
      SET(am.verbose)},
     {CLI_MODEL, SEC_MODEL, "--no-progress", NULL, "no progress bar while the weights load", NULL,

@@ -117,10 +117,12 @@ static int pick_ctx(struct args_model *am, int n_parallel, struct verr *err) {
     gguf_close(f);
     if (rc)
         return rc;
-    const size_t esize_k = am->type_k == GGML_TYPE_F32 ? 4 : 2;
-    const size_t esize_v = am->type_v == GGML_TYPE_F32 ? 4 : 2;
-    const size_t per_cell = (size_t)hp.n_layer * (size_t)hp.n_head_kv *
-                            ((size_t)hp.head_dim * esize_k + (size_t)hp.head_dim_v * esize_v);
+    // Bytes of one cell follow the cache types (a q8_0 cell is 34/64 of an
+    // f16 one: about twice the cells in the same memory). A type whose block
+    // does not divide the head dims gives 0 here; the context refuses it.
+    const size_t per_cell =
+        (size_t)hp.n_layer * (ggml_row_bytes(am->type_k, (int64_t)hp.n_head_kv * hp.head_dim) +
+                              ggml_row_bytes(am->type_v, (int64_t)hp.n_head_kv * hp.head_dim_v));
     struct stat st;
     const size_t weights = stat(am->model_path, &st) ? 0 : (size_t)st.st_size;
     char dev[32];
@@ -139,11 +141,12 @@ static int pick_ctx(struct args_model *am, int n_parallel, struct verr *err) {
         slot = (1 << 30) / 2 / n_parallel;
     am->n_ctx = (int)(slot * n_parallel);
     srv_log(SRV_LOG_INFO,
-            "context: -c %d, %d slots of %lld tokens (%s; KV cache %.0f MiB, %.0f MiB free on "
-            "%s); -c N sets it",
+            "context: -c %d, %d slots of %lld tokens (%s; KV cache %s/%s, %zu bytes a cell, "
+            "%.0f MiB, %.0f MiB free on %s); -c N sets it",
             am->n_ctx, n_parallel, (long long)slot,
             capped ? "the model's trained context capped by memory"
                    : "each the model's trained context",
+            ggml_type_name(am->type_k), ggml_type_name(am->type_v), per_cell,
             (double)per_cell * am->n_ctx / 1048576.0,
             free_b == BACKEND_MEM_UNLIMITED ? -1.0 : (double)free_b / 1048576.0, dev);
     return 0;
@@ -215,9 +218,13 @@ static int run_server(struct args_model *am, struct cli *f) {
     }
     tools_warn_ctx("serve", am, context_config(e->ctx)->n_ctx / f->sc.n_parallel,
                    e->m->hp.n_ctx_train, false);
-    srv_log(SRV_LOG_INFO, "ready: model '%s', %d slots of %d tokens, backend %s", f->sc.model_id,
-            f->sc.n_parallel, context_config(e->ctx)->n_ctx / f->sc.n_parallel,
-            context_backend_name(e->ctx));
+    const struct forward_config *cc = context_config(e->ctx);
+    srv_log(SRV_LOG_INFO,
+            "ready: model '%s', %d slots of %d tokens, backend %s, KV cache %s/%s: %.0f MiB "
+            "(%.0f bytes a cell)",
+            f->sc.model_id, f->sc.n_parallel, cc->n_ctx / f->sc.n_parallel,
+            context_backend_name(e->ctx), ggml_type_name(cc->type_k), ggml_type_name(cc->type_v),
+            context_kv_bytes(e->ctx) / 1048576.0, context_kv_bytes(e->ctx) / cc->n_ctx);
     const struct api_defaults *d = &f->sc.defaults;
     srv_log(SRV_LOG_INFO,
             "sampling defaults (a request overrides each): temperature %g, top_k %d, top_p %g, "

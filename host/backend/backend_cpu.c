@@ -78,23 +78,28 @@ static int cpu_scratch_reserve(struct backend *be, size_t bytes, const char *wha
     return VERR_OK;
 }
 
+// The cache types the CPU runs: the floats and every quantized one
+// (backend_cache_type_quantized), which its store quantizes, its kv_shift
+// re-quantizes and its attention dequantizes (cpu_attention.c).
 static bool cpu_is_cache_type(enum ggml_type t) {
-    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
+    return backend_cache_type_ok(t) || backend_cache_type_quantized(t);
 }
 
-static size_t cpu_cache_elt_size(enum ggml_type t) {
-    return t == GGML_TYPE_F16 ? 2 : 4;
-}
-
-// Stores n floats into a cache row of type t (F32 copy, F16 round to nearest even).
-static void cpu_store_row(void *dst, enum ggml_type t, const float *src, int64_t n) {
+// Stores n floats into a cache row of type t (F32 copy, F16 round to nearest
+// even, a quantized type through quant_quantize_row, which fails on a
+// non-finite value or one that overflows the block's f16 scale). Returns 0 or
+// the quantizer's code.
+static int cpu_store_row(void *dst, enum ggml_type t, const float *src, int64_t n) {
     if (t == GGML_TYPE_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
-    } else {
+    } else if (t == GGML_TYPE_F16) {
         uint16_t *d = (uint16_t *)dst;
         for (int64_t i = 0; i < n; i++)
             d[i] = quant_f32_to_fp16(src[i]);
+    } else {
+        return quant_quantize_row(t, src, dst, n, NULL);
     }
+    return 0;
 }
 
 // Grain of a parallel_for over items of `work` scalar operations each: chunks
@@ -617,10 +622,21 @@ struct rope_job {
     const int32_t *delta; // [n_ctx]
     int n_layer;
     int n_ctx;
+    // a quantized row failed to quantize (rope_kv_store, kv_shift): the first
+    // token or cell that failed, plus one; 0 when none did
+    _Atomic int64_t bad;
 };
 
+// Records that token or cell i of a job failed to quantize (the lowest i
+// wins, so the message does not depend on the threads).
+static void cpu_job_bad(struct rope_job *j, int64_t i) {
+    int64_t cur = atomic_load(&j->bad);
+    while ((cur == 0 || cur > i + 1) && !atomic_compare_exchange_weak(&j->bad, &cur, i + 1)) {
+    }
+}
+
 static void rope_tokens_range(void *ctx, int64_t t0, int64_t t1, int thread) {
-    const struct rope_job *j = ctx;
+    struct rope_job *j = ctx;
     float *cs = j->rp ? j->scratch[thread] : NULL;
     const size_t row = (size_t)j->n_head * j->head_dim;
     for (int64_t t = t0; t < t1; t++) {
@@ -633,10 +649,11 @@ static void rope_tokens_range(void *ctx, int64_t t0, int64_t t1, int thread) {
         if (j->k_cache) {
             const size_t c = (size_t)j->cells[t];
             const size_t vrow = (size_t)j->n_head * j->head_dim_v;
-            cpu_store_row((char *)j->k_cache + c * row * cpu_cache_elt_size(j->type_k), j->type_k,
-                          j->x + t * row, (int64_t)row);
-            cpu_store_row((char *)j->v_cache + c * vrow * cpu_cache_elt_size(j->type_v), j->type_v,
-                          j->v + t * vrow, (int64_t)vrow);
+            if (cpu_store_row((char *)j->k_cache + c * ggml_row_bytes(j->type_k, (int64_t)row),
+                              j->type_k, j->x + t * row, (int64_t)row) ||
+                cpu_store_row((char *)j->v_cache + c * ggml_row_bytes(j->type_v, (int64_t)vrow),
+                              j->type_v, j->v + t * vrow, (int64_t)vrow))
+                cpu_job_bad(j, t);
         }
     }
 }
@@ -681,8 +698,16 @@ static int cpu_rope_kv_store(struct backend *be, float *q, int n_head, float *k,
                         n_head_kv, head_dim, head_dim_v);
     if (!cpu_is_cache_type(type_k) || !cpu_is_cache_type(type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
-                        "cpu rope_kv_store: cache types %s/%s, only f32 and f16 are supported",
+                        "cpu rope_kv_store: cache types %s/%s: the cpu backend runs f32, f16, "
+                        "bf16, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl",
                         ggml_type_name(type_k), ggml_type_name(type_v));
+    if (!ggml_row_bytes(type_k, (int64_t)n_head_kv * head_dim) ||
+        !ggml_row_bytes(type_v, (int64_t)n_head_kv * head_dim_v))
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu rope_kv_store: a cell's K (%d x %d of %s) or V (%d x %d of %s) is "
+                        "not whole blocks",
+                        n_head_kv, head_dim, ggml_type_name(type_k), n_head_kv, head_dim_v,
+                        ggml_type_name(type_v));
     struct rope_job j = {
         .x = k,
         .pos = pos,
@@ -710,19 +735,43 @@ static int cpu_rope_kv_store(struct backend *be, float *q, int n_head, float *k,
     threadpool_parallel_for(cpu_state_of(be)->pool, n_tok,
                             cpu_grain((int64_t)n_head_kv * (head_dim + head_dim_v)),
                             rope_tokens_range, &j);
+    const int64_t bad = atomic_load(&j.bad);
+    if (bad)
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu rope_kv_store: token %lld's K or V does not fit the %s/%s cache "
+                        "(a non-finite value, or beyond an f16 block scale)",
+                        (long long)(bad - 1), ggml_type_name(type_k), ggml_type_name(type_v));
     return q && rp ? cpu_rope(be, q, pos, n_tok, n_head, head_dim, rp) : VERR_OK;
 }
 
 static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {
-    const struct rope_job *j = ctx;
+    struct rope_job *j = ctx;
     float *cs = j->scratch[thread];
     const size_t row = (size_t)j->n_head * j->head_dim; // elements of one cell
     const size_t layer = (size_t)j->n_ctx * row;        // elements of one layer
+    const bool quantized = !backend_cache_type_ok(j->type_k);
+    const size_t row_bytes = ggml_row_bytes(j->type_k, (int64_t)row);
+    float *x = cs + j->rp->n_rot; // [row]: a quantized row as float32
     for (int64_t c = c0; c < c1; c++) {
         if (j->delta[c] == 0)
             continue;
         rope_cache_fill(cs, (float)j->delta[c], j->rp, &j->rc);
-        for (int l = 0; l < j->n_layer; l++) {
+        // A quantized K is dequantized, rotated and quantized again, as
+        // llama.cpp's K shift (ggml_rope on the dequantized rows, then a copy
+        // back into the cache's type): one more rounding per shift, no drift
+        // in magnitude (a pure rotation, as below).
+        for (int l = 0; quantized && l < j->n_layer; l++) {
+            char *r = (char *)j->k_cache + ((size_t)l * j->n_ctx + (size_t)c) * row_bytes;
+            if (quant_dequantize_row(j->type_k, r, x, (int64_t)row, NULL)) {
+                cpu_job_bad(j, c);
+                continue;
+            }
+            for (int h = 0; h < j->n_head; h++)
+                rope_rotate_f32(x + (size_t)h * j->head_dim, cs, j->rp->n_rot, j->rp->mode);
+            if (quant_quantize_row(j->type_k, x, r, (int64_t)row, NULL))
+                cpu_job_bad(j, c);
+        }
+        for (int l = 0; !quantized && l < j->n_layer; l++) {
             for (int h = 0; h < j->n_head; h++) {
                 const size_t off = l * layer + (size_t)c * row + (size_t)h * j->head_dim;
                 if (j->type_k == GGML_TYPE_F32)
@@ -742,7 +791,8 @@ static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k
                         n_ctx, n_head_kv, head_dim);
     if (!cpu_is_cache_type(type_k))
         return verr_set(&be->err, VERR_UNSUPPORTED,
-                        "cpu kv_shift: cache type %s, only f32 and f16 are supported",
+                        "cpu kv_shift: cache type %s: the cpu backend runs f32, f16, bf16, q8_0, "
+                        "q4_0, q4_1, q5_0, q5_1 and iq4_nl",
                         ggml_type_name(type_k));
     struct rope_job j = {
         .n_head = n_head_kv,
@@ -757,12 +807,25 @@ static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k
     // the store already, and llama.cpp's re-application on every shift grows
     // K by mscale per shift.
     int rc = cpu_rope_prepare(be, &j, rp, head_dim, false, "cpu kv_shift");
+    if (!rc && !backend_cache_type_ok(type_k)) // kv_shift_range's float32 row after cs
+        rc = cpu_scratch_reserve(
+            be, ((size_t)rp->n_rot + (size_t)n_head_kv * head_dim) * sizeof(float), "cpu kv_shift");
     if (rc || n_layer == 0 || n_ctx == 0)
         return rc;
     if (!k_cache || !delta)
         return verr_set(&be->err, VERR_RANGE, "cpu kv_shift: NULL k_cache or delta");
+    if (ggml_row_bytes(type_k, (int64_t)n_head_kv * head_dim) == 0)
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu kv_shift: a %s row of %d x %d values is not whole blocks",
+                        ggml_type_name(type_k), n_head_kv, head_dim);
     threadpool_parallel_for(cpu_state_of(be)->pool, n_ctx,
                             cpu_grain((int64_t)n_layer * n_head_kv * head_dim), kv_shift_range, &j);
+    const int64_t bad = atomic_load(&j.bad);
+    if (bad)
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu kv_shift: cell %lld's K did not quantize back to %s after its "
+                        "rotation",
+                        (long long)(bad - 1), ggml_type_name(type_k));
     return VERR_OK;
 }
 
@@ -1000,6 +1063,7 @@ static void cpu_destroy(struct backend *be) {
 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
+    .cache_type_supported = cpu_is_cache_type,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_upload,

@@ -44,6 +44,18 @@
 // element is computed by the same operations in the same order as in the
 // item path, whichever chunk or thread computes it.
 //
+// A quantized cache (K or V of a type backend_cache_type_quantized, as the
+// store wrote them with quant_quantize_row): before either path, the rows
+// of cells [0, n_kv) of each quantized tensor are dequantized into float32
+// buffers of the state once per call (empty cells as zeros), and the call
+// then runs as on an F32 cache holding those rows. So a quantized cache's
+// output is, to the bit, that of an F32 cache holding
+// dequantize(quantize(k)) and dequantize(quantize(v)); the unrotated mode
+// rotates K after its dequantization; F16 and F32 caches take no part in it.
+// Dequantizing every cell costs a pass over the cache per call and layer
+// (kernels that read blocks in their tiles, as the F16 decode path does, are
+// the next step where that pass shows).
+//
 // What each output row is, whatever the batch, the block, the thread or
 // where the cells sit in the cache:
 //   score(c) = dot(q, k_c) * scale, the dot as eight running sums (lane j
@@ -66,6 +78,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,6 +124,10 @@ struct cpu_attn {
     size_t vbuf_floats;
     float *dbuf; // the decode path's shared buffers (struct attn_dec)
     size_t dbuf_floats;
+    float *kq; // a quantized K dequantized: [n_kv][n_head_kv][head_dim]
+    size_t kq_floats;
+    float *vq; // a quantized V dequantized: [n_kv][n_head_kv][head_dim_v]
+    size_t vq_floats;
     struct attn_rope_tab tab;
 };
 
@@ -164,6 +181,8 @@ void cpu_attention_free(struct cpu_attn *st) {
     free(st->kbuf);
     free(st->vbuf);
     free(st->dbuf);
+    free(st->kq);
+    free(st->vq);
     free(st->tab.cs);
     free(st);
 }
@@ -571,13 +590,15 @@ ATTN_AVX2_INLINE static inline int attn_rotate_avx2_t(float *y, const void *x, c
         // 8 pairs' values into c_i..c_i+7 and s_i..s_i+7.
         for (; i + 8 <= half; i += 8) {
             const __m256 a = _mm256_loadu_ps(cs + 2 * i), b = _mm256_loadu_ps(cs + 2 * i + 8);
-            const __m256d ci = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)); // c0 c1 c4 c5 | c2 c3 c6 c7
+            const __m256d ci =
+                _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)); // c0 c1 c4 c5 | c2 c3 c6 c7
             const __m256d si = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
             const __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(ci, 0xD8));
             const __m256 s = _mm256_castpd_ps(_mm256_permute4x64_pd(si, 0xD8));
             const __m256 x0 = attn_ld8(x, (size_t)i, h), x1 = attn_ld8(x, (size_t)(half + i), h);
             _mm256_storeu_ps(y + i, _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s)));
-            _mm256_storeu_ps(y + half + i, _mm256_add_ps(_mm256_mul_ps(x0, s), _mm256_mul_ps(x1, c)));
+            _mm256_storeu_ps(y + half + i,
+                             _mm256_add_ps(_mm256_mul_ps(x0, s), _mm256_mul_ps(x1, c)));
         }
         return i;
     }
@@ -783,7 +804,8 @@ struct attn_prep {
 static void attn_rotate_head(float *y, const void *x, bool h, const float *cs,
                              const struct rope_params *rp, int head_dim, bool avx2) {
     const int half = rp->n_rot / 2;
-    const int step0 = rp->mode == ROPE_MODE_NEOX ? 1 : 2, off = rp->mode == ROPE_MODE_NEOX ? half : 1;
+    const int step0 = rp->mode == ROPE_MODE_NEOX ? 1 : 2,
+              off = rp->mode == ROPE_MODE_NEOX ? half : 1;
     int i = 0;
 #ifdef ATTN_X86
     if (avx2)
@@ -791,7 +813,8 @@ static void attn_rotate_head(float *y, const void *x, bool h, const float *cs,
 #endif
     for (; i < half; i++) {
         const float c = cs[2 * i], s = cs[2 * i + 1];
-        const float x0 = attn_el(x, (size_t)(i * step0), h), x1 = attn_el(x, (size_t)(i * step0 + off), h);
+        const float x0 = attn_el(x, (size_t)(i * step0), h),
+                    x1 = attn_el(x, (size_t)(i * step0 + off), h);
         y[i * step0] = x0 * c - x1 * s;
         y[i * step0 + off] = x0 * s + x1 * c;
     }
@@ -1261,11 +1284,19 @@ static int attn_check(const struct attn_args *a, struct verr *err) {
         return verr_set(err, VERR_RANGE,
                         "cpu attention: n_head %d is not a multiple of n_head_kv %d", a->n_head,
                         a->n_head_kv);
-    if ((a->type_k != GGML_TYPE_F32 && a->type_k != GGML_TYPE_F16) ||
-        (a->type_v != GGML_TYPE_F32 && a->type_v != GGML_TYPE_F16))
-        return verr_set(err, VERR_UNSUPPORTED,
-                        "cpu attention: cache types %s/%s, only f32 and f16 are supported",
-                        ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+    for (int i = 0; i < 2; i++) {
+        const enum ggml_type t = i ? a->type_v : a->type_k;
+        const int64_t n = (int64_t)a->n_head_kv * (i ? a->head_dim_v : a->head_dim);
+        if (!backend_cache_type_ok(t) && !backend_cache_type_quantized(t))
+            return verr_set(err, VERR_UNSUPPORTED,
+                            "cpu attention: cache types %s/%s: the cpu backend runs f32, f16, "
+                            "bf16, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl",
+                            ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+        if (!ggml_row_bytes(t, n))
+            return verr_set(err, VERR_RANGE,
+                            "cpu attention: a cell's %s (%lld values of %s) is not whole blocks",
+                            i ? "V" : "K", (long long)n, ggml_type_name(t));
+    }
     if (a->n_tok == 0)
         return VERR_OK;
     if (!a->out || !a->q || !a->q_pos || !a->q_seq ||
@@ -1885,10 +1916,72 @@ static int attn_items_run(struct cpu_attn *st, struct threadpool *pool, const st
     return VERR_OK;
 }
 
-int cpu_attention_run(struct cpu_attn **stp, struct threadpool *pool, const struct attn_args *a,
+// ---------------------------------------------------------------------------
+// a quantized cache (see the top)
+
+struct attn_deq {
+    const struct attn_args *a;
+    float *k, *v;    // the float32 rows, or NULL where that tensor is not quantized
+    _Atomic int bad; // a row failed to dequantize (a type quant.c cannot read)
+};
+
+static void attn_deq_range(void *ctx, int64_t c0, int64_t c1, int thread) {
+    (void)thread;
+    struct attn_deq *j = ctx;
+    const struct attn_args *a = j->a;
+    for (int i = 0; i < 2; i++) {
+        float *dst = i ? j->v : j->k;
+        if (!dst)
+            continue;
+        const enum ggml_type t = i ? a->type_v : a->type_k;
+        const int64_t n = (int64_t)a->n_head_kv * (i ? a->head_dim_v : a->head_dim);
+        const size_t rb = ggml_row_bytes(t, n);
+        const char *src = i ? a->v : a->k;
+        for (int64_t c = c0; c < c1; c++) {
+            float *d = dst + (size_t)c * (size_t)n;
+            if (a->cell_pos[c] < 0) // never visible: zeros keep the scores finite
+                memset(d, 0, (size_t)n * sizeof *d);
+            else if (quant_dequantize_row(t, src + (size_t)c * rb, d, n, NULL))
+                atomic_store(&j->bad, 1);
+        }
+    }
+}
+
+// *b = a, with each quantized tensor of a dequantized into st's buffers and
+// given as F32.
+static int attn_dequantize(struct cpu_attn *st, struct threadpool *pool, const struct attn_args *a,
+                           struct attn_args *b, struct verr *err) {
+    *b = *a;
+    const bool qk = !backend_cache_type_ok(a->type_k), qv = !backend_cache_type_ok(a->type_v);
+    if ((!qk && !qv) || a->n_kv == 0)
+        return VERR_OK;
+    const size_t nk = (size_t)a->n_kv * a->n_head_kv * a->head_dim;
+    const size_t nv = (size_t)a->n_kv * a->n_head_kv * a->head_dim_v;
+    int rc = qk ? attn_buf_reserve(&st->kq, &st->kq_floats, nk, err) : VERR_OK;
+    if (rc || (qv && (rc = attn_buf_reserve(&st->vq, &st->vq_floats, nv, err))))
+        return rc;
+    struct attn_deq j = {.a = a, .k = qk ? st->kq : NULL, .v = qv ? st->vq : NULL};
+    const int64_t per_cell = (int64_t)a->n_head_kv * (a->head_dim + a->head_dim_v);
+    threadpool_parallel_for(pool, a->n_kv, per_cell >= 8192 ? 1 : 8192 / per_cell, attn_deq_range,
+                            &j);
+    if (atomic_load(&j.bad))
+        return verr_set(err, VERR_UNSUPPORTED, "cpu attention: cannot dequantize a %s/%s cache",
+                        ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+    if (qk) {
+        b->k = st->kq;
+        b->type_k = GGML_TYPE_F32;
+    }
+    if (qv) {
+        b->v = st->vq;
+        b->type_v = GGML_TYPE_F32;
+    }
+    return VERR_OK;
+}
+
+int cpu_attention_run(struct cpu_attn **stp, struct threadpool *pool, const struct attn_args *a_in,
                       struct verr *err) {
-    int rc = attn_check(a, err);
-    if (rc || a->n_tok == 0)
+    int rc = attn_check(a_in, err);
+    if (rc || a_in->n_tok == 0)
         return rc;
     struct cpu_attn *st = *stp;
     if (!st) {
@@ -1896,6 +1989,10 @@ int cpu_attention_run(struct cpu_attn **stp, struct threadpool *pool, const stru
             return verr_set(err, VERR_NOMEM, "cpu attention: out of memory");
         *stp = st;
     }
+    struct attn_args deq;
+    if ((rc = attn_dequantize(st, pool, a_in, &deq, err)))
+        return rc;
+    const struct attn_args *a = &deq;
     float *tmp[ATTN_ROWS];
     float **tmpp = st->n_threads <= ATTN_ROWS ? tmp : malloc((size_t)st->n_threads * sizeof *tmpp);
     if (!tmpp)

@@ -155,10 +155,16 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
                         "forward: self-extend with %s's sliding-window layers is not supported: "
                         "a window over grouped (divided) positions is not defined",
                         model_arch_name(hp->arch));
-    if (!backend_cache_type_ok(cfg->type_k) || !backend_cache_type_ok(cfg->type_v))
-        return verr_set(err, VERR_UNSUPPORTED,
-                        "forward: KV cache types must be f16 or f32 (got %s, %s)",
-                        ggml_type_name(cfg->type_k), ggml_type_name(cfg->type_v));
+    for (int i = 0; i < 2; i++) {
+        const enum ggml_type t = i ? cfg->type_v : cfg->type_k;
+        if (!backend_supports_cache_type(fc->be, t))
+            return verr_set(err, VERR_UNSUPPORTED,
+                            "forward: %s cache type %s: the %s backend supports %s caches so far",
+                            i ? "V" : "K", ggml_type_name(t), fc->be->ops->name,
+                            fc->be->ops->cache_type_supported
+                                ? "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl"
+                                : "f16/f32");
+    }
     forward_rope_resolve(m, &cfg->rope, &fc->rope);
     if (!(fc->rope.freq_scale > 0) || !(fc->rope.freq_base > 0) || fc->rope.n_ctx_orig <= 0)
         return verr_set(err, VERR_RANGE,

@@ -61,7 +61,7 @@ struct forward_config {
     int n_batch;           // most tokens per decode, >= 1
     int n_outputs_max;     // most rows wanting logits per decode; 0: n_batch
     int n_seq_max;         // sequence ids 0..n_seq_max-1; 0: 1
-    enum ggml_type type_k; // F16 (default) or F32
+    enum ggml_type type_k; // F16 (default), F32, or a quantized type the backend runs (kv.h)
     enum ggml_type type_v;
     struct rope_overrides rope;
     // --no-cuda-graph (or VELA_NO_CUDA_GRAPH=1 in the environment): never

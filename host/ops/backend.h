@@ -76,8 +76,8 @@ struct attn_args {
     const float *q;           // [n_tok][n_head][head_dim]
     const void *k;            // [n_ctx][n_head_kv][head_dim] of type kv_type_k (one layer)
     const void *v;            // [n_ctx][n_head_kv][head_dim_v] of type kv_type_v (one layer)
-    enum ggml_type type_k;    // F16 or F32
-    enum ggml_type type_v;    // F16 or F32
+    enum ggml_type type_k;    // F16, F32, or where the backend supports it a quantized type
+    enum ggml_type type_v;    // (backend_cache_type_quantized)
     const int32_t *cell_pos;  // [n_kv] position of each cell, -1 when empty
     const uint64_t *cell_seq; // [n_kv][seq_words] bit s set when the cell holds sequence s
     int seq_words;
@@ -148,11 +148,22 @@ struct moe_args {
 #define BACKEND_MOE_TMP(n_tok, k, n_embd, n_ff)                                                    \
     ((size_t)(n_tok) * (size_t)(k)*2u * ((size_t)(n_ff) + (size_t)(n_embd)))
 
-// The KV cache element types: every backend stores, shifts and attends over
-// K and V in exactly these (kv_init, forward_init and the CUDA ops check
-// with this one function).
+// The KV cache element types. Every backend stores, shifts and attends over
+// K and V in the float ones (the CUDA ops check with this function).
 static inline bool backend_cache_type_ok(enum ggml_type t) {
     return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
+}
+
+// The quantized cache types, llama.cpp's --cache-type-k/-v set besides the
+// floats: each cell's row of K (and of V) is a row of blocks of that type
+// (gguf/quant.h, the quantizer `vela quantize` uses), so a block never spans
+// two heads: head_dim (head_dim_v) must be a multiple of the block size
+// (kv_init refuses it otherwise). A backend that runs them says so with
+// backend_ops.cache_type_supported (the CPU backend: all of these).
+static inline bool backend_cache_type_quantized(enum ggml_type t) {
+    return t == GGML_TYPE_BF16 || t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0 ||
+           t == GGML_TYPE_Q4_1 || t == GGML_TYPE_Q5_0 || t == GGML_TYPE_Q5_1 ||
+           t == GGML_TYPE_IQ4_NL;
 }
 
 struct backend;
@@ -232,8 +243,10 @@ struct backend_ops {
                 const struct rope_params *rp);
 
     // Fused: rotates k to pos[t] (as rope) and stores k and v of token t into
-    // cache cell cells[t] of one layer, converting to the cache types. k is
-    // left rotated in place. With q (else NULL), also rope(q, n_head) as the
+    // cache cell cells[t] of one layer, converting to the cache types (a
+    // quantized type: the cell's row through quant_quantize_row, so a
+    // non-finite value fails the op with VERR_RANGE). k is left rotated in
+    // place. With q (else NULL), also rope(q, n_head) as the
     // rope op does: Q's rotation rides in the same pass (one launch on CUDA).
     // rp NULL (the unrotated cache mode): k and v are stored as they are and
     // q is left untouched; attention rotates them (attn_args.rope).
@@ -251,7 +264,9 @@ struct backend_ops {
     // The pending KV shift, one call over all layers: every cell c with
     // delta[c] != 0 has its K rows rotated by delta[c] positions with rp's
     // frequencies. A pure rotation: attn_factor / YaRN mscale are NOT applied
-    // (K already carries them from when it was stored).
+    // (K already carries them from when it was stored). A quantized K is
+    // dequantized, rotated and quantized again, as llama.cpp's K shift does
+    // (each shift adds one more rounding to the shifted cells).
     int (*kv_shift)(struct backend *be, void *k_cache /* [n_layer][n_ctx][n_head_kv][head_dim] */,
                     enum ggml_type type_k, const int32_t *delta /* [n_ctx] */, int n_layer,
                     int n_ctx, int n_head_kv, int head_dim, const struct rope_params *rp);
@@ -315,6 +330,11 @@ struct backend_ops {
     int (*moe_ffn)(struct backend *be, const struct moe_args *a);
 
     // --- optional (NULL where a backend has no use for them) -----------------
+
+    // Whether rope_kv_store, attention and kv_shift take caches of type t
+    // (backend_supports_cache_type). NULL: the float types only
+    // (backend_cache_type_ok), as the CUDA backend so far.
+    bool (*cache_type_supported)(enum ggml_type t);
 
     // Free and total memory of the device the backend allocates from (the
     // CPU: the RAM the kernel reports available); SIZE_MAX when it cannot
@@ -391,6 +411,14 @@ struct backend {
 };
 
 #define BACKEND_ACT_Q8_MAX_TOK 8
+
+// Whether be stores, shifts and attends over K or V of type t (forward_init
+// and kv_init check with it, and refuse the others by name).
+static inline bool backend_supports_cache_type(const struct backend *be, enum ggml_type t) {
+    if (be->ops->cache_type_supported)
+        return be->ops->cache_type_supported(t);
+    return backend_cache_type_ok(t);
+}
 
 // Creates the CPU reference backend with n_threads worker threads (<= 0: one
 // per physical core the process may use).

@@ -874,6 +874,9 @@ static enum MHD_Result handle_metrics(struct serve *s, struct MHD_Connection *c)
          up_s > 0 ? (double)m.generated_tokens / up_s : 0},
         {"vela_kv_cells_used", "gauge", "KV cache cells in use", (double)m.kv_cells_used},
         {"vela_kv_cells_total", "gauge", "KV cache cells", (double)m.kv_cells_total},
+        {"vela_kv_cache_bytes", "gauge",
+         "bytes of the KV cache (K and V of every layer, in the --cache-type-k/-v types)",
+         context_kv_bytes(s->e->ctx)},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         n += (size_t)snprintf(buf + n, sizeof buf - n, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n",
