@@ -178,12 +178,12 @@ Test(serve_tools, named_choice_and_parallel_flag_parse) {
                             "\"parallel_tool_calls\": false}",
                             &r, &e),
                  0, "%s", e.message);
-    cr_expect_eq(r.tool_choice, API_TOOL_CHOICE_NAMED);
-    cr_expect_str_eq(r.tool_choice_name, "get_weather");
-    cr_expect(!r.parallel_tool_calls);
-    cr_expect_eq(r.n_tools, 1);
-    cr_expect_str_eq(r.tools[0].name, "get_weather");
-    cr_expect(strstr(r.tools[0].parameters, "\"city\"") != NULL);
+    cr_expect_eq(r.tools.choice, API_TOOL_CHOICE_NAMED);
+    cr_expect_str_eq(r.tools.choice_name, "get_weather");
+    cr_expect(!r.tools.parallel);
+    cr_expect_eq(r.tools.n, 1);
+    cr_expect_str_eq(r.tools.list[0].name, "get_weather");
+    cr_expect(strstr(r.tools.list[0].parameters, "\"city\"") != NULL);
     api_request_free(&r);
 }
 
@@ -212,7 +212,7 @@ Test(serve_tools, hermes_answers_split_into_content_and_calls) {
     cr_expect_str_eq(s.calls[0].id, "call_x_0");
     cr_expect_str_eq(s.calls[1].name, "get_time");
     cr_expect_str_eq(s.calls[1].arguments, "{\"tz\": 1}", "a string of arguments stays as sent");
-    toolcall_calls_free(s.calls, s.n);
+    api_tools_calls_free(s.calls, s.n);
     const char *plain[] = {"No call here.", "<tool_call>\n{not json}\n</tool_call>",
                            "<tool_call>{\"arguments\": {}}</tool_call>",
                            "<tool_call>{\"name\": \"f\"}</tool_call> and then prose"};
@@ -231,7 +231,7 @@ Test(serve_tools, llama3_answers_split) {
     cr_expect_eq(s.content_len, 0);
     cr_expect_str_eq(s.calls[0].arguments, "{\"city\":\"a;b\"}", "';' inside a string is text");
     cr_expect_str_eq(s.calls[1].name, "f");
-    toolcall_calls_free(s.calls, s.n);
+    api_tools_calls_free(s.calls, s.n);
     s = split_of(TOOLCALL_LLAMA3, "It is {warm} today.");
     cr_expect_eq(s.n, 0);
 }

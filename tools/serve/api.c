@@ -78,13 +78,15 @@ cJSON *api_json_parse(const char *s, size_t len) {
 }
 
 void api_request_free(struct api_request *r) {
-    api_tools_free(r);
+    api_tools_free(&r->tools);
     free(r->model);
     free(r->prompt);
     free(r->prompt_tokens);
     for (int i = 0; i < r->n_messages; i++) {
         free(r->messages[i].role);
         free(r->messages[i].content);
+        api_tools_calls_free(r->messages[i].calls, r->messages[i].n_calls);
+        free(r->messages[i].tool_call_id);
     }
     free(r->messages);
     for (int i = 0; i < r->n_stop; i++)
@@ -271,6 +273,18 @@ static int message_content(const cJSON *c, int i, char **out, struct api_error *
     return 0;
 }
 
+// An api_tools parser's failure as the request's error.
+static int tools_fail(int rc, const char *why, struct api_error *e) {
+    return rc == API_TOOLS_NOMEM ? api_fail(e, 500, "server_error", NULL, "out of memory")
+                                 : BAD("%s", why);
+}
+
+static int parse_tools(const cJSON *o, struct api_request *r, struct api_error *e) {
+    char why[256];
+    int rc = api_tools_parse(o, r->kind == API_CHAT, &r->tools, why, sizeof why);
+    return rc ? tools_fail(rc, why, e) : 0;
+}
+
 static int parse_messages(const cJSON *o, struct api_request *r, struct api_error *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "messages");
     if (!v || cJSON_IsNull(v))
@@ -304,9 +318,14 @@ static int parse_messages(const cJSON *o, struct api_request *r, struct api_erro
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if ((!content || cJSON_IsNull(content)) && strcmp(role->valuestring, "assistant"))
             return BAD("'messages[%d].content' is required for role '%s'", i, role->valuestring);
-        if (message_content(content, i, &r->messages[i].content, e) ||
-            api_tools_parse_message(m, i, &r->messages[i], e))
+        if (message_content(content, i, &r->messages[i].content, e))
             return -1;
+        struct api_message *msg = &r->messages[i];
+        char why[256];
+        int rc = api_tools_parse_message(m, i, msg->role, &msg->calls, &msg->n_calls,
+                                         &msg->tool_call_id, why, sizeof why);
+        if (rc)
+            return tools_fail(rc, why, e);
     }
     return 0;
 }
@@ -641,7 +660,7 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, const struc
         rc = BAD("the request body must be a JSON object");
     else if (get_string(o, "model", &r->model, e) ||
              (k != API_CHAT ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
-             api_tools_parse(o, r, e) || parse_sampling(o, r, e) || parse_logit_bias(o, r, e) ||
+             parse_tools(o, r, e) || parse_sampling(o, r, e) || parse_logit_bias(o, r, e) ||
              parse_unsupported(o, e) || parse_limits(o, d, r, e) || parse_stop(o, r, e) ||
              parse_stream(o, r, e) || parse_logprobs(o, r, e) || parse_self_extend(o, r, e))
         rc = -1;

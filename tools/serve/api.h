@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "gguf/verr.h"
+#include "tools/serve/api_tools.h"
 
 #define API_MAX_STOP 8          // stop strings per request (OpenAI: 4; llama-server: more)
 #define API_MAX_STOP_LEN 256    // bytes per stop string
@@ -31,34 +32,12 @@ enum api_kind {
                         // without max_tokens / n_predict: until a stop)
 };
 
-// A tool call: of an assistant message in the request, or found in an answer.
-struct api_tool_call {
-    char *id;        // "call_..." (a request's may be NULL)
-    char *name;      // the function's name
-    char *arguments; // the arguments object as JSON text (OpenAI sends and expects a string)
-};
-
 struct api_message {
-    char *role;    // "system", "user", "assistant", "tool"
-    char *content; // text (array-of-parts content is joined); "" when null
+    char *role;                  // "system", "user", "assistant", "tool"
+    char *content;               // text (array-of-parts content is joined); "" when null
     struct api_tool_call *calls; // [n_calls] an assistant message's tool_calls
     int n_calls;
     char *tool_call_id; // role "tool": the call it answers, or NULL
-};
-
-// A function the model may call ("tools": [{"type": "function", "function":
-// {"name", "description", "parameters"}}]).
-struct api_tool {
-    char *name;
-    char *json;       // the whole tool object, unformatted JSON (what the prompt shows)
-    char *parameters; // its parameters' JSON schema as text, or NULL
-};
-
-enum api_tool_choice {
-    API_TOOL_CHOICE_AUTO = 0, // the model decides (OpenAI's default with tools)
-    API_TOOL_CHOICE_NONE,     // no call: the tools are not shown
-    API_TOOL_CHOICE_REQUIRED, // at least one call
-    API_TOOL_CHOICE_NAMED,    // a call of tool_choice_name
 };
 
 // One logit_bias entry: OpenAI's {"15043": 1.5} or llama-server's
@@ -112,12 +91,7 @@ struct api_request {
     int se_n, se_w;        // self_extend {"n": G, "w": W} (0, 0: not given)
     struct api_bias *bias; // [n_bias] logit_bias (token ids are checked by the server)
     int n_bias;
-    // chat: tool calling (tools/serve/toolcall.h)
-    struct api_tool *tools; // [n_tools]
-    int n_tools;
-    enum api_tool_choice tool_choice;
-    char *tool_choice_name; // API_TOOL_CHOICE_NAMED: one of the tools' names
-    bool parallel_tool_calls; // OpenAI's parallel_tool_calls (default true)
+    struct api_tools tools; // chat: tool calling (tools/serve/toolcall.h)
 };
 
 void api_request_free(struct api_request *r);
@@ -154,7 +128,7 @@ struct api_error {
 // wrong type or out of range, broken JSON, invalid UTF-8, or a missing
 // prompt/messages is a 400 in *e naming the field and what was expected.
 // Fields of llama-server or OpenAI that vela cannot honour yet (typical_p <
-// 1, mirostat, tools, tool_choice, grammar, json_schema, response_format
+// 1, mirostat, grammar, json_schema, response_format
 // other than text) are a 400 naming the field, never silently ignored. n_predict is llama-server's
 // max_tokens (-1: until a stop; it wins over max_tokens); d->n_predict >= 0 caps both. Returns 0 or
 // -1 (then *r is freed and zeroed).

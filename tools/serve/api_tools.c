@@ -4,10 +4,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/serve/toolcall.h"
+#include <stdarg.h>
+#include <stdio.h>
 
-#define BAD(...) api_fail(e, 400, "invalid_request_error", "invalid_value", __VA_ARGS__)
-#define OOM() api_fail(e, 500, "server_error", NULL, "out of memory")
+// The error sink of one parse: msg[cap].
+struct sink {
+    char *msg;
+    size_t cap;
+};
+
+static int bad(struct sink *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(struct sink *e, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, e->cap, fmt, ap);
+    va_end(ap);
+    return API_TOOLS_BAD;
+}
+
+#define BAD(...) bad(e, __VA_ARGS__)
+#define OOM() (snprintf(e->msg, e->cap, "out of memory"), API_TOOLS_NOMEM)
 
 static bool is_name(const char *s) {
     if (!s[0] || strlen(s) > 64)
@@ -20,7 +36,7 @@ static bool is_name(const char *s) {
 }
 
 // tools[i]: {"type": "function", "function": {"name", "description"?, "parameters"?}}
-static int parse_tool(const cJSON *t, int i, struct api_tool *out, struct api_error *e) {
+static int parse_tool(const cJSON *t, int i, struct api_tool *out, struct sink *e) {
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
     if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
@@ -46,19 +62,19 @@ static int parse_tool(const cJSON *t, int i, struct api_tool *out, struct api_er
     return 0;
 }
 
-static int parse_choice(const cJSON *o, struct api_request *r, struct api_error *e) {
+static int parse_choice(const cJSON *o, struct api_tools *t, struct sink *e) {
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(o, "tool_choice");
-    r->tool_choice = API_TOOL_CHOICE_AUTO;
+    t->choice = API_TOOL_CHOICE_AUTO;
     if (!tc || cJSON_IsNull(tc))
         return 0;
     if (cJSON_IsString(tc)) {
         static const char *const names[] = {"auto", "none", "required"};
         for (int i = 0; i < 3; i++)
             if (!strcmp(tc->valuestring, names[i])) {
-                r->tool_choice = (enum api_tool_choice)i;
+                t->choice = (enum api_tool_choice)i;
                 break;
             }
-        if (strcmp(tc->valuestring, "auto") && r->tool_choice == API_TOOL_CHOICE_AUTO)
+        if (strcmp(tc->valuestring, "auto") && t->choice == API_TOOL_CHOICE_AUTO)
             return BAD("'tool_choice' is '%.40s'; expected \"auto\", \"none\", \"required\" or "
                        "{\"type\": \"function\", \"function\": {\"name\": ...}}",
                        tc->valuestring);
@@ -69,52 +85,57 @@ static int parse_choice(const cJSON *o, struct api_request *r, struct api_error 
             return BAD("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": "
                        "\"function\", \"function\": {\"name\": ...}}");
         int found = -1;
-        for (int i = 0; i < r->n_tools && found < 0; i++)
-            if (!strcmp(r->tools[i].name, name->valuestring))
+        for (int i = 0; i < t->n && found < 0; i++)
+            if (!strcmp(t->list[i].name, name->valuestring))
                 found = i;
         if (found < 0)
             return BAD("'tool_choice' names the function '%.64s', which is not in 'tools'",
                        name->valuestring);
-        r->tool_choice = API_TOOL_CHOICE_NAMED;
-        if (!(r->tool_choice_name = strdup(name->valuestring)))
+        t->choice = API_TOOL_CHOICE_NAMED;
+        if (!(t->choice_name = strdup(name->valuestring)))
             return OOM();
     }
-    if (r->tool_choice >= API_TOOL_CHOICE_REQUIRED && r->n_tools == 0)
+    if (t->choice >= API_TOOL_CHOICE_REQUIRED && t->n == 0)
         return BAD("'tool_choice' asks for a call, but 'tools' is empty");
     return 0;
 }
 
-int api_tools_parse(const cJSON *o, struct api_request *r, struct api_error *e) {
+static int parse_tools(const cJSON *o, bool chat, struct api_tools *t, struct sink *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "tools");
-    r->parallel_tool_calls = true;
+    t->parallel = true;
     if (v && !cJSON_IsNull(v)) {
-        if (r->kind != API_CHAT && !(cJSON_IsArray(v) && !v->child))
+        if (!chat && !(cJSON_IsArray(v) && !v->child))
             return BAD("'tools' is a field of /v1/chat/completions");
         if (!cJSON_IsArray(v))
             return BAD("'tools' must be an array");
         const int n = cJSON_GetArraySize(v);
         if (n > API_MAX_TOOLS)
             return BAD("'tools' has %d entries (at most %d)", n, API_MAX_TOOLS);
-        if (n && !(r->tools = calloc((size_t)n, sizeof *r->tools)))
+        if (n && !(t->list = calloc((size_t)n, sizeof *t->list)))
             return OOM();
-        const cJSON *t;
-        cJSON_ArrayForEach(t, v) {
-            if (parse_tool(t, r->n_tools, &r->tools[r->n_tools], e))
-                return r->n_tools++, -1;
-            r->n_tools++;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v) {
+            int rc = parse_tool(it, t->n, &t->list[t->n], e);
+            t->n++;
+            if (rc)
+                return rc;
         }
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "parallel_tool_calls");
     if (p && !cJSON_IsNull(p)) {
         if (!cJSON_IsBool(p))
             return BAD("'parallel_tool_calls' must be a boolean");
-        r->parallel_tool_calls = cJSON_IsTrue(p);
+        t->parallel = cJSON_IsTrue(p);
     }
-    return parse_choice(o, r, e);
+    return parse_choice(o, t, e);
 }
 
-static int parse_call(const cJSON *c, int i, int j, struct api_tool_call *out,
-                      struct api_error *e) {
+int api_tools_parse(const cJSON *o, bool chat, struct api_tools *t, char *msg, size_t cap) {
+    struct sink e = {msg, cap};
+    return parse_tools(o, chat, t, &e);
+}
+
+static int parse_call(const cJSON *c, int i, int j, struct api_tool_call *out, struct sink *e) {
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
@@ -133,45 +154,59 @@ static int parse_call(const cJSON *c, int i, int j, struct api_tool_call *out,
     return out->name && out->arguments && (out->id || !cJSON_IsString(id)) ? 0 : OOM();
 }
 
-int api_tools_parse_message(const cJSON *msg, int i, struct api_message *m, struct api_error *e) {
+static int parse_message(const cJSON *msg, int i, const char *role, struct api_tool_call **out,
+                         int *n_out, char **tool_call_id, struct sink *e) {
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
     if (calls && !cJSON_IsNull(calls)) {
-        if (strcmp(m->role, "assistant"))
+        if (strcmp(role, "assistant"))
             return BAD("'messages[%d].tool_calls' belongs to role 'assistant'", i);
         if (!cJSON_IsArray(calls))
             return BAD("'messages[%d].tool_calls' must be an array", i);
         const int n = cJSON_GetArraySize(calls);
-        if (n && !(m->calls = calloc((size_t)n, sizeof *m->calls)))
+        if (n && !(*out = calloc((size_t)n, sizeof **out)))
             return OOM();
         const cJSON *c;
         cJSON_ArrayForEach(c, calls) {
-            if (parse_call(c, i, m->n_calls, &m->calls[m->n_calls], e))
-                return m->n_calls++, -1;
-            m->n_calls++;
+            int rc = parse_call(c, i, *n_out, &(*out)[*n_out], e);
+            (*n_out)++;
+            if (rc)
+                return rc;
         }
     }
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
     if (id && !cJSON_IsNull(id)) {
         if (!cJSON_IsString(id))
             return BAD("'messages[%d].tool_call_id' must be a string", i);
-        if (!(m->tool_call_id = strdup(id->valuestring)))
+        if (!(*tool_call_id = strdup(id->valuestring)))
             return OOM();
     }
     return 0;
 }
 
-void api_tools_free(struct api_request *r) {
-    for (int i = 0; i < r->n_tools; i++) {
-        free(r->tools[i].name);
-        free(r->tools[i].json);
-        free(r->tools[i].parameters);
+int api_tools_parse_message(const cJSON *m, int i, const char *role, struct api_tool_call **calls,
+                            int *n_calls, char **tool_call_id, char *msg, size_t cap) {
+    struct sink e = {msg, cap};
+    return parse_message(m, i, role, calls, n_calls, tool_call_id, &e);
+}
+
+void api_tools_calls_free(struct api_tool_call *calls, int n) {
+    for (int i = 0; i < n; i++) {
+        free(calls[i].id);
+        free(calls[i].name);
+        free(calls[i].arguments);
     }
-    free(r->tools);
-    free(r->tool_choice_name);
-    for (int i = 0; i < r->n_messages; i++) {
-        toolcall_calls_free(r->messages[i].calls, r->messages[i].n_calls);
-        free(r->messages[i].tool_call_id);
+    free(calls);
+}
+
+void api_tools_free(struct api_tools *t) {
+    for (int i = 0; i < t->n; i++) {
+        free(t->list[i].name);
+        free(t->list[i].json);
+        free(t->list[i].parameters);
     }
+    free(t->list);
+    free(t->choice_name);
+    memset(t, 0, sizeof *t);
 }
 
 cJSON *api_tools_calls_json(const struct api_tool_call *calls, int n, bool stream) {

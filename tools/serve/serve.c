@@ -226,7 +226,7 @@ static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
                                              : api_response_json(r->api.kind, r->id, s->model_id,
                                                                  r->created, ch, r->n_jobs, &u);
     for (int i = 0; i < r->n_jobs; i++)
-        toolcall_calls_free(calls[i].calls, calls[i].n);
+        api_tools_calls_free(calls[i].calls, calls[i].n);
     pthread_mutex_unlock(&r->mu);
     if (error) {
         struct api_error e;
@@ -349,7 +349,7 @@ static int stream_collect(struct stream *st) {
             avail = ac.content_len;
         }
         int rc = stream_choice(st, i, avail, &ac);
-        toolcall_calls_free(ac.calls, ac.n);
+        api_tools_calls_free(ac.calls, ac.n);
         if (rc)
             return -1;
     }

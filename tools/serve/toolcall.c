@@ -24,7 +24,7 @@ enum toolcall_format toolcall_format_of(enum chat_template t) {
 }
 
 bool toolcall_wanted(const struct api_request *r) {
-    return r->n_tools > 0 && r->tool_choice != API_TOOL_CHOICE_NONE;
+    return r->tools.n > 0 && r->tools.choice != API_TOOL_CHOICE_NONE;
 }
 
 void toolcall_strs_free(struct toolcall_strs *s) {
@@ -181,9 +181,9 @@ static int hermes_system(struct buf *b, const struct api_request *r, const char 
             : add_str(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the "
                          "user query.\n\nYou are provided with function signatures within "
                          "<tools></tools> XML tags:\n<tools>");
-    for (int i = 0; i < r->n_tools && !rc; i++)
+    for (int i = 0; i < r->tools.n && !rc; i++)
         if (!(rc = buf_add(b, "\n", 1)))
-            rc = dump_text(b, r->tools[i].json, 0);
+            rc = dump_text(b, r->tools.list[i].json, 0);
     return rc ? rc
               : add_str(b, "\n</tools>\n\nFor each function call, return a json object with "
                            "function name and arguments within <tool_call></tool_call> XML "
@@ -211,8 +211,8 @@ static int llama3_tools(struct buf *b, const struct api_request *r, const char *
                         "prompt.\n\nRespond in the format {\"name\": function name, "
                         "\"parameters\": dictionary of argument name and its value}.Do not use "
                         "variables.\n\n");
-    for (int i = 0; i < r->n_tools && !rc; i++)
-        if (!(rc = dump_text(b, r->tools[i].json, 4)))
+    for (int i = 0; i < r->tools.n && !rc; i++)
+        if (!(rc = dump_text(b, r->tools.list[i].json, 4)))
             rc = add_str(b, "\n\n");
     return rc ? rc : add_str(b, question);
 }
@@ -251,7 +251,7 @@ static int render_message(enum toolcall_format f, const struct api_message *m, s
 }
 
 static bool uses_tools(const struct api_request *r) {
-    if (r->n_tools > 0 && r->tool_choice != API_TOOL_CHOICE_NONE)
+    if (r->tools.n > 0 && r->tools.choice != API_TOOL_CHOICE_NONE)
         return true;
     for (int i = 0; i < r->n_messages; i++)
         if (r->messages[i].n_calls || !strcmp(r->messages[i].role, "tool"))
@@ -305,7 +305,7 @@ int toolcall_render(enum chat_template t, const struct api_request *r, struct ch
                         "'tools': the model's chat template '%s' has no tool-call format in vela "
                         "(templates with one: chatml (Hermes / Qwen), llama3)",
                         chat_template_name(t));
-    if (r->tool_choice == API_TOOL_CHOICE_REQUIRED || r->tool_choice == API_TOOL_CHOICE_NAMED)
+    if (r->tools.choice == API_TOOL_CHOICE_REQUIRED || r->tools.choice == API_TOOL_CHOICE_NAMED)
         return api_fail(e, 400, "invalid_request_error", "invalid_value",
                         "'tool_choice': a forced call (\"required\" or a named function) needs "
                         "grammar-constrained sampling, which vela serve does not have yet; send "
@@ -346,15 +346,6 @@ int toolcall_render(enum chat_template t, const struct api_request *r, struct ch
 }
 
 // --- answers -----------------------------------------------------------------------
-
-void toolcall_calls_free(struct api_tool_call *calls, int n) {
-    for (int i = 0; i < n; i++) {
-        free(calls[i].id);
-        free(calls[i].name);
-        free(calls[i].arguments);
-    }
-    free(calls);
-}
 
 static bool is_space(char c) {
     return c == ' ' || c == '\n' || c == '\r' || c == '\t';
@@ -483,7 +474,7 @@ int toolcall_parse(enum toolcall_format f, const char *text, size_t len, const c
              : f == TOOLCALL_LLAMA3 ? parse_llama3(text, len, content_len, calls, n_calls)
                                     : 1;
     if (rc) { // not calls after all: the whole text is content
-        toolcall_calls_free(*calls, *n_calls);
+        api_tools_calls_free(*calls, *n_calls);
         *calls = NULL;
         *n_calls = 0;
         *content_len = len;

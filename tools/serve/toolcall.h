@@ -57,12 +57,11 @@ bool toolcall_wanted(const struct api_request *r);
 // The answer text[0..len) split: *content_len bytes of content (the text
 // before the first call, white space at its end dropped; all of it when
 // there is no call) and the calls, each with id "<id_prefix>_<i>" (malloc'd
-// into *calls, free with toolcall_calls_free). A call whose JSON does not
+// into *calls, free with api_tools_calls_free (api_tools.h)). A call whose JSON does not
 // parse, or names no function, leaves the whole text as content. Returns 0,
 // or -1 when out of memory.
 int toolcall_parse(enum toolcall_format f, const char *text, size_t len, const char *id_prefix,
                    size_t *content_len, struct api_tool_call **calls, int *n_calls);
-void toolcall_calls_free(struct api_tool_call *calls, int n);
 
 // How many bytes of the answer so far, text[0..len), may be streamed as
 // content now: all but what may be (the start of) a tool call.
