@@ -47,7 +47,7 @@
 #include <atomic>
 #include <limits.h>
 
-#include "cuda/attention.h"
+#include "cuda/attention_args.h"
 #include "cuda/attention_decode.h"
 #include "cuda/attention_widen.cuh"
 #include "cuda/q8_1.cuh"

@@ -7,7 +7,7 @@
 
 #include <stdbool.h>
 
-#include "cuda/attention.h"
+#include "cuda/attention_args.h"
 
 VELA_CUDA_BEGIN
 
