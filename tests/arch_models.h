@@ -1,6 +1,7 @@
 // Small qwen3 / gemma3 models for the tests of the architectures' forward
 // pass (tests/test_arch_forward.c, tests/gpu/test_forward_cuda_arch.c),
-// written by mkmodel (seed 42, the generated 596-token vocabulary).
+// written by mkmodel (seed 42, the generated 596-token vocabulary), and
+// the load check of the loader's refusals (test_model_arch, test_moe).
 #ifndef VELA_TESTS_ARCH_MODELS_H
 #define VELA_TESTS_ARCH_MODELS_H
 
@@ -10,6 +11,8 @@
 #include <unistd.h>
 
 #include "host/model/arch.h"
+#include "host/model/model.h"
+#include "host/ops/backend.h"
 #include "tools/mkmodel/mkmodel.h"
 
 // 2 layers, 4 heads (2 KV heads) of head_dim, n_embd wide (n_head *
@@ -45,6 +48,21 @@ static inline void arch_test_write(const struct mkmodel_config *c, char path[64]
     close(fd);
     struct verr err = {0};
     cr_assert_eq(mkmodel_write(c, path, &err), 0, "%s", err.msg);
+}
+
+// Loads path on a one-thread CPU backend and frees it; returns the status,
+// err the message (no model is left behind on a failure).
+static inline int arch_test_try_load(const char *path, struct verr *err) {
+    struct backend *be;
+    struct verr berr = {0};
+    cr_assert_eq(backend_cpu_create(&be, 1, &berr), 0, "%s", berr.msg);
+    struct model *m = NULL;
+    int rc = model_load_file(&m, path, be, err);
+    if (rc)
+        cr_expect_null(m);
+    model_free(m);
+    backend_destroy(be);
+    return rc;
 }
 
 #endif

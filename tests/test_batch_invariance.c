@@ -31,12 +31,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "host/backend/cpu_attention.h"
 #include "host/backend/cpu_q8.h"
 #include "host/engine/step.h"
 #include "tests/engine_helpers.h"
 #include "tools/default_model.h"
+#include "tools/mkmodel/mkmodel.h"
 
 #define BI_SLOTS 16
 #define BI_STEP_TOKENS 64 // the most rows a step holds
@@ -317,6 +319,26 @@ static void bi_paths_run(const struct bi_engine_cfg *base, struct bi_req *ref, i
 
 // ---------------------------------------------------------------------------
 
+// n requests of random prompts (1 to 40 tokens in [3, n_vocab), the first
+// `bos` when >= 0) and lengths (2 to 20 tokens), the first 16 in wave 0 and
+// the others joining in later waves; seeded.
+static void bi_reqs_random(struct bi_req *ref, int n, uint64_t seed, int n_vocab, int bos) {
+    memset(ref, 0, sizeof *ref * (size_t)n);
+    uint64_t s = seed;
+    for (int i = 0; i < n; i++) {
+        struct bi_req *r = &ref[i];
+        r->n_prompt = 1 + (int)((tiny_rand(&s) + 1) * 0.5 * 39); // 1..40
+        r->n_predict = 2 + (int)((tiny_rand(&s) + 1) * 0.5 * 18);
+        r->wave = i < 16 ? 0 : 3 * (i - 14);
+        r->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt);
+        if (bos >= 0)
+            r->prompt[0] = bos;
+        for (int t = bos >= 0; t < r->n_prompt; t++)
+            r->prompt[t] = 3 + (int32_t)((tiny_rand(&s) + 1) * 0.5 * (n_vocab - 4));
+        bi_req_alloc(r, n_vocab);
+    }
+}
+
 Test(batch_invariance, tiny_model_every_path_thread_count_and_schedule) {
     struct tiny_cfg cfg;
     tiny_cfg_default(&cfg, "llama");
@@ -332,19 +354,7 @@ Test(batch_invariance, tiny_model_every_path_thread_count_and_schedule) {
     char *path = engine_test_model(&cfg, "batchinv");
     enum { N = 40 };
     struct bi_req ref[N];
-    memset(ref, 0, sizeof ref);
-    uint64_t s = 77;
-    for (int i = 0; i < N; i++) {
-        struct bi_req *r = &ref[i];
-        r->n_prompt = 1 + (int)((tiny_rand(&s) + 1) * 0.5 * 39); // 1..40
-        r->n_predict = 2 + (int)((tiny_rand(&s) + 1) * 0.5 * 18);
-        r->wave = i < 16 ? 0 : 3 * (i - 14);
-        r->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt);
-        r->prompt[0] = 1;
-        for (int t = 1; t < r->n_prompt; t++)
-            r->prompt[t] = 3 + (int32_t)((tiny_rand(&s) + 1) * 0.5 * (cfg.n_vocab - 4));
-        bi_req_alloc(r, cfg.n_vocab);
-    }
+    bi_reqs_random(ref, N, 77, cfg.n_vocab, 1);
     const struct bi_engine_cfg base = {
         .model = path, .n_ctx_seq = 64, .n_slots = BI_SLOTS, .n_batch = BI_STEP_TOKENS};
     const int threads[] = {1, 2, 3};
@@ -355,6 +365,45 @@ Test(batch_invariance, tiny_model_every_path_thread_count_and_schedule) {
     }
     unlink(path);
     free(path);
+}
+
+// A model with experts (issue #32): qwen2moe, Q4_1, 8 experts of which 2
+// per token, and the shared expert (whose gate goes through the host):
+// each token's routing, expert mat-vecs and weighted sum must not depend on
+// what else the step holds. 24 requests, 1 and 3 threads, every path.
+Test(batch_invariance, moe_model_every_path) {
+    struct mkmodel_config mc;
+    mkmodel_config_default(&mc);
+    mc.arch = (enum mkmodel_arch)MODEL_ARCH_QWEN2MOE;
+    mc.n_embd = 128;
+    mc.n_layer = 2;
+    mc.n_head = 4;
+    mc.n_head_kv = 2;
+    mc.n_ff = 128;
+    mc.n_expert = 8;
+    mc.n_expert_used = 2;
+    mc.n_ff_exp = 64;
+    mc.type = GGML_TYPE_Q4_1;
+    mc.n_threads = 2;
+    char path[] = "/tmp/vela_bi_moe_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    struct verr err = {0};
+    cr_assert_eq(mkmodel_write(&mc, path, &err), 0, "%s", err.msg);
+    const int n_vocab = mkmodel_vocab_base_size();
+    enum { N = 24 };
+    struct bi_req ref[N];
+    bi_reqs_random(ref, N, 91, n_vocab, -1);
+    const struct bi_engine_cfg base = {
+        .model = path, .n_ctx_seq = 64, .n_slots = BI_SLOTS, .n_batch = BI_STEP_TOKENS};
+    const int threads[] = {1, 3};
+    bi_paths_run(&base, ref, N, threads, 2, 0x1fu);
+    for (int i = 0; i < N; i++) {
+        free(ref[i].prompt);
+        free(ref[i].logits);
+    }
+    unlink(path);
 }
 
 // The default model with real text: 16 prompts as in issue #31.

@@ -13,34 +13,39 @@
 #include "host/model/arch.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
+#include "tests/arch_models.h"
+#include "tests/file_helpers.h"
 #include "tools/mkmodel/mkmodel.h"
 
-static char tmpdir[256];
+TEST_SUITE_WITH_TMPDIR(model_arch, "vela_arch");
 
-static void setup_tmp(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/vela_arch_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+// The models these tests write: every architecture as mkmodel makes it by
+// default (with experts where it always has them: qwen3moe, qwen2moe), and
+// variant MODEL_ARCH_COUNT, llama with 8 experts (Mixtral).
+#define N_VARIANTS (MODEL_ARCH_COUNT + 1)
+
+static const struct arch *variant_arch(int v) {
+    return arch_get(v < MODEL_ARCH_COUNT ? (enum model_arch)v : MODEL_ARCH_LLAMA);
 }
 
-static void teardown_tmp(void) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_expect_eq(system(cmd), 0);
+static int variant_experts(int v) {
+    return v < MODEL_ARCH_COUNT ? 0 : 8;
 }
 
-TestSuite(model_arch, .init = setup_tmp, .fini = teardown_tmp);
-
-static const char *tmp_path(char *buf, size_t cap, const char *name) {
-    snprintf(buf, cap, "%s/%s", tmpdir, name);
-    return buf;
+// The block table of variant v's files.
+static const struct arch_tensor *variant_layer(int v) {
+    const struct arch *a = variant_arch(v);
+    return arch_layer_table(a, a->moe.required || variant_experts(v) > 0);
 }
 
-// A small F32 model of architecture a from mkmodel.
-static void write_model(const struct arch *a, bool tied, bool rope_freqs, const char *path,
+// A small F32 model of variant v from mkmodel.
+static void write_model(int v, bool tied, bool rope_freqs, const char *path,
                         struct mkmodel_config *resolved) {
+    const struct arch *a = variant_arch(v);
     struct mkmodel_config c;
     mkmodel_config_default(&c);
     c.arch = (enum mkmodel_arch)a->id;
+    c.n_expert = variant_experts(v);
     c.n_embd = 64;
     c.n_layer = 2;
     c.n_head = 4;
@@ -70,6 +75,8 @@ Test(model_arch, registry_and_tables_are_well_formed) {
         const struct arch *a = arch_get((enum model_arch)id);
         cr_assert_not_null(a, "id %d is not registered", id);
         n_arch++;
+        cr_expect(a->moe.required ? a->layer_moe && !a->layer : a->layer != NULL,
+                  "%s: a block table (with experts when they are required)", a->name);
         cr_expect_eq((int)a->id, id, "%s: id", a->name);
         cr_expect_eq(arch_find(a->name), a, "%s: found by name", a->name);
         cr_expect_str_eq(model_arch_name(a->id), a->name);
@@ -77,8 +84,12 @@ Test(model_arch, registry_and_tables_are_well_formed) {
         cr_expect(a->rope_freq_base > 0 && a->synth_rope_freq_base > 0 && a->synth_norm_eps > 0,
                   "%s: defaults", a->name);
         int n_embd_tok = 0, n_req_bias = 0;
-        for (int pass = 0; pass < 2; pass++) {
-            const struct arch_tensor *tab = pass ? a->layer : a->globals;
+        for (int pass = 0; pass < 3; pass++) {
+            const struct arch_tensor *tab = pass == 0   ? a->globals
+                                            : pass == 1 ? a->layer
+                                                        : a->layer_moe;
+            if (!tab)
+                continue;
             const size_t whole = pass ? sizeof(struct model_layer) : sizeof(struct model);
             for (int i = 0; tab[i].name; i++) {
                 const struct arch_tensor *t = &tab[i];
@@ -86,10 +97,16 @@ Test(model_arch, registry_and_tables_are_well_formed) {
                     t->kind == ARCH_MATRIX ? sizeof(struct backend_weight) : sizeof(float *);
                 cr_expect(t->field + size <= whole, "%s %s: field outside the struct", a->name,
                           t->name);
-                cr_expect_eq(t->place == ARCH_PLACE_LAYER, pass == 1, "%s %s: place", a->name,
+                cr_expect_eq(t->place == ARCH_PLACE_LAYER, pass > 0, "%s %s: place", a->name,
                              t->name);
-                cr_expect_eq(t->ne[1] == ARCH_DIM_1, t->kind == ARCH_VECTOR,
+                // one-row matrices: the shared expert's gate vector only
+                cr_expect_eq(t->ne[1] == ARCH_DIM_1,
+                             t->kind == ARCH_VECTOR ||
+                                 (t->role == ARCH_ROLE_FFN_GATE_INP && strstr(t->name, "_shexp")),
                              "%s %s: a vector has one dim, a matrix two", a->name, t->name);
+                cr_expect(t->ne[2] == ARCH_DIM_1 || (t->ne[2] == ARCH_DIM_N_EXPERT &&
+                                                     t->kind == ARCH_MATRIX && pass == 2),
+                          "%s %s: only a block's expert stacks have a third dim", a->name, t->name);
                 cr_expect(t->ne[0] > ARCH_DIM_1 && t->ne[0] < ARCH_DIM_COUNT, "%s %s: ne0", a->name,
                           t->name);
                 for (int j = 0; j < i; j++) {
@@ -102,6 +119,12 @@ Test(model_arch, registry_and_tables_are_well_formed) {
             }
         }
         cr_expect_eq(n_embd_tok, 1, "%s: one token_embd", a->name);
+        if (a->layer_moe) {
+            int n_stacks = 0;
+            for (const struct arch_tensor *t = a->layer_moe; t->name; t++)
+                n_stacks += t->ne[2] == ARCH_DIM_N_EXPERT;
+            cr_expect_eq(n_stacks, 3, "%s: gate, up and down expert stacks", a->name);
+        }
         cr_expect_eq(n_req_bias > 0, a->block.bias_qkv, "%s: block.bias_qkv vs the table", a->name);
     }
     cr_expect_gt(n_arch, 0);
@@ -118,12 +141,13 @@ static bool field_set(const struct model *m, const struct arch_tensor *t, int il
     return ((const struct backend_weight *)(base + t->field))->data != NULL;
 }
 
-// Loads what mkmodel wrote for a; checks fields, bytes and parameters.
-static void check_loads(const struct arch *a, bool tied, bool rope_freqs) {
+// Loads what mkmodel wrote for variant v; checks fields, bytes and parameters.
+static void check_loads(int v, bool tied, bool rope_freqs) {
+    const struct arch *a = variant_arch(v);
     char path[300];
     tmp_path(path, sizeof path, "m.gguf");
     struct mkmodel_config r;
-    write_model(a, tied, rope_freqs, path, &r);
+    write_model(v, tied, rope_freqs, path, &r);
     const char *what = a->name;
     struct verr err = {0};
     struct gguf_file *f;
@@ -154,7 +178,7 @@ static void check_loads(const struct arch *a, bool tied, bool rope_freqs) {
         cr_expect_eq(field_set(m, t, 0), set, "%s: %s", what, t->name);
     }
     for (int il = 0; il < m->hp.n_layer; il++)
-        for (const struct arch_tensor *t = a->layer; t->name; t++) {
+        for (const struct arch_tensor *t = variant_layer(v); t->name; t++) {
             char name[96];
             snprintf(name, sizeof name, "blk.%d.%s", il, t->name);
             const bool present = gguf_find_tensor(f, name) != NULL;
@@ -191,11 +215,10 @@ static void check_loads(const struct arch *a, bool tied, bool rope_freqs) {
 }
 
 Test(model_arch, every_arch_loads_what_mkmodel_writes) {
-    for (int id = 0; id < MODEL_ARCH_COUNT; id++) {
-        const struct arch *a = arch_get((enum model_arch)id);
-        check_loads(a, false, false);
-        check_loads(a, true, false);
-        check_loads(a, false, true);
+    for (int v = 0; v < N_VARIANTS; v++) {
+        check_loads(v, false, false);
+        check_loads(v, true, false);
+        check_loads(v, false, true);
     }
 }
 
@@ -232,28 +255,15 @@ static void copy_model(const char *src, const char *dst, const char *skip, const
     gguf_close(f);
 }
 
-// Loads path; returns the status, err the message.
-static int try_load(const char *path, struct verr *err) {
-    struct backend *be;
-    struct verr berr = {0};
-    cr_assert_eq(backend_cpu_create(&be, 1, &berr), 0, "%s", berr.msg);
-    struct model *m = NULL;
-    int rc = model_load_file(&m, path, be, err);
-    if (rc)
-        cr_expect_null(m);
-    model_free(m);
-    backend_destroy(be);
-    return rc;
-}
-
 // The names of a's tensors in a file of it: globals, then layer 1's.
-static int entry_names(const struct arch *a, char names[][96], const struct arch_tensor **ents) {
+static int entry_names(int v, char names[][96], const struct arch_tensor **ents) {
+    const struct arch *a = variant_arch(v);
     int n = 0;
     for (const struct arch_tensor *t = a->globals; t->name; t++, n++) {
         snprintf(names[n], 96, "%s", t->name);
         ents[n] = t;
     }
-    for (const struct arch_tensor *t = a->layer; t->name; t++, n++) {
+    for (const struct arch_tensor *t = variant_layer(v); t->name; t++, n++) {
         snprintf(names[n], 96, "blk.1.%s", t->name);
         ents[n] = t;
     }
@@ -262,20 +272,20 @@ static int entry_names(const struct arch *a, char names[][96], const struct arch
 
 // Architecture id's model (untied) written to src; dst is where its
 // variants go; names / ents its tensors (entry_names), *n how many.
-static const struct arch *arch_files(int id, bool rope_freqs, char *src, char *dst,
-                                     char names[][96], const struct arch_tensor **ents, int *n) {
-    const struct arch *a = arch_get((enum model_arch)id);
-    cr_assert_lt(count(a->globals) + count(a->layer), 64);
+static const struct arch *arch_files(int v, bool rope_freqs, char *src, char *dst, char names[][96],
+                                     const struct arch_tensor **ents, int *n) {
+    const struct arch *a = variant_arch(v);
+    cr_assert_lt(count(a->globals) + count(variant_layer(v)), 64);
     tmp_path(src, 300, "src.gguf");
     tmp_path(dst, 300, "dst.gguf");
     struct mkmodel_config r;
-    write_model(a, false, rope_freqs, src, &r);
-    *n = entry_names(a, names, ents);
+    write_model(v, false, rope_freqs, src, &r);
+    *n = entry_names(v, names, ents);
     return a;
 }
 
 Test(model_arch, missing_required_tensor_is_refused_by_name) {
-    for (int id = 0; id < MODEL_ARCH_COUNT; id++) {
+    for (int id = 0; id < N_VARIANTS; id++) {
         char src[300], dst[300], names[64][96];
         const struct arch_tensor *ents[64];
         int n;
@@ -287,8 +297,8 @@ Test(model_arch, missing_required_tensor_is_refused_by_name) {
             n_required++;
             copy_model(src, dst, names[i], NULL);
             struct verr err = {0};
-            cr_expect_eq(try_load(dst, &err), VERR_NOTFOUND, "%s without %s: %s", a->name, names[i],
-                         err.msg);
+            cr_expect_eq(arch_test_try_load(dst, &err), VERR_NOTFOUND, "%s without %s: %s", a->name,
+                         names[i], err.msg);
             char want[128];
             snprintf(want, sizeof want, "missing tensor '%.96s'", names[i]);
             cr_expect(strstr(err.msg, want), "%s: '%s' does not say %s", a->name, err.msg, want);
@@ -297,12 +307,13 @@ Test(model_arch, missing_required_tensor_is_refused_by_name) {
         // The optional ones it wrote may go (an untied head: then tied).
         copy_model(src, dst, "output.weight", NULL);
         struct verr err = {0};
-        cr_expect_eq(try_load(dst, &err), 0, "%s without output.weight: %s", a->name, err.msg);
+        cr_expect_eq(arch_test_try_load(dst, &err), 0, "%s without output.weight: %s", a->name,
+                     err.msg);
     }
 }
 
 Test(model_arch, misshaped_tensor_is_refused_by_name) {
-    for (int id = 0; id < MODEL_ARCH_COUNT; id++) {
+    for (int id = 0; id < N_VARIANTS; id++) {
         char src[300], dst[300], names[64][96];
         const struct arch_tensor *ents[64];
         int n;
@@ -318,10 +329,15 @@ Test(model_arch, misshaped_tensor_is_refused_by_name) {
             n_tried++;
             copy_model(src, dst, NULL, names[i]);
             err = (struct verr){0};
-            cr_expect_eq(try_load(dst, &err), VERR_FORMAT, "%s, %s mis-shaped: %s", a->name,
-                         names[i], err.msg);
+            cr_expect_eq(arch_test_try_load(dst, &err), VERR_FORMAT, "%s, %s mis-shaped: %s",
+                         a->name, names[i], err.msg);
             char want[256];
-            if (t->n_dims == 2)
+            if (t->n_dims == 3)
+                snprintf(want, sizeof want,
+                         "%.96s: expected shape [%lld, %lld, %lld], found [%lld, %lld, %lld]",
+                         names[i], (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                         (long long)(2 * t->ne[0]), (long long)t->ne[1], (long long)t->ne[2]);
+            else if (t->n_dims == 2)
                 snprintf(want, sizeof want,
                          "%.96s: expected shape [%lld, %lld], found [%lld, %lld]", names[i],
                          (long long)t->ne[0], (long long)t->ne[1], (long long)(2 * t->ne[0]),

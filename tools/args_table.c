@@ -273,14 +273,23 @@ static int mk_name(void *opts, const struct flag *f, const char *where, const ch
     return 1;
 }
 
+// --arch: a registered architecture, or "mixtral": llama with experts (8
+// of which 2 are used, unless --n-expert / --n-expert-used say otherwise).
 static int mk_arch(void *opts, const struct flag *f, const char *where, const char *const *v, int n,
                    struct verr *err) {
+    struct mkmodel_config *c = &((struct cli *)opts)->mk.cfg;
+    if (!strcasecmp(v[0], "mixtral")) {
+        c->arch = MKMODEL_ARCH_LLAMA;
+        if (c->n_expert == 0)
+            c->n_expert = 8;
+        return 1;
+    }
     const struct arch *a = arch_find(v[0]);
     char names[256];
     if (!a)
-        return verr_set(err, VERR_RANGE, "%s: '%s' is not an architecture (%s)", where, v[0],
-                        arch_names(names, sizeof names));
-    ((struct cli *)opts)->mk.cfg.arch = (enum mkmodel_arch)a->id;
+        return verr_set(err, VERR_RANGE, "%s: '%s' is not an architecture (%s, mixtral)", where,
+                        v[0], arch_names(names, sizeof names));
+    c->arch = (enum mkmodel_arch)a->id;
     return 1;
 }
 
@@ -599,8 +608,9 @@ static const struct flag rows[] = {
     {CLI_MKMODEL, SEC_MK_OUTPUT, "-q, --quiet", NULL, "print nothing but errors", NULL,
      SET(mk.quiet)},
     {CLI_MKMODEL, SEC_MK_SHAPE, "--arch", "NAME",
-     "architecture (default llama); the architectures are listed below", NULL,
-     FN(mk.cfg.arch, 1, mk_arch)},
+     "architecture (default llama; mixtral: llama with experts); the architectures are listed "
+     "below",
+     NULL, FN(mk.cfg.arch, 1, mk_arch)},
     {CLI_MKMODEL, SEC_MK_SHAPE, "--n-embd", "N", "embedding length (default 256)", NULL,
      INT(mk.cfg.n_embd, 1, INT_MAX)},
     {CLI_MKMODEL, SEC_MK_SHAPE, "--n-layer", "N", "blocks (default 4)", NULL,
@@ -611,6 +621,20 @@ static const struct flag rows[] = {
      "key/value heads, must divide --n-head (default 4)", NULL, INT(mk.cfg.n_head_kv, 1, INT_MAX)},
     {CLI_MKMODEL, SEC_MK_SHAPE, "--n-ff", "N", "feed-forward length (default 768)", NULL,
      INT(mk.cfg.n_ff, 1, INT_MAX)},
+    {CLI_MKMODEL, SEC_MK_SHAPE, "--n-expert", "N",
+     "experts per block, {arch}.expert_count (default: none; 8 for qwen3moe, qwen2moe and "
+     "--arch mixtral)",
+     NULL, INT(mk.cfg.n_expert, 1, 1024)},
+    {CLI_MKMODEL, SEC_MK_SHAPE, "--n-expert-used", "N",
+     "experts per token, expert_used_count (default min(2, --n-expert))", NULL,
+     INT(mk.cfg.n_expert_used, 1, 1024)},
+    {CLI_MKMODEL, SEC_MK_SHAPE, "--n-ff-exp", "N",
+     "an expert's feed-forward length, expert_feed_forward_length (default --n-ff / "
+     "--n-expert-used; llama/mixtral: --n-ff)",
+     NULL, INT(mk.cfg.n_ff_exp, 1, INT_MAX)},
+    {CLI_MKMODEL, SEC_MK_SHAPE, "--n-ff-shexp", "N",
+     "the shared expert's feed-forward length (qwen2moe; default --n-ff)", NULL,
+     INT(mk.cfg.n_ff_shexp, 1, INT_MAX)},
     {CLI_MKMODEL, SEC_MK_SHAPE, "--n-vocab", "N",
      "vocabulary size; the generated vocabulary is padded to it (default and minimum: the "
      "generated vocabulary's size); ignored with --vocab",

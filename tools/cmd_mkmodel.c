@@ -37,7 +37,9 @@ static void usage(FILE *out) {
             mkmodel_vocab_base_size());
     for (const struct mkmodel_preset_info *p = mkmodel_presets(); p->name; p++)
         fprintf(out, "  %-12s %s\n", p->name, p->summary);
-    fprintf(out, "\nexample: vela mkmodel --preset llama2-7b --type q4_0 -o /tmp/7b-q4_0.gguf\n");
+    fprintf(out,
+            "\nexample: vela mkmodel --preset llama2-7b --type q4_0 -o /tmp/7b-q4_0.gguf\n"
+            "         vela mkmodel --preset qwen3-30b-a3b --mix q4_k_m -o /tmp/30b-a3b.gguf\n");
 }
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -141,10 +143,14 @@ static void say_written(const char *out, const struct mkmodel_config *r, double 
         snprintf(fsz, sizeof fsz, "%.2f GB", size / 1e9);
     else
         snprintf(fsz, sizeof fsz, "%.2f MB", size / 1e6);
-    printf("wrote %s: %s '%s', %d layers, n_embd %d, %d/%d heads (dim %d), n_ff %d, "
+    char experts[96] = "";
+    if (r->n_expert > 0)
+        snprintf(experts, sizeof experts, ", %d experts (%d used) of ff %d%s", r->n_expert,
+                 r->n_expert_used, r->n_ff_exp, r->n_ff_shexp ? " + a shared one" : "");
+    printf("wrote %s: %s '%s', %d layers, n_embd %d, %d/%d heads (dim %d), n_ff %d%s, "
            "n_vocab %d%s, %s (%s weights), %s params, %s in %.2f s (%.0f MB/s, %d threads)\n",
            out, arch_get((enum model_arch)r->arch)->name, r->name, r->n_layer, r->n_embd, r->n_head,
-           r->n_head_kv, r->head_dim, r->n_ff, r->n_vocab, r->tied ? ", tied" : "", types,
+           r->n_head_kv, r->head_dim, r->n_ff, experts, r->n_vocab, r->tied ? ", tied" : "", types,
            r->weights == MKMODEL_WEIGHTS_FAST ? "fast" : "exact", psz, fsz, dt,
            dt > 0 ? size / 1e6 / dt : 0.0, r->n_threads);
 }

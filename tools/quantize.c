@@ -33,6 +33,9 @@ static struct ftype_model model_of(const struct gguf_file *f) {
         snprintf(key, sizeof key, "%s.attention.head_count_kv", arch);
         if (gguf_get_u32(f, key, &v, &ignore) == VERR_OK)
             m.n_head_kv = (int)v;
+        snprintf(key, sizeof key, "%s.expert_count", arch);
+        if (gguf_get_u32(f, key, &v, &ignore) == VERR_OK)
+            m.n_expert = (int)v;
     }
     int n_ffn_down = 0;
     for (uint64_t i = 0; i < f->n_tensors; i++) {

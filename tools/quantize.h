@@ -1,8 +1,9 @@
 // vela quantize: rewrites a GGUF model with its weight matrices in the types
 // llama.cpp's llama-quantize gives a file type ("Q4_K_M", "Q8_0", ...).
 //
-// What changes: every tensor ftype_role_of calls a matrix (2-D "*weight",
-// not a norm) takes the type ftype_tensor_type picks for the file type:
+// What changes: every tensor ftype_role_of calls a matrix (2-D "*weight"
+// or a 3-D expert stack, not a norm, not a router) takes the type
+// ftype_tensor_type picks for the file type:
 // the base type, Q6_K for the head, more bits for some attn_v/ffn_down
 // layers in the K-quant mixes (tools/mkmodel/ftype.h); with `pure`, the base
 // type everywhere. A matrix whose rows do not fit that type's block size

@@ -93,13 +93,23 @@ static int scratch_alloc(struct forward_ctx *fc, size_t bytes, void **out, const
 // stage_layers runs every struct arch_block feature (host/model/arch.h); a
 // table asking for one it does not know (a new field, an unknown
 // activation) is refused here, not miscomputed.
-static int check_block(const struct model_hparams *hp, struct verr *err) {
+// A model with experts needs the backend's moe ops (their experts are
+// SwiGLU: host/model/arch.h, struct arch_moe).
+static int check_block(const struct model_hparams *hp, const struct backend *be, struct verr *err) {
     const struct arch *a = arch_get(hp->arch);
     const struct arch_block *b = &a->block;
     if (b->ffn != ARCH_FFN_SWIGLU && b->ffn != ARCH_FFN_GEGLU)
         return verr_set(err, VERR_UNSUPPORTED,
                         "forward: the %s block's feed-forward activation %d is not implemented",
                         a->name, (int)b->ffn);
+    if (hp->n_expert > 0 && b->ffn != ARCH_FFN_SWIGLU)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: %s: experts with a feed-forward other than SwiGLU", a->name);
+    if (hp->n_expert > 0 && (!be->ops->moe_route || !be->ops->moe_ffn))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: %s has %d experts per block, and the %s backend has no "
+                        "mixture-of-experts ops (moe_route, moe_ffn)",
+                        a->name, hp->n_expert, be->ops->name);
     return 0;
 }
 
@@ -141,7 +151,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     if (cfg->n_ctx < 1 || cfg->n_batch < 1)
         return verr_set(err, VERR_RANGE, "forward: n_ctx %d and n_batch %d must be >= 1",
                         cfg->n_ctx, cfg->n_batch);
-    int brc = check_block(hp, err);
+    int brc = check_block(hp, fc->be, err);
     if (brc)
         return brc;
     int se_ctx = 0;
@@ -199,6 +209,12 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     const size_t n_k = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t n_v = (size_t)hp->n_head_kv * hp->head_dim_v;
     const size_t n_o = (size_t)hp->n_head * hp->head_dim_v;
+    // A block with experts runs no dense feed-forward: gate and up hold
+    // the shared expert's, when there is one.
+    const bool moe = hp->n_expert > 0;
+    const size_t n_ff = moe ? (size_t)hp->n_ff_shexp : (size_t)hp->n_ff;
+    const size_t n_ex = moe ? (size_t)hp->n_expert : 0, k = moe ? (size_t)hp->n_expert_used : 0;
+    const size_t moe_tmp = moe ? BACKEND_MOE_TMP(nb, k, hp->n_embd, hp->n_ff_exp) : 0;
     struct {
         void **p;
         size_t bytes;
@@ -210,8 +226,14 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
         {(void **)&fc->k, nb * n_k * f, "k"},
         {(void **)&fc->v, nb * n_v * f, "v"},
         {(void **)&fc->attn, nb * n_o * f, "attn"},
-        {(void **)&fc->gate, nb * hp->n_ff * f, "gate"},
-        {(void **)&fc->up, nb * hp->n_ff * f, "up"},
+        {(void **)&fc->gate, nb * n_ff * f, "gate"},
+        {(void **)&fc->up, nb * n_ff * f, "up"},
+        {(void **)&fc->router, nb * n_ex * f, "router logits"},
+        {(void **)&fc->moe_ids, nb * k * sizeof(int32_t), "expert ids"},
+        {(void **)&fc->moe_w, nb * k * f, "expert weights"},
+        {(void **)&fc->moe_out, moe ? nb * hp->n_embd * f : 0, "experts' output"},
+        {(void **)&fc->moe_tmp, moe_tmp * f, "experts' scratch"},
+        {(void **)&fc->shexp_gate, moe && hp->n_ff_shexp ? nb * f : 0, "shared expert gate"},
         {(void **)&fc->xo, has_head ? no * hp->n_embd * f : 0, "xo"},
         {(void **)&fc->logits, has_head ? no * hp->n_vocab * f : 0, "logits"},
         {(void **)&fc->d_tok, nb * sizeof(int32_t), "tokens"},
@@ -231,8 +253,9 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     fc->h_cells = malloc(nb * sizeof(int32_t));
     fc->h_rows = malloc(no * sizeof(int32_t));
     fc->h_se = malloc(nb * 2 * sizeof(int32_t));
+    fc->h_shexp_gate = malloc(nb * f);
     if (!fc->out_batch_idx || !fc->h_logits || !fc->h_argmax || !fc->h_cells || !fc->h_rows ||
-        !fc->h_se) {
+        !fc->h_se || !fc->h_shexp_gate) {
         rc = verr_set(err, VERR_NOMEM, "forward: out of host memory (logits for %zu rows)", no);
         goto fail;
     }
@@ -261,9 +284,10 @@ void forward_free(struct forward_ctx *fc) {
     for (int i = 0; i < FORWARD_GRAPH_CACHE; i++)
         if (fc->graphs[i].exec)
             fc->be->ops->graph_destroy(fc->be, fc->graphs[i].exec);
-    void *dev[] = {fc->x,     fc->xn,      fc->q,      fc->k,        fc->v,     fc->attn,
-                   fc->gate,  fc->up,      fc->xo,     fc->logits,   fc->d_tok, fc->d_pos,
-                   fc->d_seq, fc->d_cells, fc->d_rows, fc->d_argmax, fc->d_se};
+    void *dev[] = {fc->x,       fc->xn,         fc->q,      fc->k,        fc->v,     fc->attn,
+                   fc->gate,    fc->up,         fc->router, fc->moe_ids,  fc->moe_w, fc->moe_out,
+                   fc->moe_tmp, fc->shexp_gate, fc->xo,     fc->logits,   fc->d_tok, fc->d_pos,
+                   fc->d_seq,   fc->d_cells,    fc->d_rows, fc->d_argmax, fc->d_se};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             fc->be->ops->free(fc->be, dev[i]);
@@ -274,6 +298,7 @@ void forward_free(struct forward_ctx *fc) {
     free(fc->h_cells);
     free(fc->h_rows);
     free(fc->h_se);
+    free(fc->h_shexp_gate);
     memset(fc, 0, sizeof *fc);
 }
 
@@ -722,13 +747,83 @@ static int layer_ffn(struct forward_ctx *fc, int il, float *x, int n_tok, struct
     return proj_residual(fc, il, x, &L->w_down, fc->gate, L->ffn_post_norm, n_tok, "ffn_down", err);
 }
 
+// The shared expert of a qwen2moe block, added to fc->moe_out as llama.cpp
+// computes it: moe_out += ffn(h) * sigmoid(g), g = ffn_gate_inp_shexp . h,
+// h = fc->xn the normed input, sigmoid(g) = silu(g) / g (llama.cpp's
+// ggml_div(ggml_silu(g), g); 1/2 at g = 0, where that is 0/0). The op
+// table has no "y[t] += s[t] * sigmoid(g[t])" op yet: g comes to the host
+// (one sync per layer) and each token's row is scaled by its factor.
+static int moe_shared_expert(struct forward_ctx *fc, int il, int n_tok, struct verr *err) {
+    const struct model_hparams *hp = &fc->m->hp;
+    struct backend *be = fc->be;
+    const struct model_layer *L = &fc->m->layers[il];
+    const int n_embd = hp->n_embd;
+    OP("ffn_gate_inp_shexp",
+       be->ops->matmul(be, fc->shexp_gate, &L->ffn_gate_inp_shexp, fc->xn, NULL, n_tok));
+    OP("ffn_gate/up_shexp + swiglu",
+       be->ops->matmul_swiglu(be, fc->gate, fc->up, &L->ffn_gate_shexp, &L->ffn_up_shexp, fc->xn,
+                              n_tok));
+    // xn is read for the last time above: it takes the shared expert's output
+    OP("ffn_down_shexp", be->ops->matmul(be, fc->xn, &L->ffn_down_shexp, fc->gate, NULL, n_tok));
+    OP("download shared expert gate",
+       be->ops->download(be, fc->h_shexp_gate, fc->shexp_gate, (size_t)n_tok * sizeof(float)));
+    OP("sync", be->ops->sync(be));
+    for (int t = 0; t < n_tok; t++) {
+        const float g = fc->h_shexp_gate[t];
+        const float silu = g / (1.0f + expf(-g));
+        OP("shared expert gate",
+           be->ops->scale(be, fc->xn + (size_t)t * n_embd, g == 0.0f ? 0.5f : silu / g, n_embd));
+    }
+    OP("shared expert add", be->ops->add(be, fc->moe_out, fc->xn, (int64_t)n_tok * n_embd));
+    return 0;
+}
+
+// A block's routed feed-forward, added to x as llama.cpp's build_moe_ffn:
+// norm, router logits, each token's k experts and weights (renormalised
+// where the architecture says), their weighted sum, the shared expert
+// (qwen2moe), then the residual add.
+static int layer_moe(struct forward_ctx *fc, int il, float *x, int n_tok, struct verr *err) {
+    const struct model *m = fc->m;
+    const struct model_hparams *hp = &m->hp;
+    const struct arch *a = arch_get(hp->arch);
+    struct backend *be = fc->be;
+    const struct model_layer *L = &m->layers[il];
+    const int n_embd = hp->n_embd, k = hp->n_expert_used;
+    OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
+    OP("ffn_gate_inp", be->ops->matmul(be, fc->router, &L->ffn_gate_inp, fc->xn, NULL, n_tok));
+    OP("moe_route", be->ops->moe_route(be, fc->moe_ids, fc->moe_w, fc->router, n_tok, hp->n_expert,
+                                       k, a->moe.renorm));
+    const struct moe_args ma = {
+        .out = fc->moe_out,
+        .x = fc->xn,
+        .ids = fc->moe_ids,
+        .weights = fc->moe_w,
+        .gate = &L->ffn_gate_exps,
+        .up = &L->ffn_up_exps,
+        .down = &L->ffn_down_exps,
+        .n_expert = hp->n_expert,
+        .k = k,
+        .n_tok = n_tok,
+        .tmp = fc->moe_tmp,
+    };
+    OP("moe_ffn", be->ops->moe_ffn(be, &ma));
+    int rc = a->moe.shexp ? moe_shared_expert(fc, il, n_tok, err) : 0;
+    if (rc)
+        return rc;
+    OP("residual", be->ops->add(be, x, fc->moe_out, (int64_t)n_tok * n_embd));
+    return 0;
+}
+
 // forward_stage_layers with attention over cells [0, n_kv), n_kv >= kv_n_kv.
 static int stage_layers(struct forward_ctx *fc, int t0, int n_tok, int n_kv, struct verr *err) {
     const struct model *m = fc->m;
     float *x = fc->x + (size_t)t0 * m->hp.n_embd; // [n_tok][n_embd]
     for (int il = m->layer_begin; il < m->layer_end; il++) {
         int rc = layer_attention(fc, il, x, t0, n_tok, n_kv, err);
-        if (rc || (rc = layer_ffn(fc, il, x, n_tok, err)))
+        if (!rc)
+            rc = m->hp.n_expert > 0 ? layer_moe(fc, il, x, n_tok, err)
+                                    : layer_ffn(fc, il, x, n_tok, err);
+        if (rc)
             return rc;
     }
     return 0;

@@ -6,7 +6,8 @@
 //       (through the sliding window on gemma3's local layers, which rotate
 //       with their own RoPE base) -> out proj (-> rms_norm: gemma3) + residual
 //       -> rms_norm -> swiglu or geglu(gate, up) -> down (-> rms_norm) +
-//       residual] x n_layer
+//       residual, or with experts: rms_norm -> router -> moe_route ->
+//       moe_ffn (+ the gated shared expert: qwen2moe) + residual] x n_layer
 //   -> rows that want logits -> final norm -> lm head -> per row: the logits,
 //      their argmax, or the token the backend's sample op picks. q,k,v, gate/up +
 // swiglu/geglu and proj + residual are the backend's fused matmul ops (one
@@ -144,8 +145,8 @@ struct forward_ctx {
     float *k;          // [n_batch][n_head_kv*head_dim]
     float *v;          // [n_batch][n_head_kv*head_dim_v]
     float *attn;       // [n_batch][n_head*head_dim_v]
-    float *gate;       // [n_batch][n_ff]
-    float *up;         // [n_batch][n_ff]
+    float *gate;       // [n_batch][n_ff]; with experts [n_batch][n_ff_shexp] or NULL
+    float *up;         // likewise
     float *xo;         // [n_out][n_embd] rows that want logits
     float *logits;     // [n_out][n_vocab]
     int32_t *d_tok;    // [n_batch]
@@ -156,6 +157,15 @@ struct forward_ctx {
     int32_t *d_argmax; // [n_out]
     int32_t *d_se;     // [n_batch][2] each token's (G, W); the unrotated cache mode only
     int se_default_n;  // leading entries of d_se that hold cfg's (G, W) (batches without se)
+
+    // backend scratch of blocks with experts (hp.n_expert > 0; NULL elsewhere)
+    float *router;       // [n_batch][n_expert] router logits
+    int32_t *moe_ids;    // [n_batch][n_expert_used] each token's experts
+    float *moe_w;        // [n_batch][n_expert_used] their weights
+    float *moe_out;      // [n_batch][n_embd] the routed (+ shared) feed-forward's output
+    float *moe_tmp;      // [BACKEND_MOE_TMP(n_batch, n_expert_used, n_embd, n_ff_exp)]
+    float *shexp_gate;   // [n_batch] the shared expert's gate logit (qwen2moe), else NULL
+    float *h_shexp_gate; // [n_batch] host copy of it
 
     // host results of the last decode
     int n_out;              // rows that wanted logits

@@ -12,12 +12,13 @@ extern const struct arch arch_llama;
 extern const struct arch arch_qwen2;
 extern const struct arch arch_qwen3;
 extern const struct arch arch_gemma3;
+extern const struct arch arch_qwen3moe;
+extern const struct arch arch_qwen2moe;
 
 static const struct arch *const archs[MODEL_ARCH_COUNT] = {
-    [MODEL_ARCH_LLAMA] = &arch_llama,
-    [MODEL_ARCH_QWEN2] = &arch_qwen2,
-    [MODEL_ARCH_QWEN3] = &arch_qwen3,
-    [MODEL_ARCH_GEMMA3] = &arch_gemma3,
+    [MODEL_ARCH_LLAMA] = &arch_llama,       [MODEL_ARCH_QWEN2] = &arch_qwen2,
+    [MODEL_ARCH_QWEN3] = &arch_qwen3,       [MODEL_ARCH_GEMMA3] = &arch_gemma3,
+    [MODEL_ARCH_QWEN3MOE] = &arch_qwen3moe, [MODEL_ARCH_QWEN2MOE] = &arch_qwen2moe,
 };
 
 const struct arch *arch_get(enum model_arch id) {
@@ -55,6 +56,13 @@ void arch_dims_make(struct arch_dims *dims, int n_embd, int n_vocab, int n_ff, i
     d[ARCH_DIM_N_O] = (int64_t)n_head * head_dim_v;
     d[ARCH_DIM_HEAD_DIM] = head_dim;
     d[ARCH_DIM_N_ROT_HALF] = n_rot / 2;
+    arch_dims_set_moe(dims, 0, 0, 0);
+}
+
+void arch_dims_set_moe(struct arch_dims *dims, int n_expert, int n_ff_exp, int n_ff_shexp) {
+    dims->d[ARCH_DIM_N_EXPERT] = n_expert;
+    dims->d[ARCH_DIM_N_FF_EXP] = n_ff_exp;
+    dims->d[ARCH_DIM_N_FF_SHEXP] = n_ff_shexp;
 }
 
 #define M_(f) offsetof(struct model, f)
@@ -63,28 +71,28 @@ void arch_dims_make(struct arch_dims *dims, int n_embd, int n_vocab, int n_ff, i
 const struct arch_tensor arch_globals_llama[] = {
     {"token_embd.weight",
      ARCH_MATRIX,
-     {ARCH_DIM_N_EMBD, ARCH_DIM_N_VOCAB},
+     {ARCH_DIM_N_EMBD, ARCH_DIM_N_VOCAB, ARCH_DIM_1},
      false,
      ARCH_PLACE_FIRST,
      ARCH_ROLE_TOKEN_EMBD,
      M_(tok_embd)},
     {"output_norm.weight",
      ARCH_VECTOR,
-     {ARCH_DIM_N_EMBD, ARCH_DIM_1},
+     {ARCH_DIM_N_EMBD, ARCH_DIM_1, ARCH_DIM_1},
      false,
      ARCH_PLACE_LAST,
      ARCH_ROLE_OUTPUT_NORM,
      M_(output_norm)},
     {"output.weight",
      ARCH_MATRIX,
-     {ARCH_DIM_N_EMBD, ARCH_DIM_N_VOCAB},
+     {ARCH_DIM_N_EMBD, ARCH_DIM_N_VOCAB, ARCH_DIM_1},
      true,
      ARCH_PLACE_LAST,
      ARCH_ROLE_OUTPUT,
      M_(output)},
     {"rope_freqs.weight",
      ARCH_VECTOR,
-     {ARCH_DIM_N_ROT_HALF, ARCH_DIM_1},
+     {ARCH_DIM_N_ROT_HALF, ARCH_DIM_1, ARCH_DIM_1},
      true,
      ARCH_PLACE_EVERY,
      ARCH_ROLE_ROPE_FREQS,

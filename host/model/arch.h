@@ -35,6 +35,9 @@ enum arch_dim {
     ARCH_DIM_N_O,        // n_head * head_dim_v (attn_output's row length)
     ARCH_DIM_HEAD_DIM,   // head_dim (per-head Q/K norms)
     ARCH_DIM_N_ROT_HALF, // n_rot / 2 (rope_freqs)
+    ARCH_DIM_N_EXPERT,   // n_expert (the third dim of an expert stack)
+    ARCH_DIM_N_FF_EXP,   // n_ff_exp (one expert's feed-forward width)
+    ARCH_DIM_N_FF_SHEXP, // n_ff_shexp (the shared expert's width)
     ARCH_DIM_COUNT
 };
 
@@ -42,8 +45,11 @@ enum arch_dim {
 struct arch_dims {
     int64_t d[ARCH_DIM_COUNT];
 };
+// The expert dims are 0 after arch_dims_make; arch_dims_set_moe sets them
+// (only the tables of blocks with experts use them).
 void arch_dims_make(struct arch_dims *dims, int n_embd, int n_vocab, int n_ff, int n_head,
                     int n_head_kv, int head_dim, int head_dim_v, int n_rot);
+void arch_dims_set_moe(struct arch_dims *dims, int n_expert, int n_ff_exp, int n_ff_shexp);
 
 // What a tensor is: picks its weight type class and initial values in
 // mkmodel, its part of a quantization mix.
@@ -61,10 +67,18 @@ enum arch_role {
     ARCH_ROLE_OUTPUT_NORM, // the final norm before the head
     ARCH_ROLE_BIAS,
     ARCH_ROLE_ROPE_FREQS, // per-dimension RoPE frequency factors
+    // The router (ffn_gate_inp) and the shared expert's gate vector
+    // (ffn_gate_inp_shexp): matrices llama.cpp never quantizes (F32 in
+    // mkmodel and vela quantize). The expert stacks and the shared expert
+    // take the FFN_GATE / FFN_UP / FFN_DOWN roles.
+    ARCH_ROLE_FFN_GATE_INP,
 };
 
 enum arch_kind {
-    ARCH_MATRIX, // ggml [ne0 = n_in, ne1 = n_out], any weight type: a struct backend_weight
+    ARCH_MATRIX, // ggml [ne0 = n_in, ne1 = n_out], any weight type: a struct backend_weight;
+                 // an expert stack [n_in, n_out, n_expert] is one backend_weight of
+                 // n_expert * n_out rows (host/ops/backend.h, struct moe_args); a
+                 // matrix of one row (ne1 = ARCH_DIM_1) is a 1-D tensor in the file
     ARCH_VECTOR, // [ne0]; F32, F16 or BF16 in the file, F32 on the backend: a float *
 };
 
@@ -81,7 +95,8 @@ enum arch_place {
 struct arch_tensor {
     const char *name;    // a layer tensor's suffix ("attn_q.weight"), else the whole name
     enum arch_kind kind; // matrix or vector
-    enum arch_dim ne[2]; // ggml order (ne[0] is the row length); a vector's ne[1] is ARCH_DIM_1
+    enum arch_dim ne[3]; // ggml order (ne[0] is the row length); unused dims are ARCH_DIM_1
+                         // (ne[2] is ARCH_DIM_N_EXPERT for an expert stack only)
     bool optional;       // may be absent (a NULL vector, an untied head)
     enum arch_place place;
     enum arch_role role;
@@ -116,6 +131,21 @@ struct arch_block {
     int attn_scale_embd_layers;
 };
 
+// Mixture of experts: the feed-forward of a block with experts is
+// llama.cpp's build_moe_ffn with softmax gating and SwiGLU experts: router
+// logits = ffn_gate_inp h, the k = {arch}.expert_used_count most probable of
+// {arch}.expert_count experts (backend_ops.moe_route), their weighted sum
+// (backend_ops.moe_ffn), plus a gated shared expert where the table has one.
+struct arch_moe {
+    bool required;   // every block has experts (qwen3moe); false: only when the file's
+                     // {arch}.expert_count > 0 (llama: Mixtral), else the dense table
+    bool renorm;     // the k chosen weights are divided by their sum (llama.cpp's norm_w)
+    bool ff_exp_key; // an expert's width is {arch}.expert_feed_forward_length (default
+                     // n_ff / k); false: n_ff (llama.cpp's llama)
+    bool shexp;      // a shared expert of width {arch}.expert_shared_feed_forward_length
+                     // (default n_ff), scaled by sigmoid(ffn_gate_inp_shexp . h) (qwen2moe)
+};
+
 // llama.cpp's checks of this architecture that vela does not share: mkmodel
 // notes files that llama.cpp would refuse.
 enum {
@@ -140,8 +170,18 @@ struct arch {
     // (the first problem is the one reported) and, within a place (enum
     // arch_place), of the file.
     const struct arch_tensor *globals; // outside the blocks
-    const struct arch_tensor *layer;   // of every block
+    const struct arch_tensor *layer;   // of every block; NULL when moe.required
+    struct arch_moe moe;
+    // Of every block of a file with experts ({arch}.expert_count > 0); NULL:
+    // the architecture has none (such a file is refused).
+    const struct arch_tensor *layer_moe;
 };
+
+// The block table of a model with (experts) or without experts; NULL when
+// the architecture has no such block.
+static inline const struct arch_tensor *arch_layer_table(const struct arch *a, bool experts) {
+    return experts ? a->layer_moe : a->layer;
+}
 
 // The registered architectures.
 const struct arch *arch_get(enum model_arch id); // NULL when not registered
@@ -159,19 +199,25 @@ extern const struct arch_tensor arch_globals_llama[];
 // enum arch_dim and enum arch_role without their prefixes.
 #define ARCH_LAYER_MAT(name, ne0, ne1, optional, role, field)                                      \
     {                                                                                              \
-        name, ARCH_MATRIX, {ARCH_DIM_##ne0, ARCH_DIM_##ne1}, optional, ARCH_PLACE_LAYER,           \
-            ARCH_ROLE_##role, offsetof(struct model_layer, field)                                  \
+        name, ARCH_MATRIX, {ARCH_DIM_##ne0, ARCH_DIM_##ne1, ARCH_DIM_1}, optional,                 \
+            ARCH_PLACE_LAYER, ARCH_ROLE_##role, offsetof(struct model_layer, field)                \
+    }
+// An expert stack of a block: [ne0, ne1, n_expert], required.
+#define ARCH_LAYER_EXPS(name, ne0, ne1, role, field)                                               \
+    {                                                                                              \
+        name, ARCH_MATRIX, {ARCH_DIM_##ne0, ARCH_DIM_##ne1, ARCH_DIM_N_EXPERT}, false,             \
+            ARCH_PLACE_LAYER, ARCH_ROLE_##role, offsetof(struct model_layer, field)                \
     }
 #define ARCH_LAYER_VEC(name, ne0, optional, role, field)                                           \
     {                                                                                              \
-        name, ARCH_VECTOR, {ARCH_DIM_##ne0, ARCH_DIM_1}, optional, ARCH_PLACE_LAYER,               \
+        name, ARCH_VECTOR, {ARCH_DIM_##ne0, ARCH_DIM_1, ARCH_DIM_1}, optional, ARCH_PLACE_LAYER,   \
             ARCH_ROLE_##role, offsetof(struct model_layer, field)                                  \
     }
 
-// The block of llama-like architectures (llama, mistral, qwen2, ...) in
+// The attention of llama-like architectures (llama, mistral, qwen2, ...) in
 // llama.cpp's file order: pre-norm attention whose Q/K/V biases may be
-// absent when `bias_optional`, pre-norm SwiGLU feed-forward.
-#define ARCH_LAYER_LLAMA(bias_optional)                                                            \
+// absent when `bias_optional`.
+#define ARCH_LAYER_LLAMA_ATTN(bias_optional)                                                       \
     ARCH_LAYER_VEC("attn_norm.weight", N_EMBD, false, NORM, attn_norm),                            \
         ARCH_LAYER_MAT("attn_q.weight", N_EMBD, N_Q, false, ATTN_Q, wq),                           \
         ARCH_LAYER_VEC("attn_q.bias", N_Q, bias_optional, BIAS, bq),                               \
@@ -179,11 +225,13 @@ extern const struct arch_tensor arch_globals_llama[];
         ARCH_LAYER_VEC("attn_k.bias", N_K, bias_optional, BIAS, bk),                               \
         ARCH_LAYER_MAT("attn_v.weight", N_EMBD, N_V, false, ATTN_V, wv),                           \
         ARCH_LAYER_VEC("attn_v.bias", N_V, bias_optional, BIAS, bv),                               \
-        ARCH_LAYER_MAT("attn_output.weight", N_O, N_EMBD, false, ATTN_O, wo),                      \
-        ARCH_LAYER_VEC("ffn_norm.weight", N_EMBD, false, NORM, ffn_norm),                          \
-        ARCH_LAYER_MAT("ffn_gate.weight", N_EMBD, N_FF, false, FFN_GATE, w_gate),                  \
-        ARCH_LAYER_MAT("ffn_up.weight", N_EMBD, N_FF, false, FFN_UP, w_up),                        \
-        ARCH_LAYER_MAT("ffn_down.weight", N_FF, N_EMBD, false, FFN_DOWN, w_down)
+        ARCH_LAYER_MAT("attn_output.weight", N_O, N_EMBD, false, ATTN_O, wo)
+
+// The block of llama-like architectures: the attention above, then the
+// pre-norm SwiGLU feed-forward.
+#define ARCH_LAYER_LLAMA(bias_optional)                                                            \
+    ARCH_LAYER_LLAMA_ATTN(bias_optional),                                                          \
+        ARCH_LAYER_VEC("ffn_norm.weight", N_EMBD, false, NORM, ffn_norm), ARCH_LAYER_FFN_PROJ
 
 // The projections of a block without biases (qwen3, gemma3), in llama.cpp's
 // file order: attention's Q, K, V and output; the feed-forward's gate, up
@@ -193,6 +241,20 @@ extern const struct arch_tensor arch_globals_llama[];
         ARCH_LAYER_MAT("attn_k.weight", N_EMBD, N_K, false, ATTN_K, wk),                           \
         ARCH_LAYER_MAT("attn_v.weight", N_EMBD, N_V, false, ATTN_V, wv),                           \
         ARCH_LAYER_MAT("attn_output.weight", N_O, N_EMBD, false, ATTN_O, wo)
+// qwen3's attention (qwen3, qwen3moe), in llama.cpp's file order: pre-norm,
+// the projections without biases, per-head K and Q norms.
+#define ARCH_LAYER_QWEN3_ATTN                                                                      \
+    ARCH_LAYER_VEC("attn_norm.weight", N_EMBD, false, NORM, attn_norm), ARCH_LAYER_ATTN_PROJ,      \
+        ARCH_LAYER_VEC("attn_k_norm.weight", HEAD_DIM, false, NORM, attn_k_norm),                  \
+        ARCH_LAYER_VEC("attn_q_norm.weight", HEAD_DIM, false, NORM, attn_q_norm)
+
+// The routed feed-forward of llama.cpp's MoE blocks, in its order: router,
+// then the gate, down and up expert stacks.
+#define ARCH_LAYER_MOE_EXPS                                                                        \
+    ARCH_LAYER_MAT("ffn_gate_inp.weight", N_EMBD, N_EXPERT, false, FFN_GATE_INP, ffn_gate_inp),    \
+        ARCH_LAYER_EXPS("ffn_gate_exps.weight", N_EMBD, N_FF_EXP, FFN_GATE, ffn_gate_exps),        \
+        ARCH_LAYER_EXPS("ffn_down_exps.weight", N_FF_EXP, N_EMBD, FFN_DOWN, ffn_down_exps),        \
+        ARCH_LAYER_EXPS("ffn_up_exps.weight", N_EMBD, N_FF_EXP, FFN_UP, ffn_up_exps)
 #define ARCH_LAYER_FFN_PROJ                                                                        \
     ARCH_LAYER_MAT("ffn_gate.weight", N_EMBD, N_FF, false, FFN_GATE, w_gate),                      \
         ARCH_LAYER_MAT("ffn_up.weight", N_EMBD, N_FF, false, FFN_UP, w_up),                        \

@@ -1,10 +1,20 @@
 // llama: Llama 2/3, Mistral, TinyLlama, ... Normal RoPE; Q/K/V biases are
-// accepted when a conversion carries them (as llama.cpp does).
+// accepted when a conversion carries them (as llama.cpp does). A file with
+// llama.expert_count > 0 is Mixtral: the same attention, and a routed
+// feed-forward (softmax over all experts, the top k renormalised, each
+// expert llama.feed_forward_length wide) in every block.
 #include "host/model/arch.h"
 #include "host/model/layout.h"
 
 static const struct arch_tensor layer[] = {
     ARCH_LAYER_LLAMA(true),
+    {0},
+};
+
+static const struct arch_tensor layer_moe[] = {
+    ARCH_LAYER_LLAMA_ATTN(true),
+    ARCH_LAYER_VEC("ffn_norm.weight", N_EMBD, false, NORM, ffn_norm),
+    ARCH_LAYER_MOE_EXPS,
     {0},
 };
 
@@ -20,4 +30,6 @@ const struct arch arch_llama = {
     .lcpp_quirks = ARCH_LCPP_ROT_FULL,
     .globals = arch_globals_llama,
     .layer = layer,
+    .moe = {.renorm = true},
+    .layer_moe = layer_moe,
 };

@@ -6,10 +6,7 @@
 #include "host/model/layout.h"
 
 static const struct arch_tensor layer[] = {
-    ARCH_LAYER_VEC("attn_norm.weight", N_EMBD, false, NORM, attn_norm),
-    ARCH_LAYER_ATTN_PROJ,
-    ARCH_LAYER_VEC("attn_k_norm.weight", HEAD_DIM, false, NORM, attn_k_norm),
-    ARCH_LAYER_VEC("attn_q_norm.weight", HEAD_DIM, false, NORM, attn_q_norm),
+    ARCH_LAYER_QWEN3_ATTN,
     ARCH_LAYER_VEC("ffn_norm.weight", N_EMBD, false, NORM, ffn_norm),
     ARCH_LAYER_FFN_PROJ,
     {0},

@@ -13,10 +13,12 @@
 
 // The registry's ids (stable: tests and mkmodel configs use them).
 enum model_arch {
-    MODEL_ARCH_LLAMA = 0,  // Llama 2/3, Mistral, TinyLlama: normal RoPE
-    MODEL_ARCH_QWEN2 = 1,  // NeoX RoPE, Q/K/V biases
-    MODEL_ARCH_QWEN3 = 2,  // NeoX RoPE, per-head Q/K RMS norm
-    MODEL_ARCH_GEMMA3 = 3, // sandwich norms, GeGLU, sliding-window layers
+    MODEL_ARCH_LLAMA = 0,    // Llama 2/3, Mistral, TinyLlama: normal RoPE
+    MODEL_ARCH_QWEN2 = 1,    // NeoX RoPE, Q/K/V biases
+    MODEL_ARCH_QWEN3 = 2,    // NeoX RoPE, per-head Q/K RMS norm
+    MODEL_ARCH_GEMMA3 = 3,   // sandwich norms, GeGLU, sliding-window layers
+    MODEL_ARCH_QWEN3MOE = 4, // qwen3 attention, routed experts (renormalised)
+    MODEL_ARCH_QWEN2MOE = 5, // qwen2 attention, routed experts + a gated shared expert
     MODEL_ARCH_COUNT
 };
 
@@ -56,6 +58,13 @@ struct model_hparams {
     int sliding_window;       // {arch}.attention.sliding_window; 0: no local layers
     int swa_pattern;          // {arch}.attention.sliding_window_pattern (the arch's default)
     float rope_freq_base_swa; // {arch}.rope.freq_base_swa (default 10000)
+    // Mixture of experts (host/model/arch.h, struct arch_moe); all 0 on a
+    // dense model. 1 <= n_expert_used <= n_expert when n_expert > 0.
+    int n_expert;      // {arch}.expert_count
+    int n_expert_used; // {arch}.expert_used_count (k)
+    int n_ff_exp;      // {arch}.expert_feed_forward_length (default n_ff / k), or n_ff (llama)
+    int n_ff_shexp;    // {arch}.expert_shared_feed_forward_length (default n_ff); 0: no
+                       // shared expert
 };
 
 // Whether layer il attends through the sliding window (llama.cpp's
@@ -83,6 +92,19 @@ struct model_layer {
     float *attn_k_norm;           // [head_dim] F32 or NULL
     float *attn_post_norm;        // [n_embd] F32 or NULL (gemma3)
     float *ffn_post_norm;         // [n_embd] F32 or NULL
+    // A block with experts (hp.n_expert > 0) has these instead of w_gate,
+    // w_up and w_down (zero there); expert e's rows of a stack are
+    // [e * rows / n_expert, (e + 1) * rows / n_expert).
+    struct backend_weight ffn_gate_inp;  // [n_expert][n_embd] the router, F32 (usually)
+    struct backend_weight ffn_gate_exps; // [n_expert * n_ff_exp][n_embd]
+    struct backend_weight ffn_up_exps;   // [n_expert * n_ff_exp][n_embd]
+    struct backend_weight ffn_down_exps; // [n_expert * n_embd][n_ff_exp]
+    // The shared expert (qwen2moe; zero elsewhere): its gate vector, a
+    // one-row matrix, and its SwiGLU feed-forward.
+    struct backend_weight ffn_gate_inp_shexp; // [1][n_embd]
+    struct backend_weight ffn_gate_shexp;     // [n_ff_shexp][n_embd]
+    struct backend_weight ffn_up_shexp;       // [n_ff_shexp][n_embd]
+    struct backend_weight ffn_down_shexp;     // [n_embd][n_ff_shexp]
 };
 
 struct model {

@@ -155,6 +155,56 @@ static int read_swa(const struct gguf_file *f, const char *arch, const struct ar
     return 0;
 }
 
+// Experts, as llama.cpp's loader reads them: {arch}.expert_count and
+// expert_used_count (default 0); the experts' width (ff_exp_key: the
+// expert_feed_forward_length key, default n_ff / k; else n_ff) and the
+// shared expert's (expert_shared_feed_forward_length, default n_ff). A file
+// with experts on an architecture without a table for them, k outside [1,
+// n_expert], or expert groups (DeepSeek's routing, not implemented) is
+// refused by key.
+static int read_moe(const struct gguf_file *f, const char *arch, const struct arch *ad,
+                    struct model_hparams *hp, struct verr *err) {
+    int rc, groups = 0;
+    if ((rc = read_int_key(f, arch, "expert_count", false, 0, &hp->n_expert, err)) ||
+        (rc = read_int_key(f, arch, "expert_used_count", false, 0, &hp->n_expert_used, err)) ||
+        (rc = read_int_key(f, arch, "expert_group_count", false, 0, &groups, err)))
+        return rc;
+    if (hp->n_expert == 0) {
+        if (ad->moe.required)
+            return verr_set(err, VERR_RANGE,
+                            "%s: %s needs experts: key '%s.expert_count' is missing or 0",
+                            file_name(f), arch, arch);
+        if (hp->n_expert_used != 0)
+            return verr_set(err, VERR_RANGE, "%s: %s.expert_used_count = %d without experts",
+                            file_name(f), arch, hp->n_expert_used);
+        return 0;
+    }
+    if (!ad->layer_moe)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "%s: %s.expert_count = %d: vela runs no %s blocks with experts",
+                        file_name(f), arch, hp->n_expert, arch);
+    if (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
+        return verr_set(err, VERR_RANGE,
+                        "%s: %s.expert_used_count = %d must be in [1, expert_count = %d]",
+                        file_name(f), arch, hp->n_expert_used, hp->n_expert);
+    if (groups > 1)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "%s: %s.expert_group_count = %d: routing by expert groups is not supported",
+                        file_name(f), arch, groups);
+    hp->n_ff_exp = hp->n_ff;
+    if (ad->moe.ff_exp_key && (rc = read_int_key(f, arch, "expert_feed_forward_length", false,
+                                                 hp->n_ff / hp->n_expert_used, &hp->n_ff_exp, err)))
+        return rc;
+    if (ad->moe.shexp && (rc = read_int_key(f, arch, "expert_shared_feed_forward_length", false,
+                                            hp->n_ff, &hp->n_ff_shexp, err)))
+        return rc;
+    if (hp->n_ff_exp <= 0 || (ad->moe.shexp && hp->n_ff_shexp <= 0))
+        return verr_set(err, VERR_RANGE,
+                        "%s: %s: expert feed-forward lengths must be > 0 (experts %d, shared %d)",
+                        file_name(f), arch, hp->n_ff_exp, hp->n_ff_shexp);
+    return 0;
+}
+
 int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, struct verr *err) {
     memset(hp, 0, sizeof *hp);
     char *arch = NULL;
@@ -229,7 +279,8 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, stru
         goto out;
     }
 
-    if ((rc = read_rope_scaling(f, arch, hp, err)) || (rc = read_swa(f, arch, ad, hp, err)))
+    if ((rc = read_rope_scaling(f, arch, hp, err)) || (rc = read_swa(f, arch, ad, hp, err)) ||
+        (rc = read_moe(f, arch, ad, hp, err)))
         goto out;
 
     const struct gguf_tensor_info *te = gguf_find_tensor(f, "token_embd.weight");
@@ -349,14 +400,15 @@ static int plan_add(struct model *m, struct load_plan *lp, const struct load_ite
     return 0;
 }
 
-// A matmul weight / embedding table of ggml shape [n_in, n_out].
-// An optional one that is absent leaves *w as it is (zero).
+// A matmul weight / embedding table of ggml shape [n_in, n_out], or an
+// expert stack [n_in, n_out, n_mat] (n_dims 3): one weight of n_mat * n_out
+// rows. An optional one that is absent leaves *w as it is (zero).
 static int load_weight(struct model *m, struct load_plan *lp, const struct gguf_file *f,
-                       const char *name, int64_t n_in, int64_t n_out, bool optional,
+                       const char *name, int n_dims, const int64_t want[3], bool optional,
                        struct backend_weight *w, struct verr *err) {
     const struct gguf_tensor_info *t;
-    int64_t want[2] = {n_in, n_out};
-    int rc = tensor_check(f, name, 2, want, optional, &t, err);
+    const int64_t n_in = want[0], n_out = want[1] * (n_dims == 3 ? want[2] : 1);
+    int rc = tensor_check(f, name, n_dims, want, optional, &t, err);
     if (rc || !t)
         return rc;
     if (!quant_type_supported(t->type))
@@ -414,6 +466,24 @@ static int load_vector(struct model *m, struct load_plan *lp, const struct gguf_
 void model_arch_dims(const struct model_hparams *hp, struct arch_dims *dims) {
     arch_dims_make(dims, hp->n_embd, hp->n_vocab, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim,
                    hp->head_dim_v, hp->n_rot);
+    arch_dims_set_moe(dims, hp->n_expert, hp->n_ff_exp, hp->n_ff_shexp);
+}
+
+const struct arch_tensor *model_layer_table(const struct model_hparams *hp) {
+    return arch_layer_table(arch_get(hp->arch), hp->n_expert > 0);
+}
+
+// Dims a table entry is checked with: 3 for an expert stack, 2 for another
+// matrix, 1 for a vector and a one-row matrix (the file's 1-D tensor).
+static int entry_dims(const struct arch_tensor *t) {
+    if (t->kind == ARCH_VECTOR || t->ne[1] == ARCH_DIM_1)
+        return 1;
+    return t->ne[2] != ARCH_DIM_1 ? 3 : 2;
+}
+
+static void entry_shape(const struct arch_tensor *t, const struct arch_dims *d, int64_t want[3]) {
+    for (int i = 0; i < 3; i++)
+        want[i] = d->d[t->ne[i]];
 }
 
 // The file's name of table entry t: "blk.<il>.<suffix>" for a layer's.
@@ -457,20 +527,22 @@ static int load_entry(struct model *m, struct load_plan *lp, const struct gguf_f
     char buf[96];
     const char *name = entry_name(buf, sizeof buf, t, il);
     uint8_t *base = t->place == ARCH_PLACE_LAYER ? (uint8_t *)&m->layers[il] : (uint8_t *)m;
+    int64_t want[3];
+    entry_shape(t, d, want);
     if (t->kind == ARCH_VECTOR)
-        return load_vector(m, lp, f, name, d->d[t->ne[0]], t->optional, (float **)(base + t->field),
-                           err);
-    return load_weight(m, lp, f, name, d->d[t->ne[0]], d->d[t->ne[1]], t->optional,
+        return load_vector(m, lp, f, name, want[0], t->optional, (float **)(base + t->field), err);
+    return load_weight(m, lp, f, name, entry_dims(t), want, t->optional,
                        (struct backend_weight *)(base + t->field), err);
 }
 
 static int check_entry(const struct gguf_file *f, const struct arch_tensor *t,
                        const struct arch_dims *d, int il, struct verr *err) {
     char buf[96];
-    const int64_t want[2] = {d->d[t->ne[0]], d->d[t->ne[1]]};
+    int64_t want[3];
+    entry_shape(t, d, want);
     const struct gguf_tensor_info *info;
-    return tensor_check(f, entry_name(buf, sizeof buf, t, il), t->kind == ARCH_MATRIX ? 2 : 1, want,
-                        t->optional, &info, err);
+    return tensor_check(f, entry_name(buf, sizeof buf, t, il), entry_dims(t), want, t->optional,
+                        &info, err);
 }
 
 // Shapes are checked before any backend memory is touched, so a bad file is
@@ -483,8 +555,9 @@ static int check_all(const struct gguf_file *f, const struct model_hparams *hp, 
     for (const struct arch_tensor *t = ad->globals; t->name; t++)
         if ((rc = check_entry(f, t, &d, 0, err)))
             return rc;
+    const struct arch_tensor *layer = model_layer_table(hp);
     for (int il = 0; il < hp->n_layer; il++)
-        for (const struct arch_tensor *t = ad->layer; t->name; t++)
+        for (const struct arch_tensor *t = layer; t->name; t++)
             if ((rc = check_entry(f, t, &d, il, err)))
                 return rc;
     return 0;
@@ -693,11 +766,12 @@ static int load_layout(struct model *m, struct load_plan *lp, const struct gguf_
     for (const struct arch_tensor *t = ad->globals; t->name; t++)
         if (entry_on_stage(t, first, last, tied) && (rc = load_entry(m, lp, f, t, &d, 0, err)))
             return rc;
+    const struct arch_tensor *layer = model_layer_table(&m->hp);
     for (int il = l0; il < l1; il++)
-        for (const struct arch_tensor *t = ad->layer; t->name; t++)
+        for (const struct arch_tensor *t = layer; t->name; t++)
             if ((rc = load_entry(m, lp, f, t, &d, il, err)))
                 return rc;
-    m->weight_type = m->layers[l0].w_up.type;
+    m->weight_type = m->hp.n_expert > 0 ? m->layers[l0].ffn_up_exps.type : m->layers[l0].w_up.type;
     return 0;
 }
 
@@ -807,7 +881,7 @@ static size_t tensor_bytes(const struct gguf_file *f, const char *name, bool vec
         return 0;
     if (vector)
         return (size_t)t->ne[0] * sizeof(float);
-    return ggml_row_bytes(t->type, t->ne[0]) * (size_t)t->ne[1];
+    return ggml_row_bytes(t->type, t->ne[0]) * (size_t)t->ne[1] * (size_t)t->ne[2];
 }
 
 int model_weight_bytes(const struct gguf_file *f, const struct model_hparams *hp,
@@ -817,10 +891,11 @@ int model_weight_bytes(const struct gguf_file *f, const struct model_hparams *hp
     if (rc)
         return rc;
     const struct arch *ad = arch_get(hp->arch);
+    const struct arch_tensor *layer = model_layer_table(hp);
     char name[96];
     for (int il = 0; il < hp->n_layer; il++) {
         size_t b = 0;
-        for (const struct arch_tensor *t = ad->layer; t->name; t++)
+        for (const struct arch_tensor *t = layer; t->name; t++)
             b += tensor_bytes(f, entry_name(name, sizeof name, t, il), t->kind == ARCH_VECTOR);
         layer_bytes[il] = b;
     }
@@ -840,11 +915,10 @@ int model_weight_bytes(const struct gguf_file *f, const struct model_hparams *hp
 
 void model_layer_size(const struct model_hparams *hp, const struct model_layer *L, double *bytes,
                       double *matmul_params) {
-    const struct arch *ad = arch_get(hp->arch);
     struct arch_dims d;
     model_arch_dims(hp, &d);
     double b = 0, p = 0;
-    for (const struct arch_tensor *t = ad->layer; t->name; t++) {
+    for (const struct arch_tensor *t = model_layer_table(hp); t->name; t++) {
         const uint8_t *field = (const uint8_t *)L + t->field;
         if (t->kind == ARCH_VECTOR) {
             // a required vector counts even in a layer this process did not load
@@ -854,7 +928,10 @@ void model_layer_size(const struct model_hparams *hp, const struct model_layer *
         }
         const struct backend_weight *w = (const struct backend_weight *)field;
         b += (double)ggml_row_bytes(w->type, w->n_in) * (double)w->n_out;
-        p += (double)w->n_in * (double)w->n_out;
+        // a token goes through k of an expert stack's n_expert matrices
+        const double used =
+            t->ne[2] == ARCH_DIM_N_EXPERT ? (double)hp->n_expert_used / (double)hp->n_expert : 1.0;
+        p += (double)w->n_in * (double)w->n_out * used;
     }
     *bytes = b;
     *matmul_params = p;

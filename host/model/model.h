@@ -28,6 +28,9 @@ const char *rope_scaling_name(enum rope_scaling_type t);
 
 // The dims tensor shapes are made of (host/model/arch.h), from hp.
 void model_arch_dims(const struct model_hparams *hp, struct arch_dims *dims);
+// The block table of hp's architecture: the one with experts when
+// hp->n_expert > 0 (model_read_hparams checked that it exists).
+const struct arch_tensor *model_layer_table(const struct model_hparams *hp);
 
 // Reads and checks the hyperparameters only (no tensor data is touched, but
 // token_embd.weight must exist for n_vocab). `f->path` names the file in messages.
@@ -84,8 +87,9 @@ int model_weight_bytes(const struct gguf_file *f, const struct model_hparams *hp
                        size_t *layer_bytes, size_t *embed_bytes, size_t *head_bytes,
                        struct verr *err);
 // Bytes of a loaded layer's weights as they sit on the backend (matrices in
-// their type, vectors as F32; absent optional ones count 0) and the
-// multiply-adds of its matrices per token, from the architecture's table.
+// their type, vectors as F32; absent optional ones count 0; every expert)
+// and the multiply-adds of its matrices per token (of an expert stack, the
+// k experts a token goes through), from the architecture's table.
 void model_layer_size(const struct model_hparams *hp, const struct model_layer *L, double *bytes,
                       double *matmul_params);
 // Opens `path`, loads, closes the file.

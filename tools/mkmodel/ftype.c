@@ -123,7 +123,7 @@ static bool ends_with(const char *s, const char *suffix) {
 enum ftype_role ftype_role_of(const char *name, uint32_t n_dims) {
     // llama.cpp quantizes 2-D (and expert 3-D) tensors whose names end in
     // "weight", except norms and the MoE router.
-    if (n_dims != 2 || !ends_with(name, "weight") || strstr(name, "_norm.weight") ||
+    if (n_dims < 2 || n_dims > 3 || !ends_with(name, "weight") || strstr(name, "_norm.weight") ||
         strstr(name, "ffn_gate_inp.weight"))
         return FTYPE_ROLE_KEEP;
     if (!strcmp(name, "output.weight"))
@@ -132,6 +132,8 @@ enum ftype_role ftype_role_of(const char *name, uint32_t n_dims) {
         return FTYPE_ROLE_TOKEN_EMBD;
     if (strstr(name, "attn_qkv.weight") || strstr(name, "attn_v.weight"))
         return FTYPE_ROLE_ATTN_V;
+    if (strstr(name, "attn_k.weight"))
+        return FTYPE_ROLE_ATTN_K;
     if (strstr(name, "attn_output.weight"))
         return FTYPE_ROLE_ATTN_O;
     if (strstr(name, "ffn_down"))
@@ -179,6 +181,9 @@ static enum ggml_type rule_attn_v(int ft, const struct ftype_model *m, int i, en
     // Q's, so more bits cost little.
     if (is_70b(m) && (t == GGML_TYPE_Q3_K || t == GGML_TYPE_Q4_K))
         t = GGML_TYPE_Q5_K;
+    // 8-expert models (Mixtral): "bumping this to Q8_0 trades just ~128MB"
+    if (m->n_expert == 8)
+        t = GGML_TYPE_Q8_0;
     return t;
 }
 
@@ -203,7 +208,21 @@ static enum ggml_type rule_ffn_down(int ft, const struct ftype_model *m, int i, 
     }
 }
 
-static enum ggml_type rule_attn_o(int ft, enum ggml_type t) {
+static enum ggml_type rule_attn_o(int ft, const struct ftype_model *m, enum ggml_type t) {
+    if (m->n_expert == 8) {
+        switch (ft) {
+        case FT_Q2_K:
+        case FT_Q3_K_S:
+        case FT_Q3_K_M:
+        case FT_IQ4_NL:
+        case FT_Q4_K_S:
+        case FT_Q4_K_M:
+        case FT_IQ4_XS:
+            return GGML_TYPE_Q5_K;
+        default:
+            return t;
+        }
+    }
     switch (ft) {
     case FT_Q2_K:
         return GGML_TYPE_Q3_K;
@@ -233,11 +252,26 @@ enum ggml_type ftype_rule(const struct ftype_info *ft, const struct ftype_model 
         return rule_attn_v(ft->id, m, i, base);
     case FTYPE_ROLE_FFN_DOWN:
         return rule_ffn_down(ft->id, m, i, base);
+    case FTYPE_ROLE_ATTN_K:
+        return m->n_expert == 8 ? GGML_TYPE_Q8_0 : base;
     case FTYPE_ROLE_ATTN_O:
-        return rule_attn_o(ft->id, base);
+        return rule_attn_o(ft->id, m, base);
     default:
         return base;
     }
+}
+
+// The layer an ffn_down tensor is to the rules: the count of those seen so
+// far, or with experts (llama.cpp's layer_info) the one its name says (a
+// layer has several: ffn_down_exps and ffn_down_shexp). A name without one
+// counts as the next.
+static int ffn_down_layer(struct ftype_plan *p, const char *name) {
+    int il = 0;
+    if (p->m.n_expert > 1 && sscanf(name, "blk.%d.", &il) == 1 && il >= 0) {
+        p->i_ffn_down++;
+        return il;
+    }
+    return p->i_ffn_down++;
 }
 
 enum ggml_type ftype_tensor_type(struct ftype_plan *p, const char *name, uint32_t n_dims,
@@ -257,7 +291,7 @@ enum ggml_type ftype_tensor_type(struct ftype_plan *p, const char *name, uint32_
         if (role == FTYPE_ROLE_ATTN_V)
             i = p->i_attn_v++;
         else if (role == FTYPE_ROLE_FFN_DOWN)
-            i = p->i_ffn_down++;
+            i = ffn_down_layer(p, name);
         t = p->pure ? p->ft->base : ftype_rule(p->ft, &p->m, role, i, ne0);
     }
     const enum ggml_type f = ftype_fallback(t, ne0);

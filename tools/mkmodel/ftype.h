@@ -6,8 +6,9 @@
 // gets Q6_K, and for the K-quant _S/_M/_L types the attention V and FFN down
 // matrices of some layers (and attn_output for Q2_K/Q3_K_M/Q3_K_L) get more
 // bits. ftype_tensor_type() is that choice, written from llama.cpp's
-// llama_tensor_get_type for the dense (no MoE), non-Falcon models vela runs:
-// the same tensor names in the same order give the same types.
+// llama_tensor_get_type for the non-Falcon models vela runs, experts
+// included (3-D _exps stacks are quantized as matrices; the 8-expert rules
+// of Mixtral): the same tensor names in the same order give the same types.
 //
 // Used by `vela quantize` (real files) and `vela mkmodel --mix` (synthetic
 // ones), so that both agree with llama-quantize and with each other.
@@ -48,11 +49,13 @@ enum ftype_role {
     FTYPE_ROLE_TOKEN_EMBD,
     FTYPE_ROLE_OUTPUT,
     FTYPE_ROLE_ATTN_V, // attn_v, and the fused attn_qkv
+    FTYPE_ROLE_ATTN_K, // attn_k (a rule of 8-expert models only)
     FTYPE_ROLE_ATTN_O,
-    FTYPE_ROLE_FFN_DOWN,
-    FTYPE_ROLE_KEEP, // not quantized at all: norms, vectors, expert routers
+    FTYPE_ROLE_FFN_DOWN, // ffn_down, and the experts' ffn_down_exps / ffn_down_shexp
+    FTYPE_ROLE_KEEP,     // not quantized at all: norms, vectors, expert routers
 };
-// n_dims is the tensor's; anything but a 2-D "*weight" is FTYPE_ROLE_KEEP.
+// n_dims is the tensor's; anything but a 2-D or 3-D (expert stack)
+// "*weight" is FTYPE_ROLE_KEEP, and so are the routers (ffn_gate_inp).
 enum ftype_role ftype_role_of(const char *name, uint32_t n_dims);
 
 // The model as the rules see it.
@@ -62,6 +65,8 @@ struct ftype_model {
     int n_attn_v;          // attn_v/attn_qkv tensors in the file (usually n_layer)
     int n_head, n_head_kv; // for n_gqa = n_head / n_head_kv (0: unknown, taken as 1)
     bool tied;             // no output.weight: token_embd is the head too
+    int n_expert;          // {arch}.expert_count (0: dense); with > 1, an ffn_down's layer
+                           // is the one its name says (llama.cpp's layer_info)
 };
 
 // Running state over a model's tensors, visited in file order.

@@ -63,6 +63,15 @@ static const struct mkmodel_preset_info preset_info[] = {
     {"llama2-7b", "llama, 4096 x 32 layers, 32/32 heads, ff 11008, vocab 32000, ctx 4096, Q4_0"},
     {"llama3-8b", "llama, 4096 x 32 layers, 32/8 heads, ff 14336, vocab 128256, ctx 8192, "
                   "rope base 500000, Q4_0"},
+    {"qwen3-30b-a3b", "qwen3moe, 2048 x 48 layers, 32/4 heads of 128, 128 experts of ff 768, "
+                      "8 used, vocab 151936, ctx 40960, Q4_K"},
+    {"mixtral-8x7b", "llama with experts, 4096 x 32 layers, 32/8 heads, 8 experts of ff "
+                     "14336, 2 used, vocab 32000, ctx 32768, rope base 1e6, Q4_0"},
+    {"tiny-qwen3moe", "qwen3moe, 256 x 4 layers, 8/4 heads, 8 experts of ff 128, 2 used, F32"},
+    {"tiny-qwen2moe", "qwen2moe, 256 x 4 layers, 8/4 heads, 8 experts of ff 128, 2 used, shared "
+                      "ff 256, F32"},
+    {"tiny-mixtral", "llama with experts, 256 x 4 layers, 8/4 heads, 8 experts of ff 128, "
+                     "2 used, F32"},
     {NULL, NULL},
 };
 
@@ -72,14 +81,29 @@ struct preset {
     enum ggml_type type;
     float rope_freq_base;
     bool tied;
+    int head_dim; // 0: n_embd / n_head
+    int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
 };
+#define MK_Q3MOE ((enum mkmodel_arch)MODEL_ARCH_QWEN3MOE)
+#define MK_Q2MOE ((enum mkmodel_arch)MODEL_ARCH_QWEN2MOE)
 
 static const struct preset presets[] = {
-    {MKMODEL_ARCH_LLAMA, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 10000.0f, false},
-    {MKMODEL_ARCH_LLAMA, 768, 12, 12, 4, 2048, 16384, 2048, GGML_TYPE_F32, 10000.0f, false},
-    {MKMODEL_ARCH_QWEN2, 896, 24, 14, 2, 4864, 151936, 32768, GGML_TYPE_F16, 1000000.0f, true},
-    {MKMODEL_ARCH_LLAMA, 4096, 32, 32, 32, 11008, 32000, 4096, GGML_TYPE_Q4_0, 10000.0f, false},
-    {MKMODEL_ARCH_LLAMA, 4096, 32, 32, 8, 14336, 128256, 8192, GGML_TYPE_Q4_0, 500000.0f, false},
+    {MKMODEL_ARCH_LLAMA, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 10000.0f, false, 0, 0, 0, 0, 0},
+    {MKMODEL_ARCH_LLAMA, 768, 12, 12, 4, 2048, 16384, 2048, GGML_TYPE_F32, 10000.0f, false, 0, 0, 0,
+     0, 0},
+    {MKMODEL_ARCH_QWEN2, 896, 24, 14, 2, 4864, 151936, 32768, GGML_TYPE_F16, 1000000.0f, true, 0, 0,
+     0, 0, 0},
+    {MKMODEL_ARCH_LLAMA, 4096, 32, 32, 32, 11008, 32000, 4096, GGML_TYPE_Q4_0, 10000.0f, false, 0,
+     0, 0, 0, 0},
+    {MKMODEL_ARCH_LLAMA, 4096, 32, 32, 8, 14336, 128256, 8192, GGML_TYPE_Q4_0, 500000.0f, false, 0,
+     0, 0, 0, 0},
+    {MK_Q3MOE, 2048, 48, 32, 4, 6144, 151936, 40960, GGML_TYPE_Q4_K, 1000000.0f, false, 128, 128, 8,
+     768, 0},
+    {MKMODEL_ARCH_LLAMA, 4096, 32, 32, 8, 14336, 32000, 32768, GGML_TYPE_Q4_0, 1000000.0f, false, 0,
+     8, 2, 0, 0},
+    {MK_Q3MOE, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 128, 0},
+    {MK_Q2MOE, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 128, 256},
+    {MKMODEL_ARCH_LLAMA, 256, 4, 8, 4, 128, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 0, 0},
 };
 #define N_PRESETS (sizeof presets / sizeof presets[0])
 _Static_assert(N_PRESETS + 1 == sizeof preset_info / sizeof preset_info[0],
@@ -103,7 +127,11 @@ int mkmodel_preset(struct mkmodel_config *cfg, const char *name, struct verr *er
         cfg->n_ff = p->n_ff;
         cfg->n_vocab = p->n_vocab;
         cfg->n_ctx = p->n_ctx;
-        cfg->head_dim = 0;
+        cfg->head_dim = p->head_dim;
+        cfg->n_expert = p->n_expert;
+        cfg->n_expert_used = p->n_expert_used;
+        cfg->n_ff_exp = p->n_ff_exp;
+        cfg->n_ff_shexp = p->n_ff_shexp;
         cfg->n_rot = 0;
         cfg->norm_eps = 0;
         cfg->type = p->type;
@@ -111,7 +139,7 @@ int mkmodel_preset(struct mkmodel_config *cfg, const char *name, struct verr *er
         cfg->tied = p->tied;
         return 0;
     }
-    char list[256] = "";
+    char list[512] = "";
     for (size_t i = 0; i < N_PRESETS; i++) {
         strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
         strncat(list, preset_info[i].name, sizeof list - strlen(list) - 1);
@@ -172,6 +200,42 @@ static int vocab_file_size(const char *path, int *n_out, struct verr *err) {
         *n_out = (int)a->n;
     gguf_close(f);
     return rc ? verr_wrap(err, "--vocab") : 0;
+}
+
+// The expert counts and widths (see mkmodel.h): checked against what the
+// architecture has (host/model/arch.h, struct arch_moe), defaults filled.
+static int resolve_moe(struct mkmodel_config *c, const struct arch *a, struct verr *err) {
+    int rc;
+    if (c->n_expert == 0 && a->moe.required)
+        c->n_expert = 8;
+    if (c->n_expert == 0) {
+        if (c->n_expert_used || c->n_ff_exp || c->n_ff_shexp)
+            return verr_set(err, VERR_RANGE,
+                            "--n-expert-used / --n-ff-exp / --n-ff-shexp without --n-expert");
+        return 0;
+    }
+    if (!a->layer_moe)
+        return verr_set(err, VERR_RANGE, "--n-expert %d: %s has no blocks with experts",
+                        c->n_expert, a->name);
+    if ((rc = check_dim(c->n_expert, 1, 1024, "--n-expert", err)))
+        return rc;
+    if (c->n_expert_used == 0)
+        c->n_expert_used = c->n_expert < 2 ? c->n_expert : 2;
+    if ((rc = check_dim(c->n_expert_used, 1, c->n_expert, "--n-expert-used", err)))
+        return rc;
+    if (!a->moe.ff_exp_key && c->n_ff_exp != 0 && c->n_ff_exp != c->n_ff)
+        return verr_set(err, VERR_RANGE, "--n-ff-exp %d: %s's experts are --n-ff (%d) wide",
+                        c->n_ff_exp, a->name, c->n_ff);
+    if (c->n_ff_exp == 0)
+        c->n_ff_exp = a->moe.ff_exp_key ? c->n_ff / c->n_expert_used : c->n_ff;
+    if ((rc = check_dim(c->n_ff_exp, 1, MK_MAX_DIM, "--n-ff-exp", err)))
+        return rc;
+    if (!a->moe.shexp && c->n_ff_shexp != 0)
+        return verr_set(err, VERR_RANGE, "--n-ff-shexp %d: %s has no shared expert", c->n_ff_shexp,
+                        a->name);
+    if (a->moe.shexp && c->n_ff_shexp == 0)
+        c->n_ff_shexp = c->n_ff;
+    return a->moe.shexp ? check_dim(c->n_ff_shexp, 1, MK_MAX_DIM, "--n-ff-shexp", err) : 0;
 }
 
 int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out,
@@ -258,6 +322,9 @@ int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out
                         "%g a finite number > 1",
                         c.sliding_window, c.swa_pattern, (double)c.rope_freq_base_swa);
 
+    if ((rc = resolve_moe(&c, a, err)))
+        return rc;
+
     if (c.mix != MKMODEL_MIX_NONE) {
         const struct ftype_info *ft = ftype_by_id(c.mix);
         if (!ft)
@@ -316,7 +383,8 @@ struct mk_tensor {
     enum arch_role role; // the architecture table's (host/model/arch.h)
     enum ggml_type type;
     uint32_t n_dims;
-    int64_t ne[2];   // ne[0]: row length; ne[1]: rows (1 for vectors)
+    int64_t ne[3];   // ne[0]: row length; ne[1]: rows (1 for vectors); ne[2]: experts (or 1)
+    int64_t n_rows;  // ne[1] * ne[2]
     float mean, std; // of the generated values
     bool fast;       // written by the fast path (a matrix, weights FAST)
     size_t row_bytes;
@@ -388,7 +456,8 @@ static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan
                                       .n_attn_v = c->n_layer,
                                       .n_head = c->n_head,
                                       .n_head_kv = c->n_head_kv,
-                                      .tied = c->tied};
+                                      .tied = c->tied,
+                                      .n_expert = c->n_expert};
         t = ftype_rule(ftype_by_id(c->mix), &m, ftype_role_of(name, 2), layer, ne0);
     }
     enum ggml_type f = ftype_fallback(t, ne0);
@@ -397,16 +466,27 @@ static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan
     return f;
 }
 
+// The dims a table entry is written with: a vector and a one-row matrix
+// (qwen2moe's ffn_gate_inp_shexp) 1, an expert stack 3, a matrix 2.
+static uint32_t mk_n_dims(const struct arch_tensor *at) {
+    if (at->kind == ARCH_VECTOR || at->ne[1] == ARCH_DIM_1)
+        return 1;
+    return at->ne[2] != ARCH_DIM_1 ? 3 : 2;
+}
+
 static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c,
                      struct mk_plan_notes *pn, const struct arch_tensor *at, int layer,
-                     const char *name, int64_t ne0, int64_t ne1, float mean, float std) {
+                     const char *name, const int64_t ne[3], float mean, float std) {
+    const int64_t ne0 = ne[0];
     struct mk_tensor *x = &t[(*n)++];
     memset(x, 0, sizeof *x);
     snprintf(x->name, sizeof x->name, "%s", name);
     x->role = at->role;
-    x->n_dims = at->kind == ARCH_MATRIX ? 2 : 1;
+    x->n_dims = mk_n_dims(at);
     x->ne[0] = ne0;
-    x->ne[1] = at->kind == ARCH_MATRIX ? ne1 : 1;
+    x->ne[1] = at->kind == ARCH_MATRIX ? ne[1] : 1;
+    x->ne[2] = at->kind == ARCH_MATRIX ? ne[2] : 1;
+    x->n_rows = x->ne[1] * x->ne[2];
     x->mean = mean;
     x->std = std;
     x->type = choose_type(c, pn, at->role, layer, ne0, name);
@@ -415,12 +495,22 @@ static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c
     x->fast = c->weights == MKMODEL_WEIGHTS_FAST && at->kind == ARCH_MATRIX && mean == 0.0f &&
               quant_type_supported(x->type);
     x->row_bytes = ggml_row_bytes(x->type, ne0);
-    x->nbytes = (uint64_t)x->row_bytes * (uint64_t)x->ne[1];
+    x->nbytes = (uint64_t)x->row_bytes * (uint64_t)x->n_rows;
 }
 
 static void mk_dims(const struct mkmodel_config *c, struct arch_dims *d) {
     arch_dims_make(d, c->n_embd, c->n_vocab, c->n_ff, c->n_head, c->n_head_kv, c->head_dim,
                    c->head_dim, c->n_rot);
+    arch_dims_set_moe(d, c->n_expert, c->n_ff_exp, c->n_ff_shexp);
+}
+
+// The block table of a resolved config (with experts when it has them).
+static const struct arch_tensor *mk_layer_table(const struct mkmodel_config *c) {
+    return arch_layer_table(mk_arch(c), c->n_expert > 0);
+}
+
+static int64_t mk_entry_size(const struct arch_dims *d, const struct arch_tensor *t) {
+    return d->d[t->ne[0]] * d->d[t->ne[1]] * d->d[t->ne[2]];
 }
 
 // Whether a synthetic model has table entry t: every required tensor; of the
@@ -487,10 +577,10 @@ static void plan_entry(struct mk_tensor *t, int *n, const struct mkmodel_config 
         snprintf(nm, sizeof nm, "blk.%d.%s", layer, at->name);
     else
         snprintf(nm, sizeof nm, "%s", at->name);
-    const int64_t ne0 = d->d[at->ne[0]], ne1 = d->d[at->ne[1]];
+    const int64_t ne[3] = {d->d[at->ne[0]], d->d[at->ne[1]], d->d[at->ne[2]]};
     float mean, std;
-    mk_init(c, at->role, ne0, &mean, &std);
-    plan_add(t, n, c, pn, at, layer, nm, ne0, ne1, mean, std);
+    mk_init(c, at->role, ne[0], &mean, &std);
+    plan_add(t, n, c, pn, at, layer, nm, ne, mean, std);
 }
 
 static int count_entries(const struct arch_tensor *t) {
@@ -505,7 +595,8 @@ static int count_entries(const struct arch_tensor *t) {
 static int plan_build(const struct mkmodel_config *c, struct mk_tensor **out, int *n_out,
                       struct verr *err) {
     const struct arch *a = mk_arch(c);
-    int cap = count_entries(a->globals) + count_entries(a->layer) * c->n_layer;
+    const struct arch_tensor *layer = mk_layer_table(c);
+    int cap = count_entries(a->globals) + count_entries(layer) * c->n_layer;
     struct mk_tensor *t = malloc(sizeof *t * (size_t)cap);
     if (!t)
         return verr_set(err, VERR_NOMEM, "out of memory planning %d tensors", cap);
@@ -517,7 +608,7 @@ static int plan_build(const struct mkmodel_config *c, struct mk_tensor **out, in
         if (at->place != ARCH_PLACE_LAST)
             plan_entry(t, &n, c, &pn, &d, at, 0);
     for (int l = 0; l < c->n_layer; l++)
-        for (const struct arch_tensor *at = a->layer; at->name; at++)
+        for (const struct arch_tensor *at = layer; at->name; at++)
             plan_entry(t, &n, c, &pn, &d, at, l);
     for (const struct arch_tensor *at = a->globals; at->name; at++)
         if (at->place == ARCH_PLACE_LAST)
@@ -549,10 +640,10 @@ int64_t mkmodel_count_params(const struct mkmodel_config *c) {
     int64_t global = 0, layer = 0;
     for (const struct arch_tensor *t = a->globals; t->name; t++)
         if (mk_writes(c, t))
-            global += d.d[t->ne[0]] * d.d[t->ne[1]];
-    for (const struct arch_tensor *t = a->layer; t->name; t++)
+            global += mk_entry_size(&d, t);
+    for (const struct arch_tensor *t = mk_layer_table(c); t->name; t++)
         if (mk_writes(c, t))
-            layer += d.d[t->ne[0]] * d.d[t->ne[1]];
+            layer += mk_entry_size(&d, t);
     return global + c->n_layer * layer;
 }
 
@@ -1112,10 +1203,10 @@ static int pipe_run(const struct mkmodel_config *c, const struct mk_tensor *t, i
         int64_t per = (int64_t)(MK_CHUNK_BYTES / t[i].row_bytes);
         if (per < 1)
             per = 1;
-        n_jobs += (t[i].ne[1] + per - 1) / per;
+        n_jobs += (t[i].n_rows + per - 1) / per;
         if (t[i].ne[0] > max_ne0)
             max_ne0 = t[i].ne[0];
-        size_t b = (size_t)(per < t[i].ne[1] ? per : t[i].ne[1]) * t[i].row_bytes;
+        size_t b = (size_t)(per < t[i].n_rows ? per : t[i].n_rows) * t[i].row_bytes;
         if (b > slot_bytes)
             slot_bytes = b;
         total += t[i].nbytes;
@@ -1128,8 +1219,8 @@ static int pipe_run(const struct mkmodel_config *c, const struct mk_tensor *t, i
         int64_t per = (int64_t)(MK_CHUNK_BYTES / t[i].row_bytes);
         if (per < 1)
             per = 1;
-        for (int64_t r = 0; r < t[i].ne[1]; r += per) {
-            int64_t r1 = r + per < t[i].ne[1] ? r + per : t[i].ne[1];
+        for (int64_t r = 0; r < t[i].n_rows; r += per) {
+            int64_t r1 = r + per < t[i].n_rows ? r + per : t[i].n_rows;
             jobs[j++] = (struct mk_job){i, r, r1, (size_t)(r1 - r) * t[i].row_bytes};
         }
     }
@@ -1300,6 +1391,16 @@ static int set_metadata(struct gguf_writer *w, const struct mkmodel_config *c, b
                                   (uint32_t)c->swa_pattern);
     if (c->rope_freq_base_swa != 0)
         rc |= gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), c->rope_freq_base_swa);
+    if (c->n_expert > 0) {
+        const struct arch_moe *moe = &mk_arch(c)->moe;
+        rc |= gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)c->n_expert);
+        rc |= gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)c->n_expert_used);
+        if (moe->ff_exp_key)
+            rc |= gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c->n_ff_exp);
+        if (moe->shexp)
+            rc |= gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
+                                      (uint32_t)c->n_ff_shexp);
+    }
 #undef KEY
     if (rc)
         return verr_set(err, VERR_NOMEM, "cannot set the model metadata");

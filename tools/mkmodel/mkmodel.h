@@ -8,10 +8,15 @@
 // Contract:
 // - Metadata keys and tensor names, shapes (ggml order: ne[0] is the row
 //   length) and types follow llama.cpp exactly, for every architecture of
-//   host/model/arch.h's registry (`llama`: normal RoPE; `qwen2`: NeoX RoPE,
-//   Q/K/V biases; `qwen3`: Q/K norms; `gemma3`: sandwich norms, GeGLU,
-//   sliding window): the tensors are the table's, in its order, required ones
-//   and of the optional ones the untied head and rope_freqs when asked.
+//   host/model/arch.h's registry (`llama`: normal RoPE, experts with
+//   n_expert > 0 (Mixtral); `qwen2`: NeoX RoPE, Q/K/V biases; `qwen3`: Q/K
+//   norms; `gemma3`: sandwich norms, GeGLU, sliding window; `qwen3moe`,
+//   `qwen2moe`: experts): the tensors are the table's (the one with experts
+//   when n_expert > 0), in its order, required ones and of the optional ones
+//   the untied head and rope_freqs when asked; expert stacks are 3-D
+//   [n_in, n_out, n_expert], qwen2moe's ffn_gate_inp_shexp 1-D [n_embd].
+// - The routers (ffn_gate_inp, ffn_gate_inp_shexp) are F32 whatever the
+//   types asked, as llama-quantize keeps them.
 // - The file's bytes depend only on the config (seed included), never on
 //   n_threads.
 // - Weights are seeded random numbers scaled so that activations stay finite
@@ -102,6 +107,15 @@ struct mkmodel_config {
     int head_dim;   // [--head-dim] 0: n_embd / n_head
     int n_rot;      // rope.dimension_count [--n-rot] 0: head_dim
     float norm_eps; // [--norm-eps] 0: the architecture's (1e-5 llama, 1e-6 qwen2)
+    // Experts (host/model/arch.h, struct arch_moe): architectures whose
+    // blocks always have them (qwen3moe, qwen2moe) take 8 by default; llama
+    // with n_expert > 0 is Mixtral.
+    int n_expert;      // {arch}.expert_count [--n-expert] 0: none, or 8 where required
+    int n_expert_used; // {arch}.expert_used_count [--n-expert-used] 0: min(2, n_expert)
+    int n_ff_exp;      // {arch}.expert_feed_forward_length [--n-ff-exp] 0: n_ff / k
+                       // (llama: always n_ff, the key is not written)
+    int n_ff_shexp;    // {arch}.expert_shared_feed_forward_length [--n-ff-shexp] 0: n_ff
+                       // (qwen2moe only)
 
     // Weight types. type_* < 0 means "same as type"; with a mix, `type` is
     // ignored (the mix sets the base) but type_* still override.
