@@ -53,7 +53,8 @@ struct lc_case {
     float scale;
     int yarn_orig_ctx;
     bool rope_freqs;
-    int sliding_window, swa_pattern; // gemma3's local layers
+    int sliding_window, swa_pattern;       // gemma3's local layers
+    int n_expert, n_expert_used, n_ff_exp; // experts (qwen3moe, qwen2moe, llama = Mixtral)
 };
 
 // Small shapes: 2 layers; 128 wide for the F32 semantics cases, 256 wide
@@ -66,6 +67,8 @@ struct lc_case {
 #define LC_YARN_FLAGS "--ctx 8192 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 2048"
 #define LC_YARN                                                                                    \
     .n_ctx = 8192, .scaling = MKMODEL_ROPE_SCALING_YARN, .scale = 4, .yarn_orig_ctx = 2048
+
+#define LC_ARCH(name) ((enum mkmodel_arch)MODEL_ARCH_##name)
 
 static const struct lc_case lc_cases[] = {
     // semantics, everything F32
@@ -147,6 +150,35 @@ static const struct lc_case lc_cases[] = {
      "--type q8_0",
      LC_W_Q8, GGML_TYPE_F32, false, (enum mkmodel_arch)MODEL_ARCH_GEMMA3, LC_WIDE,
      .type = GGML_TYPE_Q8_0, .tied = true, .sliding_window = 8, .swa_pattern = 2},
+    // Experts (issue #32): 8 (or 16) per block, 2 (or 4) per token; routed
+    // by llama.cpp's build_moe_ffn. qwen3moe renormalises the chosen weights,
+    // qwen2moe does not and adds its sigmoid-gated shared expert (ff 256 or
+    // 512: --n-ff), Mixtral (--arch mixtral: llama with experts)
+    // renormalises, each expert --n-ff wide. Routers stay F32 in the
+    // quantized files, as llama-quantize keeps them.
+    {"qwen3moe_f32", "--arch qwen3moe " LC_SMALL_FLAGS(4, 2) " --head-dim 64 --n-expert 8",
+     LC_EXACT_F32, GGML_TYPE_F32, false, LC_ARCH(QWEN3MOE), LC_SMALL(4, 2), .head_dim = 64,
+     .n_expert = 8},
+    {"qwen3moe_e16k4_f32",
+     "--arch qwen3moe " LC_SMALL_FLAGS(4, 2) " --head-dim 64 --n-expert 16 --n-expert-used 4 "
+                                             "--n-ff-exp 64",
+     LC_EXACT_F32, GGML_TYPE_F32, false, LC_ARCH(QWEN3MOE), LC_SMALL(4, 2), .head_dim = 64,
+     .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 64},
+    {"qwen3moe_q8_0", "--arch qwen3moe " LC_WIDE_FLAGS " --n-expert 8 --type q8_0", LC_W_Q8,
+     GGML_TYPE_F32, false, LC_ARCH(QWEN3MOE), LC_WIDE, .type = GGML_TYPE_Q8_0, .n_expert = 8},
+    {"qwen2moe_f32", "--arch qwen2moe " LC_SMALL_FLAGS(4, 2) " --n-expert 8", LC_EXACT_F32,
+     GGML_TYPE_F32, false, LC_ARCH(QWEN2MOE), LC_SMALL(4, 2), .n_expert = 8},
+    {"qwen2moe_q4_0", "--arch qwen2moe " LC_WIDE_FLAGS " --n-expert 8 --type q4_0", LC_W_Q8,
+     GGML_TYPE_F32, false, LC_ARCH(QWEN2MOE), LC_WIDE, .type = GGML_TYPE_Q4_0, .n_expert = 8},
+    {"mixtral_f32", "--arch mixtral " LC_SMALL_FLAGS(4, 2), LC_EXACT_F32, GGML_TYPE_F32, false,
+     MKMODEL_ARCH_LLAMA, LC_SMALL(4, 2), .n_expert = 8},
+    {"mixtral_q4_1", "--arch mixtral " LC_WIDE_FLAGS " --type q4_1", LC_W_Q8, GGML_TYPE_F32, false,
+     MKMODEL_ARCH_LLAMA, LC_WIDE, .type = GGML_TYPE_Q4_1, .n_expert = 8},
+    // llama-quantize's Q4_K_M mix of an 8-expert file: Q4_K stacks, Q6_K
+    // ffn_down_exps in the layers use_more_bits picks, Mixtral's Q8_0
+    // attn_k / attn_v and Q5_K attn_output
+    {"qwen3moe_q4_k_m", "--arch qwen3moe " LC_WIDE_FLAGS " --n-expert 8 --mix q4_k_m", LC_W_QK,
+     GGML_TYPE_F32, false, LC_ARCH(QWEN3MOE), LC_WIDE, .mix = MKMODEL_MIX_Q4_K_M, .n_expert = 8},
 };
 #define LC_N_CASES ((int)(sizeof lc_cases / sizeof lc_cases[0]))
 
@@ -173,6 +205,9 @@ static inline void lc_case_config(const struct lc_case *c, struct mkmodel_config
     cfg->rope_freqs = c->rope_freqs;
     cfg->sliding_window = c->sliding_window;
     cfg->swa_pattern = c->swa_pattern;
+    cfg->n_expert = c->n_expert;
+    cfg->n_expert_used = c->n_expert_used;
+    cfg->n_ff_exp = c->n_ff_exp;
     cfg->n_threads = 2;
 }
 
