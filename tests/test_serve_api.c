@@ -179,8 +179,8 @@ Test(serve_api, bad_fields_are_400_naming_the_field) {
          "'logprobs': true"},
         {API_CHAT,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
-         "{\"type\": \"json_object\"}}",
-         "json_object"},
+         "{\"type\": \"xml\"}}",
+         "'response_format' has type 'xml'"},
     };
     expect_refused(cases, sizeof cases / sizeof cases[0]);
 }
@@ -534,14 +534,18 @@ Test(serve_api, fields_vela_cannot_honour_are_refused_by_name) {
          "{\"prompt\": \"x\", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
          "\"f\"}}]}",
          "'tools' is a field of /v1/chat/completions"},
-        {API_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= [a-z]+\"}",
-         "'grammar' is not supported yet"},
-        {API_COMPLETION, "{\"prompt\": \"x\", \"json_schema\": {\"type\": \"object\"}}",
-         "'json_schema' is not supported yet"},
+        {API_COMPLETION,
+         "{\"prompt\": \"x\", \"json_schema\": {\"type\": \"object\", \"properties\": "
+         "{\"n\": {\"type\": \"number\", \"multipleOf\": 2}}}}",
+         "'json_schema': /properties/n: keyword 'multipleOf' is not supported"},
         {API_CHAT,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
          "{\"type\": \"json_schema\", \"json_schema\": {}}}",
-         "'response_format' of type 'json_schema' is not supported yet"},
+         "'response_format.json_schema' must be an object with a 'schema'"},
+        {API_COMPLETION,
+         "{\"prompt\": \"x\", \"grammar\": \"root ::= [a-z]+\", \"json_schema\": {}}",
+         "give one of 'grammar', 'json_schema' and 'response_format'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"grammar\": 3}", "'grammar' must be a string"},
         {API_COMPLETION, "{\"prompt\": \"x\", \"typical_p\": 0.5}",
          "'typical_p' 0.5 is not supported yet"},
         {API_COMPLETION, "{\"prompt\": \"x\", \"mirostat\": 2}", "'mirostat' 2 is not supported"},
@@ -627,4 +631,36 @@ Test(serve_api, native_completion_request_and_answer) {
     char *ev = api_native_chunk_sse("m", &c, NULL);
     cr_expect_str_eq(ev, "data: {\"content\":\"ab\",\"stop\":false,\"id_slot\":-1}\n\n");
     free(ev);
+}
+
+// The output's constraint as GBNF: the grammar as given, a JSON schema
+// (llama-server's json_schema, OpenAI's response_format) converted.
+Test(serve_api, grammar_fields_become_one_grammar) {
+    struct api_request r;
+    struct api_error e;
+    cr_assert_eq(
+        parse(API_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= [a-z]+\"}", &r, &e), 0,
+        "%s", e.message);
+    cr_expect_str_eq(r.grammar, "root ::= [a-z]+");
+    api_request_free(&r);
+    const char *const bodies[] = {
+        "{\"prompt\": \"x\", \"json_schema\": {\"type\": \"object\", \"properties\": {\"ok\": "
+        "{\"type\": \"boolean\"}}, \"required\": [\"ok\"]}}",
+        "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}",
+        "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+        "{\"name\": \"r\", \"strict\": true, \"schema\": {\"enum\": [\"a\", \"b\"]}}}}",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        cr_assert_eq(parse(API_COMPLETION, bodies[i], &r, &e), 0, "%s: %s", bodies[i], e.message);
+        cr_expect(r.grammar && strstr(r.grammar, "root ::=") != NULL, "%s -> %s", bodies[i],
+                  r.grammar ? r.grammar : "(none)");
+        api_request_free(&r);
+    }
+    cr_assert_eq(parse(API_COMPLETION,
+                       "{\"prompt\": \"x\", \"response_format\": {\"type\": "
+                       "\"text\"}, \"grammar\": \"\"}",
+                       &r, &e),
+                 0, "%s", e.message);
+    cr_expect_null(r.grammar, "text and an empty grammar ask for nothing");
+    api_request_free(&r);
 }

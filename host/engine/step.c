@@ -557,7 +557,7 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
         return rc;
     q->st.seed = sampler_seed(sl->smp);
     for (int t = 0; t < r->n_tokens; t++)
-        sampler_accept(sl->smp, r->tokens[t]);
+        sampler_accept_prompt(sl->smp, r->tokens[t]);
     if (e->tok && (rc = tokenizer_stream_new(&sl->stream, e->tok, false, err)))
         return rc;
     // Cells another user of the cache (engine_eval) left: the first request
@@ -973,6 +973,13 @@ static int step_share(struct engine *e, struct engine_sched *s, struct verr *err
     return 0;
 }
 
+// The request's grammar has matched a whole output and can take nothing
+// more: it ends as at an end-of-generation token, a step sooner.
+static bool grammar_done(const struct sampler *smp) {
+    const struct grammar_state *g = sampler_grammar_state(smp);
+    return g && grammar_state_done(g);
+}
+
 static bool is_stop_token(const struct engine_request *r, int32_t tok) {
     for (int i = 0; i < r->n_stop_tokens; i++)
         if (r->stop_tokens[i] == tok)
@@ -990,10 +997,17 @@ static int sample_slot(struct engine *e, struct engine_sched *s, int si, bool pi
     if (r->n_predict == 0) // the prompt is read, nothing is sampled
         return slot_finish(e, s, si, "n_predict", true, err);
     bool stop = r->on_logits && r->on_logits(r->user, q->id, sl->out_pos, sl->last);
-    int32_t tok = picked ? sl->amax : sampler_sample(sl->smp, sl->last);
+    int32_t tok = sl->amax;
+    struct verr gerr = {0};
+    // A grammar that allows no token here (or grew past its limits) ends
+    // the request, with the reason as a note before its end.
+    if ((!picked && sampler_sample_checked(sl->smp, sl->last, &tok, &gerr)) ||
+        sampler_accept_checked(sl->smp, tok, &gerr)) {
+        note_line(sl, gerr.msg);
+        return slot_finish(e, s, si, "grammar", true, err);
+    }
     s->st.n_gen_backend += picked;
     q->st.n_gen_backend += picked;
-    sampler_accept(sl->smp, tok);
     s->st.n_gen++;
     q->st.n_gen++;
     sl->next = tok;
@@ -1018,6 +1032,8 @@ static int sample_slot(struct engine *e, struct engine_sched *s, int si, bool pi
         why = "stop token";
     else if (r->n_predict >= 0 && q->st.n_gen >= r->n_predict)
         why = "n_predict";
+    else if (grammar_done(sl->smp))
+        why = "grammar end";
     else if (stop)
         why = "stopped";
     return why ? slot_finish(e, s, si, why, true, err) : 0;

@@ -95,9 +95,73 @@ def test_bad_tool_fields_are_400s(client, kw, needle):
     assert needle in str(ei.value)
 
 
-def test_forced_calls_are_refused_until_grammars_constrain_them(client):
+UNIT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "set_unit",
+        "description": "Choose the temperature unit",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["c", "f"]}},
+            "required": ["unit"],
+        },
+    },
+}
+
+
+def test_required_tool_choice_always_calls(client):
+    """tool_choice required / named: the grammar makes the answer a call that parses, even
+    from a model of random weights."""
+    for choice in ["required", {"type": "function", "function": {"name": "set_unit"}}]:
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Celsius please"}],
+            tools=[WEATHER, UNIT_TOOL] if choice == "required" else [UNIT_TOOL, WEATHER],
+            tool_choice=choice, max_tokens=300, temperature=0.8, seed=3)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", (choice, c)
+        call = c.message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        if choice != "required" or call.function.name == "set_unit":
+            assert call.function.name == "set_unit" and args["unit"] in ("c", "f"), call
+        else:
+            assert call.function.name == "get_weather" and isinstance(args["city"], str), call
+        assert call.id and call.type == "function"
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}},
+    "required": ["ok", "color"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_json_schema(client):
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "A color?"}], max_tokens=200,
+            temperature=0.8, seed=seed,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "c", "strict": True, "schema": SCHEMA}})
+        c = r.choices[0]
+        assert c.finish_reason == "stop", c
+        v = json.loads(c.message.content)
+        assert set(v) == {"ok", "color"} and isinstance(v["ok"], bool), v
+        assert v["color"] in ("red", "green", "blue"), v
+    # streamed: the same text as the whole answer
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "A color?"}], max_tokens=200,
+              temperature=0, response_format={"type": "json_object"})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    parts = "".join(ch.choices[0].delta.content or ""
+                    for ch in client.chat.completions.create(stream=True, **kw))
+    assert parts == whole and isinstance(json.loads(whole), dict), (parts, whole)
+
+
+def test_grammar_field_on_completions(client):
+    r = client.completions.create(model=MODEL, prompt="Answer:", max_tokens=20,
+                                  extra_body={"grammar": "root ::= \"yes\" | \"no\""})
+    assert r.choices[0].text in ("yes", "no"), r.choices[0].text
     with pytest.raises(openai.BadRequestError) as ei:
-        client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
-            tool_choice="required", max_tokens=2)
-    assert "grammar-constrained sampling" in str(ei.value)
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                  extra_body={"grammar": "root ::= undefined_rule"})
+    assert "'grammar'" in str(ei.value) and "undefined_rule" in str(ei.value)

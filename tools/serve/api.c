@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "host/ops/selfextend.h"
+#include "tools/json_schema.h"
 #include "tools/serve/api_tools.h"
 #include "tools/serve/buf.h"
 
@@ -79,6 +80,7 @@ cJSON *api_json_parse(const char *s, size_t len) {
 
 void api_request_free(struct api_request *r) {
     api_tools_free(&r->tools);
+    free(r->grammar);
     free(r->model);
     free(r->prompt);
     free(r->prompt_tokens);
@@ -379,17 +381,6 @@ static int parse_sampling(const cJSON *o, struct api_request *r, struct api_erro
 // tool_choice "none" or "auto" without tools, typical_p 1, mirostat 0), so
 // that clients sending their defaults still work.
 static int parse_unsupported(const cJSON *o, struct api_error *e) {
-    static const char *const objects[] = {"grammar", "json_schema"};
-    for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, objects[i]);
-        bool empty = !v || cJSON_IsNull(v) ||
-                     ((cJSON_IsObject(v) || cJSON_IsArray(v)) && !v->child) ||
-                     (cJSON_IsString(v) && !v->valuestring[0]);
-        if (!empty)
-            return BAD("'%s' is not supported yet (vela's sampler has no grammar-constrained "
-                       "sampling); leave it out",
-                       objects[i]);
-    }
     double typical = 1, mirostat = 0, unused = 0;
     if (get_num(o, "typical_p", 0, 1, &typical, NULL, e) ||
         get_num(o, "mirostat", 0, 2, &mirostat, NULL, e) ||
@@ -597,17 +588,61 @@ static int parse_stream(const cJSON *o, struct api_request *r, struct api_error 
     }
     if (r->echo)
         return BAD("'echo' is not supported");
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
-    if (rf && !cJSON_IsNull(rf)) {
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(ty))
-            return BAD("'response_format' must be an object with a 'type'");
-        if (strcmp(ty->valuestring, "text"))
-            return BAD("'response_format' of type '%.40s' is not supported yet (vela has no "
-                       "grammar-constrained sampling; use 'text')",
-                       ty->valuestring);
-    }
     return 0;
+}
+
+// r->grammar from the JSON schema at `where` (a field's name, for errors).
+static int schema_grammar(const cJSON *schema, const char *where, struct api_request *r,
+                          struct api_error *e) {
+    if (!cJSON_IsObject(schema) && !cJSON_IsTrue(schema))
+        return BAD("'%s' must be a JSON schema object", where);
+    struct verr err = {0};
+    if (json_schema_to_gbnf(schema, &r->grammar, &err))
+        return BAD("'%s': %s", where, err.msg);
+    return 0;
+}
+
+// The output's constraint: llama-server's "grammar" (GBNF) or "json_schema",
+// or OpenAI's response_format json_object / json_schema; one of them.
+static int parse_grammar(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "grammar");
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(o, "json_schema");
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (rf && !cJSON_IsNull(rf) && (!cJSON_IsObject(rf) || !cJSON_IsString(ty)))
+        return BAD("'response_format' must be an object with a 'type'");
+    const bool has_g = g && !cJSON_IsNull(g) && !(cJSON_IsString(g) && !g->valuestring[0]);
+    const bool has_js = js && !cJSON_IsNull(js);
+    const bool has_rf = ty && strcmp(ty->valuestring, "text");
+    if (has_g + has_js + has_rf > 1)
+        return BAD("give one of 'grammar', 'json_schema' and 'response_format' (not text)");
+    if (has_g) {
+        if (!cJSON_IsString(g))
+            return BAD("'grammar' must be a string (GBNF)");
+        return (r->grammar = strdup(g->valuestring))
+                   ? 0
+                   : api_fail(e, 500, "server_error", NULL, "out of memory");
+    }
+    if (has_js)
+        return schema_grammar(js, "json_schema", r, e);
+    if (!has_rf)
+        return 0;
+    if (!strcmp(ty->valuestring, "json_object")) { // any object, or llama-server's "schema"
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(rf, "schema");
+        cJSON *any = sc ? NULL : cJSON_CreateObject();
+        int rc = schema_grammar(sc ? sc : any, "response_format.schema", r, e);
+        cJSON_Delete(any);
+        return rc;
+    }
+    if (!strcmp(ty->valuestring, "json_schema")) {
+        const cJSON *jsn = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(jsn, "schema");
+        if (!cJSON_IsObject(jsn) || !sc)
+            return BAD("'response_format.json_schema' must be an object with a 'schema'");
+        return schema_grammar(sc, "response_format.json_schema.schema", r, e);
+    }
+    return BAD("'response_format' has type '%.40s'; expected text, json_object or json_schema",
+               ty->valuestring);
 }
 
 void api_defaults_openai(struct api_defaults *d) {
@@ -661,8 +696,9 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, const struc
     else if (get_string(o, "model", &r->model, e) ||
              (k != API_CHAT ? parse_prompt(o, r, e) : parse_messages(o, r, e)) ||
              parse_tools(o, r, e) || parse_sampling(o, r, e) || parse_logit_bias(o, r, e) ||
-             parse_unsupported(o, e) || parse_limits(o, d, r, e) || parse_stop(o, r, e) ||
-             parse_stream(o, r, e) || parse_logprobs(o, r, e) || parse_self_extend(o, r, e))
+             parse_unsupported(o, e) || parse_grammar(o, r, e) || parse_limits(o, d, r, e) ||
+             parse_stop(o, r, e) || parse_stream(o, r, e) || parse_logprobs(o, r, e) ||
+             parse_self_extend(o, r, e))
         rc = -1;
     else if (k == API_NATIVE && (r->n > 1 || r->logprobs))
         rc = BAD("'%s' is not supported by /completion (use /v1/completions)",

@@ -92,6 +92,11 @@ struct api_request {
     struct api_bias *bias; // [n_bias] logit_bias (token ids are checked by the server)
     int n_bias;
     struct api_tools tools; // chat: tool calling (tools/serve/toolcall.h)
+    // The output's grammar (GBNF, start rule "root"): the "grammar" field, or
+    // the grammar of "json_schema" / response_format json_object or
+    // json_schema (tools/json_schema.h); NULL: unconstrained. The server
+    // parses it against the model's vocabulary (a 400 when it does not parse).
+    char *grammar;
 };
 
 void api_request_free(struct api_request *r);
@@ -128,8 +133,8 @@ struct api_error {
 // wrong type or out of range, broken JSON, invalid UTF-8, or a missing
 // prompt/messages is a 400 in *e naming the field and what was expected.
 // Fields of llama-server or OpenAI that vela cannot honour yet (typical_p <
-// 1, mirostat, grammar, json_schema, response_format
-// other than text) are a 400 naming the field, never silently ignored. n_predict is llama-server's
+// 1, mirostat, a schema keyword tools/json_schema.h cannot express) are a
+// 400 naming the field, never silently ignored. n_predict is llama-server's
 // max_tokens (-1: until a stop; it wins over max_tokens); d->n_predict >= 0 caps both. Returns 0 or
 // -1 (then *r is freed and zeroed).
 int api_parse_request(enum api_kind k, const char *body, size_t len, const struct api_defaults *d,

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "host/engine/constrain.h"
 #include "host/ops/selfextend.h"
 #include "host/tokenizer/tokenizer.h"
 #include "tools/serve/api.h"
@@ -30,6 +31,7 @@ struct serve {
     struct MHD_Daemon *d;
     struct srv_worker w;
     struct engine *e;             // NULL while the model loads
+    struct grammar_vocab *gvocab; // the model's token trie for grammars (NULL: no tokenizer)
     struct api_ctx_limits limits; // set with e
     atomic_bool ready;
     atomic_bool stopping; // serve_stop has begun: requests that end in error end for it
@@ -152,10 +154,13 @@ static struct api_choice choice_of(const struct srv_job *j) {
                                .n_lp = j->n_lp};
 }
 
-// Why a choice that finished with "error" ended: the shutdown (503, the
-// client may retry elsewhere) or a failed step (500).
-static void ended_error(struct serve *s, struct api_error *e) {
-    if (atomic_load(&s->stopping))
+// Why choice j that finished with "error" ended: its grammar allowed no
+// token (400, with the engine's note), the shutdown (503, the client may
+// retry elsewhere) or a failed step (500).
+static void ended_error(struct serve *s, const struct srv_job *j, struct api_error *e) {
+    if (j->note[0])
+        api_fail(e, 400, "invalid_request_error", "grammar_dead_end", "%s", j->note);
+    else if (atomic_load(&s->stopping))
         api_fail(e, 503, "unavailable_error", "shutting_down", "the server is shutting down");
     else
         api_fail(e, 500, "server_error", NULL, "the request was ended by the server");
@@ -212,11 +217,16 @@ static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
     struct api_choice ch[API_MAX_N];
     struct answer_calls calls[API_MAX_N] = {0};
     bool error = false;
+    struct api_error e;
     for (int i = 0; i < r->n_jobs; i++) {
         ch[i] = choice_of(&r->jobs[i]);
+        if (!error && !strcmp(r->jobs[i].finish, "error"))
+            ended_error(s, &r->jobs[i], &e);
         error |= !strcmp(r->jobs[i].finish, "error");
-        if (!error && answer_calls_find(s, r, i, &calls[i]))
+        if (!error && answer_calls_find(s, r, i, &calls[i])) {
+            api_fail(&e, 500, "server_error", NULL, "out of memory");
             error = true;
+        }
         answer_calls_apply(&calls[i], &ch[i]);
     }
     struct api_usage u = usage_of(r);
@@ -228,11 +238,8 @@ static enum MHD_Result complete_whole(struct serve *s, struct MHD_Connection *c,
     for (int i = 0; i < r->n_jobs; i++)
         api_tools_calls_free(calls[i].calls, calls[i].n);
     pthread_mutex_unlock(&r->mu);
-    if (error) {
-        struct api_error e;
-        ended_error(s, &e);
+    if (error)
         return send_error(c, &e);
-    }
     return send_json(c, 200, json);
 }
 
@@ -276,7 +283,7 @@ static int stream_collect_native(struct stream *st) {
     const struct api_choice ch = {.text = "", .len = 0, .finish = j->finish};
     bool error = !strcmp(j->finish, "error");
     if (error)
-        ended_error(st->s, &e);
+        ended_error(st->s, j, &e);
     if (out_add(st, error ? api_error_sse(&e) : api_native_chunk_sse(st->s->model_id, &ch, &u)))
         return -1;
     st->ended = true;
@@ -307,7 +314,7 @@ static int stream_choice(struct stream *st, int i, size_t avail, const struct an
         return 0;
     if (!strcmp(j->finish, "error")) {
         struct api_error e;
-        ended_error(st->s, &e);
+        ended_error(st->s, j, &e);
         if (out_add(st, api_chunk_error_sse(k, r->id, st->s->model_id, r->created, i, &e)))
             return -1;
     } else {
@@ -558,6 +565,38 @@ static int resolve_logit_bias(struct serve *s, const struct api_request *a,
     return rc;
 }
 
+// --- grammars ----------------------------------------------------------------------
+
+// The request's grammar, parsed against the model's vocabulary: its own
+// (grammar, json_schema, response_format), or, for a forced tool call
+// (tool_choice required or named), the grammar of the call. NULL: none.
+static int request_grammar(const struct serve *s, const struct api_request *a, struct grammar **g,
+                           struct api_error *e) {
+    *g = NULL;
+    const bool forced = a->kind == API_CHAT && (a->tools.choice == API_TOOL_CHOICE_REQUIRED ||
+                                                a->tools.choice == API_TOOL_CHOICE_NAMED);
+    if (!a->grammar && !forced)
+        return 0;
+    if (a->grammar && forced)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "a forced tool call (tool_choice) has a grammar of its own: leave out "
+                        "'grammar', 'json_schema' and 'response_format'");
+    if (!s->gvocab)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "grammars need the model's tokenizer, and this model has none");
+    char *text = a->grammar;
+    if (forced && toolcall_grammar(s->cfg.tmpl, a, &text, e))
+        return -1;
+    struct verr err = {0};
+    int rc = constrain_parse(g, s->e->tok, text, strlen(text), NULL, &err);
+    if (forced)
+        free(text);
+    if (rc)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value", "%s: %s",
+                        forced ? "the tool call's grammar" : "'grammar'", err.msg);
+    return 0;
+}
+
 static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection *c, enum api_kind k,
                                          struct conn *cn) {
     struct api_request a;
@@ -588,9 +627,11 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
     }
     struct sampler_bias *bias = NULL;
     int n_bias = 0;
-    if (resolve_logit_bias(s, &a, &bias, &n_bias, &e)) {
+    struct grammar *g = NULL;
+    if (resolve_logit_bias(s, &a, &bias, &n_bias, &e) || request_grammar(s, &a, &g, &e)) {
         api_request_free(&a);
         free(toks);
+        free(bias);
         return send_error(c, &e);
     }
     struct srv_req *r = srv_req_new(&a, toks, n, s->e->m->hp.n_vocab);
@@ -598,11 +639,14 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
         api_request_free(&a);
         free(toks);
         free(bias);
+        grammar_free(g);
         return fail(c, 500, "server_error", NULL, "out of memory");
     }
     r->max_gen = max_gen;
     r->bias = bias;
     r->n_bias = n_bias;
+    r->grammar = g;
+    r->gvocab = s->gvocab;
     // The template's end of turn ends the answer, unless ignore_eos asks to
     // go on past end-of-generation tokens (llama-server does the same).
     if (stop_tok >= 0 && !r->api.ignore_eos)
@@ -1179,8 +1223,11 @@ int serve_set_engine(struct serve *s, struct engine *e, struct verr *err) {
                         "(-c %d split between %d slots): raise -c or lower --parallel",
                         s->limits.se_w, s->limits.n_ctx_slot, context_config(e->ctx)->n_ctx,
                         s->cfg.n_parallel);
-    int rc = srv_worker_start(&s->w, e, s->cfg.n_parallel, s->cfg.n_queue_max,
-                              s->cfg.slot_similarity, err);
+    int rc = e->tok ? constrain_vocab_new(&s->gvocab, e->tok, err) : 0;
+    if (rc)
+        return rc;
+    rc = srv_worker_start(&s->w, e, s->cfg.n_parallel, s->cfg.n_queue_max, s->cfg.slot_similarity,
+                          err);
     if (rc)
         return rc;
     atomic_store(&s->ready, true);
@@ -1209,5 +1256,6 @@ void serve_stop(struct serve *s) {
         MHD_stop_daemon(s->d); // closes what is left, joins the connection threads
     }
     srv_worker_free(&s->w);
+    grammar_vocab_free(s->gvocab);
     free(s);
 }

@@ -2,10 +2,12 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tools/json_schema.h"
 #include "tools/serve/buf.h"
 
 #define HERMES_OPEN "<tool_call>"
@@ -305,11 +307,6 @@ int toolcall_render(enum chat_template t, const struct api_request *r, struct ch
                         "'tools': the model's chat template '%s' has no tool-call format in vela "
                         "(templates with one: chatml (Hermes / Qwen), llama3)",
                         chat_template_name(t));
-    if (r->tools.choice == API_TOOL_CHOICE_REQUIRED || r->tools.choice == API_TOOL_CHOICE_NAMED)
-        return api_fail(e, 400, "invalid_request_error", "invalid_value",
-                        "'tool_choice': a forced call (\"required\" or a named function) needs "
-                        "grammar-constrained sampling, which vela serve does not have yet; send "
-                        "\"auto\"");
     const bool show = toolcall_wanted(r);
     if (render_system(f, r, show, out, n_out, keep, e))
         return -1;
@@ -511,4 +508,105 @@ size_t toolcall_stream_safe(enum toolcall_format f, const char *text, size_t len
         return len;
     }
     return len;
+}
+
+// --- forced calls ------------------------------------------------------------------
+
+// The JSON schema of a call of tool t in format f: {"name": const, and its
+// arguments (Hermes) or parameters (Llama 3) as the tool's schema}. The
+// tool's $defs / definitions move to the top, where its "#/..." references
+// point from.
+static cJSON *call_schema(enum toolcall_format f, const struct api_tool *t, cJSON *top) {
+    cJSON *params = t->parameters ? cJSON_Parse(t->parameters) : cJSON_CreateObject();
+    cJSON *o = cJSON_CreateObject(), *props = cJSON_CreateObject(), *name = cJSON_CreateObject();
+    cJSON *req = cJSON_CreateArray();
+    if (!params || !o || !props || !name || !req) {
+        cJSON_Delete(params), cJSON_Delete(o), cJSON_Delete(props), cJSON_Delete(name);
+        cJSON_Delete(req);
+        return NULL;
+    }
+    static const char *const defs[] = {"$defs", "definitions"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *d = cJSON_DetachItemFromObjectCaseSensitive(params, defs[i]);
+        cJSON *have = d ? cJSON_GetObjectItemCaseSensitive(top, defs[i]) : NULL;
+        if (d && !have) {
+            cJSON_AddItemToObject(top, defs[i], d);
+            continue;
+        }
+        while (d && d->child) // several tools' definitions: merged
+            cJSON_AddItemToObject(have, d->child->string, cJSON_DetachItemViaPointer(d, d->child));
+        cJSON_Delete(d);
+    }
+    const char *args = f == TOOLCALL_LLAMA3 ? "parameters" : "arguments";
+    cJSON_AddStringToObject(o, "type", "object");
+    cJSON_AddStringToObject(name, "const", t->name);
+    cJSON_AddItemToObject(props, "name", name);
+    cJSON_AddItemToObject(props, args, params);
+    cJSON_AddItemToObject(o, "properties", props);
+    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+    cJSON_AddItemToArray(req, cJSON_CreateString(args));
+    cJSON_AddItemToObject(o, "required", req);
+    return o;
+}
+
+// The schema of any call r allows: the named tool's, or anyOf every tool's.
+static cJSON *calls_schema(enum toolcall_format f, const struct api_request *r) {
+    cJSON *top = cJSON_CreateObject(), *any = cJSON_CreateArray();
+    if (!top || !any) {
+        cJSON_Delete(top), cJSON_Delete(any);
+        return NULL;
+    }
+    cJSON_AddItemToObject(top, "anyOf", any);
+    for (int i = 0; i < r->tools.n; i++) {
+        const struct api_tool *t = &r->tools.list[i];
+        if (r->tools.choice == API_TOOL_CHOICE_NAMED && strcmp(t->name, r->tools.choice_name))
+            continue;
+        cJSON *c = call_schema(f, t, top);
+        if (!c) {
+            cJSON_Delete(top);
+            return NULL;
+        }
+        cJSON_AddItemToArray(any, c);
+    }
+    return top;
+}
+
+int toolcall_grammar(enum chat_template t, const struct api_request *r, char **gbnf,
+                     struct api_error *e) {
+    const enum toolcall_format f = toolcall_format_of(t);
+    if (f == TOOLCALL_NONE)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "'tools': the model's chat template '%s' has no tool-call format in vela "
+                        "(templates with one: chatml (Hermes / Qwen), llama3)",
+                        chat_template_name(t));
+    cJSON *schema = calls_schema(f, r);
+    if (!schema)
+        return api_fail(e, 500, "server_error", NULL, "out of memory");
+    char *call = NULL;
+    struct verr err = {0};
+    int rc = json_schema_to_gbnf(schema, &call, &err);
+    cJSON_Delete(schema);
+    if (rc)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "'tools': a parameters schema: %s", err.msg);
+    // The schema's start rule becomes "call"; root wraps it in the format.
+    struct buf b = {0};
+    const char *nl = strstr(call, "\nroot ::=");
+    const size_t at = !strncmp(call, "root ::=", 8) ? 0 : nl ? (size_t)(nl + 1 - call) : SIZE_MAX;
+    const bool many = r->tools.parallel && f == TOOLCALL_HERMES;
+    rc = at == SIZE_MAX || buf_add(&b, call, at) || add_str(&b, "call ::=") ||
+         add_str(&b, call + at + 8);
+    if (!rc && f == TOOLCALL_HERMES)
+        rc = add_str(&b, many ? "root ::= tc (\"\\n\" tc)*\ntc ::= \"<tool_call>\\n\" call "
+                                "\"\\n</tool_call>\"\n"
+                              : "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n");
+    else if (!rc)
+        rc = add_str(&b, "root ::= call\n");
+    free(call);
+    if (rc) {
+        buf_free(&b);
+        return api_fail(e, 500, "server_error", NULL, "the tool call's grammar");
+    }
+    *gbnf = b.p;
+    return 0;
 }

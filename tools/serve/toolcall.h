@@ -50,6 +50,14 @@ void toolcall_strs_free(struct toolcall_strs *s);
 int toolcall_render(enum chat_template t, const struct api_request *r, struct chat_msg *out,
                     int *n_out, struct toolcall_strs *keep, struct api_error *e);
 
+// The grammar (GBNF, malloc'd) of the answer a forced call asks for
+// (tool_choice required: a call of any tool, several when
+// parallel_tool_calls; named: one call of that tool), written in template
+// t's format with each tool's parameters as its arguments' JSON schema. A
+// schema tools/json_schema.h cannot express is a 400 naming it.
+int toolcall_grammar(enum chat_template t, const struct api_request *r, char **gbnf,
+                     struct api_error *e);
+
 // Whether the answer to r is to be read for tool calls (tools given and
 // tool_choice is not none).
 bool toolcall_wanted(const struct api_request *r);

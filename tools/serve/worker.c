@@ -64,6 +64,7 @@ void srv_req_release(struct srv_req *r) {
     api_request_free(&r->api);
     free(r->tokens);
     free(r->bias);
+    grammar_free(r->grammar);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -145,7 +146,7 @@ static int on_logits(void *user, uint64_t id, int32_t pos, const float *logits) 
 static const char *finish_of(const char *why, bool stopping) {
     if (!strcmp(why, "n_predict") || !strcmp(why, "context full"))
         return "length";
-    if (!strcmp(why, "error") || (stopping && !strcmp(why, "cancelled")))
+    if (!strcmp(why, "error") || !strcmp(why, "grammar") || (stopping && !strcmp(why, "cancelled")))
         return "error";
     return "stop";
 }
@@ -220,7 +221,11 @@ static int on_event(void *user, const struct engine_req_event *ev) {
             j->finish = "stop";
             stop = 1;
         }
+    } else if (ev->ev == ENGINE_EV_NOTE) {
+        snprintf(j->note, sizeof j->note, "%.*s", (int)ev->len, ev->text);
     } else if (ev->ev == ENGINE_EV_DONE) {
+        if (strcmp(ev->text, "grammar"))
+            j->note[0] = '\0'; // a note that did not end it (self-extend's) is no error
         job_done(w, j, ev);
     }
     pthread_cond_broadcast(&r->cv);
@@ -246,6 +251,8 @@ static void job_request(struct srv_req *r, int i, struct engine_request *q) {
     q->sp.repeat_last_n = a->repeat_last_n;
     q->sp.bias = r->bias;
     q->sp.n_bias = r->n_bias;
+    q->sp.grammar = r->grammar; // the sampler takes a reference
+    q->sp.grammar_vocab = r->gvocab;
     q->sp.seed = a->has_seed ? (uint32_t)((uint64_t)a->seed + (uint64_t)i) : SAMPLER_SEED_RANDOM;
     if (q->sp.seed == SAMPLER_SEED_RANDOM && a->has_seed)
         q->sp.seed = 0;

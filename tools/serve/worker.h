@@ -37,6 +37,7 @@ struct srv_job {
     int lp_sent;
     float *row;         // [n_vocab] the last logits row (logprobs only)
     const char *finish; // "stop", "length", "error", NULL while running
+    char note[256];     // the engine's note on a grammar that allowed no token (finish "error")
     bool done;
     int n_gen;
     struct engine_req_stats st; // the engine's numbers, final once done
@@ -54,6 +55,8 @@ struct srv_req {
     int max_gen; // most tokens a choice may generate (api_check_context); -1: no bound
     struct sampler_bias *bias; // [n_bias] logit_bias, resolved to token ids (owned)
     int n_bias;
+    struct grammar *grammar;            // the output's grammar (owned) or NULL
+    const struct grammar_vocab *gvocab; // the server's token trie, with a grammar
     int n_jobs;
     struct srv_job jobs[API_MAX_N];
     // set by the engine thread
