@@ -441,3 +441,29 @@ Test(moe, split_stages_hold_their_experts_and_agree) {
     free(g1);
     free(g2);
 }
+
+// What a forward pass reads of a layer with experts (vela bench's bytes):
+// k of the n_expert matrices of each stack for one token, nearly all of
+// them for a prompt batch, everything else in full.
+Test(moe, bytes_read_count_the_experts_used) {
+    char path[300];
+    write_moe(MODEL_ARCH_QWEN3MOE, MOE_EXPERTS, 2, tmp_path(path, sizeof path, "q3.gguf"));
+    struct verr err = {0};
+    struct backend *be;
+    cr_assert_eq(backend_cpu_create(&be, 1, &err), 0, "%s", err.msg);
+    struct model *m = NULL;
+    cr_assert_eq(model_load_file(&m, path, be, &err), 0, "%s", err.msg);
+    const struct model_layer *L = &m->layers[1];
+    double all, params;
+    model_layer_size(&m->hp, L, &all, &params);
+    double stacks = 0;
+    const struct backend_weight *w[3] = {&L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps};
+    for (int i = 0; i < 3; i++)
+        stacks += (double)ggml_row_bytes(w[i]->type, w[i]->n_in) * (double)w[i]->n_out;
+    const double one = model_layer_bytes_read(&m->hp, L, 1);
+    cr_expect(fabs(one - (all - stacks * (1.0 - 2.0 / MOE_EXPERTS))) < 1e-6 * all,
+              "one token: %.0f bytes of %.0f (stacks %.0f)", one, all, stacks);
+    cr_expect_gt(model_layer_bytes_read(&m->hp, L, 512), all * (1 - 1e-9), "a prompt batch");
+    model_free(m);
+    backend_destroy(be);
+}

@@ -197,17 +197,15 @@ static void model_totals(const struct pipeline *pipe, double *bytes, double *par
 }
 
 // Bytes read by one forward pass over n_tok tokens, weights only: every
-// matrix and norm once, the embedding rows of the batch.
+// matrix and norm once (of an expert stack, the experts the tokens are
+// expected to use: model_layer_bytes_read), the embedding rows of the batch.
 static double weight_bytes(const struct pipeline *smod, int n_tok) {
     const struct model *m = smod->stage[0].m;
     const struct model_hparams *hp = &m->hp;
     const struct model *mh = head_model(smod);
     double b = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        double lb, lp;
-        model_layer_size(hp, &layer_model(smod, il)->layers[il], &lb, &lp);
-        b += lb;
-    }
+    for (int il = 0; il < hp->n_layer; il++)
+        b += model_layer_bytes_read(hp, &layer_model(smod, il)->layers[il], n_tok);
     b += (double)ggml_row_bytes(mh->output.type, mh->output.n_in) * (double)mh->output.n_out;
     b += (double)hp->n_embd * sizeof(float); // output_norm
     b += (double)n_tok * (double)ggml_row_bytes(m->tok_embd.type, m->tok_embd.n_in);

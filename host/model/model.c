@@ -3,6 +3,7 @@
 #include "host/model/model.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -935,6 +936,23 @@ void model_layer_size(const struct model_hparams *hp, const struct model_layer *
     }
     *bytes = b;
     *matmul_params = p;
+}
+
+double model_layer_bytes_read(const struct model_hparams *hp, const struct model_layer *L,
+                              int n_tok) {
+    double bytes, params;
+    model_layer_size(hp, L, &bytes, &params);
+    if (hp->n_expert <= 0)
+        return bytes;
+    const double used = 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, n_tok);
+    for (const struct arch_tensor *t = model_layer_table(hp); t->name; t++) {
+        if (t->ne[2] != ARCH_DIM_N_EXPERT)
+            continue;
+        const struct backend_weight *w =
+            (const struct backend_weight *)((const uint8_t *)L + t->field);
+        bytes -= (1.0 - used) * (double)ggml_row_bytes(w->type, w->n_in) * (double)w->n_out;
+    }
+    return bytes;
 }
 
 int model_load_file(struct model **out, const char *path, struct backend *be, struct verr *err) {

@@ -92,6 +92,13 @@ int model_weight_bytes(const struct gguf_file *f, const struct model_hparams *hp
 // k experts a token goes through), from the architecture's table.
 void model_layer_size(const struct model_hparams *hp, const struct model_layer *L, double *bytes,
                       double *matmul_params);
+// Bytes of a loaded layer's weights that one forward pass over n_tok tokens
+// reads: model_layer_size's bytes, but of an expert stack only the experts
+// the tokens are expected to route to, n_expert * (1 - (1 - k/n_expert)^n_tok)
+// for uniform, independent routing (k of them for one token, nearly all of
+// them for a prompt batch).
+double model_layer_bytes_read(const struct model_hparams *hp, const struct model_layer *L,
+                              int n_tok);
 // Opens `path`, loads, closes the file.
 int model_load_file(struct model **out, const char *path, struct backend *be, struct verr *err);
 void model_free(struct model *m);
