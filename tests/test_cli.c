@@ -735,3 +735,55 @@ Test(cli, eval_help_agrees_on_c) {
     free(out);
     free(err);
 }
+
+// The text of out with every space, tab and newline taken out (malloc'd).
+static char *squeeze(const char *out) {
+    char *s = strdup(out), *w = s;
+    for (const char *r = out; *r; r++)
+        if (*r != ' ' && *r != '\n' && *r != '\t' && *r != '\r')
+            *w++ = *r;
+    *w = '\0';
+    return s;
+}
+
+// --json-schema / --grammar constrain what run generates, whatever the
+// (random) weights would say; bad grammars and schemas are usage errors.
+Test(cli, grammar_and_json_schema_constrain_run) {
+    char args[1024], *out = NULL, *err = NULL;
+    for (int seed = 1; seed <= 3; seed++) {
+        snprintf(args, sizeof args,
+                 "run -m %s -p a -n 40 --temp 1.0 -s %d --backend cpu -t 1 -j "
+                 "'{\"type\": \"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}}, "
+                 "\"required\": [\"ok\"], \"additionalProperties\": false}'",
+                 model_path, seed);
+        cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+        char *s = squeeze(out);
+        const size_t n = strlen(s);
+        const bool ok = (n >= 11 && !strcmp(s + n - 11, "{\"ok\":true}")) ||
+                        (n >= 12 && !strcmp(s + n - 12, "{\"ok\":false}"));
+        cr_expect(ok, "seed %d: the output is not {\"ok\": <boolean>}: '%s'", seed, out);
+        free(s), free(out), free(err);
+    }
+    snprintf(args, sizeof args,
+             "run -m %s -p a -n 20 --temp 1.0 --backend cpu -t 1 --grammar 'root ::= \"yes\" | "
+             "\"no\"'",
+             model_path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    char *s = squeeze(out);
+    const size_t n = strlen(s);
+    cr_expect((n >= 3 && !strcmp(s + n - 3, "yes")) || (n >= 2 && !strcmp(s + n - 2, "no")),
+              "not yes or no: '%s'", out);
+    free(s), free(out), free(err);
+    const char *bad[][2] = {
+        {"-j '{\"type\": \"number\", \"multipleOf\": 2}'", "keyword 'multipleOf' is not supported"},
+        {"--grammar 'root ::= ('", "the grammar:"},
+        {"--grammar 'root ::= \"a\"' -j '{}'", "give one of --grammar"},
+        {"--grammar-file /nonexistent/g.gbnf", "cannot read '/nonexistent/g.gbnf'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "run -m %s -p a -n 2 --backend cpu %s", model_path, bad[i][0]);
+        cr_expect_eq(run_vela(args, &out, &err), 2, "%s: %s", bad[i][0], err);
+        cr_expect(strstr(err, bad[i][1]) != NULL, "%s: '%s' lacks '%s'", bad[i][0], err, bad[i][1]);
+        free(out), free(err);
+    }
+}

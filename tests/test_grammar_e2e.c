@@ -17,7 +17,7 @@
 #include "tests/engine_helpers.h"
 #include "tests/grammar_helpers.h"
 #include "tools/default_model.h"
-#include "tools/json_schema.h"
+#include "tools/serve/json_schema.h"
 
 #define N_GEN 100
 #define N_PAR 20    // sequences decoded together

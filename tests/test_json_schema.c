@@ -1,4 +1,4 @@
-// tools/json_schema: JSON schema -> GBNF as llama.cpp writes it (exact text
+// tools/serve/json_schema: JSON schema -> GBNF as llama.cpp writes it (exact text
 // for a small object, whitespace rule included), then the grammars of a set
 // of schemas checked on JSON texts that must and must not match, and the
 // errors that name the JSON pointer of what cannot be expressed.
@@ -6,7 +6,7 @@
 #include <stdio.h>
 
 #include "tests/grammar_helpers.h"
-#include "tools/json_schema.h"
+#include "tools/serve/json_schema.h"
 
 static char *convert(const char *schema) {
     char *g = NULL;

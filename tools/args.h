@@ -80,6 +80,11 @@ struct cli {
     struct args_model am;        // model, backend, split, rope (CLI_MODEL)
     struct engine_gen_params gp; // -n, sampling, -gan/-gaw, --ignore-eos, run's --parallel
     struct sampler_bias logit_bias[CLI_LOGIT_BIAS_MAX]; // -l: gp.sp.bias points here
+    // --grammar, --grammar-file, -j / --json-schema, -jf / --json-schema-file:
+    // the output's grammar as GBNF (a schema converted when read; owned);
+    // NULL: none. run / chat parse it against the model (tools_grammar_attach),
+    // serve takes it as the grammar of requests that give none.
+    char *grammar;
 
     struct engine_eval_params ep; // eval (its ga_n / ga_w come from gp)
     const char *prompt;           // -p: run, eval

@@ -10,6 +10,8 @@
 
 #include "host/split/plan.h"
 #include "tools/args.h"
+#include "tools/common.h"
+#include "tools/serve/json_schema.h"
 #include "tools/mkmodel/ftype.h"
 
 // --help's sections, in its order.
@@ -158,6 +160,37 @@ static int logit_bias(void *opts, const struct flag *f, const char *where, const
     c->logit_bias[c->gp.sp.n_bias++] = (struct sampler_bias){(int32_t)tok, *sign == '-' ? -x : x};
     c->gp.sp.bias = c->logit_bias;
     return 1;
+}
+
+// --grammar GBNF, --grammar-file FILE, -j / --json-schema SCHEMA,
+// -jf / --json-schema-file FILE (llama.cpp's): one of them; a schema is
+// converted to GBNF here, so a keyword it cannot express is an error of the
+// command line.
+static int grammar_flag(void *opts, const struct flag *f, const char *where, const char *const *v,
+                        int n, struct verr *err) {
+    struct cli *c = opts;
+    if (c->grammar)
+        return verr_set(err, VERR_RANGE,
+                        "%s: give one of --grammar, --grammar-file, --json-schema and "
+                        "--json-schema-file",
+                        where);
+    const bool file = strstr(f->names, "-file") != NULL;
+    const bool schema = strstr(f->names, "json-schema") != NULL;
+    size_t len = strlen(v[0]);
+    char *text = file ? tools_read_file(v[0], &len) : (char *)v[0];
+    if (!text)
+        return verr_set(err, VERR_IO, "%s: cannot read '%s': %s", where, v[0], strerror(errno));
+    int rc = 0;
+    if (schema) {
+        struct verr e2 = {0};
+        if (json_schema_text_to_gbnf(text, len, &c->grammar, &e2))
+            rc = verr_set(err, VERR_RANGE, "%s: %s", where, e2.msg);
+    } else if (!(c->grammar = strndup(text, len))) {
+        rc = verr_set(err, VERR_NOMEM, "%s: out of memory", where);
+    }
+    if (file)
+        free(text);
+    return rc ? rc : 1;
 }
 
 static int seed(void *opts, const struct flag *f, const char *where, const char *const *v, int n,
@@ -848,6 +881,17 @@ static const struct flag rows[] = {
      NULL, FN(logit_bias, 1, logit_bias)},
     {CLI_SAMPLE, SEC_SAMPLING, "-s, --seed", "N", "RNG seed; -1 is random (default: -1)", NULL,
      FN(gp.sp.seed, 1, seed)},
+    {CLI_SAMPLE, SEC_SAMPLING, "--grammar", "GRAMMAR",
+     "constrain the output to a GBNF grammar (llama.cpp's syntax; start rule root) (serve: the "
+     "grammar of requests that give none)",
+     NULL, FN(grammar, 1, grammar_flag)},
+    {CLI_SAMPLE, SEC_SAMPLING, "--grammar-file", "FILE", "--grammar, read from FILE", NULL,
+     FN(grammar, 1, grammar_flag)},
+    {CLI_SAMPLE, SEC_SAMPLING, "-j, --json-schema", "SCHEMA",
+     "constrain the output to JSON matching SCHEMA (a JSON schema; {} is any JSON object)", NULL,
+     FN(grammar, 1, grammar_flag)},
+    {CLI_SAMPLE, SEC_SAMPLING, "-jf, --json-schema-file", "FILE", "--json-schema, read from FILE",
+     NULL, FN(grammar, 1, grammar_flag)},
 
     {CLI_ALL, SEC_HELP, "-h, --help", NULL, "this help", NULL, .kind = FLAG_HELP},
 };

@@ -71,6 +71,7 @@ struct chat {
     int n_turns;
     int n_system; // 1 when turns[0] is the system message
     struct sampler_params sp;
+    struct grammar_vocab *gvocab; // with --grammar: the model's token trie (sp.grammar_vocab)
     int n_predict;
     bool ignore_eos;
     bool verbose;
@@ -339,7 +340,8 @@ int cmd_chat(int argc, char **argv) {
         goto out;
     tools_note_synthetic("chat", am.model_path);
     c->verbose = am.verbose;
-    if ((status = open_chat(c, &am, tmpl_name, system_msg)))
+    if ((status = open_chat(c, &am, tmpl_name, system_msg)) ||
+        (status = tools_grammar_attach("chat", &f, c->e, &c->sp, &c->gvocab)))
         goto out;
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint; // no SA_RESTART: Ctrl-C at the prompt interrupts the read
@@ -353,6 +355,8 @@ out:
     drop_turns(c, 0, c->n_turns);
     stop_free(c->stop);
     engine_close(c->e);
+    grammar_free(c->sp.grammar); // after the last sampler, then its trie
+    grammar_vocab_free(c->gvocab);
     buf_free(&c->reply);
     free(c);
     return status;

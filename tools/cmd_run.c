@@ -559,8 +559,14 @@ static int run_prompts(struct cli *f, char *text, size_t text_len, enum chat_tem
     int32_t **toks = NULL; // [n_lines]
     struct engine_prompt *prompts = NULL;
     struct run_out out = {0};
+    struct grammar_vocab *gvocab = NULL;
     if (prompt_lines(f, lines_mode, text, &lines, &n_lines) || open_engine(f, &e))
         goto done;
+    int gst = tools_grammar_attach("run", f, e, &f->gp.sp, &gvocab);
+    if (gst) {
+        status = gst;
+        goto done;
+    }
     // The sequences: one per line, or --parallel samples of the one prompt.
     const int n_seq = lines_mode ? n_lines : f->gp.n_parallel;
     toks = calloc((size_t)n_lines, sizeof *toks);
@@ -606,6 +612,9 @@ done:
     free(prompts);
     free(lines);
     engine_close(e);
+    grammar_free(f->gp.sp.grammar); // after the last sampler, then its trie
+    f->gp.sp.grammar = NULL;
+    grammar_vocab_free(gvocab);
     return status;
 }
 

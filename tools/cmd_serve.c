@@ -23,33 +23,37 @@
 #ifdef VELA_HAVE_MHD
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: vela serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] "
-                 "[options]\n\n"
-                 "Serves the model over HTTP with the OpenAI API: POST /v1/completions,\n"
-                 "/v1/chat/completions (stream: server-sent events), GET /v1/models, /health,\n"
-                 "/metrics (Prometheus), POST /tokenize, /detokenize and llama-server's POST\n"
-                 "/completion (its own shape: prompt, n_predict, stream; content in the reply),\n"
-                 "GET /props, /slots, POST /apply-template. Requests are decoded together\n"
-                 "(continuous batching): a new one joins the running batch at the next step.\n"
-                 "Ctrl-C or SIGTERM stops it: each running stream gets a last chunk with\n"
-                 "finish_reason \"error\" and the error, then [DONE]; other running requests get\n"
-                 "503; it exits 0 within the decode step it is in plus 5 s for those answers.\n"
-                 "Without -m: the default model, SmolLM2-135M-Instruct, from the cache\n"
-                 "($VELA_CACHE or ~/.cache/vela; bash tools/model_cache.sh fetches it).\n\n"
-                 "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
-                 "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
-                 "it the request ends with finish_reason \"length\"), cache_prompt (default\n"
-                 "true: reuse the cells a slot kept from earlier requests, decode only the rest),\n"
-                 "grp_attn_n / grp_attn_w (llama.cpp's self-extend for this request, without\n"
-                 "--self-extend), self_extend {\"n\": G, \"w\": W} (exact self-extend for this\n"
-                 "request, with --self-extend or --kv-unrotated; n 1: off), n_predict\n"
-                 "(max_tokens; -1: until a stop), repeat_penalty, repeat_last_n. Sampling\n"
-                 "fields a request leaves out take the server's (the sampling flags below:\n"
-                 "llama-server's defaults, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05).\n"
-                 "Fields vela cannot honour yet get a 400 naming them, never silently ignored:\n"
-                 "logit_bias, tools, tool_choice, grammar, json_schema, response_format other\n"
-                 "than text, typical_p other than 1, mirostat other than 0. A request may name\n"
-                 "any model (see --strict-model-name).\n\n");
+    fprintf(
+        out,
+        "usage: vela serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] "
+        "[options]\n\n"
+        "Serves the model over HTTP with the OpenAI API: POST /v1/completions,\n"
+        "/v1/chat/completions (stream: server-sent events), GET /v1/models, /health,\n"
+        "/metrics (Prometheus), POST /tokenize, /detokenize and llama-server's POST\n"
+        "/completion (its own shape: prompt, n_predict, stream; content in the reply),\n"
+        "GET /props, /slots, POST /apply-template. Requests are decoded together\n"
+        "(continuous batching): a new one joins the running batch at the next step.\n"
+        "Ctrl-C or SIGTERM stops it: each running stream gets a last chunk with\n"
+        "finish_reason \"error\" and the error, then [DONE]; other running requests get\n"
+        "503; it exits 0 within the decode step it is in plus 5 s for those answers.\n"
+        "Without -m: the default model, SmolLM2-135M-Instruct, from the cache\n"
+        "($VELA_CACHE or ~/.cache/vela; bash tools/model_cache.sh fetches it).\n\n"
+        "Request fields beyond OpenAI's (vela and llama-server): top_k, min_p,\n"
+        "ignore_eos, n_keep (a context shift when the slot's context is full; without\n"
+        "it the request ends with finish_reason \"length\"), cache_prompt (default\n"
+        "true: reuse the cells a slot kept from earlier requests, decode only the rest),\n"
+        "grp_attn_n / grp_attn_w (llama.cpp's self-extend for this request, without\n"
+        "--self-extend), self_extend {\"n\": G, \"w\": W} (exact self-extend for this\n"
+        "request, with --self-extend or --kv-unrotated; n 1: off), n_predict\n"
+        "(max_tokens; -1: until a stop), repeat_penalty, repeat_last_n. Sampling\n"
+        "fields a request leaves out take the server's (the sampling flags below:\n"
+        "llama-server's defaults, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05).\n"
+        "Also honoured: logit_bias, grammar (GBNF), json_schema, response_format (json_object,\n"
+        "json_schema), tools with tool_choice (auto, none, required, a named\n"
+        "function; the chatml and llama3 templates). Fields vela cannot honour yet get\n"
+        "a 400 naming them, never silently ignored: typical_p other than 1, mirostat\n"
+        "other than 0, schema keywords a grammar cannot express (multipleOf, pattern,\n"
+        "...). A request may name any model (see --strict-model-name).\n\n");
     flags_help(out, &cli_flags, CLI_SERVE);
 }
 
@@ -185,6 +189,7 @@ static int run_server(struct args_model *am, struct cli *f) {
     struct verr err = {0};
     char id[256];
     f->sc.model_path = am->model_path;
+    f->sc.grammar = f->grammar;
     if (!f->sc.model_id) {
         model_id_of(am->model_path, id, sizeof id);
         f->sc.model_id = id;

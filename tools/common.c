@@ -1,10 +1,13 @@
 #include "tools/common.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 #include <time.h>
 
 #include "host/backend/threadpool.h"
+#include "host/engine/constrain.h"
+#include "host/engine/core.h"
 
 // -t above the physical cores this process may run on is taken (the
 // backend runs that many threads) but they take turns on the cores, which
@@ -95,4 +98,29 @@ int tools_warn_ctx(const char *cmd, const struct args_model *am, int n_ctx_seq, 
             "avoids it\n",
             cmd, n_ctx_seq, n_ctx_train, (double)n_ctx_seq / n_ctx_train);
     return 1;
+}
+
+int tools_grammar_attach(const char *cmd, const struct cli *c, const struct engine *e,
+                         struct sampler_params *sp, struct grammar_vocab **vocab) {
+    *vocab = NULL;
+    if (!c->grammar)
+        return TOOLS_EXIT_OK;
+    struct verr err = {0};
+    if (!e->tok) {
+        fprintf(stderr, "vela %s: --grammar needs the model's tokenizer, and this model has none\n",
+                cmd);
+        return TOOLS_EXIT_USAGE;
+    }
+    if (constrain_vocab_new(vocab, e->tok, &err)) {
+        fprintf(stderr, "vela %s: %s\n", cmd, err.msg);
+        return TOOLS_EXIT_RUNTIME;
+    }
+    if (constrain_parse(&sp->grammar, e->tok, c->grammar, strlen(c->grammar), NULL, &err)) {
+        fprintf(stderr, "vela %s: the grammar: %s\n", cmd, err.msg);
+        grammar_vocab_free(*vocab);
+        *vocab = NULL;
+        return TOOLS_EXIT_USAGE;
+    }
+    sp->grammar_vocab = *vocab;
+    return TOOLS_EXIT_OK;
 }

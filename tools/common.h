@@ -30,6 +30,18 @@ enum { TOOLS_EXIT_OK = 0, TOOLS_EXIT_RUNTIME = 1, TOOLS_EXIT_USAGE = 2 };
 // NUL not counted); NULL when it cannot be opened or memory runs out.
 char *tools_read_file(const char *path, size_t *len_out);
 
+struct engine;
+struct grammar_vocab;
+// The command line's grammar (c->grammar, GBNF) for the samplers of engine
+// e: builds the model's token trie into *vocab (free it with
+// grammar_vocab_free after the last sampler) and parses the grammar against
+// it into sp->grammar / sp->grammar_vocab (grammar_free after the last
+// sampler_create). No grammar: nothing. Returns 0, or prints "vela CMD:
+// message" and returns TOOLS_EXIT_RUNTIME (a grammar that does not parse is
+// TOOLS_EXIT_USAGE).
+int tools_grammar_attach(const char *cmd, const struct cli *c, const struct engine *e,
+                         struct sampler_params *sp, struct grammar_vocab **vocab);
+
 // A sampler seed that replays: seed itself, or a random one for
 // SAMPLER_SEED_RANDOM (never the sentinel).
 uint32_t tools_seed_resolve(uint32_t seed);

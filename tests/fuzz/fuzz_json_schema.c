@@ -1,4 +1,4 @@
-// libFuzzer target for the JSON schema -> GBNF converter (tools/json_schema.c),
+// libFuzzer target for the JSON schema -> GBNF converter (tools/serve/json_schema.c),
 // which vela serve feeds with clients' response_format schemas. Any bytes
 // as a schema; aborts when a refused schema leaves no message, or when an
 // accepted schema's grammar does not parse: the converter must only ever
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "host/grammar/grammar.h"
-#include "tools/json_schema.h"
+#include "tools/serve/json_schema.h"
 
 int fuzz_json_schema_one(const uint8_t *data, size_t size);
 int fuzz_json_schema_one(const uint8_t *data, size_t size) {

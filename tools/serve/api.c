@@ -12,7 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "host/ops/selfextend.h"
-#include "tools/json_schema.h"
+#include "tools/serve/json_schema.h"
 #include "tools/serve/api_tools.h"
 #include "tools/serve/buf.h"
 

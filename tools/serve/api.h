@@ -94,7 +94,7 @@ struct api_request {
     struct api_tools tools; // chat: tool calling (tools/serve/toolcall.h)
     // The output's grammar (GBNF, start rule "root"): the "grammar" field, or
     // the grammar of "json_schema" / response_format json_object or
-    // json_schema (tools/json_schema.h); NULL: unconstrained. The server
+    // json_schema (tools/serve/json_schema.h); NULL: unconstrained. The server
     // parses it against the model's vocabulary (a 400 when it does not parse).
     char *grammar;
 };
@@ -133,7 +133,7 @@ struct api_error {
 // wrong type or out of range, broken JSON, invalid UTF-8, or a missing
 // prompt/messages is a 400 in *e naming the field and what was expected.
 // Fields of llama-server or OpenAI that vela cannot honour yet (typical_p <
-// 1, mirostat, a schema keyword tools/json_schema.h cannot express) are a
+// 1, mirostat, a schema keyword tools/serve/json_schema.h cannot express) are a
 // 400 naming the field, never silently ignored. n_predict is llama-server's
 // max_tokens (-1: until a stop; it wins over max_tokens); d->n_predict >= 0 caps both. Returns 0 or
 // -1 (then *r is freed and zeroed).

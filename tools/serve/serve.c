@@ -575,7 +575,7 @@ static int request_grammar(const struct serve *s, const struct api_request *a, s
     *g = NULL;
     const bool forced = a->kind == API_CHAT && (a->tools.choice == API_TOOL_CHOICE_REQUIRED ||
                                                 a->tools.choice == API_TOOL_CHOICE_NAMED);
-    if (!a->grammar && !forced)
+    if (!a->grammar && !forced && !s->cfg.grammar)
         return 0;
     if (a->grammar && forced)
         return api_fail(e, 400, "invalid_request_error", "invalid_value",
@@ -584,7 +584,7 @@ static int request_grammar(const struct serve *s, const struct api_request *a, s
     if (!s->gvocab)
         return api_fail(e, 400, "invalid_request_error", "invalid_value",
                         "grammars need the model's tokenizer, and this model has none");
-    char *text = a->grammar;
+    char *text = a->grammar ? a->grammar : (char *)s->cfg.grammar;
     if (forced && toolcall_grammar(s->cfg.tmpl, a, &text, e))
         return -1;
     struct verr err = {0};
@@ -1226,6 +1226,16 @@ int serve_set_engine(struct serve *s, struct engine *e, struct verr *err) {
     int rc = e->tok ? constrain_vocab_new(&s->gvocab, e->tok, err) : 0;
     if (rc)
         return rc;
+    if (s->cfg.grammar) { // the default grammar parses, or the server does not start
+        struct grammar *g = NULL;
+        struct verr gerr = {0};
+        if (!e->tok)
+            return verr_set(err, VERR_RANGE, "--grammar needs the model's tokenizer");
+        if (constrain_parse(&g, e->tok, s->cfg.grammar, strlen(s->cfg.grammar), NULL, &gerr))
+            return verr_set(err, VERR_FORMAT, "the grammar (--grammar / --json-schema): %s",
+                            gerr.msg);
+        grammar_free(g);
+    }
     rc = srv_worker_start(&s->w, e, s->cfg.n_parallel, s->cfg.n_queue_max, s->cfg.slot_similarity,
                           err);
     if (rc)

@@ -23,23 +23,24 @@
 #include "tools/serve/api.h"
 
 struct serve_config {
-    const char *host;     // "127.0.0.1"
-    int port;             // 8080; 0: any free port (printed)
-    int n_parallel;       // slots (sequences decoded together)
-    int n_queue_max;      // requests waiting for a slot before 503
-    const char *api_key;  // NULL: no authentication
-    size_t max_body;      // bytes of a request body (413 beyond)
-    int max_connections;  // concurrent connections
-    int timeout_s;        // idle connection timeout
+    const char *host;       // "127.0.0.1"
+    int port;               // 8080; 0: any free port (printed)
+    int n_parallel;         // slots (sequences decoded together)
+    int n_queue_max;        // requests waiting for a slot before 503
+    const char *api_key;    // NULL: no authentication
+    size_t max_body;        // bytes of a request body (413 beyond)
+    int max_connections;    // concurrent connections
+    int timeout_s;          // idle connection timeout
     const char *model_path; // the GGUF file (/props)
     const char *model_id;   // the name /v1/models lists and responses carry (--alias; by
-                          // default the file's base name without ".gguf")
+                            // default the file's base name without ".gguf")
     // --strict-model-name: a request naming another model gets 404; otherwise
     // any name is answered by the served model, as llama-server does
     bool strict_model_name;
     bool slots;    // --slots: GET /slots answers (llama-server's guard); 501 otherwise
     bool no_webui; // --no-webui: no chat page at / (404, as llama-server; tools/serve/webui.h)
     struct api_defaults defaults; // sampling fields a request leaves out (--temp, ..., -n)
+    const char *grammar; // --grammar / --json-schema (GBNF): requests that give none take it
     enum chat_template tmpl;
     bool have_tmpl; // the model has a usable chat template
     bool verbose;

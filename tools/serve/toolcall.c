@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/json_schema.h"
+#include "tools/serve/json_schema.h"
 #include "tools/serve/buf.h"
 
 #define HERMES_OPEN "<tool_call>"

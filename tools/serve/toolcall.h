@@ -54,7 +54,7 @@ int toolcall_render(enum chat_template t, const struct api_request *r, struct ch
 // (tool_choice required: a call of any tool, several when
 // parallel_tool_calls; named: one call of that tool), written in template
 // t's format with each tool's parameters as its arguments' JSON schema. A
-// schema tools/json_schema.h cannot express is a 400 naming it.
+// schema tools/serve/json_schema.h cannot express is a 400 naming it.
 int toolcall_grammar(enum chat_template t, const struct api_request *r, char **gbnf,
                      struct api_error *e);
 

@@ -1,7 +1,7 @@
 // JSON schema -> GBNF (json_schema.h), following llama.cpp's
 // common/json-schema-to-grammar.cpp: its primitive rules, rule naming,
 // object layout and whitespace (SPACE_RULE).
-#include "tools/json_schema.h"
+#include "tools/serve/json_schema.h"
 
 #include <limits.h>
 #include <stdarg.h>

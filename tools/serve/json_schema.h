@@ -16,8 +16,8 @@
 // allOf, patternProperties, ...) is refused, never silently dropped: the
 // error names the JSON pointer of the schema that holds it
 // ("/properties/age: keyword 'multipleOf' is not supported").
-#ifndef VELA_TOOLS_JSON_SCHEMA_H
-#define VELA_TOOLS_JSON_SCHEMA_H
+#ifndef VELA_TOOLS_SERVE_JSON_SCHEMA_H
+#define VELA_TOOLS_SERVE_JSON_SCHEMA_H
 
 #include <stddef.h>
 
