@@ -50,6 +50,27 @@ static inline void arch_test_write(const struct mkmodel_config *c, char path[64]
     cr_assert_eq(mkmodel_write(c, path, &err), 0, "%s", err.msg);
 }
 
+// A model with experts: n_layer blocks of n_embd, 4 heads (2 KV heads),
+// feed-forward n_ff (each expert's width too, and the shared expert's),
+// n_expert experts of which k are used, matrices of `type`; 2 writer threads.
+static inline void arch_test_moe_config(struct mkmodel_config *c, enum model_arch arch, int n_embd,
+                                        int n_layer, int n_ff, int n_expert, int k,
+                                        enum ggml_type type) {
+    mkmodel_config_default(c);
+    c->arch = (enum mkmodel_arch)arch;
+    c->n_embd = n_embd;
+    c->n_layer = n_layer;
+    c->n_head = 4;
+    c->n_head_kv = 2;
+    c->n_ff = n_ff;
+    c->n_expert = n_expert;
+    c->n_expert_used = k;
+    if (arch_get(arch)->moe.ff_exp_key)
+        c->n_ff_exp = n_ff;
+    c->type = type;
+    c->n_threads = 2;
+}
+
 // Loads path on a one-thread CPU backend and frees it; returns the status,
 // err the message (no model is left behind on a failure).
 static inline int arch_test_try_load(const char *path, struct verr *err) {

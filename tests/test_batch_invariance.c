@@ -36,6 +36,7 @@
 #include "host/backend/cpu_attention.h"
 #include "host/backend/cpu_q8.h"
 #include "host/engine/step.h"
+#include "tests/arch_models.h"
 #include "tests/engine_helpers.h"
 #include "tools/default_model.h"
 #include "tools/mkmodel/mkmodel.h"
@@ -373,18 +374,8 @@ Test(batch_invariance, tiny_model_every_path_thread_count_and_schedule) {
 // what else the step holds. 24 requests, 1 and 3 threads, every path.
 Test(batch_invariance, moe_model_every_path) {
     struct mkmodel_config mc;
-    mkmodel_config_default(&mc);
-    mc.arch = (enum mkmodel_arch)MODEL_ARCH_QWEN2MOE;
-    mc.n_embd = 128;
-    mc.n_layer = 2;
-    mc.n_head = 4;
-    mc.n_head_kv = 2;
-    mc.n_ff = 128;
-    mc.n_expert = 8;
-    mc.n_expert_used = 2;
+    arch_test_moe_config(&mc, MODEL_ARCH_QWEN2MOE, 128, 2, 128, 8, 2, GGML_TYPE_Q4_1);
     mc.n_ff_exp = 64;
-    mc.type = GGML_TYPE_Q4_1;
-    mc.n_threads = 2;
     char path[] = "/tmp/vela_bi_moe_XXXXXX";
     int fd = mkstemp(path);
     cr_assert(fd >= 0);

@@ -21,8 +21,10 @@
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/split/pipeline.h"
+#include "tests/arch_models.h"
 #include "tiny_model.h"
 #include "tools/args.h"
+#include "tools/mkmodel/mkmodel.h"
 
 // --- the stub backend: the CPU backend with async uploads that are lazy -----
 
@@ -160,9 +162,21 @@ static char *model_variant(int v) {
     return write_model(&cfg, "mload");
 }
 
-// model_variant(v), opened; close_variant gives both back.
+// A qwen2moe model (8 experts, 2 used, the shared expert; mkmodel): the
+// scratch of blocks with experts.
+static char *model_moe(void) {
+    struct mkmodel_config c;
+    arch_test_moe_config(&c, MODEL_ARCH_QWEN2MOE, 64, 2, 96, 8, 2, GGML_TYPE_F32);
+    char *path = malloc(128);
+    tiny_temp_path(path, 128, "mload_moe");
+    struct verr err = {0};
+    cr_assert_eq(mkmodel_write(&c, path, &err), 0, "%s", err.msg);
+    return path;
+}
+
+// model_variant(v) (v == 3: model_moe), opened; close_variant gives both back.
 static struct gguf_file *open_variant(int v, char **path) {
-    *path = model_variant(v);
+    *path = v == 3 ? model_moe() : model_variant(v);
     struct gguf_file *f = NULL;
     struct verr err = {0};
     cr_assert_eq(gguf_open(&f, *path, &err), 0, "%s", err.msg);
@@ -471,9 +485,11 @@ Test(model_load, too_little_memory_is_refused_before_allocating) {
     close_variant(f, path);
 }
 
-Test(model_load, budget_covers_what_the_context_allocates) {
+// The budget of variant v (see open_variant) covers what forward_init
+// allocates, and not twice over.
+static void check_budget(int v) {
     char *path;
-    struct gguf_file *f = open_variant(0, &path);
+    struct gguf_file *f = open_variant(v, &path);
     struct verr err = {0};
     struct args_model a;
     variant_args(&a, path, 96);
@@ -488,7 +504,8 @@ Test(model_load, budget_covers_what_the_context_allocates) {
     bcfg.n_outputs_max = n_out;
     cr_assert_eq(pipeline_load_budget(&lc, &bcfg, f, &cpu, &p, &err), 0, "%s", err.msg);
     // tiny llama: 3 layers, 2 KV heads of 16 dims, f16 cache.
-    cr_assert_eq(p.kv_bytes, (size_t)96 * 3 * (2 * 32 + 2 * 32));
+    if (v == 0)
+        cr_assert_eq(p.kv_bytes, (size_t)96 * 3 * (2 * 32 + 2 * 32));
     cr_assert_eq(p.reserve_bytes, 0);
 
     struct backend *be = stub_create(false, SIZE_MAX);
@@ -513,4 +530,9 @@ Test(model_load, budget_covers_what_the_context_allocates) {
     model_free(m);
     backend_destroy(be);
     close_variant(f, path);
+}
+
+Test(model_load, budget_covers_what_the_context_allocates) {
+    check_budget(0);
+    check_budget(3); // experts: routing scratch, gate/up as wide as the shared expert
 }

@@ -46,19 +46,9 @@ TEST_SUITE_WITH_TMPDIR(moe, "vela_moe");
 static void write_moe_shape(enum model_arch arch, int n_expert, int k, int n_layer, int n_embd,
                             const char *path) {
     struct mkmodel_config c;
-    mkmodel_config_default(&c);
-    c.arch = (enum mkmodel_arch)arch;
-    c.n_embd = n_embd ? n_embd : MOE_EMBD;
-    c.n_layer = n_layer ? n_layer : 2;
-    c.n_head = 4;
-    c.n_head_kv = 2;
-    c.n_ff = n_embd ? n_embd : MOE_FF;
-    if (arch_get(arch)->moe.ff_exp_key)
-        c.n_ff_exp = c.n_ff; // each expert as wide as --n-ff, as Mixtral's
+    arch_test_moe_config(&c, arch, n_embd ? n_embd : MOE_EMBD, n_layer ? n_layer : 2,
+                         n_embd ? n_embd : MOE_FF, n_expert, k, GGML_TYPE_F32);
     c.n_ctx = 64;
-    c.n_expert = n_expert;
-    c.n_expert_used = k;
-    c.n_threads = 2;
     struct verr err = {0};
     cr_assert_eq(mkmodel_write(&c, path, &err), 0, "%s", err.msg);
 }

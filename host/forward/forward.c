@@ -130,6 +130,15 @@ static void init_arch_attn(struct forward_ctx *fc, const struct model_hparams *h
     }
 }
 
+size_t forward_moe_scratch_bytes(const struct model_hparams *hp, size_t nb) {
+    if (hp->n_expert <= 0)
+        return 0;
+    const size_t k = (size_t)hp->n_expert_used, f = sizeof(float);
+    return nb * ((size_t)hp->n_expert * f + k * (sizeof(int32_t) + f) + (size_t)hp->n_embd * f +
+                 (hp->n_ff_shexp ? f : 0)) +
+           BACKEND_MOE_TMP(nb, k, hp->n_embd, hp->n_ff_exp) * f;
+}
+
 // front: the context is the front of a pipeline whose last stage runs in
 // another process (host/split/): it keeps the head's buffers, which receive
 // that stage's logits and ids.

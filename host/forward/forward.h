@@ -183,6 +183,12 @@ struct forward_ctx {
     struct forward_graph_stats graph_stats;
 };
 
+// Backend bytes of the scratch forward_init allocates for blocks with
+// experts (router logits, ids, weights, output, moe_ffn's scratch, the shared
+// expert's gate) for n_batch tokens; 0 for a dense model. The dense buffers
+// gate and up are n_ff_shexp wide then (forward_ctx).
+size_t forward_moe_scratch_bytes(const struct model_hparams *hp, size_t n_batch);
+
 int forward_init(struct forward_ctx *fc, const struct model *m, const struct forward_config *cfg,
                  struct verr *err);
 // forward_init for the front stage of a pipeline whose last stage runs in

@@ -96,9 +96,11 @@ static int plan_sized(const struct load_config *a, const struct forward_config *
     // As forward_init allocates: activations of n_batch tokens, the batch's
     // ids, the cache's cell mirrors; the head's rows on the last stage (at
     // most n_batch rows want logits).
-    size_t scratch =
-        nb * fl * (3 * (size_t)hp.n_embd + n_q + n_k + n_v + n_o + 2 * (size_t)hp.n_ff) +
-        nb * 4 * sizeof(int32_t) + nc * (2 * sizeof(int32_t) + seq_words * 8);
+    // With experts: gate and up are the shared expert's, plus the routing's own.
+    const size_t n_ff = hp.n_expert > 0 ? (size_t)hp.n_ff_shexp : (size_t)hp.n_ff;
+    size_t scratch = nb * fl * (3 * (size_t)hp.n_embd + n_q + n_k + n_v + n_o + 2 * n_ff) +
+                     forward_moe_scratch_bytes(&hp, nb) + nb * 4 * sizeof(int32_t) +
+                     nc * (2 * sizeof(int32_t) + seq_words * 8);
     const size_t no = n_outputs_max > 0 && (size_t)n_outputs_max < nb ? (size_t)n_outputs_max : nb;
     size_t head_scratch = no * fl * ((size_t)hp.n_embd + (size_t)hp.n_vocab) + no * 2 * 4;
 
