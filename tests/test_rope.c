@@ -635,8 +635,11 @@ Test(rope, bad_params) {
     rp.freq_scale = 0.0f;
     cr_expect_eq(be->ops->rope(be, x, &pos, 1, 1, 8, &rp), VERR_RANGE, "freq_scale 0");
     rp.freq_scale = 1.0f;
-    cr_expect_eq(be->ops->kv_shift(be, x, GGML_TYPE_Q8_0, &pos, 1, 1, 1, 8, &rp),
-                 VERR_UNSUPPORTED, "q8_0 cache");
+    cr_expect_eq(be->ops->kv_shift(be, x, GGML_TYPE_Q4_K, &pos, 1, 1, 1, 8, &rp),
+                 VERR_UNSUPPORTED, "q4_K cache: not a cache type");
+    cr_expect_eq(be->ops->kv_shift(be, x, GGML_TYPE_Q8_0, &pos, 1, 1, 1, 8, &rp), VERR_RANGE,
+                 "q8_0 cache of 8-element rows: not whole blocks");
+    cr_expect(strstr(be->err.msg, "not whole q8_0 blocks") != NULL, "message: %s", be->err.msg);
     cr_expect_eq(be->ops->rope(be, x, &pos, 1, 1, 8, &rp), 0, "valid params: %s", be->err.msg);
     backend_destroy(be);
 }

@@ -1386,7 +1386,7 @@ static int parse_args(struct options *o, int argc, char **argv) {
     if (o->n_tc_tok == 0)
         parse_list("--tc-tok", "16,64,128", add_tctok, o);
     if (o->attn_decode == CUDA_ATTN_DECODE_SPLITK) { // the variant's name: splitk[:BxC]
-        char plan[sizeof o->attn_split];
+        char plan[sizeof o->attn_split - 8]; // room for "splitk:" in attn_split
         snprintf(plan, sizeof plan, "%s", o->attn_split);
         snprintf(o->attn_split, sizeof o->attn_split, "splitk%s%s",
                  o->split_blocks_per_sm ? ":" : "", o->split_blocks_per_sm ? plan : "");

@@ -794,6 +794,10 @@ static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k
                         "cpu kv_shift: cache type %s: the cpu backend runs f32, f16, bf16, q8_0, "
                         "q4_0, q4_1, q5_0, q5_1 and iq4_nl",
                         ggml_type_name(type_k));
+    if (!ggml_row_bytes(type_k, (int64_t)n_head_kv * head_dim))
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu kv_shift: a cell's K row (%d heads x %d) is not whole %s blocks",
+                        n_head_kv, head_dim, ggml_type_name(type_k));
     struct rope_job j = {
         .n_head = n_head_kv,
         .head_dim = head_dim,
