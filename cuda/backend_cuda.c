@@ -75,7 +75,7 @@ struct cuda_backend {
     int attn_decode;
     unsigned int *attn_sync;
     int attn_sync_n;
-    // the dp4a mat-vec's kernel (cuda_matvec_q8_segs); the one-pass kernel
+    // the dp4a mat-vec's kernel (cuda_matvec_q8_segs); the streaming kernel
     // unless backend_cuda_set_matvec_q8 picked another
     struct cuda_mvq_plan mvq;
 };
@@ -1242,7 +1242,12 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
                                              cudaDevAttrMaxSharedMemoryPerMultiprocessor,
                                              device)) != cudaSuccess)
         what = "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)";
+    if (!what && (e = cudaDeviceGetAttribute(&cb->mvq.smem_per_block,
+                                             cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) !=
+                     cudaSuccess)
+        what = "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)";
     cb->mvq.sm_count = cb->sm_count;
+    cb->mvq.kernel = CUDA_MVQ_STREAM;
     if (what) {
         int rc = verr_set(err, VERR_BACKEND, "CUDA device %d: %s: %s (%s:%d)", device, what,
                           cudaGetErrorString(e), __FILE__, __LINE__);
@@ -1310,17 +1315,19 @@ int backend_cuda_set_attn_decode(struct backend *be, int kernel, struct verr *er
     return VERR_OK;
 }
 
-int backend_cuda_set_matvec_q8(struct backend *be, int pipelined, int blocks_per_sm,
+int backend_cuda_set_matvec_q8(struct backend *be, int kernel, int blocks_per_sm,
                                struct verr *err) {
     int rc = cu_variant_backend(be, "backend_cuda_set_matvec_q8", err);
     if (rc)
         return rc;
-    if (blocks_per_sm < 0 || blocks_per_sm > 64 || (!pipelined && blocks_per_sm))
+    if (kernel < CUDA_MVQ_PASS || kernel > CUDA_MVQ_STREAM || blocks_per_sm < 0 ||
+        blocks_per_sm > 64 || (kernel == CUDA_MVQ_PASS && blocks_per_sm))
         return verr_set(err, VERR_RANGE,
-                        "dp4a mat-vec kernel: blocks per multiprocessor %d (pipelined: 0..64, "
-                        "0 the default; one-pass: 0)",
-                        blocks_per_sm);
-    cb_of(be)->mvq.pipelined = pipelined ? 1 : 0;
+                        "dp4a mat-vec kernel %d (0 one-pass, 1 pipelined, 2 streaming), blocks "
+                        "per multiprocessor %d (pipelined, streaming: 0..64, 0 the default; "
+                        "one-pass: 0)",
+                        kernel, blocks_per_sm);
+    cb_of(be)->mvq.kernel = kernel;
     cb_of(be)->mvq.blocks_per_sm = blocks_per_sm;
     return VERR_OK;
 }

@@ -27,11 +27,10 @@ int backend_cuda_set_attn_split(struct backend *be, int blocks_per_sm, int min_c
 // applies). The split plan above applies to whichever runs.
 int backend_cuda_set_attn_decode(struct backend *be, int kernel, struct verr *err);
 
-// The dp4a mat-vec's kernel (struct cuda_mvq_plan, cuda/matvec_q8.h):
-// pipelined 0, blocks_per_sm 0: the one-pass kernel (the default);
-// pipelined 1: the pipelined kernel aiming at blocks_per_sm blocks per
-// multiprocessor (1..64; 0: CUDA_MVQ_PIPE_BLOCKS_PER_SM).
-int backend_cuda_set_matvec_q8(struct backend *be, int pipelined, int blocks_per_sm,
-                               struct verr *err);
+// The dp4a mat-vec's kernel (enum cuda_mvq_kernel, cuda/matvec_q8.h):
+// CUDA_MVQ_STREAM (the default), CUDA_MVQ_PIPE (each aiming at blocks_per_sm
+// blocks per multiprocessor, 1..64; 0: their default) or CUDA_MVQ_PASS
+// (the one-pass kernel, blocks_per_sm 0).
+int backend_cuda_set_matvec_q8(struct backend *be, int kernel, int blocks_per_sm, struct verr *err);
 
 #endif

@@ -13,10 +13,11 @@
 // MVQ_STEP sub-blocks (1024 elements) each, lane l the sub-block l of the
 // step. At the end the warps' partial sums are added in a fixed order (warp
 // 0..3) and the epilogue runs, so results do not depend on scheduling. That
-// is the one-pass kernel (the default); the pipelined kernel (below,
-// struct cuda_mvq_plan) gives each block several row pairs, one after
-// another, with the same split and order inside each pair: the same result
-// bit for bit.
+// is the one-pass kernel; the pipelined kernel (below, struct
+// cuda_mvq_plan) gives each block several row pairs, one after another, with
+// the same split and order inside each pair: the same result bit for bit.
+// The streaming kernel (the CUDA backend's default) gives each warp whole
+// row pairs instead, its own order (below).
 //
 // Loads (the kernel is meant to run at memory bandwidth; the activations are
 // re-read by every row, the weights exactly once):
@@ -626,7 +627,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
 }
 
 // ---------------------------------------------------------------------------
-// pipelined mat-vec (struct cuda_mvq_plan.pipelined)
+// pipelined mat-vec (CUDA_MVQ_PIPE)
 //
 // A block owns pairs_per_block consecutive row pairs and walks them one
 // after another; the warps split each row's length as in the one-pass kernel
@@ -788,31 +789,193 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
     __pipeline_wait_prior(0);
 }
 
+// Shared memory of the pipelined kernel: every token's activations (rounded
+// to 16 bytes), then each warp's slots.
+static size_t mvq_pipe_xs_bytes(int n_tok, int64_t n_in) {
+    return ((size_t)n_tok * (size_t)(n_in / 32) * MVQ_XQ_BYTES + 15) & ~(size_t)15;
+}
+
+// ---------------------------------------------------------------------------
+// streaming mat-vec (CUDA_MVQ_STREAM)
+//
+// A persistent grid of a few blocks per multiprocessor, MVS_WARPS warps each.
+// Warp g of the grid's G (g = blockIdx.x * MVS_WARPS + warp) owns the row
+// pairs g, g + G, g + 2G, ... whole: it walks every step of a pair (MVQ_STEP
+// sub-blocks, lane l the sub-block l, as in the other kernels) through its
+// own ring of S slots, requesting the weights of the item S - 1 ahead with
+// cp.async (16-byte units where the rows are 16-byte aligned) before it
+// decodes the current one. Items run on from one pair into the next, so the
+// ring does not drain between rows and a warp keeps S - 1 items of weights in
+// flight from its first row to its last. Every token's activations are
+// copied into shared memory once, at the start, with the first items: the
+// block's one barrier. A pair's sums are the warp's own (each lane's terms
+// over the steps in order, then the butterfly across lanes), stored by its
+// lanes with the epilogue: no partial sums cross warps, no block barrier in
+// the loop. That order differs from the one-pass kernel's (four warps'
+// partial sums), and is fixed: results do not depend on the plan's grid.
+#define MVS_WARPS 8
+
+// Shared memory of the streaming kernel: the activations (as the pipelined
+// kernel's), then each warp's ring.
+template <int T> static size_t mvs_smem(int n_tok, int64_t n_in) {
+    return mvq_pipe_xs_bytes(n_tok, n_in) +
+           (size_t)MVS_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot;
+}
+
+// The most shared memory a streaming block may take under plan.
+static size_t mvs_smem_limit(const struct cuda_mvq_plan *plan) {
+    return plan && plan->smem_per_block > 0 ? (size_t)plan->smem_per_block : MVQ_PIPE_MAX_SMEM;
+}
+
+// The epilogue of a warp's row pair: v[r][t] the sums of row r for token t
+// (every lane holds them); lane r * NT + t (lane t for the gated epilogues)
+// writes its output, as mvq_store does with the block's sums.
+template <int NT>
+static __device__ __forceinline__ void mvs_store(const mvq_args &a, mvq_pair p, size_t out_off,
+                                                 const float v[MVQ_ROWS][NT], int lane) {
+    if (CUDA_MV_GATED(a.epi)) {
+        float g = 0.0f, u = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (lane == t) {
+                g = v[0][t];
+                u = v[1][t];
+            }
+        if (lane < a.n_tok)
+            a.out[0][out_off + (size_t)lane * a.n_out[0] + p.o0] =
+                a.epi == CUDA_MV_GEGLU ? vela_gelu_mul(g, u) : mvq_silu_mul(g, u);
+        return;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < MVQ_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (lane == r * NT + t)
+                s = v[r][t];
+    float *const oseg = p.seg == 0 ? a.out[0] : p.seg == 1 ? a.out[1] : a.out[2];
+    const float *const bseg = p.seg == 0 ? a.bias[0] : p.seg == 1 ? a.bias[1] : a.bias[2];
+    const int64_t nseg = p.seg == 0 ? a.n_out[0] : p.seg == 1 ? a.n_out[1] : a.n_out[2];
+    const int r = lane / NT, t = lane % NT;
+    if (r < MVQ_ROWS && t < a.n_tok && p.o0 + r < nseg) {
+        const int64_t o = p.o0 + r;
+        if (bseg)
+            s = s + bseg[o];
+        float *dst = oseg + out_off + (size_t)t * nseg + o;
+        *dst = a.epi == CUDA_MV_ADD ? *dst + s : s;
+    }
+}
+
 template <int T, int NT>
-static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, unsigned int n_y,
-                            bool pipelined, cudaStream_t stream, struct verr *err) {
-    const dim3 grid(n_blocks, n_y);
-    if (pipelined) {
-        const size_t smem =
-            (size_t)a.xs_bytes + MVQ_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot;
-        // Over the default 48 KiB (static `red` included, up to 512 bytes):
-        // opt in, once per device and instance (bit d: device d has it;
-        // devices >= 64 set it every time).
-        static std::atomic<unsigned long long> raised{0};
-        if (smem > 47 * 1024) {
-            int dev = 0;
-            VELA_CUDA_CALL(err, cudaGetDevice(&dev));
-            const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
-            if (!bit || !(raised.load() & bit)) {
-                VELA_CUDA_CALL(err,
-                               cudaFuncSetAttribute(matvec_q8_pipe_kernel<T, NT>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    MVQ_PIPE_MAX_SMEM));
-                raised.fetch_or(bit);
+__global__ static void __launch_bounds__(MVS_WARPS *VELA_WARP)
+    matvec_q8_stream_kernel(const mvq_args a) {
+    typedef mvq_pipe<T> pp;
+    constexpr int S = pp::stages;
+    extern __shared__ __align__(16) uint8_t mvq_smem[];
+    const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
+    const mvq_ex ex = mvq_ex_of(a);
+    uint8_t *slots = mvq_smem + a.xs_bytes + (size_t)warp * S * pp::slot;
+
+    const unsigned int n_all = a.first_pair[CUDA_MV_MAX_SEGS];
+    const unsigned int stride = gridDim.x * MVS_WARPS;
+    const unsigned int g = blockIdx.x * MVS_WARPS + (unsigned int)warp;
+    const int64_t n_sub = a.n_in / 32;
+    const int n_steps = (int)((n_sub + MVQ_STEP - 1) / MVQ_STEP);
+    const int jb = lane / mvq_traits<T>::subs, j = lane % mvq_traits<T>::subs; // as in mvq_step
+    // The fetch cursor: step fs of pair fp (fp >= n_all: nothing left, an
+    // empty group keeps the count of groups uniform).
+    unsigned int fp = g;
+    int fs = 0;
+    auto fetch_next = [&](int slot) {
+        if (fp < n_all) {
+            mvq_pipe_fetch<T>(a, fp, ex.w_off, (int64_t)fs * MVQ_STEP, slots + slot * pp::slot,
+                              lane);
+            if (++fs == n_steps) {
+                fs = 0;
+                fp += stride;
             }
         }
-        matvec_q8_pipe_kernel<T, NT><<<grid, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
-        VELA_CHECK_LAUNCH(err, "matvec_q8_pipe_kernel");
+        __pipeline_commit();
+    };
+
+    // The activations go with the first group: waited for, then made visible
+    // to every warp (xq and its rows are 4-byte aligned, checked at launch:
+    // always queued).
+    copy_async(mvq_smem, ex.xq, (int)(a.n_tok * a.xq_row_bytes), threadIdx.x,
+               MVS_WARPS * VELA_WARP);
+#pragma unroll
+    for (int i = 0; i < S - 1; i++)
+        fetch_next(i);
+    __pipeline_wait_prior(S - 2);
+    __syncthreads();
+
+    int slot = 0; // of the item decoded next; item i + S - 1 goes to the one before it
+    for (unsigned int p = g; p < n_all; p += stride) {
+        float acc[MVQ_ROWS][NT] = {};
+        for (int s = 0; s < n_steps; s++) {
+            fetch_next(slot == 0 ? S - 1 : slot - 1);
+            __pipeline_wait_prior(S - 1); // this lane's copies of this item have landed
+            __syncwarp();                 // and the other lanes'
+            const int64_t sb0 = (int64_t)s * MVQ_STEP;
+            if (lane < mvq_step_subs(n_sub, sb0))
+                mvq_step<T, NT>(acc, slots + slot * pp::slot, mvq_smem + sb0 * MVQ_XQ_BYTES,
+                                (int)a.xq_row_bytes, jb, j, a.n_tok, lane);
+            slot = slot + 1 == S ? 0 : slot + 1;
+            __syncwarp(); // the next fetch reuses this slot
+        }
+        float v[MVQ_ROWS][NT];
+#pragma unroll
+        for (int r = 0; r < MVQ_ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                v[r][t] = t < a.n_tok ? warp_sum(acc[r][t]) : 0.0f;
+        mvs_store<NT>(a, mvq_pair_of(a, p), ex.out_off, v, lane);
+    }
+    __pipeline_wait_prior(0);
+}
+
+// Raises kernel's dynamic shared memory limit to limit bytes on the current
+// device, once per device and value reached (raised[d]: the limit set on
+// device d; devices >= 64 set it every time).
+template <typename K>
+static int mvq_raise_smem(K kernel, std::atomic<int> *raised, size_t smem, size_t limit,
+                          struct verr *err) {
+    if (smem <= 47 * 1024)
+        return VERR_OK;
+    int dev = 0;
+    VELA_CUDA_CALL(err, cudaGetDevice(&dev));
+    if (dev < 64 && raised[dev].load() >= (int)limit)
+        return VERR_OK;
+    VELA_CUDA_CALL(
+        err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit));
+    if (dev < 64)
+        raised[dev].store((int)limit);
+    return VERR_OK;
+}
+
+template <int T, int NT>
+static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, unsigned int n_y, int kernel,
+                            size_t smem_limit, cudaStream_t stream, struct verr *err) {
+    const dim3 grid(n_blocks, n_y);
+    if (kernel != CUDA_MVQ_PASS) {
+        const bool st = kernel == CUDA_MVQ_STREAM;
+        const size_t smem = (size_t)a.xs_bytes + (size_t)(st ? MVS_WARPS : MVQ_WARPS) *
+                                                     mvq_pipe<T>::stages * mvq_pipe<T>::slot;
+        // Over the default 48 KiB (the pipelined kernel's static `red`
+        // included, up to 512 bytes): opt in, to the streaming kernel's
+        // limit or 96 KiB. raised[0]: pipelined, [1]: streaming.
+        static std::atomic<int> raised[2][64];
+        const int rc =
+            st ? mvq_raise_smem(matvec_q8_stream_kernel<T, NT>, raised[1], smem, smem_limit, err)
+               : mvq_raise_smem(matvec_q8_pipe_kernel<T, NT>, raised[0], smem, MVQ_PIPE_MAX_SMEM,
+                                err);
+        if (rc)
+            return rc;
+        if (st)
+            matvec_q8_stream_kernel<T, NT><<<grid, MVS_WARPS * VELA_WARP, smem, stream>>>(a);
+        else
+            matvec_q8_pipe_kernel<T, NT><<<grid, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
+        VELA_CHECK_LAUNCH(err, st ? "matvec_q8_stream_kernel" : "matvec_q8_pipe_kernel");
         return VERR_OK;
     }
     const size_t smem = (size_t)MVQ_WARPS * a.warp_smem;
@@ -821,31 +984,38 @@ static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, unsigned i
     return VERR_OK;
 }
 
-// Shared memory of the pipelined kernel: every token's activations (rounded
-// to 16 bytes), then each warp's slots.
-static size_t mvq_pipe_xs_bytes(int n_tok, int64_t n_in) {
-    return ((size_t)n_tok * (size_t)(n_in / 32) * MVQ_XQ_BYTES + 15) & ~(size_t)15;
-}
-
 template <int T> static bool mvq_pipe_fits(int n_tok, int64_t n_in) {
     return mvq_pipe_xs_bytes(n_tok, n_in) +
                (size_t)MVQ_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot <=
            MVQ_PIPE_MAX_SMEM;
 }
 
-extern "C" int cuda_matvec_q8_pipelined(enum ggml_type type, int64_t n_in, int n_tok,
-                                        const struct cuda_mvq_plan *plan) {
-    if (!plan || !plan->pipelined || n_in <= 0 || n_in % 32 || n_tok < 1 ||
-        n_tok > CUDA_MATVEC_MAX_TOK || !quant_q8_1_dot_supported(type))
-        return 0;
-    auto fits = [&](auto tc) -> int {
+// The kernel that runs type at n_tok x n_in under plan (enum cuda_mvq_kernel):
+// the one asked for where its shared memory fits; the streaming kernel
+// falls back to the pipelined kernel's rule.
+template <int T> static int mvq_kernel_for(int n_tok, int64_t n_in, const cuda_mvq_plan *plan) {
+    if (!plan)
+        return CUDA_MVQ_PASS;
+    if (plan->kernel == CUDA_MVQ_STREAM && mvs_smem<T>(n_tok, n_in) <= mvs_smem_limit(plan))
+        return CUDA_MVQ_STREAM;
+    if (plan->kernel != CUDA_MVQ_PASS && mvq_pipe_fits<T>(n_tok, n_in))
+        return CUDA_MVQ_PIPE;
+    return CUDA_MVQ_PASS;
+}
+
+extern "C" int cuda_matvec_q8_kernel(enum ggml_type type, int64_t n_in, int n_tok,
+                                     const struct cuda_mvq_plan *plan) {
+    if (!plan || plan->kernel < CUDA_MVQ_PASS || plan->kernel > CUDA_MVQ_STREAM || n_in <= 0 ||
+        n_in % 32 || n_tok < 1 || n_tok > CUDA_MATVEC_MAX_TOK || !quant_q8_1_dot_supported(type))
+        return CUDA_MVQ_PASS;
+    auto pick = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
         if constexpr (!mvq_traits<T>::dp4a)
-            return 0;
+            return CUDA_MVQ_PASS;
         else
-            return mvq_pipe_fits<T>(n_tok, n_in) ? 1 : 0;
+            return mvq_kernel_for<T>(n_tok, n_in, plan);
     };
-    return VELA_DISPATCH_QTYPE(type, fits, 0);
+    return VELA_DISPATCH_QTYPE(type, pick, CUDA_MVQ_PASS);
 }
 
 // Row pairs per block of the pipelined kernel: the pairs spread over
@@ -864,6 +1034,30 @@ static int mvq_pairs_per_block(const struct cuda_mvq_plan *plan, unsigned int n_
     const int64_t blocks = (plan->sm_count > 0 ? plan->sm_count : 1) * bps;
     const int64_t k = ((int64_t)n_pairs + blocks - 1) / blocks;
     return (int)(k > 0 ? k : 1);
+}
+
+// Blocks of the streaming kernel: sm_count * blocks_per_sm blocks at most
+// (no more per multiprocessor than its shared memory holds at once, 1 KiB
+// of it reserved per block; shared by the n_y blocks of an expert launch's
+// y), so k = ceil(n_pairs / their warps) row pairs per warp (at most
+// plan->pairs_per_block where set), and just enough blocks that every warp
+// gets k pairs, the last ones k - 1: the warps end together.
+static unsigned int mvs_blocks(const struct cuda_mvq_plan *plan, unsigned int n_pairs,
+                               unsigned int n_y, size_t smem) {
+    int64_t bps = plan->blocks_per_sm > 0 ? plan->blocks_per_sm : CUDA_MVQ_STREAM_BLOCKS_PER_SM;
+    const int64_t fit = plan->smem_per_sm > 0 ? plan->smem_per_sm / (int64_t)(smem + 1024) : bps;
+    if (bps > fit)
+        bps = fit > 0 ? fit : 1;
+    int64_t blocks = (plan->sm_count > 0 ? plan->sm_count : 1) * bps / (n_y > 0 ? n_y : 1);
+    if (blocks < 1)
+        blocks = 1;
+    int64_t k = ((int64_t)n_pairs + blocks * MVS_WARPS - 1) / (blocks * MVS_WARPS);
+    if (plan->pairs_per_block > 0 && k > plan->pairs_per_block)
+        k = plan->pairs_per_block;
+    if (k < 1)
+        k = 1;
+    const int64_t warps = ((int64_t)n_pairs + k - 1) / k;
+    return (unsigned int)((warps + MVS_WARPS - 1) / MVS_WARPS);
 }
 
 // cuda_matvec_q8_segs, and with ex its expert mode (cuda_matvec_q8_experts).
@@ -937,14 +1131,15 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
         a.first_pair[s] = n_pairs;
     if (n_pairs == 0)
         return VERR_OK;
-    if (plan && (plan->pipelined < 0 || plan->pipelined > 1 || plan->sm_count < 0 ||
-                 plan->smem_per_sm < 0 || plan->blocks_per_sm < 0 || plan->pairs_per_block < 0))
+    if (plan && (plan->kernel < CUDA_MVQ_PASS || plan->kernel > CUDA_MVQ_STREAM ||
+                 plan->sm_count < 0 || plan->smem_per_sm < 0 || plan->smem_per_block < 0 ||
+                 plan->blocks_per_sm < 0 || plan->pairs_per_block < 0))
         return verr_set(err, VERR_RANGE,
-                        "matvec q8: plan {pipelined %d, sm_count %d, smem_per_sm %d, "
-                        "blocks_per_sm %d, pairs_per_block %d}: need pipelined 0 or 1 and no "
-                        "negative counts",
-                        plan->pipelined, plan->sm_count, plan->smem_per_sm, plan->blocks_per_sm,
-                        plan->pairs_per_block);
+                        "matvec q8: plan {kernel %d, sm_count %d, smem_per_sm %d, "
+                        "smem_per_block %d, blocks_per_sm %d, pairs_per_block %d}: need kernel "
+                        "0..2 and no negative counts",
+                        plan->kernel, plan->sm_count, plan->smem_per_sm, plan->smem_per_block,
+                        plan->blocks_per_sm, plan->pairs_per_block);
     a.xq = (const uint8_t *)xq;
     a.row_bytes = row_bytes;
     a.xq_row_bytes = (size_t)(n_in / 32) * MVQ_XQ_BYTES;
@@ -959,6 +1154,7 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
         a.n_expert = ex->n_expert;
         a.x_div = ex->x_div;
     }
+    const size_t smem_limit = mvs_smem_limit(plan);
     auto run = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
         typedef mvq_traits<T> tr;
@@ -971,14 +1167,17 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
             // past a block).
             a.warp_smem = n_tok * MVQ_STEP * MVQ_XQ_BYTES + MVQ_ROWS * (tr::chunk + 16);
             a.warp_smem = (a.warp_smem + 15) & ~15;
-            // The pipelined kernel where asked for and its shared memory
-            // (all tokens' activations, the warps' slots) fits.
+            // The kernel asked for where its shared memory (all tokens'
+            // activations, the warps' slots) fits (mvq_kernel_for).
             a.xs_bytes = (int)mvq_pipe_xs_bytes(n_tok, n_in);
-            const bool pipelined = plan && plan->pipelined && mvq_pipe_fits<T>(n_tok, n_in);
+            const int kernel = mvq_kernel_for<T>(n_tok, n_in, plan);
+            const unsigned int n_y_max = (unsigned int)(n_y_all < 65535 ? n_y_all : 65535);
             unsigned int n_blocks = n_pairs;
-            if (pipelined) {
+            if (kernel == CUDA_MVQ_STREAM) {
+                n_blocks = mvs_blocks(plan, n_pairs, n_y_max, mvs_smem<T>(n_tok, n_in));
+            } else if (kernel == CUDA_MVQ_PIPE) {
                 a.pairs_per_block = mvq_pairs_per_block(
-                    plan, n_pairs * (unsigned int)(n_y_all < 65535 ? n_y_all : 65535),
+                    plan, n_pairs * n_y_max,
                     a.xs_bytes + (size_t)MVQ_WARPS * mvq_pipe<T>::stages * mvq_pipe<T>::slot);
                 n_blocks =
                     (unsigned int)(((int64_t)n_pairs + a.pairs_per_block - 1) / a.pairs_per_block);
@@ -991,12 +1190,12 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
                     (unsigned int)(n_y_all - p0 < 65535 ? n_y_all - p0 : 65535);
                 int rc;
                 if (n_tok == 1)
-                    rc = matvec_q8_launch<T, 1>(a, n_blocks, n_y, pipelined, stream, err);
+                    rc = matvec_q8_launch<T, 1>(a, n_blocks, n_y, kernel, smem_limit, stream, err);
                 else if (n_tok == 2)
-                    rc = matvec_q8_launch<T, 2>(a, n_blocks, n_y, pipelined, stream, err);
+                    rc = matvec_q8_launch<T, 2>(a, n_blocks, n_y, kernel, smem_limit, stream, err);
                 else
-                    rc = matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, n_y, pipelined,
-                                                                  stream, err);
+                    rc = matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, n_y, kernel,
+                                                                  smem_limit, stream, err);
                 if (rc)
                     return rc;
             }

@@ -24,21 +24,34 @@ int cuda_quantize_q8_1(void *xq /* [n_tok][n_in/32] blocks */, const float *x /*
 // IQ4_XS (else VERR_UNSUPPORTED). Weights 16-byte aligned, outputs/bias
 // 4-byte aligned, xq 4-byte aligned (VERR_RANGE otherwise); n_tok in
 // [1, CUDA_MATVEC_MAX_TOK]. plan: which kernel and how it spreads its work
-// (NULL: the one-pass kernel); both kernels give the same result bit for bit
-// (the same terms added in the same order).
+// (NULL: the one-pass kernel). The one-pass and pipelined kernels give the
+// same result bit for bit (the same terms added in the same order); the
+// streaming kernel adds the same terms in another fixed order (one warp per
+// row pair), so its results are its own, the same for every plan.
+enum cuda_mvq_kernel {
+    CUDA_MVQ_PASS = 0,   // the one-pass kernel, one block per row pair
+    CUDA_MVQ_PIPE = 1,   // pipelined (cp.async, blocks of several row pairs,
+                         // activations staged once per block) where its shared
+                         // memory fits in 96 KiB, roughly n_tok * n_in <= 70k
+    CUDA_MVQ_STREAM = 2, // streaming: a persistent grid, each warp whole row
+                         // pairs (interleaved) through its own cp.async ring,
+                         // activations staged once per block, no block barrier
+                         // after that; where every token's activations fit
+                         // in smem_per_block (else the pipelined kernel's rule)
+};
 struct cuda_mvq_plan {
-    // 0: the one-pass kernel, one block per row pair. 1: the pipelined
-    // kernel (cp.async, blocks of several row pairs, activations staged once
-    // per block) where its shared memory fits in 96 KiB, roughly n_tok * n_in
-    // <= 70k; else the one-pass kernel.
-    int pipelined;
-    int sm_count;        // the device's multiprocessors (the pipelined grid)
+    int kernel;          // enum cuda_mvq_kernel
+    int sm_count;        // the device's multiprocessors (pipelined/streaming grid)
     int smem_per_sm;     // their shared memory in bytes (0: unknown)
+    int smem_per_block;  // the most one block may opt in to (0: unknown, 96 KiB assumed)
     int blocks_per_sm;   // blocks aimed at per multiprocessor, at most as many as
                          // fit in smem_per_sm; 0: CUDA_MVQ_PIPE_BLOCKS_PER_SM
-    int pairs_per_block; // > 0: row pairs per block, fixed (tests); 0: from the two above
+                         // (pipelined) or CUDA_MVQ_STREAM_BLOCKS_PER_SM
+    int pairs_per_block; // pipelined: > 0: row pairs per block, fixed (tests);
+                         // streaming: > 0: row pairs per warp at most (tests)
 };
 #define CUDA_MVQ_PIPE_BLOCKS_PER_SM 4
+#define CUDA_MVQ_STREAM_BLOCKS_PER_SM 4
 int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
                         enum ggml_type type, int64_t n_in,
                         const void *xq /* [n_tok][n_in/32] q8_1 blocks */, int n_tok,
@@ -53,10 +66,10 @@ int cuda_matvec_q8_experts(const struct cuda_mv_seg *segs /* [n_seg], host memor
                            enum cuda_mv_epilogue epi,
                            const struct cuda_mvq_plan *plan /* or NULL */, cudaStream_t stream,
                            struct verr *err);
-// 1 when cuda_matvec_q8_segs with these sizes and plan runs the pipelined
-// kernel, else 0 (the one-pass kernel, or a call it would refuse).
-int cuda_matvec_q8_pipelined(enum ggml_type type, int64_t n_in, int n_tok,
-                             const struct cuda_mvq_plan *plan);
+// The kernel (enum cuda_mvq_kernel) cuda_matvec_q8_segs runs with these
+// sizes and plan (CUDA_MVQ_PASS also for a call it would refuse).
+int cuda_matvec_q8_kernel(enum ggml_type type, int64_t n_in, int n_tok,
+                          const struct cuda_mvq_plan *plan);
 
 VELA_CUDA_END
 

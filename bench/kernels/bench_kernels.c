@@ -59,6 +59,7 @@
 #include "cuda/attention.h"
 #include "cuda/backend_cuda.h"
 #include "cuda/matmul_tc.h"
+#include "cuda/matvec_q8.h"
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
 #include "gguf/types.h"
@@ -120,12 +121,12 @@ struct options {
     bool act[2];     // mat-vec activations to time: [0] f32, [1] q8 (backend.act_q8)
     bool tc_path[2]; // matmul_tc paths: [0] fused, [1] dequant + cuBLAS
     // The kernel variants under test (cuda/backend_cuda.h), as given
-    // (--attn-kernel dec|splitk, --attn-split BxC, --matvec-q8 pass|pipe[:B])
+    // (--attn-kernel dec|splitk, --attn-split BxC, --matvec-q8 pass|pipe[:B]|stream[:B])
     // and parsed; attn_split names both: "dec", "4x64", "splitk", "splitk:4x64".
     char attn_split[48], matvec_q8[32];
     int split_blocks_per_sm, split_min_cells; // 0, 0: the default plan
     int attn_decode;                          // CUDA_ATTN_DECODE_*; 0: the default
-    int mvq_pipelined, mvq_blocks_per_sm;     // 0, 0: the one-pass kernel
+    int mvq_kernel, mvq_blocks_per_sm;        // enum cuda_mvq_kernel; 0: its default
 };
 
 // --- context --------------------------------------------------------------------
@@ -1125,9 +1126,11 @@ static void usage(FILE *out) {
         "  --matvec-act LIST      activations of the mat-vec families: q8 (the CUDA\n"
         "                         default, dp4a), f32 (default: q8,f32; F32/F16/BF16\n"
         "                         weights always f32)\n"
-        "  --matvec-q8 KERNEL     the dp4a mat-vec's kernel, a variant under test: pass\n"
-        "                         (the default: one block per row pair) or pipe[:B]\n"
-        "                         (the pipelined kernel, B blocks per SM, 1..64, default 4)\n"
+        "  --matvec-q8 KERNEL     the dp4a mat-vec's kernel, a variant under test:\n"
+        "                         stream[:B] (the default: persistent blocks, a warp per\n"
+        "                         row pair, B blocks per SM, 1..64, default 4), pipe[:B]\n"
+        "                         (the pipelined kernel, B blocks per SM, default 4) or\n"
+        "                         pass (one block per row pair)\n"
         "  --attn-kernel KERNEL   decode attention's kernel, a variant under test: dec\n"
         "                         (the default: cells split for >= 2 blocks per SM,\n"
         "                         combine fused) or splitk (attn_kernel + combine)\n"
@@ -1184,13 +1187,14 @@ static int parse_attn_split(struct options *o, const char *s) {
     return 0;
 }
 
-// --matvec-q8 pass|pipe|pipe:B
+// --matvec-q8 pass|pipe|pipe:B|stream|stream:B
 static int parse_matvec_q8(struct options *o, const char *s) {
-    o->mvq_pipelined = strncmp(s, "pipe", 4) == 0;
+    const size_t n = !strncmp(s, "pipe", 4) ? 4 : !strncmp(s, "stream", 6) ? 6 : 0;
+    o->mvq_kernel = n == 4 ? CUDA_MVQ_PIPE : n == 6 ? CUDA_MVQ_STREAM : CUDA_MVQ_PASS;
     o->mvq_blocks_per_sm = 0;
-    if (!strcmp(s, "pass") || !strcmp(s, "pipe"))
+    if (!strcmp(s, "pass") || (n && s[n] == '\0'))
         ;
-    else if (!o->mvq_pipelined || s[4] != ':' || parse_pos_int(s + 5, 64, &o->mvq_blocks_per_sm))
+    else if (!n || s[n] != ':' || parse_pos_int(s + n + 1, 64, &o->mvq_blocks_per_sm))
         return -1;
     snprintf(o->matvec_q8, sizeof o->matvec_q8, "%s", s);
     return 0;
@@ -1238,7 +1242,8 @@ static int parse_args(struct options *o, int argc, char **argv) {
     o->act[0] = o->act[1] = true;
     o->tc_path[0] = o->tc_path[1] = true;
     snprintf(o->attn_split, sizeof o->attn_split, "dec");
-    snprintf(o->matvec_q8, sizeof o->matvec_q8, "pass");
+    snprintf(o->matvec_q8, sizeof o->matvec_q8, "stream");
+    o->mvq_kernel = CUDA_MVQ_STREAM;
 #ifdef VELA_EMU
     o->reps = 1; // emulated: counted, not timed
     o->warmup = 0;
@@ -1386,7 +1391,7 @@ static int parse_args(struct options *o, int argc, char **argv) {
     if (o->n_tc_tok == 0)
         parse_list("--tc-tok", "16,64,128", add_tctok, o);
     if (o->attn_decode == CUDA_ATTN_DECODE_SPLITK) { // the variant's name: splitk[:BxC]
-        char plan[sizeof o->attn_split - 8]; // room for "splitk:" in attn_split
+        char plan[sizeof o->attn_split - 8];         // room for "splitk:" in attn_split
         snprintf(plan, sizeof plan, "%s", o->attn_split);
         snprintf(o->attn_split, sizeof o->attn_split, "splitk%s%s",
                  o->split_blocks_per_sm ? ":" : "", o->split_blocks_per_sm ? plan : "");
@@ -1444,7 +1449,7 @@ int main(int argc, char **argv) {
         backend_cuda_create(&b.be, b.opt.device, &err) ||
         backend_cuda_set_attn_split(b.be, b.opt.split_blocks_per_sm, b.opt.split_min_cells, &err) ||
         backend_cuda_set_attn_decode(b.be, b.opt.attn_decode, &err) ||
-        backend_cuda_set_matvec_q8(b.be, b.opt.mvq_pipelined, b.opt.mvq_blocks_per_sm, &err)) {
+        backend_cuda_set_matvec_q8(b.be, b.opt.mvq_kernel, b.opt.mvq_blocks_per_sm, &err)) {
         fprintf(stderr, "vela-bench-kernels: %s\n", err.msg);
         cJSON_Delete(root);
         return 1;

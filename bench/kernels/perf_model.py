@@ -84,6 +84,8 @@ H200 = {'name': 'NVIDIA H200', 'sms': 132, 'schedulers': 4, 'clock_hz': 1.98e9,
 PARAMS = {'lat_global': 200.0, 'lat_short': 15.0, 'ipc': 1.0, 'dram_eff': 0.85,
           't_launch_us': 4.5, 'l2_tbs': 9.0}
 
+# vela-bench-kernels --matvec-q8's default (its plain rows): the streaming kernel
+MVQ_DEFAULT = 'stream'
 DECODE_FAMILIES = {'matvec', 'matvec_qkv', 'matvec_swiglu', 'matvec_add', 'attn_decode',
                    'attn_se_decode', 'rope', 'rope_kv_store', 'rms_norm', 'argmax', 'sample'}
 BUILD_OBJ = 'CMakeFiles/vela_cuda.dir/cuda'
@@ -323,12 +325,13 @@ def row_key(r):
 
 def measured_variant(kernel):
     """(family, variant) of a measured row's kernel: bench/run_gpu.sh names a
-    variant's rows 'matvec@pipe:4' (--matvec-q8) and 'attn_decode@4x64'
-    (--attn-split); the model calls them 'pipe:4' and 'split:4x64'."""
+    variant's rows 'matvec@pipe:4' (--matvec-q8: pass, pipe:B, stream:B) and
+    'attn_decode@4x64' (--attn-split); the model calls them 'pipe:4' and
+    'split:4x64'."""
     fam, _, plan = kernel.partition('@')
     if not plan:
         return fam, ''
-    return fam, plan if plan.startswith(('pipe', 'splitk')) else 'split:' + plan
+    return fam, plan if plan.startswith(('pass', 'pipe', 'stream', 'splitk')) else 'split:' + plan
 
 
 def load_measured(paths):
@@ -337,8 +340,15 @@ def load_measured(paths):
     for path in paths:
         with open(path, encoding='utf-8') as f:
             doc = json.load(f)
+        # the dp4a mat-vec kernel its plain q8 rows ran: before --matvec-q8
+        # existed, and until the streaming kernel became the default
+        # (MVQ_DEFAULT), the one-pass kernel ('pass')
+        mvq = doc.get('params', {}).get('matvec_q8', 'pass')
         for r in doc['results']:
             fam, variant = measured_variant(r['kernel'])
+            if (not variant and mvq != MVQ_DEFAULT and fam.startswith('matvec') and
+                    r.get('act') == 'q8'):
+                variant = mvq
             if fam in DECODE_FAMILIES and r.get('n_tok', 0) <= 8:
                 key = measured_key(dict(r, kernel=fam))
                 out[(key, variant)] = {'us': r['us_median'], 'source': os.path.basename(path),
@@ -793,8 +803,8 @@ REPORT_RUNS = [
     ('pipe4', 'pipe:4', MV_FAMILIES,
      ['--matvec-q8', 'pipe:4', '--types', MEASURED_TYPES, '--matvec-tok', '1,8',
       '--matvec-act', 'q8']),
-    ('pipe8', 'pipe:8', MV_FAMILIES,
-     ['--matvec-q8', 'pipe:8', '--types', MEASURED_TYPES, '--matvec-tok', '1,8',
+    ('pass', 'pass', MV_FAMILIES,
+     ['--matvec-q8', 'pass', '--types', MEASURED_TYPES, '--matvec-tok', '1,8',
       '--matvec-act', 'q8']),
     # decode attention: the split-K attn_kernel (the default before
     # attn_dec_kernel) and attn_dec_kernel under other split plans

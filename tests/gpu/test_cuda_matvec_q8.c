@@ -5,9 +5,12 @@
 // thousand elements (16-byte aligned rows and rows only 2-byte aligned), every
 // epilogue with and without bias; the pipelined kernel (struct
 // cuda_mvq_plan) bit for bit with the one-pass kernel on every case it
-// takes; invalid arguments are refused. The worst error of every comparison
-// is logged. Without a CUDA device every test skips itself. The emulator
-// runs the same shapes (about 9 s on 2 cores).
+// takes; the streaming kernel against the reference, and bit for bit with
+// itself under every plan (grids of one to many row pairs per warp, rows
+// not a multiple of the warp count, shared memory limits that fit 8 tokens
+// of 14336 or make it fall back); invalid arguments are refused. The worst error of every
+// comparison is logged. Without a CUDA device every test skips itself. The emulator runs the same
+// shapes (about 9 s on 2 cores).
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
@@ -154,23 +157,42 @@ struct worst {
     double ratio;  // worst |err| / tol
     int pipelined; // calls that ran the pipelined kernel
     int runs;      // calls with a pipelined plan
+    int streamed;  // calls that ran the streaming kernel
+    int s_runs;    // calls with a streaming plan
 };
 
 // Plans every case runs (cuda_mvq_plan): the one-pass kernel (the reference
-// for the others: they must match it bit for bit); the pipelined kernel with
-// 3 row pairs per block (a block's pairs cross segments; the last block has
-// fewer); with the grid made from 2 multiprocessors at 1 block each (many
-// pairs per block: the slots wrap around several times); and 8 blocks asked
-// of 3 multiprocessors whose 30 KB of shared memory hold one block (or none)
-// each: 3 blocks.
-static const struct cuda_mvq_plan plan_pipe3 = {.pipelined = 1, .pairs_per_block = 3};
-static const struct cuda_mvq_plan plan_pipe_sm2 = {
-    .pipelined = 1, .sm_count = 2, .blocks_per_sm = 1};
-static const struct cuda_mvq_plan plan_pipe_smem = {
-    .pipelined = 1, .sm_count = 3, .smem_per_sm = 30000, .blocks_per_sm = 8};
-static const struct cuda_mvq_plan *const mv_plans[] = {NULL, &plan_pipe3, &plan_pipe_sm2,
-                                                       &plan_pipe_smem};
-#define N_PLANS 4
+// for the pipelined plans: they must match it bit for bit); the pipelined
+// kernel with 3 row pairs per block (a block's pairs cross segments; the last
+// block has fewer); with the grid made from 2 multiprocessors at 1 block each
+// (many pairs per block: the slots wrap around several times); and 8 blocks
+// asked of 3 multiprocessors whose 30 KB of shared memory hold one block (or
+// none) each: 3 blocks. Then the streaming kernel (the first plan that runs
+// it is the reference of the others), with its defaults (one multiprocessor,
+// 96 KiB); one row pair per warp on 200 multiprocessors (many blocks, the
+// last one's warps partly idle); 2 multiprocessors at 1 block (16 warps,
+// the ring runs on across many pairs); 227 KiB a block (8 tokens of 14336
+// fit); and 20 KB a block (most shapes fall back to the other kernels).
+#define PIPE_PLAN(...)                                                                             \
+    &(const struct cuda_mvq_plan) {                                                                \
+        .kernel = CUDA_MVQ_PIPE, __VA_ARGS__                                                       \
+    }
+#define STREAM_PLAN(...)                                                                           \
+    &(const struct cuda_mvq_plan) {                                                                \
+        .kernel = CUDA_MVQ_STREAM, __VA_ARGS__                                                     \
+    }
+static const struct cuda_mvq_plan *const mv_plans[] = {
+    NULL,
+    PIPE_PLAN(.pairs_per_block = 3),
+    PIPE_PLAN(.sm_count = 2, .blocks_per_sm = 1),
+    PIPE_PLAN(.sm_count = 3, .smem_per_sm = 30000, .blocks_per_sm = 8),
+    STREAM_PLAN(.sm_count = 0),
+    STREAM_PLAN(.sm_count = 200, .pairs_per_block = 1),
+    STREAM_PLAN(.sm_count = 2, .blocks_per_sm = 1),
+    STREAM_PLAN(.sm_count = 4, .smem_per_sm = 233472, .smem_per_block = 232448),
+    STREAM_PLAN(.sm_count = 3, .smem_per_block = 20000),
+};
+#define N_PLANS (int)(sizeof mv_plans / sizeof mv_plans[0])
 
 static void run_case(enum ggml_type type, const struct mv_case *c, int variant, struct worst *wo) {
     const int64_t n_in = case_n_in(type, c->in_kind, variant);
@@ -231,6 +253,7 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
     }
     const int n_check = c->epi == CUDA_MV_SWIGLU ? 1 : c->n_seg;
     float *got[N_PLANS][CUDA_MV_MAX_SEGS];
+    int kern[N_PLANS], p_stream = -1; // the kernel each plan ran; the first streaming one
     for (int p = 0; p < N_PLANS; p++) {
         for (int s = 0; s < c->n_seg; s++)
             if (p > 0) // ADD adds into the output: start each plan from out0
@@ -240,61 +263,79 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
                                          mv_plans[p], 0, &err),
                      0, "%s n_in %lld plan %d: %s", ggml_type_name(type), (long long)n_in, p,
                      err.msg);
-        wo->pipelined += cuda_matvec_q8_pipelined(type, n_in, n_tok, mv_plans[p]);
+        kern[p] = cuda_matvec_q8_kernel(type, n_in, n_tok, mv_plans[p]);
+        if (p > 0 && mv_plans[p]->kernel == CUDA_MVQ_PIPE) {
+            wo->pipelined += kern[p] == CUDA_MVQ_PIPE;
+            wo->runs++;
+        } else if (p > 0) {
+            wo->streamed += kern[p] == CUDA_MVQ_STREAM;
+            wo->s_runs++;
+        }
+        if (kern[p] == CUDA_MVQ_STREAM && p_stream < 0)
+            p_stream = p;
         for (int s = 0; s < n_check; s++) {
             got[p][s] = malloc((size_t)n_tok * c->n_out[s] * 4);
             dev_download(got[p][s], segs[s].out, (size_t)n_tok * c->n_out[s] * 4);
         }
     }
-    wo->runs += N_PLANS - 1;
     for (int s = 0; s < n_check; s++) {
         const int64_t no = c->n_out[s];
-        // The pipelined kernel adds the same terms in the same order.
-        for (int p = 1; p < N_PLANS; p++)
+        // The pipelined kernel adds the same terms in the same order as the
+        // one-pass kernel; the streaming kernel its own order, under every plan.
+        for (int p = 1; p < N_PLANS; p++) {
+            const int q = kern[p] == CUDA_MVQ_STREAM ? p_stream : 0;
             for (int64_t i = 0; i < n_tok * no; i++)
-                if (memcmp(&got[p][s][i], &got[0][s][i], 4) != 0) {
-                    cr_expect_fail("%s n_tok %d n_in %lld seg %d plan %d: out[%lld] %.9g, the "
-                                   "one-pass kernel %.9g (must be bit-identical)",
-                                   ggml_type_name(type), n_tok, (long long)n_in, s, p, (long long)i,
-                                   got[p][s][i], got[0][s][i]);
+                if (memcmp(&got[p][s][i], &got[q][s][i], 4) != 0) {
+                    cr_expect_fail("%s n_tok %d n_in %lld seg %d plan %d (kernel %d): out[%lld] "
+                                   "%.9g, plan %d %.9g (must be bit-identical)",
+                                   ggml_type_name(type), n_tok, (long long)n_in, s, p, kern[p],
+                                   (long long)i, got[p][s][i], q, got[q][s][i]);
                     break;
                 }
-        const float *gv = got[0][s];
-        int fails = 0;
-        for (int t = 0; t < n_tok; t++) {
-            for (int64_t o = 0; o < no; o++) {
-                const int64_t i = t * no + o;
-                double ref, tol;
-                if (c->epi == CUDA_MV_SWIGLU) {
-                    const float g = dots[0][i], u = dots[1][i];
-                    ref = g / (1.0f + expf(-g)) * u;
-                    const double sg = fabs(g / (1.0 + exp(-g)));
-                    // d silu / dg <= 1.1; plus an ulp or two of expf and the products
-                    tol = MV_REL_TOL * (1.1 * mags[0][i] * fabs(u) + mags[1][i] * sg) +
-                          4e-7 * fabs(ref);
-                } else {
-                    const float b = bias[s] ? bias[s][o] : 0.0f;
-                    const float v = bias[s] ? dots[s][i] + b : dots[s][i];
-                    ref = c->epi == CUDA_MV_ADD ? out0[s][i] + v : v;
-                    tol =
-                        MV_REL_TOL * mags[s][i] +
-                        2.4e-7 * (fabs(ref) + fabs(b) + fabs(out0[s][i]) * (c->epi == CUDA_MV_ADD));
-                }
-                const double e = fabs(gv[i] - ref);
-                // |err| / sum|wx| of the dot itself (not meaningful after silu * u)
-                if (c->epi != CUDA_MV_SWIGLU && mags[s][i] > 0 && e / mags[s][i] > wo->rel)
-                    wo->rel = e / mags[s][i];
-                if (tol > 0 && e / tol > wo->ratio)
-                    wo->ratio = e / tol;
-                if (!(e <= tol) && fails++ < 5)
-                    cr_log_error("%s n_tok %d n_in %lld seg %d epi %d: out[%d][%lld] cuda %.9g "
-                                 "ref %.9g |err| %.3g > tol %.3g",
-                                 ggml_type_name(type), n_tok, (long long)n_in, s, (int)c->epi, t,
-                                 (long long)o, gv[i], ref, e, tol);
-            }
         }
-        cr_expect_eq(fails, 0, "%s n_tok %d n_in %lld seg %d: %d outputs outside the tolerance",
-                     ggml_type_name(type), n_tok, (long long)n_in, s, fails);
+        // Both orders against the reference: the one-pass kernel's and the
+        // streaming kernel's (where a plan ran it).
+        for (int pass = 0; pass < (p_stream > 0 ? 2 : 1); pass++) {
+            const float *gv = got[pass ? p_stream : 0][s];
+            int fails = 0;
+            for (int t = 0; t < n_tok; t++) {
+                for (int64_t o = 0; o < no; o++) {
+                    const int64_t i = t * no + o;
+                    double ref, tol;
+                    if (c->epi == CUDA_MV_SWIGLU) {
+                        const float g = dots[0][i], u = dots[1][i];
+                        ref = g / (1.0f + expf(-g)) * u;
+                        const double sg = fabs(g / (1.0 + exp(-g)));
+                        // d silu / dg <= 1.1; plus an ulp or two of expf and the products
+                        tol = MV_REL_TOL * (1.1 * mags[0][i] * fabs(u) + mags[1][i] * sg) +
+                              4e-7 * fabs(ref);
+                    } else {
+                        const float b = bias[s] ? bias[s][o] : 0.0f;
+                        const float v = bias[s] ? dots[s][i] + b : dots[s][i];
+                        ref = c->epi == CUDA_MV_ADD ? out0[s][i] + v : v;
+                        tol = MV_REL_TOL * mags[s][i] +
+                              2.4e-7 * (fabs(ref) + fabs(b) +
+                                        fabs(out0[s][i]) * (c->epi == CUDA_MV_ADD));
+                    }
+                    const double e = fabs(gv[i] - ref);
+                    // |err| / sum|wx| of the dot itself (not meaningful after silu * u)
+                    if (c->epi != CUDA_MV_SWIGLU && mags[s][i] > 0 && e / mags[s][i] > wo->rel)
+                        wo->rel = e / mags[s][i];
+                    if (tol > 0 && e / tol > wo->ratio)
+                        wo->ratio = e / tol;
+                    if (!(e <= tol) && fails++ < 5)
+                        cr_log_error("%s n_tok %d n_in %lld seg %d epi %d: out[%d][%lld] cuda %.9g "
+                                     "ref %.9g |err| %.3g > tol %.3g",
+                                     ggml_type_name(type), n_tok, (long long)n_in, s, (int)c->epi,
+                                     t, (long long)o, gv[i], ref, e, tol);
+                }
+            }
+            cr_expect_eq(
+                fails, 0,
+                "%s n_tok %d n_in %lld seg %d (%s kernel): %d outputs outside the tolerance",
+                ggml_type_name(type), n_tok, (long long)n_in, s, pass ? "streaming" : "one-pass",
+                fails);
+        }
         for (int p = 0; p < N_PLANS; p++)
             free(got[p][s]);
     }
@@ -319,18 +360,21 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
 
 static void check_type(enum ggml_type type) {
     rng_seed(100 + (uint64_t)type);
-    struct worst wo = {0, 0, 0, 0};
+    struct worst wo = {0, 0, 0, 0, 0, 0};
     for (size_t k = 0; k < N_MV_CASES; k++)
         for (int variant = 0; variant < 2; variant++)
             if (variant == 0 || mv_cases[k].in_kind > 0)
                 run_case(type, &mv_cases[k], variant, &wo);
     cr_log_info("%-5s matvec q8: worst |err| %.3g of sum|wx|, worst err/tol %.3g (tol %.0e of "
                 "sum|wx|); pipelined kernel bit-identical in %d of %d plan runs (the rest too "
-                "large for it: the one-pass kernel)",
-                ggml_type_name(type), wo.rel, wo.ratio, MV_REL_TOL, wo.pipelined, wo.runs);
+                "large for it: the one-pass kernel); streaming kernel in %d of %d",
+                ggml_type_name(type), wo.rel, wo.ratio, MV_REL_TOL, wo.pipelined, wo.runs,
+                wo.streamed, wo.s_runs);
     // Most shapes fit the pipelined kernel (8 tokens of 14336 do not).
     cr_expect_gt(2 * wo.pipelined, wo.runs, "%s: the pipelined kernel ran in only %d of %d",
                  ggml_type_name(type), wo.pipelined, wo.runs);
+    cr_expect_gt(2 * wo.streamed, wo.s_runs, "%s: the streaming kernel ran in only %d of %d",
+                 ggml_type_name(type), wo.streamed, wo.s_runs);
 }
 
 Test(matvec_q8, q4_0) {
@@ -463,10 +507,13 @@ Test(matvec_q8, rejects_what_it_cannot_do) {
     bad[1].n_out = -1;
     EXPECT_RC(VERR_RANGE, cuda_matvec_q8_segs(bad, 2, q4, 64, dxq, 1, CUDA_MV_STORE, NULL, 0, &err),
               "negative n_out");
-    const struct cuda_mvq_plan bad_plans[] = {{.pipelined = 2},
-                                              {.pipelined = 1, .pairs_per_block = -1},
-                                              {.pipelined = 1, .sm_count = -4},
-                                              {.pipelined = 1, .smem_per_sm = -1}};
+    const struct cuda_mvq_plan bad_plans[] = {{.kernel = 3},
+                                              {.kernel = -1},
+                                              {.kernel = CUDA_MVQ_PIPE, .pairs_per_block = -1},
+                                              {.kernel = CUDA_MVQ_PIPE, .sm_count = -4},
+                                              {.kernel = CUDA_MVQ_PIPE, .smem_per_sm = -1},
+                                              {.kernel = CUDA_MVQ_STREAM, .smem_per_block = -1},
+                                              {.kernel = CUDA_MVQ_STREAM, .blocks_per_sm = -2}};
     for (size_t k = 0; k < sizeof bad_plans / sizeof bad_plans[0]; k++)
         EXPECT_RC(
             VERR_RANGE,

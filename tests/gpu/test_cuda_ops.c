@@ -641,17 +641,18 @@ Test(cuda, matmul_act_q8) {
 // backend (a variant under test, cuda/backend_cuda.h); values it cannot
 // take are refused, and refused on the CPU backend. With the pipelined
 // kernel (1 block per SM: few blocks, several row pairs each) the act_q8
-// decode matmuls and fused ops match the CPU as the default kernel does
-// (test_cuda_matvec_q8 checks the two kernels bit for bit).
+// decode matmuls and fused ops match the CPU as the default (streaming)
+// kernel does (test_cuda_matvec_q8 checks the pipelined kernel bit for bit
+// with the one-pass kernel).
 Test(cuda, matvec_q8_variant) {
     REQUIRE_GPU();
     struct backend *piped = NULL;
     struct verr err = {0};
     cr_assert_eq(backend_cuda_create(&piped, 0, &err), 0, "%s", err.msg);
-    const int bad[][2] = {{1, -1}, {1, 65}, {0, 4}};
+    const int bad[][2] = {{1, -1}, {1, 65}, {0, 4}, {2, 65}, {3, 0}, {-1, 0}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_expect_eq(backend_cuda_set_matvec_q8(piped, bad[i][0], bad[i][1], &err), VERR_RANGE,
-                     "pipelined %d, %d blocks per SM accepted", bad[i][0], bad[i][1]);
+                     "kernel %d, %d blocks per SM accepted", bad[i][0], bad[i][1]);
     cr_expect_eq(backend_cuda_set_matvec_q8(cpu, 1, 4, &err), VERR_RANGE, "the CPU backend");
     cr_assert_eq(backend_cuda_set_matvec_q8(piped, 1, 1, &err), 0, "%s", err.msg);
     struct backend *const saved = gpu;
