@@ -66,11 +66,11 @@ VELA_DEADLINE=${VELA_DEADLINE:-}
 VELA_STEP_MAX=${VELA_STEP_MAX:-300}
 VELA_F32ACT=${VELA_F32ACT:-1}
 # The dp4a mat-vec's other kernels (variants under test, vela-bench-kernels
-# --matvec-q8 pass, pipe:B or stream:B, B blocks per SM) beside the default
-# streaming kernel (stream:4), before a GPU decides: MVQ_PIPE_PLANS are the
-# plans the kernels stage times (rows matvec*@pass, @pipe:B, @stream:B).
-# Empty skips them. The product (vela bench) runs the default kernel only.
-MVQ_PIPE_PLANS=${MVQ_PIPE_PLANS-pass pipe:4 pipe:8 stream:2 stream:8}
+# --matvec-q8 pipe:B or stream:B, B blocks per SM) beside the default
+# one-pass kernel, before a GPU decides: MVQ_PIPE_PLANS are the plans the
+# kernels stage times (rows matvec*@pipe:B, @stream:B). Empty skips them.
+# The product (vela bench) runs the default kernel only.
+MVQ_PIPE_PLANS=${MVQ_PIPE_PLANS-pipe:4 pipe:8 stream:2 stream:4 stream:8}
 LLAMA_JOBS=${LLAMA_JOBS:-}
 LLAMA_NICE=${LLAMA_NICE:-0}
 # Extra CMake arguments for the llama.cpp build, after ours (a later -D
@@ -251,8 +251,8 @@ stage_kernels() {
   merge_plans "$RAW/kernels-attn-se.json" attn_split "$RAW"/kernels-attn-split-*.json \
     || log "kernels: merging the split plans failed"
   # The decode mat-vecs (one token, and 8) through the other dp4a kernels
-  # (--matvec-q8 pass, pipe:B, stream:B; the default streaming kernel's rows
-  # are in the first run): rows "matvec@pipe:B" etc. join kernels.json.
+  # (--matvec-q8 pipe:B, stream:B; the default one-pass kernel's rows are in
+  # the first run): rows "matvec@pipe:B" etc. join kernels.json.
   local mvq_models=llama3-8b,llama2-7b
   [ "$QUICK" = 1 ] && mvq_models=llama3-8b # the one the quick run above has
   for plan in $MVQ_PIPE_PLANS; do

@@ -75,7 +75,7 @@ struct cuda_backend {
     int attn_decode;
     unsigned int *attn_sync;
     int attn_sync_n;
-    // the dp4a mat-vec's kernel (cuda_matvec_q8_segs); the streaming kernel
+    // the dp4a mat-vec's kernel (cuda_matvec_q8_segs); the one-pass kernel
     // unless backend_cuda_set_matvec_q8 picked another
     struct cuda_mvq_plan mvq;
 };
@@ -1247,7 +1247,6 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
                      cudaSuccess)
         what = "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)";
     cb->mvq.sm_count = cb->sm_count;
-    cb->mvq.kernel = CUDA_MVQ_STREAM;
     if (what) {
         int rc = verr_set(err, VERR_BACKEND, "CUDA device %d: %s: %s (%s:%d)", device, what,
                           cudaGetErrorString(e), __FILE__, __LINE__);

@@ -28,9 +28,9 @@ int backend_cuda_set_attn_split(struct backend *be, int blocks_per_sm, int min_c
 int backend_cuda_set_attn_decode(struct backend *be, int kernel, struct verr *err);
 
 // The dp4a mat-vec's kernel (enum cuda_mvq_kernel, cuda/matvec_q8.h):
-// CUDA_MVQ_STREAM (the default), CUDA_MVQ_PIPE (each aiming at blocks_per_sm
-// blocks per multiprocessor, 1..64; 0: their default) or CUDA_MVQ_PASS
-// (the one-pass kernel, blocks_per_sm 0).
+// CUDA_MVQ_PASS (the one-pass kernel, the default; blocks_per_sm 0),
+// CUDA_MVQ_PIPE or CUDA_MVQ_STREAM (each aiming at blocks_per_sm blocks per
+// multiprocessor, 1..64; 0: their default).
 int backend_cuda_set_matvec_q8(struct backend *be, int kernel, int blocks_per_sm, struct verr *err);
 
 #endif

@@ -16,8 +16,8 @@
 // is the one-pass kernel; the pipelined kernel (below, struct
 // cuda_mvq_plan) gives each block several row pairs, one after another, with
 // the same split and order inside each pair: the same result bit for bit.
-// The streaming kernel (the CUDA backend's default) gives each warp whole
-// row pairs instead, its own order (below).
+// The streaming kernel gives each warp whole row pairs instead, its own
+// order (below).
 //
 // Loads (the kernel is meant to run at memory bandwidth; the activations are
 // re-read by every row, the weights exactly once):

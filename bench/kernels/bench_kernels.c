@@ -1126,11 +1126,10 @@ static void usage(FILE *out) {
         "  --matvec-act LIST      activations of the mat-vec families: q8 (the CUDA\n"
         "                         default, dp4a), f32 (default: q8,f32; F32/F16/BF16\n"
         "                         weights always f32)\n"
-        "  --matvec-q8 KERNEL     the dp4a mat-vec's kernel, a variant under test:\n"
-        "                         stream[:B] (the default: persistent blocks, a warp per\n"
-        "                         row pair, B blocks per SM, 1..64, default 4), pipe[:B]\n"
-        "                         (the pipelined kernel, B blocks per SM, default 4) or\n"
-        "                         pass (one block per row pair)\n"
+        "  --matvec-q8 KERNEL     the dp4a mat-vec's kernel, a variant under test: pass\n"
+        "                         (the default: one block per row pair), pipe[:B]\n"
+        "                         (pipelined) or stream[:B] (persistent blocks, a warp\n"
+        "                         per row pair); B blocks per SM, 1..64, default 4\n"
         "  --attn-kernel KERNEL   decode attention's kernel, a variant under test: dec\n"
         "                         (the default: cells split for >= 2 blocks per SM,\n"
         "                         combine fused) or splitk (attn_kernel + combine)\n"
@@ -1242,8 +1241,7 @@ static int parse_args(struct options *o, int argc, char **argv) {
     o->act[0] = o->act[1] = true;
     o->tc_path[0] = o->tc_path[1] = true;
     snprintf(o->attn_split, sizeof o->attn_split, "dec");
-    snprintf(o->matvec_q8, sizeof o->matvec_q8, "stream");
-    o->mvq_kernel = CUDA_MVQ_STREAM;
+    snprintf(o->matvec_q8, sizeof o->matvec_q8, "pass");
 #ifdef VELA_EMU
     o->reps = 1; // emulated: counted, not timed
     o->warmup = 0;

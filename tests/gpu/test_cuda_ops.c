@@ -641,9 +641,8 @@ Test(cuda, matmul_act_q8) {
 // backend (a variant under test, cuda/backend_cuda.h); values it cannot
 // take are refused, and refused on the CPU backend. With the pipelined
 // kernel (1 block per SM: few blocks, several row pairs each) the act_q8
-// decode matmuls and fused ops match the CPU as the default (streaming)
-// kernel does (test_cuda_matvec_q8 checks the pipelined kernel bit for bit
-// with the one-pass kernel).
+// decode matmuls and fused ops match the CPU as the default kernel does (test_cuda_matvec_q8 checks
+// the pipelined kernel bit for bit with the one-pass kernel).
 Test(cuda, matvec_q8_variant) {
     REQUIRE_GPU();
     struct backend *piped = NULL;
