@@ -1389,9 +1389,10 @@ static int parse_args(struct options *o, int argc, char **argv) {
     if (o->n_tc_tok == 0)
         parse_list("--tc-tok", "16,64,128", add_tctok, o);
     if (o->attn_decode == CUDA_ATTN_DECODE_SPLITK) { // the variant's name: splitk[:BxC]
-        char plan[sizeof o->attn_split - 8];         // room for "splitk:" in attn_split
-        snprintf(plan, sizeof plan, "%s", o->attn_split);
-        snprintf(o->attn_split, sizeof o->attn_split, "splitk%s%s",
+        char plan[sizeof o->attn_split];
+        memcpy(plan, o->attn_split, sizeof plan);
+        // "splitk:" and at most 40 bytes of the plan fit attn_split
+        snprintf(o->attn_split, sizeof o->attn_split, "splitk%s%.40s",
                  o->split_blocks_per_sm ? ":" : "", o->split_blocks_per_sm ? plan : "");
     }
     return 0;
