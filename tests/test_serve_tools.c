@@ -1,7 +1,9 @@
 // Tool calling in `vela serve` (tools/serve/toolcall.h, api_tools.h): the
 // request fields and their 400s, the prompt text against what the models'
 // own Jinja templates write (Qwen 2.5's for chatml / Hermes, Llama 3.1's for
-// llama3; expected strings written out by hand from those templates), the
+// llama3, Mistral 7B v0.3's, Mistral Nemo's and Mistral Small 3.1's for
+// mistral-v3, -v3-tekken and -v7-tekken; expected strings written out by
+// hand from those templates), the
 // answer split into content and calls, what may be streamed before the end,
 // and the response shapes (OpenAI's tool_calls, content null,
 // finish_reason "tool_calls").
@@ -12,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "host/grammar/grammar.h"
 #include "host/tokenizer/chat.h"
 #include "tools/serve/api.h"
 #include "tools/serve/toolcall.h"
@@ -121,21 +124,26 @@ Test(serve_tools, tool_choice_none_hides_the_tools) {
     free(p);
 }
 
-Test(serve_tools, a_template_without_a_format_is_refused) {
+// toolcall_render of body with template t is a 400 whose message holds what.
+static void expect_render_400(enum chat_template t, const char *body, const char *what) {
     struct api_request r;
     struct api_error e;
-    cr_assert_eq(parse_chat("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-                            "\"tools\": [" WEATHER_TOOL "]}",
-                            &r, &e),
-                 0);
-    struct chat_msg msgs[4];
+    cr_assert_eq(parse_chat(body, &r, &e), 0, "%s", e.message);
+    struct chat_msg msgs[8];
     struct toolcall_strs keep = {0};
     int n = 0;
-    cr_expect_eq(toolcall_render(CHAT_TMPL_GEMMA, &r, msgs, &n, &keep, &e), -1);
+    cr_expect_eq(toolcall_render(t, &r, msgs, &n, &keep, &e), -1);
     cr_expect_eq(e.status, 400);
-    cr_expect(strstr(e.message, "'gemma' has no tool-call format") != NULL, "%s", e.message);
+    cr_expect(strstr(e.message, what) != NULL, "message '%s' lacks '%s'", e.message, what);
     toolcall_strs_free(&keep);
     api_request_free(&r);
+}
+
+Test(serve_tools, a_template_without_a_format_is_refused) {
+    expect_render_400(CHAT_TMPL_GEMMA,
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                      "\"tools\": [" WEATHER_TOOL "]}",
+                      "'gemma' has no tool-call format");
 }
 
 static void expect_bad(const char *body, const char *what) {
@@ -200,6 +208,15 @@ static struct split split_of(enum toolcall_format f, const char *text) {
     return s;
 }
 
+// Each of texts[0..n) is content: no call found in it.
+static void expect_content(enum toolcall_format f, const char *const *texts, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        struct split s = split_of(f, texts[i]);
+        cr_expect_eq(s.n, 0, "'%s' is not a call", texts[i]);
+        cr_expect_eq(s.content_len, strlen(texts[i]), "'%s' stays content", texts[i]);
+    }
+}
+
 Test(serve_tools, hermes_answers_split_into_content_and_calls) {
     struct split s = split_of(TOOLCALL_HERMES,
                               "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", "
@@ -216,11 +233,7 @@ Test(serve_tools, hermes_answers_split_into_content_and_calls) {
     const char *plain[] = {"No call here.", "<tool_call>\n{not json}\n</tool_call>",
                            "<tool_call>{\"arguments\": {}}</tool_call>",
                            "<tool_call>{\"name\": \"f\"}</tool_call> and then prose"};
-    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
-        s = split_of(TOOLCALL_HERMES, plain[i]);
-        cr_expect_eq(s.n, 0, "'%s' is not a call", plain[i]);
-        cr_expect_eq(s.content_len, strlen(plain[i]), "'%s' stays content", plain[i]);
-    }
+    expect_content(TOOLCALL_HERMES, plain, sizeof plain / sizeof plain[0]);
 }
 
 Test(serve_tools, llama3_answers_split) {
@@ -282,4 +295,182 @@ Test(serve_tools, responses_carry_tool_calls) {
     cr_expect_null(cJSON_GetObjectItem(delta, "content"), "no content in a calls delta: %s", sse);
     cJSON_Delete(o);
     free(sse);
+}
+
+// --- Mistral -----------------------------------------------------------------------
+
+// A call with a 9-character id, its result, and a new question: the tools go
+// before the last user turn.
+#define MISTRAL_CHAT                                                                               \
+    "{\"messages\": [{\"role\": \"system\", \"content\": \"You are helpful.\"}, {\"role\": "       \
+    "\"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": null, " \
+    "\"tool_calls\": [{\"id\": \"abcDEF123\", \"type\": \"function\", \"function\": {\"name\": "   \
+    "\"get_weather\", \"arguments\": \"{\\\"city\\\":\\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", "  \
+    "\"tool_call_id\": \"abcDEF123\", \"content\": \"{\\\"temp\\\": 21}\"}, {\"role\": "           \
+    "\"user\", \"content\": \"And tomorrow?\"}], \"tools\": [" WEATHER_TOOL "]}"
+#define MISTRAL_CALL                                                                               \
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": "                   \
+    "\"abcDEF123\"}]</s>"
+#define MISTRAL_TOOL                                                                               \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get "   \
+    "the weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "            \
+    "{\"type\": \"string\"}}, \"required\": [\"city\"]}}}]"
+
+static void expect_prompt(enum chat_template t, const char *body, const char *want) {
+    char *p = prompt_of(t, body);
+    cr_expect_str_eq(p, want);
+    free(p);
+}
+
+Test(serve_tools, mistral_v3_prompt_is_mistral_7b_v03s) {
+    const char *want = "[INST] Weather in Paris?[/INST][TOOL_CALLS] [" MISTRAL_CALL
+                       "[TOOL_RESULTS] {\"content\": {\"temp\": 21}, \"call_id\": \"abcDEF123\"}"
+                       "[/TOOL_RESULTS][AVAILABLE_TOOLS] [" MISTRAL_TOOL "[/AVAILABLE_TOOLS]"
+                       "[INST] You are helpful.\n\nAnd tomorrow?[/INST]";
+    expect_prompt(CHAT_TMPL_MISTRAL_V3, MISTRAL_CHAT, want);
+}
+
+Test(serve_tools, mistral_v3_tekken_prompt_is_nemos) {
+    const char *want = "[INST]Weather in Paris?[/INST][TOOL_CALLS][" MISTRAL_CALL
+                       "[TOOL_RESULTS]{\"content\": {\"temp\": 21}, \"call_id\": \"abcDEF123\"}"
+                       "[/TOOL_RESULTS][AVAILABLE_TOOLS][" MISTRAL_TOOL "[/AVAILABLE_TOOLS]"
+                       "[INST]You are helpful.\n\nAnd tomorrow?[/INST]";
+    expect_prompt(CHAT_TMPL_MISTRAL_V3_TEKKEN, MISTRAL_CHAT, want);
+}
+
+Test(serve_tools, mistral_v7_tekken_prompt_is_small_31s) {
+    const char *want =
+        "[SYSTEM_PROMPT]You are a helpful assistant that can call tools. If you call one or more "
+        "tools, format them in a single JSON array or objects, where each object is a tool call, "
+        "not as separate objects outside of an array or multiple arrays. Use the format "
+        "[{\"name\": tool call name, \"arguments\": tool call arguments}, additional tool calls] "
+        "if you call more than one tool. If you call tools, do not attempt to interpret them or "
+        "otherwise provide a response until you receive a tool call result that you can "
+        "interpret for the user.\n\nYou are helpful.[/SYSTEM_PROMPT][INST]Weather in "
+        "Paris?[/INST][TOOL_CALLS] [" MISTRAL_CALL
+        "[TOOL_RESULTS] {\"content\": {\"temp\": 21}, \"call_id\": \"abcDEF123\"}"
+        "[/TOOL_RESULTS][AVAILABLE_TOOLS] [" MISTRAL_TOOL "[/AVAILABLE_TOOLS][INST]And "
+        "tomorrow?[/INST]";
+    expect_prompt(CHAT_TMPL_MISTRAL_V7_TEKKEN, MISTRAL_CHAT, want);
+}
+
+// Ids that are not 9 letters and digits (OpenAI's "call_..."): mapped to
+// such, the same in the call and in its result, different for another id.
+Test(serve_tools, mistral_ids_are_nine_alphanumerics_and_still_pair) {
+    char *p = prompt_of(
+        CHAT_TMPL_MISTRAL_V3,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": "
+        "\"assistant\", \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", "
+        "\"function\": {\"name\": \"get_weather\", \"arguments\": \"{}\"}}, {\"id\": \"call_2\", "
+        "\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": "
+        "\"{}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"call_2\", \"content\": \"x\"}], "
+        "\"tools\": [" WEATHER_TOOL "]}");
+    const char *a = strstr(p, "\"id\": \""), *b = a ? strstr(a + 1, "\"id\": \"") : NULL;
+    const char *r = strstr(p, "\"call_id\": \"");
+    cr_assert(a && b && r, "%s", p);
+    a += 7, b += 7, r += 12;
+    for (int i = 0; i < 9; i++)
+        cr_expect((a[i] >= '0' && a[i] <= '9') || ((a[i] | 0x20) >= 'a' && (a[i] | 0x20) <= 'z'),
+                  "%s", p);
+    cr_expect_eq(a[9], '"', "9 characters: %s", p);
+    cr_expect(memcmp(a, b, 9) != 0, "call_1 and call_2 differ: %s", p);
+    cr_expect(memcmp(b, r, 9) == 0, "the result names call_2's id: %s", p);
+    free(p);
+}
+
+Test(serve_tools, mistral_results_need_their_call_id) {
+    expect_render_400(CHAT_TMPL_MISTRAL_V3,
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, "
+                      "{\"role\": \"tool\", \"content\": \"21\"}], \"tools\": [" WEATHER_TOOL "]}",
+                      "'messages[1].tool_call_id' is required");
+}
+
+Test(serve_tools, raw_text_only_where_the_template_takes_it) {
+    const struct chat_msg m[] = {{CHAT_ROLE_RAW, "[X]"}, {"user", "hi"}};
+    char *out = NULL;
+    size_t len = 0;
+    struct verr err = {0};
+    cr_expect_eq(chat_format(CHAT_TMPL_CHATML, m, 2, true, &out, &len, &err), VERR_RANGE);
+    cr_expect(strstr(err.msg, "'chatml' has no place for raw text") != NULL, "%s", err.msg);
+    cr_assert_eq(chat_format(CHAT_TMPL_MISTRAL_V3, m, 2, true, &out, &len, &err), 0, "%s", err.msg);
+    cr_expect_str_eq(out, "[X][INST] hi[/INST]");
+    free(out);
+}
+
+Test(serve_tools, mistral_answers_split) {
+    struct split s = split_of(TOOLCALL_MISTRAL,
+                              "Checking. [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": "
+                              "{\"city\": \"Paris\"}}, {\"name\": \"f\", \"arguments\": {}}]");
+    cr_expect_eq(s.content_len, strlen("Checking."));
+    cr_assert_eq(s.n, 2);
+    cr_expect_str_eq(s.calls[0].name, "get_weather");
+    cr_expect_str_eq(s.calls[0].arguments, "{\"city\":\"Paris\"}");
+    cr_expect_str_eq(s.calls[1].name, "f");
+    cr_expect_eq(strlen(s.calls[0].id), 9, "%s", s.calls[0].id);
+    cr_expect_str_neq(s.calls[0].id, s.calls[1].id);
+    api_tools_calls_free(s.calls, s.n);
+    s = split_of(TOOLCALL_MISTRAL, "[TOOL_CALLS]{\"name\": \"f\", \"arguments\": {\"a\": 1}}");
+    cr_expect_eq(s.n, 1, "one object after the marker");
+    api_tools_calls_free(s.calls, s.n);
+    s = split_of(TOOLCALL_MISTRAL, " [{\"name\": \"f\", \"arguments\": {}}]");
+    cr_expect_eq(s.n, 1, "a bare array of calls (a forced call)");
+    cr_expect_eq(s.content_len, 0);
+    api_tools_calls_free(s.calls, s.n);
+    const char *plain[] = {"[1, 2]",
+                           "[]",
+                           "[TOOL_CALLS] nonsense",
+                           "{\"name\": \"f\"}",
+                           "[link](http://x)",
+                           "[TOOL_CALLS] [{\"arguments\": {}}]"};
+    expect_content(TOOLCALL_MISTRAL, plain, sizeof plain / sizeof plain[0]);
+}
+
+Test(serve_tools, mistral_streaming_holds_back_only_what_may_be_a_call) {
+    const char *t = "Sure. [TOOL_C";
+    cr_expect_eq(toolcall_stream_safe(TOOLCALL_MISTRAL, t, strlen(t)), strlen("Sure. "));
+    cr_expect_eq(toolcall_stream_safe(TOOLCALL_MISTRAL, " [", 2), 0);
+    cr_expect_eq(toolcall_stream_safe(TOOLCALL_MISTRAL, "[ {\"na", 6), 0);
+    t = "[link](x) and more";
+    cr_expect_eq(toolcall_stream_safe(TOOLCALL_MISTRAL, t, strlen(t)), strlen(t));
+    cr_expect_str_eq(toolcall_marker(TOOLCALL_MISTRAL), "[TOOL_CALLS]");
+    cr_expect_null(toolcall_marker(TOOLCALL_HERMES));
+}
+
+// A forced call's grammar takes the array that follows [TOOL_CALLS], and
+// what it takes parses back as the calls.
+Test(serve_tools, mistral_forced_call_grammar_takes_an_array_of_calls) {
+    struct api_request r;
+    struct api_error e;
+    cr_assert_eq(parse_chat("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                            "\"tools\": [" WEATHER_TOOL "], \"tool_choice\": \"required\"}",
+                            &r, &e),
+                 0, "%s", e.message);
+    char *gbnf = NULL;
+    cr_assert_eq(toolcall_grammar(CHAT_TMPL_MISTRAL_V3, &r, &gbnf, &e), 0, "%s", e.message);
+    struct grammar *g = NULL;
+    struct verr err = {0};
+    cr_assert_eq(grammar_parse(&g, gbnf, strlen(gbnf), NULL, &err), 0, "%s\n%s", err.msg, gbnf);
+    const char *ok[] = {"[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+                        "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}, "
+                        "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"B\"}}]"};
+    for (size_t i = 0; i < 2; i++) {
+        struct grammar_state *st = NULL;
+        cr_assert_eq(grammar_state_new(&st, g, &err), 0, "%s", err.msg);
+        cr_expect_eq(grammar_state_accept_bytes(st, ok[i], strlen(ok[i]), &err), 0, "'%s': %s\n%s",
+                     ok[i], err.msg, gbnf);
+        cr_expect(grammar_state_can_end(st), "'%s' is a whole answer", ok[i]);
+        grammar_state_free(st);
+        struct split s = split_of(TOOLCALL_MISTRAL, ok[i]);
+        cr_expect_eq(s.n, (int)i + 1, "'%s' parses back", ok[i]);
+        api_tools_calls_free(s.calls, s.n);
+    }
+    struct grammar_state *st = NULL;
+    cr_assert_eq(grammar_state_new(&st, g, &err), 0, "%s", err.msg);
+    const char *bad = "[{\"name\": \"other\"";
+    cr_expect_neq(grammar_state_accept_bytes(st, bad, strlen(bad), &err), 0,
+                  "a tool that is not offered");
+    grammar_state_free(st);
+    grammar_free(g);
+    free(gbnf);
+    api_request_free(&r);
 }

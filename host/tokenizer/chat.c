@@ -352,7 +352,9 @@ static void fmt_mistral_v7(struct sbuf *b, enum chat_template t, const struct ch
                            size_t n) {
     const char *sp = t == CHAT_TMPL_MISTRAL_V7 ? " " : "";
     for (size_t i = 0; i < n; i++) {
-        if (role_is(&m[i], "system"))
+        if (role_is(&m[i], CHAT_ROLE_RAW))
+            sb_put(b, m[i].content);
+        else if (role_is(&m[i], "system"))
             SB(b, "[SYSTEM_PROMPT]", sp, m[i].content, "[/SYSTEM_PROMPT]");
         else if (role_is(&m[i], "user"))
             SB(b, "[INST]", sp, m[i].content, "[/INST]");
@@ -367,6 +369,11 @@ static void fmt_mistral(struct sbuf *b, enum chat_template t, const struct chat_
     const char *trail = t == CHAT_TMPL_MISTRAL_V3_TEKKEN ? "" : " ";
     bool in_turn = false;
     for (size_t i = 0; i < n; i++) {
+        if (role_is(&m[i], CHAT_ROLE_RAW)) { // between turns: the next user opens one
+            sb_put(b, m[i].content);
+            in_turn = false;
+            continue;
+        }
         if (!in_turn) {
             SB(b, lead, "[INST]", trail);
             in_turn = true;
@@ -606,16 +613,26 @@ static void fmt_dispatch(struct sbuf *b, enum chat_template t, const struct chat
     }
 }
 
+bool chat_template_takes_raw(enum chat_template t) {
+    return t == CHAT_TMPL_MISTRAL_V3 || t == CHAT_TMPL_MISTRAL_V3_TEKKEN ||
+           t == CHAT_TMPL_MISTRAL_V7 || t == CHAT_TMPL_MISTRAL_V7_TEKKEN;
+}
+
 int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,
                 bool add_generation_prompt, char **out, size_t *len, struct verr *err) {
     *out = NULL;
     *len = 0;
     if ((unsigned)t >= CHAT_TMPL_COUNT)
         return verr_set(err, VERR_RANGE, "chat template %d out of range", (int)t);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content)
             return verr_set(err, VERR_RANGE, "chat message %zu has no %s", i,
                             msgs[i].role ? "content" : "role");
+        if (role_is(&msgs[i], CHAT_ROLE_RAW) && !chat_template_takes_raw(t))
+            return verr_set(err, VERR_RANGE,
+                            "chat message %zu: the template '%s' has no place for raw text", i,
+                            chat_template_name(t));
+    }
     struct sbuf b = {0};
     sb_put(&b, ""); // an empty conversation is "", not NULL
     fmt_dispatch(&b, t, msgs, n, add_generation_prompt);

@@ -107,10 +107,18 @@ int chat_template_detect(const char *tmpl, enum chat_template *out, struct verr 
 int chat_template_from_gguf(const struct gguf_file *f, const char *override,
                             enum chat_template *out, const char **source, struct verr *err);
 
+// A message of role CHAT_ROLE_RAW is written as it is, outside any turn: the
+// tool-call markers of Mistral's templates sit between turns
+// ([AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS]; tools/serve/toolcall.h).
+// Only mistral-v3, -v3-tekken, -v7 and -v7-tekken take it.
+#define CHAT_ROLE_RAW "raw"
+bool chat_template_takes_raw(enum chat_template t);
+
 // Formats msgs[0..n) into a malloc'd NUL-terminated string (*len bytes, the
 // NUL not counted). add_generation_prompt appends what opens the assistant's
 // reply (for templates that have such a marker; llama2 and mistral end the
-// user turn with [/INST] and add nothing).
+// user turn with [/INST] and add nothing). A raw message for a template that
+// does not take it: VERR_RANGE.
 int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,
                 bool add_generation_prompt, char **out, size_t *len, struct verr *err);
 

@@ -28,19 +28,23 @@ WEATHER = {
 }
 
 
-@pytest.fixture(scope="module")
-def client():
+def serve_tools(name, *flags):
     """A server of its own: one slot of 2048 cells (the tools' system text is long in the
-    synthetic model's small vocabulary)."""
-    log = os.path.join(WORK, "tools-server.log")
+    synthetic model's small vocabulary); yields its client."""
+    log = os.path.join(WORK, name + ".log")
     with open(log, "w") as f:
         p = subprocess.Popen([VELA, "serve", "-m", tiny_model(2048), "--backend", "cpu", "-t", "2",
-                              "--port", "0", "-np", "1", "-c", "2048", "--no-progress"],
+                              "--port", "0", "-np", "1", "-c", "2048", "--no-progress", *flags],
                              stdout=f, stderr=subprocess.STDOUT)
     port = wait_ready(p, log)
     yield openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none",
                         max_retries=0, timeout=120)
     stop(p)
+
+
+@pytest.fixture(scope="module")
+def client():
+    yield from serve_tools("tools-server")
 
 
 def test_tools_auto_answers(client):
@@ -165,3 +169,36 @@ def test_grammar_field_on_completions(client):
         client.completions.create(model=MODEL, prompt="x", max_tokens=2,
                                   extra_body={"grammar": "root ::= undefined_rule"})
     assert "'grammar'" in str(ei.value) and "undefined_rule" in str(ei.value)
+
+
+@pytest.fixture(scope="module")
+def mistral_client():
+    """Chats formatted with Mistral 7B v0.3's template: calls as [TOOL_CALLS] [...] with
+    9-character ids."""
+    yield from serve_tools("tools-mistral-server", "--chat-template", "mistral-v3")
+
+
+def test_mistral_forced_call_round_trip(mistral_client):
+    """A forced call in Mistral's format parses into tool_calls whose ids the template
+    takes (9 letters and digits); sent back with its result, the conversation is served."""
+    r = mistral_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Celsius please"}],
+        tools=[UNIT_TOOL], tool_choice="required", max_tokens=200, temperature=0.8, seed=5)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    call = c.message.tool_calls[0]
+    assert call.function.name == "set_unit", call
+    assert json.loads(call.function.arguments)["unit"] in ("c", "f"), call
+    assert len(call.id) == 9 and call.id.isalnum(), call.id
+    r = mistral_client.chat.completions.create(
+        model=MODEL, tools=[UNIT_TOOL], max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": "Celsius please"},
+                  {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                  {"role": "tool", "tool_call_id": call.id, "content": "done"}])
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    with pytest.raises(openai.BadRequestError) as e:
+        mistral_client.chat.completions.create(
+            model=MODEL, tools=[UNIT_TOOL], max_tokens=4,
+            messages=[{"role": "user", "content": "Celsius please"},
+                      {"role": "tool", "content": "done"}])
+    assert "tool_call_id" in str(e.value)

@@ -505,6 +505,19 @@ static int prompt_tokens(struct serve *s, struct api_request *a, int32_t **toks,
     return 0;
 }
 
+// The control token whose text is marker (NULL: none), or -1 where the
+// vocabulary has no such token (the marker is then plain text, which the
+// detokenizer keeps).
+static int32_t marker_token(const struct serve *s, const char *marker) {
+    int32_t id[2];
+    int n = 0;
+    if (!marker || !s->e->tok ||
+        tokenizer_encode(s->e->tok, marker, strlen(marker), false, true, id, 2, &n, NULL) ||
+        n != 1 || !tokenizer_is_control(s->e->tok, id[0]))
+        return -1;
+    return id[0];
+}
+
 // Appends (token, bias) to *b [*n] (capacity *cap, grown); SAMPLER_MAX_BIAS at most.
 static int bias_push(struct sampler_bias **b, int *n, int *cap, int32_t token, float bias,
                      struct api_error *e) {
@@ -647,6 +660,9 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
     r->n_bias = n_bias;
     r->grammar = g;
     r->gvocab = s->gvocab;
+    if (k == API_CHAT && toolcall_wanted(&r->api))
+        r->marker =
+            marker_token(s, r->marker_text = toolcall_marker(toolcall_format_of(s->cfg.tmpl)));
     // The template's end of turn ends the answer, unless ignore_eos asks to
     // go on past end-of-generation tokens (llama-server does the same).
     if (stop_tok >= 0 && !r->api.ignore_eos)

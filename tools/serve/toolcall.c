@@ -7,12 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/serve/json_schema.h"
 #include "tools/serve/buf.h"
+#include "tools/serve/json_schema.h"
 
 #define HERMES_OPEN "<tool_call>"
 #define HERMES_CLOSE "</tool_call>"
 #define LLAMA3_PYTHON_TAG "<|python_tag|>"
+#define MISTRAL_CALLS "[TOOL_CALLS]"
+#define MISTRAL_ID_LEN 9
 
 enum toolcall_format toolcall_format_of(enum chat_template t) {
     switch (t) {
@@ -20,9 +22,18 @@ enum toolcall_format toolcall_format_of(enum chat_template t) {
         return TOOLCALL_HERMES;
     case CHAT_TMPL_LLAMA3:
         return TOOLCALL_LLAMA3;
+    case CHAT_TMPL_MISTRAL_V3:
+    case CHAT_TMPL_MISTRAL_V3_TEKKEN:
+    case CHAT_TMPL_MISTRAL_V7:
+    case CHAT_TMPL_MISTRAL_V7_TEKKEN:
+        return TOOLCALL_MISTRAL;
     default:
         return TOOLCALL_NONE;
     }
+}
+
+const char *toolcall_marker(enum toolcall_format f) {
+    return f == TOOLCALL_MISTRAL ? MISTRAL_CALLS : NULL;
 }
 
 bool toolcall_wanted(const struct api_request *r) {
@@ -231,6 +242,86 @@ static int llama3_calls(struct buf *b, const struct api_message *m) {
     return m->n_calls ? rc : add_str(b, m->content);
 }
 
+// A call id as Mistral's templates take it: 9 letters and digits. Such an
+// id is kept; any other is mapped to 9 base-62 digits of its FNV-1a hash.
+static void mistral_id(const char *id, char out[MISTRAL_ID_LEN + 1]) {
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    size_t n = 0;
+    while (id[n] && n <= MISTRAL_ID_LEN &&
+           ((id[n] >= '0' && id[n] <= '9') || ((id[n] | 0x20) >= 'a' && (id[n] | 0x20) <= 'z')))
+        n++;
+    if (n == MISTRAL_ID_LEN && !id[n]) {
+        memcpy(out, id, MISTRAL_ID_LEN + 1);
+        return;
+    }
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    for (int i = 0; i < MISTRAL_ID_LEN; i++, h /= 62)
+        out[i] = digits[h % 62];
+    out[MISTRAL_ID_LEN] = '\0';
+}
+
+// The space after Mistral's markers: "[TOOL_CALLS] [" in v3 and v7,
+// "[TOOL_CALLS][" in v3-tekken (Nemo).
+static const char *mistral_sep(enum chat_template t) {
+    return t == CHAT_TMPL_MISTRAL_V3_TEKKEN ? "" : " ";
+}
+
+// One tool as the templates write it: {"type": "function", "function":
+// {...}} with the function's keys in order ("return" left out), string
+// values between quotes as they are (the templates do not escape them),
+// others as JSON.
+static int mistral_tool(struct buf *b, const char *json) {
+    cJSON *o = api_json_parse(json, strlen(json));
+    const cJSON *fn = o ? cJSON_GetObjectItemCaseSensitive(o, "function") : NULL;
+    int rc = add_str(b, "{\"type\": \"function\", \"function\": {");
+    bool first = true;
+    for (const cJSON *c = fn ? fn->child : NULL; c && !rc; c = c->next) {
+        if (!c->string || !strcmp(c->string, "return"))
+            continue;
+        rc = first ? 0 : add_str(b, ", ");
+        first = false;
+        rc = rc ? rc : add_str(b, "\"");
+        rc = rc ? rc : add_str(b, c->string);
+        rc = rc ? rc : add_str(b, "\": ");
+        if (cJSON_IsString(c))
+            rc = rc ? rc : add_str(b, "\"") || add_str(b, c->valuestring) || add_str(b, "\"");
+        else
+            rc = rc ? rc : dump_json(b, c, 0, 0);
+    }
+    cJSON_Delete(o);
+    return rc ? rc : add_str(b, "}}");
+}
+
+static int mistral_tools(struct buf *b, enum chat_template t, const struct api_request *r) {
+    int rc = add_str(b, "[AVAILABLE_TOOLS]") || add_str(b, mistral_sep(t)) || add_str(b, "[");
+    for (int i = 0; i < r->tools.n && !rc; i++)
+        rc = (i ? add_str(b, ", ") : 0) || mistral_tool(b, r->tools.list[i].json);
+    return rc ? rc : add_str(b, "][/AVAILABLE_TOOLS]");
+}
+
+static int mistral_calls(struct buf *b, enum chat_template t, const struct api_message *m) {
+    int rc = add_str(b, MISTRAL_CALLS) || add_str(b, mistral_sep(t)) || add_str(b, "[");
+    for (int i = 0; i < m->n_calls && !rc; i++) {
+        char id[MISTRAL_ID_LEN + 1];
+        mistral_id(m->calls[i].id ? m->calls[i].id : "", id);
+        rc = (i ? add_str(b, ", ") : 0) || add_str(b, "{\"name\": ") ||
+             dump_string(b, m->calls[i].name) || add_str(b, ", \"arguments\": ") ||
+             dump_text(b, m->calls[i].arguments, 0) || add_str(b, ", \"id\": \"") ||
+             add_str(b, id) || add_str(b, "\"}");
+    }
+    return rc ? rc : add_str(b, "]</s>");
+}
+
+static int mistral_result(struct buf *b, enum chat_template t, const struct api_message *m) {
+    char id[MISTRAL_ID_LEN + 1];
+    mistral_id(m->tool_call_id, id);
+    return add_str(b, "[TOOL_RESULTS]") || add_str(b, mistral_sep(t)) ||
+           add_str(b, "{\"content\": ") || add_str(b, m->content) ||
+           add_str(b, ", \"call_id\": \"") || add_str(b, id) || add_str(b, "\"}[/TOOL_RESULTS]");
+}
+
 // One message of the request, rewritten for format f (the tools block is
 // placed by the caller). *merged: a tool result appended to the previous
 // user turn (Hermes puts consecutive results in one turn).
@@ -292,6 +383,77 @@ static int render_system(enum toolcall_format f, const struct api_request *r, bo
     return 0;
 }
 
+// Appends (role, b's text) to out; b is taken. -1 (a 500 in e) when out of memory.
+static int push_msg(const char *role, struct buf *b, int rc, struct chat_msg *out, int *n,
+                    struct toolcall_strs *keep, struct api_error *e) {
+    const char *s = rc ? (buf_free(b), NULL) : keep_buf(keep, b);
+    if (!s)
+        return OOM();
+    out[(*n)++] = (struct chat_msg){role, s};
+    return 0;
+}
+
+// Mistral Small 3.1's instructions for calls, which open its system prompt
+// when tools are given.
+#define MISTRAL_V7_TOOLS_PROMPT                                                                    \
+    "You are a helpful assistant that can call tools. If you call one or more tools, format "      \
+    "them in a single JSON array or objects, where each object is a tool call, not as separate "   \
+    "objects outside of an array or multiple arrays. Use the format [{\"name\": tool call name, "  \
+    "\"arguments\": tool call arguments}, additional tool calls] if you call more than one "       \
+    "tool. If you call tools, do not attempt to interpret them or otherwise provide a response "   \
+    "until you receive a tool call result that you can interpret for the user."
+
+// The conversation in Mistral's format (toolcall.h): markers as raw
+// messages between the turns.
+static int render_mistral(enum chat_template t, const struct api_request *r, bool show,
+                          struct chat_msg *out, int *n, struct toolcall_strs *keep,
+                          struct api_error *e) {
+    const bool v7 = t == CHAT_TMPL_MISTRAL_V7 || t == CHAT_TMPL_MISTRAL_V7_TEKKEN;
+    const int first = r->n_messages > 0 && !strcmp(r->messages[0].role, "system") ? 1 : 0;
+    const char *sys = first ? r->messages[0].content : NULL;
+    int last_user = -1;
+    for (int i = first; i < r->n_messages; i++)
+        if (!strcmp(r->messages[i].role, "user"))
+            last_user = i;
+    if (v7 && (sys || show)) {
+        struct buf b = {0};
+        int rc = show && (add_str(&b, MISTRAL_V7_TOOLS_PROMPT) || (sys && add_str(&b, "\n\n")));
+        rc = rc || (sys && add_str(&b, sys));
+        if (push_msg("system", &b, rc, out, n, keep, e))
+            return -1;
+    }
+    for (int i = first; i < r->n_messages; i++) {
+        const struct api_message *m = &r->messages[i];
+        struct buf b = {0};
+        if (i == last_user && show &&
+            push_msg(CHAT_ROLE_RAW, &b, mistral_tools(&b, t, r), out, n, keep, e))
+            return -1;
+        const char *role = m->role;
+        int rc;
+        if (!strcmp(m->role, "tool")) {
+            if (!m->tool_call_id)
+                return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                                "'messages[%d].tool_call_id' is required: the chat template "
+                                "'%s' names the call each result answers",
+                                i, chat_template_name(t));
+            role = CHAT_ROLE_RAW;
+            rc = mistral_result(&b, t, m);
+        } else if (!strcmp(m->role, "assistant") && m->n_calls) {
+            role = CHAT_ROLE_RAW;
+            rc = mistral_calls(&b, t, m);
+        } else if (!v7 && sys && i == r->n_messages - 1 && !strcmp(m->role, "user")) {
+            // v3's template: the system text joins the last message when it
+            // is the user's (and is left out otherwise).
+            rc = add_str(&b, sys) || add_str(&b, "\n\n") || add_str(&b, m->content);
+        } else {
+            rc = add_str(&b, m->content);
+        }
+        if (push_msg(role, &b, rc, out, n, keep, e))
+            return -1;
+    }
+    return 0;
+}
+
 int toolcall_render(enum chat_template t, const struct api_request *r, struct chat_msg *out,
                     int *n_out, struct toolcall_strs *keep, struct api_error *e) {
     *n_out = 0;
@@ -305,9 +467,12 @@ int toolcall_render(enum chat_template t, const struct api_request *r, struct ch
     if (f == TOOLCALL_NONE)
         return api_fail(e, 400, "invalid_request_error", "invalid_value",
                         "'tools': the model's chat template '%s' has no tool-call format in vela "
-                        "(templates with one: chatml (Hermes / Qwen), llama3)",
+                        "(templates with one: chatml (Hermes / Qwen), llama3, mistral-v3, "
+                        "mistral-v3-tekken, mistral-v7, mistral-v7-tekken)",
                         chat_template_name(t));
     const bool show = toolcall_wanted(r);
+    if (f == TOOLCALL_MISTRAL)
+        return render_mistral(t, r, show, out, n_out, keep, e);
     if (render_system(f, r, show, out, n_out, keep, e))
         return -1;
     bool tools_placed = f != TOOLCALL_LLAMA3 || !show;
@@ -366,14 +531,10 @@ static int call_of(const cJSON *o, struct api_tool_call *c) {
     return c->name && c->arguments ? 0 : -1;
 }
 
-// Appends the call in JSON text s[0..n) to *calls; 1 when it is not a call.
-static int add_call(const char *s, size_t n, struct api_tool_call **calls, int *n_calls) {
-    cJSON *o = api_json_parse(s, n);
-    if (!o)
-        return 1;
+// Appends the call object o to *calls; 1 when it is not a call.
+static int add_call_obj(const cJSON *o, struct api_tool_call **calls, int *n_calls) {
     struct api_tool_call c = {0};
     int rc = call_of(o, &c);
-    cJSON_Delete(o);
     struct api_tool_call *grown = rc ? NULL : realloc(*calls, (size_t)(*n_calls + 1) * sizeof c);
     if (rc || !grown) {
         free(c.name);
@@ -383,6 +544,16 @@ static int add_call(const char *s, size_t n, struct api_tool_call **calls, int *
     *calls = grown;
     grown[(*n_calls)++] = c;
     return 0;
+}
+
+// Appends the call in JSON text s[0..n) to *calls; 1 when it is not a call.
+static int add_call(const char *s, size_t n, struct api_tool_call **calls, int *n_calls) {
+    cJSON *o = api_json_parse(s, n);
+    if (!o)
+        return 1;
+    int rc = add_call_obj(o, calls, n_calls);
+    cJSON_Delete(o);
+    return rc;
 }
 
 // Hermes: every <tool_call>...</tool_call> (the last one may be unclosed).
@@ -462,14 +633,49 @@ static int parse_llama3(const char *text, size_t len, size_t *content_len,
     return 0;
 }
 
+// Mistral: [TOOL_CALLS] and a JSON array of calls (or one call) to the end;
+// without the marker, an answer that is such an array alone (a forced call:
+// a grammar cannot make the control token).
+static int parse_mistral(const char *text, size_t len, size_t *content_len,
+                         struct api_tool_call **calls, int *n) {
+    const char *p = text, *end = text + len;
+    const size_t ml = strlen(MISTRAL_CALLS);
+    const char *mark = NULL;
+    for (const char *q = text; q + ml <= end && !mark; q++)
+        if (!memcmp(q, MISTRAL_CALLS, ml))
+            mark = q;
+    if (mark) {
+        *content_len = (size_t)(mark - text);
+        p = mark + ml;
+    } else {
+        *content_len = 0;
+    }
+    while (p < end && is_space(*p))
+        p++;
+    if (p == end || (*p != '[' && (!mark || *p != '{')))
+        return 1;
+    cJSON *v = api_json_parse(p, (size_t)(end - p));
+    if (!v)
+        return 1;
+    int rc = cJSON_IsArray(v) && !v->child ? 1 : 0;
+    if (cJSON_IsArray(v))
+        for (const cJSON *c = v->child; c && !rc; c = c->next)
+            rc = add_call_obj(c, calls, n);
+    else
+        rc = add_call_obj(v, calls, n);
+    cJSON_Delete(v);
+    return rc;
+}
+
 int toolcall_parse(enum toolcall_format f, const char *text, size_t len, const char *id_prefix,
                    size_t *content_len, struct api_tool_call **calls, int *n_calls) {
     *calls = NULL;
     *n_calls = 0;
     *content_len = len;
-    int rc = f == TOOLCALL_HERMES   ? parse_hermes(text, len, content_len, calls, n_calls)
-             : f == TOOLCALL_LLAMA3 ? parse_llama3(text, len, content_len, calls, n_calls)
-                                    : 1;
+    int rc = f == TOOLCALL_HERMES    ? parse_hermes(text, len, content_len, calls, n_calls)
+             : f == TOOLCALL_LLAMA3  ? parse_llama3(text, len, content_len, calls, n_calls)
+             : f == TOOLCALL_MISTRAL ? parse_mistral(text, len, content_len, calls, n_calls)
+                                     : 1;
     if (rc) { // not calls after all: the whole text is content
         api_tools_calls_free(*calls, *n_calls);
         *calls = NULL;
@@ -482,21 +688,43 @@ int toolcall_parse(enum toolcall_format f, const char *text, size_t len, const c
     for (int i = 0; i < *n_calls; i++) {
         char id[96];
         snprintf(id, sizeof id, "%s_%d", id_prefix, i);
+        if (f == TOOLCALL_MISTRAL) {
+            char m[MISTRAL_ID_LEN + 1];
+            mistral_id(id, m);
+            memcpy(id, m, sizeof m);
+        }
         if (!((*calls)[i].id = strdup(id)))
             return -1;
     }
     return 0;
 }
 
+// The bytes of text[0..len) before marker or what may begin it at the end.
+static size_t before_marker(const char *marker, const char *text, size_t len) {
+    const size_t n = strlen(marker);
+    for (size_t i = 0; i < len; i++) {
+        const size_t m = len - i < n ? len - i : n;
+        if (!memcmp(text + i, marker, m))
+            return i; // a call, or what may become one
+    }
+    return len;
+}
+
 size_t toolcall_stream_safe(enum toolcall_format f, const char *text, size_t len) {
-    if (f == TOOLCALL_HERMES) {
-        const size_t n = strlen(HERMES_OPEN);
-        for (size_t i = 0; i < len; i++) {
-            const size_t m = len - i < n ? len - i : n;
-            if (!memcmp(text + i, HERMES_OPEN, m))
-                return i; // a call, or what may become one
-        }
-        return len;
+    if (f == TOOLCALL_HERMES)
+        return before_marker(HERMES_OPEN, text, len);
+    if (f == TOOLCALL_MISTRAL) {
+        // An answer that opens with '[' may be a bare array of calls
+        // (parse_mistral) until its next character says otherwise.
+        size_t i = 0;
+        while (i < len && is_space(text[i]))
+            i++;
+        size_t j = i + 1;
+        while (j < len && is_space(text[j]))
+            j++;
+        if (i < len && text[i] == '[' && (j == len || text[j] == '{'))
+            return 0;
+        return before_marker(MISTRAL_CALLS, text, len);
     }
     if (f == TOOLCALL_LLAMA3) {
         size_t i = 0;
@@ -577,7 +805,8 @@ int toolcall_grammar(enum chat_template t, const struct api_request *r, char **g
     if (f == TOOLCALL_NONE)
         return api_fail(e, 400, "invalid_request_error", "invalid_value",
                         "'tools': the model's chat template '%s' has no tool-call format in vela "
-                        "(templates with one: chatml (Hermes / Qwen), llama3)",
+                        "(templates with one: chatml (Hermes / Qwen), llama3, mistral-v3, "
+                        "mistral-v3-tekken, mistral-v7, mistral-v7-tekken)",
                         chat_template_name(t));
     cJSON *schema = calls_schema(f, r);
     if (!schema)
@@ -593,13 +822,16 @@ int toolcall_grammar(enum chat_template t, const struct api_request *r, char **g
     struct buf b = {0};
     const char *nl = strstr(call, "\nroot ::=");
     const size_t at = !strncmp(call, "root ::=", 8) ? 0 : nl ? (size_t)(nl + 1 - call) : SIZE_MAX;
-    const bool many = r->tools.parallel && f == TOOLCALL_HERMES;
+    const bool many = r->tools.parallel && f != TOOLCALL_LLAMA3;
     rc = at == SIZE_MAX || buf_add(&b, call, at) || add_str(&b, "call ::=") ||
          add_str(&b, call + at + 8);
     if (!rc && f == TOOLCALL_HERMES)
         rc = add_str(&b, many ? "root ::= tc (\"\\n\" tc)*\ntc ::= \"<tool_call>\\n\" call "
                                 "\"\\n</tool_call>\"\n"
                               : "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n");
+    else if (!rc && f == TOOLCALL_MISTRAL) // the array that follows [TOOL_CALLS]
+        rc = add_str(&b, many ? "root ::= \"[\" call (\", \" call)* \"]\"\n"
+                              : "root ::= \"[\" call \"]\"\n");
     else if (!rc)
         rc = add_str(&b, "root ::= call\n");
     free(call);

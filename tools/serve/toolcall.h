@@ -15,6 +15,18 @@
 //   question; a call is the whole answer, {"name": ..., "parameters":
 //   {...}} (after an optional <|python_tag|>); results come back in an
 //   "ipython" turn.
+// - TOOLCALL_MISTRAL (mistral-v3: Mistral 7B v0.3; mistral-v3-tekken:
+//   Mistral Nemo; mistral-v7 / -v7-tekken: Mistral Small 3.1's template):
+//   the tools as [AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS] before the last
+//   user turn; a call is [TOOL_CALLS] [{"name": ..., "arguments": {...},
+//   "id": ...}] (the marker a control token, written into the answer by the
+//   server: toolcall_marker); results are [TOOL_RESULTS] {"content": ...,
+//   "call_id": ...}[/TOOL_RESULTS]. Call ids are 9 letters and digits, as
+//   the templates require: ids that are not are mapped to such (the same id
+//   always to the same one, so a call and its result still pair). v3 puts
+//   the system text in front of the last message when that is the user's
+//   (and drops it otherwise, as its template does); v7 opens its system
+//   prompt with the template's instructions for parallel calls.
 // Other templates have no format here: a request with tools is refused.
 #ifndef VELA_TOOLS_SERVE_TOOLCALL_H
 #define VELA_TOOLS_SERVE_TOOLCALL_H
@@ -29,6 +41,7 @@ enum toolcall_format {
     TOOLCALL_NONE = 0, // the template has no tool-call format here
     TOOLCALL_HERMES,
     TOOLCALL_LLAMA3,
+    TOOLCALL_MISTRAL,
 };
 
 // The format of template t's models.
@@ -70,6 +83,11 @@ bool toolcall_wanted(const struct api_request *r);
 // or -1 when out of memory.
 int toolcall_parse(enum toolcall_format f, const char *text, size_t len, const char *id_prefix,
                    size_t *content_len, struct api_tool_call **calls, int *n_calls);
+
+// The text of the control token that opens format f's calls ("[TOOL_CALLS]"),
+// or NULL: the detokenizer drops control tokens, so the server writes this
+// text into the answer where the model sampled that token.
+const char *toolcall_marker(enum toolcall_format f);
 
 // How many bytes of the answer so far, text[0..len), may be streamed as
 // content now: all but what may be (the start of) a tool call.

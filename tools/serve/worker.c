@@ -35,6 +35,7 @@ struct srv_req *srv_req_new(struct api_request *api, int32_t *tokens, int n_toke
     r->n_jobs = r->api.n;
     r->n_vocab = n_vocab;
     r->max_gen = -1;
+    r->marker = -1;
     for (int i = 0; i < r->n_jobs; i++) {
         r->jobs[i].req = r;
         r->jobs[i].index = i;
@@ -211,10 +212,14 @@ static int on_event(void *user, const struct engine_req_event *ev) {
                 stop = 1;
         }
         // Shown text only: the matcher holds back what may begin a stop string.
-        const char *show = NULL;
-        size_t n_show = 0;
-        if (!j->finish && ev->len &&
-            (stop_push(j->stop, ev->text, ev->len, &show, &n_show, NULL) ||
+        const char *show = NULL, *text = ev->text;
+        size_t n_show = 0, len = ev->len;
+        if (ev->token >= 0 && ev->token == r->marker) {
+            text = r->marker_text;
+            len = strlen(text);
+        }
+        if (!j->finish && len &&
+            (stop_push(j->stop, text, len, &show, &n_show, NULL) ||
              buf_add(&j->text, show, n_show)))
             stop = 1;
         if (!j->finish && stop_hit(j->stop) >= 0) {

@@ -57,6 +57,10 @@ struct srv_req {
     int n_bias;
     struct grammar *grammar;            // the output's grammar (owned) or NULL
     const struct grammar_vocab *gvocab; // the server's token trie, with a grammar
+    // The control token that opens a tool call (toolcall_marker: Mistral's
+    // [TOOL_CALLS]), written into the answer as marker_text; -1: none.
+    int32_t marker;
+    const char *marker_text;
     int n_jobs;
     struct srv_job jobs[API_MAX_N];
     // set by the engine thread
