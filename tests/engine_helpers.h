@@ -29,6 +29,7 @@ struct engine_test_cfg {
     int n_ctx;           // cells in all
     int n_batch;         // tokens per forward pass
     int n_seq;           // sequences, each with a logits row per decode
+    int n_outputs;       // logits rows per decode (0: n_seq)
     const char *devices; // NULL: one CPU backend; "cpu,cpu": two stages
     bool f32_cache;      // F32 K/V (default F16)
     int type_k, type_v;  // K / V cache types when > 0 (GGML_TYPE_*: F16, BF16, Q8_0, ...)
@@ -58,7 +59,7 @@ static inline struct engine *engine_test_open(const char *path, const struct eng
     struct engine_config op;
     args_engine_config(&am, &op);
     op.ctx.n_seq_max = c->n_seq;
-    op.ctx.n_outputs_max = c->n_seq;
+    op.ctx.n_outputs_max = c->n_outputs > 0 ? c->n_outputs : c->n_seq;
     struct engine *e = NULL;
     struct verr err = {0};
     cr_assert_eq(engine_open(&e, &op, &err), 0, "engine_open: %s", err.msg);

@@ -59,6 +59,8 @@ struct engine_stats {
     uint32_t seed;      // the sampler seed used by sequence 0
     int n_ctx_shifts;   // all sequences
     int n_batch_splits; // decodes retried with a smaller batch (fragmented cache)
+    int n_drafted;      // draft tokens verified (speculative decoding)
+    int n_accepted;     // of those, kept
 };
 
 #endif

@@ -41,8 +41,17 @@ struct slot {
                             // it ends after the step with this reason
     int chunk_b0, chunk_c0; // its prompt chunk in this step: batch index, prompt index
     uint8_t row_how;        // this step: what its row gives back (enum forward_row)
-    int32_t amax;           // the token the backend picked from its row (argmax or sample op)
-    float *last;            // [n_vocab] its row (sampling on the host); kept across requests
+    // Its rows this step: the next token's and one per draft token (n_draft,
+    // speculative decoding), out_row.. in the batch.
+    int n_draft;
+    int32_t draft[ENGINE_SPEC_MAX];
+    int32_t amax[ENGINE_SPEC_MAX + 1]; // the tokens the backend picked (argmax or sample op)
+    float *last; // [n_last][n_vocab] its rows (sampling on the host); kept across requests
+    int n_last;
+    // A speculating request's tokens so far, prompt and sampled (what the
+    // n-gram drafter looks in); kept across requests.
+    int32_t *seen;
+    int n_seen, cap_seen;
     // The tokens of this slot's cells, positions 0..n_hist-1, while no
     // policy moved them (hist_ok): what a request with reuse_cells compares
     // its prompt against. Kept across requests, as `last`.
@@ -89,6 +98,7 @@ void engine_request_default(struct engine_request *r) {
     r->n_keep = 0;
     r->ga_n = 1;
     r->ga_w = 512;
+    engine_spec_default(&r->spec);
 }
 
 // ---------------------------------------------------------------------------
@@ -115,6 +125,7 @@ void engine_sched_free(struct engine_sched *s) {
         tokenizer_stream_free(s->slots[i].stream);
         free(s->slots[i].last);
         free(s->slots[i].hist);
+        free(s->slots[i].seen);
         req_free(s->slots[i].rq);
     }
     for (int i = 0; s->queue && i < s->q_len; i++)
@@ -327,6 +338,22 @@ static int check_request_se(const struct engine *e, const struct engine_request 
     return forward_selfextend_ctx(&e->m->hp, r->se_g, r->se_w, &n_ctx_se, err);
 }
 
+// Speculation needs rows that only the sampler reads and positions that
+// only a context shift moves.
+static int check_spec(const struct engine_request *r, int n_batch, struct verr *err) {
+    if (r->spec.type == ENGINE_SPEC_NONE)
+        return 0;
+    if (r->on_logits || r->on_rows)
+        return verr_set(err, VERR_RANGE,
+                        "speculative decoding with a logits hook (on_logits, on_rows) is not "
+                        "supported");
+    if (r->ga_n != 1)
+        return verr_set(err, VERR_RANGE,
+                        "speculative decoding with self-extend (--grp-attn-n %d) is not supported",
+                        r->ga_n);
+    return engine_spec_check(&r->spec, n_batch, err);
+}
+
 static int check_request(const struct engine *e, const struct engine_request *r, struct verr *err) {
     const int V = e->m->hp.n_vocab, n_batch = context_config(e->ctx)->n_batch;
     // llama-cli's limit: room for a few generated tokens after the prompt;
@@ -360,6 +387,8 @@ static int check_request(const struct engine *e, const struct engine_request *r,
     if ((rc = check_tokens(r->stop_tokens, r->n_stop_tokens, V, "stop ", err)))
         return rc;
     if ((rc = check_request_se(e, r, err)))
+        return rc;
+    if ((rc = check_spec(r, n_batch, err)))
         return rc;
     struct kv_policy_params pp;
     struct kv_policy pol;
@@ -515,20 +544,41 @@ static void hist_add(struct slot *sl, int32_t pos, const int32_t *tok, int n) {
     sl->n_hist += n;
 }
 
+// Appends tokens to what a speculating slot's drafter looks in.
+static int seen_add(struct slot *sl, const int32_t *tok, int n, struct verr *err) {
+    if (sl->n_seen + n > sl->cap_seen) {
+        int cap = sl->cap_seen ? sl->cap_seen : 256;
+        while (cap < sl->n_seen + n)
+            cap *= 2;
+        int32_t *t = realloc(sl->seen, (size_t)cap * sizeof *t);
+        if (!t)
+            return verr_set(err, VERR_NOMEM, "out of host memory");
+        sl->seen = t;
+        sl->cap_seen = cap;
+    }
+    memcpy(sl->seen + sl->n_seen, tok, (size_t)n * sizeof *tok);
+    sl->n_seen += n;
+    return 0;
+}
+
 // Slot si takes request q. On failure the slot stays active and the step's
 // error path ends it.
 static int slot_start(struct engine *e, struct engine_sched *s, int si, struct sched_req *q,
                       struct verr *err) {
     struct slot *sl = &s->slots[si];
     float *last = sl->last;
-    int32_t *hist = sl->hist;
+    int32_t *hist = sl->hist, *seen = sl->seen;
     const int n_hist = sl->hist_ok ? sl->n_hist : 0, cap_hist = sl->cap_hist;
+    const int n_last = sl->n_last, cap_seen = sl->cap_seen;
     const uint64_t last_used = sl->last_used;
     const int kept_g = sl->se_g, kept_w = sl->se_w; // what hist's cells were computed with
     memset(sl, 0, sizeof *sl);
     sl->last = last;
+    sl->n_last = n_last;
     sl->hist = hist;
     sl->cap_hist = cap_hist;
+    sl->seen = seen;
+    sl->cap_seen = cap_seen;
     sl->state = SLOT_PROMPT;
     sl->rq = q;
     sl->out_row = -1;
@@ -558,6 +608,8 @@ static int slot_start(struct engine *e, struct engine_sched *s, int si, struct s
     q->st.seed = sampler_seed(sl->smp);
     for (int t = 0; t < r->n_tokens; t++)
         sampler_accept_prompt(sl->smp, r->tokens[t]);
+    if (r->spec.type != ENGINE_SPEC_NONE && (rc = seen_add(sl, r->tokens, r->n_tokens, err)))
+        return rc;
     if (e->tok && (rc = tokenizer_stream_new(&sl->stream, e->tok, false, err)))
         return rc;
     // Cells another user of the cache (engine_eval) left: the first request
@@ -734,24 +786,48 @@ struct step_count {
     int n, n_p, n_g; // batch entries; of those prompt and generated tokens
 };
 
-// Appends slot si's entries: its next token, or the next chunk of its prompt
-// (at most nb tokens).
+// Slot si's draft tokens for this step (sl->draft, sl->n_draft): at most
+// max, the room its share of the cells leaves before a shift would be due
+// (so shifts happen where they would without speculation) and the tokens
+// it may still generate; none when fewer than the request's n_min.
+static void slot_draft(const struct engine_sched *s, struct slot *sl, int max) {
+    const struct engine_request *r = &sl->rq->p;
+    sl->n_draft = 0;
+    if (r->spec.type == ENGINE_SPEC_NONE)
+        return;
+    const int used = sl->n_past > sl->n_cells ? sl->n_past : sl->n_cells;
+    int k = r->spec.n_max < max ? r->spec.n_max : max;
+    k = k < s->n_ctx_seq - 2 - used ? k : s->n_ctx_seq - 2 - used;
+    if (r->n_predict >= 0 && k > r->n_predict - sl->rq->st.n_gen - 1)
+        k = r->n_predict - sl->rq->st.n_gen - 1;
+    if (k <= 0)
+        return;
+    k = spec_ngram_draft(sl->seen, sl->n_seen, r->spec.ngram_n, sl->draft, k);
+    sl->n_draft = k >= r->spec.n_min ? k : 0;
+}
+
+// Appends slot si's entries: its next token and its drafts, or the next
+// chunk of its prompt (at most nb tokens).
 static void add_entries(struct engine_sched *s, int si, int nb, struct step_count *c) {
     struct slot *sl = &s->slots[si];
     int n = c->n;
     if (sl->state == SLOT_GEN) {
+        const int k = sl->n_draft;
         hist_add(sl, sl->n_past, &sl->next, 1);
-        s->tok[n] = sl->next;
-        s->pos[n] = sl->n_past;
-        s->seq[n] = si;
-        s->se[2 * n] = sl->se_g;
-        s->se[2 * n + 1] = sl->se_w;
-        s->want[n] = 1;
+        hist_add(sl, sl->n_past + 1, sl->draft, k);
+        for (int t = 0; t <= k; t++) {
+            s->tok[n + t] = t == 0 ? sl->next : sl->draft[t - 1];
+            s->pos[n + t] = sl->n_past + t;
+            s->seq[n + t] = si;
+            s->se[2 * (n + t)] = sl->se_g;
+            s->se[2 * (n + t) + 1] = sl->se_w;
+            s->want[n + t] = 1;
+        }
         sl->out_row = n;
         sl->out_pos = sl->n_past;
-        c->n++, c->n_g++;
-        sl->n_past++;
-        sl->n_cells++;
+        c->n += 1 + k, c->n_g += 1 + k;
+        sl->n_past += 1 + k;
+        sl->n_cells += 1 + k;
         return;
     }
     const int32_t *prompt = sl->rq->p.tokens;
@@ -784,17 +860,22 @@ static void add_entries(struct engine_sched *s, int si, int nb, struct step_coun
 static int step_build(struct engine *e, struct engine_sched *s, struct step_count *c,
                       struct verr *err) {
     const int n_batch = context_config(e->ctx)->n_batch;
-    int left = INT_MAX; // prompt tokens the budget still allows (may go below 0)
+    int left = INT_MAX; // prompt and draft tokens the budget still allows (may go below 0)
     bool took_prompt = false;
     if (s->cfg.n_step_tokens > 0) {
         left = s->cfg.n_step_tokens;
         for (int si = 0; si < s->cfg.n_slots; si++)
             left -= s->slots[si].state == SLOT_GEN;
     }
+    // Rows left for drafts: every active slot may give one; a context that
+    // keeps a batch of rows takes any piece of the batch.
+    const int n_out = context_config(e->ctx)->n_outputs_max;
+    int rows_left = n_out >= n_batch ? INT_MAX : n_out - engine_n_active(e);
     for (int si = 0; si < s->cfg.n_slots; si++) {
         struct slot *sl = &s->slots[si];
         int rc, nb = 0;
         sl->out_row = -1;
+        sl->n_draft = 0;
         if (sl->state == SLOT_GEN) {
             if ((rc = make_room(e, s, si, err)) < 0)
                 return rc;
@@ -803,6 +884,9 @@ static int step_build(struct engine *e, struct engine_sched *s, struct step_coun
                     return rc;
                 continue;
             }
+            slot_draft(s, sl, left < rows_left ? left : rows_left);
+            left -= sl->n_draft;
+            rows_left -= sl->n_draft;
         } else if (sl->state != SLOT_PROMPT || sl->share_from >= 0) {
             continue;
         } else {
@@ -829,14 +913,16 @@ static int step_build(struct engine *e, struct engine_sched *s, struct step_coun
 // backend when it is greedy without penalties; the backend's sample op when
 // it has no penalties and no logits hook and the context can sample; else
 // the logits come to the host. It depends on the request alone, never on
-// the others decoded with it.
+// the others decoded with it (nor on its drafts).
 static uint8_t slot_how(const struct slot *sl, bool can_sample) {
     const struct engine_request *r = &sl->rq->p;
     if (r->on_logits || r->on_rows || !sampler_penalties_off(sl->smp))
         return FORWARD_ROW_LOGITS;
     if (r->sp.temp <= 0)
         return FORWARD_ROW_ARGMAX;
-    return can_sample ? FORWARD_ROW_SAMPLE : FORWARD_ROW_LOGITS;
+    // A speculating request draws its rows on the host, in order, only as
+    // far as it keeps drafts: the draws are those it takes without drafts.
+    return can_sample && r->spec.type == ENGINE_SPEC_NONE ? FORWARD_ROW_SAMPLE : FORWARD_ROW_LOGITS;
 }
 
 // Each row of the step's batch: its kind (s->how) and, for the sample op,
@@ -874,9 +960,14 @@ static int step_rows(struct engine *e, struct engine_sched *s, int n, struct ver
     const size_t row = (size_t)e->m->hp.n_vocab * sizeof(float);
     for (int si = 0; si < s->cfg.n_slots; si++) {
         struct slot *sl = &s->slots[si];
-        if (sl->state != SLOT_FREE && sl->row_how == FORWARD_ROW_LOGITS && !sl->last &&
-            !(sl->last = malloc(row)))
+        if (sl->state == SLOT_FREE || sl->row_how != FORWARD_ROW_LOGITS ||
+            sl->n_last >= 1 + sl->n_draft)
+            continue;
+        float *t = realloc(sl->last, (size_t)(1 + sl->n_draft) * row);
+        if (!t)
             return verr_set(err, VERR_NOMEM, "out of host memory");
+        sl->last = t;
+        sl->n_last = 1 + sl->n_draft;
     }
     return 0;
 }
@@ -928,12 +1019,17 @@ static int step_decode(struct engine *e, struct engine_sched *s, int n, struct v
         for (int o = 0; o < res.n_rows; o++) {
             int bi = i + res.batch_idx[o];
             int si = s->seq[bi];
-            if (si < 0 || si >= n_slots || s->slots[si].out_row != bi)
+            if (si < 0 || si >= n_slots)
+                continue;
+            struct slot *sl = &s->slots[si];
+            const int j = bi - sl->out_row; // 0: its next token's row; j: draft j's
+            if (sl->out_row < 0 || j < 0 || j > sl->n_draft)
                 continue;
             if (plan.how[o] != FORWARD_ROW_LOGITS)
-                s->slots[si].amax = res.ids[o];
+                sl->amax[j] = res.ids[o];
             else
-                memcpy(s->slots[si].last, context_row_logits(&res, o), (size_t)V * sizeof(float));
+                memcpy(sl->last + (size_t)j * V, context_row_logits(&res, o),
+                       (size_t)V * sizeof(float));
         }
         deliver_rows(s, i, &res);
         o_base += res.n_rows;
@@ -960,7 +1056,7 @@ static int step_share(struct engine *e, struct engine_sched *s, struct verr *err
         sl->n_cells = src->n_cells;
         sl->out_row = src->out_row;
         sl->out_pos = src->out_pos;
-        sl->amax = src->amax;
+        sl->amax[0] = src->amax[0];
         if (src->row_how == FORWARD_ROW_LOGITS)
             memcpy(sl->last, src->last, (size_t)V * sizeof(float));
         sl->share_from = -1;
@@ -987,25 +1083,14 @@ static bool is_stop_token(const struct engine_request *r, int32_t tok) {
     return false;
 }
 
-// Slot si's row came out: its next token (picked: by the backend).
-static int sample_slot(struct engine *e, struct engine_sched *s, int si, bool picked,
-                       struct verr *err) {
+// Slot si's token tok, sampled (picked: by the backend): the counts, its
+// text and events; it ends the request for the reasons it may (stop: the
+// request's hook asked).
+static int emit_token(struct engine *e, struct engine_sched *s, int si, int32_t tok, bool picked,
+                      bool stop, struct verr *err) {
     struct slot *sl = &s->slots[si];
     struct sched_req *q = sl->rq;
     const struct engine_request *r = &q->p;
-    sl->state = SLOT_GEN;
-    if (r->n_predict == 0) // the prompt is read, nothing is sampled
-        return slot_finish(e, s, si, "n_predict", true, err);
-    bool stop = r->on_logits && r->on_logits(r->user, q->id, sl->out_pos, sl->last);
-    int32_t tok = sl->amax;
-    struct verr gerr = {0};
-    // A grammar that allows no token here (or grew past its limits) ends
-    // the request, with the reason as a note before its end.
-    if ((!picked && sampler_sample_checked(sl->smp, sl->last, &tok, &gerr)) ||
-        sampler_accept_checked(sl->smp, tok, &gerr)) {
-        note_line(sl, gerr.msg);
-        return slot_finish(e, s, si, "grammar", true, err);
-    }
     s->st.n_gen_backend += picked;
     q->st.n_gen_backend += picked;
     s->st.n_gen++;
@@ -1021,6 +1106,8 @@ static int sample_slot(struct engine *e, struct engine_sched *s, int si, bool pi
     const char *txt = "";
     size_t len = 0;
     int rc;
+    if (r->spec.type != ENGINE_SPEC_NONE && (rc = seen_add(sl, &tok, 1, err)))
+        return rc;
     if (sl->stream && tok < tokenizer_n_vocab(e->tok) &&
         (rc = tokenizer_stream_push(sl->stream, tok, &txt, &len, err)))
         return rc;
@@ -1037,6 +1124,70 @@ static int sample_slot(struct engine *e, struct engine_sched *s, int si, bool pi
     else if (stop)
         why = "stopped";
     return why ? slot_finish(e, s, si, why, true, err) : 0;
+}
+
+// A speculating slot drew tok[0..n): the drafts they agree with keep their
+// cells, the others' cells leave the cache, and the slot goes on after the
+// last kept one.
+static int spec_settle(struct engine *e, struct engine_sched *s, int si, const int32_t *tok, int n,
+                       struct verr *err) {
+    struct slot *sl = &s->slots[si];
+    int a = 0;
+    while (a < n && a < sl->n_draft && tok[a] == sl->draft[a])
+        a++;
+    const int32_t p0 = sl->out_pos + 1 + a;
+    int rc = a < sl->n_draft ? context_seq_rm(e->ctx, si, p0, -1, err) : 0;
+    sl->n_cells -= sl->n_draft - a;
+    sl->n_past = p0;
+    if (sl->hist_ok && sl->n_hist > p0)
+        sl->n_hist = p0;
+    s->st.n_drafted += sl->n_draft;
+    s->st.n_accepted += a;
+    sl->rq->st.n_drafted += sl->n_draft;
+    sl->rq->st.n_accepted += a;
+    return rc;
+}
+
+// Slot si's rows came out: its next token (picked: by the backend) and,
+// for a speculating slot, each draft its sampler draws again, in order
+// (spec.h): the tokens are those it gives without drafts.
+static int sample_slot(struct engine *e, struct engine_sched *s, int si, bool picked,
+                       struct verr *err) {
+    struct slot *sl = &s->slots[si];
+    struct sched_req *q = sl->rq;
+    const struct engine_request *r = &q->p;
+    const size_t V = (size_t)e->m->hp.n_vocab;
+    sl->state = SLOT_GEN;
+    if (r->n_predict == 0) // the prompt is read, nothing is sampled
+        return slot_finish(e, s, si, "n_predict", true, err);
+    bool stop = r->on_logits && r->on_logits(r->user, q->id, sl->out_pos, sl->last);
+    int32_t tok[ENGINE_SPEC_MAX + 1];
+    int n = 0, rc;
+    struct verr gerr = {0};
+    bool bad = false;
+    for (int j = 0; j <= sl->n_draft; j++) {
+        int32_t t = sl->amax[j];
+        // A grammar that allows no token here (or grew past its limits)
+        // ends the request, with the reason as a note before its end.
+        if ((!picked && sampler_sample_checked(sl->smp, sl->last + j * V, &t, &gerr)) ||
+            sampler_accept_checked(sl->smp, t, &gerr)) {
+            bad = true;
+            break;
+        }
+        tok[n++] = t;
+        if (j == sl->n_draft || t != sl->draft[j] || grammar_done(sl->smp))
+            break;
+    }
+    if (sl->n_draft && (rc = spec_settle(e, s, si, tok, n, err)))
+        return rc;
+    for (int j = 0; j < n; j++)
+        if ((rc = emit_token(e, s, si, tok[j], picked, stop, err)) || sl->state == SLOT_FREE)
+            return rc;
+    if (bad) {
+        note_line(sl, gerr.msg);
+        return slot_finish(e, s, si, "grammar", true, err);
+    }
+    return 0;
 }
 
 static int step_once(struct engine *e, struct engine_sched *s, struct verr *err) {

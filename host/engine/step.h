@@ -31,6 +31,7 @@
 #include "gguf/verr.h"
 #include "host/backend/sampler.h"
 #include "host/engine/core.h"
+#include "host/engine/spec.h"
 
 // One request's numbers; times are engine_now_ms() values or durations in ms.
 struct engine_req_stats {
@@ -40,7 +41,9 @@ struct engine_req_stats {
     int n_gen;           // tokens sampled
     int n_gen_backend;   // of those, picked on the backend (argmax or sample op)
     int n_ctx_shifts;
-    uint32_t seed; // the sampler seed (the random one picked, once it started)
+    int n_drafted;  // draft tokens verified (speculative decoding)
+    int n_accepted; // of those, kept
+    uint32_t seed;  // the sampler seed (the random one picked, once it started)
     double t_submit_ms;
     double t_start_ms; // when it took a slot (0: still queued)
     double t_first_ms; // when its first token was sampled (0: none yet)
@@ -127,9 +130,17 @@ struct engine_request {
     // so results may differ from the request alone by float rounding (the CPU
     // backend computes a row the same way whatever the batch: none there).
     bool reuse_cells;
+    // Speculative decoding (spec.h): k draft tokens verified per step, the
+    // output unchanged. Not with on_logits, on_rows or llama.cpp's
+    // self-extend (ga_n > 1). A step drafts no more than the context, the
+    // tokens left (n_predict), the budget (n_step_tokens) and the logits
+    // rows the context keeps (n_outputs_max: k + 1 per speculating request)
+    // allow.
+    struct engine_spec spec;
 };
 
-// n_predict -1, ctx_shift on, n_keep 0, ga_n 1, ga_w 512, default sampler.
+// n_predict -1, ctx_shift on, n_keep 0, ga_n 1, ga_w 512, default sampler, no
+// speculation (engine_spec_default).
 void engine_request_default(struct engine_request *r);
 
 struct engine_sched_config {

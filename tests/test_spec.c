@@ -1,0 +1,268 @@
+// Speculative decoding in the step API (host/engine/spec.h): the n-gram
+// drafter on hand-written histories, bad values refused, and on the real
+// SmolLM2-135M-Instruct Q4_1 the output of speculating requests compared
+// token for token with the same requests decoded without drafts: greedy,
+// seeded sampling (the sampler draws the same values in the same order),
+// one slot and several with speculating and plain requests mixed, and a
+// context small enough to shift. Each comparison also asserts that drafts
+// were verified and some kept, so it cannot pass without speculating. The
+// CPU backend computes a row the same way whatever the batch
+// (test_batch_invariance), so equality is exact.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/engine/step.h"
+#include "tests/engine_helpers.h"
+#include "tests/grammar_helpers.h"
+
+#define MAX_TOK 512
+
+// ---------------------------------------------------------------------------
+// The n-gram drafter
+
+Test(spec, ngram_latest_occurrence_longest_suffix) {
+    int32_t out[8];
+    // 1 2 3 9 | 1 2 3 7 8 | 1 2 3: the last 3-gram 1 2 3 was last seen at
+    // index 4, followed by 7 8 1 2 3 (capped at 4).
+    const int32_t a[] = {1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3};
+    cr_assert_eq(spec_ngram_draft(a, 12, 3, out, 4), 4);
+    cr_assert(out[0] == 7 && out[1] == 8 && out[2] == 1 && out[3] == 2);
+    // No 3-gram match for 5 2 3, but the 2-gram 2 3 at index 5: 7 8 1.
+    const int32_t b[] = {1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 5, 2, 3};
+    cr_assert_eq(spec_ngram_draft(b, 13, 3, out, 3), 3);
+    cr_assert(out[0] == 7 && out[1] == 8 && out[2] == 1);
+    // The continuation stops at the end of the history: 4 4 4 matches at
+    // index 1 (the latest earlier start), followed by one token.
+    const int32_t c[] = {4, 4, 4, 4, 4};
+    cr_assert_eq(spec_ngram_draft(c, 5, 3, out, 8), 1);
+    cr_assert_eq(out[0], 4);
+    // Nothing repeats: no draft; single-token matches are not used.
+    const int32_t d[] = {1, 2, 3, 4, 1};
+    cr_assert_eq(spec_ngram_draft(d, 5, 3, out, 8), 0);
+    cr_assert_eq(spec_ngram_draft(d, 1, 3, out, 8), 0);
+}
+
+Test(spec, bad_values_refused) {
+    struct engine_spec sp;
+    struct verr err = {0};
+    engine_spec_default(&sp);
+    cr_assert_eq(engine_spec_check(&sp, 512, &err), 0); // none passes
+    sp.type = ENGINE_SPEC_NGRAM;
+    cr_assert_eq(engine_spec_check(&sp, 512, &err), 0, "%s", err.msg);
+    sp.n_max = 0;
+    cr_assert_eq(engine_spec_check(&sp, 512, &err), VERR_RANGE);
+    cr_assert(strstr(err.msg, "draft max 0"), "%s", err.msg);
+    sp.n_max = 16;
+    cr_assert_eq(engine_spec_check(&sp, 16, &err), VERR_RANGE); // not below the batch
+    sp.n_min = 17;
+    cr_assert_eq(engine_spec_check(&sp, 512, &err), VERR_RANGE);
+    cr_assert(strstr(err.msg, "draft min 17"), "%s", err.msg);
+    sp.n_min = 0;
+    sp.p_min = 1.5f;
+    cr_assert_eq(engine_spec_check(&sp, 512, &err), VERR_RANGE);
+    sp.p_min = 0.5f;
+    sp.ngram_n = 1;
+    cr_assert_eq(engine_spec_check(&sp, 512, &err), VERR_RANGE);
+    cr_assert_eq(engine_spec_type_parse("ngram"), ENGINE_SPEC_NGRAM);
+    cr_assert_eq(engine_spec_type_parse("none"), ENGINE_SPEC_NONE);
+    cr_assert_eq(engine_spec_type_parse("ngramm"), -1);
+}
+
+// ---------------------------------------------------------------------------
+// SmolLM2: with drafts = without
+
+static char model[1200];
+
+static void need_model(void) {
+    if (!gh_smollm2_path(model, sizeof model))
+        cr_skip_test("%s not in the model cache (bash tools/model_cache.sh fetches it)",
+                     TOOLS_DEFAULT_MODEL_FILE);
+}
+
+static const char *const PROMPTS[] = {
+    // Repeated text: the continuation repeats it, the n-gram drafts hold.
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    // Code whose next lines echo the earlier ones.
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    // A list to go on.
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday, Tuesday,",
+    // Free text, few repeats.
+    "Once upon a time, in a small village by the sea, there lived",
+};
+#define N_PROMPTS (int)(sizeof PROMPTS / sizeof *PROMPTS)
+
+struct out {
+    int32_t tok[MAX_TOK];
+    int n;
+    char why[24];
+    struct engine_req_stats st;
+};
+
+static int collect(void *user, const struct engine_req_event *ev) {
+    struct out *o = user;
+    if (ev->ev == ENGINE_EV_TOKEN && ev->token >= 0) {
+        cr_assert_lt(o->n, MAX_TOK);
+        o->tok[o->n++] = ev->token;
+    } else if (ev->ev == ENGINE_EV_DONE) {
+        snprintf(o->why, sizeof o->why, "%.*s", (int)ev->len, ev->text);
+        o->st = *ev->stats;
+    }
+    return 0;
+}
+
+struct job {
+    int prompt;
+    bool spec;
+    float temp; // 0: greedy
+    uint32_t seed;
+};
+
+// Runs the jobs together in an engine of n_slots slots of n_ctx_seq cells,
+// n_predict tokens each (ignore_eos), into outs.
+static void run_jobs(int n_slots, int n_ctx_seq, int n_predict, const struct job *jobs, int n_jobs,
+                     struct out *outs) {
+    const struct engine_test_cfg tc = {.n_ctx = n_slots * n_ctx_seq,
+                                       .n_batch = 64,
+                                       .n_seq = n_slots,
+                                       .n_outputs = 64,
+                                       .n_threads = 2};
+    struct engine *e = engine_test_open(model, &tc);
+    struct verr err = {0};
+    struct engine_sched_config sc = {.n_slots = n_slots, .n_queue_max = n_jobs};
+    cr_assert_eq(engine_sched_configure(e, &sc, &err), 0, "%s", err.msg);
+    int32_t *toks[N_PROMPTS];
+    int n_toks[N_PROMPTS];
+    for (int p = 0; p < N_PROMPTS; p++)
+        cr_assert_eq(tokenizer_encode_alloc(e->tok, PROMPTS[p], strlen(PROMPTS[p]), true, false,
+                                            &toks[p], &n_toks[p], &err),
+                     0, "%s", err.msg);
+    for (int j = 0; j < n_jobs; j++) {
+        struct engine_request r;
+        engine_request_default(&r);
+        r.tokens = toks[jobs[j].prompt];
+        r.n_tokens = n_toks[jobs[j].prompt];
+        r.n_predict = n_predict;
+        r.ignore_eos = true;
+        r.sp.temp = jobs[j].temp;
+        r.sp.seed = jobs[j].seed;
+        if (jobs[j].spec) {
+            r.spec.type = ENGINE_SPEC_NGRAM;
+            r.spec.n_max = 8;
+        }
+        memset(&outs[j], 0, sizeof outs[j]);
+        r.cb = collect;
+        r.user = &outs[j];
+        cr_assert_eq(engine_submit(e, &r, NULL, &err), 0, "%s", err.msg);
+    }
+    engine_test_run_to_end(e);
+    for (int p = 0; p < N_PROMPTS; p++)
+        free(toks[p]);
+    engine_close(e);
+}
+
+// got must be want, token for token, and end for the same reason.
+static void expect_same(const struct out *want, const struct out *got, const char *what, int j) {
+    cr_assert_eq(got->n, want->n, "%s job %d: %d tokens, %d without drafts", what, j, got->n,
+                 want->n);
+    for (int i = 0; i < want->n; i++)
+        cr_assert_eq(got->tok[i], want->tok[i],
+                     "%s job %d: token %d is %d, %d without drafts (%d drafted, %d kept)", what, j,
+                     i, got->tok[i], want->tok[i], got->st.n_drafted, got->st.n_accepted);
+    cr_assert_str_eq(got->why, want->why, "%s job %d", what, j);
+}
+
+// Each job alone (one slot, no drafts) is the reference for the same job
+// run speculating with the others in n_slots slots.
+static void check_jobs(const char *what, int n_slots, int n_ctx_seq, int n_predict,
+                       const struct job *jobs, int n_jobs) {
+    struct out *ref = calloc((size_t)n_jobs, sizeof *ref);
+    struct out *got = calloc((size_t)n_jobs, sizeof *got);
+    cr_assert(ref && got);
+    for (int j = 0; j < n_jobs; j++) {
+        struct job plain = jobs[j];
+        plain.spec = false;
+        run_jobs(1, n_ctx_seq, n_predict, &plain, 1, &ref[j]);
+        cr_assert_eq(ref[j].st.n_drafted, 0);
+    }
+    run_jobs(n_slots, n_ctx_seq, n_predict, jobs, n_jobs, got);
+    int drafted = 0, kept = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        expect_same(&ref[j], &got[j], what, j);
+        if (!jobs[j].spec)
+            cr_assert_eq(got[j].st.n_drafted, 0, "%s job %d drafts without asking", what, j);
+        cr_assert_leq(got[j].st.n_accepted, got[j].st.n_drafted);
+        drafted += got[j].st.n_drafted;
+        kept += got[j].st.n_accepted;
+        cr_log_info("%s job %d: %d tokens, %d drafted, %d kept, %d shifts", what, j, got[j].n,
+                    got[j].st.n_drafted, got[j].st.n_accepted, got[j].st.n_ctx_shifts);
+    }
+    cr_assert_gt(drafted, 0, "%s: nothing was drafted", what);
+    cr_assert_gt(kept, 0, "%s: no draft was kept", what);
+    free(ref);
+    free(got);
+}
+
+Test(spec, smollm2_greedy_one_slot, .timeout = 900) {
+    need_model();
+    const struct job jobs[] = {{0, true, 0, 0}, {1, true, 0, 0}, {2, true, 0, 0}, {3, true, 0, 0}};
+    for (int j = 0; j < 4; j++)
+        check_jobs("greedy, 1 slot", 1, 256, 48, &jobs[j], 1);
+}
+
+Test(spec, smollm2_greedy_slots_mixed, .timeout = 900) {
+    need_model();
+    // Speculating and plain requests together, more than the slots (a
+    // queue), prompts read while others verify drafts.
+    const struct job jobs[] = {{0, true, 0, 0},  {3, false, 0, 0}, {1, true, 0, 0},
+                               {2, false, 0, 0}, {2, true, 0, 0},  {0, false, 0, 0}};
+    check_jobs("greedy, 3 slots", 3, 256, 40, jobs, 6);
+}
+
+Test(spec, smollm2_seeded_sampling, .timeout = 900) {
+    need_model();
+    const struct job jobs[] = {{0, true, 0.7f, 11}, {2, true, 0.7f, 12}, {1, true, 1.0f, 13}};
+    check_jobs("temp > 0, 2 slots", 2, 256, 40, jobs, 3);
+}
+
+Test(spec, smollm2_greedy_context_shift, .timeout = 900) {
+    need_model();
+    // 96 cells per slot and 120 tokens after a prompt of about 40: shifts,
+    // which must fall where they fall without drafts.
+    const struct job jobs[] = {{0, true, 0, 0}, {2, true, 0, 0}};
+    check_jobs("greedy, shifts", 2, 96, 120, jobs, 2);
+}
+
+static int no_logits(void *user, uint64_t id, int32_t pos, const float *logits) {
+    (void)user, (void)id, (void)pos, (void)logits;
+    return 0;
+}
+
+Test(spec, smollm2_requests_that_cannot_speculate_refused) {
+    need_model();
+    const struct engine_test_cfg tc = {.n_ctx = 256, .n_batch = 64, .n_seq = 1, .n_threads = 2};
+    struct engine *e = engine_test_open(model, &tc);
+    struct verr err = {0};
+    const int32_t prompt[] = {1, 2, 3};
+    struct engine_request r;
+    engine_request_default(&r);
+    r.tokens = prompt;
+    r.n_tokens = 3;
+    r.spec.type = ENGINE_SPEC_NGRAM;
+    r.on_logits = no_logits;
+    cr_assert_eq(engine_submit(e, &r, NULL, &err), VERR_RANGE);
+    cr_assert(strstr(err.msg, "logits hook"), "%s", err.msg);
+    r.on_logits = NULL;
+    r.ga_n = 4;
+    r.ga_w = 64;
+    cr_assert_eq(engine_submit(e, &r, NULL, &err), VERR_RANGE);
+    cr_assert(strstr(err.msg, "self-extend"), "%s", err.msg);
+    r.ga_n = 1;
+    r.spec.n_max = 64; // not below the batch of 64
+    cr_assert_eq(engine_submit(e, &r, NULL, &err), VERR_RANGE);
+    cr_assert(strstr(err.msg, "draft max 64"), "%s", err.msg);
+    cr_assert_eq(engine_n_queued(e), 0);
+    engine_close(e);
+}
