@@ -13,9 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/engine/draft.h"
 #include "host/engine/step.h"
 #include "tests/engine_helpers.h"
 #include "tests/grammar_helpers.h"
+#include "tools/mkmodel/ftype.h"
+#include "tools/quantize.h"
 
 #define MAX_TOK 512
 
@@ -74,11 +77,14 @@ Test(spec, bad_values_refused) {
 // SmolLM2: with drafts = without
 
 static char model[1200];
+// The target and draft model files of the comparisons.
+static const char *target, *draft;
 
 static void need_model(void) {
     if (!gh_smollm2_path(model, sizeof model))
         cr_skip_test("%s not in the model cache (bash tools/model_cache.sh fetches it)",
                      TOOLS_DEFAULT_MODEL_FILE);
+    target = model;
 }
 
 static const char *const PROMPTS[] = {
@@ -115,7 +121,7 @@ static int collect(void *user, const struct engine_req_event *ev) {
 
 struct job {
     int prompt;
-    bool spec;
+    enum engine_spec_type spec;
     float temp; // 0: greedy
     uint32_t seed;
 };
@@ -129,8 +135,19 @@ static void run_jobs(int n_slots, int n_ctx_seq, int n_predict, const struct job
                                        .n_seq = n_slots,
                                        .n_outputs = 64,
                                        .n_threads = 2};
-    struct engine *e = engine_test_open(model, &tc);
+    struct engine *e = engine_test_open(target, &tc);
     struct verr err = {0};
+    bool need_draft = false;
+    for (int j = 0; j < n_jobs; j++)
+        need_draft |= jobs[j].spec == ENGINE_SPEC_DRAFT;
+    if (need_draft) {
+        const struct engine_test_cfg dc = {.n_ctx = n_slots * 2 * (ENGINE_SPEC_MAX + 1),
+                                           .n_batch = 64,
+                                           .n_seq = n_slots,
+                                           .n_threads = 2};
+        struct engine *d = engine_test_open(draft, &dc);
+        cr_assert_eq(engine_draft_attach(e, d, &err), 0, "%s", err.msg);
+    }
     struct engine_sched_config sc = {.n_slots = n_slots, .n_queue_max = n_jobs};
     cr_assert_eq(engine_sched_configure(e, &sc, &err), 0, "%s", err.msg);
     int32_t *toks[N_PROMPTS];
@@ -148,10 +165,9 @@ static void run_jobs(int n_slots, int n_ctx_seq, int n_predict, const struct job
         r.ignore_eos = true;
         r.sp.temp = jobs[j].temp;
         r.sp.seed = jobs[j].seed;
-        if (jobs[j].spec) {
-            r.spec.type = ENGINE_SPEC_NGRAM;
-            r.spec.n_max = 8;
-        }
+        r.spec.type = jobs[j].spec;
+        r.spec.n_max = 8;
+        r.spec.p_min = 0.5f;
         memset(&outs[j], 0, sizeof outs[j]);
         r.cb = collect;
         r.user = &outs[j];
@@ -183,7 +199,7 @@ static void check_jobs(const char *what, int n_slots, int n_ctx_seq, int n_predi
     cr_assert(ref && got);
     for (int j = 0; j < n_jobs; j++) {
         struct job plain = jobs[j];
-        plain.spec = false;
+        plain.spec = ENGINE_SPEC_NONE;
         run_jobs(1, n_ctx_seq, n_predict, &plain, 1, &ref[j]);
         cr_assert_eq(ref[j].st.n_drafted, 0);
     }
@@ -207,7 +223,10 @@ static void check_jobs(const char *what, int n_slots, int n_ctx_seq, int n_predi
 
 Test(spec, smollm2_greedy_one_slot, .timeout = 900) {
     need_model();
-    const struct job jobs[] = {{0, true, 0, 0}, {1, true, 0, 0}, {2, true, 0, 0}, {3, true, 0, 0}};
+    const struct job jobs[] = {{0, ENGINE_SPEC_NGRAM, 0, 0},
+                               {1, ENGINE_SPEC_NGRAM, 0, 0},
+                               {2, ENGINE_SPEC_NGRAM, 0, 0},
+                               {3, ENGINE_SPEC_NGRAM, 0, 0}};
     for (int j = 0; j < 4; j++)
         check_jobs("greedy, 1 slot", 1, 256, 48, &jobs[j], 1);
 }
@@ -216,14 +235,17 @@ Test(spec, smollm2_greedy_slots_mixed, .timeout = 900) {
     need_model();
     // Speculating and plain requests together, more than the slots (a
     // queue), prompts read while others verify drafts.
-    const struct job jobs[] = {{0, true, 0, 0},  {3, false, 0, 0}, {1, true, 0, 0},
-                               {2, false, 0, 0}, {2, true, 0, 0},  {0, false, 0, 0}};
+    const struct job jobs[] = {{0, ENGINE_SPEC_NGRAM, 0, 0}, {3, ENGINE_SPEC_NONE, 0, 0},
+                               {1, ENGINE_SPEC_NGRAM, 0, 0}, {2, ENGINE_SPEC_NONE, 0, 0},
+                               {2, ENGINE_SPEC_NGRAM, 0, 0}, {0, ENGINE_SPEC_NONE, 0, 0}};
     check_jobs("greedy, 3 slots", 3, 256, 40, jobs, 6);
 }
 
 Test(spec, smollm2_seeded_sampling, .timeout = 900) {
     need_model();
-    const struct job jobs[] = {{0, true, 0.7f, 11}, {2, true, 0.7f, 12}, {1, true, 1.0f, 13}};
+    const struct job jobs[] = {{0, ENGINE_SPEC_NGRAM, 0.7f, 11},
+                               {2, ENGINE_SPEC_NGRAM, 0.7f, 12},
+                               {1, ENGINE_SPEC_NGRAM, 1.0f, 13}};
     check_jobs("temp > 0, 2 slots", 2, 256, 40, jobs, 3);
 }
 
@@ -231,7 +253,7 @@ Test(spec, smollm2_greedy_context_shift, .timeout = 900) {
     need_model();
     // 96 cells per slot and 120 tokens after a prompt of about 40: shifts,
     // which must fall where they fall without drafts.
-    const struct job jobs[] = {{0, true, 0, 0}, {2, true, 0, 0}};
+    const struct job jobs[] = {{0, ENGINE_SPEC_NGRAM, 0, 0}, {2, ENGINE_SPEC_NGRAM, 0, 0}};
     check_jobs("greedy, shifts", 2, 96, 120, jobs, 2);
 }
 
@@ -265,4 +287,84 @@ Test(spec, smollm2_requests_that_cannot_speculate_refused) {
     cr_assert(strstr(err.msg, "draft max 64"), "%s", err.msg);
     cr_assert_eq(engine_n_queued(e), 0);
     engine_close(e);
+}
+
+// ---------------------------------------------------------------------------
+// A draft model: SmolLM2 requantized (vela quantize) to Q8_0 as the target
+// and to a low-bit type as its draft.
+
+static char q8_path[64], low_path[64];
+
+static void make_copy(char *path, size_t cap, const char *type) {
+    snprintf(path, cap, "/tmp/vela-spec-%d-%s.gguf", (int)getpid(), type);
+    const struct quantize_opts o = {.in = model,
+                                    .out = path,
+                                    .ftype = ftype_find(type),
+                                    .type_embd = -1,
+                                    .type_output = -1,
+                                    .allow_requantize = true,
+                                    .n_threads = 2};
+    cr_assert_not_null(o.ftype, "%s", type);
+    struct verr err = {0};
+    cr_assert_eq(quantize_file(&o, NULL, &err), 0, "vela quantize %s: %s", type, err.msg);
+}
+
+static void need_copies(const char *draft_type) {
+    need_model();
+    make_copy(q8_path, sizeof q8_path, "Q8_0");
+    make_copy(low_path, sizeof low_path, draft_type);
+    target = q8_path;
+    draft = low_path;
+}
+
+static void drop_copies(void) {
+    unlink(q8_path);
+    unlink(low_path);
+}
+
+Test(spec, smollm2_q8_target_q2k_draft, .timeout = 900, .fini = drop_copies) {
+    need_copies("Q2_K");
+    const struct job one[] = {{0, ENGINE_SPEC_DRAFT, 0, 0}, {3, ENGINE_SPEC_DRAFT, 0, 0}};
+    for (int j = 0; j < 2; j++)
+        check_jobs("draft Q2_K, 1 slot", 1, 256, 40, &one[j], 1);
+    // Draft, n-gram and plain requests together in 3 slots, one sampling.
+    const struct job mixed[] = {{1, ENGINE_SPEC_DRAFT, 0, 0},
+                                {2, ENGINE_SPEC_NGRAM, 0, 0},
+                                {3, ENGINE_SPEC_DRAFT, 0.8f, 5},
+                                {0, ENGINE_SPEC_NONE, 0, 0},
+                                {0, ENGINE_SPEC_DRAFT, 0, 0}};
+    check_jobs("draft Q2_K, 3 slots", 3, 256, 40, mixed, 5);
+    // Past the draft's window (the least cells it takes, 130 per slot) and
+    // through the target's shifts.
+    const struct job shift[] = {{0, ENGINE_SPEC_DRAFT, 0, 0}, {2, ENGINE_SPEC_DRAFT, 0, 0}};
+    check_jobs("draft Q2_K, shifts", 2, 96, 150, shift, 2);
+}
+
+Test(spec, draft_vocabulary_must_match) {
+    need_model();
+    struct tiny_cfg cfg;
+    tiny_cfg_default(&cfg, "llama");
+    cfg.vocab = true;
+    cfg.n_vocab = 300;
+    char *tiny = engine_test_model(&cfg, "specvocab");
+    const struct engine_test_cfg tc = {.n_ctx = 512, .n_batch = 64, .n_seq = 1, .n_threads = 2};
+    struct engine *e = engine_test_open(model, &tc);
+    struct engine *d = engine_test_open(tiny, &tc);
+    struct verr err = {0};
+    cr_assert_eq(engine_draft_attach(e, d, &err), VERR_FORMAT);
+    cr_assert(strstr(err.msg, "300") && strstr(err.msg, "49152"), "%s", err.msg);
+    cr_assert_null(e->draft);
+    engine_close(d);
+    // A request for draft speculation without a draft model.
+    const int32_t prompt[] = {1, 2, 3};
+    struct engine_request r;
+    engine_request_default(&r);
+    r.tokens = prompt;
+    r.n_tokens = 3;
+    r.spec.type = ENGINE_SPEC_DRAFT;
+    cr_assert_eq(engine_submit(e, &r, NULL, &err), VERR_RANGE);
+    cr_assert(strstr(err.msg, "no draft model"), "%s", err.msg);
+    engine_close(e);
+    unlink(tiny);
+    free(tiny);
 }

@@ -21,6 +21,7 @@ struct engine {
     const struct model *m;      // context_model(ctx): hparams, name
     struct tokenizer *tok;      // NULL when the file has none and it was not needed
     struct engine_sched *sched; // the step API's slots and queue (step.h); NULL until used
+    struct engine *draft;       // speculative decoding's draft model (draft.h, owned); NULL: none
     double t_load_ms;           // open + load + upload + context
 };
 

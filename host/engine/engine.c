@@ -88,6 +88,7 @@ void engine_close(struct engine *e) {
     if (!e)
         return;
     engine_sched_free(e->sched);
+    engine_close(e->draft);
     context_free(e->ctx);
     tokenizer_free(e->tok);
     pipeline_free(e->weights);

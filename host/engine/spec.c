@@ -15,8 +15,8 @@ void engine_spec_default(struct engine_spec *s) {
 int engine_spec_check(const struct engine_spec *s, int n_batch, struct verr *err) {
     if (s->type == ENGINE_SPEC_NONE)
         return 0;
-    if (s->type != ENGINE_SPEC_NGRAM)
-        return verr_set(err, VERR_RANGE, "speculative type %d: none or ngram", (int)s->type);
+    if (s->type != ENGINE_SPEC_NGRAM && s->type != ENGINE_SPEC_DRAFT)
+        return verr_set(err, VERR_RANGE, "speculative type %d: none, ngram or draft", (int)s->type);
     if (s->n_max < 1 || s->n_max > ENGINE_SPEC_MAX || s->n_max >= n_batch)
         return verr_set(err, VERR_RANGE,
                         "draft max %d: 1 .. %d and below the batch (%d tokens, -b)", s->n_max,
@@ -36,12 +36,14 @@ const char *engine_spec_type_name(enum engine_spec_type t) {
         return "none";
     case ENGINE_SPEC_NGRAM:
         return "ngram";
+    case ENGINE_SPEC_DRAFT:
+        return "draft";
     }
     return NULL;
 }
 
 int engine_spec_type_parse(const char *name) {
-    for (int t = ENGINE_SPEC_NONE; t <= ENGINE_SPEC_NGRAM; t++)
+    for (int t = ENGINE_SPEC_NONE; t <= ENGINE_SPEC_DRAFT; t++)
         if (!strcmp(name, engine_spec_type_name((enum engine_spec_type)t)))
             return t;
     return -1;

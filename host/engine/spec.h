@@ -21,6 +21,7 @@
 enum engine_spec_type {
     ENGINE_SPEC_NONE,  // no speculation
     ENGINE_SPEC_NGRAM, // prompt lookup: what followed the last n-gram's latest earlier occurrence
+    ENGINE_SPEC_DRAFT, // a draft model's argmax (draft.h), the engine's draft model
 };
 
 struct engine_spec {
@@ -37,7 +38,7 @@ void engine_spec_default(struct engine_spec *s);
 // The values of a request that speculates, checked; type NONE always passes.
 int engine_spec_check(const struct engine_spec *s, int n_batch, struct verr *err);
 
-// "none", "ngram"; NULL for another value.
+// "none", "ngram", "draft"; NULL for another value.
 const char *engine_spec_type_name(enum engine_spec_type t);
 // The type named (as --spec-type takes it); -1 for an unknown name.
 int engine_spec_type_parse(const char *name);

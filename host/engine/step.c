@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/engine/draft.h"
 #include "host/engine/step.h"
 #include "host/ops/selfextend.h"
 #include "host/split/context.h"
@@ -44,6 +45,7 @@ struct slot {
     // Its rows this step: the next token's and one per draft token (n_draft,
     // speculative decoding), out_row.. in the batch.
     int n_draft;
+    int n_proposed; // drafts the draft model made for this step (draft[0..n_proposed))
     int32_t draft[ENGINE_SPEC_MAX];
     int32_t amax[ENGINE_SPEC_MAX + 1]; // the tokens the backend picked (argmax or sample op)
     float *last; // [n_last][n_vocab] its rows (sampling on the host); kept across requests
@@ -84,6 +86,7 @@ struct engine_sched {
     uint64_t next_id;
     uint64_t tick; // counts requests ending (slot.last_used)
     struct engine_stats st;
+    struct draft_state *draft; // the draft model's sequences (NULL until a request uses it)
     bool in_step;
     // Set by a hook (engine_generate_batch's stop): the step samples no
     // further slot.
@@ -139,6 +142,7 @@ void engine_sched_free(struct engine_sched *s) {
     free(s->se);
     free(s->want);
     free(s->how);
+    draft_state_free(s->draft);
     free(s);
 }
 
@@ -340,9 +344,13 @@ static int check_request_se(const struct engine *e, const struct engine_request 
 
 // Speculation needs rows that only the sampler reads and positions that
 // only a context shift moves.
-static int check_spec(const struct engine_request *r, int n_batch, struct verr *err) {
+static int check_spec(const struct engine *e, const struct engine_request *r, int n_batch,
+                      struct verr *err) {
     if (r->spec.type == ENGINE_SPEC_NONE)
         return 0;
+    if (r->spec.type == ENGINE_SPEC_DRAFT && !e->draft)
+        return verr_set(err, VERR_RANGE,
+                        "speculative type draft: the engine has no draft model (-md FILE)");
     if (r->on_logits || r->on_rows)
         return verr_set(err, VERR_RANGE,
                         "speculative decoding with a logits hook (on_logits, on_rows) is not "
@@ -388,7 +396,7 @@ static int check_request(const struct engine *e, const struct engine_request *r,
         return rc;
     if ((rc = check_request_se(e, r, err)))
         return rc;
-    if ((rc = check_spec(r, n_batch, err)))
+    if ((rc = check_spec(e, r, n_batch, err)))
         return rc;
     struct kv_policy_params pp;
     struct kv_policy pol;
@@ -790,20 +798,56 @@ struct step_count {
 // max, the room its share of the cells leaves before a shift would be due
 // (so shifts happen where they would without speculation) and the tokens
 // it may still generate; none when fewer than the request's n_min.
-static void slot_draft(const struct engine_sched *s, struct slot *sl, int max) {
+static int slot_draft_max(const struct engine_sched *s, const struct slot *sl) {
     const struct engine_request *r = &sl->rq->p;
-    sl->n_draft = 0;
     if (r->spec.type == ENGINE_SPEC_NONE)
-        return;
+        return 0;
     const int used = sl->n_past > sl->n_cells ? sl->n_past : sl->n_cells;
-    int k = r->spec.n_max < max ? r->spec.n_max : max;
+    int k = r->spec.n_max;
     k = k < s->n_ctx_seq - 2 - used ? k : s->n_ctx_seq - 2 - used;
     if (r->n_predict >= 0 && k > r->n_predict - sl->rq->st.n_gen - 1)
         k = r->n_predict - sl->rq->st.n_gen - 1;
+    return k > 0 ? k : 0;
+}
+
+static void slot_draft(const struct engine_sched *s, struct slot *sl, int max) {
+    const struct engine_request *r = &sl->rq->p;
+    int k = slot_draft_max(s, sl);
+    k = k < max ? k : max;
+    sl->n_draft = 0;
     if (k <= 0)
         return;
-    k = spec_ngram_draft(sl->seen, sl->n_seen, r->spec.ngram_n, sl->draft, k);
+    if (r->spec.type == ENGINE_SPEC_NGRAM)
+        k = spec_ngram_draft(sl->seen, sl->n_seen, r->spec.ngram_n, sl->draft, k);
+    else
+        k = k < sl->n_proposed ? k : sl->n_proposed;
     sl->n_draft = k >= r->spec.n_min ? k : 0;
+}
+
+// The draft model's drafts for every generating slot that asks for them,
+// in one draft step (draft.h), before the step batch is built.
+static int step_draft(struct engine *e, struct engine_sched *s, struct verr *err) {
+    struct draft_req reqs[s->cfg.n_slots > 0 ? s->cfg.n_slots : 1];
+    int n = 0, rc;
+    for (int si = 0; si < s->cfg.n_slots; si++) {
+        struct slot *sl = &s->slots[si];
+        sl->n_proposed = 0;
+        if (sl->state != SLOT_GEN || sl->rq->p.spec.type != ENGINE_SPEC_DRAFT)
+            continue;
+        const int max = slot_draft_max(s, sl);
+        if (max > 0)
+            reqs[n++] = (struct draft_req){
+                si, sl->seen, sl->n_seen, max, sl->rq->p.spec.p_min, sl->draft, 0};
+    }
+    if (n == 0)
+        return 0;
+    if (!s->draft && (rc = draft_state_new(&s->draft, e->draft, s->cfg.n_slots, err)))
+        return rc;
+    if ((rc = draft_step(s->draft, reqs, n, err)))
+        return rc;
+    for (int i = 0; i < n; i++)
+        s->slots[reqs[i].seq].n_proposed = reqs[i].n_out;
+    return 0;
 }
 
 // Appends slot si's entries: its next token and its drafts, or the next
@@ -1202,7 +1246,7 @@ static int step_once(struct engine *e, struct engine_sched *s, struct verr *err)
             return rc;
     }
     struct step_count c = {0};
-    if ((rc = step_build(e, s, &c, err)))
+    if ((rc = step_draft(e, s, err)) || (rc = step_build(e, s, &c, err)))
         return rc;
     if (c.n == 0)
         return 0; // every generating slot ended on a full context
