@@ -165,6 +165,21 @@ Test(cli, usage_errors) {
               "%s", err);
     free(out);
     free(err);
+    // Speculative decoding's flags that cannot go together.
+    static const char *const spec_bad[][2] = {
+        {"run -m x.gguf --spec-type draft", "--spec-type draft needs a draft model (-md FILE)"},
+        {"run -m x.gguf -md d.gguf --spec-type ngram", "the draft model would go unused"},
+        {"run -m x.gguf --draft-min 5 --draft-max 4", "--draft-min 5 is above --draft-max 4"},
+        {"serve -m x.gguf --spec-type eagle", "--spec-type: 'eagle'"},
+        {"run -m x.gguf --draft-max 65", "--draft-max"},
+        {"run -m x.gguf --draft-p-min 1.5", "--draft-p-min"},
+    };
+    for (size_t i = 0; i < sizeof spec_bad / sizeof spec_bad[0]; i++) {
+        cr_expect_eq(run_vela(spec_bad[i][0], &out, &err), 2, "%s", spec_bad[i][0]);
+        cr_expect(strstr(err, spec_bad[i][1]), "%s: %s", spec_bad[i][0], err);
+        free(out);
+        free(err);
+    }
     cr_expect_eq(run_vela("run -m x.gguf --matvec-act q4", &out, &err), 2);
     cr_expect(strstr(err, "--matvec-act: 'q4' is not an activation type (q8, f32)"), "%s", err);
     free(out);

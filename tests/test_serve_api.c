@@ -163,6 +163,19 @@ Test(serve_api, bad_fields_are_400_naming_the_field) {
         {API_COMPLETION, "{\"prompt\": \"x\", \"self_extend\": {\"n\": 2, \"w\": 4, \"g\": 2}}",
          "'self_extend.g' is not known"},
         {API_COMPLETION, "{\"prompt\": \"x\", \"stream_options\": 1}", "'stream_options'"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"speculative\": 4}", "'speculative' must be"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"speculative\": {\"type\": \"eagle\"}}",
+         "'speculative.type' must be"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"speculative\": {\"n_max\": 0}}",
+         "'speculative.n_max' is 0"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"speculative\": {\"n_max\": 2.5}}",
+         "'speculative.n_max' must be an integer"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"speculative\": {\"p_min\": 2}}",
+         "'speculative.p_min' is 2"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"speculative\": {\"n_max\": 4, \"n_min\": 5}}",
+         "'speculative.n_min' 5 is above n_max 4"},
+        {API_COMPLETION, "{\"prompt\": \"x\", \"speculative\": {\"nmax\": 4}}",
+         "'speculative.nmax' is not known"},
         // cJSON refuses a lone surrogate escape as JSON: a 400 either way.
         {API_COMPLETION, "{\"prompt\": \"\\ud800\"}", "not valid"},
         {API_CHAT, "{\"messages\": []}", "'messages'"},
@@ -663,4 +676,60 @@ Test(serve_api, grammar_fields_become_one_grammar) {
                  0, "%s", e.message);
     cr_expect_null(r.grammar, "text and an empty grammar ask for nothing");
     api_request_free(&r);
+}
+
+// "speculative" over the server's default: each field given replaces the
+// default's; logprobs leave the default out but not an explicit request.
+Test(serve_api, speculative_over_the_server_default) {
+    struct api_defaults d;
+    api_defaults_openai(&d);
+    cr_expect_eq(d.spec.type, ENGINE_SPEC_NONE, "OpenAI's defaults do not speculate");
+    d.spec.type = ENGINE_SPEC_NGRAM;
+    d.spec.n_max = 12;
+    struct api_request r;
+    struct api_error e;
+    const char *b = "{\"prompt\": \"x\"}";
+    cr_assert_eq(api_parse_request(API_COMPLETION, b, strlen(b), &d, &r, &e), 0, "%s", e.message);
+    cr_expect(r.spec.type == ENGINE_SPEC_NGRAM && r.spec.n_max == 12 && !r.spec_given);
+    cr_expect(api_request_speculates(&r));
+    api_request_free(&r);
+    b = "{\"prompt\": \"x\", \"logprobs\": 2}";
+    cr_assert_eq(api_parse_request(API_COMPLETION, b, strlen(b), &d, &r, &e), 0, "%s", e.message);
+    cr_expect(!api_request_speculates(&r), "the default leaves logprobs requests out");
+    api_request_free(&r);
+    b = "{\"prompt\": \"x\", \"speculative\": {\"type\": \"draft\", \"n_min\": 2, "
+        "\"p_min\": 0.5}}";
+    cr_assert_eq(api_parse_request(API_COMPLETION, b, strlen(b), &d, &r, &e), 0, "%s", e.message);
+    cr_expect(r.spec.type == ENGINE_SPEC_DRAFT && r.spec.n_max == 12 && r.spec.n_min == 2 &&
+              r.spec.p_min == 0.5f && r.spec_given);
+    api_request_free(&r);
+    b = "{\"prompt\": \"x\", \"speculative\": {\"type\": \"none\"}}";
+    cr_assert_eq(api_parse_request(API_COMPLETION, b, strlen(b), &d, &r, &e), 0, "%s", e.message);
+    cr_expect(!api_request_speculates(&r));
+    api_request_free(&r);
+}
+
+Test(serve_api, timings_report_drafts) {
+    struct api_choice ch = {.text = "a", .len = 1, .finish = "length"};
+    struct api_usage u = {.prompt_tokens = 3,
+                          .completion_tokens = 4,
+                          .timings = true,
+                          .spec = true,
+                          .draft_n = 7,
+                          .draft_n_accepted = 5};
+    char *s = api_response_json(API_COMPLETION, "cmpl-1", "m", 1, &ch, 1, &u);
+    cJSON *o = cJSON_Parse(s);
+    cr_assert_not_null(o, "%s", s);
+    cJSON *t = cJSON_GetObjectItem(o, "timings");
+    cr_assert_not_null(t, "%s", s);
+    cr_expect_eq(cJSON_GetObjectItem(t, "draft_n")->valueint, 7);
+    cr_expect_eq(cJSON_GetObjectItem(t, "draft_n_accepted")->valueint, 5);
+    cJSON_Delete(o);
+    free(s);
+    u.spec = false; // a request that did not speculate: no draft fields
+    s = api_response_json(API_COMPLETION, "cmpl-1", "m", 1, &ch, 1, &u);
+    o = cJSON_Parse(s);
+    cr_expect_null(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "timings"), "draft_n"));
+    cJSON_Delete(o);
+    free(s);
 }

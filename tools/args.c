@@ -36,6 +36,7 @@ void cli_defaults(struct cli *c) {
     c->quant.o.type_output = -1;
     mkmodel_config_default(&c->mk.cfg);
     c->dump.tensors = true;
+    c->draft.ngl = -1;
 }
 
 int args_selfextend_check(const struct args_model *a, const struct model_hparams *hp, int n_ctx,

@@ -127,6 +127,11 @@ struct cli {
     struct {
         bool json, tensors;
     } dump;
+    struct {
+        const char *model; // -md, --model-draft
+        int ngl;           // -ngld: 0 puts the draft on the CPU backend (-1: not given)
+        bool type_given;   // --spec-type was given (else -md means draft)
+    } draft;
     bool ignored;       // the llama-server flags that change nothing here
     const char *pos[4]; // arguments that are not flags (quantize, gguf dump)
     int n_pos;

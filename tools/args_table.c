@@ -11,8 +11,8 @@
 #include "host/split/plan.h"
 #include "tools/args.h"
 #include "tools/common.h"
-#include "tools/serve/json_schema.h"
 #include "tools/mkmodel/ftype.h"
+#include "tools/serve/json_schema.h"
 
 // --help's sections, in its order.
 enum {
@@ -35,6 +35,7 @@ enum {
     SEC_MODEL,
     SEC_SPLIT,
     SEC_ROPE,
+    SEC_SPEC,
     SEC_SAMPLING,
     SEC_HELP,
     SEC_COUNT
@@ -61,6 +62,8 @@ static const char *const sections[SEC_COUNT] = {
     [SEC_MODEL] = "model and backend",
     [SEC_SPLIT] = "several devices (split by layers, see docs/multi-gpu.md)",
     [SEC_ROPE] = "rope",
+    [SEC_SPEC] = "speculative decoding (output unchanged: drafts are verified by the model; "
+                 "see docs/serving.md)",
     [SEC_SAMPLING] = "sampling (chain: penalties -> top-k -> top-p -> min-p -> temp -> dist)",
     [SEC_HELP] = "",
 };
@@ -376,6 +379,8 @@ static const struct flag_choice split_modes[] = {
 static const struct flag_choice acts[] = {{"q8", BACKEND_ACT_Q8}, {"f32", BACKEND_ACT_F32}, {0}};
 static const struct flag_choice rope_types[] = {
     {"none", ROPE_SCALING_NONE}, {"linear", ROPE_SCALING_LINEAR}, {"yarn", ROPE_SCALING_YARN}, {0}};
+static const struct flag_choice spec_types[] = {
+    {"none", ENGINE_SPEC_NONE}, {"ngram", ENGINE_SPEC_NGRAM}, {"draft", ENGINE_SPEC_DRAFT}, {0}};
 static const struct flag_choice log_formats[] = {
     {"text", SRV_LOG_TEXT}, {"json", SRV_LOG_JSON}, {0}};
 static const struct flag_choice mk_rope_types[] = {{"none", MKMODEL_ROPE_SCALING_NONE},
@@ -856,6 +861,32 @@ static const struct flag rows[] = {
      "cache K without RoPE; attention rotates it (a context shift then rewrites no K; serve: "
      "requests may choose their own self_extend, on with --self-extend)",
      NULL, SET(am.k_unrotated)},
+
+    // --- speculative decoding (llama.cpp's spellings and defaults) ---
+    {CLI_RUN | CLI_SERVE | CLI_BENCH, SEC_SPEC, "-md, --model-draft", "FILE",
+     "a draft model with the model's vocabulary: it proposes tokens the model verifies in one "
+     "batch (implies --spec-type draft)",
+     "VELA_ARG_MODEL_DRAFT", STR(draft.model)},
+    {CLI_RUN | CLI_SERVE | CLI_BENCH, SEC_SPEC, "-ngld, --gpu-layers-draft, --n-gpu-layers-draft",
+     "N",
+     "the draft model's -ngl: 0 runs it on the CPU backend; any other count where the model runs",
+     NULL, INT(draft.ngl, -1, 1 << 20)},
+    {CLI_RUN | CLI_SERVE | CLI_BENCH, SEC_SPEC, "--spec-type", "none|ngram|draft",
+     "where drafts come from: ngram = prompt lookup (what followed the last 3 or 2 tokens' "
+     "latest earlier occurrence in the prompt and output), draft = -md (default: draft with -md, "
+     "else none; serve: the default of requests that name none)",
+     NULL, ENUM(gp.spec.type, spec_types, "a speculative type (none, ngram, draft)"),
+     .seen = SEEN(draft.type_given)},
+    {CLI_RUN | CLI_SERVE | CLI_BENCH, SEC_SPEC, "--draft-max, --draft, --draft-n", "N",
+     "draft tokens per step, 1.." TEXT_OF(ENGINE_SPEC_MAX) " and below -b (default: 16)", NULL,
+     INT(gp.spec.n_max, 1, ENGINE_SPEC_MAX)},
+    {CLI_RUN | CLI_SERVE | CLI_BENCH, SEC_SPEC, "--draft-min, --draft-n-min", "N",
+     "fewer drafts than N are not verified (default: 0)", NULL,
+     INT(gp.spec.n_min, 0, ENGINE_SPEC_MAX)},
+    {CLI_RUN | CLI_SERVE | CLI_BENCH, SEC_SPEC, "--draft-p-min", "P",
+     "the draft model stops proposing when its top token's probability is below P (default: "
+     "0.75)",
+     NULL, FLOAT(gp.spec.p_min, 0, 1)},
 
     // --- sampling (llama.cpp's defaults) ---
     {CLI_SAMPLE, SEC_SAMPLING, "--temp", "N", "temperature; <= 0 is greedy (default: 0.8)", NULL,

@@ -311,6 +311,10 @@ static int parse_run(struct cli *f, int argc, char **argv) {
     if (st >= 0)
         return st;
     st = check_run_flags(f);
+    if (!st) {
+        const int sr = tools_spec_resolve("run", f);
+        st = sr >= 0 ? sr : 0;
+    }
     if (!st && !f->am.model_path)
         st = tools_use_default_model("run", &f->am.model_path);
     if (st)
@@ -413,7 +417,7 @@ static int open_engine(const struct cli *f, struct engine **e) {
     struct engine_config op;
     args_engine_config(&f->am, &op);
     op.ctx.n_seq_max = f->gp.n_parallel;
-    op.ctx.n_outputs_max = f->gp.n_parallel;
+    op.ctx.n_outputs_max = tools_spec_outputs(f, f->gp.n_parallel, op.ctx.n_batch);
     op.need_tokenizer = true;
     struct load_progress lprog;
     load_progress_init(&lprog, "vela run", f->am.no_progress);
@@ -424,6 +428,8 @@ static int open_engine(const struct cli *f, struct engine **e) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         return 1;
     }
+    if (tools_draft_open("run", f, *e, f->gp.n_parallel))
+        return 1;
     if (f->am.verbose) {
         char desc[2048];
         engine_describe(*e, desc, sizeof desc);
@@ -512,6 +518,10 @@ static void say_results(const struct cli *f, const struct engine *e, const struc
                 st->t_total_ms > 0 ? 1e3 * (st->n_prompt + st->n_gen) / st->t_total_ms : 0.0);
     if (st->n_ctx_shifts)
         fprintf(stderr, "vela: context shifts: %d\n", st->n_ctx_shifts);
+    if (gp->spec.type != ENGINE_SPEC_NONE)
+        fprintf(stderr, "vela: speculative (%s): %d drafted, %d accepted (%.1f%%)\n",
+                engine_spec_type_name(gp->spec.type), st->n_drafted, st->n_accepted,
+                st->n_drafted ? 100.0 * st->n_accepted / st->n_drafted : 0.0);
 }
 
 // Sets up out for the run (streaming, --chat's end of turn) and says, before

@@ -181,7 +181,8 @@ static int serve_defaults(const struct cli *f, struct api_defaults *d, struct ve
                                .presence_penalty = p->presence_penalty,
                                .frequency_penalty = p->frequency_penalty,
                                .seed = p->seed == SAMPLER_SEED_RANDOM ? -1 : (int64_t)p->seed,
-                               .n_predict = f->gp.n_predict};
+                               .n_predict = f->gp.n_predict,
+                               .spec = f->gp.spec};
     return 0;
 }
 
@@ -210,14 +211,20 @@ static int run_server(struct args_model *am, struct cli *f) {
     struct engine_config ec;
     args_engine_config(am, &ec);
     ec.ctx.n_seq_max = f->sc.n_parallel;
-    ec.ctx.n_outputs_max = f->sc.n_parallel;
+    ec.ctx.n_outputs_max = tools_spec_outputs(f, f->sc.n_parallel, ec.ctx.n_batch);
     struct load_progress lprog;
     load_progress_init(&lprog, "vela serve", am->no_progress);
     ec.progress = load_progress_update;
     ec.progress_user = &lprog;
     struct engine *e = NULL;
     int status = 1;
-    if (engine_open(&e, &ec, &err) || serve_set_engine(s, e, &err)) {
+    if (engine_open(&e, &ec, &err)) {
+        srv_log(SRV_LOG_ERROR, "%s", err.msg);
+        goto out;
+    }
+    if (tools_draft_open("serve", f, e, f->sc.n_parallel))
+        goto out;
+    if (serve_set_engine(s, e, &err)) {
         srv_log(SRV_LOG_ERROR, "%s", err.msg);
         goto out;
     }
@@ -236,6 +243,12 @@ static int run_server(struct args_model *am, struct cli *f) {
             "min_p %g, repeat_penalty %g, n_predict %d",
             (double)d->temperature, d->top_k, (double)d->top_p, (double)d->min_p,
             (double)d->repeat_penalty, d->n_predict);
+    if (d->spec.type != ENGINE_SPEC_NONE)
+        srv_log(SRV_LOG_INFO,
+                "speculative decoding by default (a request's \"speculative\" overrides it): "
+                "%s, draft max %d, min %d, p_min %g",
+                engine_spec_type_name(d->spec.type), d->spec.n_max, d->spec.n_min,
+                (double)d->spec.p_min);
     if (context_config(e->ctx)->se_g > 1) {
         const int slot = context_config(e->ctx)->n_ctx / f->sc.n_parallel;
         const int64_t ext = se_extended_ctx(e->m->hp.n_ctx_train, context_config(e->ctx)->se_g,
@@ -264,7 +277,7 @@ int cmd_serve(int argc, char **argv) {
     static struct cli f; // large: off the stack
     cli_defaults(&f);
     int st = tools_parse("serve", CLI_SERVE, usage, &f, argc, argv, 0);
-    if (st >= 0)
+    if (st >= 0 || (st = tools_spec_resolve("serve", &f)) >= 0)
         return st;
     struct args_model am = f.am;
     struct verr err = {0};

@@ -8,6 +8,8 @@
 #include "host/backend/threadpool.h"
 #include "host/engine/constrain.h"
 #include "host/engine/core.h"
+#include "host/engine/draft.h"
+#include "host/engine/engine.h"
 
 // -t above the physical cores this process may run on is taken (the
 // backend runs that many threads) but they take turns on the cores, which
@@ -123,4 +125,67 @@ int tools_grammar_attach(const char *cmd, const struct cli *c, const struct engi
     }
     sp->grammar_vocab = *vocab;
     return TOOLS_EXIT_OK;
+}
+
+int tools_spec_resolve(const char *cmd, struct cli *c) {
+    struct engine_spec *sp = &c->gp.spec;
+    if (c->draft.model && !c->draft.type_given)
+        sp->type = ENGINE_SPEC_DRAFT;
+    if (sp->type == ENGINE_SPEC_DRAFT && !c->draft.model) {
+        fprintf(stderr, "vela %s: --spec-type draft needs a draft model (-md FILE)\n", cmd);
+        return TOOLS_EXIT_USAGE;
+    }
+    if (c->draft.model && sp->type != ENGINE_SPEC_DRAFT) {
+        fprintf(stderr, "vela %s: -md %s with --spec-type %s: the draft model would go unused\n",
+                cmd, c->draft.model, engine_spec_type_name(sp->type));
+        return TOOLS_EXIT_USAGE;
+    }
+    if (sp->n_min > sp->n_max) {
+        fprintf(stderr, "vela %s: --draft-min %d is above --draft-max %d\n", cmd, sp->n_min,
+                sp->n_max);
+        return TOOLS_EXIT_USAGE;
+    }
+    return -1;
+}
+
+int tools_spec_outputs(const struct cli *c, int n_seq, int n_batch) {
+    if (c->gp.spec.type == ENGINE_SPEC_NONE)
+        return n_seq;
+    const long n = (long)n_seq * (c->gp.spec.n_max + 1);
+    return n < n_batch ? (int)n : n_batch > n_seq ? n_batch : n_seq;
+}
+
+int tools_draft_open(const char *cmd, const struct cli *c, struct engine *e, int n_seq) {
+    if (!c->draft.model)
+        return 0;
+    struct args_model am = c->am;
+    am.model_path = c->draft.model;
+    if (c->draft.ngl == 0)
+        am.backend = LOAD_BACKEND_CPU;
+    struct engine_config op;
+    args_engine_config(&am, &op);
+    const struct forward_config *tc = context_config(e->ctx);
+    const int per_seq = tc->n_ctx / n_seq > 2 * (ENGINE_SPEC_MAX + 1) ? tc->n_ctx / n_seq
+                                                                      : 2 * (ENGINE_SPEC_MAX + 1);
+    op.ctx.n_ctx = per_seq * n_seq;
+    op.ctx.n_batch = tc->n_batch;
+    op.ctx.n_seq_max = n_seq;
+    op.ctx.n_outputs_max = n_seq;
+    op.need_tokenizer = true;
+    struct engine *d = NULL;
+    struct verr err = {0};
+    if (engine_open(&d, &op, &err)) {
+        fprintf(stderr, "vela %s: draft model: %s\n", cmd, err.msg);
+        return TOOLS_EXIT_RUNTIME;
+    }
+    if (engine_draft_attach(e, d, &err)) {
+        fprintf(stderr, "vela %s: -md %s: %s\n", cmd, c->draft.model, err.msg);
+        engine_close(d);
+        return TOOLS_EXIT_RUNTIME;
+    }
+    if (c->am.verbose)
+        fprintf(stderr, "vela %s: draft model %s (%s backend, -ngld %d), %d cells per slot\n", cmd,
+                c->draft.model, am.backend == LOAD_BACKEND_CPU ? "CPU" : "the model's",
+                c->draft.ngl, per_seq);
+    return 0;
 }

@@ -55,4 +55,18 @@ uint32_t tools_seed_resolve(uint32_t seed);
 int tools_warn_ctx(const char *cmd, const struct args_model *am, int n_ctx_seq, int n_ctx_train,
                    bool extended);
 
+// Speculative decoding from the flags, before the model opens: -md without
+// --spec-type means draft; draft without -md, or -md with another type, is
+// a usage error (printed as "vela CMD: message", returns TOOLS_EXIT_USAGE).
+int tools_spec_resolve(const char *cmd, struct cli *c);
+// The logits rows per decode a context of n_seq sequences needs when each
+// may verify its drafts (c->gp.spec): n_seq * (draft max + 1), at most
+// n_batch; n_seq without speculation.
+int tools_spec_outputs(const struct cli *c, int n_seq, int n_batch);
+// With -md: opens the draft model beside e (the CPU backend for -ngld 0,
+// else e's; a sequence per slot of n_seq, each at least the cells its
+// drafts need) and attaches it (host/engine/draft.h). Prints "vela CMD:
+// message" and returns TOOLS_EXIT_RUNTIME when it fails.
+int tools_draft_open(const char *cmd, const struct cli *c, struct engine *e, int n_seq);
+
 #endif

@@ -23,6 +23,7 @@
 #include "gguf/verr.h"
 #include "host/backend/sampler.h"
 #include "host/engine/core.h"
+#include "host/engine/spec.h"
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
@@ -72,6 +73,7 @@ struct engine_gen_params {
     int ga_w;                 // --grp-attn-w: self-extend width (512)
     bool ignore_eos;          // --ignore-eos: end-of-generation tokens do not end a sequence
     struct sampler_params sp; // sequence i samples with seed sp.seed + i
+    struct engine_spec spec;  // speculative decoding of every sequence (step.h, spec.h)
     // Optional: called with the logits row each sampled token is drawn from,
     // before sampling (pos: the position of the token that produced the row).
     // Setting it turns off picking tokens on the backend (the argmax shortcut of

@@ -20,6 +20,7 @@ void engine_gen_params_default(struct engine_gen_params *g) {
     g->ga_n = 1;
     g->ga_w = 512;
     sampler_params_default(&g->sp);
+    engine_spec_default(&g->spec);
 }
 
 // samples: the prompts are copies of one (engine_generate), which the
@@ -135,6 +136,7 @@ static void make_request(struct engine_request *r, const struct engine_gen_param
     r->n_keep = g->n_keep;
     r->ga_n = g->ga_n;
     r->ga_w = g->ga_w;
+    r->spec = g->spec;
     r->cb = on_req_event;
     r->on_logits = g->on_logits ? on_req_logits : NULL;
     r->user = it;

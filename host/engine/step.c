@@ -1246,7 +1246,11 @@ static int step_once(struct engine *e, struct engine_sched *s, struct verr *err)
             return rc;
     }
     struct step_count c = {0};
-    if ((rc = step_draft(e, s, err)) || (rc = step_build(e, s, &c, err)))
+    const double t_draft = engine_now_ms(); // the draft step is generation time
+    if ((rc = step_draft(e, s, err)))
+        return rc;
+    s->st.t_gen_ms += engine_now_ms() - t_draft;
+    if ((rc = step_build(e, s, &c, err)))
         return rc;
     if (c.n == 0)
         return 0; // every generating slot ended on a full context

@@ -12,9 +12,9 @@
 #include <cjson/cJSON.h>
 
 #include "host/ops/selfextend.h"
-#include "tools/serve/json_schema.h"
 #include "tools/serve/api_tools.h"
 #include "tools/serve/buf.h"
+#include "tools/serve/json_schema.h"
 
 const char api_sse_done[] = "data: [DONE]\n\n";
 
@@ -537,6 +537,54 @@ static int parse_self_extend(const cJSON *o, struct api_request *r, struct api_e
     return 0;
 }
 
+bool api_request_speculates(const struct api_request *r) {
+    return r->spec.type != ENGINE_SPEC_NONE &&
+           (r->spec_given || (!r->logprobs && r->grp_attn_n == 1));
+}
+
+// One field of "speculative" (get_*'s message, its name as the field's path).
+static int spec_field(int rc, struct api_error *e) {
+    if (rc) {
+        char m[sizeof e->message - 16];
+        snprintf(m, sizeof m, "%s", e->message + 1); // past the opening quote
+        snprintf(e->message, sizeof e->message, "'speculative.%s", m);
+    }
+    return rc;
+}
+
+// "speculative": {"type": "none"|"ngram"|"draft", "n_max": N, "n_min": N,
+// "p_min": P}, each optional over the server's default; no other key.
+static int parse_speculative(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "speculative");
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsObject(v))
+        return BAD("'speculative' must be an object {\"type\", \"n_max\", \"n_min\", \"p_min\"}");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (strcmp(it->string, "type") && strcmp(it->string, "n_max") &&
+            strcmp(it->string, "n_min") && strcmp(it->string, "p_min"))
+            return BAD("'speculative.%.40s' is not known; expected type, n_max, n_min, p_min",
+                       it->string);
+    }
+    struct engine_spec *sp = &r->spec;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+    if (t && !cJSON_IsNull(t)) {
+        const int ty = cJSON_IsString(t) ? engine_spec_type_parse(t->valuestring) : -1;
+        if (ty < 0)
+            return BAD("'speculative.type' must be \"none\", \"ngram\" or \"draft\"");
+        sp->type = (enum engine_spec_type)ty;
+    }
+    if (spec_field(get_int32(v, "n_max", 1, ENGINE_SPEC_MAX, &sp->n_max, e), e) ||
+        spec_field(get_int32(v, "n_min", 0, ENGINE_SPEC_MAX, &sp->n_min, e), e) ||
+        spec_field(get_float(v, "p_min", 0, 1, &sp->p_min, e), e))
+        return -1;
+    if (sp->n_min > sp->n_max)
+        return BAD("'speculative.n_min' %d is above n_max %d", sp->n_min, sp->n_max);
+    r->spec_given = true;
+    return 0;
+}
+
 int api_check_context(const struct api_request *r, int n_prompt, const struct api_ctx_limits *l,
                       int *max_gen, struct api_error *e) {
     *max_gen = -1;
@@ -652,6 +700,7 @@ void api_defaults_openai(struct api_defaults *d) {
                                .repeat_last_n = 64,
                                .seed = -1,
                                .n_predict = -1};
+    engine_spec_default(&d->spec);
 }
 
 static void request_defaults(enum api_kind k, const struct api_defaults *d, struct api_request *r) {
@@ -674,6 +723,7 @@ static void request_defaults(enum api_kind k, const struct api_defaults *d, stru
     r->grp_attn_n = 1;
     r->grp_attn_w = 512;
     r->cache_prompt = true; // llama-server's default
+    r->spec = d->spec;
 }
 
 int api_parse_request(enum api_kind k, const char *body, size_t len, const struct api_defaults *d,
@@ -698,7 +748,7 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, const struc
              parse_tools(o, r, e) || parse_sampling(o, r, e) || parse_logit_bias(o, r, e) ||
              parse_unsupported(o, e) || parse_grammar(o, r, e) || parse_limits(o, d, r, e) ||
              parse_stop(o, r, e) || parse_stream(o, r, e) || parse_logprobs(o, r, e) ||
-             parse_self_extend(o, r, e))
+             parse_self_extend(o, r, e) || parse_speculative(o, r, e))
         rc = -1;
     else if (k == API_NATIVE && (r->n > 1 || r->logprobs))
         rc = BAD("'%s' is not supported by /completion (use /v1/completions)",
@@ -882,6 +932,10 @@ static void add_timings(cJSON *o, const struct api_usage *u) {
     cJSON_AddNumberToObject(t, "predicted_ms", u->predicted_ms);
     cJSON_AddNumberToObject(t, "predicted_per_second",
                             u->predicted_ms > 0 ? 1e3 * u->completion_tokens / u->predicted_ms : 0);
+    if (u->spec) {
+        cJSON_AddNumberToObject(t, "draft_n", u->draft_n);
+        cJSON_AddNumberToObject(t, "draft_n_accepted", u->draft_n_accepted);
+    }
 }
 
 char *api_response_json(enum api_kind k, const char *id, const char *model, int64_t created,

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "gguf/verr.h"
+#include "host/engine/spec.h"
 #include "tools/serve/api_tools.h"
 
 #define API_MAX_STOP 8          // stop strings per request (OpenAI: 4; llama-server: more)
@@ -87,8 +88,12 @@ struct api_request {
     int grp_attn_n;  // 1: off
     int grp_attn_w;  // 512
     bool ignore_eos;
-    bool cache_prompt;     // reuse a slot's kept cells, keep this request's (default true)
-    int se_n, se_w;        // self_extend {"n": G, "w": W} (0, 0: not given)
+    bool cache_prompt; // reuse a slot's kept cells, keep this request's (default true)
+    int se_n, se_w;    // self_extend {"n": G, "w": W} (0, 0: not given)
+    // speculative {"type": "none"|"ngram"|"draft", "n_max", "n_min", "p_min"}:
+    // the server's default (api_defaults.spec) with the fields given
+    struct engine_spec spec;
+    bool spec_given;       // the request has a "speculative" object
     struct api_bias *bias; // [n_bias] logit_bias (token ids are checked by the server)
     int n_bias;
     struct api_tools tools; // chat: tool calling (tools/serve/toolcall.h)
@@ -100,6 +105,11 @@ struct api_request {
 };
 
 void api_request_free(struct api_request *r);
+
+// Whether r speculates: its "speculative" type, or the server's default
+// unless it cannot speculate (logprobs, grp_attn_n > 1; asked for
+// explicitly with them, the engine refuses it).
+bool api_request_speculates(const struct api_request *r);
 
 // What a request that leaves a sampling field out gets: the server's
 // defaults (llama-server's --temp, --top-k, --top-p, --min-p,
@@ -114,8 +124,10 @@ struct api_defaults {
     int64_t seed;  // -1: random
     int n_predict; // -1: none given (OpenAI's max_tokens: 16 for completions, until a stop
                    // for chat); >= 0: the default of max_tokens / n_predict and their cap
+    struct engine_spec spec; // --spec-type, --draft-*: the speculation of requests
 };
-// OpenAI's: temperature 1, top_p 1, no top_k / min_p / penalties, random seed, no -n.
+// OpenAI's: temperature 1, top_p 1, no top_k / min_p / penalties, random seed, no -n;
+// no speculation.
 void api_defaults_openai(struct api_defaults *d);
 
 // An error as OpenAI reports it: HTTP status, type and code.
@@ -211,6 +223,10 @@ struct api_usage {
     bool timings;
     int prompt_n; // prompt tokens evaluated
     double prompt_ms, predicted_ms;
+    // speculative decoding (llama-server's draft_n, draft_n_accepted in
+    // "timings"), when the request speculated
+    bool spec;
+    int draft_n, draft_n_accepted;
 };
 
 // A whole (non-streamed) response with n choices. id: "cmpl-..." or

@@ -137,8 +137,12 @@ static struct api_usage usage_of(const struct srv_req *r) {
                           .cached_tokens = st->n_prompt_reused,
                           .timings = true,
                           .prompt_n = st->n_prompt_eval};
-    for (int i = 0; i < r->n_jobs; i++)
+    u.spec = api_request_speculates(&r->api);
+    for (int i = 0; i < r->n_jobs; i++) {
         u.completion_tokens += r->jobs[i].n_gen;
+        u.draft_n += r->jobs[i].st.n_drafted;
+        u.draft_n_accepted += r->jobs[i].st.n_accepted;
+    }
     if (st->t_first_ms > 0) {
         u.prompt_ms = st->t_first_ms - st->t_start_ms;
         u.predicted_ms = st->t_last_ms - st->t_first_ms;
@@ -932,6 +936,11 @@ static enum MHD_Result handle_metrics(struct serve *s, struct MHD_Connection *c)
         {"vela_generated_tokens_total", "counter", "tokens generated", (double)m.generated_tokens},
         {"vela_generated_tokens_per_second", "gauge", "tokens generated per second of uptime",
          up_s > 0 ? (double)m.generated_tokens / up_s : 0},
+        {"vela_draft_tokens_total", "counter",
+         "draft tokens verified (speculative decoding) of finished requests",
+         (double)m.draft_tokens},
+        {"vela_draft_tokens_accepted_total", "counter", "of those, accepted",
+         (double)m.draft_tokens_accepted},
         {"vela_kv_cells_used", "gauge", "KV cache cells in use", (double)m.kv_cells_used},
         {"vela_kv_cells_total", "gauge", "KV cache cells", (double)m.kv_cells_total},
         {"vela_kv_cache_bytes", "gauge",

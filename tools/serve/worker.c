@@ -175,6 +175,8 @@ static void job_done(struct srv_worker *w, struct srv_job *j, const struct engin
     w->m.generated_tokens += (uint64_t)j->n_gen;
     w->m.prompt_tokens_evaluated += (uint64_t)j->st.n_prompt_eval;
     w->m.prompt_tokens_cached += (uint64_t)j->st.n_prompt_reused;
+    w->m.draft_tokens += (uint64_t)j->st.n_drafted;
+    w->m.draft_tokens_accepted += (uint64_t)j->st.n_accepted;
     if (j->index == 0)
         w->m.prompt_tokens += (uint64_t)r->n_tokens;
     if (st && st->ttft_ms >= 0 && j->n_gen > 0) {
@@ -282,6 +284,9 @@ static void job_request(struct srv_req *r, int i, struct engine_request *q) {
     q->cb = on_event;
     q->on_logits = a->logprobs ? on_logits : NULL;
     q->user = &r->jobs[i];
+    q->spec = a->spec;
+    if (!api_request_speculates(a))
+        q->spec.type = ENGINE_SPEC_NONE;
 }
 
 static void submit_error(struct srv_req *r, int rc, const struct verr *err) {

@@ -86,6 +86,8 @@ struct srv_metrics {
     uint64_t prompt_tokens, generated_tokens;
     // prompt tokens of finished choices decoded, and found in a slot's kept cells
     uint64_t prompt_tokens_evaluated, prompt_tokens_cached;
+    // draft tokens of finished choices verified, and of those accepted
+    uint64_t draft_tokens, draft_tokens_accepted;
     double ttft_sum_ms, itl_sum_ms;
     uint64_t ttft_count, itl_count;
     uint64_t ttft_hist[SRV_HIST_BUCKETS], itl_hist[SRV_HIST_BUCKETS]; // cumulative on output
