@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "host/engine/draft.h"
-#include "host/engine/engine.h"
 #include "host/engine/spec.h"
 #include "host/split/context.h"
 
@@ -59,10 +58,11 @@ int engine_draft_attach(struct engine *e, struct engine *d, struct verr *err) {
                         "the draft model has %d logits per row, the target %d: they must be the "
                         "same",
                         d->m->hp.n_vocab, e->m->hp.n_vocab);
+    if (e->draft)
+        return verr_set(err, VERR_RANGE, "the engine has a draft model already");
     int rc = vocab_differs(e->tok, d->tok, err);
     if (rc)
         return rc;
-    engine_close(e->draft);
     e->draft = d;
     return 0;
 }

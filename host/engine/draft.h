@@ -16,7 +16,8 @@
 // Attaches d as e's draft model (e owns it from then on, engine_close
 // frees it) when its vocabulary is e's: the same number of tokens, the same
 // text for each and the same BOS / EOS. VERR_FORMAT otherwise, naming the
-// first difference (d is then not attached; the caller closes it).
+// first difference, VERR_RANGE when e has one already (d is then not
+// attached; the caller closes it).
 int engine_draft_attach(struct engine *e, struct engine *d, struct verr *err);
 
 // What one sequence asks of a draft step.
