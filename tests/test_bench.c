@@ -464,3 +464,31 @@ Test(bench, beyond_context_with_c) {
     free(errs);
     unlink(path);
 }
+
+// --draft: a row per --parallel value, and the speculating run's tokens
+// equal to the plain run's (the tool fails otherwise); the speculative
+// flags without --draft, and --draft with --json, are usage errors.
+Test(bench, draft_table) {
+    char *out, *err, args[600];
+    snprintf(args, sizeof args, "bench --draft -m %s -n 24 -r 1 -np 1,2 -t 2 --draft-max 4",
+             model_path);
+    cr_assert_eq(run_vela(args, &out, &err), 0, "%s", err);
+    int rows = 0;
+    for (const char *p = out; (p = strstr(p, "| ngram  |       4 |")); p++)
+        rows++;
+    cr_expect_eq(rows, 2, "one row per -np value:\n%s", out);
+    cr_expect(strstr(out, "|   1 |   24 |") && strstr(out, "|   2 |   24 |"), "%s", out);
+    cr_expect(!strstr(out, "| NO"), "speculation changed the output:\n%s", out);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "bench -m %s --spec-type ngram", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 2);
+    cr_expect(strstr(err, "need --draft"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "bench -m %s --draft --json", model_path);
+    cr_expect_eq(run_vela(args, &out, &err), 2);
+    cr_expect(strstr(err, "no --json"), "%s", err);
+    free(out);
+    free(err);
+}

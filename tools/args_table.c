@@ -494,6 +494,12 @@ static const struct flag rows[] = {
      NULL, SET(bench.full_logits)},
     {CLI_BENCH, SEC_BENCH, "--json", NULL, "print JSON instead of the table", NULL,
      SET(bench.json)},
+    {CLI_BENCH, SEC_BENCH, "--draft", NULL,
+     "speculative decoding instead of pp/tg: for each --parallel N, N sequences of built-in text "
+     "generate -n tokens greedy, plain and speculating (--spec-type, -md, --draft-*; ngram by "
+     "default): tokens/s of each, the speedup, drafts accepted, and a check that the tokens are "
+     "the same",
+     NULL, SET(bench.draft)},
     {CLI_BENCH, SEC_BENCH, "--split-compare", NULL,
      "run every test twice: on the main device alone (--split-mode none) and split as the flags "
      "ask; print the ratio split t/s / one-device t/s per test",
@@ -877,7 +883,10 @@ static const struct flag rows[] = {
      "else none; serve: the default of requests that name none)",
      NULL, ENUM(gp.spec.type, spec_types, "a speculative type (none, ngram, draft)"),
      .seen = SEEN(draft.type_given)},
-    {CLI_RUN | CLI_SERVE | CLI_BENCH, SEC_SPEC, "--draft-max, --draft, --draft-n", "N",
+    {CLI_RUN | CLI_SERVE, SEC_SPEC, "--draft-max, --draft, --draft-n", "N",
+     "draft tokens per step, 1.." TEXT_OF(ENGINE_SPEC_MAX) " and below -b (default: 16)", NULL,
+     INT(gp.spec.n_max, 1, ENGINE_SPEC_MAX)},
+    {CLI_BENCH, SEC_SPEC, "--draft-max, --draft-n", "N",
      "draft tokens per step, 1.." TEXT_OF(ENGINE_SPEC_MAX) " and below -b (default: 16)", NULL,
      INT(gp.spec.n_max, 1, ENGINE_SPEC_MAX)},
     {CLI_RUN | CLI_SERVE | CLI_BENCH, SEC_SPEC, "--draft-min, --draft-n-min", "N",

@@ -53,6 +53,7 @@
 #include "host/split/pipeline.h"
 #include "kv/kv.h"
 #include "tools/args.h"
+#include "tools/bench_spec.h"
 #include "tools/cmds.h"
 #include "tools/common.h"
 #include "tools/default_model.h"
@@ -1188,12 +1189,41 @@ static int bench_run(struct bench *b, struct pipeline *sm, const struct report *
     return 0;
 }
 
+// The speculative flags belong to --draft, which measures no pp test and
+// prints no JSON. Returns -1 to go on, or the exit status.
+static int bench_check_spec(struct cli *c) {
+    struct engine_spec def;
+    engine_spec_default(&def);
+    const struct engine_spec *sp = &c->gp.spec;
+    const bool spec_flags = c->draft.model || c->draft.type_given || c->draft.ngl >= 0 ||
+                            sp->n_max != def.n_max || sp->n_min != def.n_min ||
+                            sp->p_min != def.p_min;
+    if (!c->bench.draft && spec_flags) {
+        fprintf(stderr, "vela bench: -md, -ngld, --spec-type and --draft-* need --draft\n");
+        return 2;
+    }
+    if (!c->bench.draft)
+        return -1;
+    if (c->bench.json || c->bench.split_compare || c->bench.n_gen == 0) {
+        fprintf(stderr, "vela bench: --draft measures -n tokens (not 0) and prints a table "
+                        "(no --json, no --split-compare)\n");
+        return 2;
+    }
+    if (!c->am.model_path) {
+        fprintf(stderr, "vela bench: no model given (-m FILE)\n");
+        return 2;
+    }
+    return tools_spec_resolve("bench", c);
+}
+
 int cmd_bench(int argc, char **argv) {
     static struct cli c; // large: off the stack
     cli_defaults(&c);
     int status = tools_parse("bench", CLI_BENCH, usage, &c, argc, argv, 0);
-    if (status >= 0)
+    if (status >= 0 || (status = bench_check_spec(&c)) >= 0)
         return status;
+    if (c.bench.draft)
+        return bench_spec_run(&c);
     static struct bench bench;
     struct bench *b = &bench;
     *b = (struct bench){.am = c.am,

@@ -94,6 +94,11 @@ int draft_state_new(struct draft_state **out, struct engine *d, int n_seq, struc
                         "the draft model's context of %d cells leaves %d per slot for %d slots; "
                         "it needs at least %d",
                         c->n_ctx, c->n_ctx / n_seq, n_seq, 2 * (ENGINE_SPEC_MAX + 1));
+    // The cache starts empty: what another state's sequences left is not
+    // recorded in this one.
+    int rc = context_clear(d->ctx, err);
+    if (rc)
+        return rc;
     struct draft_state *st = calloc(1, sizeof *st);
     if (!st)
         return verr_set(err, VERR_NOMEM, "out of host memory");
