@@ -9,6 +9,7 @@
 // CPU backend computes a row the same way whatever the batch
 // (test_batch_invariance), so equality is exact.
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -367,4 +368,159 @@ Test(spec, draft_vocabulary_must_match) {
     engine_close(e);
     unlink(tiny);
     free(tiny);
+}
+
+// ---------------------------------------------------------------------------
+// Sampling with drafts: the output's distribution is the model's.
+//
+// On a tiny random model (V = 300), a logit bias of +30 on two tokens x and
+// y with top_k 2 leaves the sampler those two at the model's odds (the same
+// bias on both), at temp 1.5. The prompt x y x y x y x makes the n-gram
+// drafter propose the alternation, so a draft is kept when the draw agrees
+// and rejected when not. CHI_N requests (seeds 1000..) generate 3 tokens
+// each; the counts of the 8 outcomes are compared with the exact
+// probabilities p(t1) p(t2 | t1) p(t3 | t1 t2) from the model's logits
+// (engine_eval of the 4 two-token prefixes), in float64, by Pearson's χ²
+// with 7 degrees of freedom at α = 0.001 (critical value 24.32). Power: the
+// test computes the noncentrality λ = N δ² (1/p_a + 1/p_b) of moving δ =
+// 0.03 of probability between its two likeliest outcomes and requires λ >=
+// 40, where a χ²(7, λ) exceeds 24.32 with probability about 0.96 (normal
+// approximation of the noncentral χ²). Keeping every draft unread fails it.
+#define CHI_N 8000
+#define CHI_X 17
+#define CHI_Y 42
+#define CHI_TEMP 1.5
+#define CHI_V 300
+
+// The logits of x and y in the last 3 rows of an evaluated sequence.
+struct xy_rows {
+    int n_tok;
+    double l[3][2];
+};
+
+static int keep_xy(void *user, int first, int n, const float *logits) {
+    struct xy_rows *r = user;
+    for (int i = 0; i < n; i++) {
+        const int row = first + i - (r->n_tok - 3);
+        if (row >= 0) {
+            r->l[row][0] = logits[(size_t)i * CHI_V + CHI_X];
+            r->l[row][1] = logits[(size_t)i * CHI_V + CHI_Y];
+        }
+    }
+    return 0;
+}
+
+// p(y) of a row after top-k 2 over {x, y} and the temperature.
+static double p_y(const double *l) {
+    return 1.0 / (1.0 + exp((l[0] - l[1]) / CHI_TEMP));
+}
+
+// The exact probability of each outcome t1 t2 t3 (index: bit 2 t1, bit 1
+// t2, bit 0 t3; bit set: y).
+static void exact_probs(struct engine *e, const int32_t *prompt, int n_prompt, double *prob) {
+    struct verr err = {0};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            int32_t seq[16];
+            memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+            seq[n_prompt] = a ? CHI_Y : CHI_X;
+            seq[n_prompt + 1] = b ? CHI_Y : CHI_X;
+            struct xy_rows r = {.n_tok = n_prompt + 2};
+            double t_ms;
+            cr_assert_eq(engine_eval(e, seq, n_prompt + 2, keep_xy, &r, &t_ms, &err), 0, "%s",
+                         err.msg);
+            const double p1 = a ? p_y(r.l[0]) : 1 - p_y(r.l[0]);
+            const double p2 = b ? p_y(r.l[1]) : 1 - p_y(r.l[1]);
+            for (int c = 0; c < 2; c++)
+                prob[a * 4 + b * 2 + c] = p1 * p2 * (c ? p_y(r.l[2]) : 1 - p_y(r.l[2]));
+        }
+}
+
+struct chi_out {
+    int32_t tok[3];
+    int n;
+};
+
+static int chi_collect(void *user, const struct engine_req_event *ev) {
+    struct chi_out *o = user;
+    if (ev->ev == ENGINE_EV_TOKEN && ev->token >= 0 && o->n < 3)
+        o->tok[o->n++] = ev->token;
+    return 0;
+}
+
+Test(spec, sampling_distribution_is_the_models, .timeout = 600) {
+    struct tiny_cfg cfg;
+    tiny_cfg_default(&cfg, "llama");
+    cfg.vocab = true;
+    cfg.n_vocab = CHI_V;
+    char *path = engine_test_model(&cfg, "specchi");
+    const int n_slots = 8;
+    const struct engine_test_cfg tc = {
+        .n_ctx = n_slots * 32, .n_batch = 16, .n_seq = n_slots, .n_outputs = 16, .f32_cache = true};
+    struct engine *e = engine_test_open(path, &tc);
+    const int32_t prompt[] = {CHI_X, CHI_Y, CHI_X, CHI_Y, CHI_X, CHI_Y, CHI_X};
+    const int n_prompt = 7;
+    double prob[8];
+    exact_probs(e, prompt, n_prompt, prob);
+    struct verr err = {0};
+    struct engine_sched_config sc = {.n_slots = n_slots, .n_queue_max = CHI_N};
+    cr_assert_eq(engine_sched_configure(e, &sc, &err), 0, "%s", err.msg);
+    const struct sampler_bias bias[2] = {{CHI_X, 30}, {CHI_Y, 30}};
+    static struct chi_out outs[CHI_N];
+    memset(outs, 0, sizeof outs);
+    for (int i = 0; i < CHI_N; i++) {
+        struct engine_request r;
+        engine_request_default(&r);
+        r.tokens = prompt;
+        r.n_tokens = n_prompt;
+        r.n_predict = 3;
+        r.ignore_eos = true;
+        r.sp.temp = (float)CHI_TEMP;
+        r.sp.top_k = 2;
+        r.sp.top_p = 1;
+        r.sp.min_p = 0;
+        r.sp.bias = bias;
+        r.sp.n_bias = 2;
+        r.sp.seed = 1000u + (uint32_t)i;
+        r.spec.type = ENGINE_SPEC_NGRAM;
+        r.spec.n_max = 2;
+        r.cb = chi_collect;
+        r.user = &outs[i];
+        cr_assert_eq(engine_submit(e, &r, NULL, &err), 0, "%s", err.msg);
+    }
+    engine_test_run_to_end(e);
+    const struct engine_stats *st = engine_sched_stats(e);
+    int count[8] = {0};
+    for (int i = 0; i < CHI_N; i++) {
+        cr_assert_eq(outs[i].n, 3, "request %d: %d tokens", i, outs[i].n);
+        int k = 0;
+        for (int t = 0; t < 3; t++) {
+            cr_assert(outs[i].tok[t] == CHI_X || outs[i].tok[t] == CHI_Y, "request %d: token %d", i,
+                      outs[i].tok[t]);
+            k = 2 * k + (outs[i].tok[t] == CHI_Y);
+        }
+        count[k]++;
+    }
+    double chi2 = 0, pa = 0, pb = 0;
+    for (int k = 0; k < 8; k++) {
+        const double want = CHI_N * prob[k];
+        chi2 += (count[k] - want) * (count[k] - want) / want;
+        cr_log_info("outcome %d%d%d: %d of %d, expected %.1f", k >> 2, (k >> 1) & 1, k & 1,
+                    count[k], CHI_N, want);
+        if (prob[k] > pa)
+            pb = pa, pa = prob[k];
+        else if (prob[k] > pb)
+            pb = prob[k];
+    }
+    const double lambda = CHI_N * 0.03 * 0.03 * (1 / pa + 1 / pb);
+    cr_log_info("chi2 %.2f (7 dof, critical 24.32 at 0.001); %d drafted, %d kept; power "
+                "noncentrality %.1f",
+                chi2, st->n_drafted, st->n_accepted, lambda);
+    cr_assert_gt(st->n_accepted, 0, "no draft was kept");
+    cr_assert_lt(st->n_accepted, st->n_drafted, "no draft was rejected");
+    cr_assert_geq(lambda, 40, "the test has too little power at these probabilities");
+    cr_assert_lt(chi2, 24.32, "chi2 %.2f: the output is not the model's distribution", chi2);
+    engine_close(e);
+    unlink(path);
+    free(path);
 }

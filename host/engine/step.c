@@ -794,10 +794,10 @@ struct step_count {
     int n, n_p, n_g; // batch entries; of those prompt and generated tokens
 };
 
-// Slot si's draft tokens for this step (sl->draft, sl->n_draft): at most
-// max, the room its share of the cells leaves before a shift would be due
-// (so shifts happen where they would without speculation) and the tokens
-// it may still generate; none when fewer than the request's n_min.
+// The most draft tokens slot sl may verify this step: its request's n_max,
+// the room its share of the cells leaves before a shift would be due (so
+// shifts happen where they would without speculation) and the tokens it
+// may still generate.
 static int slot_draft_max(const struct engine_sched *s, const struct slot *sl) {
     const struct engine_request *r = &sl->rq->p;
     if (r->spec.type == ENGINE_SPEC_NONE)
@@ -810,6 +810,9 @@ static int slot_draft_max(const struct engine_sched *s, const struct slot *sl) {
     return k > 0 ? k : 0;
 }
 
+// Slot sl's drafts for this step (sl->draft, sl->n_draft): at most max
+// (the step's budget and rows) and slot_draft_max; none when fewer than the
+// request's n_min.
 static void slot_draft(const struct engine_sched *s, struct slot *sl, int max) {
     const struct engine_request *r = &sl->rq->p;
     int k = slot_draft_max(s, sl);
