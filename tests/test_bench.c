@@ -17,11 +17,11 @@
 #include <cjson/cJSON.h>
 
 #include "gguf/gguf.h"
+#include "host/split/pipeline.h"
 #include "tests/args_config.h"
 #include "tests/file_helpers.h"
 #include "tools/args.h"
 #include "tools/mkmodel/mkmodel.h"
-#include "host/split/pipeline.h"
 
 static char dir[256];
 static char model_path[300];
@@ -245,8 +245,9 @@ static void expected_plan(struct plan *pl) {
     cr_assert_eq(pipeline_resolve_devices(lc_of(&a), devs, &n, &err), 0, "%s", err.msg);
     cr_assert_eq(n, 2);
     const size_t free_bytes[2] = {(size_t)1 << 30, (size_t)1 << 30};
-    cr_assert_eq(pipeline_plan(lc_of(&a), ctx_of(&a, 16), f, devs, n, free_bytes, pl, NULL, 0, &err), 0, "%s",
-                 err.msg);
+    cr_assert_eq(
+        pipeline_plan(lc_of(&a), ctx_of(&a, 16), f, devs, n, free_bytes, pl, NULL, 0, &err), 0,
+        "%s", err.msg);
     gguf_close(f);
     cr_assert_eq(pl->n_stages, 2);
 }
@@ -467,7 +468,7 @@ Test(bench, beyond_context_with_c) {
 
 // --draft: a row per --parallel value, and the speculating run's tokens
 // equal to the plain run's (the tool fails otherwise); the speculative
-// flags without --draft, and --draft with --json, are usage errors.
+// flags without --draft, and --draft with --json or -p, are usage errors.
 Test(bench, draft_table) {
     char *out, *err, args[600];
     snprintf(args, sizeof args, "bench --draft -m %s -n 24 -r 1 -np 1,2 -t 2 --draft-max 4",
@@ -486,9 +487,12 @@ Test(bench, draft_table) {
     cr_expect(strstr(err, "need --draft"), "%s", err);
     free(out);
     free(err);
-    snprintf(args, sizeof args, "bench -m %s --draft --json", model_path);
-    cr_expect_eq(run_vela(args, &out, &err), 2);
-    cr_expect(strstr(err, "no --json"), "%s", err);
-    free(out);
-    free(err);
+    const char *const refused[] = {"--json", "-p 64"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "bench -m %s --draft %s", model_path, refused[i]);
+        cr_expect_eq(run_vela(args, &out, &err), 2, "--draft %s", refused[i]);
+        cr_expect(strstr(err, "(no -p, --json, --split-compare)"), "%s", err);
+        free(out);
+        free(err);
+    }
 }

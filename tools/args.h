@@ -106,7 +106,8 @@ struct cli {
         int par[CLI_BENCH_MAX_LIST], n_par;     // --parallel
         int depth[CLI_BENCH_MAX_LIST], n_depth; // -d
         bool json, full_logits, split_compare, no_stage_times;
-        bool draft; // --draft: speculative decoding on real text (tools/bench_spec.h)
+        bool draft;   // --draft: speculative decoding on real text (tools/bench_spec.h)
+        bool p_given; // -p was given
     } bench;
     struct serve_config sc;    // serve
     struct srv_log_config log; // serve's --log-*

@@ -475,8 +475,8 @@ static const struct flag rows[] = {
 
     // --- vela bench ---
     {CLI_BENCH, SEC_BENCH, "-p, --n-prompt", "N",
-     "prompt tokens per pp test; 0 skips it (default: 512)", NULL,
-     INT(bench.n_prompt, 0, 1L << 20)},
+     "prompt tokens per pp test; 0 skips it (default: 512)", NULL, INT(bench.n_prompt, 0, 1L << 20),
+     .seen = SEEN(bench.p_given)},
     {CLI_BENCH, SEC_BENCH, "-n, --n-gen", "N",
      "decode steps per tg test; 0 skips it (default: 128)", NULL, INT(bench.n_gen, 0, 1L << 20)},
     {CLI_BENCH, SEC_BENCH, "-np, --parallel", "N[,N...]",

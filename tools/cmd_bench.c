@@ -1204,9 +1204,9 @@ static int bench_check_spec(struct cli *c) {
     }
     if (!c->bench.draft)
         return -1;
-    if (c->bench.json || c->bench.split_compare || c->bench.n_gen == 0) {
-        fprintf(stderr, "vela bench: --draft measures -n tokens (not 0) and prints a table "
-                        "(no --json, no --split-compare)\n");
+    if (c->bench.json || c->bench.split_compare || c->bench.n_gen == 0 || c->bench.p_given) {
+        fprintf(stderr, "vela bench: --draft measures -n tokens (not 0) after its own prompts "
+                        "of real text and prints a table (no -p, --json, --split-compare)\n");
         return 2;
     }
     if (!c->am.model_path) {
