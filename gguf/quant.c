@@ -13,6 +13,7 @@
 //   Q5_1   24 B / 32:  d@0, m@2, qh[4]@4, qs[16]@8
 //   Q8_0   34 B / 32:  d@0, i8 qs[32]@2         x = q * d
 //   IQ4_NL 18 B / 32:  d@0, qs[16]@2            x = d * table[nibble]
+//   MXFP4  17 B / 32:  e@0 (E8M0), qs[16]@1     x = 2^(e-128) * level[nibble] (quant.h)
 //   IQ4_XS 136 B / 256: d@0, scales_h@2 (u16), scales_l[4]@4, qs[128]@8:
 //                      8 groups of 32 like IQ4_NL's, x = d * (ls - 32) * table[nibble]
 //                      with ls 6 bits (nibble of scales_l, 2 bits of scales_h)
@@ -227,6 +228,21 @@ static void dq_iq4_nl(const uint8_t *restrict b, float *restrict y, int64_t nb) 
         for (int j = 0; j < 16; j++) {
             y[j] = d * (float)quant_iq4_levels[qs[j] & 0x0f];
             y[j + 16] = d * (float)quant_iq4_levels[qs[j] >> 4];
+        }
+    }
+}
+
+// MXFP4: E2M1 values doubled so they are integers; 2^(e-128) (the E8M0
+// scale 2^(e-127) halved) undoes the doubling.
+const int8_t quant_mxfp4_levels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static void dq_mxfp4(const uint8_t *restrict b, float *restrict y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += 17, y += 32) {
+        const float d = quant_e8m0_half_to_f32(b[0]);
+        const uint8_t *qs = b + 1;
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)quant_mxfp4_levels[qs[j] & 0x0f] * d;
+            y[j + 16] = (float)quant_mxfp4_levels[qs[j] >> 4] * d;
         }
     }
 }
@@ -664,6 +680,43 @@ static void qz_iq4_xs(const float *x, uint8_t *b, int64_t nb) {
 }
 
 // ---------------------------------------------------------------------------
+// MXFP4 quantizer: ggml's quantize_row_mxfp4_ref, bit for bit.
+//
+// e = floor(log2(amax)) - 2 + 127 puts amax in [4, 8) times 2^(e-127), the
+// E2M1 range's top (6) near it; 0 for an all-zero block. Each element takes
+// the first level (in nibble order) of least |level * d - x|, so a tie goes
+// to the lower nibble: +0 over -0, the smaller magnitude between two levels.
+// ggml converts a negative e (amax < 2^-125) to uint8_t, which C leaves
+// undefined; here it is 0, the scale nearest to such a block.
+
+static int mxfp4_nearest(float x, float d) {
+    int best = 0;
+    float best_err = fabsf((float)quant_mxfp4_levels[0] * d - x);
+    for (int i = 1; i < 16; i++) {
+        const float err = fabsf((float)quant_mxfp4_levels[i] * d - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+static void qz_mxfp4(const float *x, uint8_t *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32, b += 17) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        const float ef = amax > 0.0f ? floorf(log2f(amax)) - 2 + 127 : 0.0f;
+        const uint8_t e = ef > 0.0f ? (uint8_t)ef : 0;
+        const float d = quant_e8m0_half_to_f32(e);
+        b[0] = e;
+        for (int j = 0; j < 16; j++)
+            b[1 + j] = (uint8_t)(mxfp4_nearest(x[j], d) | (mxfp4_nearest(x[j + 16], d) << 4));
+    }
+}
+
+// ---------------------------------------------------------------------------
 // K-quant quantizers (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 //
 // Not bit-exact with llama.cpp's quantizer (the formats do not require it);
@@ -1080,7 +1133,8 @@ static const struct quant_ops *ops_get(enum ggml_type type) {
     // the min itself, so |x| <= 65504. K-quants: their scales are a fraction of
     // the block's range, |x| <= 65504 keeps every f16 field finite. IQ4_NL's d
     // is about amax/113 at most (the extreme on a level of -120 .. -134 or
-    // on +113), IQ4_XS's a 32nd of that.
+    // on +113), IQ4_XS's a 32nd of that. MXFP4's E8M0 scale covers every
+    // finite float (e <= 252 for |x| <= FLT_MAX).
     static const struct quant_ops table[GGML_TYPE_COUNT] = {
         [GGML_TYPE_F32] = {dq_f32, qz_f32, 0.0f},
         [GGML_TYPE_F16] = {dq_f16, qz_f16, 0.0f},
@@ -1097,6 +1151,7 @@ static const struct quant_ops *ops_get(enum ggml_type type) {
         [GGML_TYPE_Q6_K] = {dq_q6_k, qz_q6_k, 65504.0f},
         [GGML_TYPE_IQ4_NL] = {dq_iq4_nl, qz_iq4_nl, 65504.0f * 100.0f},
         [GGML_TYPE_IQ4_XS] = {dq_iq4_xs, qz_iq4_xs, 65504.0f * 100.0f},
+        [GGML_TYPE_MXFP4] = {dq_mxfp4, qz_mxfp4, 0.0f},
     };
     if ((unsigned)type >= GGML_TYPE_COUNT)
         return NULL;
@@ -1200,6 +1255,17 @@ int quant_quantize_row(enum ggml_type type, const float *src, void *dst, int64_t
 
 static bool f16_finite(const uint8_t *p) { return (rd_u16(p) & 0x7c00u) != 0x7c00u; }
 
+// MXFP4's E8M0 byte 255 is NaN in the OCP format; ggml_validate_row_data
+// refuses it (its decoder would read it as 2^127).
+static int validate_e8m0(const uint8_t *p, int64_t nb, struct verr *err) {
+    for (int64_t blk = 0; blk < nb; blk++)
+        if (p[(size_t)blk * 17] == 0xff)
+            return verr_set(err, VERR_FORMAT,
+                            "mxfp4 block %lld: E8M0 scale byte is 255 (NaN), expected 0..254",
+                            (long long)blk);
+    return VERR_OK;
+}
+
 int quant_validate_row(enum ggml_type type, const void *src, int64_t n, struct verr *err) {
     uint32_t bs = 1;
     int rc = check_row(type, false, "validate", src, src, n, &bs, err);
@@ -1239,6 +1305,8 @@ int quant_validate_row(enum ggml_type type, const void *src, int64_t n, struct v
     case GGML_TYPE_Q2_K: off[0] = 80; off[1] = 82; break;
     case GGML_TYPE_Q3_K: off[0] = 108; break;
     case GGML_TYPE_Q6_K: off[0] = 208; break;
+    case GGML_TYPE_MXFP4:
+        return validate_e8m0(p, n / bs, err);
     default:
         break;
     }

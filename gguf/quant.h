@@ -7,7 +7,8 @@
 //
 // Quantizing (quant_can_quantize): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 // bit-exact with ggml's quantize_row_*_ref; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-// IQ4_NL, IQ4_XS with vela's own least-squares scale search (see quant.c). Block types refuse
+// IQ4_NL, IQ4_XS with vela's own least-squares scale search (see quant.c); MXFP4 bit-exact with
+// quantize_row_mxfp4_ref (but for blocks below 2^-125, quant.c). Block types refuse
 // non-finite input and |x| large enough to overflow an f16 scale (VERR_RANGE); F16/BF16 store
 // inf/NaN as they are and F16 overflows to inf. Dequantizing (quant_can_dequantize): the above,
 // bit-exact with ggml's dequantize_row_*.
@@ -16,6 +17,8 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#include <string.h>
 
 #include "gguf/types.h"
 #include "gguf/verr.h"
@@ -51,6 +54,20 @@ static inline int quant_iq4_xs_scale(const uint8_t *b, int g) {
     return (int)(((b[4 + g / 2] >> 4 * (g % 2)) & 0x0fu) | (((sh >> 2 * g) & 3u) << 4)) - 32;
 }
 void quant_iq4_xs_pack_scales(uint8_t *b, const int sc[8]);
+
+// MXFP4 (17 bytes per 32: the E8M0 byte e, then qs[16] as IQ4_NL's): element
+// l is level[nibble] * 2^(e - 128), the levels being E2M1's values doubled
+// (0, +-1, 2, 3, 4, 6, 8, 12; nibble 8 is -0 and decodes to 0). The scale is
+// ggml's ggml_e8m0_to_fp32_half, bit for bit: 2^(e-128) for every e, the
+// float subnormals 2^-128 and 2^-127 for e = 0 and 1, and 2^127 for e = 255
+// (E8M0's NaN code; quant_validate_row refuses it, as ggml does).
+extern const int8_t quant_mxfp4_levels[16];
+static inline float quant_e8m0_half_to_f32(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 int quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n,
                          struct verr *err);

@@ -102,6 +102,7 @@ bool quant_q8_1_dot_supported(enum ggml_type t) {
     case GGML_TYPE_Q6_K:
     case GGML_TYPE_IQ4_NL:
     case GGML_TYPE_IQ4_XS:
+    case GGML_TYPE_MXFP4:
         return true;
     default:
         return false;
@@ -246,6 +247,16 @@ static void decode_sub(enum ggml_type t, const uint8_t *row, int64_t j, struct w
         }
         break;
     }
+    case GGML_TYPE_MXFP4: {
+        const uint8_t *b = row + j * 17;
+        w->a = quant_e8m0_half_to_f32(b[0]);
+        w->b = 0.0f;
+        for (int l = 0; l < 16; l++) {
+            w->qw[l] = quant_mxfp4_levels[b[1 + l] & 0x0f];
+            w->qw[l + 16] = quant_mxfp4_levels[b[1 + l] >> 4];
+        }
+        break;
+    }
     default:
         memset(w, 0, sizeof *w);
         break;
@@ -260,6 +271,7 @@ static float term(enum ggml_type t, const struct wsub *w, int sumi, int sumi_hi,
     case GGML_TYPE_Q5_0:
     case GGML_TYPE_Q8_0:
     case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_MXFP4:
         return (w->a * dx) * (float)sumi;
     case GGML_TYPE_IQ4_XS:
         return (w->a * dx) * (float)(w->sc0 * sumi);

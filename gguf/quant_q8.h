@@ -48,6 +48,8 @@
 //   IQ4_NL:           term = (d * dx) * sumi             qw = level[nibble] (-127..113)
 //   IQ4_XS:           term = (d * dx) * (sc_j * sumi)    the same levels; sc_j the
 //                     group's scale in [-32, 31]
+//   MXFP4:            term = (d * dx) * sumi             d = 2^(e-128), qw = the doubled
+//                     E2M1 level of the nibble (-12..12), ggml's vec_dot_mxfp4_q8_0 term
 // Each parenthesized product and the integer converted to float is one float
 // rounding, evaluated left to right without FMA contraction; the integer
 // factors are exact (all below 2^24 in magnitude). The reference adds the
@@ -76,7 +78,7 @@ int quant_q8_1_row(const float *x, int64_t n, void *out, struct verr *err);
 int quant_q8_1_dequantize_row(const void *xq, int64_t n, float *out, struct verr *err);
 
 // Weight types quant_dot_q8_1 takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
-// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS.
+// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4.
 bool quant_q8_1_dot_supported(enum ggml_type wtype);
 
 // *out = dot of one weight row (n elements of wtype) with the q8_1 row xq,

@@ -109,6 +109,9 @@ static inline bool rand_block_fix(enum ggml_type type, uint8_t *p, enum rand_sig
     case GGML_TYPE_IQ4_XS: // x = (d sc) level, sc in [-32, 31]
         put_f16(p, signed_in(0.00002f, 0.0002f, order));
         return true;
+    case GGML_TYPE_MXFP4: // x = 2^(e-128) level, level in [-12, 12]: e of 2^-7 .. 2^-3
+        p[0] = (uint8_t)(121 + rng_u64() % 5);
+        return true;
     default:
         return false;
     }

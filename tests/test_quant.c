@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "gguf/quant.h"
+#include "gguf/quant_q8.h"
 
 // ---------------------------------------------------------------------------
 // helpers shared with the golden-data generator (same PRNG, same inputs)
@@ -926,12 +927,282 @@ Test(round_trip, k_quant_edge_blocks) {
 }
 
 // ---------------------------------------------------------------------------
+// MXFP4: hand-built blocks against the OCP definition, golden data from ggml,
+// and the quantizer's rules
+
+// The OCP MX E2M1 values of the 16 codes (sign bit 3; 0.5 steps below 2,
+// then 3, 4, 6), not ggml's doubled integer table.
+static const double e2m1_value[16] = {0.0,  0.5,  1.0,  1.5,  2.0,  3.0,  4.0,  6.0,
+                                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0};
+
+// One block per listed E8M0 byte, holding every code in both nibbles (element
+// j: code j; element j + 16: code 15 - j). Expected: e2m1 * 2^(e - 127) in
+// double, rounded to float (overflow to inf, as ggml's float product does;
+// e = 255 is E8M0's NaN code, which ggml decodes as 2^127 all the same).
+Test(dequant, mxfp4_every_code_extreme_scales) {
+    static const int es[] = {0, 1, 2, 3, 100, 126, 127, 128, 129, 200, 252, 253, 254, 255};
+    const int nb = (int)(sizeof es / sizeof es[0]);
+    uint8_t *b = calloc((size_t)nb, 17);
+    cr_assert_not_null(b);
+    for (int k = 0; k < nb; k++) {
+        b[17 * k] = (uint8_t)es[k];
+        for (int j = 0; j < 16; j++)
+            b[17 * k + 1 + j] = (uint8_t)(j | ((15 - j) << 4));
+    }
+    float *y = dequant(GGML_TYPE_MXFP4, b, 32 * nb);
+    int n_inf = 0;
+    for (int k = 0; k < nb; k++)
+        for (int j = 0; j < 32; j++) {
+            const int code = j < 16 ? j : 31 - j;
+            const float want = (float)ldexp(e2m1_value[code], es[k] - 127);
+            const float got = y[32 * k + j];
+            n_inf += isinf(want) ? 1 : 0;
+            // -0 decodes to +0 in ggml (level 0 times the scale)
+            cr_expect(fbits(got) == fbits(want) || (want == 0.0f && fbits(got) == 0),
+                      "e %d code %d: %a, want %a", es[k], code, (double)got, (double)want);
+        }
+    cr_expect_gt(n_inf, 0, "the largest scales overflow some codes to inf");
+    cr_expect_eq(fbits(y[1]), fbits(0x1p-128f), "e 0: 0.5 * 2^-127, a float subnormal");
+    free(y);
+    free(b);
+}
+
+// Decoded by ggml's dequantize_row_mxfp4 (libggml-base of llama.cpp 0c1e570,
+// the build of the IQ4_XS row above): 256 blocks, block e with E8M0 byte e
+// and the codes of the test above, hashed as gold_dequant; and 16 blocks of
+// random bytes (gold_blocks' generator, seed 200, no field replaced).
+Test(golden, mxfp4_dequantize_bit_exact) {
+    uint8_t b[256 * 17];
+    for (int e = 0; e < 256; e++) {
+        b[17 * e] = (uint8_t)e;
+        for (int j = 0; j < 16; j++)
+            b[17 * e + 1 + j] = (uint8_t)(j | ((15 - j) << 4));
+    }
+    float *y = dequant(GGML_TYPE_MXFP4, b, 256 * 32);
+    uint64_t h = fnv_init();
+    for (int i = 0; i < 256 * 32; i++)
+        h = fnv_u32(h, fbits(y[i]));
+    cr_expect_eq(h, 0xd88b58dbc6f418a5ULL, "every E8M0 byte and code: differs from ggml");
+    free(y);
+    rng_seed(200);
+    for (int i = 0; i < 16 * 17; i++)
+        b[i] = (uint8_t)(rng_next() >> 24);
+    y = dequant(GGML_TYPE_MXFP4, b, 16 * 32);
+    h = fnv_init();
+    for (int i = 0; i < 16 * 32; i++)
+        h = fnv_u32(h, fbits(y[i]));
+    cr_expect_eq(fbits(y[0]), 0x0a800000u, "y[0] = %a", (double)y[0]);
+    cr_expect_eq(fbits(y[17]), 0x0a400000u, "y[17] = %a", (double)y[17]);
+    cr_expect_eq(fbits(y[511]), 0xeb400000u, "y[511] = %a", (double)y[511]);
+    cr_expect_eq(h, 0x343789c670d12b2bULL, "random blocks: differ from ggml");
+    free(y);
+}
+
+// The q8 dot (gguf/quant_q8.h) against ggml's ggml_vec_dot_mxfp4_q8_0 (the
+// generic C of ggml-cpu/quants.c, same llama.cpp tree, with libggml-base's
+// quantize_row_q8_0_ref for the activations): one block per dot, so the sum
+// is a single term, (dx * d) * sumi, and must match to the bit. Weights: the
+// MXFP4 blocks of gold_random; activations: gold_ties rotated by 7 blocks,
+// element i times 1 + i % 3.
+Test(golden, mxfp4_q8_dot_bit_exact) {
+    static float xr[GOLD_N], xt[GOLD_N], xa[GOLD_N];
+    static uint8_t w[GOLD_N / 32 * 17], xq[GOLD_N / 32 * QUANT_Q8_1_BLOCK_BYTES];
+    gold_random(xr);
+    gold_ties(xt);
+    for (int i = 0; i < GOLD_N; i++)
+        xa[i] = xt[(i + 7 * 32) % GOLD_N] * (1.0f + (float)(i % 3));
+    cr_assert_eq(quant_quantize_row(GGML_TYPE_MXFP4, xr, w, GOLD_N, NULL), 0);
+    cr_assert_eq(quant_q8_1_row(xa, GOLD_N, xq, NULL), 0);
+    uint64_t h = fnv_init();
+    for (int b = 0; b < GOLD_N / 32; b++) {
+        float s = NAN;
+        cr_assert_eq(quant_dot_q8_1(GGML_TYPE_MXFP4, w + 17 * b, xq + QUANT_Q8_1_BLOCK_BYTES * b,
+                                    32, &s, NULL),
+                     0);
+        if (b == 0)
+            cr_expect_eq(fbits(s), 0x3d94e780u, "block 0: %a, ggml 0x1.29cfp-4", (double)s);
+        h = fnv_u32(h, fbits(s));
+    }
+    cr_expect_eq(h, 0x0a4a419b15a66d37ULL, "64 one-block dots differ from ggml's");
+}
+
+// MXFP4 only: block b of uniform values scaled by 2^(4b - 123), b = 0..62
+// (E8M0 bytes 1 .. 249), block 63 up to FLT_MAX (byte 252, the largest a
+// finite input gives).
+static void gold_wide(float *x) {
+    rng_seed(3);
+    for (int i = 0; i < GOLD_N; i++) {
+        int b = i / 32;
+        x[i] = b < 63 ? rng_unit() * ldexpf(1.0f, 4 * b - 123) : rng_unit() * 0x1.fffffep127f;
+    }
+}
+
+// ggml's quantize_row_mxfp4_ref (same build) on the golden inputs.
+Test(golden, mxfp4_quantizer_bit_exact) {
+    static const uint8_t block0[3][17] = {
+        {0x79, 0x9e, 0x10, 0x22, 0xca, 0x54, 0x60, 0x11, 0x2d, 0xa5, 0x4c, 0x14, 0xe1, 0x64, 0x5b,
+         0xbc, 0x24},
+        {0x7e, 0x2e, 0xe9, 0x95, 0x5c, 0xc3, 0x3d, 0xd0, 0x05, 0x5b, 0xb4, 0x4d, 0xd1, 0x16, 0x6a,
+         0xa4, 0x4c},
+        {0x01, 0xef, 0x6d, 0xa6, 0x6c, 0xe4, 0xac, 0x70, 0x09, 0xe2, 0x95, 0xb7, 0xd7, 0x6e, 0x96,
+         0xe7, 0x77},
+    };
+    static const uint64_t hash[3] = {0x4a8f55de6f1b5cfeULL, 0x0e99347c3dee8e7cULL,
+                                     0x5d6aeac589ae75bdULL};
+    static const char *const what[3] = {"random", "ties", "wide"};
+    static float x[GOLD_N];
+    static uint8_t q[GOLD_N / 32 * 17];
+    for (int c = 0; c < 3; c++) {
+        if (c == 0)
+            gold_random(x);
+        else if (c == 1)
+            gold_ties(x);
+        else
+            gold_wide(x);
+        struct verr err = {0};
+        cr_assert_eq(quant_quantize_row(GGML_TYPE_MXFP4, x, q, GOLD_N, &err), 0, "%s", err.msg);
+        for (int k = 0; k < 17; k++)
+            cr_expect_eq(q[k], block0[c][k], "%s block 0 byte %d: 0x%02x, ggml 0x%02x", what[c], k,
+                         q[k], block0[c][k]);
+        cr_expect_eq(fnv_bytes(fnv_init(), q, sizeof q), hash[c],
+                     "%s: 64 blocks differ from ggml's quantize_row_mxfp4_ref", what[c]);
+        if (c == 2)
+            cr_expect_eq(q[63 * 17], 252, "FLT_MAX's block: E8M0 byte %d", q[63 * 17]);
+    }
+}
+
+// Quantizes the block x into b and checks its E8M0 byte and the codes of
+// elements 0..7.
+static void expect_mxfp4_codes(const float *x, uint8_t *b, int e, const int want[8]) {
+    cr_assert_eq(quant_quantize_row(GGML_TYPE_MXFP4, x, b, 32, NULL), 0);
+    cr_expect_eq(b[0], e, "E8M0 byte %d, want %d", b[0], e);
+    for (int j = 0; j < 8; j++)
+        cr_expect_eq(b[1 + j] & 0x0f, want[j], "element %d (%g): code %d, want %d", j,
+                     (double)x[j], b[1 + j] & 0x0f, want[j]);
+}
+
+// The quantizer's rules on hand-made blocks: the scale byte, the nearest
+// level, ties to the lower code (the smaller magnitude), zero and tiny blocks.
+Test(quantize, mxfp4_rules) {
+    float x[32];
+    uint8_t b[17];
+    // amax 7: e = floor(log2 7) - 2 + 127 = 127, so the values are level *
+    // 2^-1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+    memset(x, 0, sizeof x);
+    x[0] = 6.0f;   // code 7
+    x[1] = 0.25f;  // tie of 0 and 0.5: code 0
+    x[2] = 0.75f;  // tie of 0.5 and 1: code 1
+    x[3] = -0.75f; // tie of -0.5 and -1: code 9
+    x[4] = 5.0f;   // tie of 4 and 6: code 6
+    x[5] = 2.5f;   // tie of 2 and 3: code 4
+    x[6] = -7.0f;  // beyond -6: code 15
+    x[7] = -0.0f;  // code 0, not 8
+    x[16] = -3.4f; // nearest -3: code 13
+    static const int want_a[8] = {7, 0, 1, 9, 6, 4, 15, 0};
+    expect_mxfp4_codes(x, b, 127, want_a);
+    cr_expect_eq(b[1] >> 4, 13, "element 16 (-3.4): code %d, want 13", b[1] >> 4);
+    // amax 10: e = 128, the values are the levels 0, 1, 2, 3, 4, 6, 8, 12.
+    memset(x, 0, sizeof x);
+    x[0] = 8.0f;   // code 6
+    x[1] = 0.5f;   // tie of 0 and 1: code 0
+    x[2] = 2.5f;   // tie of 2 and 3: code 2
+    x[3] = 5.0f;   // tie of 4 and 6: code 4
+    x[4] = 7.0f;   // tie of 6 and 8: code 5
+    x[5] = -2.5f;  // tie of -2 and -3: code 10
+    x[6] = -10.0f; // tie of -8 and -12: code 14
+    x[7] = 1e-30f; // code 0
+    static const int want_b[8] = {6, 0, 2, 4, 5, 10, 14, 0};
+    expect_mxfp4_codes(x, b, 128, want_b);
+    // All zero: byte 0 and every code 0.
+    memset(x, 0, sizeof x);
+    memset(b, 0xaa, sizeof b);
+    cr_assert_eq(quant_quantize_row(GGML_TYPE_MXFP4, x, b, 32, NULL), 0);
+    for (int k = 0; k < 17; k++)
+        cr_expect_eq(b[k], 0, "zero block byte %d: 0x%02x", k, b[k]);
+    // amax 2^-126: ggml's byte would be -1 (undefined in C); vela stores 0,
+    // whose values (multiples of 2^-128 up to 1.5 * 2^-125) hold the block.
+    x[0] = 0x1p-126f;  // 4 * 2^-128: code 4
+    x[1] = -0x1p-149f; // nearest 0: code 0
+    cr_assert_eq(quant_quantize_row(GGML_TYPE_MXFP4, x, b, 32, NULL), 0);
+    cr_expect_eq(b[0], 0, "amax 2^-126: E8M0 byte %d", b[0]);
+    cr_expect_eq(b[1] & 0x0f, 4);
+    cr_expect_eq(b[2] & 0x0f, 0);
+    x[0] = 0x1p-125f; // the smallest amax ggml defines, byte 0; 8 * 2^-128: code 6
+    cr_assert_eq(quant_quantize_row(GGML_TYPE_MXFP4, x, b, 32, NULL), 0);
+    cr_expect_eq(b[0], 0);
+    cr_expect_eq(b[1] & 0x0f, 6);
+    // Non-finite input is refused, naming the element.
+    x[9] = INFINITY;
+    struct verr err = {0};
+    cr_expect_eq(quant_quantize_row(GGML_TYPE_MXFP4, x, b, 32, &err), VERR_RANGE);
+    cr_expect(strstr(err.msg, "element 9") != NULL, "%s", err.msg);
+}
+
+// Every element is on a nearest level of its block's scale (checked against
+// all 16 in double), and the scale byte is ggml's: amax in [4, 8) * 2^(e-127).
+Test(round_trip, mxfp4) {
+    float *x = malloc(RT_N * sizeof *x);
+    uint8_t *q = malloc(ggml_row_bytes(GGML_TYPE_MXFP4, RT_N));
+    cr_assert(x && q);
+    rng_seed(1234 + GGML_TYPE_MXFP4);
+    for (int i = 0; i < RT_N; i++) {
+        x[i] = rng_gauss() * ldexpf(1.0f, (i / 256) % 9 - 6);
+        if (rng_next() % 97 == 0)
+            x[i] *= 8.0f;
+    }
+    cr_assert_eq(quant_quantize_row(GGML_TYPE_MXFP4, x, q, RT_N, NULL), 0);
+    float *y = dequant(GGML_TYPE_MXFP4, q, RT_N);
+    double se = 0.0, sx = 0.0;
+    for (int blk = 0; blk < RT_N / 32; blk++) {
+        const uint8_t e = q[17 * blk];
+        const double scale = ldexp(1.0, e - 127);
+        const double amax = absmax(x + 32 * blk, 32);
+        cr_expect(amax >= 4.0 * scale && amax < 8.0 * scale, "block %d: amax %g, e %d", blk, amax,
+                  e);
+        for (int j = 0; j < 32; j++) {
+            const int i = 32 * blk + j;
+            const double err = fabs((double)y[i] - x[i]);
+            double best = INFINITY;
+            for (int c = 0; c < 16; c++)
+                best = fmin(best, fabs(e2m1_value[c] * scale - x[i]));
+            cr_expect_eq(err, best, "element %d: x %g decoded %g is not on a nearest level", i,
+                         (double)x[i], (double)y[i]);
+            se += err * err;
+            sx += (double)x[i] * x[i];
+        }
+    }
+    // ggml's quantize_row_mxfp4_ref + dequantize_row_mxfp4 on these inputs
+    // (same PRNG, the build of the golden data): relative rmse 0.148018;
+    // 1% slack for a libm whose log/cos differ in the last bit, as above.
+    const double rel = sqrt(se / sx);
+    cr_log_info("mxfp4 rmse/rms %.6g", rel);
+    cr_expect_leq(rel, 0.148018 * 1.01, "relative rmse %g", rel);
+    free(x);
+    free(q);
+    free(y);
+}
+
+Test(errors, validate_mxfp4_scale) {
+    uint8_t b[3 * 17] = {0};
+    struct verr err = {0};
+    b[0] = 0;
+    b[17] = 254;
+    b[34] = 127;
+    cr_expect_eq(quant_validate_row(GGML_TYPE_MXFP4, b, 96, &err), 0, "%s", err.msg);
+    b[34] = 255;
+    cr_expect_eq(quant_validate_row(GGML_TYPE_MXFP4, b, 96, &err), VERR_FORMAT);
+    cr_expect(strstr(err.msg, "block 2") && strstr(err.msg, "255"), "%s", err.msg);
+    cr_expect_eq(quant_validate_row(GGML_TYPE_MXFP4, b, 95, &err), VERR_RANGE, "not whole blocks");
+}
+
+// ---------------------------------------------------------------------------
 // quant_dot_row
 
 static const enum ggml_type all_dequant[] = {
-    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0,   GGML_TYPE_Q4_0,
-    GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,
-    GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
+    GGML_TYPE_F32,  GGML_TYPE_F16,    GGML_TYPE_BF16,   GGML_TYPE_Q8_0,
+    GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,   GGML_TYPE_Q5_0,   GGML_TYPE_Q5_1,
+    GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,   GGML_TYPE_Q5_K,
+    GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4,
 };
 
 // A random stored row: random bytes with every f16 field (and every F16/BF16
@@ -967,10 +1238,15 @@ static uint8_t *random_row(enum ggml_type t, int64_t n) {
     case GGML_TYPE_Q6_K: off[0] = 208; break;
     default: break;
     }
-    for (int64_t b = 0; b < n / ti->block_size; b++)
+    for (int64_t b = 0; b < n / ti->block_size; b++) {
+        if (t == GGML_TYPE_MXFP4) { // E8M0 scale byte: 2^-9 .. 2^-5
+            p[b * ti->block_bytes] = (uint8_t)(119 + rng_next() % 5);
+            continue;
+        }
         for (int k = 0; k < 2; k++)
             if (off[k] >= 0)
                 put16(p + b * ti->block_bytes + off[k], quant_f32_to_fp16(rng_unit() * 0.05f));
+    }
     return p;
 }
 
@@ -1043,9 +1319,10 @@ Test(errors, capabilities) {
     for (size_t t = 0; t < sizeof all_dequant / sizeof all_dequant[0]; t++)
         cr_expect(quant_can_dequantize(all_dequant[t]), "%s", ggml_type_name(all_dequant[t]));
     static const enum ggml_type enc[] = {
-        GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0,   GGML_TYPE_Q4_0,
-        GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,
-        GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS};
+        GGML_TYPE_F32,  GGML_TYPE_F16,    GGML_TYPE_BF16,   GGML_TYPE_Q8_0,
+        GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,   GGML_TYPE_Q5_0,   GGML_TYPE_Q5_1,
+        GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,   GGML_TYPE_Q5_K,
+        GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4};
     for (size_t t = 0; t < sizeof enc / sizeof enc[0]; t++)
         cr_expect(quant_can_quantize(enc[t]), "%s", ggml_type_name(enc[t]));
     cr_expect_not(quant_can_quantize(GGML_TYPE_IQ3_S));

@@ -85,7 +85,7 @@ static int check_type(int t, const char *what, struct verr *err) {
     if (!quant_can_quantize((enum ggml_type)t)) // F32/F16/BF16 too
         return verr_set(err, VERR_UNSUPPORTED,
                         "%s: vela cannot write %s (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K "
-                        "q3_K q4_K q5_K q6_K iq4_nl iq4_xs)",
+                        "q3_K q4_K q5_K q6_K iq4_nl iq4_xs mxfp4)",
                         what, ggml_type_name((uint32_t)t));
     return VERR_OK;
 }

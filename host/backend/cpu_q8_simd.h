@@ -18,6 +18,7 @@
 //   Q2_K:        I = sc0*LO + sc1*HI, K = m0*(sq-sqh) + m1*sqh
 //                                              term = (d*dx)*I + (-dmin*dx)*K
 //   IQ4_NL:      as Q8_0, the signed weights being the levels of the nibbles
+//   MXFP4:       as IQ4_NL with its levels (-12..12), d = 2^(e-128) per block
 //   IQ4_XS:      I = sc*S (S as Q8_0's)        term = (d*dx)*I
 // which are the reference's integers and float expressions exactly
 // (x + (-y) == x - y and (-a)*b == -(a*b) in IEEE arithmetic). vpmaddubsw
@@ -50,6 +51,7 @@ static inline __attribute__((always_inline)) enum q8_kind kind_of(enum ggml_type
     switch (t) {
     case GGML_TYPE_Q8_0:
     case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_MXFP4:
         return KIND_Q8_0;
     case GGML_TYPE_IQ4_XS:
         return KIND_IQ4_XS;
@@ -78,7 +80,7 @@ static inline __attribute__((always_inline)) enum q8_kind kind_of(enum ggml_type
 // vector, which stall store forwarding once per group).
 struct q8_group {
     __m256i u[8]; // unsigned weights (Q8_0: see unpack_q8_0)
-    __m256i s[8]; // Q8_0, IQ4_NL, IQ4_XS on AVX2 only: the signed weights
+    __m256i s[8]; // Q8_0, IQ4_NL, IQ4_XS, MXFP4 on AVX2 only: the signed weights
     __m256 p;     // d (the scale of I)
     __m256 q;     // m or -dmin (the scale of K)
     __m256i c0;   // off, sc, or Q2_K/Q3_K/Q6_K's sc0 (elements 0..15)
@@ -132,12 +134,21 @@ static inline __m256i nibbles16(const uint8_t *qs) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
 }
 
-// IQ4_NL / IQ4_XS: 16 packed bytes -> the 32 signed levels of their nibbles
-// (one byte shuffle looks them up).
-static inline __m256i iq4_levels16(const uint8_t *qs) {
-    const __m256i lv =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_levels));
+// IQ4_NL / IQ4_XS (levels quant_iq4_levels), MXFP4 (quant_mxfp4_levels): 16
+// packed bytes -> the 32 signed levels of their nibbles (one byte shuffle
+// looks them up).
+static inline __m256i levels16(const int8_t *levels, const uint8_t *qs) {
+    const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
     return _mm256_shuffle_epi8(lv, nibbles16(qs));
+}
+
+// MXFP4's scales 2^(e-128) of the 8 blocks (17 bytes each) from b, exactly
+// quant_e8m0_half_to_f32; blocks s >= nsub give 0.
+static inline __attribute__((always_inline)) __m256 e8m0_8(const uint8_t *b, int nsub) {
+    float d[8];
+    for (int s = 0; s < 8; s++)
+        d[s] = s < nsub ? quant_e8m0_half_to_f32(b[17 * s]) : 0.0f;
+    return _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
 }
 
 // r[s] = the 8 dwords of sub-block s -> r[m] = dword m of every sub-block.
@@ -182,6 +193,7 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
                                                                 const uint8_t *row, int64_t g,
                                                                 int nsub, struct q8_group *wg) {
     const size_t bs = t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_NL ? 18
+                      : t == GGML_TYPE_MXFP4                       ? 17
                       : t == GGML_TYPE_Q4_1                        ? 20
                       : t == GGML_TYPE_Q5_0                        ? 22
                       : t == GGML_TYPE_Q5_1                        ? 24
@@ -207,7 +219,10 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
             break;
         }
         case GGML_TYPE_IQ4_NL:
-            wg->s[s] = iq4_levels16(b + 2);
+            wg->s[s] = levels16(quant_iq4_levels, b + 2);
+            break;
+        case GGML_TYPE_MXFP4:
+            wg->s[s] = levels16(quant_mxfp4_levels, b + 1);
             break;
         default: // Q8_0
             wg->s[s] = _mm256_loadu_si256((const __m256i *)(b + 2));
@@ -216,11 +231,11 @@ static inline __attribute__((always_inline)) void unpack_legacy(const enum ggml_
     }
     // The factors: d; m for Q4_1/Q5_1; the offset for Q4_0/Q5_0 (and Q8_0 on
     // VNNI). Past nsub the weights and d are 0, so those terms are 0.
-    wg->p = h2f8(b0, bs, 0, nsub);
+    wg->p = t == GGML_TYPE_MXFP4 ? e8m0_8(b0, nsub) : h2f8(b0, bs, 0, nsub);
     wg->q =
         t == GGML_TYPE_Q4_1 || t == GGML_TYPE_Q5_1 ? h2f8(b0, bs, 2, nsub) : _mm256_setzero_ps();
     wg->c0 = _mm256_set1_epi32(t == GGML_TYPE_Q4_0 ? 8 : t == GGML_TYPE_Q5_0 ? 16 : 0);
-    if (t == GGML_TYPE_Q8_0 || t == GGML_TYPE_IQ4_NL)
+    if (t == GGML_TYPE_Q8_0 || t == GGML_TYPE_IQ4_NL || t == GGML_TYPE_MXFP4)
         signed_weights(wg);
     else
         transpose8(wg->u);
@@ -232,7 +247,7 @@ static inline __attribute__((always_inline)) void unpack_iq4_xs(const uint8_t *r
                                                                 struct q8_group *wg) {
     const uint8_t *b = row + (size_t)g * 136;
     for (int s = 0; s < 8; s++)
-        wg->s[s] = iq4_levels16(b + 8 + 16 * s);
+        wg->s[s] = levels16(quant_iq4_levels, b + 8 + 16 * s);
     signed_weights(wg);
     wg->c1 = _mm256_setr_epi32(quant_iq4_xs_scale(b, 0), quant_iq4_xs_scale(b, 1),
                                quant_iq4_xs_scale(b, 2), quant_iq4_xs_scale(b, 3),
@@ -570,6 +585,9 @@ void CPU_Q8_ROWS(const struct cpu_q8_job *j, int64_t o0, int64_t o1) {
         break;
     case GGML_TYPE_IQ4_XS:
         rows_of_type(GGML_TYPE_IQ4_XS, j, o0, o1);
+        break;
+    case GGML_TYPE_MXFP4:
+        rows_of_type(GGML_TYPE_MXFP4, j, o0, o1);
         break;
     default:
         break; // the caller checked quant_q8_1_dot_supported
