@@ -201,7 +201,9 @@ Test(quantize, file_types_choose_what_llama_quantize_chose) {
             for (int i = 0; i < m->n; i++) {
                 const struct mt_tensor *t = &m->t[i];
                 const enum ggml_type got =
-                    ftype_tensor_type(&p, t->name, t->n_dims, t->ne0, (enum ggml_type)t->in, NULL);
+                    // (the table's tensors are 2-D: one matrix each)
+                    ftype_tensor_type(&p, t->name, t->n_dims, t->ne0, 1, (enum ggml_type)t->in,
+                                      NULL);
                 n_checked++;
                 if ((int)got != t->want[fi] && n_bad++ < 10)
                     cr_log_error("model %s %s: %s is %s, llama-quantize wrote %s", m->key,
@@ -228,6 +230,124 @@ Test(quantize, file_type_names_and_ids) {
     cr_expect_eq(ftype_id_of_type(GGML_TYPE_Q4_K), 14);
     cr_expect_eq(ftype_id_of_type(GGML_TYPE_Q2_K), 10);
     cr_expect_eq(ftype_id_of_type(GGML_TYPE_F32), 0);
+}
+
+// MXFP4_MOE, as llama.cpp's llama_tensor_get_type_impl writes it (read from
+// llama.cpp 0c1e570's src/llama-quant.cpp; no column of the table above: its
+// models have no experts): the head Q8_0, expert stacks (a third dimension
+// above 1) MXFP4, every other matrix Q8_0; bailingmoe3's non-FFN 3-D tensors
+// Q8_0; rows that MXFP4's blocks do not fit F16 (the fallback of a 32-block
+// type). --pure: every matrix MXFP4.
+Test(quantize, mxfp4_moe_chooses_what_llama_cpp_does) {
+    const struct ftype_info *ft = ftype_find("MXFP4_MOE");
+    cr_assert_not_null(ft);
+    cr_expect_eq(ft->id, 38, "LLAMA_FTYPE_MOSTLY_MXFP4_MOE");
+    cr_expect_eq(ft->base, GGML_TYPE_MXFP4);
+    static const struct {
+        const char *name;
+        unsigned n_dims;
+        int64_t ne0, ne2;
+        enum ggml_type want, want_pure;
+    } cases[] = {
+        {"token_embd.weight", 2, 2880, 1, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4},
+        {"blk.0.attn_norm.weight", 1, 2880, 1, GGML_TYPE_F32, GGML_TYPE_F32},
+        {"blk.0.attn_q.weight", 2, 2880, 1, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4},
+        {"blk.0.attn_v.weight", 2, 2880, 1, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4},
+        {"blk.0.attn_output.weight", 2, 4096, 1, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4},
+        {"blk.0.ffn_gate_inp.weight", 2, 2880, 1, GGML_TYPE_F32, GGML_TYPE_F32},
+        {"blk.0.ffn_gate_exps.weight", 3, 2880, 32, GGML_TYPE_MXFP4, GGML_TYPE_MXFP4},
+        {"blk.0.ffn_up_exps.weight", 3, 2880, 32, GGML_TYPE_MXFP4, GGML_TYPE_MXFP4},
+        {"blk.0.ffn_down_exps.weight", 3, 2880, 32, GGML_TYPE_MXFP4, GGML_TYPE_MXFP4},
+        {"blk.1.ffn_down_exps.weight", 3, 100, 32, GGML_TYPE_F16, GGML_TYPE_F16},
+        {"blk.1.ffn_up_exps.weight", 3, 2880, 1, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4},
+        {"blk.1.ffn_down.weight", 2, 2880, 1, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4},
+        {"output.weight", 2, 2880, 1, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4},
+    };
+    for (int pure = 0; pure < 2; pure++) {
+        struct ftype_plan p = {.ft = ft,
+                               .m = {.arch = "gpt-oss", .n_layer = 2, .n_expert = 32},
+                               .pure = pure,
+                               .type_embd = -1,
+                               .type_output = -1};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            const enum ggml_type got =
+                ftype_tensor_type(&p, cases[i].name, cases[i].n_dims, cases[i].ne0, cases[i].ne2,
+                                  GGML_TYPE_F32, NULL);
+            const enum ggml_type want = pure ? cases[i].want_pure : cases[i].want;
+            cr_expect_eq(got, want, "%s%s: %s, want %s", cases[i].name, pure ? " (pure)" : "",
+                         ggml_type_name(got), ggml_type_name(want));
+        }
+    }
+    // A tied token_embd is the head: Q8_0 as well.
+    struct ftype_plan p = {.ft = ft, .m = {.tied = true}, .type_embd = -1, .type_output = -1};
+    cr_expect_eq(ftype_tensor_type(&p, "token_embd.weight", 2, 2880, 1, GGML_TYPE_F32, NULL),
+                 GGML_TYPE_Q8_0);
+    // bailingmoe3: only its FFN stacks are experts.
+    p.m = (struct ftype_model){.arch = "bailingmoe3", .n_layer = 1, .n_expert = 8};
+    cr_expect_eq(ftype_tensor_type(&p, "blk.0.attn_k_b.weight", 3, 128, 8, GGML_TYPE_F32, NULL),
+                 GGML_TYPE_Q8_0);
+    cr_expect_eq(ftype_tensor_type(&p, "blk.0.ffn_up_exps.weight", 3, 256, 8, GGML_TYPE_F32, NULL),
+                 GGML_TYPE_MXFP4);
+}
+
+// A Mixtral-shaped F32 file written as MXFP4_MOE: the expert stacks MXFP4,
+// every other matrix Q8_0, each row what quant_quantize_row makes of the
+// source row, the rest copied; general.file_type 38.
+Test(quantize, mxfp4_moe_end_to_end) {
+    struct mkmodel_config c;
+    mkmodel_config_default(&c);
+    c.n_embd = 256;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_head_kv = 2;
+    c.n_ff = 512;
+    c.n_expert = 4;
+    c.type = GGML_TYPE_F32;
+    const char *in = path_of("moe_f32.gguf"), *out = path_of("moe_mxfp4.gguf");
+    struct verr err = {0};
+    cr_assert_eq(mkmodel_write(&c, in, &err), 0, "%s", err.msg);
+    const struct quantize_opts o = opts(in, out, "MXFP4_MOE", false);
+    struct quantize_stats st;
+    cr_assert_eq(quantize_file(&o, &st, &err), 0, "%s", err.msg);
+    struct gguf_file *a = open_ok(in), *b = open_ok(out);
+    cr_assert_eq(a->n_tensors, b->n_tensors);
+    int n_exps = 0, n_q8 = 0;
+    for (uint64_t i = 0; i < a->n_tensors; i++) {
+        const struct gguf_tensor_info *s = &a->tensors[i], *d = &b->tensors[i];
+        cr_assert_str_eq(s->name, d->name);
+        const enum ftype_role role = ftype_role_of(s->name, s->n_dims);
+        if (role == FTYPE_ROLE_KEEP) {
+            cr_expect_eq(d->type, s->type, "%s keeps its type", s->name);
+            cr_expect(s->nbytes == d->nbytes && !memcmp(s->data, d->data, s->nbytes),
+                      "%s copied byte for byte", s->name);
+            continue;
+        }
+        const bool exps = s->n_dims == 3 && s->ne[2] > 1;
+        const enum ggml_type t = exps ? GGML_TYPE_MXFP4 : GGML_TYPE_Q8_0;
+        n_exps += exps;
+        n_q8 += !exps;
+        cr_expect_eq(d->type, t, "%s: %s, want %s", s->name, ggml_type_name(d->type),
+                     ggml_type_name(t));
+        const int64_t n = s->ne[0], rows = s->ne[1] * (s->n_dims == 3 ? s->ne[2] : 1);
+        const size_t rout = ggml_row_bytes(t, n);
+        uint8_t *q = malloc(rout);
+        cr_assert_not_null(q);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            cr_assert_eq(quant_quantize_row(t, (const float *)s->data + r * n, q, n, &err), 0);
+            bad += memcmp(q, (const uint8_t *)d->data + r * rout, rout) != 0;
+        }
+        cr_expect_eq(bad, 0, "%s: %lld of %lld rows differ", s->name, (long long)bad,
+                     (long long)rows);
+        free(q);
+    }
+    cr_expect_eq(n_exps, 3 * c.n_layer, "gate, up and down stacks of every layer");
+    cr_expect_gt(n_q8, 4 * c.n_layer);
+    uint32_t ft = 0;
+    cr_expect_eq(gguf_get_u32(b, "general.file_type", &ft, &err), 0, "%s", err.msg);
+    cr_expect_eq(ft, 38);
+    gguf_close(a);
+    gguf_close(b);
 }
 
 // --- vela quantize ---

@@ -21,11 +21,12 @@ static void usage(FILE *out) {
             "(Q3_K, Q4_K and Q5_K mean Q3_K_M, Q4_K_M and Q5_K_M, as in llama-quantize.)\n"
             "The matrices take TYPE's base type, output.weight Q6_K (Q8_0 stays Q8_0), and\n"
             "the K-quant mixes give attn_v / ffn_down / attn_output of some layers more bits,\n"
-            "by llama.cpp's rules. Matrices whose rows do not fit a type's blocks get\n"
+            "by llama.cpp's rules; MXFP4_MOE: expert stacks MXFP4, every other matrix and\n"
+            "the head Q8_0. Matrices whose rows do not fit a type's blocks get\n"
             "llama.cpp's fallback type (Q4_K -> Q5_0, ...); norms, biases and every metadata\n"
             "key are copied as they are.\n"
             "Quantizers: vela's own (K-quants: least-squares scale search), not bit-identical\n"
-            "to llama.cpp's; the legacy types are.\n"
+            "to llama.cpp's; the legacy types and MXFP4 are.\n"
             "\n",
             ftype_names(names, sizeof names));
     flags_help(out, &cli_flags, CLI_QUANTIZE);

@@ -64,7 +64,8 @@ static void plan_types(const struct quantize_opts *o, const struct gguf_file *f,
         bool fell_back = false;
         to[i] = o->keep_output && strcmp(t->name, "output.weight") == 0
                     ? t->type
-                    : ftype_tensor_type(&p, t->name, t->n_dims, t->ne[0], t->type, &fell_back);
+                    : ftype_tensor_type(&p, t->name, t->n_dims, t->ne[0],
+                                        t->n_dims >= 3 ? t->ne[2] : 1, t->type, &fell_back);
         st->n_tensors++;
         st->n_fallback += fell_back;
         st->n_of_type[to[i]]++;

@@ -30,6 +30,7 @@ enum {
     FT_IQ4_NL = 25,
     FT_IQ4_XS = 30,
     FT_BF16 = 32,
+    FT_MXFP4_MOE = 38,
 };
 
 // The file types vela can write (every base has a quantizer), in
@@ -39,6 +40,7 @@ enum {
 static const struct ftype_info ftypes[] = {
     {"Q4_0", FT_Q4_0, GGML_TYPE_Q4_0, "Q4_0"},
     {"Q4_1", FT_Q4_1, GGML_TYPE_Q4_1, "Q4_1"},
+    {"MXFP4_MOE", FT_MXFP4_MOE, GGML_TYPE_MXFP4, "MXFP4 MoE"},
     {"Q5_0", FT_Q5_0, GGML_TYPE_Q5_0, "Q5_0"},
     {"Q5_1", FT_Q5_1, GGML_TYPE_Q5_1, "Q5_1"},
     {"Q2_K", FT_Q2_K, GGML_TYPE_Q2_K, "Q2_K - Medium"},
@@ -236,17 +238,21 @@ static enum ggml_type rule_attn_o(int ft, const struct ftype_model *m, enum ggml
 }
 
 enum ggml_type ftype_rule(const struct ftype_info *ft, const struct ftype_model *m,
-                          enum ftype_role role, int i, int64_t ne0) {
+                          enum ftype_role role, int i, int64_t ne0, int64_t ne2) {
     const enum ggml_type base = ft->base;
     if (!ggml_type_get(base)->quantized)
         return base; // F32/F16/BF16 files have no rules
     if (role == FTYPE_ROLE_OUTPUT || (role == FTYPE_ROLE_TOKEN_EMBD && m->tied)) {
         // The head: Q6_K (Q8_0 stays Q8_0), or Q8_0 when the base type's
-        // blocks do not fit its rows.
-        if (ne0 % ggml_type_get(base)->block_size != 0)
+        // blocks do not fit its rows or the file is MXFP4_MOE.
+        if (ne0 % ggml_type_get(base)->block_size != 0 || ft->id == FT_MXFP4_MOE)
             return GGML_TYPE_Q8_0;
         return base == GGML_TYPE_Q8_0 ? base : GGML_TYPE_Q6_K;
     }
+    // MXFP4_MOE: expert stacks (more than one matrix) in MXFP4, every other
+    // matrix, the untied token_embd too, in Q8_0.
+    if (ft->id == FT_MXFP4_MOE)
+        return ne2 > 1 ? GGML_TYPE_MXFP4 : GGML_TYPE_Q8_0;
     switch (role) {
     case FTYPE_ROLE_ATTN_V:
         return rule_attn_v(ft->id, m, i, base);
@@ -275,7 +281,7 @@ static int ffn_down_layer(struct ftype_plan *p, const char *name) {
 }
 
 enum ggml_type ftype_tensor_type(struct ftype_plan *p, const char *name, uint32_t n_dims,
-                                 int64_t ne0, enum ggml_type cur, bool *fell_back) {
+                                 int64_t ne0, int64_t ne2, enum ggml_type cur, bool *fell_back) {
     const enum ftype_role role = ftype_role_of(name, n_dims);
     if (fell_back)
         *fell_back = false;
@@ -292,7 +298,12 @@ enum ggml_type ftype_tensor_type(struct ftype_plan *p, const char *name, uint32_
             i = p->i_attn_v++;
         else if (role == FTYPE_ROLE_FFN_DOWN)
             i = ffn_down_layer(p, name);
-        t = p->pure ? p->ft->base : ftype_rule(p->ft, &p->m, role, i, ne0);
+        // bailingmoe3's other 3-D tensors (its MLA projections) are no
+        // experts to MXFP4_MOE (llama.cpp's is_bailingmoe3_expert).
+        if (p->m.arch && !strcmp(p->m.arch, "bailingmoe3") && !strstr(name, "ffn_up") &&
+            !strstr(name, "ffn_gate") && !strstr(name, "ffn_down"))
+            ne2 = 1;
+        t = p->pure ? p->ft->base : ftype_rule(p->ft, &p->m, role, i, ne0, ne2);
     }
     const enum ggml_type f = ftype_fallback(t, ne0);
     if (fell_back)

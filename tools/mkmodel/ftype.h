@@ -78,18 +78,19 @@ struct ftype_plan {
     int i_attn_v, i_ffn_down;   // counts of those seen so far
 };
 
-// The type tensor `name` (n_dims, rows of ne0 elements, now in `cur`) is
-// written in; advances p's counters. A kept tensor returns `cur`; a matrix
+// The type tensor `name` (n_dims, rows of ne0 elements, ne2 matrices: its
+// third dimension, 1 for a plain matrix; now in `cur`) is written in;
+// advances p's counters. A kept tensor returns `cur`; a matrix
 // whose rows do not fit the chosen type's blocks gets ftype_fallback's type
 // and *fell_back (when not NULL) is set true, else false.
 enum ggml_type ftype_tensor_type(struct ftype_plan *p, const char *name, uint32_t n_dims,
-                                 int64_t ne0, enum ggml_type cur, bool *fell_back);
+                                 int64_t ne0, int64_t ne2, enum ggml_type cur, bool *fell_back);
 
 // The rule alone for the tensor in `role`, the i-th of n of its kind (layer
 // i of n for FTYPE_ROLE_FFN_DOWN, the i-th attn_v of n_attn_v), before the
-// block-size fallback.
+// block-size fallback; ne2 as ftype_tensor_type's (MXFP4_MOE's experts).
 enum ggml_type ftype_rule(const struct ftype_info *ft, const struct ftype_model *m,
-                          enum ftype_role role, int i, int64_t ne0);
+                          enum ftype_role role, int i, int64_t ne0, int64_t ne2);
 
 // The type a matrix of rows of ne0 elements gets when `t` cannot hold them
 // (ne0 not a multiple of its block size), llama.cpp's choice: Q2_K/Q3_K ->

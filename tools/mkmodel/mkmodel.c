@@ -423,7 +423,8 @@ static void note_fallback(struct mk_plan_notes *pn, int64_t ne0, enum ggml_type 
 }
 
 static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan_notes *pn,
-                                  enum arch_role cls, int layer, int64_t ne0, const char *name) {
+                                  enum arch_role cls, int layer, int64_t ne0, int64_t ne2,
+                                  const char *name) {
     int over = -1;
     switch (cls) {
     case ARCH_ROLE_TOKEN_EMBD:
@@ -458,7 +459,7 @@ static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan
                                       .n_head_kv = c->n_head_kv,
                                       .tied = c->tied,
                                       .n_expert = c->n_expert};
-        t = ftype_rule(ftype_by_id(c->mix), &m, ftype_role_of(name, 2), layer, ne0);
+        t = ftype_rule(ftype_by_id(c->mix), &m, ftype_role_of(name, 2), layer, ne0, ne2);
     }
     enum ggml_type f = ftype_fallback(t, ne0);
     if (f != t)
@@ -489,7 +490,7 @@ static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c
     x->n_rows = x->ne[1] * x->ne[2];
     x->mean = mean;
     x->std = std;
-    x->type = choose_type(c, pn, at->role, layer, ne0, name);
+    x->type = choose_type(c, pn, at->role, layer, ne0, x->ne[2], name);
     // fast_row has a case for every type vela runs; a type added to
     // quant_type_supported needs one there too.
     x->fast = c->weights == MKMODEL_WEIGHTS_FAST && at->kind == ARCH_MATRIX && mean == 0.0f &&
