@@ -16,7 +16,7 @@
 // 16-byte aligned. Then every block field read below with a 4-byte load is
 // 4-byte aligned (block sizes 20, 24, 84, 136, 144, 176 are multiples of 4)
 // and every 2-byte load is 2-byte aligned (block sizes 18, 22, 34, 110, 210
-// are even).
+// are even). MXFP4's 17-byte blocks are read a byte at a time.
 #ifndef VELA_CUDA_DEQUANT_CUH
 #define VELA_CUDA_DEQUANT_CUH
 
@@ -170,6 +170,7 @@ template <> struct qtype<GGML_TYPE_Q5_K> { static constexpr int block = 256, byt
 template <> struct qtype<GGML_TYPE_Q6_K> { static constexpr int block = 256, bytes = 210; };
 template <> struct qtype<GGML_TYPE_IQ4_NL> { static constexpr int block = 32, bytes = 18; };
 template <> struct qtype<GGML_TYPE_IQ4_XS> { static constexpr int block = 256, bytes = 136; };
+template <> struct qtype<GGML_TYPE_MXFP4> { static constexpr int block = 32, bytes = 17; };
 
 // Decodes sub-block sb (elements 32*sb .. 32*sb+31) of a row into v[32].
 template <int T>
@@ -420,6 +421,43 @@ __host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_IQ4_XS>(const u
     uint32_t q[4];
     ld_words_a4<4>(b + 8 + 16 * j, q);
     iq4_sub32(q, dl, v);
+}
+
+// MXFP4's scale, 2^(e-128) for its E8M0 byte e: gguf/quant.h's
+// quant_e8m0_half_to_f32, bit for bit.
+static __host__ __device__ __forceinline__ float e8m0_half_to_f32(uint32_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(bits);
+#else
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+// The doubled E2M1 value of MXFP4 code c (gguf/quant.h's quant_mxfp4_levels)
+// without a table: magnitudes 0, 1, 2, 3, then 4, 6, 8, 12 (2 or 3 shifted
+// by 1 or 2), negative when bit 3 is set.
+static __host__ __device__ __forceinline__ int mxfp4_level(uint32_t c) {
+    const int m = (int)(c & 7u);
+    const int mag = m < 4 ? m : (2 + (m & 1)) << ((m >> 1) - 1);
+    return (c & 8u) ? -mag : mag;
+}
+
+// MXFP4: e@0, qs[16]@1; element l (< 16) is level[qs[l] & 15] * 2^(e-128),
+// element l + 16 level[qs[l] >> 4] * 2^(e-128).
+template <>
+__host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_MXFP4>(const uint8_t *row,
+                                                                        int64_t sb, float *v) {
+    const uint8_t *b = row + sb * 17;
+    const float d = e8m0_half_to_f32(b[0]);
+VELA_UNROLL
+    for (int j = 0; j < 16; j++) {
+        const uint32_t x = b[1 + j];
+        v[j] = mul_rn((float)mxfp4_level(x & 0x0fu), d);
+        v[j + 16] = mul_rn((float)mxfp4_level(x >> 4), d);
+    }
 }
 
 // Plain (unblocked) types: element i of a row.

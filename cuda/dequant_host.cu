@@ -21,13 +21,15 @@ extern "C" int cuda_dequant_row_host(enum ggml_type type, const void *row, int64
                         ggml_type_name(type), (long long)n);
     const uint8_t *r = (const uint8_t *)row;
     // What the decoders' loads need of one row (a 16-byte aligned matrix gives
-    // every row this): 4 bytes for the types read with 4-byte loads, else 2.
+    // every row this): 4 bytes for the types read with 4-byte loads, none for
+    // MXFP4 (byte loads; its rows are 17 bytes a block), else 2.
     const bool a4 = type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q2_K ||
                     type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_IQ4_XS ||
                     type == GGML_TYPE_F32;
-    if (((uintptr_t)row & (a4 ? 3u : 1u)) != 0)
-        return verr_set(err, VERR_RANGE, "dequant: %s row %p is not %d-byte aligned",
-                        ggml_type_name(type), row, a4 ? 4 : 2);
+    const unsigned align = a4 ? 4u : type == GGML_TYPE_MXFP4 ? 1u : 2u;
+    if (((uintptr_t)row & (align - 1u)) != 0)
+        return verr_set(err, VERR_RANGE, "dequant: %s row %p is not %u-byte aligned",
+                        ggml_type_name(type), row, align);
     auto plain = [&](auto tc) -> int {
         dequant_host_plain<decltype(tc)::value>(r, n, out);
         return VERR_OK;
@@ -36,8 +38,11 @@ extern "C" int cuda_dequant_row_host(enum ggml_type type, const void *row, int64
         dequant_host_row<decltype(tc)::value>(r, n, out);
         return VERR_OK;
     };
-    const int rc = vela_is_plain(type) ? VELA_DISPATCH_PLAIN(type, plain, 1)
-                                       : VELA_DISPATCH_QTYPE(type, quant, 1);
+    // MXFP4 has a decoder but no kernel yet, so it is not in VELA_DISPATCH_QTYPE
+    // (which every kernel instantiates).
+    const int rc = vela_is_plain(type)       ? VELA_DISPATCH_PLAIN(type, plain, 1)
+                   : type == GGML_TYPE_MXFP4 ? quant(std::integral_constant<int, GGML_TYPE_MXFP4>())
+                                             : VELA_DISPATCH_QTYPE(type, quant, 1);
     if (rc == 1)
         return verr_set(err, VERR_UNSUPPORTED, "dequant: type %s is not supported",
                         ggml_type_name(type));

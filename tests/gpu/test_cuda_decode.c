@@ -100,8 +100,9 @@ static void check_type(enum ggml_type type, int64_t n, int rows) {
 }
 
 Test(cuda_decode, block_types_bit_exact) {
-    const enum ggml_type q32[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
-                                  GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL};
+    // MXFP4: every E8M0 byte, 255 and the overflowing products (inf) included.
+    const enum ggml_type q32[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,   GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
+                                  GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4};
     for (size_t i = 0; i < sizeof q32 / sizeof q32[0]; i++) {
         check_type(q32[i], 32, 64);
         check_type(q32[i], 4096 + 32, 16);
