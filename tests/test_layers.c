@@ -58,7 +58,7 @@ static const struct layer layers[] = {
 // The folder of a repository path ("host/model/model.h" -> "host/model"),
 // into out.
 static void dir_of(const char *path, char *out, size_t cap) {
-    snprintf(out, cap, "%s", path);
+    snprintf(out, cap, "%.*s", (int)(cap > 0 ? cap - 1 : 0), path);
     char *slash = strrchr(out, '/');
     if (slash)
         *slash = '\0';
@@ -239,7 +239,7 @@ static bool module_edge[MAX_MODULES][MAX_MODULES];
 
 // The module of a path: the path without its extension.
 static void module_of(const char *path, char *out, size_t cap) {
-    snprintf(out, cap, "%s", path);
+    snprintf(out, cap, "%.*s", (int)(cap > 0 ? cap - 1 : 0), path);
     char *dot = strrchr(out, '.');
     if (dot && !strchr(dot, '/'))
         *dot = '\0';

@@ -412,11 +412,15 @@ static int load_weight(struct model *m, struct load_plan *lp, const struct gguf_
     int rc = tensor_check(f, name, n_dims, want, optional, &t, err);
     if (rc || !t)
         return rc;
-    if (!quant_type_supported(t->type))
-        return verr_set(err, VERR_UNSUPPORTED,
-                        "%s: weight type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, "
-                        "q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K)",
-                        name, ggml_type_name(t->type));
+    if (!quant_type_supported(t->type)) {
+        char list[256] = "";
+        for (int ty = 0; ty < GGML_TYPE_COUNT; ty++)
+            if (quant_type_supported((enum ggml_type)ty))
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                         list[0] ? ", " : "", ggml_type_name((enum ggml_type)ty));
+        return verr_set(err, VERR_UNSUPPORTED, "%s: weight type %s is not supported (%s)", name,
+                        ggml_type_name(t->type), list);
+    }
     size_t row = ggml_row_bytes(t->type, n_in);
     if (row == 0)
         return verr_set(err, VERR_FORMAT,
