@@ -25,7 +25,8 @@
 # fixed device time (tests/gpu/session.sh) keeps time for the summary, and
 # VELA_STEP_MAX (seconds, default 300) bounds each one, so that a hang costs
 # that much and no more;
-# VELA_F32ACT=0 skips the --matvec-act f32 decode runs; MVQ_PIPE_PLANS
+# VELA_F32ACT=0 skips the --matvec-act f32 decode runs; VELA_PDL_RUNS=0
+# the decode runs with programmatic dependent launch (VELA_PDL=1); MVQ_PIPE_PLANS
 # (below) the pipelined mat-vec's runs; LLAMA_JOBS (default
 # all cores) and LLAMA_NICE (default 0) for the llama.cpp build.
 set -euo pipefail
@@ -65,6 +66,10 @@ LLAMA_BATCHED_ARGS=${LLAMA_BATCHED_ARGS:-}
 VELA_DEADLINE=${VELA_DEADLINE:-}
 VELA_STEP_MAX=${VELA_STEP_MAX:-300}
 VELA_F32ACT=${VELA_F32ACT:-1}
+# Decode (tg) with VELA_PDL=1 beside the default on every model, rows
+# "tg128@pdl": programmatic dependent launch inside the decode graph
+# (cuda/launch.cuh), a variant under test until these rows decide it.
+VELA_PDL_RUNS=${VELA_PDL_RUNS:-1}
 # The dp4a mat-vec's other kernels (variants under test, vela-bench-kernels
 # --matvec-q8 pipe:B or stream:B, B blocks per SM) beside the default
 # one-pass kernel, before a GPU decides: MVQ_PIPE_PLANS are the plans the
@@ -197,6 +202,11 @@ stage_vela() {
         -r "$REPS" --matvec-act f32 --json >"$RAW/vela-$name-f32act.json" 2>>"$RAW/run.log" \
         || log "vela: bench --matvec-act f32 failed on $name" ;;
     esac
+    # the same decode with programmatic dependent launch (VELA_PDL=1)
+    [ "$VELA_PDL_RUNS" = 0 ] ||
+    VELA_PDL=1 timed "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p 0 \
+      -n "$N_GEN" -r "$REPS" --json >"$RAW/vela-$name-pdl.json" 2>>"$RAW/run.log" \
+      || log "vela: bench with VELA_PDL=1 failed on $name"
   done
   if [ "$DEPTH" != 0 ] && model_names | grep -qx "$DEPTH_MODEL"; then
     log "vela: bench $DEPTH_MODEL tg$N_GEN at depth $DEPTH"
@@ -414,6 +424,9 @@ for n in names:
     # the same decode with f32 activations (--matvec-act f32), named e.g. tg128@f32act
     for t in (load(f"{raw}/vela-{n}-f32act.json") or {}).get("tests", []):
         add(n, dict(t, test=t["test"] + "@f32act"), llama_tps(n, t))
+    # and with programmatic dependent launch (VELA_PDL=1), tg128@pdl
+    for t in (load(f"{raw}/vela-{n}-pdl.json") or {}).get("tests", []):
+        add(n, dict(t, test=t["test"] + "@pdl"), llama_tps(n, t))
     vd, ld = depth[n]
     for t in (vd or {}).get("tests", []):
         add(n, t, llama_tps(n, t, ld or []))

@@ -8,7 +8,9 @@
 // decoded weight slices) and split-K attention (partial results); ops run
 // one after another on the stream, so they never use it at the same time.
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,8 +78,13 @@ struct cuda_backend {
     unsigned int *attn_sync;
     int attn_sync_n;
     // the dp4a mat-vec's kernel (cuda_matvec_q8_segs); the one-pass kernel
-    // unless backend_cuda_set_matvec_q8 picked another
+    // unless backend_cuda_set_matvec_q8 picked another. mvq.pdl: whether the
+    // decode chain's kernels (norm, quantize, mat-vecs, RoPE/KV store,
+    // argmax) launch with programmatic dependent launch (backend_cuda_set_pdl);
+    // attention, MoE and the rest launch without, which is safe beside them
+    // (cuda/launch.cuh).
     struct cuda_mvq_plan mvq;
+    int cc_major, cc_minor; // compute capability: PDL needs 9.0
 };
 
 static struct cuda_backend *cb_of(struct backend *be) {
@@ -427,7 +434,8 @@ static int cu_xq_for(struct backend *be, int rows, int64_t n, void **xq) {
 static int cu_rms_norm(struct backend *be, float *out, const float *x, const float *w, int n_rows,
                        int n, float eps) {
     CU_ENTER(be);
-    return cuda_rms_norm_apply(out, x, w, n_rows, n, eps, NULL, cb_of(be)->stream, &be->err);
+    return cuda_rms_norm_apply(out, x, w, n_rows, n, eps, NULL, cb_of(be)->mvq.pdl,
+                               cb_of(be)->stream, &be->err);
 }
 
 // The fused op: the norm kernel writes out's q8_1 copy in the same pass,
@@ -438,7 +446,8 @@ static int cu_rms_norm_q8(struct backend *be, float *out, const float *x, const 
     void *xq = NULL;
     int rc = cu_xq_for(be, n_rows, n, &xq);
     if (!rc)
-        rc = cuda_rms_norm_apply(out, x, w, n_rows, n, eps, xq, cb_of(be)->stream, &be->err);
+        rc = cuda_rms_norm_apply(out, x, w, n_rows, n, eps, xq, cb_of(be)->mvq.pdl,
+                                 cb_of(be)->stream, &be->err);
     if (!rc)
         cb_of(be)->xq_left = (struct cu_xq){out, n_rows, n, xq != NULL, true};
     return rc;
@@ -472,7 +481,7 @@ static int cu_xq_into(struct backend *be, const float *x, int n_tok, int64_t n_i
     if (!dst)
         dst = cb->scratch;
     if (!rc)
-        rc = cuda_quantize_q8_1(dst, x, n_tok, n_in, cb->stream, &be->err);
+        rc = cuda_quantize_q8_1(dst, x, n_tok, n_in, cb->mvq.pdl, cb->stream, &be->err);
     *xq = dst;
     return rc;
 }
@@ -488,7 +497,8 @@ static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_s
                      enum cuda_mv_epilogue epi) {
     struct cuda_backend *cb = cb_of(be);
     if (!be->act_q8 || !quant_q8_1_dot_supported(type))
-        return cuda_matvec_segs(segs, n_seg, type, n_in, x, n_tok, epi, cb->stream, &be->err);
+        return cuda_matvec_segs(segs, n_seg, type, n_in, x, n_tok, epi, cb->mvq.pdl, cb->stream,
+                                &be->err);
     int rc = xq ? VERR_OK : cu_xq_of(be, x, n_tok, n_in, &xq);
     if (!rc)
         rc = cuda_matvec_q8_segs(segs, n_seg, type, n_in, xq, n_tok, epi, &cb->mvq, cb->stream,
@@ -663,7 +673,8 @@ static int cu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, 
     if (rc)
         return rc;
     return cuda_rope_apply(x, pos, n_tok, n_head, head_dim, &c, NULL, NULL, GGML_TYPE_F32, NULL,
-                           GGML_TYPE_F32, NULL, 0, NULL, 0, cb_of(be)->stream, &be->err);
+                           GGML_TYPE_F32, NULL, 0, NULL, 0, cb_of(be)->mvq.pdl, cb_of(be)->stream,
+                           &be->err);
 }
 
 static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, const float *v,
@@ -686,8 +697,8 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
     if (rc)
         return rc;
     return cuda_rope_apply(k, pos, n_tok, n_head_kv, head_dim, &c, v, k_cache, type_k, v_cache,
-                           type_v, cells, head_dim_v, rp ? q : NULL, n_head, cb_of(be)->stream,
-                           &be->err);
+                           type_v, cells, head_dim_v, rp ? q : NULL, n_head, cb_of(be)->mvq.pdl,
+                           cb_of(be)->stream, &be->err);
 }
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
@@ -746,6 +757,8 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
     const int64_t n_out = (int64_t)a->n_head * a->head_dim_v;
     if (!rc && a->out_q8 && a->head_dim_v % 32 == 0)
         rc = cu_xq_for(be, a->n_tok, n_out, &ca.xq);
+    // Attention launches without PDL (cuda/launch.cuh): it waits for the
+    // mat-vec or RoPE before it, and the op after it waits for it.
     if (!rc)
         rc = cuda_attention_apply(&ca, cb->sm_count, cb->scratch, cb->scratch_bytes, cb->stream,
                                   &be->err);
@@ -799,7 +812,8 @@ static int cu_get_rows(struct backend *be, float *out, const float *x, const int
 static int cu_argmax(struct backend *be, int32_t *out, const float *logits, int n_rows,
                      int n_vocab) {
     CU_ENTER(be);
-    return cuda_argmax_rows(out, logits, n_rows, n_vocab, cb_of(be)->stream, &be->err);
+    return cuda_argmax_rows(out, logits, n_rows, n_vocab, cb_of(be)->mvq.pdl, cb_of(be)->stream,
+                            &be->err);
 }
 
 // min_p's logf is taken here, in C with the host's libm, as host/backend/sampler.c
@@ -1216,8 +1230,24 @@ int backend_cuda_device_count(void) {
     return n > 0 ? n : 0;
 }
 
+// VELA_PDL (the environment): programmatic dependent launch for the decode
+// chain, a variant under test (backend_cuda_set_pdl) that `vela bench` is
+// timed with before a GPU run decides; unset, empty or "0": off, "1": on.
+static int cu_pdl_env(bool *on, struct verr *err) {
+    const char *s = getenv("VELA_PDL");
+    *on = s && !strcmp(s, "1");
+    if (!s || !*s || *on || !strcmp(s, "0"))
+        return VERR_OK;
+    return verr_set(err, VERR_RANGE,
+                    "VELA_PDL=%.40s: expected 0 or 1 (programmatic dependent launch off or on)", s);
+}
+
 int backend_cuda_create(struct backend **out, int device, struct verr *err) {
     *out = NULL;
+    bool pdl = false;
+    int rc_env = cu_pdl_env(&pdl, err);
+    if (rc_env)
+        return rc_env;
     const int n = backend_cuda_device_count();
     if (device < 0 || device >= n)
         return verr_set(err, VERR_NOTFOUND, "CUDA device %d not found (%d usable device%s)", device,
@@ -1246,6 +1276,12 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
                                              cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) !=
                      cudaSuccess)
         what = "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)";
+    if (!what && (e = cudaDeviceGetAttribute(&cb->cc_major, cudaDevAttrComputeCapabilityMajor,
+                                             device)) != cudaSuccess)
+        what = "cudaDeviceGetAttribute(ComputeCapabilityMajor)";
+    if (!what && (e = cudaDeviceGetAttribute(&cb->cc_minor, cudaDevAttrComputeCapabilityMinor,
+                                             device)) != cudaSuccess)
+        what = "cudaDeviceGetAttribute(ComputeCapabilityMinor)";
     cb->mvq.sm_count = cb->sm_count;
     if (what) {
         int rc = verr_set(err, VERR_BACKEND, "CUDA device %d: %s: %s (%s:%d)", device, what,
@@ -1273,6 +1309,16 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
     // bandwidth outruns their float issue rate; --matvec-act f32 turns it off.
     be->act_q8 = true;
     be->impl = cb;
+    if (pdl && cb->cc_major >= 9) {
+        cb->mvq.pdl = true;
+    } else if (pdl) {
+        static atomic_flag said = ATOMIC_FLAG_INIT;
+        if (!atomic_flag_test_and_set(&said))
+            fprintf(stderr,
+                    "vela: VELA_PDL=1 ignored on CUDA device %d (compute capability %d.%d): "
+                    "programmatic dependent launch needs 9.0\n",
+                    device, cb->cc_major, cb->cc_minor);
+    }
     *out = be;
     return VERR_OK;
 }
@@ -1311,6 +1357,23 @@ int backend_cuda_set_attn_decode(struct backend *be, int kernel, struct verr *er
                         "attention decode kernel %d: expected 0 (default), 1 (split-K) or 2 (dec)",
                         kernel);
     cb_of(be)->attn_decode = kernel;
+    return VERR_OK;
+}
+
+int backend_cuda_set_pdl(struct backend *be, int on, struct verr *err) {
+    int rc = cu_variant_backend(be, "backend_cuda_set_pdl", err);
+    if (rc)
+        return rc;
+    if (on != 0 && on != 1)
+        return verr_set(err, VERR_RANGE,
+                        "programmatic dependent launch %d: expected 0 (off) or 1 (on)", on);
+    const struct cuda_backend *cb = cb_of(be);
+    if (on && cb->cc_major < 9)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "programmatic dependent launch needs compute capability 9.0; CUDA device "
+                        "%d is %d.%d",
+                        be->device, cb->cc_major, cb->cc_minor);
+    cb_of(be)->mvq.pdl = on == 1;
     return VERR_OK;
 }
 

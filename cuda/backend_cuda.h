@@ -33,4 +33,13 @@ int backend_cuda_set_attn_decode(struct backend *be, int kernel, struct verr *er
 // multiprocessor, 1..64; 0: their default).
 int backend_cuda_set_matvec_q8(struct backend *be, int kernel, int blocks_per_sm, struct verr *err);
 
+// Programmatic dependent launch (cuda/launch.cuh) for the decode chain's
+// kernels (norm, q8_1 quantize, mat-vecs, RoPE/KV store, argmax): 1 on, 0
+// off (the default). On needs compute capability 9.0 (else
+// VERR_UNSUPPORTED). Unlike the settings above, the environment sets it
+// too, for `vela bench`: backend_cuda_create reads VELA_PDL ("0" or "1";
+// any other value is refused with VERR_RANGE; "1" on a device below 9.0
+// is ignored with one line on stderr).
+int backend_cuda_set_pdl(struct backend *be, int on, struct verr *err);
+
 #endif

@@ -9,6 +9,9 @@
 // - returns 0, or a negative VERR_* code with err filled (VERR_BACKEND names
 //   the failing CUDA/cuBLAS statement, its error string, file and line;
 //   VERR_RANGE / VERR_UNSUPPORTED for arguments the kernels cannot take).
+// - `pdl` (where an entry point takes it): launch its kernels with
+//   programmatic dependent launch (cuda/launch.cuh); true only on devices of
+//   compute capability 9.0 and up.
 // Arguments are validated by cuda/backend_cuda.c before it calls in here;
 // the entry points re-check only what would make a kernel read out of bounds.
 #ifndef VELA_CUDA_BOUNDARY_H

@@ -14,6 +14,7 @@
 // folded in) or, for gate/up, computes both dots of a row and writes
 // silu(gate) * up.
 #include "cuda/dequant.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/matvec.h"
 
 #define MATVEC_WARPS 4 // rows per block
@@ -162,6 +163,7 @@ template <int T, int NT, int MODE, int EPI>
 __global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
     matvec_kernel(const mv_args a, size_t row_bytes,
                   const float *__restrict__ x /* [n_tok][n_in] */, int64_t n_in, int n_tok) {
+    cuda_pdl_wait();
     const int64_t g = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / VELA_WARP;
     const int lane = threadIdx.x % VELA_WARP;
     // SWIGLU: a warp takes row g of both matrices; otherwise rows of all
@@ -219,7 +221,7 @@ __global__ static void __launch_bounds__(MATVEC_WARPS *VELA_WARP)
 
 template <int T, int NT, int MODE>
 static int matvec_launch(const mv_args &a, enum cuda_mv_epilogue epi, size_t row_bytes,
-                         const float *x, int64_t n_in, int n_tok, cudaStream_t stream,
+                         const float *x, int64_t n_in, int n_tok, bool pdl, cudaStream_t stream,
                          struct verr *err) {
     const int64_t rows = CUDA_MV_GATED(epi) ? a.n_out[0] : a.n_rows;
     const dim3 block(MATVEC_WARPS * VELA_WARP);
@@ -232,20 +234,20 @@ static int matvec_launch(const mv_args &a, enum cuda_mv_epilogue epi, size_t row
         ap.pair0 = p0;
         switch (epi) {
         case CUDA_MV_STORE:
-            matvec_kernel<T, NT, MODE, CUDA_MV_STORE>
-                <<<grid, block, 0, stream>>>(ap, row_bytes, x, n_in, n_tok);
+            cuda_launch(pdl, matvec_kernel<T, NT, MODE, CUDA_MV_STORE>, grid, block, 0, stream, ap,
+                        row_bytes, x, n_in, n_tok);
             break;
         case CUDA_MV_ADD:
-            matvec_kernel<T, NT, MODE, CUDA_MV_ADD>
-                <<<grid, block, 0, stream>>>(ap, row_bytes, x, n_in, n_tok);
+            cuda_launch(pdl, matvec_kernel<T, NT, MODE, CUDA_MV_ADD>, grid, block, 0, stream, ap,
+                        row_bytes, x, n_in, n_tok);
             break;
         case CUDA_MV_GEGLU:
-            matvec_kernel<T, NT, MODE, CUDA_MV_GEGLU>
-                <<<grid, block, 0, stream>>>(ap, row_bytes, x, n_in, n_tok);
+            cuda_launch(pdl, matvec_kernel<T, NT, MODE, CUDA_MV_GEGLU>, grid, block, 0, stream, ap,
+                        row_bytes, x, n_in, n_tok);
             break;
         default:
-            matvec_kernel<T, NT, MODE, CUDA_MV_SWIGLU>
-                <<<grid, block, 0, stream>>>(ap, row_bytes, x, n_in, n_tok);
+            cuda_launch(pdl, matvec_kernel<T, NT, MODE, CUDA_MV_SWIGLU>, grid, block, 0, stream, ap,
+                        row_bytes, x, n_in, n_tok);
             break;
         }
         VELA_CHECK_LAUNCH(err, "matvec_kernel");
@@ -255,18 +257,19 @@ static int matvec_launch(const mv_args &a, enum cuda_mv_epilogue epi, size_t row
 
 template <int T, int MODE>
 static int matvec_launch_nt(const mv_args &a, enum cuda_mv_epilogue epi, size_t row_bytes,
-                            const float *x, int64_t n_in, int n_tok, cudaStream_t stream,
+                            const float *x, int64_t n_in, int n_tok, bool pdl, cudaStream_t stream,
                             struct verr *err) {
     if (n_tok == 1)
-        return matvec_launch<T, 1, MODE>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
-    return matvec_launch<T, CUDA_MATVEC_MAX_TOK, MODE>(a, epi, row_bytes, x, n_in, n_tok, stream,
-                                                       err);
+        return matvec_launch<T, 1, MODE>(a, epi, row_bytes, x, n_in, n_tok, pdl, stream, err);
+    return matvec_launch<T, CUDA_MATVEC_MAX_TOK, MODE>(a, epi, row_bytes, x, n_in, n_tok, pdl,
+                                                       stream, err);
 }
 
 // cuda_matvec_segs, and with ex its expert mode (cuda_matvec_experts).
 static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type, int64_t n_in,
                    const float *x, int n_tok, enum cuda_mv_epilogue epi,
-                   const struct cuda_mv_experts *ex, cudaStream_t stream, struct verr *err) {
+                   const struct cuda_mv_experts *ex, bool pdl, cudaStream_t stream,
+                   struct verr *err) {
     if (ex && (n_tok != 1 || !ex->ids || ex->n_pairs < 0 || ex->n_expert < 1 || ex->x_div < 1 ||
                n_seg != (CUDA_MV_GATED(epi) ? 2 : 1)))
         return verr_set(err, VERR_RANGE,
@@ -328,8 +331,9 @@ static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type typ
         // float4 reads of x need 16-byte aligned rows: n_in is a multiple of
         // 32, so only the base pointer matters.
         if (((uintptr_t)x & 15u) == 0)
-            return matvec_launch_nt<T, MODE_QVEC>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
-        return matvec_launch_nt<T, MODE_Q>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
+            return matvec_launch_nt<T, MODE_QVEC>(a, epi, row_bytes, x, n_in, n_tok, pdl, stream,
+                                                  err);
+        return matvec_launch_nt<T, MODE_Q>(a, epi, row_bytes, x, n_in, n_tok, pdl, stream, err);
     };
     auto run_plain = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
@@ -337,10 +341,12 @@ static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type typ
         // 0; the weights are 16-byte aligned) and x's rows 16-byte for its
         // float4 loads. Pairs: rows 4-byte aligned (even n_in), x rows 8-byte.
         if (T != GGML_TYPE_F32 && n_in % 4 == 0 && aligned && ((uintptr_t)x & 15u) == 0)
-            return matvec_launch_nt<T, MODE_VEC4>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
+            return matvec_launch_nt<T, MODE_VEC4>(a, epi, row_bytes, x, n_in, n_tok, pdl, stream,
+                                                  err);
         if (T != GGML_TYPE_F32 && n_in % 2 == 0 && aligned && ((uintptr_t)x & 7u) == 0)
-            return matvec_launch_nt<T, MODE_PAIR>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
-        return matvec_launch_nt<T, MODE_PLAIN>(a, epi, row_bytes, x, n_in, n_tok, stream, err);
+            return matvec_launch_nt<T, MODE_PAIR>(a, epi, row_bytes, x, n_in, n_tok, pdl, stream,
+                                                  err);
+        return matvec_launch_nt<T, MODE_PLAIN>(a, epi, row_bytes, x, n_in, n_tok, pdl, stream, err);
     };
     if (vela_is_plain(type))
         return VELA_DISPATCH_PLAIN(type, run_plain, VERR_UNSUPPORTED);
@@ -356,8 +362,8 @@ static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type typ
 
 extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
                                 int64_t n_in, const float *x, int n_tok, enum cuda_mv_epilogue epi,
-                                cudaStream_t stream, struct verr *err) {
-    return mv_segs(segs, n_seg, type, n_in, x, n_tok, epi, NULL, stream, err);
+                                bool pdl, cudaStream_t stream, struct verr *err) {
+    return mv_segs(segs, n_seg, type, n_in, x, n_tok, epi, NULL, pdl, stream, err);
 }
 
 extern "C" int cuda_matvec_experts(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
@@ -366,5 +372,6 @@ extern "C" int cuda_matvec_experts(const struct cuda_mv_seg *segs, int n_seg, en
                                    struct verr *err) {
     if (!ex)
         return verr_set(err, VERR_RANGE, "matvec experts: no expert ids");
-    return mv_segs(segs, n_seg, type, n_in, x, 1, epi, ex, stream, err);
+    // The expert mode (MoE decode, cuda/moe.cu beside it) launches without pdl.
+    return mv_segs(segs, n_seg, type, n_in, x, 1, epi, ex, false, stream, err);
 }

@@ -40,7 +40,8 @@ struct cuda_mv_seg {
 };
 int cuda_matvec_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
                      enum ggml_type type, int64_t n_in, const float *x /* [n_tok][n_in] */,
-                     int n_tok, enum cuda_mv_epilogue epi, cudaStream_t stream, struct verr *err);
+                     int n_tok, enum cuda_mv_epilogue epi, bool pdl, cudaStream_t stream,
+                     struct verr *err);
 
 // Expert mode (mixture of experts, cuda/moe.h): one launch computes, for
 // every (token, slot) pair p in [0, n_pairs), the mat-vec of one token

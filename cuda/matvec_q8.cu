@@ -63,6 +63,7 @@
 // 8 nibbles in 8 __byte_perm), so __dp4a sees the levels themselves; signed,
 // no activation sum.
 #include "cuda/dequant.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/matvec_q8.h"
 #include "cuda/q8_1.cuh"
 
@@ -88,13 +89,14 @@ static_assert(MVQ_ROWS == 2, "SWIGLU pairs one gate and one up row; the epilogue
 __global__ static void __launch_bounds__(MVQ_QUANT_WARPS *VELA_WARP)
     quantize_q8_1_kernel(uint8_t *__restrict__ xq /* [n_blocks][36] */,
                          const float *__restrict__ x /* [n_blocks][32] */, int64_t n_blocks) {
+    cuda_pdl_wait();
     const int lane = threadIdx.x % VELA_WARP;
     for (int64_t b = (int64_t)blockIdx.x * MVQ_QUANT_WARPS + threadIdx.x / VELA_WARP; b < n_blocks;
          b += (int64_t)gridDim.x * MVQ_QUANT_WARPS)
         q8_1_store_warp(xq + b * MVQ_XQ_BYTES, x[b * 32 + lane], lane);
 }
 
-extern "C" int cuda_quantize_q8_1(void *xq, const float *x, int n_tok, int64_t n_in,
+extern "C" int cuda_quantize_q8_1(void *xq, const float *x, int n_tok, int64_t n_in, bool pdl,
                                   cudaStream_t stream, struct verr *err) {
     if (n_tok < 0 || n_in <= 0 || n_in % 32 != 0)
         return verr_set(err, VERR_RANGE,
@@ -111,8 +113,8 @@ extern "C" int cuda_quantize_q8_1(void *xq, const float *x, int n_tok, int64_t n
     int64_t grid = (n_blocks + MVQ_QUANT_WARPS - 1) / MVQ_QUANT_WARPS;
     if (grid > 65535)
         grid = 65535; // grid-stride beyond
-    quantize_q8_1_kernel<<<(unsigned int)grid, MVQ_QUANT_WARPS * VELA_WARP, 0, stream>>>(
-        (uint8_t *)xq, x, n_blocks);
+    cuda_launch(pdl, quantize_q8_1_kernel, (unsigned int)grid, MVQ_QUANT_WARPS * VELA_WARP, 0,
+                stream, (uint8_t *)xq, x, n_blocks);
     VELA_CHECK_LAUNCH(err, "quantize_q8_1_kernel");
     return VERR_OK;
 }
@@ -581,6 +583,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
     typedef mvq_traits<T> tr;
     extern __shared__ __align__(16) uint8_t mvq_smem[];
     __shared__ float red[MVQ_WARPS][MVQ_ROWS][NT];
+    cuda_pdl_wait();
     const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
 
     const mvq_pair p = mvq_pair_of(a, blockIdx.x);
@@ -707,6 +710,7 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP)
     constexpr int S = pp::stages;
     extern __shared__ __align__(16) uint8_t mvq_smem[];
     __shared__ float red[2][MVQ_WARPS][MVQ_ROWS][NT]; // by pair parity: one barrier per pair
+    cuda_pdl_wait();
     const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
     const mvq_ex ex = mvq_ex_of(a);
     uint8_t *xs = mvq_smem; // [n_tok][n_in / 32][36], as in global memory
@@ -872,6 +876,7 @@ __global__ static void __launch_bounds__(MVS_WARPS *VELA_WARP)
     typedef mvq_pipe<T> pp;
     constexpr int S = pp::stages;
     extern __shared__ __align__(16) uint8_t mvq_smem[];
+    cuda_pdl_wait();
     const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
     const mvq_ex ex = mvq_ex_of(a);
     uint8_t *slots = mvq_smem + a.xs_bytes + (size_t)warp * S * pp::slot;
@@ -955,7 +960,7 @@ static int mvq_raise_smem(K kernel, std::atomic<int> *raised, size_t smem, size_
 
 template <int T, int NT>
 static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, unsigned int n_y, int kernel,
-                            size_t smem_limit, cudaStream_t stream, struct verr *err) {
+                            size_t smem_limit, bool pdl, cudaStream_t stream, struct verr *err) {
     const dim3 grid(n_blocks, n_y);
     if (kernel != CUDA_MVQ_PASS) {
         const bool st = kernel == CUDA_MVQ_STREAM;
@@ -972,14 +977,16 @@ static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, unsigned i
         if (rc)
             return rc;
         if (st)
-            matvec_q8_stream_kernel<T, NT><<<grid, MVS_WARPS * VELA_WARP, smem, stream>>>(a);
+            cuda_launch(pdl, matvec_q8_stream_kernel<T, NT>, grid, MVS_WARPS * VELA_WARP, smem,
+                        stream, a);
         else
-            matvec_q8_pipe_kernel<T, NT><<<grid, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
+            cuda_launch(pdl, matvec_q8_pipe_kernel<T, NT>, grid, MVQ_WARPS * VELA_WARP, smem,
+                        stream, a);
         VELA_CHECK_LAUNCH(err, st ? "matvec_q8_stream_kernel" : "matvec_q8_pipe_kernel");
         return VERR_OK;
     }
     const size_t smem = (size_t)MVQ_WARPS * a.warp_smem;
-    matvec_q8_kernel<T, NT><<<grid, MVQ_WARPS * VELA_WARP, smem, stream>>>(a);
+    cuda_launch(pdl, matvec_q8_kernel<T, NT>, grid, MVQ_WARPS * VELA_WARP, smem, stream, a);
     VELA_CHECK_LAUNCH(err, "matvec_q8_kernel");
     return VERR_OK;
 }
@@ -1155,6 +1162,8 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
         a.x_div = ex->x_div;
     }
     const size_t smem_limit = mvs_smem_limit(plan);
+    // The expert mode (MoE decode, cuda/moe.cu beside it) launches without pdl.
+    const bool pdl = plan && plan->pdl && !ex;
     auto run = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
         typedef mvq_traits<T> tr;
@@ -1190,12 +1199,14 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
                     (unsigned int)(n_y_all - p0 < 65535 ? n_y_all - p0 : 65535);
                 int rc;
                 if (n_tok == 1)
-                    rc = matvec_q8_launch<T, 1>(a, n_blocks, n_y, kernel, smem_limit, stream, err);
+                    rc = matvec_q8_launch<T, 1>(a, n_blocks, n_y, kernel, smem_limit, pdl, stream,
+                                                err);
                 else if (n_tok == 2)
-                    rc = matvec_q8_launch<T, 2>(a, n_blocks, n_y, kernel, smem_limit, stream, err);
+                    rc = matvec_q8_launch<T, 2>(a, n_blocks, n_y, kernel, smem_limit, pdl, stream,
+                                                err);
                 else
                     rc = matvec_q8_launch<T, CUDA_MATVEC_MAX_TOK>(a, n_blocks, n_y, kernel,
-                                                                  smem_limit, stream, err);
+                                                                  smem_limit, pdl, stream, err);
                 if (rc)
                     return rc;
             }

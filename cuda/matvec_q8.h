@@ -15,7 +15,7 @@ VELA_CUDA_BEGIN
 // xq[t] = quant_q8_1_row(x[t]) for every token; x and xq 4-byte aligned,
 // n_in a multiple of 32.
 int cuda_quantize_q8_1(void *xq /* [n_tok][n_in/32] blocks */, const float *x /* [n_tok][n_in] */,
-                       int n_tok, int64_t n_in, cudaStream_t stream, struct verr *err);
+                       int n_tok, int64_t n_in, bool pdl, cudaStream_t stream, struct verr *err);
 
 // cuda_matvec_segs with q8_1 activations: seg.out[t][o] = dot(W[o], xq[t])
 // (+ bias, epilogues STORE / ADD / SWIGLU as documented for
@@ -49,6 +49,8 @@ struct cuda_mvq_plan {
                          // (pipelined) or CUDA_MVQ_STREAM_BLOCKS_PER_SM
     int pairs_per_block; // pipelined: > 0: row pairs per block, fixed (tests);
                          // streaming: > 0: row pairs per warp at most (tests)
+    bool pdl;            // programmatic dependent launch (cuda/launch.cuh; not
+                         // in the expert mode)
 };
 #define CUDA_MVQ_PIPE_BLOCKS_PER_SM 4
 #define CUDA_MVQ_STREAM_BLOCKS_PER_SM 4

@@ -4,6 +4,7 @@
 // With xq, the block also writes each output row as q8_1 blocks (the input
 // format of the act_q8 mat-vec, cuda/q8_1.cuh), so the next mat-vec needs no
 // quantize launch: a warp's 32 consecutive outputs are one q8_1 block.
+#include "cuda/launch.cuh"
 #include "cuda/norm.h"
 #include "cuda/q8_1.cuh"
 
@@ -15,6 +16,7 @@ __global__ static void __launch_bounds__(NORM_THREADS)
                     const float *__restrict__ w /* [n] */, int n, float eps,
                     uint8_t *__restrict__ xq /* [n_rows][n / 32] q8_1 blocks, Q8 only */) {
     __shared__ float partial[NORM_THREADS / VELA_WARP];
+    cuda_pdl_wait();
     const float *xr = x + (size_t)blockIdx.x * n;
     float *outr = out + (size_t)blockIdx.x * n;
     float s = 0.0f;
@@ -41,7 +43,8 @@ __global__ static void __launch_bounds__(NORM_THREADS)
 }
 
 extern "C" int cuda_rms_norm_apply(float *out, const float *x, const float *w, int n_rows, int n,
-                                   float eps, void *xq, cudaStream_t stream, struct verr *err) {
+                                   float eps, void *xq, bool pdl, cudaStream_t stream,
+                                   struct verr *err) {
     if (n_rows <= 0 || n <= 0)
         return VERR_OK;
     if (xq) {
@@ -50,13 +53,13 @@ extern "C" int cuda_rms_norm_apply(float *out, const float *x, const float *w, i
                             "rms_norm: a q8_1 copy needs n (%d) a multiple of 32 and xq 4-byte "
                             "aligned",
                             n);
-        rms_norm_kernel<true>
-            <<<(unsigned int)n_rows, NORM_THREADS, 0, stream>>>(out, x, w, n, eps, (uint8_t *)xq);
+        cuda_launch(pdl, rms_norm_kernel<true>, (unsigned int)n_rows, NORM_THREADS, 0, stream, out,
+                    x, w, n, eps, (uint8_t *)xq);
         VELA_CHECK_LAUNCH(err, "rms_norm_kernel<q8>");
         return VERR_OK;
     }
-    rms_norm_kernel<false>
-        <<<(unsigned int)n_rows, NORM_THREADS, 0, stream>>>(out, x, w, n, eps, nullptr);
+    cuda_launch(pdl, rms_norm_kernel<false>, (unsigned int)n_rows, NORM_THREADS, 0, stream, out, x,
+                w, n, eps, (uint8_t *)nullptr);
     VELA_CHECK_LAUNCH(err, "rms_norm_kernel");
     return VERR_OK;
 }

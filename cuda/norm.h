@@ -11,8 +11,8 @@ VELA_CUDA_BEGIN
 // rms_norm_q8 op (host/ops/backend.h), whose copy the next mat-vec reads.
 int cuda_rms_norm_apply(float *out /* [n_rows][n] */, const float *x /* [n_rows][n] */,
                         const float *w /* [n] */, int n_rows, int n, float eps,
-                        void *xq /* [n_rows][n / 32] q8_1 blocks or NULL */, cudaStream_t stream,
-                        struct verr *err);
+                        void *xq /* [n_rows][n / 32] q8_1 blocks or NULL */, bool pdl,
+                        cudaStream_t stream, struct verr *err);
 
 VELA_CUDA_END
 

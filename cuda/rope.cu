@@ -8,6 +8,7 @@
 // contract them; theta_scale, the corr dims and mscale come from the host.
 // What remains different is cosf/sinf (CUDA's are within 2 ulp, glibc's
 // within 1), so results agree to a few float ulps of |x|.
+#include "cuda/launch.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/rope.h"
 
@@ -61,6 +62,7 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
                 const int32_t *__restrict__ cells /* [n_tok] */, int head_dim_v,
                 float *__restrict__ q /* [n_tok][n_head_q][head_dim] or NULL */, int n_head_q,
                 int64_t n_qblk) {
+    cuda_pdl_wait();
     if (STORE && (int64_t)blockIdx.x < n_qblk) { // uniform per block
         const int64_t t = blockIdx.x / n_head_q;
         rope_head<float>(q + (size_t)blockIdx.x * head_dim, (float)pos[t], c, nullptr);
@@ -113,15 +115,15 @@ template <typename KT, typename VT>
 static int rope_launch_store(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
                              const struct cuda_rope *c, const float *v, void *k_cache,
                              void *v_cache, const int32_t *cells, int head_dim_v, float *q,
-                             int n_head_q, cudaStream_t stream, struct verr *err) {
+                             int n_head_q, bool pdl, cudaStream_t stream, struct verr *err) {
     const int64_t n_qblk = q ? (int64_t)n_tok * n_head_q : 0;
     const int64_t blocks = n_qblk + (int64_t)n_tok * n_head;
     if (blocks > INT32_MAX)
         return verr_set(err, VERR_RANGE, "rope_kv_store: %lld (token, head) blocks",
                         (long long)blocks);
-    rope_kernel<true, KT, VT><<<(unsigned int)blocks, ROPE_THREADS, 0, stream>>>(
-        x, pos, n_head, head_dim, *c, v, (KT *)k_cache, (VT *)v_cache, cells, head_dim_v, q,
-        n_head_q, n_qblk);
+    cuda_launch(pdl, rope_kernel<true, KT, VT>, (unsigned int)blocks, ROPE_THREADS, 0, stream, x,
+                pos, n_head, head_dim, *c, v, (KT *)k_cache, (VT *)v_cache, cells, head_dim_v, q,
+                n_head_q, n_qblk);
     VELA_CHECK_LAUNCH(err, "rope_kernel<store>");
     return VERR_OK;
 }
@@ -134,7 +136,7 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
                                const struct cuda_rope *c, const float *v, void *k_cache,
                                enum ggml_type type_k, void *v_cache, enum ggml_type type_v,
                                const int32_t *cells, int head_dim_v, float *q, int n_head_q,
-                               cudaStream_t stream, struct verr *err) {
+                               bool pdl, cudaStream_t stream, struct verr *err) {
     if (n_tok <= 0 || n_head <= 0)
         return VERR_OK;
     if (q && (!k_cache || n_head_q <= 0))
@@ -145,9 +147,10 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
         return verr_set(err, VERR_RANGE, "rope: n_rot %d must be even and in [2, %d]", c->n_rot,
                         head_dim);
     if (!k_cache) {
-        rope_kernel<false, float, float>
-            <<<(unsigned int)((int64_t)n_tok * n_head), ROPE_THREADS, 0, stream>>>(
-                x, pos, n_head, head_dim, *c, nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0, 0);
+        cuda_launch(pdl, rope_kernel<false, float, float>, (unsigned int)((int64_t)n_tok * n_head),
+                    ROPE_THREADS, 0, stream, x, pos, n_head, head_dim, *c, (const float *)nullptr,
+                    (float *)nullptr, (float *)nullptr, (const int32_t *)nullptr, 0,
+                    (float *)nullptr, 0, (int64_t)0);
         VELA_CHECK_LAUNCH(err, "rope_kernel");
         return VERR_OK;
     }
@@ -157,18 +160,18 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
     const bool k16 = type_k == GGML_TYPE_F16, v16 = type_v == GGML_TYPE_F16;
     if (k16 && v16)
         return rope_launch_store<__half, __half>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
-                                                 v_cache, cells, head_dim_v, q, n_head_q, stream,
-                                                 err);
+                                                 v_cache, cells, head_dim_v, q, n_head_q, pdl,
+                                                 stream, err);
     if (k16)
         return rope_launch_store<__half, float>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
-                                                v_cache, cells, head_dim_v, q, n_head_q, stream,
-                                                err);
+                                                v_cache, cells, head_dim_v, q, n_head_q, pdl,
+                                                stream, err);
     if (v16)
         return rope_launch_store<float, __half>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
-                                                v_cache, cells, head_dim_v, q, n_head_q, stream,
-                                                err);
+                                                v_cache, cells, head_dim_v, q, n_head_q, pdl,
+                                                stream, err);
     return rope_launch_store<float, float>(x, pos, n_tok, n_head, head_dim, c, v, k_cache, v_cache,
-                                           cells, head_dim_v, q, n_head_q, stream, err);
+                                           cells, head_dim_v, q, n_head_q, pdl, stream, err);
 }
 
 extern "C" int cuda_rope_shift_kv(void *k_cache, enum ggml_type type_k, const int32_t *delta,

@@ -31,7 +31,7 @@ int cuda_rope_apply(float *x /* [n_tok][n_head][head_dim] */, const int32_t *pos
                     void *k_cache /* [n_ctx][n_head][head_dim] or NULL */, enum ggml_type type_k,
                     void *v_cache /* [n_ctx][n_head][head_dim_v] or NULL */, enum ggml_type type_v,
                     const int32_t *cells /* [n_tok] or NULL */, int head_dim_v,
-                    float *q /* [n_tok][n_head_q][head_dim] or NULL */, int n_head_q,
+                    float *q /* [n_tok][n_head_q][head_dim] or NULL */, int n_head_q, bool pdl,
                     cudaStream_t stream, struct verr *err);
 
 // Rotates the K rows of every layer's cell c by delta[c] positions (cells with

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/sample.h"
 
 #define ARGMAX_THREADS 256
@@ -22,6 +23,7 @@ __global__ static void __launch_bounds__(ARGMAX_THREADS)
                   const float *__restrict__ logits /* [n_rows][n_vocab] */, int n_vocab) {
     __shared__ float s_val[ARGMAX_THREADS / VELA_WARP];
     __shared__ int s_idx[ARGMAX_THREADS / VELA_WARP];
+    cuda_pdl_wait();
     const float *row = logits + (size_t)blockIdx.x * n_vocab;
     float bv = -INFINITY;
     int bi = INT_MAX;
@@ -46,12 +48,13 @@ __global__ static void __launch_bounds__(ARGMAX_THREADS)
 }
 
 extern "C" int cuda_argmax_rows(int32_t *out, const float *logits, int n_rows, int n_vocab,
-                                cudaStream_t stream, struct verr *err) {
+                                bool pdl, cudaStream_t stream, struct verr *err) {
     if (n_rows <= 0)
         return VERR_OK;
     if (n_vocab <= 0)
         return verr_set(err, VERR_RANGE, "argmax: n_vocab %d", n_vocab);
-    argmax_kernel<<<(unsigned int)n_rows, ARGMAX_THREADS, 0, stream>>>(out, logits, n_vocab);
+    cuda_launch(pdl, argmax_kernel, (unsigned int)n_rows, ARGMAX_THREADS, 0, stream, out, logits,
+                n_vocab);
     VELA_CHECK_LAUNCH(err, "argmax_kernel");
     return VERR_OK;
 }

@@ -10,7 +10,7 @@ VELA_CUDA_BEGIN
 // out[r] = index of the largest logit of row r, lowest index on ties (NaN
 // never wins; a row of NaN gives 0).
 int cuda_argmax_rows(int32_t *out /* [n_rows] */, const float *logits /* [n_rows][n_vocab] */,
-                     int n_rows, int n_vocab, cudaStream_t stream, struct verr *err);
+                     int n_rows, int n_vocab, bool pdl, cudaStream_t stream, struct verr *err);
 
 // Largest top_k served by one block per row (radix select of the k, then the
 // chain in shared memory); rows with top_k off or larger are sorted whole.

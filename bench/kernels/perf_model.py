@@ -525,6 +525,36 @@ STEP_FILES = {('llama2-7b', 'q4_0'): 'llama2-7b-q4_0', ('llama2-7b', 'q4_K'): 'l
               ('llama3-8b', 'q4_0'): 'llama3-8b-q4_0', ('llama3-8b', 'q4_K'): 'llama3-8b-q4_k_m',
               ('llama3-8b', 'q8_0'): 'llama3-8b-q8_0', ('llama3-8b', 'f16'): 'llama3-8b-f16'}
 STEP_CTX = 256  # tg128 from an empty cache: at most 128 cells; the nearest recorded length
+# Programmatic dependent launch (VELA_PDL=1, cuda/launch.cuh): a kernel of the
+# decode chain starts while the one before it drains and waits at its top
+# (cudaGridDependencySynchronize) for that grid to complete. Assumed: such a
+# launch costs T_PDL_US between the kernels instead of the graph's t_graph_us
+# (the dependent grid's release after the previous one completes, no launch
+# processing left on the path); attention launches without PDL, so its own
+# launch and the one after it (which waits for all of it) keep t_graph_us.
+# An assumption, not a fit: the GPU run's tg128 with VELA_PDL=1
+# (bench/run_gpu.sh) calibrates it.
+T_PDL_US = 1.0
+
+
+def launch_count(r):
+    """Launches of one op call: a predicted row's, or a report row's (its
+    kernel names joined by ' + ')."""
+    return len(r['launches']) if 'launches' in r else len(r['kernel'].split(' + '))
+
+
+def serial_launches(parts):
+    """The launches of a decode step that PDL leaves at the graph's cost:
+    attention's, and the one after each attention call."""
+    return sum(n * (launch_count(r) + 1) for n, r in parts if r['family'].startswith('attn'))
+
+
+def pdl_fields(s, parts, g):
+    """The decode step s with PDL (T_PDL_US), from its op calls."""
+    serial = serial_launches(parts)
+    us = s['work_us'] + g * serial + T_PDL_US * (s['launches'] - serial)
+    return {'launches_serial': serial, 't_pdl_us': T_PDL_US, 'step_us_pdl': round(us, 1),
+            'tps_pdl': round(1e6 / us, 1)}
 
 
 def decode_steps(rows, summary_path):
@@ -559,6 +589,7 @@ def decode_steps(rows, summary_path):
             work_pipe = sum(n * (r['us'] - len(r['launches']) * r['t_launch_us'])
                             for n, r in pp) if pp else None
             steps.append({'model': model, 'quant': quant, 'ctx': STEP_CTX, 'work_us': work,
+                          'parts': parts,
                           'work_us_pipe4': work_pipe, 'launches': launches,
                           'bytes_necessary': need,
                           'measured_tps': tg.get(STEP_FILES.get((model, quant)))})
@@ -578,9 +609,41 @@ def decode_steps(rows, summary_path):
                   if s['work_us_pipe4'] and s['quant'] in MEASURED_TYPES.split(',') else None,
                   'bw_frac': round(s['bytes_necessary'] / (us * 1e-6) / H200['peak_bw'], 3),
                   'work_us': round(s['work_us'], 1)})
+        s.update(pdl_fields(s, s.pop('parts'), g))
         if s['measured_tps']:
             s['err'] = round(s['measured_tps'] / s['tps'] - 1, 4)
     return steps
+
+
+def pdl_note(steps):
+    s = steps[0] if steps else {}
+    return ('"PDL": the decode chain launched with programmatic dependent launch '
+            '(VELA_PDL=1): %d of the %d launches of a Llama-2-7B token cost an assumed %.2f µs '
+            'instead of the graph\'s (attention\'s own and the one after each keep it), an '
+            'assumption (perf_model.py, T_PDL_US) until a GPU run times tg128 with '
+            'VELA_PDL=1.' % (s.get('launches', 0) - s.get('launches_serial', 0),
+                             s.get('launches', 0), s.get('t_pdl_us', T_PDL_US)))
+
+
+def cmd_steps_pdl(a):
+    """The PDL column of the decode steps from a report's JSON (its rows and
+    steps as they are, no machine code or recording needed); rewrites the
+    JSON and the markdown tables."""
+    with open(a.json, encoding='utf-8') as f:
+        doc = json.load(f)
+    base = [r for r in doc['rows'] if not r['variant'] and r['act'] in ('q8', '')]
+    for s in doc['decode_steps']:
+        parts = emu_report.decode_parts(base, s['model'], s['quant'], s['ctx'])
+        if not parts:
+            raise SystemExit('perf_model: %s %s: a decode op is missing from %s' %
+                             (s['model'], s['quant'], a.json))
+        s.update(pdl_fields(s, parts, s['t_graph_us']))
+    with open(a.json, 'w', encoding='utf-8') as f:
+        json.dump(doc, f, indent=1)
+        f.write('\n')
+    if a.readme:
+        emu_report.write_readme(a.readme, markdown(doc), BEGIN, END)
+    return doc
 
 
 def cmd_report(a, code, p):
@@ -636,18 +699,20 @@ def markdown(doc):
                                      if doc['decode_steps'] else 0),
         '',
         '| model | quant | launches | µs/token | t/s predicted | %BW | t/s measured (H200) | '
-        'error | t/s, launches free | t/s, pipe:4 mat-vecs |',
-        '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|'] + [
-        '| %s | %s | %d | %.0f | %.0f | %.0f%% | %s | %s | %.0f | %s |' % (
+        'error | t/s, launches free | t/s, PDL | t/s, pipe:4 mat-vecs |',
+        '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|'] + [
+        '| %s | %s | %d | %.0f | %.0f | %.0f%% | %s | %s | %.0f | %s | %s |' % (
             s_['model'], s_['quant'], s_['launches'], s_['step_us'], s_['tps'],
             100 * s_['bw_frac'], '%.0f' % s_['measured_tps'] if s_['measured_tps'] else '',
             '%+.0f%%' % (100 * s_['err']) if 'err' in s_ else '', s_['tps_no_launch_cost'],
+            '%.0f' % s_['tps_pdl'] if s_.get('tps_pdl') else '',
             '%.0f' % s_['tps_pipe4'] if s_['tps_pipe4'] else '')
         for s_ in doc['decode_steps']] + [
         '',
         '"Launches free": the same kernels with no cost between them, what a persistent '
         'decode kernel (one launch per token) or full fusion could reach at best with '
-        'today\'s kernels. "pipe:4": the mat-vecs through the pipelined kernel '
+        'today\'s kernels. ' + pdl_note(doc['decode_steps']) + ' "pipe:4": the mat-vecs '
+        'through the pipelined kernel '
         '(--matvec-q8 pipe:4, recorded for Q4_0, Q4_K, Q6_K, Q8_0), untimed on a GPU.',
         '',
         'Llama-3-8B shapes (the full set, Llama-2-7B too, is in the JSON): ffn_up stands '
@@ -871,6 +936,9 @@ def main():
                                                             'bench/results/kernels-predicted.md'))
             p.add_argument('--summary', default=os.path.join(ROOT, 'bench/results/SUMMARY.json'),
                            help="a GPU run's SUMMARY.json: its tg128 rows check the decode step")
+    p = sub.add_parser('steps-pdl', help="the decode steps' PDL column from a report's JSON")
+    p.add_argument('--json', default=os.path.join(ROOT, 'bench/results/kernels-predicted.json'))
+    p.add_argument('--readme', default=os.path.join(ROOT, 'bench/results/kernels-predicted.md'))
     p = sub.add_parser('gate')
     p.add_argument('--traffic', nargs='+', required=True)
     p.add_argument('--reference', default=os.path.join(ROOT,
@@ -887,6 +955,9 @@ def main():
         if a.ci:
             return 0 if cmd_record(a, CI_RUNS, 'ci-small', 16) else 1
         return 0 if cmd_record(a, REPORT_RUNS, 'llama2-7b,llama3-8b', 16) else 1
+    if a.cmd == 'steps-pdl':
+        cmd_steps_pdl(a)
+        return 0
     cuobjdump = a.cuobjdump or find_cuobjdump()
     if not cuobjdump:
         print('perf_model: no cuobjdump with nvdisasm (pip install %s, or the CUDA '

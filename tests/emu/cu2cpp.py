@@ -11,6 +11,10 @@
  -> typedef T emu_shared_t_name[N]; emu_shared_t_name &name = emu_shared_var<...>([] {});
     (a place in the launch's static shared memory, see static_shared)
 
+    cuda_launch(pdl, kernel<T, U>, grid, block, shmem, stream, args...)
+ -> emu_named_launch("kernel<T, U>", [&] { return cuda_launch(pdl, kernel<T, U>, ...); })
+    (cuda/launch.cuh's launcher, so that the launch keeps the kernel's name)
+
 Everything else (__global__, __shared__, intrinsics) is handled by the
 force-included tests/emu/cuda_emu.h. Line numbers are preserved, so compiler
 messages point into the original file (a #line directive names it).
@@ -78,7 +82,44 @@ def match_paren(s, i):
     raise SystemExit('cu2cpp: unbalanced parentheses')
 
 
+def kernel_arg(s, i):
+    """s[i:] starts the kernel argument of a cuda_launch call: (name, end)."""
+    m = re.compile(r'\s*[A-Za-z_][\w:]*\s*').match(s, i)
+    if not m:
+        raise SystemExit('cu2cpp: cuda_launch without a kernel name: %s' % s[i:i + 60])
+    j = m.end()
+    if s[j] == '<':  # template arguments: match the brackets
+        depth = 0
+        while True:
+            if s[j] == '<':
+                depth += 1
+            elif s[j] == '>':
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        j += 1
+    return ' '.join(s[i:j].split()), j
+
+
+def convert_named_launches(src):
+    out, pos = [], 0
+    for m in re.finditer(r'(?<![\w.])cuda_launch\s*\(', src):
+        if m.start() < pos:
+            continue
+        a = m.end() - 1
+        b = match_paren(src, a)
+        comma = split_top(src[a + 1:b])[0]
+        name, _ = kernel_arg(src, a + 1 + len(comma) + 1)
+        out.append(src[pos:m.start()])
+        out.append('emu_named_launch("%s", [&] { return %s; })' % (name, src[m.start():b + 1]))
+        pos = b + 1
+    out.append(src[pos:])
+    return ''.join(out)
+
+
 def convert(src):
+    src = convert_named_launches(src)
     out = []
     pos = 0
     while True:

@@ -291,6 +291,37 @@ static inline void emu_launch(const char *name, void (*k)(P...), dim3 grid, dim3
                    [k, params]() { std::apply(k, *params); });
 }
 
+// --- cudaLaunchKernelEx and programmatic dependent launch -----------------------------
+// Kernels run one after another here, so a launch's programmatic stream
+// serialization (cuda/launch.cuh) overlaps nothing and the device calls
+// that go with it are no-ops. The attributes are still checked as the
+// driver would (an unknown one, or attrs NULL with numAttrs > 0:
+// cudaErrorInvalidValue) and the PDL launches counted (emu_pdl_launches).
+// emu_launch_ex_check is emu_runtime.cpp's.
+cudaError_t emu_launch_ex_check(const cudaLaunchConfig_t *cfg);
+// cu2cpp rewrites cuda_launch(args) in a .cu file as
+// emu_named_launch("kernel<T>", [&] { return cuda_launch(args); }), so that
+// the launch carries the kernel's name in reports, as a <<<>>> launch does.
+inline thread_local const char *emu_launch_name;
+template <typename F> static inline cudaError_t emu_named_launch(const char *name, F launch) {
+    emu_launch_name = name;
+    const cudaError_t e = launch();
+    emu_launch_name = nullptr;
+    return e;
+}
+template <typename... P, typename... A>
+static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *cfg, void (*k)(P...),
+                                             A &&...args) {
+    const cudaError_t e = emu_launch_ex_check(cfg);
+    if (e != cudaSuccess)
+        return e;
+    emu_launch(emu_launch_name ? emu_launch_name : "cudaLaunchKernelEx", k, cfg->gridDim,
+               cfg->blockDim, cfg->dynamicSmemBytes, cfg->stream, std::forward<A>(args)...);
+    return cudaPeekAtLastError();
+}
+static inline void cudaGridDependencySynchronize(void) {}
+static inline void cudaTriggerProgrammaticLaunchCompletion(void) {}
+
 // --- asynchronous copies (cuda_pipeline_primitives.h: cp.async) ---------------------
 // __pipeline_memcpy_async queues the copy for the calling thread; it lands
 // (size - zfill bytes copied, zfill zero bytes after them) when that thread

@@ -35,6 +35,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <set>
@@ -1209,6 +1210,29 @@ extern "C" cudaError_t emu_func_set_attribute(const void *fn, enum cudaFuncAttri
         g_fn_smem[fn] = v;
     }
     return cudaSuccess;
+}
+
+static std::atomic<unsigned long long> g_pdl_launches;
+
+cudaError_t emu_launch_ex_check(const cudaLaunchConfig_t *cfg) {
+    if (!cfg || (cfg->numAttrs > 0 && !cfg->attrs))
+        return ret(cudaErrorInvalidValue);
+    bool pdl = false;
+    for (unsigned int i = 0; i < cfg->numAttrs; i++) {
+        if (cfg->attrs[i].id != cudaLaunchAttributeProgrammaticStreamSerialization) {
+            fprintf(stderr, "vela-emu: cudaLaunchKernelEx: launch attribute %d is not emulated\n",
+                    (int)cfg->attrs[i].id);
+            return ret(cudaErrorInvalidValue);
+        }
+        pdl = pdl || cfg->attrs[i].val.programmaticStreamSerializationAllowed != 0;
+    }
+    if (pdl)
+        g_pdl_launches++;
+    return cudaSuccess;
+}
+
+extern "C" unsigned long long emu_pdl_launches(void) {
+    return g_pdl_launches.load();
 }
 
 static void run_kernel_now(const char *name, const void *fn, dim3 grid, dim3 block, size_t shmem,

@@ -9,18 +9,25 @@
 // not depend on n_kv within a bucket (host/ops/backend.h). The same again with K
 // cached unrotated and each sequence attending with its own exact
 // self-extend G and W (forward_batch.se, uploaded before every replay).
+// Programmatic dependent launch (backend_cuda_set_pdl, cuda/launch.cuh) must
+// not change a bit either: with graphs on, the script with PDL on against
+// the same script with it off.
 // Skips itself without a CUDA device.
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/backend_cuda.h" // backend_cuda_set_pdl, a variant under test
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
 #include "host/split/context.h"
 #include "tests/context_helpers.h"
 #include "tests/tiny_model.h"
+#ifdef VELA_EMU
+#include <cuda_runtime_api.h> // the emulator's emu_pdl_launches
+#endif
 
 #define N_STEPS 480
 #define MAX_ROWS (N_STEPS * 2 + 2)
@@ -148,59 +155,78 @@ static void run_script(struct model *m, bool graphs, enum mode mode, const int (
     context_free(c);
 }
 
-static void compare_modes(enum mode mode, const int (*se)[2]) {
+// A tiny llama (every matrix of wtype) on the CUDA backend and the results
+// of two runs of the script, on and off.
+struct rig {
+    char path[128];
+    struct tiny_weights w;
+    struct backend *gpu;
+    struct model *m;
+    struct result on, off;
+};
+
+static void rig_open(struct rig *g, const char *tag, enum ggml_type wtype) {
     if (backend_cuda_device_count() == 0)
         cr_skip_test("no CUDA device present");
-    char path[128];
-    tiny_temp_path(path, sizeof path, "cugraph");
+    tiny_temp_path(g->path, sizeof g->path, tag);
     struct tiny_cfg c;
     tiny_cfg_default(&c, "llama");
     c.n_ctx_train = 1024;
-    struct tiny_weights w;
+    c.wtype = wtype;
     struct verr err = {0};
-    cr_assert_eq(tiny_write(&c, path, &w, &err), 0, "%s", err.msg);
-    struct backend *gpu;
-    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s", err.msg);
-    struct model *m;
-    cr_assert_eq(model_load_file(&m, path, gpu, &err), 0, "%s", err.msg);
-    const int V = m->hp.n_vocab;
+    cr_assert_eq(tiny_write(&c, g->path, &g->w, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(&g->gpu, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_load_file(&g->m, g->path, g->gpu, &err), 0, "%s", err.msg);
+    const int V = g->m->hp.n_vocab;
+    g->on = g->off = (struct result){0};
+    g->on.logits = malloc(sizeof(float) * MAX_ROWS * V);
+    g->off.logits = malloc(sizeof(float) * MAX_ROWS * V);
+    g->on.ids = malloc(sizeof(int32_t) * MAX_ROWS);
+    g->off.ids = malloc(sizeof(int32_t) * MAX_ROWS);
+    cr_assert(g->on.logits && g->off.logits && g->on.ids && g->off.ids);
+}
 
-    struct result on = {0}, off = {0};
-    on.logits = malloc(sizeof(float) * MAX_ROWS * V);
-    off.logits = malloc(sizeof(float) * MAX_ROWS * V);
-    on.ids = malloc(sizeof(int32_t) * MAX_ROWS);
-    off.ids = malloc(sizeof(int32_t) * MAX_ROWS);
-    cr_assert(on.logits && off.logits && on.ids && off.ids);
-    run_script(m, false, mode, se, &off);
-    run_script(m, true, mode, se, &on);
-
-    cr_assert_eq(on.n_rows, off.n_rows);
-    // bit-identical: the same kernels on the same inputs (see the top comment)
-    for (int r = 0; r < on.n_rows; r++) {
+// on and off bit-identical: the same kernels on the same inputs (see the top
+// comment); what: what differs between them.
+static void rig_expect_identical(const struct rig *g, enum mode mode, const char *what) {
+    const int V = g->m->hp.n_vocab;
+    cr_assert_eq(g->on.n_rows, g->off.n_rows);
+    for (int r = 0; r < g->on.n_rows; r++) {
         if (mode == MODE_LOGITS)
-            cr_assert_eq(
-                memcmp(on.logits + (size_t)r * V, off.logits + (size_t)r * V, sizeof(float) * V), 0,
-                "logits row %d differ with graphs on and off", r);
+            cr_assert_eq(memcmp(g->on.logits + (size_t)r * V, g->off.logits + (size_t)r * V,
+                                sizeof(float) * V),
+                         0, "logits row %d differ with %s on and off", r, what);
         else
-            cr_assert_eq(on.ids[r], off.ids[r], "row %d: id %d with graphs, %d without", r,
-                         on.ids[r], off.ids[r]);
+            cr_assert_eq(g->on.ids[r], g->off.ids[r], "row %d: id %d with %s, %d without", r,
+                         g->on.ids[r], what, g->off.ids[r]);
     }
-    cr_assert_eq(off.st.recorded, 0);
-    cr_assert_eq(off.st.replays, 0);
+}
+
+static void rig_close(struct rig *g) {
+    free(g->on.logits);
+    free(g->off.logits);
+    free(g->on.ids);
+    free(g->off.ids);
+    model_free(g->m);
+    backend_destroy(g->gpu);
+    tiny_weights_free(&g->w);
+    unlink(g->path);
+}
+
+static void compare_modes(enum mode mode, const int (*se)[2]) {
+    struct rig g;
+    rig_open(&g, "cugraph", GGML_TYPE_F32);
+    run_script(g.m, false, mode, se, &g.off);
+    run_script(g.m, true, mode, se, &g.on);
+    rig_expect_identical(&g, mode, "graphs");
+    cr_assert_eq(g.off.st.recorded, 0);
+    cr_assert_eq(g.off.st.replays, 0);
     // most steps replay; the graphs are one per (shape, bucket) plus
     // re-recordings after the scratch grew: a handful, never one per step
-    cr_assert_gt(on.st.replays, N_STEPS * 3 / 4, "%lld replays", (long long)on.st.replays);
-    cr_assert_leq(on.st.recorded, 24, "%lld graphs recorded", (long long)on.st.recorded);
-    cr_assert_leq(on.st.live, FORWARD_GRAPH_CACHE);
-
-    free(on.logits);
-    free(off.logits);
-    free(on.ids);
-    free(off.ids);
-    model_free(m);
-    backend_destroy(gpu);
-    tiny_weights_free(&w);
-    unlink(path);
+    cr_assert_gt(g.on.st.replays, N_STEPS * 3 / 4, "%lld replays", (long long)g.on.st.replays);
+    cr_assert_leq(g.on.st.recorded, 24, "%lld graphs recorded", (long long)g.on.st.recorded);
+    cr_assert_leq(g.on.st.live, FORWARD_GRAPH_CACHE);
+    rig_close(&g);
 }
 
 Test(cuda_graph, logits_on_off_identical) {
@@ -251,4 +277,102 @@ Test(cuda_graph, env_turns_graphs_off) {
     backend_destroy(gpu);
     tiny_weights_free(&w);
     unlink(path);
+}
+
+// The decode chain with PDL on and off, graphs on both times: wtype Q8_0
+// runs the act_q8 chain (rms_norm_q8, the q8_1 quantize, the dp4a mat-vecs),
+// F32 the f32 mat-vec; both the norm, RoPE/KV store and (MODE_ARGMAX) argmax.
+static void compare_pdl(enum ggml_type wtype, enum mode mode) {
+    struct rig g;
+    rig_open(&g, "cugraphpdl", wtype);
+    run_script(g.m, true, mode, NULL, &g.off);
+    struct verr err = {0};
+    const int rc = backend_cuda_set_pdl(g.gpu, 1, &err);
+    if (rc == VERR_UNSUPPORTED)
+        cr_skip_test("%s", err.msg); // a device below compute capability 9.0
+    cr_assert_eq(rc, 0, "%s", err.msg);
+#ifdef VELA_EMU
+    const unsigned long long pdl0 = emu_pdl_launches();
+#endif
+    run_script(g.m, true, mode, NULL, &g.on);
+#ifdef VELA_EMU
+    // graphs are recorded with PDL on: their launches carry the attribute
+    cr_assert_gt(emu_pdl_launches(), pdl0, "no launch with PDL");
+    cr_log_info("%s: %llu launches with PDL", ggml_type_name(wtype), emu_pdl_launches() - pdl0);
+#endif
+    rig_expect_identical(&g, mode, "PDL");
+    cr_assert_gt(g.on.st.replays, N_STEPS * 3 / 4, "%lld replays", (long long)g.on.st.replays);
+    rig_close(&g);
+}
+
+Test(cuda_graph, pdl_on_off_identical_q8_0_logits) {
+    compare_pdl(GGML_TYPE_Q8_0, MODE_LOGITS);
+}
+
+Test(cuda_graph, pdl_on_off_identical_f32_argmax) {
+    compare_pdl(GGML_TYPE_F32, MODE_ARGMAX);
+}
+
+// VELA_PDL (read by backend_cuda_create): "1" turns PDL on (on devices of
+// compute capability 9.0 and up; the emulator's is 9.0), "0" or unset leaves
+// it off, anything else is refused with what was expected.
+Test(cuda_graph, vela_pdl_env) {
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA device present");
+    struct verr err = {0};
+    struct backend *gpu = NULL;
+    static const char *bad[] = {"2", "on", "yes", "1 ", "-1", "01"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("VELA_PDL", bad[i], 1);
+        err = (struct verr){0};
+        cr_expect_eq(backend_cuda_create(&gpu, 0, &err), VERR_RANGE, "VELA_PDL=%s accepted",
+                     bad[i]);
+        cr_expect_null(gpu);
+        cr_expect(strstr(err.msg, "VELA_PDL=") && strstr(err.msg, "expected 0 or 1"),
+                  "VELA_PDL=%s: message '%s'", bad[i], err.msg);
+    }
+    char path[128];
+    tiny_temp_path(path, sizeof path, "cugraphpdlenv");
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "llama");
+    struct tiny_weights w;
+    cr_assert_eq(tiny_write(&c, path, &w, &err), 0, "%s", err.msg);
+    static const char *good[] = {"0", "", "1"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv("VELA_PDL", good[i], 1);
+        cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "VELA_PDL=%s: %s", good[i], err.msg);
+        // one decode step: its launches carry PDL with "1" only
+        struct model *m;
+        cr_assert_eq(model_load_file(&m, path, gpu, &err), 0, "%s", err.msg);
+        struct forward_config cfg;
+        forward_config_default(&cfg);
+        cfg.n_ctx = 64;
+        struct context *ctx;
+        cr_assert_eq(test_ctx_wrap(&ctx, m, &cfg, &err), 0, "%s", err.msg);
+        int32_t tok = 3, pos = 0, seq = 0;
+        struct forward_batch b = {1, &tok, &pos, &seq, NULL, NULL};
+        struct context_result res;
+#ifdef VELA_EMU
+        const unsigned long long pdl0 = emu_pdl_launches();
+#endif
+        decode_or_die(ctx, MODE_ARGMAX, &b, NULL, &res);
+#ifdef VELA_EMU
+        const unsigned long long n_pdl = emu_pdl_launches() - pdl0;
+        if (!strcmp(good[i], "1"))
+            cr_expect_gt(n_pdl, 0, "VELA_PDL=1: no launch with PDL");
+        else
+            cr_expect_eq(n_pdl, 0, "VELA_PDL=%s: %llu launches with PDL", good[i], n_pdl);
+#endif
+        context_free(ctx);
+        model_free(m);
+        backend_destroy(gpu);
+    }
+    unsetenv("VELA_PDL");
+    tiny_weights_free(&w);
+    unlink(path);
+    // backend_cuda_set_pdl refuses what is not 0 or 1
+    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s", err.msg);
+    cr_expect_eq(backend_cuda_set_pdl(gpu, 2, &err), VERR_RANGE);
+    cr_expect(strstr(err.msg, "expected 0 (off) or 1 (on)"), "%s", err.msg);
+    backend_destroy(gpu);
 }

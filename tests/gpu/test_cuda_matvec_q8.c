@@ -69,14 +69,19 @@ static void check_quantize(int n_tok, int64_t n_in) {
                      err.msg);
     float *dx = dev_upload(x, nx * sizeof *x);
     void *dq = dev_upload(NULL, qb * n_tok);
-    cr_assert_eq(cuda_quantize_q8_1(dq, dx, n_tok, n_in, 0, &err), 0, "%s", err.msg);
-    dev_download(got, dq, qb * n_tok);
-    size_t diff = 0, first = 0;
-    for (size_t i = 0; i < qb * n_tok; i++)
-        if (ref[i] != got[i] && diff++ == 0)
-            first = i;
-    cr_expect_eq(diff, 0, "n_tok %d n_in %lld: %zu bytes differ, first at %zu (block %zu byte %zu)",
-                 n_tok, (long long)n_in, diff, first, first / 36, first % 36);
+    for (int pdl = 0; pdl < 2; pdl++) { // launched without and with PDL (cuda/launch.cuh)
+        cr_assert_eq(cudaMemset(dq, 0, qb * n_tok), cudaSuccess);
+        cr_assert_eq(cuda_quantize_q8_1(dq, dx, n_tok, n_in, pdl, 0, &err), 0, "%s", err.msg);
+        dev_download(got, dq, qb * n_tok);
+        size_t diff = 0, first = 0;
+        for (size_t i = 0; i < qb * n_tok; i++)
+            if (ref[i] != got[i] && diff++ == 0)
+                first = i;
+        cr_expect_eq(diff, 0,
+                     "n_tok %d n_in %lld pdl %d: %zu bytes differ, first at %zu (block %zu byte "
+                     "%zu)",
+                     n_tok, (long long)n_in, pdl, diff, first, first / 36, first % 36);
+    }
     cudaFree(dx);
     cudaFree(dq);
     free(x);
@@ -100,13 +105,14 @@ Test(matvec_q8, quantize_rejects) {
     float *dx = dev_upload(NULL, 1024);
     uint8_t *dq = dev_upload(NULL, 1024);
     struct verr err = {0};
-    cr_expect_eq(cuda_quantize_q8_1(dq, dx, 1, 48, 0, &err), VERR_RANGE);
+    cr_expect_eq(cuda_quantize_q8_1(dq, dx, 1, 48, false, 0, &err), VERR_RANGE);
     cr_log_info("n_in 48: %s", err.msg);
-    cr_expect_eq(cuda_quantize_q8_1(dq, dx, -1, 32, 0, &err), VERR_RANGE);
-    cr_expect_eq(cuda_quantize_q8_1(dq + 2, dx, 1, 32, 0, &err), VERR_RANGE);
+    cr_expect_eq(cuda_quantize_q8_1(dq, dx, -1, 32, false, 0, &err), VERR_RANGE);
+    cr_expect_eq(cuda_quantize_q8_1(dq + 2, dx, 1, 32, false, 0, &err), VERR_RANGE);
     cr_log_info("misaligned xq: %s", err.msg);
-    cr_expect_eq(cuda_quantize_q8_1(dq, (float *)((uint8_t *)dx + 2), 1, 32, 0, &err), VERR_RANGE);
-    cr_expect_eq(cuda_quantize_q8_1(dq, dx, 0, 32, 0, &err), VERR_OK);
+    cr_expect_eq(cuda_quantize_q8_1(dq, (float *)((uint8_t *)dx + 2), 1, 32, false, 0, &err),
+                 VERR_RANGE);
+    cr_expect_eq(cuda_quantize_q8_1(dq, dx, 0, 32, false, 0, &err), VERR_OK);
     cudaFree(dx);
     cudaFree(dq);
 }
@@ -173,6 +179,8 @@ struct worst {
 // last one's warps partly idle); 2 multiprocessors at 1 block (16 warps,
 // the ring runs on across many pairs); 227 KiB a block (8 tokens of 14336
 // fit); and 20 KB a block (most shapes fall back to the other kernels).
+// Launched with PDL (cuda/launch.cuh): the one-pass kernel (must match the
+// reference bit for bit), one pipelined and one streaming plan.
 #define PIPE_PLAN(...)                                                                             \
     &(const struct cuda_mvq_plan) {                                                                \
         .kernel = CUDA_MVQ_PIPE, __VA_ARGS__                                                       \
@@ -183,11 +191,12 @@ struct worst {
     }
 static const struct cuda_mvq_plan *const mv_plans[] = {
     NULL,
+    &(const struct cuda_mvq_plan){.kernel = CUDA_MVQ_PASS, .pdl = true},
     PIPE_PLAN(.pairs_per_block = 3),
-    PIPE_PLAN(.sm_count = 2, .blocks_per_sm = 1),
+    PIPE_PLAN(.sm_count = 2, .blocks_per_sm = 1, .pdl = true),
     PIPE_PLAN(.sm_count = 3, .smem_per_sm = 30000, .blocks_per_sm = 8),
     STREAM_PLAN(.sm_count = 0),
-    STREAM_PLAN(.sm_count = 200, .pairs_per_block = 1),
+    STREAM_PLAN(.sm_count = 200, .pairs_per_block = 1, .pdl = true),
     STREAM_PLAN(.sm_count = 2, .blocks_per_sm = 1),
     STREAM_PLAN(.sm_count = 4, .smem_per_sm = 233472, .smem_per_block = 232448),
     STREAM_PLAN(.sm_count = 3, .smem_per_block = 20000),
@@ -210,7 +219,7 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
     }
     float *dx = dev_upload(x, (size_t)n_tok * n_in * 4);
     void *dxq = dev_upload(NULL, qb * n_tok);
-    cr_assert_eq(cuda_quantize_q8_1(dxq, dx, n_tok, n_in, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(cuda_quantize_q8_1(dxq, dx, n_tok, n_in, false, 0, &err), 0, "%s", err.msg);
     dev_download(xq_dev, dxq, qb * n_tok);
     cr_assert_eq(memcmp(xq, xq_dev, qb * n_tok), 0, "device q8_1 activations differ");
 
@@ -267,7 +276,7 @@ static void run_case(enum ggml_type type, const struct mv_case *c, int variant, 
         if (p > 0 && mv_plans[p]->kernel == CUDA_MVQ_PIPE) {
             wo->pipelined += kern[p] == CUDA_MVQ_PIPE;
             wo->runs++;
-        } else if (p > 0) {
+        } else if (p > 0 && mv_plans[p]->kernel == CUDA_MVQ_STREAM) {
             wo->streamed += kern[p] == CUDA_MVQ_STREAM;
             wo->s_runs++;
         }

@@ -143,6 +143,28 @@ typedef struct dim3 {
 } dim3;
 #endif
 
+// cudaLaunchKernelEx's configuration (cuda_emu.h): the one attribute vela
+// sets, programmatic stream serialization (cuda/launch.cuh), is taken and
+// counted; kernels run in order here, so it changes nothing else.
+enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization = 5 };
+typedef union cudaLaunchAttributeValue {
+    char pad[64];
+    int programmaticStreamSerializationAllowed;
+} cudaLaunchAttributeValue;
+typedef struct cudaLaunchAttribute {
+    enum cudaLaunchAttributeID id;
+    char pad[8 - sizeof(enum cudaLaunchAttributeID)];
+    cudaLaunchAttributeValue val;
+} cudaLaunchAttribute;
+typedef struct cudaLaunchConfig_t {
+    dim3 gridDim;
+    dim3 blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned int numAttrs;
+} cudaLaunchConfig_t;
+
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaSetDevice(int device);
@@ -204,6 +226,9 @@ cudaError_t cudaGraphUpload(cudaGraphExec_t e, cudaStream_t s);
 
 // Emulator extensions.
 cudaError_t emu_func_set_attribute(const void *fn, enum cudaFuncAttribute attr, int value);
+// Kernel launches so far (cudaLaunchKernelEx calls, each capture of one
+// included) whose attributes allowed programmatic stream serialization.
+unsigned long long emu_pdl_launches(void);
 
 #ifdef __cplusplus
 }
