@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include "cuda/launch.cuh"
+
 static int g_fail = 0;
 #define EXPECT(c, ...)                                                                             \
     do {                                                                                           \
@@ -244,6 +246,44 @@ int main(int argc, char **argv) {
     cudaMemcpy(hs, dout, sizeof hs, cudaMemcpyDeviceToHost);
     EXPECT(hs[0] == 1.0f && hs[40] != hs[40], "unwritten shared memory reads as NaN: %g", hs[40]);
     EXPECT(cudaDeviceSynchronize() == cudaSuccess, "no fault so far");
+    {
+        // cudaLaunchKernelEx through cuda/launch.cuh: with and without PDL the
+        // result of the plain launch above, the PDL launch counted; an
+        // attribute the emulator does not know, or attrs NULL with numAttrs 1,
+        // refused.
+        const unsigned long long pdl0 = emu_pdl_launches();
+        float h[2][3];
+        for (int pdl = 0; pdl < 2; pdl++) {
+            cudaMemset(dout, 0, sizeof(float) * 256);
+            EXPECT(cuda_launch(pdl == 1, reduce_kernel, dim3(rows), dim3(256), 0, (cudaStream_t)0,
+                               (const float *)dx, dout, n) == cudaSuccess,
+                   "cuda_launch pdl %d", pdl);
+            cudaMemcpy(h[pdl], dout, sizeof h[pdl], cudaMemcpyDeviceToHost);
+            for (int r = 0; r < rows; r++)
+                EXPECT(h[pdl][r] == hout[r], "cuda_launch pdl %d row %d: %g != %g", pdl, r,
+                       h[pdl][r], hout[r]);
+            EXPECT(emu_pdl_launches() == pdl0 + (unsigned)pdl, "PDL launches %llu, want %llu",
+                   emu_pdl_launches(), pdl0 + (unsigned)pdl);
+        }
+        cudaLaunchAttribute bad[1] = {};
+        bad[0].id = (cudaLaunchAttributeID)99;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1);
+        cfg.blockDim = dim3(32);
+        cfg.attrs = bad;
+        cfg.numAttrs = 1;
+        EXPECT(cudaLaunchKernelEx(&cfg, reduce_kernel, (const float *)dx, dout, n) ==
+                   cudaErrorInvalidValue,
+               "an unknown launch attribute taken");
+        EXPECT(cudaGetLastError() == cudaErrorInvalidValue,
+               "its error not left for cudaGetLastError");
+        cfg.attrs = nullptr;
+        EXPECT(cudaLaunchKernelEx(&cfg, reduce_kernel, (const float *)dx, dout, n) ==
+                   cudaErrorInvalidValue,
+               "numAttrs 1 with attrs NULL taken");
+        (void)cudaGetLastError();
+        EXPECT(emu_pdl_launches() == pdl0 + 1, "refused launches counted");
+    }
     // wmma: exact against the documented order (c, then k ascending, in float).
     for (int b_col = 0; b_col < 2; b_col++) {
         __half ha[1024], hb[1024];
