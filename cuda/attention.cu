@@ -19,10 +19,19 @@
 // q_pos[t] - cell_pos[c] < window. A tile that no row of the block can see (every
 // cell empty or later than the block's largest q_pos) is skipped before K/V
 // are loaded: in causal prefill that is about half the tiles.
-// Decode (1..CUDA_ATTN_DEC_MAX_TOK tokens, F16/F16 or F32/F32 caches, head
-// dims 64/128/256, no RoPE inside) runs attn_dec_kernel instead, unless the
-// call asks for CUDA_ATTN_DECODE_SPLITK: cuda/attention_decode.cu. What
-// follows is attn_kernel's path: every other call, self-extend included.
+// Decode (1..CUDA_ATTN_DEC_MAX_TOK tokens, F16/F16 or F32/F32 caches at
+// head dims 64/128/256, caches of any other type at 64/128, no RoPE inside)
+// runs attn_dec_kernel instead, unless the call asks for
+// CUDA_ATTN_DECODE_SPLITK: cuda/attention_decode.cu. What follows is
+// attn_kernel's path: every other call, self-extend included.
+// Cache types (cuda/kv_quant.cuh): F16 and F32 have their own instances; a
+// call with bf16 or a quantized K or V runs the "any cache" instance
+// (kvq_any: the types read at run time), which decodes each tile's runs of 8
+// values to float as it loads them (head dims multiples of 8). The decoded
+// values are the CPU's bit for bit, and everything after the load is the
+// same code, so such a call computes what an F32 cache of the decoded rows
+// would; RoPE inside (the unrotated cache, exact self-extend) rotates the
+// decoded K tile.
 // Split-K (decode, long context): when (row blocks x KV heads) cannot fill
 // the GPU, blockIdx.z splits the cells into n_split ranges; each writes its
 // unnormalized accumulators with (m, l) to scratch and attn_combine_kernel
@@ -34,8 +43,9 @@
 // equals the combine of it with empty ones), so their outputs are
 // bit-identical. A decode step recorded in a CUDA graph with n_kv rounded up
 // (host/forward/forward.c) relies on this.
-// Prefill (n_tok >= ATTN_TC_MIN_TOK, F16 K/V, head dims multiples of 16)
-// runs attn_tc_kernel on tensor cores instead: see its comment below. It
+// Prefill (n_tok >= ATTN_TC_MIN_TOK, F16 K/V or any cache with a type
+// other than f16 / f32, head dims multiples of 16) runs attn_tc_kernel on
+// tensor cores instead: see its comment below. It
 // walks all tiles in one block per row tile (no split), so the rounding
 // argument above holds for it too (extra empty cells are skipped tiles or
 // zero weights).
@@ -50,6 +60,7 @@
 
 #include "cuda/attention.h"
 #include "cuda/attention_decode.h"
+#include "cuda/kv_quant.cuh"
 #include "cuda/q8_1.cuh"
 
 #define ATTN_WARPS 4
@@ -73,6 +84,22 @@ static __device__ __forceinline__ float attn_load(const float *p) {
 static __device__ __forceinline__ float attn_load(const __half *p) {
     return __half2float(*p);
 }
+static __device__ __forceinline__ float attn_load(kvq_ptr p) {
+    return kvq_get1(p);
+}
+
+// The K or V cache of a call as the kernels address it: a T pointer, or for
+// the any-cache instances (T = kvq_any) a kvq_ptr of the call's type.
+template <typename T> struct attn_cache {
+    static __device__ __forceinline__ const T *of(const void *p, enum ggml_type) {
+        return (const T *)p;
+    }
+};
+template <> struct attn_cache<kvq_any> {
+    static __device__ __forceinline__ kvq_ptr of(const void *p, enum ggml_type t) {
+        return kvq_ptr{(const uint8_t *)p, (int)t, 0};
+    }
+};
 
 #include "cuda/attention_se.cuh" // SE: RoPE inside attn_kernel (the unrotated cache)
 
@@ -82,11 +109,30 @@ static __device__ __forceinline__ float attn_load(const __half *p) {
 // c_end as zeros) into shared memory as float: dst[j * ld + d]. VEC: rows are
 // 16-byte aligned (D a multiple of 16 / sizeof(T), cache 16-byte aligned),
 // so each thread moves 16 bytes per load and keeps four loads in flight;
-// otherwise one element at a time.
-template <typename T, bool VEC>
-static __device__ __forceinline__ void attn_load_tile(float *dst, int ld, const T *cache, int c0,
+// otherwise one element at a time. A cache of any type (kvq_ptr, D a
+// multiple of 8): runs of 8 decoded.
+template <bool VEC, typename P>
+static __device__ __forceinline__ void attn_load_tile(float *dst, int ld, P cache, int c0,
                                                       int c_end, int g, int n_head_kv, int D) {
-    if (VEC) {
+    if constexpr (std::is_same<P, kvq_ptr>::value) {
+#pragma unroll 2
+        for (int e = threadIdx.x; e < ATTN_BK * (D / 8); e += ATTN_THREADS) {
+            const int j = e / (D / 8), d = (e % (D / 8)) * 8;
+            const int c = c0 + j;
+            float f[8];
+            if (c < c_end) {
+                kvq_dequant8(cache.type, cache.base, ((size_t)c * n_head_kv + g) * D + d, f);
+            } else {
+#pragma unroll
+                for (int v = 0; v < 8; v++)
+                    f[v] = 0.0f;
+            }
+#pragma unroll
+            for (int v = 0; v < 8; v++)
+                dst[j * ld + d + v] = f[v];
+        }
+    } else if constexpr (VEC) {
+        using T = typename std::remove_cv<typename std::remove_pointer<P>::type>::type;
         constexpr int V = 16 / sizeof(T);
         const int per_row = D / V;
 #pragma unroll 4
@@ -139,12 +185,11 @@ static __device__ __forceinline__ float attn_dot(const float *qr, const float *k
 // Costs per further G and tile: 2 barriers, the K tile read again (L2),
 // ATTN_BK * n_rot/2 cos/sin pairs; the dot products are those the rows
 // skipped in pass 0, so none are added.
-template <typename KT>
-static __device__ void attn_se_later_passes(const struct cuda_attn &a,
-                                            float (&s)[ATTN_ROWS_PER_WARP], unsigned later,
-                                            const int (&qpass)[ATTN_ROWS_PER_WARP], int n_se,
-                                            const int *list, const float *sQf, float *sKf,
-                                            const KT *kcache, int c0, int c_end, const int *sPos) {
+template <typename P>
+static __device__ void
+attn_se_later_passes(const struct cuda_attn &a, float (&s)[ATTN_ROWS_PER_WARP], unsigned later,
+                     const int (&qpass)[ATTN_ROWS_PER_WARP], int n_se, const int *list,
+                     const float *sQf, float *sKf, P kcache, int c0, int c_end, const int *sPos) {
     const int D = a.head_dim, warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
     for (int p = 1; p < n_se; p++) {
         bool need = false;
@@ -193,8 +238,8 @@ __global__ static void __launch_bounds__(ATTN_THREADS, SE ? 4 : 0)
     __shared__ int s_max_qpos, s_min_qpos;
     __shared__ int s_se_g[ATTN_ROWS], s_se_n; // SE: the rows' distinct G > 1 (attn_se_list_build)
 
-    const KT *kcache = (const KT *)a.k;
-    const VT *vcache = (const VT *)a.v;
+    const auto kcache = attn_cache<KT>::of(a.k, a.type_k);
+    const auto vcache = attn_cache<VT>::of(a.v, a.type_v);
     const int tid = threadIdx.x, warp = tid / VELA_WARP, lane = tid % VELA_WARP;
     const int g = blockIdx.y;
     const int n_group = a.n_head / a.n_head_kv;
@@ -267,8 +312,8 @@ __global__ static void __launch_bounds__(ATTN_THREADS, SE ? 4 : 0)
         if (!__syncthreads_or(p >= 0 && p <= s_max_qpos &&
                               (a.window <= 0 || s_min_qpos - p < a.window)))
             continue; // block-uniform
-        attn_load_tile<KT, VEC>(sK, D + 1, kcache, c0, c_end, g, a.n_head_kv, D);
-        attn_load_tile<VT, VEC>(sV, DV, vcache, c0, c_end, g, a.n_head_kv, DV);
+        attn_load_tile<VEC>(sK, D + 1, kcache, c0, c_end, g, a.n_head_kv, D);
+        attn_load_tile<VEC>(sV, DV, vcache, c0, c_end, g, a.n_head_kv, DV);
         __syncthreads();
         if (SE) { // the near K and the far K of the block's first G
             attn_se_rotate_k(a, sK, n_se > 0 ? sKf : nullptr, D + 1, sPos,
@@ -403,10 +448,12 @@ __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
 }
 
 // --- Prefill on tensor cores (WMMA m16n16k16, f16 in, f32 accumulate) ------------
-// For n_tok >= ATTN_TC_MIN_TOK with F16 K and V and head dims that are
-// multiples of 16. A block of ATTN_TC_WARPS warps takes ATTN_TC_ROWS = 64
-// consecutive rows of one KV head (rows r = t * n_group + j as above, so a
-// GQA group shares each K/V tile); warp w owns local rows 16w..16w+15.
+// For n_tok >= ATTN_TC_MIN_TOK with F16 K and V (or caches of types other
+// than f16 / f32: their tiles are decoded and rounded to f16 in shared
+// memory, attn_tc_load_tile) and head dims that are multiples of 16. A block
+// of ATTN_TC_WARPS warps takes ATTN_TC_ROWS = 64 consecutive rows of one KV
+// head (rows r = t * n_group + j as above, so a GQA group shares each K/V
+// tile); warp w owns local rows 16w..16w+15.
 // Per KV tile of BK cells (shared memory, f16 as in the cache):
 //   S  = Q_w K^T  (Q: row-major A, K tile: column-major B), f32 -> sS;
 //   softmax: lanes 2i, 2i+1 own row i of the warp's 16 (BK/2 columns each):
@@ -481,6 +528,38 @@ attn_tc_make_layout(int D, int DV, int BK, bool se) {
     return L;
 }
 
+// attn_tc_kernel's K or V tile: the bk cells from c0 of KV head g (of
+// n_head_kv, D dims) into dst [bk][ld] as f16, empty cells (sPos < 0) as
+// zeros. An f16 cache is copied 16 bytes at a time; a cache of another
+// type (kv_quant.cuh) is decoded 8 values at a time and rounded to f16 (the
+// tile's precision; the branch is uniform). D is a multiple of 16 and the
+// launcher checked an f16 cache's alignment.
+static __device__ __forceinline__ void attn_tc_load_tile(__half *dst, int ld, const void *cache,
+                                                         enum ggml_type t, int c0, int g,
+                                                         int n_head_kv, int D, const int *sPos,
+                                                         int bk) {
+    for (int e = threadIdx.x; e < bk * (D / 8); e += ATTN_TC_THREADS) {
+        const int j = e / (D / 8), d = (e % (D / 8)) * 8;
+        const size_t off = ((size_t)(c0 + j) * n_head_kv + g) * D + d;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (t == GGML_TYPE_F16) {
+            if (sPos[j] >= 0)
+                val = *(const uint4 *)((const __half *)cache + off);
+        } else if (sPos[j] >= 0) {
+            float f[8];
+            kvq_dequant8(t, (const uint8_t *)cache, off, f);
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+                w[i] = *(const uint32_t *)&h;
+            }
+            val = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        *(uint4 *)(dst + j * ld + d) = val;
+    }
+}
+
 // attn_tc_kernel: S = Q_w K^T for warp w's 16 rows of qs [64][ldq] and the
 // BK keys of ks [BK][ldk] (f16), into ss [64][lds] (f32).
 template <int BK>
@@ -538,8 +617,9 @@ attn_tc_se_later_passes(const struct cuda_attn &a, const struct attn_tc_layout &
         }
         if (!__syncthreads_or(need)) // also: sKf and sSf of the last pass are consumed
             continue;                // block-uniform
-        attn_se_tc_far_k(a.rope, a.n_head_kv, a.head_dim, sKf, L.ldk, (const __half *)a.k, c0,
-                         (int)blockIdx.y, sPos, BK, ATTN_TC_THREADS, list[p]);
+        attn_se_tc_far_k(a.rope, a.n_head_kv, a.head_dim, sKf, L.ldk,
+                         kvq_ptr{(const uint8_t *)a.k, (int)a.type_k, 0}, c0, (int)blockIdx.y, sPos,
+                         BK, ATTN_TC_THREADS, list[p]);
         __syncthreads();
         if (__any_sync(VELA_FULL_MASK, rpass == p))
             attn_tc_scores<BK>(sQf, sKf, sSf, L, a.head_dim, warp);
@@ -573,8 +653,6 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS, (SE && BK == 32) ? 4 :
     float *sSf = (float *)(attn_tc_smem + L.sf);   // SE
     int *sSe = (int *)(attn_tc_smem + L.se);       // SE: [0] n, [1..] the rows' distinct G > 1
 
-    const __half *kcache = (const __half *)a.k; // [n_kv][n_head_kv][D]
-    const __half *vcache = (const __half *)a.v; // [n_kv][n_head_kv][DV]
     const int tid = threadIdx.x, warp = tid / VELA_WARP, lane = tid % VELA_WARP;
     const int g = blockIdx.y;
     const int n_group = a.n_head / a.n_head_kv;
@@ -638,22 +716,8 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS, (SE && BK == 32) ? 4 :
             sPos[tid] = p;
         if (!__syncthreads_or(p >= 0 && p <= *sMaxQ))
             continue; // block-uniform
-        // 16-byte copies (8 halves); D, DV are multiples of 16 and the
-        // launcher checked the caches' alignment.
-        for (int e = tid; e < BK * (D / 8); e += ATTN_TC_THREADS) {
-            const int j = e / (D / 8), d = (e % (D / 8)) * 8;
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (sPos[j] >= 0)
-                val = *(const uint4 *)(kcache + ((size_t)(c0 + j) * a.n_head_kv + g) * D + d);
-            *(uint4 *)(sK + j * L.ldk + d) = val;
-        }
-        for (int e = tid; e < BK * (DV / 8); e += ATTN_TC_THREADS) {
-            const int j = e / (DV / 8), d = (e % (DV / 8)) * 8;
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (sPos[j] >= 0)
-                val = *(const uint4 *)(vcache + ((size_t)(c0 + j) * a.n_head_kv + g) * DV + d);
-            *(uint4 *)(sV + j * L.ldv + d) = val;
-        }
+        attn_tc_load_tile(sK, L.ldk, a.k, a.type_k, c0, g, a.n_head_kv, D, sPos, BK);
+        attn_tc_load_tile(sV, L.ldv, a.v, a.type_v, c0, g, a.n_head_kv, DV, sPos, BK);
         __syncthreads();
         if (SE) { // the near K and the far K of the block's first G
             attn_se_tc_k(a, sK, n_se > 0 ? sKf : nullptr, L.ldk, sPos, BK, ATTN_TC_THREADS,
@@ -880,8 +944,12 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
 // GPUs, or more shared memory than the GPU's opt-in limit.
 static int attn_tc_bk(const struct cuda_attn *a, int cc_major, int smem_optin) {
     const int D = a->head_dim, DV = a->head_dim_v;
-    if (a->type_k != GGML_TYPE_F16 || a->type_v != GGML_TYPE_F16 || a->n_tok < ATTN_TC_MIN_TOK ||
-        cc_major < 7 || D % 16 != 0 || DV % 16 != 0 || (((uintptr_t)a->k | (uintptr_t)a->v) & 15))
+    const bool f16 = a->type_k == GGML_TYPE_F16 && a->type_v == GGML_TYPE_F16;
+    // f16 tiles are copied 16 bytes at a time (other types are decoded)
+    const uintptr_t vec = (a->type_k == GGML_TYPE_F16 ? (uintptr_t)a->k : 0) |
+                          (a->type_v == GGML_TYPE_F16 ? (uintptr_t)a->v : 0);
+    if ((!f16 && !cuda_attn_kvq(a)) || a->n_tok < ATTN_TC_MIN_TOK || cc_major < 7 || D % 16 != 0 ||
+        DV % 16 != 0 || (vec & 15))
         return 0;
     if (((int64_t)a->n_tok * (a->n_head / a->n_head_kv) + ATTN_TC_ROWS - 1) / ATTN_TC_ROWS >
         INT_MAX)
@@ -917,11 +985,14 @@ static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin, cu
     return VERR_OK;
 }
 
-// attn_launch for the cache types and tile loads of this call.
+// attn_launch for the cache types and tile loads of this call (a call
+// with a type other than f16 / f32: the any-cache instance, vec).
 template <bool SE>
 static int attn_launch_types(const struct cuda_attn *a, const struct attn_plan *p, bool vec,
                              float *part_acc, float *part_ml, cudaStream_t stream,
                              struct verr *err) {
+    if (cuda_attn_kvq(a))
+        return attn_launch<kvq_any, kvq_any, true, SE>(a, p, part_acc, part_ml, stream, err);
     const bool k16 = a->type_k == GGML_TYPE_F16, v16 = a->type_v == GGML_TYPE_F16;
     if (k16 && v16)
         return vec ? attn_launch<__half, __half, true, SE>(a, p, part_acc, part_ml, stream, err)
@@ -951,9 +1022,20 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
     if (a->seq_words < 1)
         return verr_set(err, VERR_RANGE, "attention: seq_words %d < 1", a->seq_words);
     const bool k16 = a->type_k == GGML_TYPE_F16, v16 = a->type_v == GGML_TYPE_F16;
-    if ((!k16 && a->type_k != GGML_TYPE_F32) || (!v16 && a->type_v != GGML_TYPE_F32))
-        return verr_set(err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
+    const bool kvq = cuda_attn_kvq(a);
+    if (!kvq_is_cache_type(a->type_k) || !kvq_is_cache_type(a->type_v))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "attention: cache types %s/%s (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, "
+                        "q5_1, iq4_nl)",
                         ggml_type_name(a->type_k), ggml_type_name(a->type_v));
+    // The any-cache kernels decode runs of 8 values.
+    if (kvq && (a->head_dim % 8 || a->head_dim_v % 8 || a->head_dim % kvq_block(a->type_k) ||
+                a->head_dim_v % kvq_block(a->type_v)))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "attention: %s/%s caches need head dims multiples of 8 and of the block "
+                        "(got %d/%d)",
+                        ggml_type_name(a->type_k), ggml_type_name(a->type_v), a->head_dim,
+                        a->head_dim_v);
     if (a->xq && (a->head_dim_v % 32 != 0 || a->n_tok >= ATTN_TC_MIN_TOK))
         return verr_set(err, VERR_RANGE,
                         "attention: a q8_1 copy needs head_dim_v %% 32 == 0 (got %d) and fewer "
@@ -967,7 +1049,7 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
                         a->rope.n_rot, a->se_g, a->se_w);
     if (cuda_attention_decode_eligible(a))
         return cuda_attention_decode_apply(a, sm_count, scratch, scratch_bytes, stream, err);
-    if (k16 && v16 && a->n_tok >= ATTN_TC_MIN_TOK) {
+    if (((k16 && v16) || kvq) && a->n_tok >= ATTN_TC_MIN_TOK) {
         int dev = 0, cc_major = 0, smem_optin = 0;
         VELA_CUDA_CALL(err, cudaGetDevice(&dev));
         VELA_CUDA_CALL(err,

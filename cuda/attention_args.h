@@ -19,8 +19,8 @@ VELA_CUDA_BEGIN
 struct cuda_attn {
     float *out;     // [n_tok][n_head][head_dim_v]
     const float *q; // [n_tok][n_head][head_dim]
-    const void *k;  // [n_ctx][n_head_kv][head_dim], F16 or F32
-    const void *v;  // [n_ctx][n_head_kv][head_dim_v], F16 or F32
+    const void *k;  // [n_ctx][n_head_kv][head_dim], any cache type (kv_quant.cuh)
+    const void *v;  // [n_ctx][n_head_kv][head_dim_v], any cache type
     enum ggml_type type_k, type_v;
     const int32_t *cell_pos;  // [n_kv]
     const uint64_t *cell_seq; // [n_kv][seq_words]
@@ -68,6 +68,13 @@ struct cuda_attn {
     unsigned int *sync;
     int sync_n;
 };
+// Whether a call reads K or V in a type other than f16 / f32 (bf16 or a
+// quantized type: cuda/kv_quant.cuh): such calls run the kernels' "any
+// cache" instances, which decode each tile as they read it.
+static inline bool cuda_attn_kvq(const struct cuda_attn *a) {
+    return (a->type_k != GGML_TYPE_F16 && a->type_k != GGML_TYPE_F32) ||
+           (a->type_v != GGML_TYPE_F16 && a->type_v != GGML_TYPE_F32);
+}
 #define CUDA_ATTN_SPLIT_BLOCKS_PER_SM 2
 #define CUDA_ATTN_SPLIT_MIN_CELLS 256
 #define CUDA_ATTN_DECODE_AUTO 0

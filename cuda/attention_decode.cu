@@ -1,7 +1,10 @@
 // Decode attention for latency (issue #28, item 1): a few query tokens
 // (n_tok <= CUDA_ATTN_DEC_MAX_TOK) against the whole KV cache, F16 or F32
-// (K and V of one type), head dims 64, 128 or 256 (K and V alike), caches
-// 16-byte aligned, RoPE outside (rope_on calls stay on attn_kernel in
+// (K and V of one type), head dims 64, 128 or 256 (K and V alike), or any
+// other cache types (bf16, quantized: cuda/kv_quant.cuh; K and V each its
+// own) at head dims 64 and 128, each lane decoding its run of 8 values into
+// registers as it loads it (the kvq_any instances), q and f16 / f32
+// caches 16-byte aligned, RoPE outside (rope_on calls stay on attn_kernel in
 // attention.cu, which picks this kernel: attn_dec_eligible).
 //
 // Work decomposition. A block takes one token t, R query heads of one GQA
@@ -50,6 +53,7 @@
 #include "cuda/attention_args.h"
 #include "cuda/attention_decode.h"
 #include "cuda/attention_widen.cuh"
+#include "cuda/kv_quant.cuh"
 #include "cuda/q8_1.cuh"
 
 #define ATTN_DEC_WARPS 4
@@ -69,6 +73,10 @@ template <typename T, int D> struct attn_dec_shape {
     static constexpr int CPW = VELA_WARP / LPC;
     static constexpr int NV = EPL * (int)sizeof(T) / 16;
 };
+// Caches of any type (bf16, quantized, or a mix with f16 / f32): the lanes
+// of f16's shape, each decoding its run of EPL = 8 elements (inside one
+// 32-element block) into registers as it loads it.
+template <int D> struct attn_dec_shape<kvq_any, D> : attn_dec_shape<__half, D> {};
 
 // Merges state b into a (m in base 2; an empty state has m -inf, l 0, acc 0).
 // Commutative bit for bit: a + b == b + a and fmaxf is symmetric.
@@ -140,6 +148,8 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
                     unsigned int *__restrict__ sync /* [n_tok*row_chunks*n_head_kv] or NULL */) {
     using S = attn_dec_shape<T, D>;
     constexpr int LPC = S::LPC, EPL = S::EPL, CPW = S::CPW, NV = S::NV;
+    constexpr bool KVQ = std::is_same<T, kvq_any>::value;
+    static_assert(!KVQ || EPL == 8, "a lane decodes one run of 8");
     constexpr int STEP = ATTN_DEC_WARPS * CPW * NC; // cells a block takes per step
     __shared__ float sM[ATTN_DEC_WARPS][R], sL[ATTN_DEC_WARPS][R];
     __shared__ float sAcc[ATTN_DEC_WARPS][R][D];
@@ -204,6 +214,7 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
 
     for (int c0 = c_begin; c0 < c_end; c0 += STEP) {
         uint4 kr[NC][NV], vr[NC][NV];
+        float kq[KVQ ? NC : 1][EPL], vq[KVQ ? NC : 1][EPL]; // KVQ: decoded at the load
         bool vis[NC];
 #pragma unroll
         for (int i = 0; i < NC; i++) {
@@ -216,12 +227,22 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
                 kr[i][v] = make_uint4(0u, 0u, 0u, 0u);
                 vr[i][v] = make_uint4(0u, 0u, 0u, 0u);
             }
+            if constexpr (KVQ) {
+#pragma unroll
+                for (int e = 0; e < EPL; e++)
+                    kq[i][e] = vq[i][e] = 0.0f;
+            }
             if (vis[i]) {
                 const size_t off = ((size_t)c * a.n_head_kv + g) * D + lig * EPL;
+                if constexpr (KVQ) {
+                    kvq_dequant8(a.type_k, (const uint8_t *)a.k, off, kq[i]);
+                    kvq_dequant8(a.type_v, (const uint8_t *)a.v, off, vq[i]);
+                } else {
 #pragma unroll
-                for (int v = 0; v < NV; v++) {
-                    kr[i][v] = *(const uint4 *)(kc + off + v * (16 / sizeof(T)));
-                    vr[i][v] = *(const uint4 *)(vc + off + v * (16 / sizeof(T)));
+                    for (int v = 0; v < NV; v++) {
+                        kr[i][v] = *(const uint4 *)(kc + off + v * (16 / sizeof(T)));
+                        vr[i][v] = *(const uint4 *)(vc + off + v * (16 / sizeof(T)));
+                    }
                 }
             }
         }
@@ -241,9 +262,15 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
 #pragma unroll
         for (int i = 0; i < NC; i++) {
             float kf[EPL];
+            if constexpr (KVQ) {
 #pragma unroll
-            for (int v = 0; v < NV; v++)
-                attn_widen(kr[i][v], kc, kf + v * (16 / sizeof(T)));
+                for (int e = 0; e < EPL; e++)
+                    kf[e] = kq[i][e];
+            } else {
+#pragma unroll
+                for (int v = 0; v < NV; v++)
+                    attn_widen(kr[i][v], kc, kf + v * (16 / sizeof(T)));
+            }
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float s0 = 0.0f, s1 = 0.0f;
@@ -281,9 +308,15 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
             if (!vis[i])
                 continue; // weight 0 for every row; V is zeros
             float vf[EPL];
+            if constexpr (KVQ) {
 #pragma unroll
-            for (int v = 0; v < NV; v++)
-                attn_widen(vr[i][v], vc, vf + v * (16 / sizeof(T)));
+                for (int e = 0; e < EPL; e++)
+                    vf[e] = vq[i][e];
+            } else {
+#pragma unroll
+                for (int v = 0; v < NV; v++)
+                    attn_widen(vr[i][v], vc, vf + v * (16 / sizeof(T)));
+            }
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const float p = exp2f(s[i][r] - m[r]);
@@ -425,11 +458,18 @@ extern "C" bool cuda_attention_decode_eligible(const struct cuda_attn *a) {
         a->n_tok > CUDA_ATTN_DEC_MAX_TOK || a->n_head_kv < 1 || a->n_head % a->n_head_kv != 0)
         return false;
     const int D = a->head_dim;
-    if (D != a->head_dim_v || (D != 64 && D != 128 && D != 256) || a->type_k != a->type_v ||
-        (a->type_k != GGML_TYPE_F16 && a->type_k != GGML_TYPE_F32))
+    if (D != a->head_dim_v)
         return false;
-    return (((uintptr_t)a->k | (uintptr_t)a->v | (uintptr_t)a->q) & 15) == 0 &&
-           a->n_head_kv <= 65535;
+    if (cuda_attn_kvq(a)) { // the any-cache instances: head dims 64 and 128
+        if ((D != 64 && D != 128) || !kvq_is_cache_type(a->type_k) || !kvq_is_cache_type(a->type_v))
+            return false;
+    } else if ((D != 64 && D != 128 && D != 256) || a->type_k != a->type_v) {
+        return false;
+    }
+    // 16-byte loads of q, and of f16 / f32 caches (the any-cache decoders
+    // read 2- and 4-byte words)
+    const uintptr_t vec = cuda_attn_kvq(a) ? 0 : (uintptr_t)a->k | (uintptr_t)a->v;
+    return ((vec | (uintptr_t)a->q) & 15) == 0 && a->n_head_kv <= 65535;
 }
 
 static size_t attn_dec_acc_bytes(const struct cuda_attn *a, int n_split) {
@@ -454,7 +494,8 @@ template <typename T, int D, int R>
 static int attn_dec_launch(const struct cuda_attn *a, const struct attn_dec_plan *p,
                            float *part_acc, float *part_ml, unsigned int *sync, cudaStream_t stream,
                            struct verr *err) {
-    constexpr int NC = R >= 8 ? 2 : 4;
+    // any cache type: 2 cells a step (its decoded runs are floats in registers)
+    constexpr int NC = R >= 8 || std::is_same<T, kvq_any>::value ? 2 : 4;
     const dim3 grid((unsigned int)(a->n_tok * p->row_chunks), (unsigned int)a->n_head_kv,
                     (unsigned int)p->n_split);
     attn_dec_kernel<T, D, R, NC><<<grid, ATTN_DEC_THREADS, 0, stream>>>(
@@ -508,6 +549,11 @@ extern "C" int cuda_attention_decode_apply(const struct cuda_attn *a, int sm_cou
         if (a->sync && a->sync_n >= cuda_attention_decode_sync_count(a, sm_count))
             sync = a->sync;
     }
+    if (cuda_attn_kvq(a))
+        return a->head_dim == 64
+                   ? attn_dec_launch_rows<kvq_any, 64>(a, &p, part_acc, part_ml, sync, stream, err)
+                   : attn_dec_launch_rows<kvq_any, 128>(a, &p, part_acc, part_ml, sync, stream,
+                                                        err);
     return a->type_k == GGML_TYPE_F16
                ? attn_dec_launch_dim<__half>(a, &p, part_acc, part_ml, sync, stream, err)
                : attn_dec_launch_dim<float>(a, &p, part_acc, part_ml, sync, stream, err);

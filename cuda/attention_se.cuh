@@ -221,10 +221,9 @@ static __device__ void attn_se_rotate_k(const struct cuda_attn &a, float *sK, fl
 // (cells at or past c_end as zeros) and rotated into sKf [ATTN_BK][ld] to
 // the far position, the same bits as attn_se_rotate_k's far copy of that G
 // (attn_load widens exactly, as attn_load_tile does).
-template <typename T>
+template <typename P>
 static __device__ void attn_se_far_k(struct cuda_rope rp, int n_head_kv, int D, float *sKf, int ld,
-                                     const T *cache, int c0, int c_end, int g, const int *sPos,
-                                     int G) {
+                                     P cache, int c0, int c_end, int g, const int *sPos, int G) {
     const int per = rp.n_rot / 2 + (D - rp.n_rot);
     const attn_se_run u = attn_se_run_of(ATTN_BK, per, ATTN_THREADS);
     for (int j = u.r0; j < ATTN_BK; j += u.dr) {
@@ -234,7 +233,7 @@ static __device__ void attn_se_far_k(struct cuda_rope rp, int n_head_kv, int D, 
             attn_se_zero_items(rp, u.k0, u.k1, y, (float *)nullptr, 0.0f);
             continue;
         }
-        const T *x = cache + ((size_t)(c0 + j) * n_head_kv + g) * D;
+        const P x = cache + ((size_t)(c0 + j) * n_head_kv + g) * D;
         attn_se_walk(
             rp, u.k0, u.k1, se_k_pos_far(p, G), 0, false,
             [&](int e0, int e1, float cs, float sn, float, float) {
@@ -316,28 +315,33 @@ static __device__ void attn_se_tc_k(const struct cuda_attn &a, __half *kn, __hal
 }
 
 // The far K tile of group size G again, for a further G of the block: the
-// bk cells from c0 of KV head g (of n_head_kv, D dims) read from the f16
-// cache (empty cells, sPos < 0, as zeros, as the tile load) and rotated into
-// kf [bk][ld]: the same bits as attn_se_tc_k's far copy of that G. Not
+// bk cells from c0 of KV head g (of n_head_kv, D dims) read from the cache
+// (any type, decoded and rounded to f16 as attn_tc_load_tile does; empty
+// cells, sPos < 0, as zeros, as the tile load) and rotated into kf
+// [bk][ld]: the same bits as attn_se_tc_k's far copy of that G. Not
 // inlined: it runs only when a block mixes G, and inlined (its cos/sin)
 // attn_tc_kernel spilled registers in every tile (ptxas, sm_90).
 static __device__ __noinline__ void attn_se_tc_far_k(struct cuda_rope rp, int n_head_kv, int D,
-                                                     __half *kf, int ld, const __half *cache,
-                                                     int c0, int g, const int *sPos, int bk,
-                                                     int threads, int G) {
+                                                     __half *kf, int ld, kvq_ptr cache, int c0,
+                                                     int g, const int *sPos, int bk, int threads,
+                                                     int G) {
     const int per = rp.n_rot / 2 + (D - rp.n_rot);
     const attn_se_run u = attn_se_run_of(bk, per, threads);
     for (int j = u.r0; j < bk; j += u.dr) {
         const int p = sPos[j] > 0 ? sPos[j] : 0;
         __half *y = kf + j * ld;
-        const __half *x = sPos[j] >= 0 ? cache + ((size_t)(c0 + j) * n_head_kv + g) * D : nullptr;
+        const bool has = sPos[j] >= 0;
+        const kvq_ptr x = cache + ((size_t)(c0 + j) * n_head_kv + g) * D;
+        // the tile's value: decoded and rounded to f16 (exact for an f16 cache)
+        auto tile = [&](int e) {
+            return has ? __half2float(__float2half_rn(kvq_get1(x + e))) : 0.0f;
+        };
         attn_se_walk(
             rp, u.k0, u.k1, se_k_pos_far(p, G), 0, false,
             [&](int e0, int e1, float cs, float sn, float, float) {
-                const float x0 = x ? __half2float(x[e0]) : 0.0f, x1 = x ? __half2float(x[e1]) : 0.0f;
-                attn_se_tc_rot(x0, x1, cs, sn, y, e0, e1);
+                attn_se_tc_rot(tile(e0), tile(e1), cs, sn, y, e0, e1);
             },
-            [&](int d) { y[d] = __float2half_rn(x ? __half2float(x[d]) : 0.0f); });
+            [&](int d) { y[d] = __float2half_rn(tile(d)); });
     }
 }
 

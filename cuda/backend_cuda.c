@@ -677,16 +677,22 @@ static int cu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, 
                            &be->err);
 }
 
+// The cache types the CUDA ops take: the floats and every quantized one
+// (backend_cache_type_quantized): the store encodes, kv_shift re-encodes and
+// attention decodes them (cuda/kv_quant.cuh).
+static bool cu_is_cache_type(enum ggml_type t) {
+    return backend_cache_type_ok(t) || backend_cache_type_quantized(t);
+}
+
 static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, const float *v,
                             void *k_cache, enum ggml_type type_k, void *v_cache,
                             enum ggml_type type_v, const int32_t *pos, const int32_t *cells,
                             int n_tok, int n_head_kv, int head_dim, int head_dim_v,
                             const struct rope_params *rp) {
     CU_ENTER(be);
-    if (!backend_cache_type_ok(type_k) || !backend_cache_type_ok(type_v))
+    if (!cu_is_cache_type(type_k) || !cu_is_cache_type(type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
-                        "rope_kv_store: cache types %s/%s (F16 or "
-                        "F32)",
+                        "rope_kv_store: cache types %s/%s (a float or quantized cache type)",
                         ggml_type_name(type_k), ggml_type_name(type_v));
     if (!k_cache || !v_cache || !cells || !v)
         return verr_set(&be->err, VERR_RANGE, "rope_kv_store: NULL cache, cells or v");
@@ -703,8 +709,9 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
-    if (!backend_cache_type_ok(a->type_k) || !backend_cache_type_ok(a->type_v))
-        return verr_set(&be->err, VERR_UNSUPPORTED, "attention: cache types %s/%s (F16 or F32)",
+    if (!cu_is_cache_type(a->type_k) || !cu_is_cache_type(a->type_v))
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "attention: cache types %s/%s (a float or quantized cache type)",
                         ggml_type_name(a->type_k), ggml_type_name(a->type_v));
     if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv != 0)
         return verr_set(&be->err, VERR_RANGE,
@@ -771,8 +778,9 @@ static int cu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
                        const int32_t *delta, int n_layer, int n_ctx, int n_head_kv, int head_dim,
                        const struct rope_params *rp) {
     CU_ENTER(be);
-    if (!backend_cache_type_ok(type_k))
-        return verr_set(&be->err, VERR_UNSUPPORTED, "kv_shift: cache type %s (F16 or F32)",
+    if (!cu_is_cache_type(type_k))
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "kv_shift: cache type %s (a float or quantized cache type)",
                         ggml_type_name(type_k));
     struct cuda_rope c;
     int rc = cu_rope_prepare(be, &c, rp, head_dim, false, "kv_shift");
@@ -1186,6 +1194,7 @@ static const struct backend_ops cuda_ops = {
     .rope_kv_store = cu_rope_kv_store,
     .attention = cu_attention,
     .kv_shift = cu_kv_shift,
+    .cache_type_supported = cu_is_cache_type,
     .swiglu = cu_swiglu,
     .geglu = cu_geglu,
     .scale = cu_scale,

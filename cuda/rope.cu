@@ -8,6 +8,7 @@
 // contract them; theta_scale, the corr dims and mscale come from the host.
 // What remains different is cosf/sinf (CUDA's are within 2 ulp, glibc's
 // within 1), so results agree to a few float ulps of |x|.
+#include "cuda/kv_quant.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/rope.h"
@@ -85,6 +86,39 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
     }
 }
 
+// rope_kernel<true, ...> for caches of any type (cuda/kv_quant.cuh; the
+// quantized ones and bf16, which the float kernels do not take): K is
+// rotated in place in x first, then the block encodes the rotated K row and
+// the V row of its (token, head) into cell cells[t] (a block of 32 values a
+// thread: gguf/quant.c's quantizer, the same bits as the CPU store).
+__global__ static void __launch_bounds__(ROPE_THREADS)
+    rope_kvq_kernel(float *__restrict__ x /* [n_tok][n_head][head_dim] */,
+                    const int32_t *__restrict__ pos /* [n_tok] */, int n_head, int head_dim,
+                    const struct cuda_rope c,
+                    const float *__restrict__ v /* [n_tok][n_head][hdv] */,
+                    uint8_t *__restrict__ k_cache /* [n_ctx][n_head] rows of head_dim */,
+                    int type_k, uint8_t *__restrict__ v_cache /* [n_ctx][n_head] rows of hdv */,
+                    int type_v, const int32_t *__restrict__ cells /* [n_tok] */, int head_dim_v,
+                    float *__restrict__ q /* [n_tok][n_head_q][head_dim] or NULL */, int n_head_q,
+                    int64_t n_qblk) {
+    if ((int64_t)blockIdx.x < n_qblk) { // uniform per block
+        const int64_t t = blockIdx.x / n_head_q;
+        rope_head<float>(q + (size_t)blockIdx.x * head_dim, (float)pos[t], c, nullptr);
+        return;
+    }
+    const int64_t th = blockIdx.x - n_qblk; // t * n_head + h
+    const int64_t t = th / n_head, h = th % n_head;
+    float *xh = x + (size_t)th * head_dim;
+    rope_head<float>(xh, (float)pos[t], c, nullptr);
+    __syncthreads(); // the rotated row, written by every thread, before it is encoded
+    const size_t row = (size_t)cells[t] * n_head + h;
+    kvq_store_row(type_k, xh, k_cache + row * kvq_row_bytes(type_k, head_dim), head_dim,
+                  threadIdx.x, ROPE_THREADS);
+    kvq_store_row(type_v, v + (size_t)th * head_dim_v,
+                  v_cache + row * kvq_row_bytes(type_v, head_dim_v), head_dim_v, threadIdx.x,
+                  ROPE_THREADS);
+}
+
 // Grid (n_ctx, n_layer): the block of cell c rotates all heads of that cell in
 // one layer by delta[c] positions; blocks of cells with delta 0 exit at once.
 template <typename KT>
@@ -109,6 +143,38 @@ __global__ static void __launch_bounds__(ROPE_SHIFT_THREADS)
         store_as(kh + e0, y0);
         store_as(kh + e1, y1);
     }
+}
+
+// rope_shift_kernel for K caches of any type (cuda/kv_quant.cuh): the
+// cell's row of all heads is decoded into shared memory (srow [n_head_kv *
+// head_dim] floats), rotated there and encoded again, as the CPU's kv_shift
+// (one more rounding for a quantized K a shift).
+__global__ static void __launch_bounds__(ROPE_SHIFT_THREADS)
+    rope_shift_kvq_kernel(uint8_t *__restrict__ k_cache /* [n_layer][n_ctx] rows */, int type_k,
+                          const int32_t *__restrict__ delta /* [n_ctx] */, int n_ctx, int n_head_kv,
+                          int head_dim, const struct cuda_rope c) {
+    extern __shared__ float srow[];
+    const int cell = blockIdx.x;
+    const int dlt = delta[cell];
+    if (dlt == 0)
+        return;
+    const int n = n_head_kv * head_dim;
+    uint8_t *row = k_cache + ((size_t)blockIdx.y * n_ctx + cell) * kvq_row_bytes(type_k, n);
+    for (int i = threadIdx.x; i < n; i += ROPE_SHIFT_THREADS)
+        srow[i] = kvq_get1(kvq_ptr{row, type_k, (size_t)i});
+    __syncthreads();
+    const int n_pairs = c.n_rot / 2;
+    for (int idx = threadIdx.x; idx < n_head_kv * n_pairs; idx += ROPE_SHIFT_THREADS) {
+        const int h = idx / n_pairs, i = idx % n_pairs;
+        float cs, sn;
+        rope_cos_sin(c, (float)dlt, i, &cs, &sn);
+        int e0, e1;
+        rope_pair(c.mode, c.n_rot, i, &e0, &e1);
+        float *kh = srow + (size_t)h * head_dim;
+        rope_rotate(kh[e0], kh[e1], cs, sn, &kh[e0], &kh[e1]);
+    }
+    __syncthreads(); // every head rotated before the row is encoded
+    kvq_store_row(type_k, srow, row, n, threadIdx.x, ROPE_SHIFT_THREADS);
 }
 
 template <typename KT, typename VT>
@@ -154,9 +220,24 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
         VELA_CHECK_LAUNCH(err, "rope_kernel");
         return VERR_OK;
     }
-    if (!rope_cache_type_ok(type_k) || !rope_cache_type_ok(type_v))
-        return verr_set(err, VERR_UNSUPPORTED, "rope_kv_store: cache types %s/%s (F16 or F32)",
-                        ggml_type_name(type_k), ggml_type_name(type_v));
+    if (!kvq_is_cache_type(type_k) || !kvq_is_cache_type(type_v) || head_dim % kvq_block(type_k) ||
+        head_dim_v % kvq_block(type_v))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "rope_kv_store: cache types %s/%s with head dims %d/%d (f32, f16, bf16, "
+                        "or q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl with head dims multiples of 32)",
+                        ggml_type_name(type_k), ggml_type_name(type_v), head_dim, head_dim_v);
+    if (!rope_cache_type_ok(type_k) || !rope_cache_type_ok(type_v)) {
+        const int64_t n_qblk = q ? (int64_t)n_tok * n_head_q : 0;
+        const int64_t blocks = n_qblk + (int64_t)n_tok * n_head;
+        if (blocks > INT32_MAX)
+            return verr_set(err, VERR_RANGE, "rope_kv_store: %lld (token, head) blocks",
+                            (long long)blocks);
+        rope_kvq_kernel<<<(unsigned int)blocks, ROPE_THREADS, 0, stream>>>(
+            x, pos, n_head, head_dim, *c, v, (uint8_t *)k_cache, type_k, (uint8_t *)v_cache, type_v,
+            cells, head_dim_v, q, n_head_q, n_qblk);
+        VELA_CHECK_LAUNCH(err, "rope_kvq_kernel");
+        return VERR_OK;
+    }
     const bool k16 = type_k == GGML_TYPE_F16, v16 = type_v == GGML_TYPE_F16;
     if (k16 && v16)
         return rope_launch_store<__half, __half>(x, pos, n_tok, n_head, head_dim, c, v, k_cache,
@@ -194,9 +275,21 @@ extern "C" int cuda_rope_shift_kv(void *k_cache, enum ggml_type type_k, const in
         rope_shift_kernel<float><<<grid, ROPE_SHIFT_THREADS, 0, stream>>>(
             (float *)k_cache, delta, n_ctx, n_head_kv, head_dim, *c);
         VELA_CHECK_LAUNCH(err, "rope_shift_kernel<f32>");
+    } else if (kvq_is_cache_type(type_k) && head_dim % kvq_block(type_k) == 0) {
+        const size_t smem = (size_t)n_head_kv * head_dim * sizeof(float);
+        if (smem > 48 * 1024)
+            return verr_set(err, VERR_UNSUPPORTED,
+                            "kv_shift: a %s cell of %d x %d values (at most %d decoded in "
+                            "48 KiB of shared memory)",
+                            ggml_type_name(type_k), n_head_kv, head_dim, 48 * 1024 / 4);
+        rope_shift_kvq_kernel<<<grid, ROPE_SHIFT_THREADS, smem, stream>>>(
+            (uint8_t *)k_cache, type_k, delta, n_ctx, n_head_kv, head_dim, *c);
+        VELA_CHECK_LAUNCH(err, "rope_shift_kvq_kernel");
     } else {
-        return verr_set(err, VERR_UNSUPPORTED, "kv_shift: cache type %s (F16 or F32)",
-                        ggml_type_name(type_k));
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "kv_shift: cache type %s with head dim %d (f32, f16, bf16, or a "
+                        "quantized type with head dims multiples of 32)",
+                        ggml_type_name(type_k), head_dim);
     }
     return VERR_OK;
 }

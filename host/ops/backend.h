@@ -333,7 +333,7 @@ struct backend_ops {
 
     // Whether rope_kv_store, attention and kv_shift take caches of type t
     // (backend_supports_cache_type). NULL: the float types only
-    // (backend_cache_type_ok), as the CUDA backend so far.
+    // (backend_cache_type_ok).
     bool (*cache_type_supported)(enum ggml_type t);
 
     // Free and total memory of the device the backend allocates from (the

@@ -195,6 +195,7 @@ static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
 static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 // glibc declares these names itself: macros, not functions.
 #define __expf(x) expf(x)
