@@ -103,7 +103,7 @@ static int kv_check_type(struct backend *be, const char *which, enum ggml_type t
         return verr_set(err, VERR_UNSUPPORTED,
                         "kv_init: %s cache type %s is not supported by the %s backend (%s)", which,
                         ggml_type_name(t), be->ops->name,
-                        backend_cache_type_quantized(t) ? "it supports f16/f32 caches so far"
+                        backend_cache_type_quantized(t) ? "it supports f16/f32 caches only"
                                                         : "a cache type is f32, f16, bf16, q8_0, "
                                                           "q4_0, q4_1, q5_0, q5_1 or iq4_nl");
     const struct ggml_type_info *ti = ggml_type_get(t);

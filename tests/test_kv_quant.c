@@ -13,7 +13,7 @@
 //   bit, and within the two roundings of the float64 rotation;
 // - kv_init refuses, by name, a type the backend does not run (an unknown
 //   one on the CPU; a quantized one on a backend without
-//   cache_type_supported, as the CUDA backend so far) and a block type whose
+//   cache_type_supported) and a block type whose
 //   block does not divide the head dim.
 // The real SmolLM2-135M-Instruct (where tools/model_cache.sh fetched it):
 // the logits of real text with each cache type against the f16 cache (top-1
@@ -415,10 +415,10 @@ Test(kv_quant, refused_by_name) {
     cfg.type_v = GGML_TYPE_BF16; // a block of 1 divides anything
     cr_expect_eq(kv_init(&kv, &cfg, be, &err), 0, "%s", err.msg);
     kv_free(&kv);
-    // A backend without cache_type_supported (the CUDA backend so far): the
-    // floats only, and the message says so.
+    // A backend without cache_type_supported: the floats only, and the
+    // message says so.
     struct backend_ops ops = *be->ops;
-    ops.name = "cuda";
+    ops.name = "float-only";
     ops.cache_type_supported = NULL;
     const struct backend_ops *saved = be->ops;
     be->ops = &ops;
@@ -426,8 +426,8 @@ Test(kv_quant, refused_by_name) {
     cfg.type_k = GGML_TYPE_Q8_0;
     cfg.type_v = GGML_TYPE_F16;
     cr_expect_eq(kv_init(&kv, &cfg, be, &err), VERR_UNSUPPORTED);
-    cr_expect(strstr(err.msg, "K cache type q8_0 is not supported by the cuda backend (it "
-                              "supports f16/f32 caches so far)"),
+    cr_expect(strstr(err.msg, "K cache type q8_0 is not supported by the float-only backend "
+                              "(it supports f16/f32 caches only)"),
               "%s", err.msg);
     cfg.type_k = GGML_TYPE_F32;
     cr_expect_eq(kv_init(&kv, &cfg, be, &err), 0, "%s", err.msg);

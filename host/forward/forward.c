@@ -178,7 +178,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
         const enum ggml_type t = i ? cfg->type_v : cfg->type_k;
         if (!backend_supports_cache_type(fc->be, t))
             return verr_set(err, VERR_UNSUPPORTED,
-                            "forward: %s cache type %s: the %s backend supports %s caches so far",
+                            "forward: %s cache type %s: the %s backend supports %s caches",
                             i ? "V" : "K", ggml_type_name(t), fc->be->ops->name,
                             fc->be->ops->cache_type_supported
                                 ? "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl"
