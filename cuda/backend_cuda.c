@@ -811,6 +811,15 @@ static int cu_add(struct backend *be, float *x, const float *y, int64_t n) {
     return cuda_add_apply(x, y, n, cb_of(be)->stream, &be->err);
 }
 
+static int cu_add_sigmoid_scaled(struct backend *be, float *y, const float *s, const float *g,
+                                 int n_tok, int n) {
+    CU_ENTER(be);
+    const int rc = backend_check_add_sigmoid_scaled(be, "cuda", y, s, g, n_tok, n);
+    if (rc)
+        return rc;
+    return cuda_add_sigmoid_scaled(y, s, g, n_tok, n, cb_of(be)->stream, &be->err);
+}
+
 static int cu_get_rows(struct backend *be, float *out, const float *x, const int32_t *rows,
                        int n_out_rows, int n) {
     CU_ENTER(be);
@@ -1204,6 +1213,7 @@ static const struct backend_ops cuda_ops = {
     .sample = cu_sample,
     .moe_route = cu_moe_route,
     .moe_ffn = cu_moe_ffn,
+    .add_sigmoid_scaled = cu_add_sigmoid_scaled,
     .mem_info = cu_mem_info,
     .alloc_host_pinned = cu_alloc_host_pinned,
     .free_host_pinned = cu_free_host_pinned,

@@ -1,5 +1,5 @@
 // Elementwise and gather ops: embed (dequantize selected rows), swiglu, geglu, scale, add,
-// get_rows. All are memory-bound grid-stride loops over the output.
+// add_sigmoid_scaled, get_rows. All are memory-bound grid-stride loops over the output.
 #include "cuda/dequant.cuh"
 #include "cuda/elementwise.h"
 
@@ -78,6 +78,21 @@ __global__ static void add_kernel(float *x, const float *y, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         x[i] += y[i];
+}
+
+// y[t][i] += s[t][i] * sig(g[t]), sig(g) = silu(g) / g (1/2 at g = 0): the
+// add_sigmoid_scaled op, each step rounded as the CPU's C (no FMA).
+__global__ static void add_sigmoid_scaled_kernel(float *__restrict__ y /* [n_tok][n] */,
+                                                 const float *__restrict__ s /* [n_tok][n] */,
+                                                 const float *__restrict__ g /* [n_tok] */,
+                                                 int n_tok, int n) {
+    const int64_t total = (int64_t)n_tok * n;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const float gt = g[idx / n];
+        const float sig = gt == 0.0f ? 0.5f : gt / (1.0f + expf(-gt)) / gt;
+        y[idx] = __fadd_rn(y[idx], __fmul_rn(s[idx], sig));
+    }
 }
 
 __global__ static void get_rows_kernel(float *__restrict__ out /* [n_out_rows][n] */,
@@ -159,6 +174,16 @@ extern "C" int cuda_add_apply(float *x, const float *y, int64_t n, cudaStream_t 
         return VERR_OK;
     add_kernel<<<ew_grid(n), EW_THREADS, 0, stream>>>(x, y, n);
     VELA_CHECK_LAUNCH(err, "add_kernel");
+    return VERR_OK;
+}
+
+extern "C" int cuda_add_sigmoid_scaled(float *y, const float *s, const float *g, int n_tok, int n,
+                                       cudaStream_t stream, struct verr *err) {
+    if (n_tok <= 0 || n <= 0)
+        return VERR_OK;
+    add_sigmoid_scaled_kernel<<<ew_grid((int64_t)n_tok * n), EW_THREADS, 0, stream>>>(y, s, g,
+                                                                                      n_tok, n);
+    VELA_CHECK_LAUNCH(err, "add_sigmoid_scaled_kernel");
     return VERR_OK;
 }
 

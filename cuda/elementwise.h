@@ -23,6 +23,11 @@ int cuda_geglu_apply(float *out, const float *gate, const float *up, int64_t n, 
 int cuda_scale_apply(float *x, float s, int64_t n, cudaStream_t stream, struct verr *err);
 // x[i] += y[i]
 int cuda_add_apply(float *x, const float *y, int64_t n, cudaStream_t stream, struct verr *err);
+// y[t][i] += s[t][i] * sig(g[t]) (the add_sigmoid_scaled op); s must not
+// alias y.
+int cuda_add_sigmoid_scaled(float *y /* [n_tok][n] */, const float *s /* [n_tok][n] */,
+                            const float *g /* [n_tok] */, int n_tok, int n, cudaStream_t stream,
+                            struct verr *err);
 // out[r] = x[rows[r]]
 int cuda_get_rows(float *out /* [n_out_rows][n] */, const float *x /* [*][n] */,
                   const int32_t *rows /* [n_out_rows] */, int n_out_rows, int n,

@@ -3,8 +3,10 @@
 // computed here in double (hand cases, ties, k = n_expert); moe_ffn against
 // a float64 reference on F32 weights, and, on quantized weights, against the
 // dense ops composed token by token (which it must equal bit for bit), with
-// batch and thread-count invariance.
+// batch and thread-count invariance; add_sigmoid_scaled (the qwen2moe shared
+// expert's gate) against its formula in double.
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include "gguf/types.h"
 #include "host/ops/backend.h"
 #include "tests/cpu_op_helpers.h"
+#include "tests/gate_ref.h"
 
 static void softmax_d(double *p, const float *l, int n) {
     double mx = -INFINITY, s = 0.0;
@@ -312,4 +315,27 @@ Test(moe, ffn_refuses_bad_ids_and_shapes) {
     cr_expect(strstr(be->err.msg, "do not fit 3 experts") != NULL, "message: %s", be->err.msg);
     backend_destroy(be);
     case_free(&c);
+}
+
+// add_sigmoid_scaled against its formula in double (tests/gate_ref.h: the
+// gate values and the bound), then its refusals.
+Test(moe, add_sigmoid_scaled_vs_float64) {
+    rng_seed(32);
+    enum { N_TOK = GATE_REF_N_FIXED + 14, N = 67 };
+    float g[N_TOK], y[N_TOK * N], s[N_TOK * N], y0[N_TOK * N];
+    for (int t = 0; t < N_TOK; t++)
+        g[t] = t < GATE_REF_N_FIXED ? gate_ref_g[t] : 4.0f * frand();
+    for (int i = 0; i < N_TOK * N; i++) {
+        y0[i] = y[i] = 3.0f * frand();
+        s[i] = 3.0f * frand();
+    }
+    struct backend *be = mk_backend(1);
+    cr_assert_eq(be->ops->add_sigmoid_scaled(be, y, s, g, N_TOK, N), 0, "%s", be->err.msg);
+    const int fails = gate_ref_check("cpu", y, y0, s, g, N_TOK, N);
+    cr_expect_eq(fails, 0, "add_sigmoid_scaled: %d values outside the bound", fails);
+    cr_expect_eq(be->ops->add_sigmoid_scaled(be, y, y + 5, g, 2, N), VERR_RANGE);
+    cr_expect(strstr(be->err.msg, "s overlaps y") != NULL, "message: %s", be->err.msg);
+    cr_expect_eq(be->ops->add_sigmoid_scaled(be, y, s, g, -1, N), VERR_RANGE);
+    cr_expect(strstr(be->err.msg, "shape -1 x 67") != NULL, "message: %s", be->err.msg);
+    backend_destroy(be);
 }

@@ -1095,6 +1095,7 @@ static const struct backend_ops cpu_ops = {
     .sample = cpu_sample,
     .moe_route = cpu_moe_route,
     .moe_ffn = cpu_moe_ffn,
+    .add_sigmoid_scaled = cpu_add_sigmoid_scaled,
     .mem_info = cpu_mem_info,
     .destroy = cpu_destroy,
 };

@@ -164,3 +164,26 @@ int cpu_moe_ffn(struct backend *be, const struct moe_args *a) {
     }
     return VERR_OK;
 }
+
+// sig(g) of add_sigmoid_scaled: llama.cpp's silu(g) / g, each step in float.
+static float shexp_sigmoid(float g) {
+    if (g == 0.0f)
+        return 0.5f;
+    const float silu = g / (1.0f + expf(-g));
+    return silu / g;
+}
+
+int cpu_add_sigmoid_scaled(struct backend *be, float *y, const float *s, const float *g, int n_tok,
+                           int n) {
+    const int rc = backend_check_add_sigmoid_scaled(be, "cpu", y, s, g, n_tok, n);
+    if (rc || n_tok == 0 || n == 0)
+        return rc;
+    for (int t = 0; t < n_tok; t++) {
+        const float sig = shexp_sigmoid(g[t]);
+        float *yt = y + (size_t)t * n;
+        const float *st = s + (size_t)t * n;
+        for (int i = 0; i < n; i++)
+            yt[i] += st[i] * sig;
+    }
+    return VERR_OK;
+}

@@ -110,6 +110,11 @@ static int check_block(const struct model_hparams *hp, const struct backend *be,
                         "forward: %s has %d experts per block, and the %s backend has no "
                         "mixture-of-experts ops (moe_route, moe_ffn)",
                         a->name, hp->n_expert, be->ops->name);
+    if (hp->n_expert > 0 && a->moe.shexp && !be->ops->add_sigmoid_scaled)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: %s has a gated shared expert, and the %s backend has no "
+                        "add_sigmoid_scaled op",
+                        a->name, be->ops->name);
     return 0;
 }
 
@@ -262,9 +267,8 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     fc->h_cells = malloc(nb * sizeof(int32_t));
     fc->h_rows = malloc(no * sizeof(int32_t));
     fc->h_se = malloc(nb * 2 * sizeof(int32_t));
-    fc->h_shexp_gate = malloc(nb * f);
     if (!fc->out_batch_idx || !fc->h_logits || !fc->h_argmax || !fc->h_cells || !fc->h_rows ||
-        !fc->h_se || !fc->h_shexp_gate) {
+        !fc->h_se) {
         rc = verr_set(err, VERR_NOMEM, "forward: out of host memory (logits for %zu rows)", no);
         goto fail;
     }
@@ -307,7 +311,6 @@ void forward_free(struct forward_ctx *fc) {
     free(fc->h_cells);
     free(fc->h_rows);
     free(fc->h_se);
-    free(fc->h_shexp_gate);
     memset(fc, 0, sizeof *fc);
 }
 
@@ -758,15 +761,11 @@ static int layer_ffn(struct forward_ctx *fc, int il, float *x, int n_tok, struct
 
 // The shared expert of a qwen2moe block, added to fc->moe_out as llama.cpp
 // computes it: moe_out += ffn(h) * sigmoid(g), g = ffn_gate_inp_shexp . h,
-// h = fc->xn the normed input, sigmoid(g) = silu(g) / g (llama.cpp's
-// ggml_div(ggml_silu(g), g); 1/2 at g = 0, where that is 0/0). The op
-// table has no "y[t] += s[t] * sigmoid(g[t])" op yet: g comes to the host
-// (one sync per layer) and each token's row is scaled by its factor.
+// h = fc->xn the normed input (the add_sigmoid_scaled op: host/ops/backend.h).
 static int moe_shared_expert(struct forward_ctx *fc, int il, int n_tok, struct verr *err) {
     const struct model_hparams *hp = &fc->m->hp;
     struct backend *be = fc->be;
     const struct model_layer *L = &fc->m->layers[il];
-    const int n_embd = hp->n_embd;
     OP("ffn_gate_inp_shexp",
        be->ops->matmul(be, fc->shexp_gate, &L->ffn_gate_inp_shexp, fc->xn, NULL, n_tok));
     OP("ffn_gate/up_shexp + swiglu",
@@ -774,16 +773,8 @@ static int moe_shared_expert(struct forward_ctx *fc, int il, int n_tok, struct v
                               n_tok));
     // xn is read for the last time above: it takes the shared expert's output
     OP("ffn_down_shexp", be->ops->matmul(be, fc->xn, &L->ffn_down_shexp, fc->gate, NULL, n_tok));
-    OP("download shared expert gate",
-       be->ops->download(be, fc->h_shexp_gate, fc->shexp_gate, (size_t)n_tok * sizeof(float)));
-    OP("sync", be->ops->sync(be));
-    for (int t = 0; t < n_tok; t++) {
-        const float g = fc->h_shexp_gate[t];
-        const float silu = g / (1.0f + expf(-g));
-        OP("shared expert gate",
-           be->ops->scale(be, fc->xn + (size_t)t * n_embd, g == 0.0f ? 0.5f : silu / g, n_embd));
-    }
-    OP("shared expert add", be->ops->add(be, fc->moe_out, fc->xn, (int64_t)n_tok * n_embd));
+    OP("shared expert gate + add",
+       be->ops->add_sigmoid_scaled(be, fc->moe_out, fc->xn, fc->shexp_gate, n_tok, hp->n_embd));
     return 0;
 }
 

@@ -159,13 +159,12 @@ struct forward_ctx {
     int se_default_n;  // leading entries of d_se that hold cfg's (G, W) (batches without se)
 
     // backend scratch of blocks with experts (hp.n_expert > 0; NULL elsewhere)
-    float *router;       // [n_batch][n_expert] router logits
-    int32_t *moe_ids;    // [n_batch][n_expert_used] each token's experts
-    float *moe_w;        // [n_batch][n_expert_used] their weights
-    float *moe_out;      // [n_batch][n_embd] the routed (+ shared) feed-forward's output
-    float *moe_tmp;      // [BACKEND_MOE_TMP(n_batch, n_expert_used, n_embd, n_ff_exp)]
-    float *shexp_gate;   // [n_batch] the shared expert's gate logit (qwen2moe), else NULL
-    float *h_shexp_gate; // [n_batch] host copy of it
+    float *router;     // [n_batch][n_expert] router logits
+    int32_t *moe_ids;  // [n_batch][n_expert_used] each token's experts
+    float *moe_w;      // [n_batch][n_expert_used] their weights
+    float *moe_out;    // [n_batch][n_embd] the routed (+ shared) feed-forward's output
+    float *moe_tmp;    // [BACKEND_MOE_TMP(n_batch, n_expert_used, n_embd, n_ff_exp)]
+    float *shexp_gate; // [n_batch] the shared expert's gate logit (qwen2moe), else NULL
 
     // host results of the last decode
     int n_out;              // rows that wanted logits

@@ -329,6 +329,15 @@ struct backend_ops {
     // struct moe_args for the expert stacks.
     int (*moe_ffn)(struct backend *be, const struct moe_args *a);
 
+    // A shared expert's gated add (qwen2moe), llama.cpp's
+    // ggml_div(ggml_silu(g), g) then mul and add:
+    //   y[t][i] += s[t][i] * sig(g[t]),  sig(g) = silu(g) / g,
+    //   silu(g) = g / (1 + expf(-g)), sig(0) = 1/2 (where that is 0/0),
+    // each step rounded to float as written. s must not alias y.
+    int (*add_sigmoid_scaled)(struct backend *be, float *y /* [n_tok][n] */,
+                              const float *s /* [n_tok][n] */, const float *g /* [n_tok] */,
+                              int n_tok, int n);
+
     // --- optional (NULL where a backend has no use for them) -----------------
 
     // Whether rope_kv_store, attention and kv_shift take caches of type t
@@ -418,6 +427,24 @@ static inline bool backend_supports_cache_type(const struct backend *be, enum gg
     if (be->ops->cache_type_supported)
         return be->ops->cache_type_supported(t);
     return backend_cache_type_ok(t);
+}
+
+// The argument checks of add_sigmoid_scaled that every backend makes (who
+// names the backend in the message): 0, or VERR_RANGE with be->err set.
+static inline int backend_check_add_sigmoid_scaled(struct backend *be, const char *who,
+                                                   const float *y, const float *s, const float *g,
+                                                   int n_tok, int n) {
+    if (n_tok < 0 || n < 0)
+        return verr_set(&be->err, VERR_RANGE, "%s add_sigmoid_scaled: shape %d x %d", who, n_tok,
+                        n);
+    if (n_tok == 0 || n == 0)
+        return 0;
+    if (!y || !s || !g)
+        return verr_set(&be->err, VERR_RANGE, "%s add_sigmoid_scaled: NULL pointer", who);
+    const size_t len = (size_t)n_tok * (size_t)n;
+    if (s < y + len && y < s + len)
+        return verr_set(&be->err, VERR_RANGE, "%s add_sigmoid_scaled: s overlaps y", who);
+    return 0;
 }
 
 // Creates the CPU reference backend with n_threads worker threads (<= 0: one

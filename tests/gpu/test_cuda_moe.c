@@ -10,6 +10,7 @@
 // moe_ffn equals the dense CUDA ops composed expert by expert bit for bit,
 // and a token's output does not depend on what else is in its batch
 // (bit for bit within the decode shapes and within the prompt shapes).
+// add_sigmoid_scaled against its formula in double.
 // Without a CUDA device every test skips itself.
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -24,7 +25,9 @@
 #include "gguf/quant.h"
 #include "gguf/types.h"
 #include "host/ops/backend.h"
+#include "tests/gate_ref.h"
 #include "tests/gpu/gpu_fixture.h"
+#include "tests/gpu/host_arrays.h"
 #include "tests/rand_blocks.h"
 #include "tests/rng_splitmix.h"
 
@@ -37,26 +40,6 @@ static void *dl(struct backend *be, const void *src, size_t bytes) {
     OK(be, be->ops->download(be, h, src, bytes));
     OK(be, be->ops->sync(be));
     return h;
-}
-
-static float *nrand_array(size_t n, float sigma) {
-    float *x = malloc(n * sizeof *x + 16);
-    cr_assert_not_null(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = sigma * nrand();
-    return x;
-}
-
-static float *dequant_all(enum ggml_type type, const void *w, int64_t n_in, int64_t n_out) {
-    float *d = malloc((size_t)n_in * (size_t)n_out * sizeof *d);
-    cr_assert_not_null(d);
-    const size_t rb = ggml_row_bytes(type, n_in);
-    struct verr err = {0};
-    for (int64_t o = 0; o < n_out; o++)
-        cr_assert_eq(quant_dequantize_row(type, (const uint8_t *)w + (size_t)o * rb,
-                                          d + (size_t)o * n_in, n_in, &err),
-                     0, "%s", err.msg);
-    return d;
 }
 
 // ---------------------------------------------------------------------------
@@ -493,4 +476,41 @@ Test(cuda_moe, ffn_equals_dense) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_dense_case(&cases[i]);
+}
+
+// ---------------------------------------------------------------------------
+// add_sigmoid_scaled (the qwen2moe shared expert's gate)
+
+// Against its formula in double (tests/gate_ref.h: the gate values and the
+// bound, as the CPU is held to in tests/test_ops_moe.c); the CPU's result
+// is compared too (logged: expf may differ by an ulp or two).
+Test(cuda_moe, add_sigmoid_scaled) {
+    REQUIRE_GPU();
+    rng_seed(3205);
+    enum { N_TOK = GATE_REF_N_FIXED + 30, N = 300 };
+    float g[N_TOK];
+    for (int t = 0; t < N_TOK; t++)
+        g[t] = t < GATE_REF_N_FIXED ? gate_ref_g[t] : 4.0f * nrand();
+    float *y0 = nrand_array((size_t)N_TOK * N, 3.0f), *s = nrand_array((size_t)N_TOK * N, 3.0f);
+    const size_t bytes = (size_t)N_TOK * N * sizeof(float);
+    struct dbuf by = dbuf_new(y0, bytes), bs = dbuf_new(s, bytes), bg = dbuf_new(g, sizeof g);
+    OK(cpu, cpu->ops->add_sigmoid_scaled(cpu, by.c, bs.c, bg.c, N_TOK, N));
+    OK(gpu, gpu->ops->add_sigmoid_scaled(gpu, by.g, bs.g, bg.g, N_TOK, N));
+    float *yc = dl(cpu, by.c, bytes), *yg = dl(gpu, by.g, bytes);
+    const int fails = gate_ref_check("cuda", yg, y0, s, g, N_TOK, N);
+    cr_expect_eq(fails, 0, "add_sigmoid_scaled: %d values outside the bound", fails);
+    double worst_cpu = 0.0;
+    for (size_t k = 0; k < (size_t)N_TOK * N; k++)
+        worst_cpu = fmax(worst_cpu, fabs((double)yg[k] - yc[k]));
+    cr_log_info("add_sigmoid_scaled: worst |cuda - cpu| %.3g", worst_cpu);
+    // s overlapping y is refused on the host
+    cr_expect_eq(gpu->ops->add_sigmoid_scaled(gpu, by.g, (float *)by.g + 1, bg.g, 2, N),
+                 VERR_RANGE);
+    free(yc);
+    free(yg);
+    free(y0);
+    free(s);
+    dbuf_free(&by);
+    dbuf_free(&bs);
+    dbuf_free(&bg);
 }

@@ -23,6 +23,7 @@
 #include "gguf/types.h"
 #include "host/ops/backend.h"
 #include "tests/gpu/gpu_fixture.h"
+#include "tests/gpu/host_arrays.h"
 #include "tests/rand_blocks.h"
 #include "tests/rng_splitmix.h"
 
@@ -30,14 +31,6 @@
 // fixture and helpers
 
 TestSuite(cuda, .init = setup, .fini = teardown, .timeout = 600);
-
-static float *nrand_array(size_t n, float sigma) {
-    float *x = malloc(n * sizeof *x + 16);
-    cr_assert_not_null(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = sigma * nrand();
-    return x;
-}
 
 // Waits for both backends and downloads b into fresh host arrays.
 static void dbuf_get(const struct dbuf *b, void **hc, void **hg) {
@@ -94,19 +87,6 @@ static void *make_weight(enum ggml_type type, int64_t n_in, int64_t n_out) {
     const size_t rb = ggml_row_bytes(type, n_in);
     cr_assert_gt(rb, 0, "%s n_in %lld", ggml_type_name(type), (long long)n_in);
     return rand_blocks(type, n_in, n_out, RAND_MAGNITUDE_FIRST);
-}
-
-// The host reference decoder (gguf/quant.c): [n_out][n_in] floats.
-static float *dequant_all(enum ggml_type type, const void *w, int64_t n_in, int64_t n_out) {
-    float *d = malloc((size_t)n_in * (size_t)n_out * sizeof *d);
-    cr_assert_not_null(d);
-    const size_t rb = ggml_row_bytes(type, n_in);
-    struct verr err = {0};
-    for (int64_t o = 0; o < n_out; o++)
-        cr_assert_eq(quant_dequantize_row(type, (const uint8_t *)w + (size_t)o * rb,
-                                          d + (size_t)o * n_in, n_in, &err),
-                     0, "%s", err.msg);
-    return d;
 }
 
 static const enum ggml_type all_weight_types[] = {
