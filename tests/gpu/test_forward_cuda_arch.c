@@ -1,11 +1,14 @@
-// qwen3 and gemma3 (host/model/arch_qwen3.c, arch_gemma3.c) through the whole
-// forward pass on the CUDA backend against the CPU backend: per-head Q/K
+// qwen3, gemma3 (host/model/arch_qwen3.c, arch_gemma3.c) and the MoE architectures
+// through the whole forward pass on the CUDA backend against the CPU backend: per-head Q/K
 // norms, a head dimension other than n_embd / n_head, gemma3's embedding
 // scale, sandwich norms, GeGLU, and sliding-window layers (window 5 over 20
 // tokens, every other layer local, the local layers with their own RoPE
 // base). Models come from mkmodel (seed 42); the 20 tokens run as one batch
-// (GEMM path) and one token at a time (mat-vec path, CUDA graphs). Skips
-// itself without a CUDA device.
+// (GEMM path) and one token at a time (mat-vec path, CUDA graphs, which
+// every one-token step must replay). The mixture-of-experts architectures
+// (qwen3moe, qwen2moe with its gated shared expert, Mixtral) run the same
+// way with F32 and Q4_0 stacks (the 20-token Q4_0 batch takes the grouped
+// tensor-core GEMM). Skips itself without a CUDA device.
 //
 // Tolerances, relative to the largest |logit| of the CPU result, as in
 // tests/gpu/test_forward_cuda.c:
@@ -68,6 +71,18 @@ static void arch_logits(struct model *m, int n_batch, enum ggml_type kv, float *
         cr_assert_eq(res.n_rows, nb);
         for (int r = 0; r < nb; r++)
             memcpy(out + (size_t)(i + r) * V, context_row_logits(&res, r), V * sizeof(float));
+    }
+    // One-token steps on a backend with graphs replay them: no op of the
+    // forward pass (the qwen2moe shared expert's gate included) leaves the
+    // device or fails to record. One step may run eagerly: the first act_q8
+    // step allocates the backend's q8_1 copy of the activations, which a
+    // recording refuses.
+    if (n_batch == 1 && m->be->ops->graph_begin) {
+        const struct forward_graph_stats st = context_graph_stats(c);
+        cr_expect(st.replays >= ARCH_N_TOK - 1,
+                  "%s %s: %d steps, graphs recorded %lld, replayed %lld, eager %lld",
+                  m->be->ops->name, model_arch_name(m->hp.arch), ARCH_N_TOK, (long long)st.recorded,
+                  (long long)st.replays, (long long)st.eager);
     }
     context_free(c);
 }
@@ -145,4 +160,34 @@ Test(forward_cuda_arch, q4_0) {
 
 Test(forward_cuda_arch, q4_0_act_q8) {
     arch_compare_both(GGML_TYPE_Q4_0, true, 2e-2, 0, "q4_0 act_q8");
+}
+
+// The mixture-of-experts architectures (host/model/arch_qwen3moe.c,
+// arch_qwen2moe.c, Mixtral in arch_llama.c): 2 layers of 128, 8 experts of
+// 64, k = 2 (qwen3moe: k = 8 = n_expert, every expert), weights of type t.
+// Decode batches run the router, the expert mat-vecs and the qwen2moe
+// shared expert's gate inside CUDA graphs; the 20-token batch with
+// quantized stacks runs the grouped tensor-core GEMM (F32 stacks: the
+// expert mat-vecs over every pair).
+static void arch_compare_moe(enum ggml_type t, bool act_q8, double tol, double tol_batch,
+                             const char *label) {
+    static const enum model_arch archs[] = {MODEL_ARCH_QWEN3MOE, MODEL_ARCH_QWEN2MOE,
+                                            MODEL_ARCH_LLAMA};
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        struct mkmodel_config c;
+        const int k = archs[a] == MODEL_ARCH_QWEN3MOE ? 8 : 2;
+        arch_test_moe_config(&c, archs[a], 128, 2, 64, 8, k, t);
+        char what[64];
+        snprintf(what, sizeof what, "%s %s",
+                 archs[a] == MODEL_ARCH_LLAMA ? "mixtral" : model_arch_name(archs[a]), label);
+        arch_compare(&c, act_q8, tol, tol_batch, what);
+    }
+}
+
+Test(forward_cuda_arch, moe_f32) {
+    arch_compare_moe(GGML_TYPE_F32, false, 1e-4, 1e-4, "f32");
+}
+
+Test(forward_cuda_arch, moe_q4_0) {
+    arch_compare_moe(GGML_TYPE_Q4_0, false, 1e-4, 2e-2, "q4_0");
 }
