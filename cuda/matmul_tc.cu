@@ -396,6 +396,36 @@ static int tc_device(int *dev, int *cc_major, int *sm_count, int *smem_optin, st
     return VERR_OK;
 }
 
+// What both launches (plain and grouped) check and ask the device before
+// planning: the weight rows are whole blocks, the weights and activations
+// 16-byte aligned, the row tiles countable in an int, and the device has
+// tensor cores. `what` names the entry point in the messages.
+struct tc_target {
+    size_t row_bytes;
+    int dev, sm_count, smem_optin;
+};
+
+static int tc_prepare(const char *what, const void *w, enum ggml_type type, int64_t n_in,
+                      int64_t n_out, const uint16_t *xh, struct tc_target *d, struct verr *err) {
+    d->row_bytes = ggml_row_bytes(type, n_in);
+    if (d->row_bytes == 0)
+        return verr_set(err, VERR_RANGE, "%s: %s row of %lld elements is not whole blocks", what,
+                        ggml_type_name(type), (long long)n_in);
+    if ((((uintptr_t)w | (uintptr_t)xh) & 15u) != 0)
+        return verr_set(err, VERR_RANGE, "%s: weights %p / activations %p are not 16-byte aligned",
+                        what, w, (const void *)xh);
+    if ((n_out + 31) / 32 > INT32_MAX)
+        return verr_set(err, VERR_RANGE, "%s: %lld rows are too many", what, (long long)n_out);
+    int cc_major = 0;
+    const int rc = tc_device(&d->dev, &cc_major, &d->sm_count, &d->smem_optin, err);
+    if (rc)
+        return rc;
+    if (cc_major < 7)
+        return verr_set(err, VERR_UNSUPPORTED, "%s: compute capability %d.x has no tensor cores",
+                        what, cc_major);
+    return VERR_OK;
+}
+
 extern "C" int cuda_matmul_q_tc(float *out, const void *w, enum ggml_type type, int64_t n_in,
                                 int64_t n_out, const uint16_t *xh, const float *bias, int n_tok,
                                 int accumulate, cudaStream_t stream, struct verr *err) {
@@ -403,23 +433,12 @@ extern "C" int cuda_matmul_q_tc(float *out, const void *w, enum ggml_type type, 
         return VERR_OK;
     if (accumulate && bias)
         return verr_set(err, VERR_RANGE, "matmul_tc: accumulate with a bias is not supported");
-    const size_t row_bytes = ggml_row_bytes(type, n_in);
-    if (row_bytes == 0)
-        return verr_set(err, VERR_RANGE, "matmul_tc: %s row of %lld elements is not whole blocks",
-                        ggml_type_name(type), (long long)n_in);
-    if ((((uintptr_t)w | (uintptr_t)xh) & 15u) != 0)
-        return verr_set(err, VERR_RANGE,
-                        "matmul_tc: weights %p / activations %p are not 16-byte aligned", w,
-                        (const void *)xh);
-    if ((n_out + 31) / 32 > INT32_MAX)
-        return verr_set(err, VERR_RANGE, "matmul_tc: %lld rows are too many", (long long)n_out);
-    int dev = 0, cc_major = 0, sm_count = 0, smem_optin = 0;
-    int rc = tc_device(&dev, &cc_major, &sm_count, &smem_optin, err);
+    struct tc_target d;
+    int rc = tc_prepare("matmul_tc", w, type, n_in, n_out, xh, &d, err);
     if (rc)
         return rc;
-    if (cc_major < 7)
-        return verr_set(err, VERR_UNSUPPORTED,
-                        "matmul_tc: compute capability %d.x has no tensor cores", cc_major);
+    const size_t row_bytes = d.row_bytes;
+    const int dev = d.dev, sm_count = d.sm_count, smem_optin = d.smem_optin;
     const __half *x16 = (const __half *)xh;
     auto run = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
@@ -479,31 +498,18 @@ extern "C" int cuda_matmul_q_tc_grouped(float *out, const void *w, enum ggml_typ
                                         struct verr *err) {
     if (n_out <= 0 || !g || g->n_tiles <= 0)
         return VERR_OK;
-    const size_t row_bytes = ggml_row_bytes(type, n_in);
-    if (row_bytes == 0)
-        return verr_set(err, VERR_RANGE,
-                        "matmul_tc grouped: %s row of %lld elements is not whole blocks",
-                        ggml_type_name(type), (long long)n_in);
     if (!g->tiles || !g->offsets || !g->order || g->x_div < 1 || g->n_tiles > 65535 ||
         (g->tpb != 16 && g->tpb != 32 && g->tpb != 64 && g->tpb != 128))
         return verr_set(err, VERR_RANGE,
                         "matmul_tc grouped: %d tiles of %d tokens, x_div %d (need the tables, "
                         "at most 65535 tiles of 16, 32, 64 or 128 tokens, x_div >= 1)",
                         g->n_tiles, g->tpb, g->x_div);
-    if ((((uintptr_t)w | (uintptr_t)xh) & 15u) != 0)
-        return verr_set(err, VERR_RANGE,
-                        "matmul_tc grouped: weights %p / activations %p are not 16-byte aligned", w,
-                        (const void *)xh);
-    if ((n_out + 31) / 32 > INT32_MAX)
-        return verr_set(err, VERR_RANGE, "matmul_tc grouped: %lld rows are too many",
-                        (long long)n_out);
-    int dev = 0, cc_major = 0, sm_count = 0, smem_optin = 0;
-    int rc = tc_device(&dev, &cc_major, &sm_count, &smem_optin, err);
+    struct tc_target d;
+    int rc = tc_prepare("matmul_tc grouped", w, type, n_in, n_out, xh, &d, err);
     if (rc)
         return rc;
-    if (cc_major < 7)
-        return verr_set(err, VERR_UNSUPPORTED,
-                        "matmul_tc grouped: compute capability %d.x has no tensor cores", cc_major);
+    const size_t row_bytes = d.row_bytes;
+    const int dev = d.dev, sm_count = d.sm_count, smem_optin = d.smem_optin;
     const tc_group grp = {g->tiles, g->offsets, g->order, (size_t)n_out * row_bytes, g->x_div};
     const __half *x16 = (const __half *)xh;
     auto run = [&](auto tc) -> int {

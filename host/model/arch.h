@@ -194,6 +194,21 @@ const char *arch_names(char *buf, size_t cap);
 // token_embd, output_norm, output (optional: tied), rope_freqs (optional).
 extern const struct arch_tensor arch_globals_llama[];
 
+// The fields of struct arch the Qwen families share (qwen2, qwen2moe,
+// qwen3, qwen3moe): NeoX RoPE, llama.cpp's default base, the published
+// models' norm eps and base for synthetic files, llama's global tensors.
+#define ARCH_QWEN_FIELDS                                                                           \
+    .rope_mode = ROPE_MODE_NEOX, .rope_freq_base = 10000.0f, .synth_norm_eps = 1e-6f,              \
+    .synth_rope_freq_base = 1000000.0f, .globals = arch_globals_llama
+// qwen2's (qwen2, qwen2moe): the above and llama.cpp's quirks for them.
+#define ARCH_QWEN2_FIELDS                                                                          \
+    ARCH_QWEN_FIELDS,                                                                              \
+        .lcpp_quirks = ARCH_LCPP_ROT_ASSERT | ARCH_LCPP_Q_SQUARE | ARCH_LCPP_NO_ROPE_FREQS
+// qwen3's (qwen3, qwen3moe): per-head Q/K norms, SwiGLU, llama.cpp's quirks.
+#define ARCH_QWEN3_FIELDS                                                                          \
+    ARCH_QWEN_FIELDS, .block = {.qk_norm = true, .ffn = ARCH_FFN_SWIGLU},                          \
+                      .lcpp_quirks = ARCH_LCPP_ROT_ASSERT | ARCH_LCPP_NO_ROPE_FREQS
+
 // Shorthands for writing tables (in an arch_<name>.c, which includes
 // host/model/layout.h for the fields): a matrix / vector of a block, by
 // enum arch_dim and enum arch_role without their prefixes.

@@ -12,12 +12,7 @@ const struct arch arch_qwen2 = {
     .id = MODEL_ARCH_QWEN2,
     .name = "qwen2",
     .summary = "NeoX RoPE, Q/K/V biases",
-    .rope_mode = ROPE_MODE_NEOX,
+    ARCH_QWEN2_FIELDS,
     .block = {.bias_qkv = true, .ffn = ARCH_FFN_SWIGLU},
-    .rope_freq_base = 10000.0f,
-    .synth_norm_eps = 1e-6f,
-    .synth_rope_freq_base = 1000000.0f,
-    .lcpp_quirks = ARCH_LCPP_ROT_ASSERT | ARCH_LCPP_Q_SQUARE | ARCH_LCPP_NO_ROPE_FREQS,
-    .globals = arch_globals_llama,
     .layer = layer,
 };

@@ -16,12 +16,6 @@ const struct arch arch_qwen3 = {
     .id = MODEL_ARCH_QWEN3,
     .name = "qwen3",
     .summary = "NeoX RoPE, per-head Q/K RMS norm",
-    .rope_mode = ROPE_MODE_NEOX,
-    .block = {.qk_norm = true, .ffn = ARCH_FFN_SWIGLU},
-    .rope_freq_base = 10000.0f,
-    .synth_norm_eps = 1e-6f,
-    .synth_rope_freq_base = 1000000.0f,
-    .lcpp_quirks = ARCH_LCPP_ROT_ASSERT | ARCH_LCPP_NO_ROPE_FREQS,
-    .globals = arch_globals_llama,
+    ARCH_QWEN3_FIELDS,
     .layer = layer,
 };
