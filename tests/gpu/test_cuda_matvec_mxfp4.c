@@ -84,8 +84,9 @@ static double run_plain(enum cuda_mv_epilogue epi, int n_tok, int64_t n_in, int6
         {.out = dout, .w = dw[0], .bias = epi == CUDA_MV_ADD ? db : NULL, .n_out = n_out},
         {.out = dout, .w = n_seg == 2 ? dw[1] : NULL, .bias = NULL, .n_out = n_out}};
     struct verr err = {0};
-    cr_assert_eq(cuda_matvec_segs(segs, n_seg, GGML_TYPE_MXFP4, n_in, dx, n_tok, epi, 0, &err), 0,
-                 "%s", err.msg);
+    cr_assert_eq(
+        cuda_matvec_segs(segs, n_seg, GGML_TYPE_MXFP4, n_in, dx, n_tok, epi, false, 0, &err), 0,
+        "%s", err.msg);
     dev_download(got, dout, (size_t)(n_tok * n_out) * 4);
     double worst = 0.0;
     for (int t = 0; t < n_tok; t++)
