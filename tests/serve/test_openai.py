@@ -168,6 +168,16 @@ def test_logprobs(client):
         assert abs(t.logprob - t.top_logprobs[0].logprob) < 1e-5
     c = complete(client, "Hi", max_tokens=4, logprobs=2)
     assert len(c.choices[0].logprobs.token_logprobs) == 4
+    # logprobs 0: the chosen tokens' alone, no alternatives (the server once
+    # read before its list of 0 best and crashed; the soak's seed 627983777)
+    c = complete(client, "Hi", max_tokens=4, logprobs=0, temperature=0.8, seed=1)
+    lp = c.choices[0].logprobs
+    assert len(lp.token_logprobs) == 4 and all(x <= 0 for x in lp.token_logprobs)
+    assert all(not t for t in lp.top_logprobs or [])
+    r = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=3, logprobs=True,
+                                       top_logprobs=0,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    assert all(t.top_logprobs == [] for t in r.choices[0].logprobs.content)
 
 
 def test_tokenize_round_trip():

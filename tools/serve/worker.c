@@ -115,7 +115,7 @@ static int record_logprob(struct srv_job *j, const struct tokenizer *tok, int32_
     token_text(tok, id, t->token, sizeof t->token);
     t->logprob = (float)(j->row[id] - lse);
     int idx[API_MAX_TOP_LOGPROBS];
-    for (int v = 0; v < V; v++) { // insertion into the k best so far
+    for (int v = 0; v < V && k > 0; v++) { // insertion into the k best so far
         int n = t->n_top;
         if (n == k && j->row[v] <= j->row[idx[n - 1]])
             continue;
