@@ -709,6 +709,8 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
+    if (a->sinks)
+        return verr_set(&be->err, VERR_UNSUPPORTED, "attention: sinks");
     if (!cu_is_cache_type(a->type_k) || !cu_is_cache_type(a->type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "attention: cache types %s/%s (a float or quantized cache type)",
@@ -879,10 +881,12 @@ static int cu_sample(struct backend *be, int32_t *out, const float *logits, int 
 // --- mixture of experts ----------------------------------------------------------
 
 static int cu_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits,
-                        int n_tok, int n_expert, int k, bool renorm) {
+                        int n_tok, int n_expert, int k, enum moe_gating gating) {
     CU_ENTER(be);
-    return cuda_moe_route(ids, weights, logits, n_tok, n_expert, k, renorm ? 1 : 0,
-                          cb_of(be)->stream, &be->err);
+    if (gating != MOE_GATING_SOFTMAX && gating != MOE_GATING_SOFTMAX_RENORM)
+        return verr_set(&be->err, VERR_UNSUPPORTED, "moe_route: gating %d", (int)gating);
+    return cuda_moe_route(ids, weights, logits, n_tok, n_expert, k,
+                          gating == MOE_GATING_SOFTMAX_RENORM ? 1 : 0, cb_of(be)->stream, &be->err);
 }
 
 // The host-side checks of moe_ffn (the ids are device memory: the kernels
@@ -1044,6 +1048,8 @@ static int cu_moe_ffn_grouped(struct backend *be, const struct moe_args *a, int 
 static int cu_moe_ffn(struct backend *be, const struct moe_args *a) {
     CU_ENTER_READING(be, a ? a->x : NULL, a ? a->n_tok : 0);
     int rc = cu_moe_check(be, a);
+    if (!rc && (a->gate_b || a->up_b || a->down_b || a->act != MOE_ACT_SWIGLU))
+        return verr_set(&be->err, VERR_UNSUPPORTED, "moe_ffn: expert biases, swiglu_oai");
     if (rc || a->n_tok == 0)
         return rc;
     if (a->n_tok > CUDA_MATVEC_MAX_TOK) {

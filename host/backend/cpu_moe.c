@@ -51,7 +51,10 @@ static void route_row(int32_t *ids /* [k] */, float *w /* [k] */, float *p /* [n
 }
 
 int cpu_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, int n_tok,
-                  int n_expert, int k, bool renorm) {
+                  int n_expert, int k, enum moe_gating gating) {
+    if (gating != MOE_GATING_SOFTMAX && gating != MOE_GATING_SOFTMAX_RENORM)
+        return verr_set(&be->err, VERR_UNSUPPORTED, "cpu moe_route: gating %d", (int)gating);
+    const bool renorm = gating == MOE_GATING_SOFTMAX_RENORM;
     if (n_tok < 0 || n_expert < 1 || k < 1 || k > n_expert)
         return verr_set(&be->err, VERR_RANGE,
                         "cpu moe_route: %d tokens, %d experts, k %d (need 1 <= k <= n_expert)",
@@ -134,6 +137,8 @@ static int run_expert(struct backend *be, const struct moe_args *a, int e,
 }
 
 int cpu_moe_ffn(struct backend *be, const struct moe_args *a) {
+    if (a && (a->gate_b || a->up_b || a->down_b || a->act != MOE_ACT_SWIGLU))
+        return verr_set(&be->err, VERR_UNSUPPORTED, "cpu moe_ffn: expert biases, swiglu_oai");
     int rc = check_ffn(be, a);
     if (rc || a->n_tok == 0)
         return rc;

@@ -13,7 +13,7 @@
 
 int cpu_moe_route(struct backend *be, int32_t *ids /* [n_tok][k] */,
                   float *weights /* [n_tok][k] */, const float *logits /* [n_tok][n_expert] */,
-                  int n_tok, int n_expert, int k, bool renorm);
+                  int n_tok, int n_expert, int k, enum moe_gating gating);
 
 int cpu_moe_ffn(struct backend *be, const struct moe_args *a);
 

@@ -791,8 +791,9 @@ static int layer_moe(struct forward_ctx *fc, int il, float *x, int n_tok, struct
     const int n_embd = hp->n_embd, k = hp->n_expert_used;
     OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
     OP("ffn_gate_inp", be->ops->matmul(be, fc->router, &L->ffn_gate_inp, fc->xn, NULL, n_tok));
-    OP("moe_route", be->ops->moe_route(be, fc->moe_ids, fc->moe_w, fc->router, n_tok, hp->n_expert,
-                                       k, a->moe.renorm));
+    OP("moe_route",
+       be->ops->moe_route(be, fc->moe_ids, fc->moe_w, fc->router, n_tok, hp->n_expert, k,
+                          a->moe.renorm ? MOE_GATING_SOFTMAX_RENORM : MOE_GATING_SOFTMAX));
     const struct moe_args ma = {
         .out = fc->moe_out,
         .x = fc->xn,

@@ -107,6 +107,14 @@ struct attn_args {
     // the values (forward_batch_begin: G >= 1, and 1 <= W when G > 1); a
     // backend reads G < 1 as 1 (ordinary attention) and W < 1 as 1.
     const int32_t *q_se; // [n_tok][2] or NULL
+    // Attention sinks (gpt-oss): NULL, or backend memory [n_head] F32, one
+    // logit per query head that joins every softmax's denominator and takes
+    // no value: with m = max(sink[h], the visible scores s_c = scale q.k_c),
+    //   out = sum_c exp(s_c - m) v_c / (exp(sink[h] - m) + sum_c exp(s_c - m))
+    // (llama.cpp's ggml_soft_max_add_sinks). A row with no visible cell
+    // still produces zeros. Composes with windows, exact self-extend and
+    // every cache type (the sink is a score, not a cell).
+    const float *sinks;
     // The output also goes to the next op as the 8-bit activations of its
     // mat-vec (as rms_norm_q8's): set when the op right after is the output
     // projection reading `out`. A backend with act_q8 may write a q8_1 copy
@@ -127,6 +135,24 @@ struct sample_params {
     double u;    // [0, 1)
 };
 
+// The router's gating (backend_ops.moe_route), llama.cpp's
+// expert_gating_func with its norm_w. The values of the first two are the
+// bool `renorm` the op once took.
+enum moe_gating {
+    MOE_GATING_SOFTMAX = 0,        // softmax over all experts, the top k's probabilities
+    MOE_GATING_SOFTMAX_RENORM = 1, // the same, each divided by their sum (norm_w)
+    MOE_GATING_SOFTMAX_WEIGHT = 2, // the top k logits, then a softmax over those k (gpt-oss)
+};
+
+// The experts' gated activation (moe_args.act).
+enum moe_act {
+    MOE_ACT_SWIGLU = 0, // silu(g) * u
+    // gpt-oss's swiglu_oai (ggml_swiglu_oai): x = min(g, limit),
+    // y = clamp(u, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1),
+    // each step rounded to float as written.
+    MOE_ACT_SWIGLU_OAI = 1,
+};
+
 // The routed feed-forward's operands (backend_ops.moe_ffn). An expert stack
 // is one backend_weight holding n_expert matrices one after the other, as
 // ggml stores a [n_in, n_out, n_expert] tensor: expert e's matrix is rows
@@ -139,6 +165,12 @@ struct moe_args {
     const int32_t *ids;   // [n_tok][k] experts, each in [0, n_expert) (moe_route)
     const float *weights; // [n_tok][k]
     const struct backend_weight *gate, *up, *down; // host memory, read during the call
+    // Per-expert biases (gpt-oss), each NULL or added to its matmul's output
+    // before anything else reads it (ggml_add_id): gate_b and up_b [n_expert][n_ff],
+    // down_b [n_expert][n_embd], backend memory, F32.
+    const float *gate_b, *up_b, *down_b;
+    enum moe_act act;   // MOE_ACT_SWIGLU (the zero value) or MOE_ACT_SWIGLU_OAI
+    float alpha, limit; // swiglu_oai's parameters (unused for MOE_ACT_SWIGLU)
     int n_expert;
     int k;
     int n_tok;
@@ -310,20 +342,24 @@ struct backend_ops {
     // --- mixture of experts (NULL on a backend without them: forward.c then
     // refuses a model with experts) ---------------------------------------
 
-    // The router's choice for each token, llama.cpp's build_moe_ffn with
-    // softmax gating: p = softmax(logits[t]) over all n_expert (max
-    // subtracted, sum in double, then multiplied by 1/sum); ids[t][0..k) are
-    // the k largest p in descending order, the lower index first among equal
-    // p; weights[t][j] = p[ids[t][j]], and with renorm each divided by
-    // max(sum_j weights[t][j], 2^-14) (summed in float, j ascending).
+    // The router's choice for each token, llama.cpp's build_moe_ffn. With
+    // MOE_GATING_SOFTMAX(_RENORM): p = softmax(logits[t]) over all n_expert
+    // (max subtracted, sum in double, then multiplied by 1/sum); ids[t][0..k)
+    // are the k largest p in descending order, the lower index first among
+    // equal p; weights[t][j] = p[ids[t][j]], and with _RENORM each divided by
+    // max(sum_j weights[t][j], 2^-14) (summed in float, j ascending). With
+    // MOE_GATING_SOFTMAX_WEIGHT: ids[t] are the k largest logits in the same
+    // order and weights[t] the softmax (as above) of those k logits.
     // 1 <= k <= n_expert.
     int (*moe_route)(struct backend *be, int32_t *ids /* [n_tok][k] */,
                      float *weights /* [n_tok][k] */, const float *logits /* [n_tok][n_expert] */,
-                     int n_tok, int n_expert, int k, bool renorm);
+                     int n_tok, int n_expert, int k, enum moe_gating gating);
 
-    // The routed SwiGLU feed-forward, each token through its k experts:
-    //   h_j = swiglu(matmul(gate_e, x[t]), matmul(up_e, x[t])), e = ids[t][j]
-    //   y_j = matmul(down_e, h_j) * weights[t][j]
+    // The routed gated feed-forward, each token through its k experts:
+    //   h_j = act(matmul(gate_e, x[t]) + gate_b[e], matmul(up_e, x[t]) + up_b[e]),
+    //   e = ids[t][j], act = swiglu or swiglu_oai (moe_args.act), absent
+    //   biases not added
+    //   y_j = (matmul(down_e, h_j) + down_b[e]) * weights[t][j]
     //   out[t] = ((y_0 + y_1) + y_2) + ... + y_{k-1}
     // with each matmul as the matmul op computes it (act_q8 included). See
     // struct moe_args for the expert stacks.
