@@ -69,7 +69,8 @@ float quant_fp16_to_f32(uint16_t h) {
     const uint32_t special = 0x7f800000u | (mant << 13) | ((uint32_t)(mant != 0) << 22);
     // Masks instead of branches: GCC then vectorizes a loop of these.
     const uint32_t is_sub = 0u - (uint32_t)(exp == 0), is_special = 0u - (uint32_t)(exp == 0x7c00u);
-    const uint32_t body = (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
+    const uint32_t body =
+        (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
     return float_of(sign | body);
 }
 
@@ -104,7 +105,9 @@ uint16_t quant_f32_to_fp16(float f) {
     return (uint16_t)(sign | base);
 }
 
-float quant_bf16_to_f32(uint16_t h) { return float_of((uint32_t)h << 16); }
+float quant_bf16_to_f32(uint16_t h) {
+    return float_of((uint32_t)h << 16);
+}
 
 uint16_t quant_f32_to_bf16(float f) {
     uint32_t x = bits_of(f);
@@ -117,8 +120,12 @@ uint16_t quant_f32_to_bf16(float f) {
 // ---------------------------------------------------------------------------
 // small helpers
 
-static inline uint16_t rd_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline float rd_f16(const uint8_t *p) { return quant_fp16_to_f32(rd_u16(p)); }
+static inline uint16_t rd_u16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline float rd_f16(const uint8_t *p) {
+    return quant_fp16_to_f32(rd_u16(p));
+}
 static inline void wr_u16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)(v & 0xff);
     p[1] = (uint8_t)(v >> 8);
@@ -149,7 +156,9 @@ static inline void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 // a uint8_t pointer could otherwise alias the float output.
 typedef void (*dequant_fn)(const uint8_t *restrict src, float *restrict y, int64_t nb);
 
-static void dq_f32(const uint8_t *restrict src, float *restrict y, int64_t n) { memcpy(y, src, (size_t)n * 4); }
+static void dq_f32(const uint8_t *restrict src, float *restrict y, int64_t n) {
+    memcpy(y, src, (size_t)n * 4);
+}
 
 static void dq_f16(const uint8_t *restrict src, float *restrict y, int64_t n) {
     for (int64_t i = 0; i < n; i++)
@@ -431,7 +440,9 @@ static inline float clampf(float v, float lo, float hi) {
     v = v < lo ? lo : v; // two plain selects: GCC if-converts (and vectorizes) these
     return v > hi ? hi : v;
 }
-static inline int trunc_clamp(float v, float top) { return (int)clampf(v, 0.0f, top); }
+static inline int trunc_clamp(float v, float top) {
+    return (int)clampf(v, 0.0f, top);
+}
 // roundf (half away from zero) for |v| < 2^23: v - trunc(v) is exact there.
 static inline int round_half_away(float v) {
     int t = (int)v;
@@ -548,7 +559,9 @@ static void qz_q5_1(const float *x, uint8_t *b, int64_t nb) {
     }
 }
 
-static void qz_f32(const float *x, uint8_t *dst, int64_t n) { memcpy(dst, x, (size_t)n * 4); }
+static void qz_f32(const float *x, uint8_t *dst, int64_t n) {
+    memcpy(dst, x, (size_t)n * 4);
+}
 
 static void qz_f16(const float *x, uint8_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++)
@@ -1007,8 +1020,8 @@ static float fit_sym(const float *x, int n, int lmin, int lmax) {
     float best_e = kq_round_error(x, n, best_s, 0.0f, lo, hi, l);
     for (int side = 0; side < 2; side++) {
         for (int k = -KQ_CANDIDATES; k <= KQ_CANDIDATES; k++) {
-            const float iscale = side == 0 ? -(-lo + 0.1f * (float)k) / vmax
-                                           : (hi + 0.1f * (float)k) / vmax;
+            const float iscale =
+                side == 0 ? -(-lo + 0.1f * (float)k) / vmax : (hi + 0.1f * (float)k) / vmax;
             kq_levels(x, n, iscale, 0.0f, lo, hi, l);
             float s;
             if (!sym_solve(x, l, n, &s))
@@ -1185,6 +1198,7 @@ bool quant_type_supported(enum ggml_type t) {
     case GGML_TYPE_Q6_K:
     case GGML_TYPE_IQ4_NL:
     case GGML_TYPE_IQ4_XS:
+    case GGML_TYPE_MXFP4:
         return true;
     default:
         return false;
@@ -1202,8 +1216,8 @@ static int check_row(enum ggml_type type, bool encode, const char *what, const v
                         ggml_type_name((uint32_t)type), (int)type);
     if (n < 0 || n % t->block_size != 0)
         return verr_set(err, VERR_RANGE,
-                        "%s %s: row of %lld elements is not a multiple of the block size %u",
-                        what, t->name, (long long)n, t->block_size);
+                        "%s %s: row of %lld elements is not a multiple of the block size %u", what,
+                        t->name, (long long)n, t->block_size);
     if (n > 0 && (!a || !b))
         return verr_set(err, VERR_RANGE, "%s %s: NULL buffer for a row of %lld elements", what,
                         t->name, (long long)n);
@@ -1253,7 +1267,9 @@ int quant_quantize_row(enum ggml_type type, const float *src, void *dst, int64_t
 // ---------------------------------------------------------------------------
 // validation
 
-static bool f16_finite(const uint8_t *p) { return (rd_u16(p) & 0x7c00u) != 0x7c00u; }
+static bool f16_finite(const uint8_t *p) {
+    return (rd_u16(p) & 0x7c00u) != 0x7c00u;
+}
 
 // MXFP4's E8M0 byte 255 is NaN in the OCP format; ggml_validate_row_data
 // refuses it (its decoder would read it as 2^127).
@@ -1294,17 +1310,30 @@ int quant_validate_row(enum ggml_type type, const void *src, int64_t n, struct v
             if ((rd_u16(p + 2 * i) & 0x7f80u) == 0x7f80u)
                 return verr_set(err, VERR_FORMAT, "bf16 element %lld is not finite", (long long)i);
         return VERR_OK;
-    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_IQ4_NL:
     case GGML_TYPE_IQ4_XS:
         off[0] = 0;
         break;
-    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
         off[0] = 0;
         off[1] = 2;
         break;
-    case GGML_TYPE_Q2_K: off[0] = 80; off[1] = 82; break;
-    case GGML_TYPE_Q3_K: off[0] = 108; break;
-    case GGML_TYPE_Q6_K: off[0] = 208; break;
+    case GGML_TYPE_Q2_K:
+        off[0] = 80;
+        off[1] = 82;
+        break;
+    case GGML_TYPE_Q3_K:
+        off[0] = 108;
+        break;
+    case GGML_TYPE_Q6_K:
+        off[0] = 208;
+        break;
     case GGML_TYPE_MXFP4:
         return validate_e8m0(p, n / bs, err);
     default:

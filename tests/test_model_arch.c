@@ -99,11 +99,13 @@ Test(model_arch, registry_and_tables_are_well_formed) {
                           t->name);
                 cr_expect_eq(t->place == ARCH_PLACE_LAYER, pass > 0, "%s %s: place", a->name,
                              t->name);
-                // one-row matrices: the shared expert's gate vector only
+                // one-row matrices: the shared expert's gate vector only;
+                // tables of vectors: one per expert (their biases) only
                 cr_expect_eq(t->ne[1] == ARCH_DIM_1,
-                             t->kind == ARCH_VECTOR ||
+                             (t->kind == ARCH_VECTOR && t->ne[1] != ARCH_DIM_N_EXPERT) ||
                                  (t->role == ARCH_ROLE_FFN_GATE_INP && strstr(t->name, "_shexp")),
-                             "%s %s: a vector has one dim, a matrix two", a->name, t->name);
+                             "%s %s: a vector has one dim (or one per expert), a matrix two",
+                             a->name, t->name);
                 cr_expect(t->ne[2] == ARCH_DIM_1 || (t->ne[2] == ARCH_DIM_N_EXPERT &&
                                                      t->kind == ARCH_MATRIX && pass == 2),
                           "%s %s: only a block's expert stacks have a third dim", a->name, t->name);

@@ -54,7 +54,7 @@ static const char *const sections[SEC_COUNT] = {
     [SEC_MK_OUTPUT] = "output",
     [SEC_MK_SHAPE] = "shape",
     [SEC_MK_TYPES] = "weight types (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k "
-                     "iq4_nl iq4_xs; norms and biases are always f32)",
+                     "iq4_nl iq4_xs mxfp4; norms and biases are always f32)",
     [SEC_MK_WEIGHTS] = "weight generation (matrices; norms and biases are always exact)",
     [SEC_MK_ROPE] = "rope",
     [SEC_MK_SWA] = "sliding window (gemma3)",

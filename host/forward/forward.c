@@ -105,6 +105,10 @@ static int check_block(const struct model_hparams *hp, const struct backend *be,
     if (hp->n_expert > 0 && b->ffn != ARCH_FFN_SWIGLU)
         return verr_set(err, VERR_UNSUPPORTED,
                         "forward: %s: experts with a feed-forward other than SwiGLU", a->name);
+    if (hp->n_expert > 0 && ((unsigned)a->moe.gating > MOE_GATING_SOFTMAX_WEIGHT ||
+                             (unsigned)a->moe.act > MOE_ACT_SWIGLU_OAI))
+        return verr_set(err, VERR_UNSUPPORTED, "forward: %s: expert gating %d, activation %d",
+                        a->name, (int)a->moe.gating, (int)a->moe.act);
     if (hp->n_expert > 0 && (!be->ops->moe_route || !be->ops->moe_ffn))
         return verr_set(err, VERR_UNSUPPORTED,
                         "forward: %s has %d experts per block, and the %s backend has no "
@@ -120,8 +124,9 @@ static int check_block(const struct model_hparams *hp, const struct backend *be,
 
 // The attention scale and the sliding-window layers' RoPE (after
 // forward_rope_resolve): llama.cpp's gemma3 f_attention_scale, and its
-// local layers' base rope_freq_base_train_swa with no frequency scaling (a
-// --rope-freq-base or --rope-scale override applies to the global layers).
+// local layers' base rope_freq_base_train_swa with no frequency scaling, or
+// (gpt-oss) the trained scaling (a --rope-freq-base or --rope-scale
+// override applies to the global layers only, as in llama.cpp).
 static void init_arch_attn(struct forward_ctx *fc, const struct model_hparams *hp) {
     const struct arch_block *b = &arch_get(hp->arch)->block;
     float d = (float)hp->head_dim;
@@ -131,7 +136,7 @@ static void init_arch_attn(struct forward_ctx *fc, const struct model_hparams *h
     fc->rope_swa = fc->rope;
     if (hp->sliding_window > 0) {
         fc->rope_swa.freq_base = hp->rope_freq_base_swa;
-        fc->rope_swa.freq_scale = 1.0f;
+        fc->rope_swa.freq_scale = b->swa_rope_trained ? hp->rope_freq_scale : 1.0f;
     }
 }
 
@@ -657,21 +662,24 @@ static int stage_embed(struct forward_ctx *fc, int t0, int n, struct verr *err) 
     return 0;
 }
 
-// x += post_norm(w in), or x += w in (one fused op) without a post-norm:
-// the end of a block's attention or feed-forward. `what` names the matrix.
+// x += post_norm(w in + bias), or x += w in (one fused op) without a
+// post-norm and a bias: the end of a block's attention or feed-forward.
+// `what` names the matrix.
 static int proj_residual(struct forward_ctx *fc, int il, float *x /* [n_tok][n_embd] */,
                          const struct backend_weight *w, const float *in /* [n_tok][w->n_in] */,
+                         const float *bias /* [n_embd] or NULL */,
                          const float *post_norm /* [n_embd] or NULL */, int n_tok, const char *what,
                          struct verr *err) {
     struct backend *be = fc->be;
     const struct model_hparams *hp = &fc->m->hp;
-    if (!post_norm) {
+    if (!post_norm && !bias) {
         OP(what, be->ops->matmul_add(be, x, w, in, n_tok));
         return 0;
     }
-    OP(what, be->ops->matmul(be, fc->xn, w, in, NULL, n_tok));
-    OP("post-norm",
-       be->ops->rms_norm(be, fc->xn, fc->xn, post_norm, n_tok, hp->n_embd, hp->norm_eps));
+    OP(what, be->ops->matmul(be, fc->xn, w, in, bias, n_tok));
+    if (post_norm)
+        OP("post-norm",
+           be->ops->rms_norm(be, fc->xn, fc->xn, post_norm, n_tok, hp->n_embd, hp->norm_eps));
     OP("residual", be->ops->add(be, x, fc->xn, (int64_t)n_tok * hp->n_embd));
     return 0;
 }
@@ -733,10 +741,12 @@ static int layer_attention(struct forward_ctx *fc, int il, float *x, int t0, int
         .se_g = fc->cfg.se_g > 1 ? fc->cfg.se_g : 1,
         .se_w = fc->cfg.se_w,
         .q_se = fc->cfg.k_unrotated ? fc->d_se + 2 * t0 : NULL, // [n_tok][2]
+        .sinks = L->attn_sinks,
         .out_q8 = true, // the output projection reads it next
     };
     OP("attention", be->ops->attention(be, &a));
-    return proj_residual(fc, il, x, &L->wo, fc->attn, L->attn_post_norm, n_tok, "attn_output", err);
+    return proj_residual(fc, il, x, &L->wo, fc->attn, L->bo, L->attn_post_norm, n_tok,
+                         "attn_output", err);
 }
 
 // One block's feed-forward, added to x: norm, gate/up with the
@@ -756,7 +766,8 @@ static int layer_ffn(struct forward_ctx *fc, int il, float *x, int n_tok, struct
     else
         OP("ffn_gate/up + swiglu",
            be->ops->matmul_swiglu(be, fc->gate, fc->up, &L->w_gate, &L->w_up, fc->xn, n_tok));
-    return proj_residual(fc, il, x, &L->w_down, fc->gate, L->ffn_post_norm, n_tok, "ffn_down", err);
+    return proj_residual(fc, il, x, &L->w_down, fc->gate, NULL, L->ffn_post_norm, n_tok, "ffn_down",
+                         err);
 }
 
 // The shared expert of a qwen2moe block, added to fc->moe_out as llama.cpp
@@ -790,10 +801,10 @@ static int layer_moe(struct forward_ctx *fc, int il, float *x, int n_tok, struct
     const struct model_layer *L = &m->layers[il];
     const int n_embd = hp->n_embd, k = hp->n_expert_used;
     OP("ffn_norm", be->ops->rms_norm(be, fc->xn, x, L->ffn_norm, n_tok, n_embd, hp->norm_eps));
-    OP("ffn_gate_inp", be->ops->matmul(be, fc->router, &L->ffn_gate_inp, fc->xn, NULL, n_tok));
-    OP("moe_route",
-       be->ops->moe_route(be, fc->moe_ids, fc->moe_w, fc->router, n_tok, hp->n_expert, k,
-                          a->moe.renorm ? MOE_GATING_SOFTMAX_RENORM : MOE_GATING_SOFTMAX));
+    OP("ffn_gate_inp",
+       be->ops->matmul(be, fc->router, &L->ffn_gate_inp, fc->xn, L->ffn_gate_inp_b, n_tok));
+    OP("moe_route", be->ops->moe_route(be, fc->moe_ids, fc->moe_w, fc->router, n_tok, hp->n_expert,
+                                       k, a->moe.gating));
     const struct moe_args ma = {
         .out = fc->moe_out,
         .x = fc->xn,
@@ -802,6 +813,12 @@ static int layer_moe(struct forward_ctx *fc, int il, float *x, int n_tok, struct
         .gate = &L->ffn_gate_exps,
         .up = &L->ffn_up_exps,
         .down = &L->ffn_down_exps,
+        .gate_b = L->ffn_gate_exps_b,
+        .up_b = L->ffn_up_exps_b,
+        .down_b = L->ffn_down_exps_b,
+        .act = a->moe.act,
+        .alpha = MOE_OAI_ALPHA,
+        .limit = MOE_OAI_LIMIT,
         .n_expert = hp->n_expert,
         .k = k,
         .n_tok = n_tok,

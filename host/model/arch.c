@@ -14,11 +14,13 @@ extern const struct arch arch_qwen3;
 extern const struct arch arch_gemma3;
 extern const struct arch arch_qwen3moe;
 extern const struct arch arch_qwen2moe;
+extern const struct arch arch_gptoss;
 
 static const struct arch *const archs[MODEL_ARCH_COUNT] = {
     [MODEL_ARCH_LLAMA] = &arch_llama,       [MODEL_ARCH_QWEN2] = &arch_qwen2,
     [MODEL_ARCH_QWEN3] = &arch_qwen3,       [MODEL_ARCH_GEMMA3] = &arch_gemma3,
     [MODEL_ARCH_QWEN3MOE] = &arch_qwen3moe, [MODEL_ARCH_QWEN2MOE] = &arch_qwen2moe,
+    [MODEL_ARCH_GPTOSS] = &arch_gptoss,
 };
 
 const struct arch *arch_get(enum model_arch id) {
@@ -56,6 +58,7 @@ void arch_dims_make(struct arch_dims *dims, int n_embd, int n_vocab, int n_ff, i
     d[ARCH_DIM_N_O] = (int64_t)n_head * head_dim_v;
     d[ARCH_DIM_HEAD_DIM] = head_dim;
     d[ARCH_DIM_N_ROT_HALF] = n_rot / 2;
+    d[ARCH_DIM_N_HEAD] = n_head;
     arch_dims_set_moe(dims, 0, 0, 0);
 }
 

@@ -38,6 +38,7 @@ enum arch_dim {
     ARCH_DIM_N_EXPERT,   // n_expert (the third dim of an expert stack)
     ARCH_DIM_N_FF_EXP,   // n_ff_exp (one expert's feed-forward width)
     ARCH_DIM_N_FF_SHEXP, // n_ff_shexp (the shared expert's width)
+    ARCH_DIM_N_HEAD,     // n_head (attention sinks: one per query head)
     ARCH_DIM_COUNT
 };
 
@@ -72,6 +73,7 @@ enum arch_role {
     // mkmodel and vela quantize). The expert stacks and the shared expert
     // take the FFN_GATE / FFN_UP / FFN_DOWN roles.
     ARCH_ROLE_FFN_GATE_INP,
+    ARCH_ROLE_ATTN_SINKS, // one logit per query head (gpt-oss; host/ops/backend.h, attn_args)
 };
 
 enum arch_kind {
@@ -79,7 +81,9 @@ enum arch_kind {
                  // an expert stack [n_in, n_out, n_expert] is one backend_weight of
                  // n_expert * n_out rows (host/ops/backend.h, struct moe_args); a
                  // matrix of one row (ne1 = ARCH_DIM_1) is a 1-D tensor in the file
-    ARCH_VECTOR, // [ne0]; F32, F16 or BF16 in the file, F32 on the backend: a float *
+    ARCH_VECTOR, // [ne0], or [ne0, ne1] when ne[1] is not ARCH_DIM_1 (per-expert biases
+                 // [n_ff_exp, n_expert]); F32, F16 or BF16 in the file, F32 on the backend:
+                 // a float * to ne0 * ne1 floats
 };
 
 // Which stages of a model split by layers hold a tensor (host/model/model.h,
@@ -124,6 +128,18 @@ struct arch_block {
                                 // {arch}.attention.sliding_window_pattern when the file
                                 // has {arch}.attention.sliding_window: layer il is local
                                 // (windowed) unless il % n == n - 1 (gemma3: 6)
+    // The window is required: {arch}.attention.sliding_window must be in the
+    // file (gpt-oss; gemma3 runs every layer globally without it).
+    bool swa_required;
+    // The local layers rotate with the file's RoPE base and scaling
+    // (llama.cpp's gpt-oss: rope_freq_base/scale_train_swa = the trained
+    // ones; {arch}.rope.freq_base_swa overrides the base), not with base
+    // 10000 unscaled (gemma3).
+    bool swa_rope_trained;
+    // The output projection has a bias (attn_output.bias, gpt-oss).
+    bool bias_o;
+    // The attention of every layer has sinks (attn_sinks.weight, gpt-oss).
+    bool attn_sinks;
     // The attention scale of llama.cpp's gemma3 (its f_attention_scale):
     // 1/sqrt(head_dim), but 1/sqrt(n_embd / n_head) for a model of
     // `attn_scale_embd_layers` layers (Gemma 3 27B, query_pre_attn_scalar =
@@ -132,18 +148,22 @@ struct arch_block {
 };
 
 // Mixture of experts: the feed-forward of a block with experts is
-// llama.cpp's build_moe_ffn with softmax gating and SwiGLU experts: router
-// logits = ffn_gate_inp h, the k = {arch}.expert_used_count most probable of
-// {arch}.expert_count experts (backend_ops.moe_route), their weighted sum
-// (backend_ops.moe_ffn), plus a gated shared expert where the table has one.
+// llama.cpp's build_moe_ffn: router logits = ffn_gate_inp h (+ its bias
+// where the table has ffn_gate_inp.bias), k = {arch}.expert_used_count of
+// {arch}.expert_count experts chosen and weighted by the gating
+// (backend_ops.moe_route), their weighted sum (backend_ops.moe_ffn, with
+// the experts' biases where the table has them), plus a gated shared expert
+// where the table has one.
 struct arch_moe {
-    bool required;   // every block has experts (qwen3moe); false: only when the file's
-                     // {arch}.expert_count > 0 (llama: Mixtral), else the dense table
-    bool renorm;     // the k chosen weights are divided by their sum (llama.cpp's norm_w)
-    bool ff_exp_key; // an expert's width is {arch}.expert_feed_forward_length (default
-                     // n_ff / k); false: n_ff (llama.cpp's llama)
-    bool shexp;      // a shared expert of width {arch}.expert_shared_feed_forward_length
-                     // (default n_ff), scaled by sigmoid(ffn_gate_inp_shexp . h) (qwen2moe)
+    bool required;          // every block has experts (qwen3moe); false: only when the file's
+                            // {arch}.expert_count > 0 (llama: Mixtral), else the dense table
+    enum moe_gating gating; // softmax over all (optionally renormalised, llama.cpp's norm_w),
+                            // or softmax over the top k logits (gpt-oss)
+    enum moe_act act;       // the experts' activation (SwiGLU, or gpt-oss's swiglu_oai)
+    bool ff_exp_key;        // an expert's width is {arch}.expert_feed_forward_length (default
+                            // n_ff / k); false: n_ff (llama.cpp's llama)
+    bool shexp;             // a shared expert of width {arch}.expert_shared_feed_forward_length
+                            // (default n_ff), scaled by sigmoid(ffn_gate_inp_shexp . h) (qwen2moe)
 };
 
 // llama.cpp's checks of this architecture that vela does not share: mkmodel

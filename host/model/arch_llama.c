@@ -30,6 +30,6 @@ const struct arch arch_llama = {
     .lcpp_quirks = ARCH_LCPP_ROT_FULL,
     .globals = arch_globals_llama,
     .layer = layer,
-    .moe = {.renorm = true},
+    .moe = {.gating = MOE_GATING_SOFTMAX_RENORM},
     .layer_moe = layer_moe,
 };

@@ -25,6 +25,6 @@ const struct arch arch_qwen2moe = {
     ARCH_QWEN2_FIELDS,
     .block = {.ffn = ARCH_FFN_SWIGLU},
     .layer = NULL,
-    .moe = {.required = true, .renorm = false, .ff_exp_key = true, .shexp = true},
+    .moe = {.required = true, .gating = MOE_GATING_SOFTMAX, .ff_exp_key = true, .shexp = true},
     .layer_moe = layer_moe,
 };

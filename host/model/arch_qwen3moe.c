@@ -20,6 +20,6 @@ const struct arch arch_qwen3moe = {
     .summary = "qwen3 attention, routed experts (top-k renormalised)",
     ARCH_QWEN3_FIELDS,
     .layer = NULL,
-    .moe = {.required = true, .renorm = true, .ff_exp_key = true},
+    .moe = {.required = true, .gating = MOE_GATING_SOFTMAX_RENORM, .ff_exp_key = true},
     .layer_moe = layer_moe,
 };

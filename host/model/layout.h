@@ -19,6 +19,7 @@ enum model_arch {
     MODEL_ARCH_GEMMA3 = 3,   // sandwich norms, GeGLU, sliding-window layers
     MODEL_ARCH_QWEN3MOE = 4, // qwen3 attention, routed experts (renormalised)
     MODEL_ARCH_QWEN2MOE = 5, // qwen2 attention, routed experts + a gated shared expert
+    MODEL_ARCH_GPTOSS = 6,   // sinks, alternating windows, biased experts with swiglu_oai
     MODEL_ARCH_COUNT
 };
 
@@ -92,6 +93,8 @@ struct model_layer {
     float *attn_k_norm;           // [head_dim] F32 or NULL
     float *attn_post_norm;        // [n_embd] F32 or NULL (gemma3)
     float *ffn_post_norm;         // [n_embd] F32 or NULL
+    float *bo;                    // [n_embd] F32 or NULL (gpt-oss)
+    float *attn_sinks;            // [n_head] F32 or NULL (gpt-oss)
     // A block with experts (hp.n_expert > 0) has these instead of w_gate,
     // w_up and w_down (zero there); expert e's rows of a stack are
     // [e * rows / n_expert, (e + 1) * rows / n_expert).
@@ -99,6 +102,11 @@ struct model_layer {
     struct backend_weight ffn_gate_exps; // [n_expert * n_ff_exp][n_embd]
     struct backend_weight ffn_up_exps;   // [n_expert * n_ff_exp][n_embd]
     struct backend_weight ffn_down_exps; // [n_expert * n_embd][n_ff_exp]
+    // The router's and the experts' biases (gpt-oss; NULL elsewhere).
+    float *ffn_gate_inp_b;  // [n_expert]
+    float *ffn_gate_exps_b; // [n_expert][n_ff_exp]
+    float *ffn_up_exps_b;   // [n_expert][n_ff_exp]
+    float *ffn_down_exps_b; // [n_expert][n_embd]
     // The shared expert (qwen2moe; zero elsewhere): its gate vector, a
     // one-row matrix, and its SwiGLU feed-forward.
     struct backend_weight ffn_gate_inp_shexp; // [1][n_embd]

@@ -123,10 +123,11 @@ static int read_rope_scaling(const struct gguf_file *f, const char *arch, struct
                           err);
 }
 
-// Sliding-window attention, as llama.cpp's gemma3 loader reads it: a window
-// only when {arch}.attention.sliding_window is present and > 0 (and the
-// architecture has local layers); the pattern defaults to the
-// architecture's, the local layers' RoPE base to 10000. A final logit
+// Sliding-window attention, as llama.cpp's gemma3 and gpt-oss loaders read
+// it: a window only when {arch}.attention.sliding_window is present and > 0
+// (and the architecture has local layers; gpt-oss requires it); the pattern
+// defaults to the architecture's, the local layers' RoPE base to 10000
+// (gpt-oss: the file's base). A final logit
 // soft-cap (which vela does not apply) is refused rather than ignored.
 static int read_swa(const struct gguf_file *f, const char *arch, const struct arch *ad,
                     struct model_hparams *hp, struct verr *err) {
@@ -140,16 +141,20 @@ static int read_swa(const struct gguf_file *f, const char *arch, const struct ar
                         file_name(f), arch, softcap);
     hp->sliding_window = 0;
     hp->swa_pattern = 0;
-    hp->rope_freq_base_swa = 10000.0f;
+    const float base_swa = ad->block.swa_rope_trained ? hp->rope_freq_base : 10000.0f;
+    hp->rope_freq_base_swa = base_swa;
     if (!ad->block.sliding_window_pattern)
         return 0;
-    if ((rc = read_int_key(f, arch, "attention.sliding_window", false, 0, &hp->sliding_window,
-                           err)) ||
+    if ((rc = read_int_key(f, arch, "attention.sliding_window", ad->block.swa_required, 0,
+                           &hp->sliding_window, err)) ||
         (rc = read_int_key(f, arch, "attention.sliding_window_pattern", false,
                            ad->block.sliding_window_pattern, &hp->swa_pattern, err)) ||
-        (rc = read_float_key(f, arch, "rope.freq_base_swa", false, 10000.0f,
+        (rc = read_float_key(f, arch, "rope.freq_base_swa", false, base_swa,
                              &hp->rope_freq_base_swa, err)))
         return rc;
+    if (ad->block.swa_required && hp->sliding_window <= 0)
+        return verr_set(err, VERR_RANGE, "%s: %s.attention.sliding_window = %d must be > 0",
+                        file_name(f), arch, hp->sliding_window);
     if (!(hp->rope_freq_base_swa > 0))
         return verr_set(err, VERR_RANGE, "%s: %s.rope.freq_base_swa = %g must be > 0", file_name(f),
                         arch, hp->rope_freq_base_swa);
@@ -441,13 +446,16 @@ static int load_weight(struct model *m, struct load_plan *lp, const struct gguf_
     return 0;
 }
 
-// A vector of n floats (norm weights, biases, rope factors): stored as F32 on
+// A vector of want[0] floats, or a table of want[0] * want[1] (n_dims 2:
+// per-expert biases): norm weights, biases, rope factors, stored as F32 on
 // the backend whatever the file holds (F32, F16 or BF16).
 static int load_vector(struct model *m, struct load_plan *lp, const struct gguf_file *f,
-                       const char *name, int64_t n, bool optional, float **out, struct verr *err) {
+                       const char *name, int n_dims, const int64_t want[2], bool optional,
+                       float **out, struct verr *err) {
     *out = NULL;
     const struct gguf_tensor_info *t;
-    int rc = tensor_check(f, name, 1, &n, optional, &t, err);
+    const int64_t n = want[0] * (n_dims == 2 ? want[1] : 1);
+    int rc = tensor_check(f, name, n_dims, want, optional, &t, err);
     if (rc || !t)
         return rc;
     if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_BF16)
@@ -479,10 +487,13 @@ const struct arch_tensor *model_layer_table(const struct model_hparams *hp) {
 }
 
 // Dims a table entry is checked with: 3 for an expert stack, 2 for another
-// matrix, 1 for a vector and a one-row matrix (the file's 1-D tensor).
+// matrix and a table of vectors, 1 for a vector and a one-row matrix (the
+// file's 1-D tensor).
 static int entry_dims(const struct arch_tensor *t) {
-    if (t->kind == ARCH_VECTOR || t->ne[1] == ARCH_DIM_1)
+    if (t->ne[1] == ARCH_DIM_1)
         return 1;
+    if (t->kind == ARCH_VECTOR)
+        return 2;
     return t->ne[2] != ARCH_DIM_1 ? 3 : 2;
 }
 
@@ -535,7 +546,8 @@ static int load_entry(struct model *m, struct load_plan *lp, const struct gguf_f
     int64_t want[3];
     entry_shape(t, d, want);
     if (t->kind == ARCH_VECTOR)
-        return load_vector(m, lp, f, name, want[0], t->optional, (float **)(base + t->field), err);
+        return load_vector(m, lp, f, name, entry_dims(t), want, t->optional,
+                           (float **)(base + t->field), err);
     return load_weight(m, lp, f, name, entry_dims(t), want, t->optional,
                        (struct backend_weight *)(base + t->field), err);
 }
@@ -885,7 +897,7 @@ static size_t tensor_bytes(const struct gguf_file *f, const char *name, bool vec
     if (!t)
         return 0;
     if (vector)
-        return (size_t)t->ne[0] * sizeof(float);
+        return (size_t)t->ne[0] * (size_t)t->ne[1] * sizeof(float);
     return ggml_row_bytes(t->type, t->ne[0]) * (size_t)t->ne[1] * (size_t)t->ne[2];
 }
 
@@ -928,7 +940,7 @@ void model_layer_size(const struct model_hparams *hp, const struct model_layer *
         if (t->kind == ARCH_VECTOR) {
             // a required vector counts even in a layer this process did not load
             if (!t->optional || *(float *const *)field)
-                b += (double)d.d[t->ne[0]] * sizeof(float);
+                b += (double)d.d[t->ne[0]] * (double)d.d[t->ne[1]] * sizeof(float);
             continue;
         }
         const struct backend_weight *w = (const struct backend_weight *)field;

@@ -153,6 +153,11 @@ enum moe_act {
     MOE_ACT_SWIGLU_OAI = 1,
 };
 
+// llama.cpp's swiglu_oai parameters for gpt-oss (constants of its graph;
+// the files carry none).
+#define MOE_OAI_ALPHA 1.702f
+#define MOE_OAI_LIMIT 7.0f
+
 // The routed feed-forward's operands (backend_ops.moe_ffn). An expert stack
 // is one backend_weight holding n_expert matrices one after the other, as
 // ggml stores a [n_in, n_out, n_expert] tensor: expert e's matrix is rows

@@ -322,6 +322,9 @@ int mkmodel_resolve(const struct mkmodel_config *cfg, struct mkmodel_config *out
                         "%g a finite number > 1",
                         c.sliding_window, c.swa_pattern, (double)c.rope_freq_base_swa);
 
+    if (a->block.swa_required && c.sliding_window == 0)
+        c.sliding_window = 128; // gpt-oss's
+
     if ((rc = resolve_moe(&c, a, err)))
         return rc;
 
@@ -468,10 +471,13 @@ static enum ggml_type choose_type(const struct mkmodel_config *c, struct mk_plan
 }
 
 // The dims a table entry is written with: a vector and a one-row matrix
-// (qwen2moe's ffn_gate_inp_shexp) 1, an expert stack 3, a matrix 2.
+// (qwen2moe's ffn_gate_inp_shexp) 1, an expert stack 3, a matrix and a table
+// of vectors (gpt-oss's expert biases) 2.
 static uint32_t mk_n_dims(const struct arch_tensor *at) {
-    if (at->kind == ARCH_VECTOR || at->ne[1] == ARCH_DIM_1)
+    if (at->ne[1] == ARCH_DIM_1)
         return 1;
+    if (at->kind == ARCH_VECTOR)
+        return 2;
     return at->ne[2] != ARCH_DIM_1 ? 3 : 2;
 }
 
@@ -485,7 +491,7 @@ static void plan_add(struct mk_tensor *t, int *n, const struct mkmodel_config *c
     x->role = at->role;
     x->n_dims = mk_n_dims(at);
     x->ne[0] = ne0;
-    x->ne[1] = at->kind == ARCH_MATRIX ? ne[1] : 1;
+    x->ne[1] = ne[1];
     x->ne[2] = at->kind == ARCH_MATRIX ? ne[2] : 1;
     x->n_rows = x->ne[1] * x->ne[2];
     x->mean = mean;
@@ -561,6 +567,9 @@ static void mk_init(const struct mkmodel_config *c, enum arch_role role, int64_t
         return;
     case ARCH_ROLE_ROPE_FREQS:
         *std = 0;
+        return;
+    case ARCH_ROLE_ATTN_SINKS: // of the size of the scores, so they matter
+        *std = 1.0f;
         return;
     default: // the matrices of a block
         *std = 1.0f / sqrtf((float)ne0);
@@ -814,6 +823,8 @@ static double fast_unit_var(enum ggml_type t) {
         return iq4_mean_sq();
     case GGML_TYPE_IQ4_XS:
         return iq4_mean_sq() * mean_sq(16, 31);
+    case GGML_TYPE_MXFP4: // the doubled E2M1 levels' mean square, times 2.5 for the two scales
+        return 34.25 * 2.5;
     default:
         return 1;
     }
@@ -1036,6 +1047,15 @@ static void fast_row(enum ggml_type t, int64_t n, float base, uint64_t *s, const
             fill_rand(s, b + 8, 128);
         }
         break;
+    case GGML_TYPE_MXFP4: { // E8M0 scales 2^(e - 128), e one of two powers of two
+        const int e0 = 128 + (int)lrintf(log2f(base * sqrtf((float)gain_ms())));
+        for (int64_t i = 0; i < nb; i++, b += 17) {
+            const int e = e0 + (int)(rng_next(s) & 1);
+            b[0] = (uint8_t)(e < 1 ? 1 : e > 254 ? 254 : e);
+            fill_rand(s, b + 1, 16);
+        }
+        break;
+    }
     default:
         break; // not quant_type_supported: never called
     }
