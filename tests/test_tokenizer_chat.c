@@ -13,13 +13,18 @@
 //    (system, user, assistant, user, assistant with surrounding spaces,
 //    user), for every template name in expected_full[] below.
 // The strings were then read against each formatter's rules by hand; the
-// notes beside some cases say what each shows.
+// notes beside some cases say what each shows. gpt-oss is the exception:
+// vela formats it as its Jinja template does (chat.h), so its string was
+// written by hand from tests/data/chat_templates/gpt-oss--*.jinja and
+// checked by rendering that file with Python's jinja2 (strftime_now giving
+// the date, shown here as YYYY-MM-DD).
 #include <criterion/criterion.h>
 
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gguf/gguf.h"
@@ -177,15 +182,45 @@ static const struct {
                 "  <|end_of_text|>\n"
                 "<|start_of_role|>user<|end_of_role|>Another "
                 "question<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"},
+    // The template's system message, the first system message as the
+    // developer's instructions, assistant turns as their final channel.
+    {"gpt-oss",
+     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+     "Knowledge cutoff: 2024-06\nCurrent date: YYYY-MM-DD\n\nReasoning: medium\n\n# Valid "
+     "channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+     "<|start|>developer<|message|># Instructions\n\nYou are a helpful assistant\n\n<|end|>"
+     "<|start|>user<|message|>Hello<|end|><|start|>assistant<|channel|>final<|message|>Hi "
+     "there<|end|><|start|>user<|message|>Who are you<|end|><|start|>assistant<|channel|>final"
+     "<|message|>   I am an assistant   <|end|><|start|>user<|message|>Another question<|end|>"
+     "<|start|>assistant"},
 };
 
+static void today(char out[16]) {
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(out, 16, "%Y-%m-%d", &tm);
+}
+
 static char *fmt(enum chat_template t, const struct chat_msg *m, size_t n, bool add_ass) {
-    char *out = NULL;
+    char *out = NULL, before[16], after[16];
     size_t len = 0;
     struct verr err = {0};
+    today(before);
     int rc = chat_format(t, m, n, add_ass, &out, &len, &err);
+    today(after);
     cr_assert_eq(rc, 0, "%s: %s", chat_template_name(t), err.msg);
     cr_assert_eq(len, strlen(out));
+    // gpt-oss's current date: today's (the day before or after the call),
+    // then the placeholder the expected strings hold.
+    char *d = strstr(out, "Current date: ");
+    if (t == CHAT_TMPL_GPT_OSS) {
+        cr_assert_not_null(d);
+        d += strlen("Current date: ");
+        cr_assert(!strncmp(d, before, 10) || !strncmp(d, after, 10), "date %.10s, today %s", d,
+                  before);
+        memcpy(d, "YYYY-MM-DD", 10);
+    }
     return out;
 }
 
@@ -270,7 +305,7 @@ Test(chat, detect_real_templates) {
         snprintf(want, sizeof want, "%.*s", (int)(dash - e->d_name), e->d_name);
         FILE *f = fopen(path, "rb");
         cr_assert_not_null(f);
-        char text[16384];
+        char text[32768];
         size_t len = fread(text, 1, sizeof text - 1, f);
         fclose(f);
         text[len] = '\0';
@@ -390,6 +425,48 @@ static struct gguf_file *gguf_with(const char *tmpl) {
     cr_assert_eq(gguf_open(&f, path, &err), 0, "%s", err.msg);
     unlink(path);
     return f;
+}
+
+#define GPT_OSS_SYSTEM                                                                             \
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"       \
+    "Knowledge cutoff: 2024-06\nCurrent date: YYYY-MM-DD\n\nReasoning: medium\n\n# Valid "         \
+    "channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+
+// gpt-oss's template on the cases its logic branches on (each string written
+// by hand from the template, checked with jinja2 as above): no system
+// message, no generation prompt (an assistant's last turn closed by <|end|>,
+// llama.cpp's inference form), a developer message first, an empty system
+// message (no developer message) and roles the template drops.
+Test(chat, gpt_oss_cases) {
+    const struct chat_msg user[] = {{"user", "Hi"}};
+    char *s = fmt(CHAT_TMPL_GPT_OSS, user, 1, false);
+    cr_expect_str_eq(s, GPT_OSS_SYSTEM "<|start|>user<|message|>Hi<|end|>");
+    free(s);
+    const struct chat_msg ans[] = {{"user", "Hi"}, {"assistant", "Yo"}};
+    s = fmt(CHAT_TMPL_GPT_OSS, ans, 2, false);
+    cr_expect_str_eq(s, GPT_OSS_SYSTEM "<|start|>user<|message|>Hi<|end|><|start|>assistant"
+                                       "<|channel|>final<|message|>Yo<|end|>");
+    free(s);
+    const struct chat_msg dev[] = {{"developer", "Be brief"}, {"user", "Hi"}, {"system", "late"}};
+    s = fmt(CHAT_TMPL_GPT_OSS, dev, 3, true);
+    cr_expect_str_eq(s, GPT_OSS_SYSTEM "<|start|>developer<|message|># Instructions\n\nBe "
+                                       "brief\n\n<|end|><|start|>user<|message|>Hi<|end|>"
+                                       "<|start|>assistant");
+    free(s);
+    const struct chat_msg empty[] = {{"system", ""}, {"user", "Hi"}};
+    s = fmt(CHAT_TMPL_GPT_OSS, empty, 2, true);
+    cr_expect_str_eq(s, GPT_OSS_SYSTEM "<|start|>user<|message|>Hi<|end|><|start|>assistant");
+    free(s);
+    s = fmt(CHAT_TMPL_GPT_OSS, NULL, 0, true);
+    cr_expect_str_eq(s, GPT_OSS_SYSTEM "<|start|>assistant");
+    free(s);
+    // The next message: what the conversation adds to what the cache holds.
+    size_t len = 0;
+    struct verr err = {0};
+    cr_assert_eq(chat_format_next(CHAT_TMPL_GPT_OSS, conversation, 4, true, &s, &len, &err), 0);
+    cr_expect_str_eq(s, "<|start|>user<|message|>Who are you<|end|><|start|>assistant");
+    free(s);
+    cr_expect_str_eq(chat_template_eot(CHAT_TMPL_GPT_OSS), "<|return|>");
 }
 
 Test(chat, from_gguf) {

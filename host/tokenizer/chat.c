@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gguf/gguf.h"
 #include "host/tokenizer/tokenizer.h"
@@ -43,16 +44,17 @@ static const char *const tmpl_names[CHAT_TMPL_COUNT] = {
     [CHAT_TMPL_MINICPM] = "minicpm",
     [CHAT_TMPL_EXAONE3] = "exaone3",
     [CHAT_TMPL_GRANITE] = "granite",
+    [CHAT_TMPL_GPT_OSS] = "gpt-oss",
 };
 
 // Names llama.cpp knows that vela has no formatter for: a template named
 // exactly so is recognised (and refused as unsupported), as llama.cpp's
 // exact-name lookup would pick it.
 static const char *const llamacpp_only_names[] = {
-    "deepseek-ocr", "exaone4",  "exaone-moe",  "rwkv-world",     "granite-4.0",   "granite-4.1",
-    "gigachat",     "megrez",   "yandex",      "bailing",        "bailing-think", "bailing2",
-    "llama4",       "smolvlm",  "hunyuan-moe", "gpt-oss",        "hunyuan-dense", "hunyuan-vl",
-    "kimi-k2",      "seed_oss", "grok-2",      "pangu-embedded", "solar-open",    "dots1",
+    "deepseek-ocr", "exaone4", "exaone-moe",     "rwkv-world",    "granite-4.0",   "granite-4.1",
+    "gigachat",     "megrez",  "yandex",         "bailing",       "bailing-think", "bailing2",
+    "llama4",       "smolvlm", "hunyuan-moe",    "hunyuan-dense", "hunyuan-vl",    "kimi-k2",
+    "seed_oss",     "grok-2",  "pangu-embedded", "solar-open",    "dots1",
 };
 
 #define DS_ASSISTANT                                                                               \
@@ -65,6 +67,12 @@ static const char *const llamacpp_only_names[] = {
     "<\xef\xbd\x9c"                                                                                \
     "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 #define HY "<\xef\xbd\x9chy_"
+
+// The default text of gpt-oss's system message (its template's
+// build_system_message without model_identity or tools).
+#define HARMONY_IDENTITY "You are ChatGPT, a large language model trained by OpenAI."
+#define HARMONY_CHANNELS                                                                           \
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message."
 
 // One row of llama.cpp's detection chain after its <|im_start|> and mistral
 // branches: the template is `name` when it contains every string of `all`.
@@ -574,6 +582,34 @@ static void fmt_minicpm(struct sbuf *b, const struct chat_msg *m, size_t n) {
     }
 }
 
+// gpt-oss: the harmony format as openai-gpt-oss's template renders it for
+// inference (chat.h), without tools. Roles the template drops (a system
+// message after the first, a developer message there) are dropped.
+static void fmt_gpt_oss(struct sbuf *b, const struct chat_msg *m, size_t n, bool add_ass) {
+    char date[32] = "";
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm))
+        strftime(date, sizeof date, "%Y-%m-%d", &tm);
+    SB(b, "<|start|>system<|message|>",
+       HARMONY_IDENTITY "\nKnowledge cutoff: 2024-06\nCurrent date: ", date,
+       "\n\nReasoning: medium\n\n" HARMONY_CHANNELS "<|end|>");
+    size_t i = 0;
+    if (n && (role_is(&m[0], "system") || role_is(&m[0], "developer"))) {
+        if (m[0].content[0])
+            SB(b, "<|start|>developer<|message|># Instructions\n\n", m[0].content, "\n\n<|end|>");
+        i = 1;
+    }
+    for (; i < n; i++) {
+        if (role_is(&m[i], "assistant"))
+            SB(b, "<|start|>assistant<|channel|>final<|message|>", m[i].content, "<|end|>");
+        else if (role_is(&m[i], "user"))
+            SB(b, "<|start|>user<|message|>", m[i].content, "<|end|>");
+    }
+    if (add_ass)
+        sb_put(b, "<|start|>assistant");
+}
+
 static void fmt_dispatch(struct sbuf *b, enum chat_template t, const struct chat_msg *m, size_t n,
                          bool add_ass) {
     for (size_t i = 0; i < LEN(simple_fmts); i++)
@@ -608,6 +644,8 @@ static void fmt_dispatch(struct sbuf *b, enum chat_template t, const struct chat
         return fmt_vicuna(b, t, m, n, add_ass);
     case CHAT_TMPL_MINICPM:
         return fmt_minicpm(b, m, n);
+    case CHAT_TMPL_GPT_OSS:
+        return fmt_gpt_oss(b, m, n, add_ass);
     default:
         return;
     }
@@ -711,6 +749,7 @@ static const char *const eot_texts[CHAT_TMPL_COUNT] = {
     [CHAT_TMPL_MINICPM] = "</s>",
     [CHAT_TMPL_EXAONE3] = "[|endofturn|]",
     [CHAT_TMPL_GRANITE] = "<|end_of_text|>",
+    [CHAT_TMPL_GPT_OSS] = "<|return|>",
 };
 
 const char *chat_template_eot(enum chat_template t) {

@@ -17,7 +17,19 @@
 // text (chat_template_eot), as a token where the vocabulary has one
 // (chat_eot_token), else as a stop string.
 //
-// Contract: everything here is pure (no global state) and thread-safe.
+// gpt-oss (harmony) is formatted as its Jinja template renders for inference,
+// not as llama.cpp's legacy formatter: the system message with the
+// template's default text (model identity, knowledge cutoff, the current
+// date, "Reasoning: medium", the valid channels), a first system or
+// developer message as the developer message's instructions, earlier
+// assistant turns as their final channel closed by <|end|> (llama.cpp's
+// inference form; <|return|> only ends a generation). The answer opens with
+// <|start|>assistant and ends at <|return|> (or <|call|>): the generated
+// channels are split by chat_harmony.h.
+//
+// Contract: everything here is thread-safe and pure (no global state) but
+// for gpt-oss's current date, read from the clock (local time, as the
+// template's strftime_now).
 // Functions returning int give 0 or a negative VERR_* code with a message.
 #ifndef VELA_HOST_TOKENIZER_CHAT_H
 #define VELA_HOST_TOKENIZER_CHAT_H
@@ -64,6 +76,7 @@ enum chat_template {
     CHAT_TMPL_MINICPM,           // "minicpm"
     CHAT_TMPL_EXAONE3,           // "exaone3"
     CHAT_TMPL_GRANITE,           // "granite": IBM Granite 3.x
+    CHAT_TMPL_GPT_OSS,           // "gpt-oss": OpenAI's harmony format (chat_harmony.h)
     CHAT_TMPL_COUNT
 };
 
