@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -732,4 +733,72 @@ Test(serve_api, timings_report_drafts) {
     cr_expect_null(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "timings"), "draft_n"));
     cJSON_Delete(o);
     free(s);
+}
+
+// llama-server's reasoning: message.reasoning_content beside content, a
+// reasoning delta without content, no field where there is no reasoning;
+// reasoning_format read, its unknown values refused, the server's default
+// kept when a request leaves it out.
+Test(serve_api, reasoning_content_and_format) {
+    struct api_choice ch = {.text = "Paris.",
+                            .len = 6,
+                            .finish = "stop",
+                            .reasoning = "Capital of France?",
+                            .reasoning_len = 18};
+    char *s = api_response_json(API_CHAT, "chatcmpl-1", "m", 42, &ch, 1, NULL);
+    cJSON *o = cJSON_Parse(s);
+    cr_assert_not_null(o, "%s", s);
+    cJSON *msg =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message");
+    cr_expect_str_eq(cJSON_GetObjectItem(msg, "content")->valuestring, "Paris.");
+    cr_expect_str_eq(cJSON_GetObjectItem(msg, "reasoning_content")->valuestring,
+                     "Capital of France?");
+    cJSON_Delete(o);
+    free(s);
+    const struct api_choice think = {.text = "", .reasoning = "Capital", .reasoning_len = 7};
+    s = api_chunk_sse(API_CHAT, "chatcmpl-1", "m", 42, 0, &think, true, NULL);
+    o = cJSON_ParseWithLength(s + 6, strlen(s) - 8);
+    cr_assert_not_null(o, "%s", s);
+    cJSON *delta =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "delta");
+    cr_expect_str_eq(cJSON_GetObjectItem(delta, "reasoning_content")->valuestring, "Capital");
+    cr_expect_null(cJSON_GetObjectItem(delta, "content"), "%s", s);
+    cr_expect_str_eq(cJSON_GetObjectItem(delta, "role")->valuestring, "assistant");
+    cJSON_Delete(o);
+    free(s);
+    const struct api_choice answer = {.text = "Paris", .len = 5};
+    s = api_chunk_sse(API_CHAT, "chatcmpl-1", "m", 42, 0, &answer, false, NULL);
+    cr_expect_null(strstr(s, "reasoning_content"), "%s", s);
+    cr_expect_not_null(strstr(s, "\"content\":\"Paris\""), "%s", s);
+    free(s);
+
+    struct api_request r;
+    struct api_error e;
+    const char *msgs = "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]";
+    char body[256];
+    snprintf(body, sizeof body, "{%s}", msgs);
+    cr_assert_eq(parse(API_CHAT, body, &r, &e), 0, "%s", e.message);
+    cr_expect_eq(r.reasoning, CHAT_REASONING_AUTO);
+    api_request_free(&r);
+    snprintf(body, sizeof body, "{%s, \"reasoning_format\": \"none\"}", msgs);
+    cr_assert_eq(parse(API_CHAT, body, &r, &e), 0, "%s", e.message);
+    cr_expect_eq(r.reasoning, CHAT_REASONING_NONE);
+    api_request_free(&r);
+    snprintf(body, sizeof body, "{%s, \"reasoning_format\": \"deepseek\"}", msgs);
+    cr_assert_eq(parse(API_CHAT, body, &r, &e), 0, "%s", e.message);
+    cr_expect_eq(r.reasoning, CHAT_REASONING_AUTO);
+    api_request_free(&r);
+    snprintf(body, sizeof body, "{%s, \"reasoning_format\": \"deepseek-legacy\"}", msgs);
+    cr_expect_eq(parse(API_CHAT, body, &r, &e), -1);
+    cr_expect_eq(e.status, 400);
+    cr_expect_not_null(strstr(e.message, "reasoning_format"), "%s", e.message);
+    snprintf(body, sizeof body, "{%s, \"reasoning_format\": 1}", msgs);
+    cr_expect_eq(parse(API_CHAT, body, &r, &e), -1);
+    struct api_defaults d;
+    api_defaults_openai(&d);
+    d.reasoning = CHAT_REASONING_NONE;
+    snprintf(body, sizeof body, "{%s}", msgs);
+    cr_assert_eq(api_parse_request(API_CHAT, body, strlen(body), &d, &r, &e), 0, "%s", e.message);
+    cr_expect_eq(r.reasoning, CHAT_REASONING_NONE, "the server's --reasoning-format");
+    api_request_free(&r);
 }

@@ -91,6 +91,8 @@ struct cli {
     const char *prompt_file;      // -f: run, eval
     const char *system_msg;       // -sys: run --chat, chat
     const char *chat_template;    // --chat-template: run --chat, chat, serve
+    int reasoning;                // --reasoning-format: enum chat_reasoning (run --chat, chat,
+                                  // serve)
     struct {
         bool display_prompt, escape, chat; // --no-display-prompt, --[no-]escape, --chat
         bool n_given, shift_given;         // -n, --[no-]context-shift were given

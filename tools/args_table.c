@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "host/split/plan.h"
+#include "host/tokenizer/chat_harmony.h"
 #include "tools/args.h"
 #include "tools/common.h"
 #include "tools/mkmodel/ftype.h"
@@ -383,6 +384,10 @@ static const struct flag_choice spec_types[] = {
     {"none", ENGINE_SPEC_NONE}, {"ngram", ENGINE_SPEC_NGRAM}, {"draft", ENGINE_SPEC_DRAFT}, {0}};
 static const struct flag_choice log_formats[] = {
     {"text", SRV_LOG_TEXT}, {"json", SRV_LOG_JSON}, {0}};
+static const struct flag_choice reasoning_formats[] = {{"auto", CHAT_REASONING_AUTO},
+                                                       {"deepseek", CHAT_REASONING_AUTO},
+                                                       {"none", CHAT_REASONING_NONE},
+                                                       {0}};
 static const struct flag_choice mk_rope_types[] = {{"none", MKMODEL_ROPE_SCALING_NONE},
                                                    {"linear", MKMODEL_ROPE_SCALING_LINEAR},
                                                    {"yarn", MKMODEL_ROPE_SCALING_YARN},
@@ -438,6 +443,13 @@ static const struct flag rows[] = {
      "llama3, mistral-v7, phi3, gemma, zephyr, ...; an unknown name lists them all); run: with "
      "--chat",
      "VELA_ARG_CHAT_TEMPLATE", STR(chat_template)},
+    {CLI_RUN | CLI_CHAT | CLI_SERVE, SEC_RUN, "--reasoning-format", "FORMAT",
+     "where a reasoning model's thoughts go (gpt-oss's analysis channel): auto or deepseek "
+     "(default: apart; serve: reasoning_content, run and chat: between [Start thinking] and "
+     "[End thinking]), none (the generated text as it is, markers included, as the answer); "
+     "serve: the default of requests' reasoning_format",
+     "VELA_ARG_REASONING_FORMAT",
+     ENUM(reasoning, reasoning_formats, "a reasoning format (auto, deepseek, none)")},
     {CLI_RUN | CLI_CHAT, SEC_RUN, "-sys, --system", "TEXT",
      "a system message before the user's (run: with --chat)", NULL, STR(system_msg)},
     {CLI_RUN, SEC_RUN, "-np, --parallel", "N",

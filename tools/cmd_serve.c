@@ -182,7 +182,8 @@ static int serve_defaults(const struct cli *f, struct api_defaults *d, struct ve
                                .frequency_penalty = p->frequency_penalty,
                                .seed = p->seed == SAMPLER_SEED_RANDOM ? -1 : (int64_t)p->seed,
                                .n_predict = f->gp.n_predict,
-                               .spec = f->gp.spec};
+                               .spec = f->gp.spec,
+                               .reasoning = (enum chat_reasoning)f->reasoning};
     return 0;
 }
 

@@ -194,3 +194,13 @@ int harmony_flush(struct harmony *h, harmony_emit_fn emit, void *user) {
 bool harmony_done(const struct harmony *h) {
     return h->state == ST_DONE;
 }
+
+int chat_reasoning_from_name(const char *name, enum chat_reasoning *out) {
+    if (!strcmp(name, "auto") || !strcmp(name, "deepseek"))
+        *out = CHAT_REASONING_AUTO;
+    else if (!strcmp(name, "none"))
+        *out = CHAT_REASONING_NONE;
+    else
+        return -1;
+    return 0;
+}

@@ -35,6 +35,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+// Where a reasoning model's thoughts go: llama.cpp's --reasoning-format and
+// llama-server's reasoning_format. "auto" and "deepseek" split them out
+// (llama-server's reasoning_content; the terminal shows them apart); "none"
+// leaves the generated text as it is, markers included, all of it content.
+enum chat_reasoning {
+    CHAT_REASONING_AUTO = 0,
+    CHAT_REASONING_NONE,
+};
+
+// The names above; -1 for another ("deepseek-legacy" included: not supported).
+int chat_reasoning_from_name(const char *name, enum chat_reasoning *out);
+
 enum harmony_part {
     HARMONY_CONTENT = 0, // the answer
     HARMONY_REASONING,   // the analysis channel

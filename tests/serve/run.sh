@@ -40,7 +40,7 @@ export VELA_BIN="$vela" VELA_SERVE_WORK="$work"
 status=0
 "$venv/bin/pytest" -q -p no:cacheprovider "$here/test_openai.py" "$here/test_selfextend.py" \
   "$here/test_shutdown.py" "$here/test_logging.py" "$here/test_llama_flags.py" \
-  "$here/test_tools.py" || status=$?
+  "$here/test_tools.py" "$here/test_harmony.py" || status=$?
 # SIGTERM ends the server cleanly: exit status 0.
 kill -TERM $pid
 wait $pid || { echo "the server did not stop cleanly"; cat "$log"; status=1; }

@@ -639,6 +639,17 @@ static int parse_stream(const cJSON *o, struct api_request *r, struct api_error 
     return 0;
 }
 
+// llama-server's reasoning_format.
+static int parse_reasoning(const cJSON *o, struct api_request *r, struct api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "reasoning_format");
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsString(v) || chat_reasoning_from_name(v->valuestring, &r->reasoning))
+        return BAD("'reasoning_format' must be \"auto\", \"deepseek\" or \"none\" "
+                   "(\"deepseek-legacy\" is not supported)");
+    return 0;
+}
+
 // r->grammar from the JSON schema at `where` (a field's name, for errors).
 static int schema_grammar(const cJSON *schema, const char *where, struct api_request *r,
                           struct api_error *e) {
@@ -724,6 +735,7 @@ static void request_defaults(enum api_kind k, const struct api_defaults *d, stru
     r->grp_attn_w = 512;
     r->cache_prompt = true; // llama-server's default
     r->spec = d->spec;
+    r->reasoning = d->reasoning;
 }
 
 int api_parse_request(enum api_kind k, const char *body, size_t len, const struct api_defaults *d,
@@ -748,7 +760,7 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, const struc
              parse_tools(o, r, e) || parse_sampling(o, r, e) || parse_logit_bias(o, r, e) ||
              parse_unsupported(o, e) || parse_grammar(o, r, e) || parse_limits(o, d, r, e) ||
              parse_stop(o, r, e) || parse_stream(o, r, e) || parse_logprobs(o, r, e) ||
-             parse_self_extend(o, r, e) || parse_speculative(o, r, e))
+             parse_self_extend(o, r, e) || parse_speculative(o, r, e) || parse_reasoning(o, r, e))
         rc = -1;
     else if (k == API_NATIVE && (r->n > 1 || r->logprobs))
         rc = BAD("'%s' is not supported by /completion (use /v1/completions)",
@@ -877,8 +889,15 @@ static cJSON *choice_json(enum api_kind k, int index, const struct api_choice *c
             cJSON_Delete(text);
             text = stream ? NULL : cJSON_CreateNull();
         }
+        if (stream && c->len == 0 && c->reasoning_len > 0) { // a reasoning delta
+            cJSON_Delete(text);
+            text = NULL;
+        }
         if (text)
             cJSON_AddItemToObject(msg, "content", text);
+        if (c->reasoning_len > 0)
+            cJSON_AddItemToObject(msg, "reasoning_content",
+                                  string_n(c->reasoning, c->reasoning_len));
         if (c->n_calls > 0)
             cJSON_AddItemToObject(msg, "tool_calls",
                                   api_tools_calls_json(c->calls, c->n_calls, stream));

@@ -17,6 +17,7 @@
 
 #include "gguf/verr.h"
 #include "host/engine/spec.h"
+#include "host/tokenizer/chat_harmony.h"
 #include "tools/serve/api_tools.h"
 
 #define API_MAX_STOP 8          // stop strings per request (OpenAI: 4; llama-server: more)
@@ -102,6 +103,10 @@ struct api_request {
     // json_schema (tools/serve/json_schema.h); NULL: unconstrained. The server
     // parses it against the model's vocabulary (a 400 when it does not parse).
     char *grammar;
+    // llama-server's reasoning_format ("auto", "deepseek": a harmony
+    // template's analysis channel as reasoning_content; "none": the
+    // generated text, markers included, as the content)
+    enum chat_reasoning reasoning;
 };
 
 void api_request_free(struct api_request *r);
@@ -124,7 +129,8 @@ struct api_defaults {
     int64_t seed;  // -1: random
     int n_predict; // -1: none given (OpenAI's max_tokens: 16 for completions, until a stop
                    // for chat); >= 0: the default of max_tokens / n_predict and their cap
-    struct engine_spec spec; // --spec-type, --draft-*: the speculation of requests
+    struct engine_spec spec;       // --spec-type, --draft-*: the speculation of requests
+    enum chat_reasoning reasoning; // --reasoning-format (auto)
 };
 // OpenAI's: temperature 1, top_p 1, no top_k / min_p / penalties, random seed, no -n;
 // no speculation.
@@ -206,7 +212,9 @@ struct api_token_logprob {
 struct api_choice {
     const char *text; // generated text (stop strings removed)
     size_t len;
-    const char *finish;                 // "stop", "length", or NULL (streaming, not finished)
+    const char *reasoning; // chat: reasoning_content (llama-server's), [reasoning_len] bytes;
+    size_t reasoning_len;  // 0: none (the field is left out, and so is an empty delta's content)
+    const char *finish;    // "stop", "length", or NULL (streaming, not finished)
     const struct api_token_logprob *lp; // [n_lp] when logprobs were asked for
     int n_lp;
     const struct api_tool_call *calls; // [n_calls] chat: the answer's tool calls

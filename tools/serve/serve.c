@@ -153,6 +153,8 @@ static struct api_usage usage_of(const struct srv_req *r) {
 static struct api_choice choice_of(const struct srv_job *j) {
     return (struct api_choice){.text = j->text.p,
                                .len = j->text.len,
+                               .reasoning = j->reasoning.p,
+                               .reasoning_len = j->reasoning.len,
                                .finish = j->finish,
                                .lp = j->req->api.logprobs ? j->lp : NULL,
                                .n_lp = j->n_lp};
@@ -300,6 +302,16 @@ static int stream_choice(struct stream *st, int i, size_t avail, const struct an
     struct srv_req *r = st->r;
     const enum api_kind k = r->api.kind;
     struct srv_job *j = &r->jobs[i];
+    if (j->reasoning.len > j->reasoning_sent) { // llama-server's reasoning_content deltas
+        struct api_choice ch = {.text = "",
+                                .reasoning = j->reasoning.p + j->reasoning_sent,
+                                .reasoning_len = j->reasoning.len - j->reasoning_sent};
+        if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch,
+                                      !st->role_sent[i], NULL)))
+            return -1;
+        st->role_sent[i] = true;
+        j->reasoning_sent = j->reasoning.len;
+    }
     const bool news = avail > j->sent || j->lp_sent < j->n_lp;
     if (news || (!st->role_sent[i] && k == API_CHAT)) {
         const size_t to = avail > j->sent ? avail : j->sent;
@@ -671,6 +683,10 @@ static enum MHD_Result handle_completion(struct serve *s, struct MHD_Connection 
     // go on past end-of-generation tokens (llama-server does the same).
     if (stop_tok >= 0 && !r->api.ignore_eos)
         r->stop_tokens[r->n_stop_tokens++] = stop_tok;
+    // harmony: the answer's channels apart, unless reasoning_format none
+    // asks for the text as it is.
+    r->harmony = k == API_CHAT && s->cfg.tmpl == CHAT_TMPL_GPT_OSS &&
+                 r->api.reasoning != CHAT_REASONING_NONE;
     snprintf(r->id, sizeof r->id, "%s-%llx", k == API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
     r->created = (int64_t)time(NULL);

@@ -39,6 +39,7 @@ struct srv_req *srv_req_new(struct api_request *api, int32_t *tokens, int n_toke
     for (int i = 0; i < r->n_jobs; i++) {
         r->jobs[i].req = r;
         r->jobs[i].index = i;
+        harmony_init(&r->jobs[i].hp);
         if (stop_new(&r->jobs[i].stop, (const char *const *)r->api.stop, r->api.n_stop, NULL)) {
             r->n_jobs = i; // what exists is freed
             srv_req_release(r);
@@ -59,6 +60,7 @@ void srv_req_release(struct srv_req *r) {
     for (int i = 0; i < r->n_jobs; i++) {
         stop_free(r->jobs[i].stop);
         buf_free(&r->jobs[i].text);
+        buf_free(&r->jobs[i].reasoning);
         free(r->jobs[i].lp);
         free(r->jobs[i].row);
     }
@@ -72,6 +74,24 @@ void srv_req_release(struct srv_req *r) {
 }
 
 // --- text and stop strings (under the request's lock) ---------------------------
+
+static int harmony_take(void *user, enum harmony_part part, const char *s, size_t n) {
+    struct srv_job *j = user;
+    if (part == HARMONY_CONTENT)
+        return buf_add(&j->text, s, n);
+    if (part == HARMONY_REASONING)
+        return buf_add(&j->reasoning, s, n);
+    return 0; // tool calls: the template has no tool format in vela yet
+}
+
+// Shown text (stop strings cut out) into the job: as it is, or split by the
+// harmony parser. flush: the answer ended.
+static int job_show(struct srv_job *j, const char *s, size_t n, bool flush) {
+    if (!j->req->harmony)
+        return n ? buf_add(&j->text, s, n) : 0;
+    int rc = n ? harmony_push(&j->hp, s, n, harmony_take, j) : 0;
+    return rc || !flush ? rc : harmony_flush(&j->hp, harmony_take, j);
+}
 
 // --- logprobs ----------------------------------------------------------------------
 
@@ -162,8 +182,7 @@ static void job_done(struct srv_worker *w, struct srv_job *j, const struct engin
     const char *show = NULL;
     size_t n_show = 0;
     stop_flush(j->stop, &show, &n_show);
-    if (n_show)
-        buf_add(&j->text, show, n_show);
+    job_show(j, show, n_show, true);
     j->done = true;
     r->n_done++;
     const struct engine_req_stats *st = ev->stats;
@@ -222,9 +241,11 @@ static int on_event(void *user, const struct engine_req_event *ev) {
         }
         if (!j->finish && len &&
             (stop_push(j->stop, text, len, &show, &n_show, NULL) ||
-             buf_add(&j->text, show, n_show)))
+             job_show(j, show, n_show, false)))
             stop = 1;
-        if (!j->finish && stop_hit(j->stop) >= 0) {
+        // A stop string, or the harmony answer's end (<|return|>, <|call|>)
+        // where the vocabulary does not end generation there.
+        if (!j->finish && (stop_hit(j->stop) >= 0 || (r->harmony && harmony_done(&j->hp)))) {
             j->finish = "stop";
             stop = 1;
         }

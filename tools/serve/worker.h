@@ -22,6 +22,7 @@
 #include "host/engine/engine.h"
 #include "host/engine/step.h"
 #include "host/engine/stop.h"
+#include "host/tokenizer/chat_harmony.h"
 #include "tools/serve/api.h"
 #include "tools/serve/buf.h"
 
@@ -29,8 +30,12 @@ struct srv_job {
     struct srv_req *req;
     int index;                    // the choice
     uint64_t eid;                 // the engine's request id (0: not submitted)
-    struct buf text;              // generated text as it can be shown (stop strings cut out)
+    struct buf text;              // generated text as it can be shown (stop strings cut out);
+                                  // with req->harmony, its content (final channel) only
     size_t sent;                  // bytes of text already streamed
+    struct buf reasoning;         // with req->harmony: the analysis channel
+    size_t reasoning_sent;        // bytes of reasoning already streamed
+    struct harmony hp;            // with req->harmony: the parser of the shown text
     struct stop_matcher *stop;    // holds back what may begin a stop string
     struct api_token_logprob *lp; // [n_lp]
     int n_lp, cap_lp;
@@ -61,6 +66,11 @@ struct srv_req {
     // [TOOL_CALLS]), written into the answer as marker_text; -1: none.
     int32_t marker;
     const char *marker_text;
+    // The shown text is harmony (chat_harmony.h): split into text (content)
+    // and reasoning. Its markers reach the parser as text: the tokenizer
+    // renders harmony's markers (as llama.cpp's vocabulary does), and
+    // <|return|> / <|call|> end the generation.
+    bool harmony;
     int n_jobs;
     struct srv_job jobs[API_MAX_N];
     // set by the engine thread
