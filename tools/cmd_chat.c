@@ -26,6 +26,7 @@
 #include "tools/line_input.h"
 #include "tools/progress.h"
 #include "tools/serve/buf.h"
+#include "tools/think_print.h"
 
 #define CHAT_MAX_TURNS 4096
 
@@ -75,18 +76,12 @@ struct chat {
     int n_predict;
     bool ignore_eos;
     bool verbose;
-    struct buf reply; // the answer being written
+    bool split_reasoning;  // a harmony template, --reasoning-format not none
+    struct think_print tp; // prints the answer, its content into reply
+    struct buf reply;      // the answer being written (its content, without reasoning)
     bool done;
     const char *why;
 };
-
-static int reply_add(struct chat *c, const char *s, size_t n) {
-    if (buf_add(&c->reply, s, n))
-        return -1;
-    fwrite(s, 1, n, stdout);
-    fflush(stdout);
-    return 0;
-}
 
 static int on_event(void *user, const struct engine_req_event *ev) {
     struct chat *c = user;
@@ -95,8 +90,8 @@ static int on_event(void *user, const struct engine_req_event *ev) {
         size_t n = 0;
         if (stop_hit(c->stop) < 0)
             stop_flush(c->stop, &show, &n);
-        if (n)
-            reply_add(c, show, n);
+        think_print_text(&c->tp, show, n);
+        think_print_end(&c->tp);
         c->done = true;
         c->why = ev->text;
         return 0;
@@ -107,9 +102,10 @@ static int on_event(void *user, const struct engine_req_event *ev) {
         return 1; // its text is the template's marker: not part of the answer
     const char *show = NULL;
     size_t n = 0;
+    int ended = 0;
     if (ev->len && stop_push(c->stop, ev->text, ev->len, &show, &n, NULL) == 0 && n)
-        reply_add(c, show, n);
-    return g_interrupt || stop_hit(c->stop) >= 0;
+        ended = think_print_text(&c->tp, show, n);
+    return g_interrupt || ended || stop_hit(c->stop) >= 0;
 }
 
 static int add_turn(struct chat *c, const char *role, const char *content, size_t len) {
@@ -215,6 +211,7 @@ static int answer(struct chat *c) {
     q.cb = on_event;
     q.user = c;
     c->reply.len = 0;
+    think_print_init(&c->tp, stdout, c->split_reasoning, &c->reply);
     c->done = false;
     stop_reset(c->stop);
     g_interrupt = 0;
@@ -281,7 +278,7 @@ static int chat_loop(struct chat *c, struct line_input *in) {
 }
 
 static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_name,
-                     const char *system_msg) {
+                     const char *system_msg, enum chat_reasoning reasoning) {
     struct verr err = {0};
     struct gguf_file *f = NULL;
     const char *source = NULL;
@@ -316,6 +313,7 @@ static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_nam
     if (system_msg && add_turn(c, "system", system_msg, strlen(system_msg)))
         return 1;
     c->n_system = system_msg ? 1 : 0;
+    c->split_reasoning = c->tmpl == CHAT_TMPL_GPT_OSS && reasoning != CHAT_REASONING_NONE;
     fprintf(stderr, "vela chat: %s, chat template %s (%s), context %d tokens; /exit to leave\n",
             am->model_path, chat_template_name(c->tmpl), source, context_config(c->e->ctx)->n_ctx);
     return 0;
@@ -340,7 +338,7 @@ int cmd_chat(int argc, char **argv) {
         goto out;
     tools_note_synthetic("chat", am.model_path);
     c->verbose = am.verbose;
-    if ((status = open_chat(c, &am, tmpl_name, system_msg)) ||
+    if ((status = open_chat(c, &am, tmpl_name, system_msg, (enum chat_reasoning)f.reasoning)) ||
         (status = tools_grammar_attach("chat", &f, c->e, &c->sp, &c->gvocab)))
         goto out;
     struct sigaction sa = {0};

@@ -17,6 +17,7 @@
 #include "tools/common.h"
 #include "tools/default_model.h"
 #include "tools/progress.h"
+#include "tools/think_print.h"
 
 static void usage(FILE *out) {
     fprintf(out, "usage: vela run [-m MODEL] [-p PROMPT | -f FILE] [options]\n"
@@ -139,6 +140,7 @@ struct run_out {
     // (for a vocabulary without that token, or one that spells it out).
     struct stop_matcher *stop;
     int32_t eot;
+    struct think_print tp; // --chat: prints the reply (a reasoning model's thoughts apart)
 };
 
 // --chat's reply (one sequence, streamed): stops at the template's
@@ -151,9 +153,7 @@ static int chat_out(struct run_out *o, int32_t token, const char *text, size_t l
     size_t n;
     if (stop_push(o->stop, text, len, &show, &n, NULL))
         return 1;
-    fwrite(show, 1, n, stdout);
-    fflush(stdout);
-    return stop_hit(o->stop) >= 0;
+    return think_print_text(&o->tp, show, n) || stop_hit(o->stop) >= 0;
 }
 
 static int on_event(void *user, enum engine_event ev, int seq, int32_t token, const char *text,
@@ -186,7 +186,8 @@ static int on_event(void *user, enum engine_event ev, int seq, int32_t token, co
             const char *held;
             size_t n;
             stop_flush(o->stop, &held, &n);
-            fwrite(held, 1, n, stdout);
+            think_print_text(&o->tp, held, n);
+            think_print_end(&o->tp);
         }
         if (!o->stream) {
             if (o->display_prompt)
@@ -544,6 +545,8 @@ static int prepare_run(struct cli *f, struct engine *e, const struct engine_prom
     if (f->run.chat) {
         const char *eot_text = chat_template_eot(tmpl);
         out->eot = chat_eot_token(e->tok, tmpl);
+        think_print_init(&out->tp, stdout,
+                         tmpl == CHAT_TMPL_GPT_OSS && f->reasoning != CHAT_REASONING_NONE, NULL);
         if (stop_new(&out->stop, &eot_text, 1, &err)) {
             fprintf(stderr, "vela run: %s\n", err.msg);
             return 1;

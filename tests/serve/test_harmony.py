@@ -231,3 +231,31 @@ def test_markers_as_control_tokens(control_server):
     # reasoning_format none: the raw text with the markers' text.
     r = client.chat.completions.create(extra_body={"grammar": g, "reasoning_format": "none"}, **kw)
     assert r.choices[0].message.content == HARMONY[:-len("<|return|>")]
+
+
+# The same answer in the terminal (vela run --chat, vela chat), as llama-cli shows it: the
+# reasoning between [Start thinking] and [End thinking] lines (dim only on a terminal), then
+# the answer; with --reasoning-format none the text as it is.
+SHOWN = "[Start thinking]\n\n" + THINK + "\n[End thinking]\n\n" + ANSWER
+
+
+def terminal_grammar():
+    return token_grammar("<|channel|>", "analysis", "<|message|>", THINK, "<|end|>", "<|start|>",
+                         "assistant", "<|channel|>", "final", "<|message|>", ANSWER)
+
+
+def test_run_chat_shows_reasoning_apart():
+    base = [VELA, "run", "-m", harmony_model(), "--backend", "cpu", "-t", "2", "--chat", "-p", "Hi",
+            "--temp", "0", "--grammar", terminal_grammar()]
+    out = subprocess.run(base, check=True, capture_output=True, text=True).stdout
+    assert out == SHOWN + "\n"
+    out = subprocess.run(base + ["--reasoning-format", "none"], check=True, capture_output=True,
+                         text=True).stdout
+    assert out == HARMONY[:-len("<|return|>")] + "\n"
+
+
+def test_chat_shows_reasoning_and_keeps_the_answer():
+    out = subprocess.run([VELA, "chat", "-m", harmony_model(), "--backend", "cpu", "-t", "2",
+                          "--temp", "0", "--no-history", "--grammar", terminal_grammar()],
+                         input="Hi\nAgain\n", check=True, capture_output=True, text=True).stdout
+    assert out == (SHOWN + "\n") * 2
