@@ -436,15 +436,20 @@ Test(serve_tools, mistral_streaming_holds_back_only_what_may_be_a_call) {
     cr_expect_null(toolcall_marker(TOOLCALL_HERMES));
 }
 
+// A request that forces a call of WEATHER_TOOL (tool_choice required).
+static void parse_required(struct api_request *r, struct api_error *e) {
+    cr_assert_eq(parse_chat("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                            "\"tools\": [" WEATHER_TOOL "], \"tool_choice\": \"required\"}",
+                            r, e),
+                 0, "%s", e->message);
+}
+
 // A forced call's grammar takes the array that follows [TOOL_CALLS], and
 // what it takes parses back as the calls.
 Test(serve_tools, mistral_forced_call_grammar_takes_an_array_of_calls) {
     struct api_request r;
     struct api_error e;
-    cr_assert_eq(parse_chat("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-                            "\"tools\": [" WEATHER_TOOL "], \"tool_choice\": \"required\"}",
-                            &r, &e),
-                 0, "%s", e.message);
+    parse_required(&r, &e);
     char *gbnf = NULL;
     cr_assert_eq(toolcall_grammar(CHAT_TMPL_MISTRAL_V3, &r, &gbnf, &e), 0, "%s", e.message);
     struct grammar *g = NULL;
@@ -472,5 +477,93 @@ Test(serve_tools, mistral_forced_call_grammar_takes_an_array_of_calls) {
     grammar_state_free(st);
     grammar_free(g);
     free(gbnf);
+    api_request_free(&r);
+}
+
+// gpt-oss (harmony): the tools as the template's TypeScript namespace in the
+// developer message, a call (its content as analysis, no later answer) and a
+// result. The expected string was written by hand from
+// tests/data/chat_templates/gpt-oss--openai-gpt-oss-120b.jinja and checked
+// by rendering that template with Python's jinja2 (trim_blocks,
+// lstrip_blocks; tojson as json.dumps), the date shown as YYYY-MM-DD: a
+// string enum with its default, an integer default, a string array, a
+// nested object (whose property types follow a line break and 16 spaces in
+// the template), a type list, a tool without parameters.
+#define GPT_OSS_TOOLS                                                                              \
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get "  \
+    "the weather of a city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "  \
+    "{\"type\": \"string\", \"description\": \"The city\"}, \"unit\": {\"type\": \"string\", "     \
+    "\"enum\": [\"c\", \"f\"], \"default\": \"c\"}, \"days\": {\"type\": \"integer\", "            \
+    "\"default\": 1}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}, "        \
+    "\"opts\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"boolean\"}, \"b\": "    \
+    "{\"type\": [\"string\", \"null\"]}}, \"required\": [\"a\"]}}, \"required\": [\"city\"]}}}, "  \
+    "{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time\", "   \
+    "\"parameters\": {\"type\": \"object\", \"properties\": {}}}}]"
+
+Test(serve_tools, gpt_oss_prompt_is_its_templates) {
+    char *p = prompt_of(
+        CHAT_TMPL_GPT_OSS,
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+        "\"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": \"Need the "
+        "weather.\", \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": "
+        "{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\":\\\"Paris\\\"}\"}}]}, "
+        "{\"role\": \"tool\", \"content\": \"{\\\"t\\\": 21}\"}, {\"role\": \"user\", "
+        "\"content\": \"Thanks\"}], \"tools\": " GPT_OSS_TOOLS "}");
+    char *d = strstr(p, "Current date: ");
+    cr_assert_not_null(d);
+    memcpy(d + strlen("Current date: "), "YYYY-MM-DD", 10);
+    const char *want =
+        "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+        "Knowledge cutoff: 2024-06\nCurrent date: YYYY-MM-DD\n\nReasoning: medium\n\n# Valid "
+        "channels: analysis, commentary, final. Channel must be included for every message.\n"
+        "Calls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>"
+        "developer<|message|># Instructions\n\nBe brief.\n\n# Tools\n\n## functions\n\nnamespace "
+        "functions {\n\n// Get the weather of a city\ntype get_weather = (_: {\n// The city\ncity: "
+        "string,\nunit?: \"c\" | \"f\", // default: c,\ndays?: number, // default: 1,\ntags?: "
+        "string[],\nopts?: {\na: \n                boolean, b?: \n                string | null},"
+        "\n}) => any;\n\n// The time\ntype now = () => any;\n\n} // namespace functions<|end|>"
+        "<|start|>user<|message|>Weather in Paris?<|end|><|start|>assistant<|channel|>analysis"
+        "<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather<|channel|>"
+        "commentary json<|message|>{\"city\": \"Paris\"}<|call|><|start|>functions.get_weather "
+        "to=assistant<|channel|>commentary<|message|>\"{\\\"t\\\": 21}\"<|end|><|start|>user"
+        "<|message|>Thanks<|end|><|start|>assistant";
+    cr_expect_str_eq(p, want);
+    free(p);
+}
+
+// A later answer drops a call's analysis (the template keeps it only while
+// no answer follows); a result needs a call before it; oneOf and forced
+// calls are refused by name.
+Test(serve_tools, gpt_oss_rules_and_refusals) {
+    char *p = prompt_of(
+        CHAT_TMPL_GPT_OSS,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", "
+        "\"content\": \"Thinking\", \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", "
+        "\"function\": {\"name\": \"now\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", "
+        "\"content\": \"noon\"}, {\"role\": \"assistant\", \"content\": \"It is noon.\"}, "
+        "{\"role\": \"user\", \"content\": \"Ok\"}], \"tools\": " GPT_OSS_TOOLS "}");
+    const char *tail =
+        "<|start|>user<|message|>Hi<|end|><|start|>assistant to=functions.now<|channel|>commentary "
+        "json<|message|>{}<|call|><|start|>functions.now to=assistant<|channel|>commentary"
+        "<|message|>\"noon\"<|end|><|start|>assistant<|channel|>final<|message|>It is noon.<|end|>"
+        "<|start|>user<|message|>Ok<|end|><|start|>assistant";
+    cr_expect(strlen(p) > strlen(tail) && !strcmp(p + strlen(p) - strlen(tail), tail), "%s", p);
+    free(p);
+    expect_render_400(CHAT_TMPL_GPT_OSS,
+                      "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}], \"tools\": "
+                      "[" WEATHER_TOOL "]}",
+                      "tool call before it");
+    expect_render_400(CHAT_TMPL_GPT_OSS,
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+                      "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+                      "{\"type\": \"object\", \"properties\": {\"v\": {\"oneOf\": [{\"type\": "
+                      "\"string\"}, {\"type\": \"number\"}]}}}}}]}",
+                      "oneOf");
+    struct api_request r;
+    struct api_error e;
+    parse_required(&r, &e);
+    char *g = NULL;
+    cr_expect_eq(toolcall_grammar(CHAT_TMPL_GPT_OSS, &r, &g, &e), -1);
+    cr_expect(e.status == 400 && strstr(e.message, "gpt-oss"), "%s", e.message);
     api_request_free(&r);
 }

@@ -583,25 +583,40 @@ static void fmt_minicpm(struct sbuf *b, const struct chat_msg *m, size_t n) {
 }
 
 // gpt-oss: the harmony format as openai-gpt-oss's template renders it for
-// inference (chat.h), without tools. Roles the template drops (a system
-// message after the first, a developer message there) are dropped.
+// inference (chat.h). Roles the template drops (a system message after the
+// first, a developer message there) are dropped.
 static void fmt_gpt_oss(struct sbuf *b, const struct chat_msg *m, size_t n, bool add_ass) {
     char date[32] = "";
     time_t now = time(NULL);
     struct tm tm;
     if (localtime_r(&now, &tm))
         strftime(date, sizeof date, "%Y-%m-%d", &tm);
+    const char *tools = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (role_is(&m[i], CHAT_ROLE_TOOLS))
+            tools = m[i].content;
     SB(b, "<|start|>system<|message|>",
        HARMONY_IDENTITY "\nKnowledge cutoff: 2024-06\nCurrent date: ", date,
-       "\n\nReasoning: medium\n\n" HARMONY_CHANNELS "<|end|>");
+       "\n\nReasoning: medium\n\n" HARMONY_CHANNELS);
+    if (tools)
+        sb_put(b, "\nCalls to these tools must go to the commentary channel: 'functions'.");
+    sb_put(b, "<|end|>");
     size_t i = 0;
-    if (n && (role_is(&m[0], "system") || role_is(&m[0], "developer"))) {
-        if (m[0].content[0])
-            SB(b, "<|start|>developer<|message|># Instructions\n\n", m[0].content, "\n\n<|end|>");
-        i = 1;
+    const char *dev = "";
+    if (n && (role_is(&m[0], "system") || role_is(&m[0], "developer")))
+        dev = m[i++].content;
+    if (dev[0] || tools) {
+        sb_put(b, "<|start|>developer<|message|>");
+        if (dev[0])
+            SB(b, "# Instructions\n\n", dev, "\n\n");
+        if (tools)
+            SB(b, "# Tools\n\n", tools);
+        sb_put(b, "<|end|>");
     }
     for (; i < n; i++) {
-        if (role_is(&m[i], "assistant"))
+        if (role_is(&m[i], CHAT_ROLE_RAW))
+            sb_put(b, m[i].content);
+        else if (role_is(&m[i], "assistant"))
             SB(b, "<|start|>assistant<|channel|>final<|message|>", m[i].content, "<|end|>");
         else if (role_is(&m[i], "user"))
             SB(b, "<|start|>user<|message|>", m[i].content, "<|end|>");
@@ -653,7 +668,7 @@ static void fmt_dispatch(struct sbuf *b, enum chat_template t, const struct chat
 
 bool chat_template_takes_raw(enum chat_template t) {
     return t == CHAT_TMPL_MISTRAL_V3 || t == CHAT_TMPL_MISTRAL_V3_TEKKEN ||
-           t == CHAT_TMPL_MISTRAL_V7 || t == CHAT_TMPL_MISTRAL_V7_TEKKEN;
+           t == CHAT_TMPL_MISTRAL_V7 || t == CHAT_TMPL_MISTRAL_V7_TEKKEN || t == CHAT_TMPL_GPT_OSS;
 }
 
 int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,

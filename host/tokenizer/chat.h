@@ -123,8 +123,14 @@ int chat_template_from_gguf(const struct gguf_file *f, const char *override,
 // A message of role CHAT_ROLE_RAW is written as it is, outside any turn: the
 // tool-call markers of Mistral's templates sit between turns
 // ([AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS]; tools/serve/toolcall.h).
-// Only mistral-v3, -v3-tekken, -v7 and -v7-tekken take it.
+// Only mistral-v3, -v3-tekken, -v7, -v7-tekken and gpt-oss take it.
+// gpt-oss takes raw messages too (its tool calls and results, written by
+// tools/serve/toolcall.c), and a message of role CHAT_ROLE_TOOLS: the
+// "namespace functions" text its template puts in the developer message
+// under "# Tools" (the system message then says calls go to the commentary
+// channel).
 #define CHAT_ROLE_RAW "raw"
+#define CHAT_ROLE_TOOLS "tools"
 bool chat_template_takes_raw(enum chat_template t);
 
 // Formats msgs[0..n) into a malloc'd NUL-terminated string (*len bytes, the

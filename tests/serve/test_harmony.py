@@ -259,3 +259,54 @@ def test_chat_shows_reasoning_and_keeps_the_answer():
                           "--temp", "0", "--no-history", "--grammar", terminal_grammar()],
                          input="Hi\nAgain\n", check=True, capture_output=True, text=True).stdout
     assert out == (SHOWN + "\n") * 2
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def test_tool_call_through_the_commentary_channel(control_server):
+    """A call as gpt-oss writes it (the grammar ends where <|call|> would: it ends the
+    generation) comes back as tool_calls, its analysis as reasoning_content; streamed, the
+    reasoning first and the call as one delta at the end."""
+    _, client = control_server
+    args = '{"city":"Paris"}'
+    g = token_grammar("<|channel|>", "analysis", "<|message|>", "Need weather.", "<|end|>",
+                      "<|start|>", "assistant", "<|channel|>", "commentary to=functions.get_weather ",
+                      "<|constrain|>", "json", "<|message|>", args)
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+              tools=[WEATHER], max_tokens=400, temperature=0, extra_body={"grammar": g})
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    assert c.message.model_extra["reasoning_content"] == "Need weather."
+    assert not c.message.content
+    assert len(c.message.tool_calls) == 1
+    call = c.message.tool_calls[0]
+    assert (call.function.name, call.function.arguments) == ("get_weather", args)
+    reasoning, names, finish = "", [], None
+    for ch in client.chat.completions.create(stream=True, **kw):
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+        assert not d.content
+        names += [t.function.name for t in d.tool_calls or []]
+        finish = ch.choices[0].finish_reason or finish
+    assert (reasoning, names, finish) == ("Need weather.", ["get_weather"], "tool_calls")
+    # The call and its result go back into the next prompt as the template writes them.
+    port, _ = control_server
+    status, body = request(port, "POST", "/apply-template", {
+        "messages": [{"role": "user", "content": "Weather in Paris?"},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": call.id, "type": "function",
+                          "function": {"name": "get_weather", "arguments": args}}]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "21 C"}],
+        "tools": [WEATHER]})
+    assert status == 200, body
+    assert json.loads(body)["prompt"].endswith(
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+        '{"city": "Paris"}<|call|><|start|>functions.get_weather to=assistant<|channel|>'
+        'commentary<|message|>"21 C"<|end|><|start|>assistant')

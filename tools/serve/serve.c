@@ -181,6 +181,27 @@ struct answer_calls {
     size_t content_len; // bytes of the text that are content
 };
 
+// The calls the harmony parser found in job j (copied), with ids
+// "<prefix>_<k>". -1: out of memory.
+static int harmony_calls(const struct srv_job *j, const char *prefix, struct answer_calls *ac) {
+    if (!j->n_calls)
+        return 0;
+    if (!(ac->calls = calloc((size_t)j->n_calls, sizeof *ac->calls)))
+        return -1;
+    ac->n = j->n_calls;
+    for (int k = 0; k < j->n_calls; k++) {
+        char id[96];
+        snprintf(id, sizeof id, "%s_%d", prefix, k);
+        struct api_tool_call *c = &ac->calls[k];
+        c->id = strdup(id);
+        c->name = strdup(j->calls[k].name);
+        c->arguments = strdup(j->calls[k].arguments ? j->calls[k].arguments : "");
+        if (!c->id || !c->name || !c->arguments)
+            return -1;
+    }
+    return 0;
+}
+
 // Splits job i's finished text into content and calls when the request
 // offered tools; nothing found: the whole text is content. -1: out of memory.
 static int answer_calls_find(const struct serve *s, const struct srv_req *r, int i,
@@ -191,6 +212,8 @@ static int answer_calls_find(const struct serve *s, const struct srv_req *r, int
         return 0;
     char prefix[64];
     snprintf(prefix, sizeof prefix, "call_%.40s_%d", r->id, i);
+    if (r->harmony)
+        return harmony_calls(j, prefix, ac);
     return toolcall_parse(toolcall_format_of(s->cfg.tmpl), j->text.p ? j->text.p : "", j->text.len,
                           prefix, &ac->content_len, &ac->calls, &ac->n);
 }
@@ -340,7 +363,9 @@ static int stream_choice(struct stream *st, int i, size_t avail, const struct an
             if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &calls, false,
                                           NULL)))
                 return -1;
-            answer_calls_apply(ac, &ch);
+            answer_calls_apply(ac, &ch); // its finish_reason; the calls went above
+            ch.calls = NULL;
+            ch.n_calls = 0;
         }
         if (out_add(st, api_chunk_sse(k, r->id, st->s->model_id, r->created, i, &ch, false, NULL)))
             return -1;

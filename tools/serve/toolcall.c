@@ -27,6 +27,8 @@ enum toolcall_format toolcall_format_of(enum chat_template t) {
     case CHAT_TMPL_MISTRAL_V7:
     case CHAT_TMPL_MISTRAL_V7_TEKKEN:
         return TOOLCALL_MISTRAL;
+    case CHAT_TMPL_GPT_OSS:
+        return TOOLCALL_HARMONY;
     default:
         return TOOLCALL_NONE;
     }
@@ -454,6 +456,206 @@ static int render_mistral(enum chat_template t, const struct api_request *r, boo
     return 0;
 }
 
+// --- harmony (gpt-oss) ---------------------------------------------------------
+
+static const cJSON *item(const cJSON *o, const char *k) {
+    return cJSON_GetObjectItemCaseSensitive(o, k);
+}
+
+static bool type_is(const cJSON *spec, const char *t) {
+    const cJSON *v = item(spec, "type");
+    return cJSON_IsString(v) && !strcmp(v->valuestring, t);
+}
+
+static bool in_list(const cJSON *list, const char *s) {
+    for (const cJSON *v = cJSON_IsArray(list) ? list->child : NULL; v; v = v->next)
+        if (cJSON_IsString(v) && !strcmp(v->valuestring, s))
+            return true;
+    return false;
+}
+
+static int ts_type(struct buf *b, const cJSON *spec, int depth);
+
+// An array's element type as the template's render_typescript_type writes it.
+static int ts_array(struct buf *b, const cJSON *spec, int depth) {
+    const cJSON *items = item(spec, "items");
+    int rc = 0;
+    if (!cJSON_IsObject(items) || !items->child)
+        rc = add_str(b, "any[]");
+    else if (type_is(items, "string"))
+        rc = add_str(b, "string[]");
+    else if (type_is(items, "number") || type_is(items, "integer"))
+        rc = add_str(b, "number[]");
+    else if (type_is(items, "boolean"))
+        rc = add_str(b, "boolean[]");
+    else {
+        struct buf in = {0};
+        rc = ts_type(&in, items, depth + 1);
+        const char *t = in.p ? in.p : "";
+        if (!rc)
+            rc = !strcmp(t, "object | object") || in.len > 50 ? add_str(b, "any[]")
+                                                              : add_str(b, t) || add_str(b, "[]");
+        buf_free(&in);
+    }
+    return rc || !cJSON_IsTrue(item(spec, "nullable")) ? rc : add_str(b, " | null");
+}
+
+// A nested object's properties: "{\n", then each as NAME?: TYPE, joined by
+// ", ", then "}" (the template puts a line break and 16 spaces before each
+// property's type: its {{ }} there does not trim).
+static int ts_object(struct buf *b, const cJSON *spec, int depth) {
+    const cJSON *props = item(spec, "properties"), *req = item(spec, "required");
+    if (!cJSON_IsObject(props) || !props->child)
+        return add_str(b, "object");
+    int rc = add_str(b, "{\n");
+    for (const cJSON *p = props->child; p && !rc; p = p->next) {
+        rc = add_str(b, p->string) || (!in_list(req, p->string) && add_str(b, "?")) ||
+             add_str(b, ": \n                ") || ts_type(b, p, depth + 1) ||
+             (p->next && add_str(b, ", "));
+    }
+    return rc ? rc : add_str(b, "}");
+}
+
+// gpt-oss's render_typescript_type. oneOf (whose variants the template
+// writes with comments and line breaks) is refused: 1.
+static int ts_type(struct buf *b, const cJSON *spec, int depth) {
+    const cJSON *type = item(spec, "type");
+    if (depth > 16)
+        return 1;
+    if (type_is(spec, "array"))
+        return ts_array(b, spec, depth);
+    if (cJSON_IsArray(type) && type->child) {
+        int rc = 0;
+        for (const cJSON *t = type->child; t && !rc; t = t->next)
+            rc = !cJSON_IsString(t) || add_str(b, t->valuestring) || (t->next && add_str(b, " | "));
+        return rc;
+    }
+    if (item(spec, "oneOf"))
+        return 1;
+    if (type_is(spec, "string")) {
+        const cJSON *en = item(spec, "enum");
+        if (cJSON_IsArray(en) && en->child) {
+            int rc = add_str(b, "\"");
+            for (const cJSON *v = en->child; v && !rc; v = v->next)
+                rc = !cJSON_IsString(v) || add_str(b, v->valuestring) ||
+                     add_str(b, v->next ? "\" | \"" : "\"");
+            return rc;
+        }
+        return add_str(b, "string") ||
+               (cJSON_IsTrue(item(spec, "nullable")) && add_str(b, " | null"));
+    }
+    if (type_is(spec, "number") || type_is(spec, "integer"))
+        return add_str(b, "number");
+    if (type_is(spec, "boolean"))
+        return add_str(b, "boolean");
+    if (type_is(spec, "object"))
+        return ts_object(b, spec, depth);
+    return add_str(b, "any");
+}
+
+// One parameter line of a function: "// description\n", NAME?: TYPE, its
+// default, ",\n".
+static int ts_param(struct buf *b, const cJSON *p, const cJSON *req) {
+    const cJSON *desc = item(p, "description"), *def = item(p, "default");
+    int rc = cJSON_IsString(desc) && desc->valuestring[0] &&
+             (add_str(b, "// ") || add_str(b, desc->valuestring) || add_str(b, "\n"));
+    rc = rc || add_str(b, p->string) || (!in_list(req, p->string) && add_str(b, "?")) ||
+         add_str(b, ": ") || ts_type(b, p, 0);
+    if (!rc && def) {
+        if (item(p, "enum") && cJSON_IsString(def))
+            rc = add_str(b, ", // default: ") || add_str(b, def->valuestring);
+        else
+            rc = add_str(b, ", // default: ") || dump_json(b, def, 0, 0);
+    }
+    return rc || add_str(b, ",\n");
+}
+
+// The template's render_tool_namespace("functions", tools): each tool as a
+// TypeScript type. 1 for a schema it cannot write (oneOf), -1 out of memory.
+static int harmony_namespace(struct buf *b, const struct api_request *r) {
+    int rc = add_str(b, "## functions\n\nnamespace functions {\n\n");
+    for (int i = 0; i < r->tools.n && !rc; i++) {
+        cJSON *t = api_json_parse(r->tools.list[i].json, strlen(r->tools.list[i].json));
+        const cJSON *fn = item(t, "function"), *desc = item(fn, "description");
+        const cJSON *params = item(fn, "parameters"), *props = item(params, "properties");
+        rc = add_str(b, "// ") || (cJSON_IsString(desc) && add_str(b, desc->valuestring)) ||
+             add_str(b, "\ntype ") || add_str(b, r->tools.list[i].name) || add_str(b, " = ");
+        if (!rc && cJSON_IsObject(props) && props->child) {
+            rc = add_str(b, "(_: {\n");
+            for (const cJSON *p = props->child; p && !rc; p = p->next)
+                rc = ts_param(b, p, item(params, "required"));
+            rc = rc || add_str(b, "}) => any;\n\n");
+        } else if (!rc) {
+            rc = add_str(b, "() => any;\n\n");
+        }
+        cJSON_Delete(t);
+    }
+    return rc || add_str(b, "} // namespace functions");
+}
+
+// An assistant message's call as the template writes it: its content as an
+// analysis message unless a later answer without calls follows, then the
+// first call (the template writes one per message).
+static int harmony_call(struct buf *b, const struct api_request *r, int i) {
+    const struct api_message *m = &r->messages[i];
+    bool later_final = false;
+    for (int k = i + 1; k < r->n_messages; k++)
+        later_final |= !strcmp(r->messages[k].role, "assistant") && !r->messages[k].n_calls;
+    int rc = m->content[0] && !later_final &&
+             (add_str(b, "<|start|>assistant<|channel|>analysis<|message|>") ||
+              add_str(b, m->content) || add_str(b, "<|end|>"));
+    return rc || add_str(b, "<|start|>assistant to=functions.") || add_str(b, m->calls[0].name) ||
+           add_str(b, "<|channel|>commentary json<|message|>") ||
+           dump_text(b, m->calls[0].arguments, 0) || add_str(b, "<|call|>");
+}
+
+// The conversation in harmony (toolcall.h): calls and results as raw
+// messages, then the functions namespace as a CHAT_ROLE_TOOLS message.
+static int render_harmony(const struct api_request *r, bool show, struct chat_msg *out, int *n,
+                          struct toolcall_strs *keep, struct api_error *e) {
+    const char *last_call = NULL;
+    for (int i = 0; i < r->n_messages; i++) {
+        const struct api_message *m = &r->messages[i];
+        const char *role = m->role;
+        struct buf b = {0};
+        int rc;
+        if (!strcmp(m->role, "assistant") && m->n_calls) {
+            role = CHAT_ROLE_RAW;
+            rc = harmony_call(&b, r, i);
+            last_call = m->calls[0].name;
+        } else if (!strcmp(m->role, "tool")) {
+            if (!last_call)
+                return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                                "'messages[%d]': a tool result with no assistant tool call "
+                                "before it (gpt-oss's template names the function it answers)",
+                                i);
+            role = CHAT_ROLE_RAW;
+            rc = add_str(&b, "<|start|>functions.") || add_str(&b, last_call) ||
+                 add_str(&b, " to=assistant<|channel|>commentary<|message|>") ||
+                 dump_string(&b, m->content) || add_str(&b, "<|end|>");
+        } else {
+            if (!strcmp(m->role, "assistant"))
+                last_call = NULL;
+            rc = add_str(&b, m->content);
+        }
+        if (push_msg(role, &b, rc, out, n, keep, e))
+            return -1;
+    }
+    if (show) { // after the conversation: its first message stays the system one
+        struct buf b = {0};
+        int rc = harmony_namespace(&b, r);
+        if (rc > 0) {
+            buf_free(&b);
+            return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                            "'tools': a parameter schema with oneOf (or nested deeper than 16) "
+                            "cannot be written in gpt-oss's tool format by vela");
+        }
+        if (push_msg(CHAT_ROLE_TOOLS, &b, rc, out, n, keep, e))
+            return -1;
+    }
+    return 0;
+}
+
 int toolcall_render(enum chat_template t, const struct api_request *r, struct chat_msg *out,
                     int *n_out, struct toolcall_strs *keep, struct api_error *e) {
     *n_out = 0;
@@ -468,11 +670,13 @@ int toolcall_render(enum chat_template t, const struct api_request *r, struct ch
         return api_fail(e, 400, "invalid_request_error", "invalid_value",
                         "'tools': the model's chat template '%s' has no tool-call format in vela "
                         "(templates with one: chatml (Hermes / Qwen), llama3, mistral-v3, "
-                        "mistral-v3-tekken, mistral-v7, mistral-v7-tekken)",
+                        "mistral-v3-tekken, mistral-v7, mistral-v7-tekken, gpt-oss)",
                         chat_template_name(t));
     const bool show = toolcall_wanted(r);
     if (f == TOOLCALL_MISTRAL)
         return render_mistral(t, r, show, out, n_out, keep, e);
+    if (f == TOOLCALL_HARMONY)
+        return render_harmony(r, show, out, n_out, keep, e);
     if (render_system(f, r, show, out, n_out, keep, e))
         return -1;
     bool tools_placed = f != TOOLCALL_LLAMA3 || !show;
@@ -806,8 +1010,12 @@ int toolcall_grammar(enum chat_template t, const struct api_request *r, char **g
         return api_fail(e, 400, "invalid_request_error", "invalid_value",
                         "'tools': the model's chat template '%s' has no tool-call format in vela "
                         "(templates with one: chatml (Hermes / Qwen), llama3, mistral-v3, "
-                        "mistral-v3-tekken, mistral-v7, mistral-v7-tekken)",
+                        "mistral-v3-tekken, mistral-v7, mistral-v7-tekken, gpt-oss)",
                         chat_template_name(t));
+    if (f == TOOLCALL_HARMONY)
+        return api_fail(e, 400, "invalid_request_error", "invalid_value",
+                        "'tool_choice': a forced call (required or a named function) is not "
+                        "supported for gpt-oss's harmony format yet; use auto");
     cJSON *schema = calls_schema(f, r);
     if (!schema)
         return api_fail(e, 500, "server_error", NULL, "out of memory");

@@ -27,6 +27,16 @@
 //   the system text in front of the last message when that is the user's
 //   (and drops it otherwise, as its template does); v7 opens its system
 //   prompt with the template's instructions for parallel calls.
+// - TOOLCALL_HARMONY (gpt-oss): the tools as a TypeScript "namespace
+//   functions" in the developer message (the system message then says calls
+//   go to the commentary channel); a call is <|start|>assistant
+//   to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|> (one
+//   per message, the message's content before it as an analysis message
+//   unless a later answer follows); results are <|start|>functions.NAME
+//   to=assistant<|channel|>commentary<|message|>"..."<|end|>. The answer's
+//   calls are read by the harmony parser (host/tokenizer/chat_harmony.h),
+//   not by toolcall_parse. Forced calls (tool_choice required or named) are
+//   refused: no grammar is written for them yet.
 // Other templates have no format here: a request with tools is refused.
 #ifndef VELA_TOOLS_SERVE_TOOLCALL_H
 #define VELA_TOOLS_SERVE_TOOLCALL_H
@@ -42,6 +52,7 @@ enum toolcall_format {
     TOOLCALL_HERMES,
     TOOLCALL_LLAMA3,
     TOOLCALL_MISTRAL,
+    TOOLCALL_HARMONY,
 };
 
 // The format of template t's models.

@@ -61,6 +61,7 @@ void srv_req_release(struct srv_req *r) {
         stop_free(r->jobs[i].stop);
         buf_free(&r->jobs[i].text);
         buf_free(&r->jobs[i].reasoning);
+        api_tools_calls_free(r->jobs[i].calls, r->jobs[i].n_calls);
         free(r->jobs[i].lp);
         free(r->jobs[i].row);
     }
@@ -75,13 +76,33 @@ void srv_req_release(struct srv_req *r) {
 
 // --- text and stop strings (under the request's lock) ---------------------------
 
+// s[0..n) appended to the NUL-terminated *str (NULL: empty). -1 when out of memory.
+static int str_append(char **str, const char *s, size_t n) {
+    const size_t have = *str ? strlen(*str) : 0;
+    char *t = realloc(*str, have + n + 1);
+    if (!t)
+        return -1;
+    memcpy(t + have, s, n);
+    t[have + n] = '\0';
+    *str = t;
+    return 0;
+}
+
 static int harmony_take(void *user, enum harmony_part part, const char *s, size_t n) {
     struct srv_job *j = user;
     if (part == HARMONY_CONTENT)
         return buf_add(&j->text, s, n);
     if (part == HARMONY_REASONING)
         return buf_add(&j->reasoning, s, n);
-    return 0; // tool calls: the template has no tool format in vela yet
+    if (part == HARMONY_TOOL_NAME) {
+        struct api_tool_call *c = realloc(j->calls, (size_t)(j->n_calls + 1) * sizeof *c);
+        if (!c)
+            return -1;
+        j->calls = c;
+        c[j->n_calls] = (struct api_tool_call){0};
+        return str_append(&c[j->n_calls++].name, s, n);
+    }
+    return j->n_calls ? str_append(&j->calls[j->n_calls - 1].arguments, s, n) : 0;
 }
 
 // Shown text (stop strings cut out) into the job: as it is, or split by the

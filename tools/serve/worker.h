@@ -36,6 +36,8 @@ struct srv_job {
     struct buf reasoning;         // with req->harmony: the analysis channel
     size_t reasoning_sent;        // bytes of reasoning already streamed
     struct harmony hp;            // with req->harmony: the parser of the shown text
+    struct api_tool_call *calls;  // [n_calls] with req->harmony: the answer's tool calls
+    int n_calls;                  // (name and arguments; no id)
     struct stop_matcher *stop;    // holds back what may begin a stop string
     struct api_token_logprob *lp; // [n_lp]
     int n_lp, cap_lp;
