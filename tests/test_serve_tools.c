@@ -549,6 +549,18 @@ Test(serve_tools, gpt_oss_rules_and_refusals) {
         "<|start|>user<|message|>Ok<|end|><|start|>assistant";
     cr_expect(strlen(p) > strlen(tail) && !strcmp(p + strlen(p) - strlen(tail), tail), "%s", p);
     free(p);
+    // llama-server's reasoning_content of a call's message is its analysis
+    // (llama.cpp passes it as the template's "thinking").
+    p = prompt_of(CHAT_TMPL_GPT_OSS,
+                  "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": "
+                  "\"assistant\", \"content\": null, \"reasoning_content\": \"Check the time.\", "
+                  "\"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": "
+                  "{\"name\": \"now\", \"arguments\": \"{}\"}}]}], \"tools\": " GPT_OSS_TOOLS "}");
+    tail = "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>analysis<|message|>Check "
+           "the time.<|end|><|start|>assistant to=functions.now<|channel|>commentary json"
+           "<|message|>{}<|call|><|start|>assistant";
+    cr_expect(strlen(p) > strlen(tail) && !strcmp(p + strlen(p) - strlen(tail), tail), "%s", p);
+    free(p);
     expect_render_400(CHAT_TMPL_GPT_OSS,
                       "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}], \"tools\": "
                       "[" WEATHER_TOOL "]}",

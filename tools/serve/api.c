@@ -89,6 +89,7 @@ void api_request_free(struct api_request *r) {
         free(r->messages[i].content);
         api_tools_calls_free(r->messages[i].calls, r->messages[i].n_calls);
         free(r->messages[i].tool_call_id);
+        free(r->messages[i].reasoning);
     }
     free(r->messages);
     for (int i = 0; i < r->n_stop; i++)
@@ -323,6 +324,10 @@ static int parse_messages(const cJSON *o, struct api_request *r, struct api_erro
         if (message_content(content, i, &r->messages[i].content, e))
             return -1;
         struct api_message *msg = &r->messages[i];
+        // llama-server's: an assistant message's reasoning (gpt-oss writes it
+        // back before a tool call, toolcall.h)
+        if (get_string(m, "reasoning_content", &msg->reasoning, e))
+            return -1;
         char why[256];
         int rc = api_tools_parse_message(m, i, msg->role, &msg->calls, &msg->n_calls,
                                          &msg->tool_call_id, why, sizeof why);

@@ -40,6 +40,7 @@ struct api_message {
     struct api_tool_call *calls; // [n_calls] an assistant message's tool_calls
     int n_calls;
     char *tool_call_id; // role "tool": the call it answers, or NULL
+    char *reasoning;    // llama-server's reasoning_content, or NULL
 };
 
 // One logit_bias entry: OpenAI's {"15043": 1.5} or llama-server's

@@ -593,17 +593,20 @@ static int harmony_namespace(struct buf *b, const struct api_request *r) {
     return rc || add_str(b, "} // namespace functions");
 }
 
-// An assistant message's call as the template writes it: its content as an
-// analysis message unless a later answer without calls follows, then the
-// first call (the template writes one per message).
+// An assistant message's call as the template writes it: its reasoning (or
+// else its content) as an analysis message unless a later answer without
+// calls follows, then the first call (the template writes one per message).
 static int harmony_call(struct buf *b, const struct api_request *r, int i) {
     const struct api_message *m = &r->messages[i];
     bool later_final = false;
     for (int k = i + 1; k < r->n_messages; k++)
         later_final |= !strcmp(r->messages[k].role, "assistant") && !r->messages[k].n_calls;
-    int rc = m->content[0] && !later_final &&
+    // llama.cpp passes reasoning_content as the template's "thinking", which
+    // then stands in for the content
+    const char *analysis = m->reasoning ? m->reasoning : m->content;
+    int rc = analysis[0] && !later_final &&
              (add_str(b, "<|start|>assistant<|channel|>analysis<|message|>") ||
-              add_str(b, m->content) || add_str(b, "<|end|>"));
+              add_str(b, analysis) || add_str(b, "<|end|>"));
     return rc || add_str(b, "<|start|>assistant to=functions.") || add_str(b, m->calls[0].name) ||
            add_str(b, "<|channel|>commentary json<|message|>") ||
            dump_text(b, m->calls[0].arguments, 0) || add_str(b, "<|call|>");
