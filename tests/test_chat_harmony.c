@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "host/tokenizer/chat_harmony.h"
+#include "tests/rng_splitmix.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -139,6 +140,66 @@ Test(harmony, tool_calls) {
                          "commentary to=browser.search<|message|>{\"q\":1}<|end|><|start|>"
                          "assistant<|channel|>final<|message|>y<|return|>",
                          "y", "x", "", "", true});
+}
+
+// Random texts built from harmony's pieces (markers, channel names,
+// recipients, fragments of markers, plain text): each part's text is the
+// same whole, cut at random points and byte by byte, and nothing is lost or
+// invented: every byte emitted comes from the text (no part is longer than
+// it).
+Test(harmony, random_texts_split_anywhere) {
+    static const char *const pieces[] = {"<|channel|>",
+                                         "<|message|>",
+                                         "<|start|>",
+                                         "<|end|>",
+                                         "<|return|>",
+                                         "<|call|>",
+                                         "<|constrain|>",
+                                         "analysis",
+                                         "final",
+                                         "commentary",
+                                         " to=functions.f",
+                                         " to=browser.x",
+                                         " to=assistant",
+                                         "assistant",
+                                         "json",
+                                         "hi ",
+                                         "<",
+                                         "|",
+                                         "<|",
+                                         "<|e",
+                                         "\n",
+                                         "{\"a\":1}"};
+    rng_seed(35);
+    for (int c = 0; c < 2000; c++) {
+        char text[512] = "";
+        const int n = irand(0, 24);
+        for (int i = 0; i < n; i++)
+            strcat(text, pieces[irand(0, (int)LEN(pieces) - 1)]);
+        const size_t len = strlen(text);
+        struct parts whole, cut;
+        bool done_whole, done_cut;
+        parse_cut(text, NULL, 0, &whole, &done_whole);
+        size_t cuts[3];
+        for (int k = 0; k < 3; k++)
+            cuts[k] = (size_t)irand(0, (int)len);
+        for (int a = 0; a < 3; a++) // ascending
+            for (int b = a + 1; b < 3; b++)
+                if (cuts[b] < cuts[a]) {
+                    size_t t = cuts[a];
+                    cuts[a] = cuts[b];
+                    cuts[b] = t;
+                }
+        parse_cut(text, cuts, 3, &cut, &done_cut);
+        size_t sum = 0;
+        for (int k = 0; k < 4; k++) {
+            cr_assert_str_eq(cut.text[k], whole.text[k], "part %d of \"%s\" cut at %zu %zu %zu", k,
+                             text, cuts[0], cuts[1], cuts[2]);
+            sum += k == HARMONY_TOOL_NAME ? 0 : whole.len[k];
+        }
+        cr_assert_eq(done_cut, done_whole, "%s", text);
+        cr_assert_leq(sum, len, "more text out than in: %s", text);
+    }
 }
 
 // An emit that fails stops the push with its code.
