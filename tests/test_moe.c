@@ -346,13 +346,13 @@ Test(moe, quantize_follows_llama_quantize) {
 }
 
 // The presets of real models have their published parameter counts
-// (Qwen3-30B-A3B: 30.5B; Mixtral-8x7B: 46.7B), to 1% (the published
-// figures' rounding), and the tiny presets resolve.
+// (Qwen3-30B-A3B: 30.5B; Mixtral-8x7B: 46.7B; gpt-oss-20b: 20.91B), to 1%
+// (the published figures' rounding), and the tiny presets resolve.
 Test(moe, presets_have_the_published_sizes) {
     static const struct {
         const char *name;
         double params;
-    } real[] = {{"qwen3-30b-a3b", 30.5e9}, {"mixtral-8x7b", 46.7e9}};
+    } real[] = {{"qwen3-30b-a3b", 30.5e9}, {"mixtral-8x7b", 46.7e9}, {"gpt-oss-20b", 20.91e9}};
     struct verr err = {0};
     struct mkmodel_config c, r;
     for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
@@ -364,8 +364,8 @@ Test(moe, presets_have_the_published_sizes) {
                   real[i].name, p / 1e9, real[i].params / 1e9);
         cr_expect_eq(r.weights, MKMODEL_WEIGHTS_FAST, "%s", real[i].name);
     }
-    const char *tiny[] = {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-mixtral"};
-    for (int i = 0; i < 3; i++) {
+    const char *tiny[] = {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-mixtral", "tiny-gpt-oss"};
+    for (int i = 0; i < 4; i++) {
         mkmodel_config_default(&c);
         cr_assert_eq(mkmodel_preset(&c, tiny[i], &err), 0, "%s", err.msg);
         cr_assert_eq(mkmodel_resolve(&c, &r, &err), 0, "%s: %s", tiny[i], err.msg);

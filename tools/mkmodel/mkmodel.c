@@ -72,6 +72,11 @@ static const struct mkmodel_preset_info preset_info[] = {
                       "ff 256, F32"},
     {"tiny-mixtral", "llama with experts, 256 x 4 layers, 8/4 heads, 8 experts of ff 128, "
                      "2 used, F32"},
+    {"gpt-oss-20b", "gpt-oss, 2880 x 24 layers, 64/8 heads of 64, 32 experts of ff 2880, 4 used, "
+                    "window 128, vocab 201088, ctx 131072, YaRN 32x from 4096, MXFP4 experts, "
+                    "Q8_0 rest"},
+    {"tiny-gpt-oss", "gpt-oss, 256 x 4 layers, 8/4 heads of 64, 8 experts of ff 128, 2 used, "
+                     "window 16, F32"},
     {NULL, NULL},
 };
 
@@ -83,27 +88,40 @@ struct preset {
     bool tied;
     int head_dim; // 0: n_embd / n_head
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    // gpt-oss's: the experts' type where not 0 (F32), a sliding window,
+    // YaRN by `yarn` from n_ctx / yarn
+    enum ggml_type type_ffn;
+    int sliding_window, yarn;
 };
 #define MK_Q3MOE ((enum mkmodel_arch)MODEL_ARCH_QWEN3MOE)
 #define MK_Q2MOE ((enum mkmodel_arch)MODEL_ARCH_QWEN2MOE)
+#define MK_GPTOSS ((enum mkmodel_arch)MODEL_ARCH_GPTOSS)
 
 static const struct preset presets[] = {
-    {MKMODEL_ARCH_LLAMA, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 10000.0f, false, 0, 0, 0, 0, 0},
+    {MKMODEL_ARCH_LLAMA, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 10000.0f, false, 0, 0, 0, 0, 0,
+     GGML_TYPE_F32, 0, 0},
     {MKMODEL_ARCH_LLAMA, 768, 12, 12, 4, 2048, 16384, 2048, GGML_TYPE_F32, 10000.0f, false, 0, 0, 0,
-     0, 0},
+     0, 0, GGML_TYPE_F32, 0, 0},
     {MKMODEL_ARCH_QWEN2, 896, 24, 14, 2, 4864, 151936, 32768, GGML_TYPE_F16, 1000000.0f, true, 0, 0,
-     0, 0, 0},
+     0, 0, 0, GGML_TYPE_F32, 0, 0},
     {MKMODEL_ARCH_LLAMA, 4096, 32, 32, 32, 11008, 32000, 4096, GGML_TYPE_Q4_0, 10000.0f, false, 0,
-     0, 0, 0, 0},
+     0, 0, 0, 0, GGML_TYPE_F32, 0, 0},
     {MKMODEL_ARCH_LLAMA, 4096, 32, 32, 8, 14336, 128256, 8192, GGML_TYPE_Q4_0, 500000.0f, false, 0,
-     0, 0, 0, 0},
+     0, 0, 0, 0, GGML_TYPE_F32, 0, 0},
     {MK_Q3MOE, 2048, 48, 32, 4, 6144, 151936, 40960, GGML_TYPE_Q4_K, 1000000.0f, false, 128, 128, 8,
-     768, 0},
+     768, 0, GGML_TYPE_F32, 0, 0},
     {MKMODEL_ARCH_LLAMA, 4096, 32, 32, 8, 14336, 32000, 32768, GGML_TYPE_Q4_0, 1000000.0f, false, 0,
-     8, 2, 0, 0},
-    {MK_Q3MOE, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 128, 0},
-    {MK_Q2MOE, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 128, 256},
-    {MKMODEL_ARCH_LLAMA, 256, 4, 8, 4, 128, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 0, 0},
+     8, 2, 0, 0, GGML_TYPE_F32, 0, 0},
+    {MK_Q3MOE, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 128, 0,
+     GGML_TYPE_F32, 0, 0},
+    {MK_Q2MOE, 256, 4, 8, 4, 768, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 128, 256,
+     GGML_TYPE_F32, 0, 0},
+    {MKMODEL_ARCH_LLAMA, 256, 4, 8, 4, 128, 0, 2048, GGML_TYPE_F32, 0.0f, false, 0, 8, 2, 0, 0,
+     GGML_TYPE_F32, 0, 0},
+    {MK_GPTOSS, 2880, 24, 64, 8, 2880, 201088, 131072, GGML_TYPE_Q8_0, 150000.0f, false, 64, 32, 4,
+     2880, 0, GGML_TYPE_MXFP4, 128, 32},
+    {MK_GPTOSS, 256, 4, 8, 4, 128, 0, 2048, GGML_TYPE_F32, 0.0f, false, 64, 8, 2, 128, 0,
+     GGML_TYPE_F32, 16, 0},
 };
 #define N_PRESETS (sizeof presets / sizeof presets[0])
 _Static_assert(N_PRESETS + 1 == sizeof preset_info / sizeof preset_info[0],
@@ -137,6 +155,14 @@ int mkmodel_preset(struct mkmodel_config *cfg, const char *name, struct verr *er
         cfg->type = p->type;
         cfg->rope_freq_base = p->rope_freq_base;
         cfg->tied = p->tied;
+        if (p->type_ffn != GGML_TYPE_F32)
+            cfg->type_ffn = (int)p->type_ffn;
+        cfg->sliding_window = p->sliding_window;
+        if (p->yarn) {
+            cfg->rope_scaling = MKMODEL_ROPE_SCALING_YARN;
+            cfg->rope_scale = (float)p->yarn;
+            cfg->yarn_orig_ctx = p->n_ctx / p->yarn;
+        }
         return 0;
     }
     char list[512] = "";
