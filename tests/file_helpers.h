@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 // A whole file (at most 1 MiB) as a NUL-terminated malloc'd string; "" when
 // it cannot be read.
@@ -15,6 +16,22 @@ static inline char *test_read_text(const char *path) {
     if (f)
         fclose(f);
     return buf;
+}
+
+// "$env/<name>" when the variable env is set, else
+// "<this folder>/data/<sub>/<name>": the data committed beside the tests
+// (the build passes absolute source paths, so __FILE__ locates them).
+static inline void test_data_path(char *buf, size_t cap, const char *env, const char *sub,
+                                  const char *name) {
+    const char *dir = getenv(env);
+    if (dir) {
+        snprintf(buf, cap, "%s/%s", dir, name);
+        return;
+    }
+    const char *src = __FILE__;
+    const char *slash = strrchr(src, '/');
+    int n = slash ? (int)(slash - src) : 1;
+    snprintf(buf, cap, "%.*s/data/%s/%s", n, slash ? src : ".", sub, name);
 }
 
 // A fresh folder /tmp/<prefix>_XXXXXX into dir (cap bytes); NULL on failure.

@@ -76,6 +76,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "file_helpers.h"
 #include "host/engine/engine.h"
 #include "llamacpp_cases.h"
 #include "tools/args.h"
@@ -112,22 +113,10 @@ struct lc_ref {
     float *logits; // [n_rows][n_vocab]
 };
 
-static void lc_data_path(char *buf, size_t cap, const char *name) {
-    const char *dir = getenv("VELA_LLAMACPP_DATA");
-    if (dir) {
-        snprintf(buf, cap, "%s/%s.bin", dir, name);
-        return;
-    }
-    // The build passes this file's absolute path; the data sits beside it.
-    const char *src = __FILE__;
-    const char *slash = strrchr(src, '/');
-    int n = slash ? (int)(slash - src) : 1;
-    snprintf(buf, cap, "%.*s/data/llamacpp/%s.bin", n, slash ? src : ".", name);
-}
-
 static void lc_ref_load(const char *name, struct lc_ref *r) {
-    char path[1024];
-    lc_data_path(path, sizeof path, name);
+    char path[1024], file[300];
+    snprintf(file, sizeof file, "%s.bin", name);
+    test_data_path(path, sizeof path, "VELA_LLAMACPP_DATA", "llamacpp", file);
     FILE *f = fopen(path, "rb");
     cr_assert(f, "cannot open %s (set VELA_LLAMACPP_DATA to the folder)", path);
     char magic[4];

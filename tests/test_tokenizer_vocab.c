@@ -14,28 +14,7 @@
 
 #include "gguf/gguf.h"
 #include "host/tokenizer/tokenizer.h"
-
-static const char SEP[] = "\n__ggml_vocab_test__\n";
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap + 1);
-    size_t k;
-    while ((k = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += k;
-        if (n == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap + 1);
-        }
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
+#include "vocab_cases.h"
 
 // The vocabulary directory, or NULL (with a note on stderr) when absent.
 static const char *vocab_dir(void) {
@@ -103,10 +82,10 @@ static void open_vocab(struct vocab_file *v, const char *dir, const char *name) 
     cr_assert_eq(gguf_open(&v->g, p, &err), 0, "%s", err.msg);
     cr_assert_eq(tokenizer_load(&v->t, v->g, &err), 0, "%s", err.msg);
     snprintf(p, sizeof p, "%s/%s.inp", dir, name);
-    v->inp = slurp(p, &v->inp_len);
+    v->inp = vocab_slurp(p, &v->inp_len);
     cr_assert_not_null(v->inp, "%s missing", p);
     snprintf(p, sizeof p, "%s/%s.out", dir, name);
-    v->out = slurp(p, &v->out_len);
+    v->out = vocab_slurp(p, &v->out_len);
     cr_assert_not_null(v->out, "%s missing", p);
 }
 
@@ -115,54 +94,6 @@ static void close_vocab(struct vocab_file *v) {
     gguf_close(v->g);
     free(v->inp);
     free(v->out);
-}
-
-// Iterates the cases: returns false when done. *text/*len: the case,
-// *ids/*n_ids: its expected ids (parsed from the .out line).
-struct cursor {
-    const char *ip, *iend, *op, *oend;
-    bool done;
-};
-
-static bool next_case(struct cursor *c, const char **text, size_t *len, int32_t *ids, int *n_ids,
-                      int max_ids) {
-    if (c->done || c->ip >= c->iend)
-        return false;
-    const char *sep = strstr(c->ip, SEP);
-    *text = c->ip;
-    if (sep && sep < c->iend) {
-        *len = (size_t)(sep - c->ip);
-        c->ip = sep + strlen(SEP);
-    } else {
-        *len = (size_t)(c->iend - c->ip);
-        c->done = true;
-    }
-    const char *eol = memchr(c->op, '\n', (size_t)(c->oend - c->op));
-    if (!eol)
-        eol = c->oend;
-    *n_ids = 0;
-    const char *q = c->op;
-    while (q < eol) {
-        while (q < eol && *q == ' ')
-            q++;
-        if (q >= eol)
-            break;
-        char *end;
-        long v = strtol(q, &end, 10);
-        cr_assert(end > q && end <= eol, "bad id in .out near '%.20s'", q);
-        cr_assert_lt(*n_ids, max_ids);
-        ids[(*n_ids)++] = (int32_t)v;
-        q = end;
-    }
-    c->op = eol < c->oend ? eol + 1 : eol;
-    return true;
-}
-
-static void print_ids(const char *label, const int32_t *ids, int n) {
-    fprintf(stderr, "    %s:", label);
-    for (int i = 0; i < n; i++)
-        fprintf(stderr, " %d", ids[i]);
-    fprintf(stderr, "\n");
 }
 
 Test(vocab, llama_cpp_conformance) {
@@ -176,12 +107,12 @@ Test(vocab, llama_cpp_conformance) {
     for (int fi = 0; fi < n_files; fi++) {
         struct vocab_file v;
         open_vocab(&v, dir, names[fi]);
-        struct cursor c = {v.inp, v.inp + v.inp_len, v.out, v.out + v.out_len, false};
+        struct vocab_cursor c = {v.inp, v.inp + v.inp_len, v.out, v.out + v.out_len, false};
         const char *text;
         size_t len;
         static int32_t want[4096];
         int n_want, n_cases = 0, n_ok = 0;
-        while (next_case(&c, &text, &len, want, &n_want, 4096)) {
+        while (vocab_next_case(&c, &text, &len, want, &n_want, 4096)) {
             n_cases++;
             int32_t *got;
             int n_got;
@@ -192,8 +123,8 @@ Test(vocab, llama_cpp_conformance) {
             n_ok += ok;
             if (!ok) {
                 fprintf(stderr, "  %s case %d '%.*s':\n", names[fi], n_cases, (int)len, text);
-                print_ids("want", want, n_want);
-                print_ids("got ", got, n_got);
+                vocab_print_ids("want", want, n_want);
+                vocab_print_ids("got ", got, n_got);
             }
             free(got);
         }
@@ -272,11 +203,11 @@ Test(vocab, round_trip_and_garbage) {
         bool lossless = !strcmp(s, "a ,");
         free(s);
         free(ids);
-        struct cursor c = {v.inp, v.inp + v.inp_len, v.out, v.out + v.out_len, false};
+        struct vocab_cursor c = {v.inp, v.inp + v.inp_len, v.out, v.out + v.out_len, false};
         const char *text;
         static int32_t want[4096];
         int n_want, n_cases = 0, n_ok = 0;
-        while (next_case(&c, &text, &len, want, &n_want, 4096)) {
+        while (vocab_next_case(&c, &text, &len, want, &n_want, 4096)) {
             n_cases++;
             cr_assert_eq(tokenizer_encode_alloc(t, text, len, false, false, &ids, &n, &err), 0);
             size_t dl;

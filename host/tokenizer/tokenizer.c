@@ -240,6 +240,11 @@ static const struct pre_name pre_names[] = {
     {"hunyuan", TOKENIZER_PRE_QWEN2, false, false, false, false},
     {"solar-open", TOKENIZER_PRE_QWEN2, false, false, false, false},
     {"grok-2", TOKENIZER_PRE_QWEN2, false, false, false, false},
+    {"gpt-4o", TOKENIZER_PRE_GPT4O, false, false, false, false},
+    {"llama4", TOKENIZER_PRE_GPT4O, false, false, false, false},
+    {"kanana2", TOKENIZER_PRE_GPT4O, false, false, false, false},
+    {"talkie", TOKENIZER_PRE_GPT4O, false, false, false, false},
+    {"minimax-m2", TOKENIZER_PRE_GPT4O, false, false, false, false},
 };
 
 static const struct pre_name *pre_lookup(const char *name) {
@@ -276,6 +281,8 @@ const char *tokenizer_pre_name(enum tokenizer_pre pre) {
         return "falcon";
     case TOKENIZER_PRE_STARCODER:
         return "starcoder";
+    case TOKENIZER_PRE_GPT4O:
+        return "gpt-4o";
     case TOKENIZER_PRE_COUNT:
         break;
     }

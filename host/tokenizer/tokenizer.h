@@ -47,6 +47,7 @@ enum tokenizer_pre {
     TOKENIZER_PRE_DEEPSEEK_CODER, // deepseek-coder
     TOKENIZER_PRE_FALCON,         // falcon
     TOKENIZER_PRE_STARCODER,      // starcoder, refact, command-r, smollm, codeshell, ...
+    TOKENIZER_PRE_GPT4O,          // gpt-4o (o200k: gpt-oss), llama4, minimax-m2, ...
     TOKENIZER_PRE_COUNT
 };
 

@@ -4,7 +4,7 @@
 // llama.cpp describes each pre-tokenizer as a list of regular expressions
 // applied in turn: every regex splits every word the previous ones produced,
 // and both its matches and the unmatched stretches between them become words.
-// Two of those regexes (GPT-2's and Llama 3's) run as hand-written code in
+// Some of those regexes (GPT-2's and Llama 3's) run as hand-written code in
 // llama.cpp; the others run through std::regex (ECMAScript: leftmost match,
 // alternatives tried in order, greedy quantifiers with backtracking) on a
 // copy of the text in which
@@ -449,6 +449,112 @@ static void split_llama3(const uint32_t *c, const struct lens *in, struct lens *
     }
 }
 
+// llama.cpp's gpt-4o (o200k) regex, which it runs through std::regex on the
+// stand-in text:
+//   [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+C?|
+//   [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*C?|
+//   \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with C = '[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]. Every
+// non-ASCII letter is the same stand-in byte there, so it counts both as
+// "upper" (a letter outside a-z) and "lower" (a letter outside A-Z), and
+// combining marks are not letters. Every code point starts some match, so
+// the words cover the text without gaps.
+
+static inline bool gpt4o_upper(uint32_t c) {
+    return is_letter(c) && !(c >= 'a' && c <= 'z');
+}
+static inline bool gpt4o_lower(uint32_t c) {
+    return is_letter(c) && !(c >= 'A' && c <= 'Z');
+}
+
+// C at pos: its length, 0 if none.
+static size_t gpt4o_contraction(const uint32_t *c, size_t pos, size_t end) {
+    if (pos + 1 >= end || c[pos] != '\'')
+        return 0;
+    // | 0x20 folds A-Z onto a-z and never maps a code point >= 0x80 there.
+    uint32_t a = c[pos + 1] | 0x20, b = pos + 2 < end ? c[pos + 2] | 0x20 : 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd')
+        return 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
+        return 3;
+    return 0;
+}
+
+// The two letter alternatives at pos: the match length, 0 if neither
+// matches. The first tries its upper run longest first and takes the
+// first length after which a lower letter follows; the second is reached
+// only when no such length exists, so its run is all A-Z and no lower
+// letter follows it.
+static size_t gpt4o_letters(const uint32_t *c, size_t pos, size_t end) {
+    size_t s = pos;
+    if (!is_letter(c[s])) { // [^\r\n\p{L}\p{N}]? is only kept before a letter
+        if (c[s] == '\r' || c[s] == '\n' || is_number(c[s]) || s + 1 >= end || !is_letter(c[s + 1]))
+            return 0;
+        s++;
+    }
+    size_t u = s;
+    while (u < end && gpt4o_upper(c[u]))
+        u++;
+    size_t e = u;
+    for (size_t k = u + 1; k-- > s;) {
+        if (k < end && gpt4o_lower(c[k])) {
+            e = k;
+            while (e < end && gpt4o_lower(c[e]))
+                e++;
+            break;
+        }
+    }
+    return e - pos + gpt4o_contraction(c, e, end);
+}
+
+static void split_gpt4o(const uint32_t *c, const struct lens *in, struct lens *out) {
+    size_t start = 0;
+    for (size_t w = 0; w < in->n; w++) {
+        const size_t end = start + in->v[w];
+        size_t pos = start;
+        while (pos < end) {
+            const size_t at = pos;
+            size_t k = gpt4o_letters(c, pos, end);
+            if (k) {
+                lens_push(out, k);
+                pos += k;
+                continue;
+            }
+            if (is_number(c[pos])) { // \p{N}{1,3}
+                while (pos < end && pos - at < 3 && is_number(c[pos]))
+                    pos++;
+                lens_push(out, pos - at);
+                continue;
+            }
+            // ' ?[^\s\p{L}\p{N}]+[\r\n/]*'
+            size_t q = pos + (c[pos] == ' ');
+            if (q < end && !is_ws(c[q]) && !is_letter(c[q]) && !is_number(c[q])) {
+                while (q < end && !is_ws(c[q]) && !is_letter(c[q]) && !is_number(c[q]))
+                    q++;
+                while (q < end && (c[q] == '\r' || c[q] == '\n' || c[q] == '/'))
+                    q++;
+                lens_push(out, q - at);
+                pos = q;
+                continue;
+            }
+            size_t nws = 0, last_nl_end = 0;
+            while (pos + nws < end && is_ws(c[pos + nws])) {
+                if (c[pos + nws] == '\r' || c[pos + nws] == '\n')
+                    last_nl_end = pos + nws + 1;
+                nws++;
+            }
+            if (last_nl_end > 0) // \s*[\r\n]+
+                pos = last_nl_end;
+            else if (nws > 1 && pos + nws < end) // \s+(?!\S)
+                pos += nws - 1;
+            else // \s+
+                pos += nws ? nws : 1;
+            lens_push(out, pos - at);
+        }
+        start = end;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Pre-tokenizers as lists of steps.
 
@@ -458,6 +564,7 @@ enum step_kind {
     STEP_GPT2,
     STEP_LLAMA3,
     STEP_QWEN2,
+    STEP_GPT4O,
     STEP_TRAILING_SPACE
 };
 
@@ -478,6 +585,7 @@ static const struct step pre_steps[TOKENIZER_PRE_COUNT][MAX_STEPS + 1] = {
         },
     [TOKENIZER_PRE_LLAMA3] = {{STEP_LLAMA3, NULL}},
     [TOKENIZER_PRE_QWEN2] = {{STEP_QWEN2, NULL}},
+    [TOKENIZER_PRE_GPT4O] = {{STEP_GPT4O, NULL}},
     [TOKENIZER_PRE_GPT2] = {{STEP_GPT2, NULL}},
     [TOKENIZER_PRE_DEEPSEEK_LLM] =
         {
@@ -536,6 +644,9 @@ int tokenizer_pre_split(enum tokenizer_pre pre, const uint32_t *cpts, size_t n, 
             break;
         case STEP_QWEN2:
             split_llama3(cpts, &a, &b, 1);
+            break;
+        case STEP_GPT4O:
+            split_gpt4o(cpts, &a, &b);
             break;
         case STEP_TRAILING_SPACE:
             split_trailing_space(cpts, &a, &b);
