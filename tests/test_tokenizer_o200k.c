@@ -3,7 +3,8 @@
 // how it was made): the part of the real vocabulary a corpus uses, at the
 // real ids, with the merges between those tokens; the corpus; llama.cpp's
 // words (its gpt-4o regex split), its ids with parse_special off and on, and
-// its end-of-generation set, attributes and pieces of the special tokens.
+// its end-of-generation set, attributes and pieces of the special tokens,
+// and its text for the ids (llama_detokenize).
 // Every case must match exactly.
 #include <criterion/criterion.h>
 
@@ -201,6 +202,68 @@ Test(o200k, ids_match_llama_cpp) {
 
 Test(o200k, ids_with_special_tokens_match_llama_cpp) {
     check_ids("corpus.special.out", true);
+}
+
+// Hex digits [0..2n) into bytes; returns n, or -1 on a bad digit.
+static int from_hex(const char *hex, size_t n, char *out) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned b;
+        if (sscanf(hex + 2 * i, "%2x", &b) != 1)
+            return -1;
+        out[i] = (char)b;
+    }
+    return (int)n;
+}
+
+// Each case's ids (parse_special on) joined back into text, as
+// llama_detokenize with remove_special off and unparse_special as given;
+// the expected text is one line of hex per case.
+static void check_decode(const char *want_name, bool unparse_special) {
+    struct o200k_vocab v;
+    struct tokenizer *t = o200k_build(&v, "gpt-4o");
+    size_t il, ol, wl;
+    char *inp = read_data("corpus.inp", &il), *out = read_data("corpus.special.out", &ol);
+    char *want = read_data(want_name, &wl), *wp = want;
+    struct vocab_cursor c = {inp, inp + il, out, out + ol, false};
+    const char *text;
+    size_t len;
+    static int32_t ids[MAX_IDS];
+    static char bytes[MAX_IDS * 4];
+    int n_ids, n_cases = 0, n_ok = 0;
+    while (vocab_next_case(&c, &text, &len, ids, &n_ids, MAX_IDS)) {
+        n_cases++;
+        char *nl = strchr(wp, '\n');
+        cr_assert(nl && (size_t)(nl - wp) % 2 == 0 && (size_t)(nl - wp) / 2 <= sizeof bytes,
+                  "%s: bad line %d", want_name, n_cases);
+        int n_want = from_hex(wp, (size_t)(nl - wp) / 2, bytes);
+        cr_assert_geq(n_want, 0, "%s: bad hex on line %d", want_name, n_cases);
+        wp = nl + 1;
+        char *got;
+        size_t n_got;
+        struct verr err;
+        cr_assert_eq(tokenizer_decode(t, ids, n_ids, false, unparse_special, &got, &n_got, &err), 0,
+                     "%s", err.msg);
+        bool ok = n_got == (size_t)n_want && !memcmp(got, bytes, n_got);
+        n_ok += ok;
+        cr_expect(ok, "%s case %d '%.*s': got '%s', want '%.*s'", want_name, n_cases, (int)len,
+                  text, got, n_want, bytes);
+        free(got);
+    }
+    fprintf(stderr, "o200k %s: %d/%d cases decode as llama.cpp\n", want_name, n_ok, n_cases);
+    cr_expect_gt(n_cases, 250);
+    free(inp);
+    free(out);
+    free(want);
+    tokenizer_free(t);
+    vocab_free(&v);
+}
+
+Test(o200k, decode_matches_llama_cpp) {
+    check_decode("corpus.detok", false);
+}
+
+Test(o200k, decode_with_special_tokens_matches_llama_cpp) {
+    check_decode("corpus.detok.special", true);
 }
 
 // specials.txt: "id eog attr piece" for every token llama.cpp makes
