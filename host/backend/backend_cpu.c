@@ -838,8 +838,6 @@ static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k
 
 static int cpu_attention(struct backend *be, const struct attn_args *a) {
     struct cpu_state *st = cpu_state_of(be);
-    if (a->sinks)
-        return verr_set(&be->err, VERR_UNSUPPORTED, "cpu attention: sinks");
     return cpu_attention_run(&st->attn, st->pool, a, &be->err);
 }
 

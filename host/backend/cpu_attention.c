@@ -61,11 +61,13 @@
 //   score(c) = dot(q, k_c) * scale, the dot as eight running sums (lane j
 //     takes dims j, j+8, ...) combined as ((0+1)+(2+3))+((4+5)+(6+7)), then
 //     the dims past the last multiple of 8 in order;
+//   max = the largest visible score, and with sinks (attn_args.sinks) the
+//     head's sink where that is larger;
 //   w(c) = attn_exp(score(c) - max) for visible cells, 0 otherwise;
 //   the visible cells in order: by position, ties by cell index ("the order
 //     of a row's sums" below);
 //   sum = eight running sums of w (lane i % 8 for the i-th visible cell in
-//     that order), combined as above;
+//     that order), combined as above, then with sinks + attn_exp(sink - max);
 //   out[d] = (sum over the visible c in that order of w(c) * v_c[d]) * (1/sum).
 // Every step is a float multiply or add in a fixed order (no FMA, no
 // reassociation), so the AVX2 kernels and the plain C ones give the same
@@ -1175,6 +1177,8 @@ static void attn_item_softmax(const struct attn_job *j, struct attn_item *it) {
             else
 #endif
                 mx = attn_mask_max_plain(s, vt, c0, c1, a->scale);
+            const float sink = a->sinks ? a->sinks[it->hk * it->G + g] : -INFINITY;
+            mx = sink > mx ? sink : mx;
 #ifdef ATTN_X86
             if (avx2)
                 attn_exp_avx2(s, c0, c1, mx);
@@ -1193,12 +1197,14 @@ static void attn_item_softmax(const struct attn_job *j, struct attn_item *it) {
                         it->packed[k++] = s[c];
                 w = it->packed;
             }
+            float sum;
 #ifdef ATTN_X86
             if (avx2)
-                it->sum[t * it->G + g] = attn_sum_avx2(w, it->n_vis[t]);
+                sum = attn_sum_avx2(w, it->n_vis[t]);
             else
 #endif
-                it->sum[t * it->G + g] = attn_sum_plain(w, it->n_vis[t]);
+                sum = attn_sum_plain(w, it->n_vis[t]);
+            it->sum[t * it->G + g] = a->sinks ? sum + attn_exp(sink - mx) : sum;
         }
     }
 }
@@ -1629,6 +1635,8 @@ static void attn_dec_ranges(struct attn_dec *d) {
             const float x = d->cmax[(size_t)ch * d->R + r];
             m = x > m ? x : m;
         }
+        if (a->sinks && a->sinks[r % a->n_head] > m)
+            m = a->sinks[r % a->n_head];
         d->mx[r] = m;
     }
 }
@@ -1774,7 +1782,10 @@ static void attn_dec_outputs(void *ctx, int64_t i0, int64_t i1, int thread) {
                         memset(out, 0, (size_t)bw * sizeof(float));
                         continue;
                     }
-                    const float inv = 1.0f / attn_dec_sum(d, (int)r, pk);
+                    float sum = attn_dec_sum(d, (int)r, pk);
+                    if (a->sinks)
+                        sum += attn_exp(a->sinks[r % a->n_head] - d->mx[r]);
+                    const float inv = 1.0f / sum;
                     for (int e = 0; e < bw; e++)
                         out[e] = ar[e] * inv;
                 }
