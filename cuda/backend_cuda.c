@@ -710,8 +710,6 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
-    if (a->sinks)
-        return verr_set(&be->err, VERR_UNSUPPORTED, "attention: sinks");
     if (!cu_is_cache_type(a->type_k) || !cu_is_cache_type(a->type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "attention: cache types %s/%s (a float or quantized cache type)",
@@ -746,6 +744,7 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         .head_dim_v = a->head_dim_v,
         .scale = a->scale,
         .window = a->window,
+        .sinks = a->sinks,
         .split_blocks_per_sm = cb->attn_split_blocks_per_sm,
         .split_min_cells = cb->attn_split_min_cells,
         .decode = cb->attn_decode,
