@@ -20,6 +20,7 @@
 #include "cuda/attention.h"
 #include "cuda/backend_cuda.h"
 #include "cuda/elementwise.h"
+#include "cuda/hadamard.h"
 #include "cuda/matmul.h"
 #include "cuda/matmul_tc.h"
 #include "cuda/matvec.h"
@@ -778,7 +779,7 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
 
 static int cu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
                        const int32_t *delta, int n_layer, int n_ctx, int n_head_kv, int head_dim,
-                       const struct rope_params *rp) {
+                       const struct rope_params *rp, int rot_block) {
     CU_ENTER(be);
     if (!cu_is_cache_type(type_k))
         return verr_set(&be->err, VERR_UNSUPPORTED,
@@ -789,7 +790,12 @@ static int cu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
     if (rc)
         return rc;
     return cuda_rope_shift_kv(k_cache, type_k, delta, n_layer, n_ctx, n_head_kv, head_dim, &c,
-                              cb_of(be)->stream, &be->err);
+                              rot_block, cb_of(be)->stream, &be->err);
+}
+
+static int cu_hadamard(struct backend *be, float *x, int64_t n_rows, int n, int block) {
+    CU_ENTER(be);
+    return cuda_hadamard_apply(x, n_rows, n, block, cb_of(be)->stream, &be->err);
 }
 
 static int cu_swiglu(struct backend *be, float *out, const float *gate, const float *up,
@@ -1209,6 +1215,7 @@ static const struct backend_ops cuda_ops = {
     .rope_kv_store = cu_rope_kv_store,
     .attention = cu_attention,
     .kv_shift = cu_kv_shift,
+    .hadamard = cu_hadamard,
     .cache_type_supported = cu_is_cache_type,
     .swiglu = cu_swiglu,
     .geglu = cu_geglu,

@@ -8,6 +8,7 @@
 // contract them; theta_scale, the corr dims and mscale come from the host.
 // What remains different is cosf/sinf (CUDA's are within 2 ulp, glibc's
 // within 1), so results agree to a few float ulps of |x|.
+#include "cuda/hadamard.cuh"
 #include "cuda/kv_quant.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/rope.cuh"
@@ -148,11 +149,13 @@ __global__ static void __launch_bounds__(ROPE_SHIFT_THREADS)
 // rope_shift_kernel for K caches of any type (cuda/kv_quant.cuh): the
 // cell's row of all heads is decoded into shared memory (srow [n_head_kv *
 // head_dim] floats), rotated there and encoded again, as the CPU's kv_shift
-// (one more rounding for a quantized K a shift).
+// (one more rounding for a quantized K a shift). rot_block > 0: the row is
+// Hadamard-rotated (kv_shift's contract), rotated back before RoPE and
+// again after it, with rot_scale as the hadamard op's scale.
 __global__ static void __launch_bounds__(ROPE_SHIFT_THREADS)
     rope_shift_kvq_kernel(uint8_t *__restrict__ k_cache /* [n_layer][n_ctx] rows */, int type_k,
                           const int32_t *__restrict__ delta /* [n_ctx] */, int n_ctx, int n_head_kv,
-                          int head_dim, const struct cuda_rope c) {
+                          int head_dim, const struct cuda_rope c, int rot_block, float rot_scale) {
     extern __shared__ float srow[];
     const int cell = blockIdx.x;
     const int dlt = delta[cell];
@@ -163,6 +166,8 @@ __global__ static void __launch_bounds__(ROPE_SHIFT_THREADS)
     for (int i = threadIdx.x; i < n; i += ROPE_SHIFT_THREADS)
         srow[i] = kvq_get1(kvq_ptr{row, type_k, (size_t)i});
     __syncthreads();
+    if (rot_block)
+        hadamard_shared(srow, n, rot_block, rot_scale, threadIdx.x, ROPE_SHIFT_THREADS);
     const int n_pairs = c.n_rot / 2;
     for (int idx = threadIdx.x; idx < n_head_kv * n_pairs; idx += ROPE_SHIFT_THREADS) {
         const int h = idx / n_pairs, i = idx % n_pairs;
@@ -174,6 +179,8 @@ __global__ static void __launch_bounds__(ROPE_SHIFT_THREADS)
         rope_rotate(kh[e0], kh[e1], cs, sn, &kh[e0], &kh[e1]);
     }
     __syncthreads(); // every head rotated before the row is encoded
+    if (rot_block)
+        hadamard_shared(srow, n, rot_block, rot_scale, threadIdx.x, ROPE_SHIFT_THREADS);
     kvq_store_row(type_k, srow, row, n, threadIdx.x, ROPE_SHIFT_THREADS);
 }
 
@@ -257,10 +264,16 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
 
 extern "C" int cuda_rope_shift_kv(void *k_cache, enum ggml_type type_k, const int32_t *delta,
                                   int n_layer, int n_ctx, int n_head_kv, int head_dim,
-                                  const struct cuda_rope *c, cudaStream_t stream,
+                                  const struct cuda_rope *c, int rot_block, cudaStream_t stream,
                                   struct verr *err) {
     if (n_layer <= 0 || n_ctx <= 0 || n_head_kv <= 0)
         return VERR_OK;
+    if (rot_block && (rot_block < 2 || rot_block > 1024 || (rot_block & (rot_block - 1)) ||
+                      head_dim % rot_block || rope_cache_type_ok(type_k)))
+        return verr_set(err, VERR_RANGE,
+                        "kv_shift: rotation block %d with a %s K of head dim %d (a quantized K "
+                        "and a power of two in [2, 1024] dividing the head dim)",
+                        rot_block, ggml_type_name(type_k), head_dim);
     if (n_layer > 65535)
         return verr_set(err, VERR_RANGE, "kv_shift: %d layers (at most 65535)", n_layer);
     if (c->n_rot < 2 || c->n_rot % 2 || c->n_rot > head_dim)
@@ -283,7 +296,8 @@ extern "C" int cuda_rope_shift_kv(void *k_cache, enum ggml_type type_k, const in
                             "48 KiB of shared memory)",
                             ggml_type_name(type_k), n_head_kv, head_dim, 48 * 1024 / 4);
         rope_shift_kvq_kernel<<<grid, ROPE_SHIFT_THREADS, smem, stream>>>(
-            (uint8_t *)k_cache, type_k, delta, n_ctx, n_head_kv, head_dim, *c);
+            (uint8_t *)k_cache, type_k, delta, n_ctx, n_head_kv, head_dim, *c, rot_block,
+            rot_block ? 1.0f / sqrtf((float)rot_block) : 1.0f); // the CPU's scale (host sqrtf)
         VELA_CHECK_LAUNCH(err, "rope_shift_kvq_kernel");
     } else {
         return verr_set(err, VERR_UNSUPPORTED,

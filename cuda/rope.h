@@ -35,11 +35,12 @@ int cuda_rope_apply(float *x /* [n_tok][n_head][head_dim] */, const int32_t *pos
                     cudaStream_t stream, struct verr *err);
 
 // Rotates the K rows of every layer's cell c by delta[c] positions (cells with
-// delta 0 untouched), one launch for all layers.
+// delta 0 untouched), one launch for all layers. rot_block > 0: a
+// Hadamard-rotated quantized K (backend_ops.kv_shift's contract).
 int cuda_rope_shift_kv(void *k_cache /* [n_layer][n_ctx][n_head_kv][head_dim] */,
                        enum ggml_type type_k, const int32_t *delta /* [n_ctx] */, int n_layer,
                        int n_ctx, int n_head_kv, int head_dim, const struct cuda_rope *c,
-                       cudaStream_t stream, struct verr *err);
+                       int rot_block, cudaStream_t stream, struct verr *err);
 
 VELA_CUDA_END
 

@@ -141,6 +141,12 @@ int kv_init(struct kv_cache *kv, const struct kv_config *cfg, struct backend *be
         int rc = kv_check_type(be, "K", c.type_k, c.head_dim, err);
         if (rc || (rc = kv_check_type(be, "V", c.type_v, c.head_dim_v, err)))
             return rc;
+        if (c.rot_k &&
+            (!backend_hadamard_block_ok(c.head_dim, c.rot_k) || backend_cache_type_ok(c.type_k)))
+            return verr_set(err, VERR_RANGE,
+                            "kv_init: K rotation block %d with a %s K of head dim %d (a "
+                            "quantized K and a power of two in [2, %d] dividing the head dim)",
+                            c.rot_k, ggml_type_name(c.type_k), c.head_dim, BACKEND_HADAMARD_MAX);
     }
 
     int w = (c.n_seq_max + 63) / 64;
@@ -503,7 +509,7 @@ int kv_prepare(struct kv_cache *kv, const struct rope_params *rp, struct verr *e
             if (be->ops->upload(be, kv->d_delta, kv->delta, (size_t)n_ctx * sizeof(int32_t)))
                 return backend_fail(be, err, "kv_prepare: uploading deltas");
             if (be->ops->kv_shift(be, kv->k, c->type_k, kv->d_delta, c->n_layer, n_ctx,
-                                  c->n_head_kv, c->head_dim, rp))
+                                  c->n_head_kv, c->head_dim, rp, c->rot_k))
                 return backend_fail(be, err, "kv_prepare: K shift");
         }
         memset(kv->delta, 0, (size_t)n_ctx * sizeof *kv->delta);

@@ -41,6 +41,10 @@ struct kv_config {
     enum ggml_type type_k; // F16, F32, or a quantized type the backend runs
     enum ggml_type type_v; // (backend_supports_cache_type)
     int n_seq_max;         // sequence ids are 0..n_seq_max-1; <= 0 means KV_SEQ_MAX_DEFAULT
+    // K is stored Hadamard-rotated after RoPE with this block (the attention
+    // rotation, backend_ops.hadamard; backend_attn_rot_block), so the K
+    // shift rotates back around RoPE; 0: K is not rotated.
+    int rot_k;
 };
 
 struct kv_cache {

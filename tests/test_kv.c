@@ -82,7 +82,7 @@ static int fake_sync(struct backend *be) {
 
 static int fake_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
                          const int32_t *delta, int n_layer, int n_ctx, int n_head_kv,
-                         int head_dim, const struct rope_params *rp) {
+                         int head_dim, const struct rope_params *rp, int rot_block) {
     struct fake *f = fake_of(be);
     f->n_shift++;
     free(f->shift_delta);

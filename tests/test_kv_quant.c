@@ -341,9 +341,9 @@ Test(kv_quant, shift_requantizes) {
         for (int i = 0; i < NCTX; i++)
             delta[i] = c.cell_pos[i] >= 0 && i % 3 ? -(i % 50) - 1 : 0;
         memcpy(fl, c.kd, sizeof fl);
-        cr_assert_eq(be->ops->kv_shift(be, c.k, t, delta, 1, NCTX, KH, HD, &rp), 0, "%s",
+        cr_assert_eq(be->ops->kv_shift(be, c.k, t, delta, 1, NCTX, KH, HD, &rp, 0), 0, "%s",
                      be->err.msg);
-        cr_assert_eq(be->ops->kv_shift(be, fl, GGML_TYPE_F32, delta, 1, NCTX, KH, HD, &rp), 0);
+        cr_assert_eq(be->ops->kv_shift(be, fl, GGML_TYPE_F32, delta, 1, NCTX, KH, HD, &rp, 0), 0);
         const size_t kb = ggml_row_bytes(t, KH * HD);
         unsigned char want[KH * HD * 4];
         double e0 = 0, e1 = 0, worst = 0;
@@ -378,6 +378,204 @@ Test(kv_quant, shift_requantizes) {
                     ggml_type_name(t), worst, e0, e1);
         cr_expect_leq(worst, e0 + e1 + 1e-5, "%s", ggml_type_name(t));
         kq_free(be, &c);
+    }
+    backend_destroy(be);
+}
+
+// The float64 Walsh-Hadamard product of each run of `block` values of x [n].
+static void kq_hadamard64(const double *x, double *y, int n, int block) {
+    for (int b0 = 0; b0 < n; b0 += block)
+        for (int i = 0; i < block; i++) {
+            double s = 0;
+            for (int j = 0; j < block; j++)
+                s += (__builtin_popcount((unsigned)(i & j)) & 1 ? -x[b0 + j] : x[b0 + j]);
+            y[b0 + i] = s / sqrt((double)block);
+        }
+}
+
+// kv_shift of a Hadamard-rotated quantized K (rot_block 64, the forward's
+// for SmolLM2's head dim; 32: a block smaller than a head):
+// quantize(H rotate(H dequantize(k))) to the bit, with each step the op
+// the forward uses (hadamard, kv_shift on an F32 cache); and that
+// composition against float64 H R H of the dequantized row within float
+// rounding (three float passes over values of size <= 4, each butterfly
+// stage and rotation rounding at 2^-24 relative: measured 1.4e-6 at most,
+// 5e-6 allows 3.5x); cells with delta 0 keep their bytes.
+Test(kv_quant, shift_rotated_requantizes) {
+    struct backend *be = mk_backend(2);
+    static struct kq_cache c;
+    static float fl[NCTX][KH * HD];
+    static unsigned char before[NCTX * KH * HD * 4];
+    int32_t delta[NCTX];
+    const struct rope_params rp = kq_rope();
+    const int blocks[] = {64, 32};
+    for (size_t ti = 0; ti < KQ_NT; ti++)
+        for (int bi = 0; bi < 2; bi++) {
+            const enum ggml_type t = kq_types[ti];
+            const int rb = blocks[bi];
+            kq_fill(be, &c, t, t, false, 700 + ti);
+            for (int i = 0; i < NCTX; i++)
+                delta[i] = c.cell_pos[i] >= 0 && i % 3 ? (i % 41) - 20 : 0;
+            const size_t kb = ggml_row_bytes(t, KH * HD);
+            memcpy(before, c.k, kb * NCTX);
+            memcpy(fl, c.kd, sizeof fl);
+            cr_assert_eq(be->ops->kv_shift(be, c.k, t, delta, 1, NCTX, KH, HD, &rp, rb), 0, "%s",
+                         be->err.msg);
+            cr_assert_eq(be->ops->hadamard(be, &fl[0][0], NCTX, KH * HD, rb), 0);
+            cr_assert_eq(be->ops->kv_shift(be, fl, GGML_TYPE_F32, delta, 1, NCTX, KH, HD, &rp, 0),
+                         0);
+            cr_assert_eq(be->ops->hadamard(be, &fl[0][0], NCTX, KH * HD, rb), 0);
+            unsigned char want[KH * HD * 4];
+            double worst = 0;
+            for (int i = 0; i < NCTX; i++) {
+                if (!delta[i]) {
+                    cr_assert(!memcmp(before + i * kb, (char *)c.k + i * kb, kb), "cell %d moved",
+                              i);
+                    continue;
+                }
+                cr_assert_eq(quant_quantize_row(t, fl[i], want, KH * HD, NULL), 0);
+                cr_assert(!memcmp(want, (char *)c.k + i * kb, kb), "%s, block %d: cell %d",
+                          ggml_type_name(t), rb, i);
+                double x[KH * HD], y[KH * HD];
+                for (int d = 0; d < KH * HD; d++)
+                    x[d] = c.kd[i][d];
+                kq_hadamard64(x, y, KH * HD, rb);
+                for (int h = 0; h < KH; h++)
+                    for (int p = 0; p < HD / 2; p++) {
+                        const double th = delta[i] * pow(10000.0, -2.0 * p / HD);
+                        const double x0 = y[h * HD + 2 * p], x1 = y[h * HD + 2 * p + 1];
+                        y[h * HD + 2 * p] = x0 * cos(th) - x1 * sin(th);
+                        y[h * HD + 2 * p + 1] = x0 * sin(th) + x1 * cos(th);
+                    }
+                kq_hadamard64(y, x, KH * HD, rb);
+                for (int d = 0; d < KH * HD; d++)
+                    worst = fmax(worst, fabs(fl[i][d] - x[d]));
+            }
+            cr_log_info("%-6s shift with rotation block %d: worst |H R H k - float64| %.3g",
+                        ggml_type_name(t), rb, worst);
+            cr_expect_leq(worst, 5e-6, "%s, block %d", ggml_type_name(t), rb);
+            kq_free(be, &c);
+        }
+    cr_expect_eq(be->ops->kv_shift(be, fl, GGML_TYPE_F32, delta, 1, NCTX, KH, HD, &rp, 64),
+                 VERR_RANGE, "a rotation block with a float K is refused");
+    cr_expect(strstr(be->err.msg, "rotation block"), "%s", be->err.msg);
+    backend_destroy(be);
+}
+
+// Which caches the forward rotates (llama.cpp's attn_rot_k / attn_rot_v):
+// block-quantized types with head dims multiples of 64 only; the float
+// caches (and bf16) keep the unrotated path.
+Test(kv_quant, rotation_block_rule) {
+    const enum ggml_type none[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 2; k++)
+            cr_expect_eq(backend_attn_rot_block(none[i], 128, k), 0, "%s", ggml_type_name(none[i]));
+    for (size_t i = 0; i + 1 < KQ_NT; i++) { // all but bf16
+        const enum ggml_type t = kq_types[i];
+        cr_expect_eq(backend_attn_rot_block(t, 64, true), 64, "%s K, hd 64", ggml_type_name(t));
+        cr_expect_eq(backend_attn_rot_block(t, 128, true), 128, "%s K, hd 128", ggml_type_name(t));
+        cr_expect_eq(backend_attn_rot_block(t, 192, true), 64, "%s K, hd 192", ggml_type_name(t));
+        cr_expect_eq(backend_attn_rot_block(t, 256, true), 256, "%s K, hd 256", ggml_type_name(t));
+        cr_expect_eq(backend_attn_rot_block(t, 128, false), 64, "%s V, hd 128", ggml_type_name(t));
+        cr_expect_eq(backend_attn_rot_block(t, 96, true), 0, "%s K, hd 96", ggml_type_name(t));
+        cr_expect_eq(backend_attn_rot_block(t, 96, false), 0, "%s V, hd 96", ggml_type_name(t));
+    }
+}
+
+// The rotation is exact in float: the forward's sequence on a quantized
+// cache (rope q and k; hadamard q, k (block 64) and v (64); rope_kv_store
+// with rp NULL; attention; hadamard of the output) equals the float64
+// attention of the RoPE-rotated q over the cache's dequantized K and V
+// rotated back (H kd, H vd) in float64: the rotation changes only what is
+// quantized. Tolerance 2e-6: float32 scores (64 products of |q| <= 1/8
+// and |k| <= 3, scaled by 1/8: |s| <= 3, each rounded at ~1e-7 relative
+// per term) move each softmax weight by a relative ~1e-6 at most, and the
+// output's values are <= 1 in size (measured 1.5e-7).
+Test(kv_quant, rotation_is_exact_in_float) {
+    struct backend *be = mk_backend(2);
+    static float q[NTOK][NH * HD], qr[NTOK][NH * HD], k[NTOK][KH * HD], v[NTOK][KH * HDV];
+    static float out[NTOK][NH * HDV], kd[NCTX][KH * HD], vd[NCTX][KH * HDV];
+    static double kb[NCTX][KH * HD], vb[NCTX][KH * HDV];
+    static struct kq_cache c; // cell bookkeeping only
+    const struct rope_params rp = kq_rope();
+    const enum ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL};
+    for (int ti = 0; ti < 3; ti++) {
+        const enum ggml_type t = types[ti];
+        memset(&c, 0, sizeof c);
+        void *kc = kq_alloc(be, ggml_row_bytes(t, KH * HD) * NCTX);
+        void *vc = kq_alloc(be, ggml_row_bytes(t, KH * HDV) * NCTX);
+        rng_seed(900 + ti);
+        int32_t pos[NTOK], cells[NTOK];
+        for (int i = 0; i < NCTX; i++)
+            c.cell_pos[i] = -1;
+        for (int tk = 0; tk < NTOK; tk++) {
+            pos[tk] = tk;
+            cells[tk] = (tk * 37 + 11) % NCTX;
+            c.cell_pos[cells[tk]] = tk;
+            c.cell_seq[cells[tk]] = 1;
+            for (int i = 0; i < KH * HD; i++)
+                k[tk][i] = 2.0f * frand();
+            for (int i = 0; i < KH * HDV; i++)
+                v[tk][i] = frand();
+            for (int i = 0; i < NH * HD; i++)
+                q[tk][i] = frand() / 8;
+        }
+        cr_assert_eq(be->ops->rope(be, &q[0][0], pos, NTOK, NH, HD, &rp), 0);
+        cr_assert_eq(be->ops->rope(be, &k[0][0], pos, NTOK, KH, HD, &rp), 0);
+        memcpy(qr, q, sizeof qr);
+        cr_assert_eq(be->ops->hadamard(be, &q[0][0], NTOK * NH, HD, 64), 0);
+        cr_assert_eq(be->ops->hadamard(be, &k[0][0], NTOK * KH, HD, 64), 0);
+        cr_assert_eq(be->ops->hadamard(be, &v[0][0], NTOK * KH, HDV, 64), 0);
+        cr_assert_eq(be->ops->rope_kv_store(be, NULL, NH, &k[0][0], &v[0][0], kc, t, vc, t, pos,
+                                            cells, NTOK, KH, HD, HDV, NULL),
+                     0, "%s", be->err.msg);
+        int32_t qpos[NTOK];
+        for (int tk = 0; tk < NTOK; tk++)
+            qpos[tk] = pos[tk];
+        kq_attend(be, &c, kc, t, vc, t, &q[0][0], qpos, NTOK, 0, NULL, 1, 1, &out[0][0]);
+        cr_assert_eq(be->ops->hadamard(be, &out[0][0], NTOK * NH, HDV, 64), 0);
+        kq_deq(t, kc, &kd[0][0], NCTX, KH * HD);
+        kq_deq(t, vc, &vd[0][0], NCTX, KH * HDV);
+        for (int cell = 0; cell < NCTX; cell++) {
+            double x[KH * HD];
+            for (int i = 0; i < KH * HD; i++)
+                x[i] = kd[cell][i];
+            kq_hadamard64(x, kb[cell], KH * HD, 64);
+            for (int i = 0; i < KH * HDV; i++)
+                x[i] = vd[cell][i];
+            kq_hadamard64(x, vb[cell], KH * HDV, 64);
+        }
+        double worst = 0;
+        for (int tk = 0; tk < NTOK; tk++)
+            for (int h = 0; h < NH; h++) {
+                const int hk = h / (NH / KH);
+                double s[NCTX], mx = -INFINITY, sum = 0, r[HDV] = {0};
+                for (int cell = 0; cell < NCTX; cell++) {
+                    s[cell] = -INFINITY;
+                    if (c.cell_pos[cell] < 0 || c.cell_pos[cell] > qpos[tk])
+                        continue;
+                    double d = 0;
+                    for (int i = 0; i < HD; i++)
+                        d += (double)qr[tk][h * HD + i] * kb[cell][hk * HD + i];
+                    s[cell] = d / sqrt((double)HD);
+                    mx = fmax(mx, s[cell]);
+                }
+                for (int cell = 0; cell < NCTX; cell++) {
+                    if (s[cell] == -INFINITY)
+                        continue;
+                    const double w = exp(s[cell] - mx);
+                    sum += w;
+                    for (int i = 0; i < HDV; i++)
+                        r[i] += w * vb[cell][hk * HDV + i];
+                }
+                for (int i = 0; i < HDV; i++)
+                    worst = fmax(worst, fabs(out[tk][h * HDV + i] - r[i] / sum));
+            }
+        cr_log_info("%-6s rotated cache: worst |attention - float64 over H deq(K), H deq(V)| %.3g",
+                    ggml_type_name(t), worst);
+        cr_expect_leq(worst, 2e-6, "%s: worst %g", ggml_type_name(t), worst);
+        be->ops->free(be, kc);
+        be->ops->free(be, vc);
     }
     backend_destroy(be);
 }
@@ -553,22 +751,23 @@ static void kq_compare(const float *got, const float *ref, int n, int V, double 
 }
 
 // The bounds per cache type (K and V both of it) against the f16 cache, on
-// the text above (188 tokens, one top-1 miss is 0.5%). Measured here, with
-// llama.cpp's f16-vs-type spread as the yardstick (docs/kv-cache.md has
-// both): the relative RMS bound is about 1.5x the measured value, the top-1
-// floor about 5 points below it. SmolLM2's K has large outlier dims, so a
-// block's scale is set by one big value and the others round coarsely: even
-// q8_0 and bf16 move the logits by ~4% RMS, as much as f16 itself does
-// (f32 against f16: 3.4% RMS, 91.5% top-1), and the 4-bit types by 15-25%.
-// The f32 row is the yardstick's floor: what the f16 cache's own rounding
-// is worth on this model.
+// the text above (188 tokens, one top-1 miss is 0.5%), with the attention
+// rotation on (the default). Measured here, with llama.cpp's f16-vs-type
+// spread as the yardstick (docs/kv-cache.md has both): the relative RMS
+// bound is about 1.5x the measured value, the top-1 floor about 5 points
+// below it. SmolLM2's K has large outlier dims; the rotation spreads each
+// over its 64-value block, so a block's scale is no longer set by one big
+// value: the 4-bit types move the logits by 12-13% RMS (without it 16-25%),
+// 5-bit by 7-8%, q8_0 as much as f16 itself does (f32 against f16: 3.4%
+// RMS, 91.5% top-1). The f32 row is the yardstick's floor: what the f16
+// cache's own rounding is worth on this model.
 static const struct {
     enum ggml_type t;
     double rel_rms, top1;
 } kq_real_bounds[] = {
-    {GGML_TYPE_F32, 0.05, 0.87},  {GGML_TYPE_BF16, 0.06, 0.92}, {GGML_TYPE_Q8_0, 0.07, 0.92},
-    {GGML_TYPE_Q5_1, 0.16, 0.83}, {GGML_TYPE_Q5_0, 0.17, 0.80}, {GGML_TYPE_IQ4_NL, 0.26, 0.78},
-    {GGML_TYPE_Q4_1, 0.25, 0.80}, {GGML_TYPE_Q4_0, 0.36, 0.70},
+    {GGML_TYPE_F32, 0.05, 0.87},  {GGML_TYPE_BF16, 0.055, 0.91}, {GGML_TYPE_Q8_0, 0.05, 0.91},
+    {GGML_TYPE_Q5_1, 0.11, 0.87}, {GGML_TYPE_Q5_0, 0.10, 0.87},  {GGML_TYPE_IQ4_NL, 0.18, 0.80},
+    {GGML_TYPE_Q4_1, 0.17, 0.83}, {GGML_TYPE_Q4_0, 0.20, 0.86},
 };
 
 Test(kv_quant, smollm2_logits_against_f16, .timeout = 600) {
@@ -595,6 +794,22 @@ Test(kv_quant, smollm2_logits_against_f16, .timeout = 600) {
         cr_expect_leq(rms, kq_real_bounds[i].rel_rms, "%s: relative RMS %g", name, rms);
         cr_expect_geq(top1, kq_real_bounds[i].top1, "%s: top-1 agreement %g", name, top1);
     }
+    // The rotation is what brings q4_0 to llama.cpp's spread: turned off
+    // (--no-attn-rot), the same cache moves the logits by 0.248 RMS (0.131
+    // with it; llama.cpp 0.161 with it).
+    double rms_rot = 0, top1, kld;
+    cfg.type_k = cfg.type_v = GGML_TYPE_Q4_0;
+    kq_real_logits(&r, &cfg, n, 64, got);
+    kq_compare(got, ref, n, V, &top1, &rms_rot, &kld);
+    cfg.no_attn_rot = true;
+    double rms_off;
+    kq_real_logits(&r, &cfg, n, 64, got);
+    kq_compare(got, ref, n, V, &top1, &rms_off, &kld);
+    cfg.no_attn_rot = false;
+    cr_log_info("q4_0 cache vs f16: relative RMS %.4f rotated, %.4f with --no-attn-rot", rms_rot,
+                rms_off);
+    cr_expect_lt(rms_rot * 1.5, rms_off, "q4_0: the rotation does not help (%g vs %g)", rms_rot,
+                 rms_off);
     // Batch shape: decoding one token at a time gives the same bits as
     // batches of 64 (the decode path and the item path of attention).
     cfg.type_k = GGML_TYPE_Q8_0;
@@ -610,10 +825,10 @@ Test(kv_quant, smollm2_logits_against_f16, .timeout = 600) {
 }
 
 // Context shift (K rotated in the cache, re-quantized) and exact
-// self-extend (K unrotated, rotated after dequantization) on a q8_0 cache:
-// the same runs on the f16 cache, fed the f16 run's greedy tokens (its own
-// would part from them within a few tokens, as f32 against f16 does on
-// this model), within q8_0's bounds above. The run: a prompt of 96 tokens,
+// self-extend (K unrotated, rotated after dequantization) on a quantized
+// cache: the same runs on the f16 cache, fed the f16 run's greedy tokens
+// (its own would part from them within a few tokens, as f32 against f16
+// does on this model), within the type's bounds above. The run: a prompt of 96 tokens,
 // then n_gen tokens one at a time, generated greedily into tok (forced
 // NULL) or taken from forced; every row's logits into last.
 static void kq_real_shift_run(const struct kq_real *r, struct forward_config *cfg, int *tok_out,
@@ -666,7 +881,21 @@ Test(kv_quant, smollm2_context_shift_and_selfextend, .timeout = 600) {
     float *ref = malloc(sizeof(float) * (size_t)n_gen * V),
           *got = malloc(sizeof(float) * (size_t)n_gen * V);
     int tok_ref[48], tok_got[48];
-    for (int mode = 0; mode < 2; mode++) {
+    // q8_0 both ways; q4_0 under a context shift too: its K is
+    // Hadamard-rotated in the cache, so the shift rotates it back around RoPE
+    // (self-extend keeps K unrotated, so no K rotation there, only V's).
+    // q4_0's bound is 1.5x its measured 0.20 RMS (generated text, and the
+    // shifted cells rounded twice); a shift that left the Hadamard rotation
+    // out would scramble every shifted key (RMS near 1).
+    static const struct {
+        int mode;
+        enum ggml_type t;
+        double rel_rms, top1;
+    } runs[] = {{0, GGML_TYPE_Q8_0, 0.05, 0.9},
+                {1, GGML_TYPE_Q8_0, 0.05, 0.9},
+                {0, GGML_TYPE_Q4_0, 0.30, 0.85}};
+    for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
+        const int mode = runs[ri].mode;
         struct forward_config cfg;
         forward_config_default(&cfg);
         if (mode == 0) {
@@ -677,17 +906,18 @@ Test(kv_quant, smollm2_context_shift_and_selfextend, .timeout = 600) {
             cfg.se_w = 32;
         }
         kq_real_shift_run(&r, &cfg, tok_ref, NULL, n_gen, ref);
-        cfg.type_k = GGML_TYPE_Q8_0;
-        cfg.type_v = GGML_TYPE_Q8_0;
+        cfg.type_k = runs[ri].t;
+        cfg.type_v = runs[ri].t;
         kq_real_shift_run(&r, &cfg, tok_got, tok_ref, n_gen, got);
         double top1, rms, kld;
         kq_compare(got, ref, n_gen, V, &top1, &rms, &kld);
-        cr_log_info("%s, q8_0 cache vs f16, %d tokens: top-1 %.1f%%, relative RMS %.4f, mean "
+        const char *name = ggml_type_name(runs[ri].t);
+        cr_log_info("%s, %s cache vs f16, %d tokens: top-1 %.1f%%, relative RMS %.4f, mean "
                     "KLD %.5f",
-                    mode ? "exact self-extend G 4 W 32" : "context shift", n_gen, 100 * top1, rms,
-                    kld);
-        cr_expect_leq(rms, 0.07, "relative RMS %g (q8_0's bound above)", rms);
-        cr_expect_geq(top1, 0.9, "top-1 agreement %g", top1);
+                    mode ? "exact self-extend G 4 W 32" : "context shift", name, n_gen, 100 * top1,
+                    rms, kld);
+        cr_expect_leq(rms, runs[ri].rel_rms, "%s: relative RMS %g", name, rms);
+        cr_expect_geq(top1, runs[ri].top1, "%s: top-1 agreement %g", name, top1);
     }
     free(ref);
     free(got);

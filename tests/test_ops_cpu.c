@@ -1637,3 +1637,68 @@ Test(cpu, attention_rows_do_not_depend_on_where_cells_sit) {
     backend_destroy(b3);
     backend_destroy(p1);
 }
+
+// ---------------------------------------------------------------------------
+// hadamard
+
+// H[i][j] = (-1)^popcount(i & j) / sqrt(block), the matrix the op's contract names.
+static double hadamard_entry(int i, int j, int block) {
+    return (__builtin_popcount((unsigned)(i & j)) & 1 ? -1.0 : 1.0) / sqrt((double)block);
+}
+
+// The op against the float64 matrix product over random rows, for every
+// block size from 2 to BACKEND_HADAMARD_MAX (one block a row and several),
+// and its own inverse. Tolerance: each output is a sum of `block` terms
+// |x| / sqrt(block) computed in log2(block) float additions and one
+// multiplication, so its error is within (log2(block) + 2) * 2^-24 *
+// sum|x| / sqrt(block) (summed in the test over the block's inputs).
+Test(cpu, hadamard_is_the_matrix) {
+    struct backend *be = mk_backend(2);
+    enum { N_MAX = 2 * BACKEND_HADAMARD_MAX, ROWS = 5 };
+    static float x[ROWS][N_MAX], y[ROWS][N_MAX];
+    rng_seed(77);
+    double worst = 0;
+    for (int block = 2; block <= BACKEND_HADAMARD_MAX; block *= 2)
+        for (int per = 1; per <= 2; per++) {
+            const int n = block * per;
+            for (int r = 0; r < ROWS; r++)
+                for (int i = 0; i < n; i++)
+                    x[r][i] = (&y[0][0])[(size_t)r * n + i] = 4.0f * frand(); // y: rows n apart
+            cr_assert_eq(be->ops->hadamard(be, &y[0][0], ROWS, n, block), 0, "%s", be->err.msg);
+            for (int r = 0; r < ROWS; r++)
+                for (int b0 = 0; b0 < n; b0 += block) {
+                    double abs_sum = 0;
+                    for (int j = 0; j < block; j++)
+                        abs_sum += fabs(x[r][b0 + j]);
+                    const double tol = (log2(block) + 2) * 0x1p-24 * abs_sum / sqrt(block);
+                    for (int i = 0; i < block; i++) {
+                        double want = 0;
+                        for (int j = 0; j < block; j++)
+                            want += hadamard_entry(i, j, block) * x[r][b0 + j];
+                        const float got = (&y[0][0])[(size_t)r * n + b0 + i];
+                        const double e = fabs(got - want);
+                        worst = fmax(worst, e / tol);
+                        cr_assert_leq(e, tol, "block %d, n %d, row %d, value %d: %.9g, want %.9g",
+                                      block, n, r, b0 + i, got, want);
+                    }
+                }
+            // H H = I: the op applied twice gives x back. The first pass's
+            // error e (each |e| <= t1 = (log2(block) + 2) 2^-24 4 sqrt(block),
+            // |x| <= 4) comes through H as at most sqrt(block) t1 per value,
+            // and the second pass adds its own t1.
+            cr_assert_eq(be->ops->hadamard(be, &y[0][0], ROWS, n, block), 0);
+            const double t1 = (log2(block) + 2) * 0x1p-24 * 4.0 * sqrt(block);
+            for (int r = 0; r < ROWS; r++)
+                for (int i = 0; i < n; i++)
+                    cr_assert_leq(fabs((&y[0][0])[(size_t)r * n + i] - x[r][i]),
+                                  (sqrt(block) + 1) * t1, "block %d: H H x != x at %d", block, i);
+        }
+    cr_log_info("hadamard: worst |op - float64 H x| / tolerance %.3g", worst);
+    float z[8] = {0};
+    const int bad[][2] = {{8, 3}, {8, 1}, {8, 16}, {12, 6}, {2048, 2048}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_expect_eq(be->ops->hadamard(be, z, 1, bad[i][0], bad[i][1]), VERR_RANGE,
+                     "n %d, block %d refused", bad[i][0], bad[i][1]);
+    cr_expect(strstr(be->err.msg, "power of two"), "%s", be->err.msg);
+    backend_destroy(be);
+}

@@ -500,7 +500,7 @@ Test(rope, kv_shift_equals_rope_at_new_pos) {
                 fill_cache(be, kc, tk, k_raw, pos, &rp);
                 fill_cache(be, want, tk, k_raw, pos2, &rp);
                 memcpy(before, kc, sizeof kc);
-                cr_assert_eq(be->ops->kv_shift(be, kc, tk, delta, SL, SC, SH, SD, &rp), 0, "%s",
+                cr_assert_eq(be->ops->kv_shift(be, kc, tk, delta, SL, SC, SH, SD, &rp, 0), 0, "%s",
                              be->err.msg);
                 const double tol = (f16 ? 5e-3 : 3e-3) * rp.attn_factor *
                                    (sc->yarn ? 1.0 + 0.1 * log(4.0) : 1.0);
@@ -575,7 +575,7 @@ Test(rope, kv_shift_no_drift) {
                     delta[c] = irand(-8, 8);
                     total[c] += delta[c];
                 }
-                cr_assert_eq(be->ops->kv_shift(be, kc, tk, delta, SL, SC, SH, SD, &rp), 0);
+                cr_assert_eq(be->ops->kv_shift(be, kc, tk, delta, SL, SC, SH, SD, &rp, 0), 0);
             }
             fill_cache(be, want, tk, k_raw, total, &rp);
             const double scale = rp.attn_factor * (sc->yarn ? 1.0 + 0.1 * log(4.0) : 1.0);
@@ -611,7 +611,7 @@ Test(rope, kv_shift_hand) {
     rp.attn_factor = 2.0f;
     float k[5] = {1, 0, 0, 1, 7};
     const int32_t delta = 2;
-    cr_assert_eq(be->ops->kv_shift(be, k, GGML_TYPE_F32, &delta, 1, 1, 1, 5, &rp), 0, "%s",
+    cr_assert_eq(be->ops->kv_shift(be, k, GGML_TYPE_F32, &delta, 1, 1, 1, 5, &rp, 0), 0, "%s",
                  be->err.msg);
     const double want[5] = {cos(2.0), sin(2.0), -sin(0.2), cos(0.2), 7};
     for (int i = 0; i < 5; i++)
@@ -635,9 +635,9 @@ Test(rope, bad_params) {
     rp.freq_scale = 0.0f;
     cr_expect_eq(be->ops->rope(be, x, &pos, 1, 1, 8, &rp), VERR_RANGE, "freq_scale 0");
     rp.freq_scale = 1.0f;
-    cr_expect_eq(be->ops->kv_shift(be, x, GGML_TYPE_Q4_K, &pos, 1, 1, 1, 8, &rp),
+    cr_expect_eq(be->ops->kv_shift(be, x, GGML_TYPE_Q4_K, &pos, 1, 1, 1, 8, &rp, 0),
                  VERR_UNSUPPORTED, "q4_K cache: not a cache type");
-    cr_expect_eq(be->ops->kv_shift(be, x, GGML_TYPE_Q8_0, &pos, 1, 1, 1, 8, &rp), VERR_RANGE,
+    cr_expect_eq(be->ops->kv_shift(be, x, GGML_TYPE_Q8_0, &pos, 1, 1, 1, 8, &rp, 0), VERR_RANGE,
                  "q8_0 cache of 8-element rows: not whole blocks");
     cr_expect(strstr(be->err.msg, "not whole q8_0 blocks") != NULL, "message: %s", be->err.msg);
     cr_expect_eq(be->ops->rope(be, x, &pos, 1, 1, 8, &rp), 0, "valid params: %s", be->err.msg);

@@ -81,6 +81,7 @@ void args_ctx_config(const struct args_model *a, struct forward_config *fc) {
     fc->type_v = a->type_v;
     fc->rope = a->rope;
     fc->no_graph = a->no_cuda_graph;
+    fc->no_attn_rot = a->no_attn_rot;
     fc->k_unrotated = a->k_unrotated;
     fc->se_g = a->se_g;
     fc->se_w = a->se_w;

@@ -36,6 +36,7 @@ struct args_model {
     bool verbose;               // --verbose, -v
     bool no_progress;           // --no-progress: no load progress on stderr
     bool no_cuda_graph;         // --no-cuda-graph (forward_config.no_graph)
+    bool no_attn_rot;           // --no-attn-rot (forward_config.no_attn_rot)
     bool k_unrotated;           // --kv-unrotated (forward_config.k_unrotated)
     int matvec_act;             // --matvec-act q8|f32: backend.act_q8 (BACKEND_ACT_*)
     // Several devices (host/split/pipeline.h), llama.cpp's flags. --main-gpu / -mg sets `device`.

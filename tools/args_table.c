@@ -820,6 +820,10 @@ static const struct flag rows[] = {
      "KV cache type for V: as --cache-type-k (default: f16)", "VELA_ARG_CACHE_TYPE_V",
      ENUM(am.type_v, cache_types,
           "a cache type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)")},
+    {CLI_MODEL, SEC_MODEL, "--no-attn-rot", NULL,
+     "no Hadamard rotation of q, K, V and the attention output with a quantized KV cache (on by "
+     "default, as llama.cpp; also VELA_ATTN_ROT_DISABLE=1, llama.cpp's LLAMA_ATTN_ROT_DISABLE)",
+     NULL, SET(am.no_attn_rot)},
     {CLI_MODEL, SEC_MODEL, "-v, --verbose", NULL, "print model and context details", NULL,
      SET(am.verbose)},
     {CLI_MODEL, SEC_MODEL, "--no-progress", NULL, "no progress bar while the weights load", NULL,

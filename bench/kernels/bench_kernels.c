@@ -362,7 +362,7 @@ static int run_case(struct bench *b, const struct kcase *k) {
                                                k->sm->head_dim, k->sm->head_dim, &k->rp));
     case FAM_KV_SHIFT:
         return op_rc(b, be->ops->kv_shift(be, k->k_cache, GGML_TYPE_F16, k->delta, k->sm->n_layer,
-                                          k->n_ctx, k->sm->n_head_kv, k->sm->head_dim, &k->rp));
+                                          k->n_ctx, k->sm->n_head_kv, k->sm->head_dim, &k->rp, 0));
     case FAM_RMS_NORM:
         return op_rc(
             b, be->ops->rms_norm(be, k->out, k->x, k->norm_w, k->n_tok, k->sm->n_embd, 1e-5f));

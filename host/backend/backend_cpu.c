@@ -600,6 +600,51 @@ static int cpu_matmul_geglu(struct backend *be, float *out, float *up_tmp,
 }
 
 // ---------------------------------------------------------------------------
+// hadamard
+
+// x [block] = H x, the backend_ops.hadamard contract's butterflies and scale.
+static void hadamard_f32(float *x, int block) {
+    for (int h = 1; h < block; h *= 2)
+        for (int i = 0; i < block; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    const float s = 1.0f / sqrtf((float)block);
+    for (int i = 0; i < block; i++)
+        x[i] *= s;
+}
+
+struct hadamard_job {
+    float *x; // [n_blocks][block]
+    int block;
+};
+
+static void hadamard_range(void *ctx, int64_t b0, int64_t b1, int thread) {
+    (void)thread;
+    const struct hadamard_job *j = ctx;
+    for (int64_t b = b0; b < b1; b++)
+        hadamard_f32(j->x + b * j->block, j->block);
+}
+
+static int cpu_hadamard(struct backend *be, float *x, int64_t n_rows, int n, int block) {
+    if (n_rows < 0 || !backend_hadamard_block_ok(n, block))
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu hadamard: %lld rows of %d with block %d (a power of two in [2, %d] "
+                        "dividing the row)",
+                        (long long)n_rows, n, block, BACKEND_HADAMARD_MAX);
+    if (n_rows == 0)
+        return VERR_OK;
+    if (!x)
+        return verr_set(&be->err, VERR_RANGE, "cpu hadamard: NULL pointer");
+    struct hadamard_job j = {x, block};
+    threadpool_parallel_for(cpu_state_of(be)->pool, n_rows * (n / block), cpu_grain(block),
+                            hadamard_range, &j);
+    return VERR_OK;
+}
+
+// ---------------------------------------------------------------------------
 // rope, rope_kv_store, kv_shift
 
 struct rope_job {
@@ -622,6 +667,7 @@ struct rope_job {
     const int32_t *delta; // [n_ctx]
     int n_layer;
     int n_ctx;
+    int rot_block; // K stored Hadamard-rotated with this block; 0: not
     // a quantized row failed to quantize (rope_kv_store, kv_shift): the first
     // token or cell that failed, plus one; 0 when none did
     _Atomic int64_t bad;
@@ -766,8 +812,12 @@ static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {
                 cpu_job_bad(j, c);
                 continue;
             }
+            for (size_t i = 0; j->rot_block && i < row; i += (size_t)j->rot_block)
+                hadamard_f32(x + i, j->rot_block); // back to RoPE's basis (H H = I)
             for (int h = 0; h < j->n_head; h++)
                 rope_rotate_f32(x + (size_t)h * j->head_dim, cs, j->rp->n_rot, j->rp->mode);
+            for (size_t i = 0; j->rot_block && i < row; i += (size_t)j->rot_block)
+                hadamard_f32(x + i, j->rot_block);
             if (quant_quantize_row(j->type_k, x, r, (int64_t)row, NULL))
                 cpu_job_bad(j, c);
         }
@@ -785,10 +835,16 @@ static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {
 
 static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
                         const int32_t *delta, int n_layer, int n_ctx, int n_head_kv, int head_dim,
-                        const struct rope_params *rp) {
+                        const struct rope_params *rp, int rot_block) {
     if (n_layer < 0 || n_ctx < 0 || n_head_kv <= 0 || head_dim <= 0)
         return verr_set(&be->err, VERR_RANGE, "cpu kv_shift: shape %d x %d x %d x %d", n_layer,
                         n_ctx, n_head_kv, head_dim);
+    if (rot_block &&
+        (backend_cache_type_ok(type_k) || !backend_hadamard_block_ok(head_dim, rot_block)))
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu kv_shift: rotation block %d with a %s K of head dim %d (a quantized "
+                        "K and a power of two in [2, %d] dividing the head dim)",
+                        rot_block, ggml_type_name(type_k), head_dim, BACKEND_HADAMARD_MAX);
     if (!cpu_is_cache_type(type_k))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "cpu kv_shift: cache type %s: the cpu backend runs f32, f16, bf16, q8_0, "
@@ -806,6 +862,7 @@ static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k
         .delta = delta,
         .n_layer = n_layer,
         .n_ctx = n_ctx,
+        .rot_block = rot_block,
     };
     // magnitude = false: a pure rotation; K carries attn_factor / mscale from
     // the store already, and llama.cpp's re-application on every shift grows
@@ -1085,6 +1142,7 @@ static const struct backend_ops cpu_ops = {
     .rope = cpu_rope,
     .rope_kv_store = cpu_rope_kv_store,
     .attention = cpu_attention,
+    .hadamard = cpu_hadamard,
     .kv_shift = cpu_kv_shift,
     .swiglu = cpu_swiglu,
     .geglu = cpu_geglu,

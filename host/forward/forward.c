@@ -208,6 +208,17 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
     // the front of a pipeline, which receives them from the last stage when
     // that runs in another process.
     const bool has_head = m->layer_end == hp->n_layer || front;
+    const char *rot_env = getenv("VELA_ATTN_ROT_DISABLE");
+    const bool rot_off = cfg->no_attn_rot || (rot_env && *rot_env && strcmp(rot_env, "0") != 0);
+    fc->rot_k = rot_off || fc->cfg.k_unrotated
+                    ? 0
+                    : backend_attn_rot_block(cfg->type_k, hp->head_dim, true);
+    fc->rot_v = rot_off ? 0 : backend_attn_rot_block(cfg->type_v, hp->head_dim_v, false);
+    if ((fc->rot_k || fc->rot_v) && !fc->be->ops->hadamard)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "forward: the %s backend has no hadamard op for the rotation of a "
+                        "quantized cache (turn it off with --no-attn-rot)",
+                        fc->be->ops->name);
     struct kv_config kc = {
         .n_ctx = cfg->n_ctx,
         .n_layer = n_layer_here,
@@ -217,6 +228,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
         .type_k = cfg->type_k,
         .type_v = cfg->type_v,
         .n_seq_max = fc->cfg.n_seq_max,
+        .rot_k = fc->rot_k,
     };
     int rc = kv_init(&fc->kv, &kc, fc->be, err);
     if (rc)
@@ -684,6 +696,36 @@ static int proj_residual(struct forward_ctx *fc, int il, float *x /* [n_tok][n_e
     return 0;
 }
 
+// RoPE on q and k and the K/V store of one layer's tokens; with the
+// attention rotation (forward_ctx.rot_k / rot_v), q and k are rotated after
+// RoPE and v before the store.
+static int qkv_rotate_store(struct forward_ctx *fc, int kl, const struct rope_params *rp,
+                            const int32_t *d_pos /* [n_tok] */,
+                            const int32_t *d_cells /* [n_tok] */, int n_tok, struct verr *err) {
+    const struct model_hparams *hp = &fc->m->hp;
+    struct backend *be = fc->be;
+    const int il = kl + fc->m->layer_begin;
+    if (fc->rot_v)
+        OP("v rotation",
+           be->ops->hadamard(be, fc->v, (int64_t)n_tok * hp->n_head_kv, hp->head_dim_v, fc->rot_v));
+    if (fc->rot_k) {
+        OP("rope q", be->ops->rope(be, fc->q, d_pos, n_tok, hp->n_head, hp->head_dim, rp));
+        OP("rope k", be->ops->rope(be, fc->k, d_pos, n_tok, hp->n_head_kv, hp->head_dim, rp));
+        OP("q rotation",
+           be->ops->hadamard(be, fc->q, (int64_t)n_tok * hp->n_head, hp->head_dim, fc->rot_k));
+        OP("k rotation",
+           be->ops->hadamard(be, fc->k, (int64_t)n_tok * hp->n_head_kv, hp->head_dim, fc->rot_k));
+    }
+    // rp NULL stores K as it is: unrotated (the unrotated cache mode) or
+    // already rotated and Hadamard-rotated above
+    OP("rope q, k + kv store",
+       be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
+                              fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v, d_pos,
+                              d_cells, n_tok, hp->n_head_kv, hp->head_dim, hp->head_dim_v,
+                              fc->cfg.k_unrotated || fc->rot_k ? NULL : rp));
+    return 0;
+}
+
 // One block's attention, added to the residual x [n_tok][n_embd]: norm,
 // Q/K/V, per-head Q/K norms (qwen3, gemma3), RoPE with the layer's
 // parameters and the K/V store, attention over cells [0, n_kv) (through the
@@ -712,11 +754,9 @@ static int layer_attention(struct forward_ctx *fc, int il, float *x, int t0, int
     if (L->attn_k_norm)
         OP("attn_k_norm", be->ops->rms_norm(be, fc->k, fc->k, L->attn_k_norm, n_tok * hp->n_head_kv,
                                             hp->head_dim, hp->norm_eps));
-    OP("rope q, k + kv store",
-       be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
-                              fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v, d_pos,
-                              d_cells, n_tok, hp->n_head_kv, hp->head_dim, hp->head_dim_v,
-                              fc->cfg.k_unrotated ? NULL : rp));
+    int rc = qkv_rotate_store(fc, kl, rp, d_pos, d_cells, n_tok, err);
+    if (rc)
+        return rc;
     struct attn_args a = {
         .out = fc->attn,
         .q = fc->q,
@@ -742,9 +782,12 @@ static int layer_attention(struct forward_ctx *fc, int il, float *x, int t0, int
         .se_w = fc->cfg.se_w,
         .q_se = fc->cfg.k_unrotated ? fc->d_se + 2 * t0 : NULL, // [n_tok][2]
         .sinks = L->attn_sinks,
-        .out_q8 = true, // the output projection reads it next
+        .out_q8 = !fc->rot_v, // the output projection reads it next (else the rotation)
     };
     OP("attention", be->ops->attention(be, &a));
+    if (fc->rot_v)
+        OP("attention output rotation",
+           be->ops->hadamard(be, fc->attn, (int64_t)n_tok * hp->n_head, hp->head_dim_v, fc->rot_v));
     return proj_residual(fc, il, x, &L->wo, fc->attn, L->bo, L->attn_post_norm, n_tok,
                          "attn_output", err);
 }

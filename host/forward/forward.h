@@ -77,6 +77,10 @@ struct forward_config {
     // 1 <= se_w < n_ctx_train; n_ctx 0 then sizes the cache for the extended
     // context (n_ctx_train - W) * G + W (forward_selfextend_ctx).
     int se_g, se_w;
+    // --no-attn-rot (or VELA_ATTN_ROT_DISABLE=1, as llama.cpp's
+    // LLAMA_ATTN_ROT_DISABLE): no Hadamard rotation of a quantized cache
+    // (forward_ctx.rot_k / rot_v).
+    bool no_attn_rot;
 };
 
 // Parts of at most this many tokens are recorded into backend graphs (the
@@ -137,6 +141,15 @@ struct forward_ctx {
     struct rope_params rope_swa; // sliding-window layers' (host/model/model.h)
     float attn_scale;            // 1/sqrt(head_dim), or the architecture's
     struct kv_cache kv;
+    // The attention rotation of a quantized cache (llama.cpp's attn_rot_k /
+    // attn_rot_v; backend_attn_rot_block): rot_k > 0: q and k are
+    // Hadamard-rotated after RoPE with that block, so K is cached rotated
+    // (not in the unrotated cache mode, where attention applies RoPE to the
+    // cached K itself); rot_v > 0: v is rotated before the store and the
+    // attention output rotated back. Attention scores and outputs are those
+    // of the unrotated vectors (H is orthonormal and symmetric); what
+    // changes is the quantization error, spread over each block. 0: off.
+    int rot_k, rot_v;
 
     // backend scratch, sized once for n_batch tokens / n_out output rows
     float *x;          // [n_batch][n_embd] residual stream

@@ -203,6 +203,29 @@ static inline bool backend_cache_type_quantized(enum ggml_type t) {
            t == GGML_TYPE_IQ4_NL;
 }
 
+// The largest block of backend_ops.hadamard.
+#define BACKEND_HADAMARD_MAX 1024
+
+// Whether block is a valid backend_ops.hadamard block for rows of n values.
+static inline bool backend_hadamard_block_ok(int n, int block) {
+    return block >= 2 && block <= BACKEND_HADAMARD_MAX && (block & (block - 1)) == 0 && n > 0 &&
+           n % block == 0;
+}
+
+// The attention rotation's block for a K (is_k) or V cache of type t and
+// head dim hd, as llama.cpp's attn_rot_k / attn_rot_v (llama-kv-cache.cpp):
+// 0 (none) unless t is block-quantized (bf16 is not) and hd is a multiple
+// of 64; then for K the largest power of two dividing hd (at most
+// BACKEND_HADAMARD_MAX), for V 64.
+static inline int backend_attn_rot_block(enum ggml_type t, int hd, bool is_k) {
+    if (!backend_cache_type_quantized(t) || t == GGML_TYPE_BF16 || hd <= 0 || hd % 64)
+        return 0;
+    int b = 64;
+    while (is_k && b < BACKEND_HADAMARD_MAX && hd % (2 * b) == 0)
+        b *= 2;
+    return b;
+}
+
 struct backend;
 
 struct backend_ops {
@@ -298,15 +321,35 @@ struct backend_ops {
 
     int (*attention)(struct backend *be, const struct attn_args *a);
 
+    // Walsh-Hadamard rotation in place: every contiguous run of `block`
+    // values of x (n values a row, block dividing n) becomes H x, H the
+    // orthonormal Sylvester Walsh-Hadamard matrix of that size,
+    //   H[i][j] = (-1)^popcount(i & j) / sqrt(block),
+    // symmetric with H H = I, so the op is its own inverse. block is a power
+    // of two in [2, BACKEND_HADAMARD_MAX]. Computed as the fast transform:
+    // butterflies (a, b) -> (a + b, a - b) over the pairs i, i + h for
+    // h = 1, 2, ..., block/2, then each value times 1.0f / sqrtf(block), all
+    // in float, so every backend gives the same bits. The forward rotates q,
+    // K, V and the attention output with it when the KV cache is quantized
+    // (llama.cpp's attention rotation): the quantization error of a rotated
+    // row is spread over its block instead of sitting on its outliers.
+    int (*hadamard)(struct backend *be, float *x /* [n_rows][n] */, int64_t n_rows, int n,
+                    int block);
+
     // The pending KV shift, one call over all layers: every cell c with
     // delta[c] != 0 has its K rows rotated by delta[c] positions with rp's
     // frequencies. A pure rotation: attn_factor / YaRN mscale are NOT applied
     // (K already carries them from when it was stored). A quantized K is
     // dequantized, rotated and quantized again, as llama.cpp's K shift does
-    // (each shift adds one more rounding to the shifted cells).
+    // (each shift adds one more rounding to the shifted cells). rot_block > 0:
+    // K is stored Hadamard-rotated (the hadamard op with that block, after
+    // RoPE); the dequantized row is rotated back, shifted and rotated again
+    // before it is quantized, as llama.cpp's build_rope_shift. Only with a
+    // quantized K (the forward rotates no other); 0: no rotation.
     int (*kv_shift)(struct backend *be, void *k_cache /* [n_layer][n_ctx][n_head_kv][head_dim] */,
                     enum ggml_type type_k, const int32_t *delta /* [n_ctx] */, int n_layer,
-                    int n_ctx, int n_head_kv, int head_dim, const struct rope_params *rp);
+                    int n_ctx, int n_head_kv, int head_dim, const struct rope_params *rp,
+                    int rot_block);
 
     // out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
     int (*swiglu)(struct backend *be, float *out /* [n] */, const float *gate /* [n] */,

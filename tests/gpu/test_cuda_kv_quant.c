@@ -476,8 +476,11 @@ static float kvq_block_scale(enum ggml_type t, const uint8_t *row, int e) {
 // own encoding error of the exact rotation: |cuda - cpu| <= B (d_cpu +
 // d_gpu) + 2^-20 |x| (the rotations' difference, rope_tolerance in
 // test_cuda_ops.c); bf16: 2 ulps of bf16 (2^-7 relative) instead of B d.
-// Cells with delta 0 are untouched bit for bit.
-static void shift_case(enum ggml_type t) {
+// Cells with delta 0 are untouched bit for bit. rot > 0: the K rows are
+// Hadamard-rotated with that block (kv_shift's rot_block); the transforms
+// are the same bits on both sides, but the rotations' difference is spread
+// by H over the block: 2^-20 sqrt(rot) max|x| of the row instead.
+static void shift_case(enum ggml_type t, int rot) {
     const int n_layer = 2, n_ctx = 9, nh = 2, hd = 64;
     const size_t n = (size_t)n_layer * n_ctx * nh * hd, row_n = (size_t)nh * hd;
     float *x = nrand_array(n, 1.0f);
@@ -486,8 +489,8 @@ static void shift_case(enum ggml_type t) {
     const int32_t delta[9] = {0, 3, -2, 0, 100, 1, 0, -50, 7};
     struct dbuf bk = dbuf_new(k, bytes), bd = dbuf_new(delta, sizeof delta);
     struct rope_params rp = store_rope();
-    OK(cpu, cpu->ops->kv_shift(cpu, bk.c, t, bd.c, n_layer, n_ctx, nh, hd, &rp));
-    OK(gpu, gpu->ops->kv_shift(gpu, bk.g, t, bd.g, n_layer, n_ctx, nh, hd, &rp));
+    OK(cpu, cpu->ops->kv_shift(cpu, bk.c, t, bd.c, n_layer, n_ctx, nh, hd, &rp, rot));
+    OK(gpu, gpu->ops->kv_shift(gpu, bk.g, t, bd.g, n_layer, n_ctx, nh, hd, &rp, rot));
     uint8_t *kc = download(cpu, bk.c, bytes), *kg = download(gpu, bk.g, bytes);
     float *dc = malloc(row_n * 4), *dg = malloc(row_n * 4);
     const double B = kvq_step_bound(t);
@@ -505,13 +508,16 @@ static void shift_case(enum ggml_type t) {
             moved += memcmp(kg + off, (uint8_t *)k + off, row_b) != 0;
             cr_assert_eq(quant_dequantize_row(t, kc + off, dc, (int64_t)row_n, NULL), 0);
             cr_assert_eq(quant_dequantize_row(t, kg + off, dg, (int64_t)row_n, NULL), 0);
+            double row_max = 0.0;
+            for (size_t e = 0; e < row_n; e++)
+                row_max = fmax(row_max, fabs(dc[e]));
             for (size_t e = 0; e < row_n; e++) {
                 const double d = fabs((double)dc[e] - dg[e]);
                 double tol = B * (kvq_block_scale(t, kc + off, (int)e) +
                                   kvq_block_scale(t, kg + off, (int)e)) +
-                             fabs(dc[e]) / 1048576.0;
+                             (rot ? sqrt(rot) * row_max : fabs(dc[e])) / 1048576.0;
                 if (t == GGML_TYPE_BF16)
-                    tol = fabs(dc[e]) / 64.0 + 1e-30;
+                    tol = (rot ? row_max : fabs(dc[e])) / 64.0 + 1e-30;
                 const double ratio = tol > 0 ? d / tol : (d > 0 ? INFINITY : 0.0);
                 worst = ratio > worst ? ratio : worst;
                 if (d > tol && fails++ < 5)
@@ -522,7 +528,8 @@ static void shift_case(enum ggml_type t) {
     }
     cr_expect_eq(fails, 0, "%s kv_shift: %d elements out of tolerance", ggml_type_name(t), fails);
     cr_expect_eq(moved, n_layer * 6, "%s: every shifted row rewritten", ggml_type_name(t));
-    cr_log_info("kv_shift %s: worst |cuda - cpu| / tol = %.3g\n", ggml_type_name(t), worst);
+    cr_log_info("kv_shift %s, rotation block %d: worst |cuda - cpu| / tol = %.3g\n",
+                ggml_type_name(t), rot, worst);
     dbuf_free(&bk);
     dbuf_free(&bd);
     free(x), free(k), free(kc), free(kg), free(dc), free(dg);
@@ -532,5 +539,49 @@ Test(cuda_kvq, kv_shift_requantizes_like_the_cpu) {
     REQUIRE_GPU();
     rng_seed(360);
     for (size_t i = 0; i < N_KVQ_TYPES; i++)
-        shift_case(kvq_types[i]);
+        shift_case(kvq_types[i], 0);
+}
+
+// A Hadamard-rotated quantized K (the attention rotation's blocks: 64, the
+// whole head here; 32, smaller than a head).
+Test(cuda_kvq, kv_shift_rotated_like_the_cpu) {
+    REQUIRE_GPU();
+    rng_seed(361);
+    for (size_t i = 0; i < N_KVQ_TYPES; i++) {
+        shift_case(kvq_types[i], 64);
+        shift_case(kvq_types[i], 32);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// hadamard
+
+// The CUDA op is the CPU op to the bit (the same butterflies in the same
+// order, the same host-computed scale): every block size, rows of one and
+// several blocks, row counts that leave a partial chunk; and the refusals.
+Test(cuda_kvq, hadamard_bit_exact) {
+    REQUIRE_GPU();
+    rng_seed(362);
+    for (int block = 2; block <= BACKEND_HADAMARD_MAX; block *= 2) {
+        const int shapes[][2] = {{1, block}, {7, block * 3}, {33, block}};
+        for (int si = 0; si < 3; si++) {
+            const int rows = shapes[si][0], n = shapes[si][1];
+            const size_t bytes = (size_t)rows * n * sizeof(float);
+            float *x = nrand_array((size_t)rows * n, 2.0f);
+            struct dbuf b = dbuf_new(x, bytes);
+            OK(cpu, cpu->ops->hadamard(cpu, b.c, rows, n, block));
+            OK(gpu, gpu->ops->hadamard(gpu, b.g, rows, n, block));
+            float *hc = download(cpu, b.c, bytes), *hg = download(gpu, b.g, bytes);
+            cr_expect_eq(memcmp(hc, hg, bytes), 0,
+                         "hadamard block %d, %d rows of %d: not the cpu's bits", block, rows, n);
+            dbuf_free(&b);
+            free(x), free(hc), free(hg);
+        }
+    }
+    float *z = NULL;
+    OK(gpu, gpu->ops->alloc(gpu, 64 * sizeof(float), (void **)&z));
+    cr_expect_eq(gpu->ops->hadamard(gpu, z, 1, 48, 32), VERR_RANGE, "block not dividing the row");
+    cr_expect_eq(gpu->ops->hadamard(gpu, z, 1, 48, 3), VERR_RANGE, "block not a power of two");
+    cr_expect(strstr(gpu->err.msg, "power of two"), "%s", gpu->err.msg);
+    gpu->ops->free(gpu, z);
 }

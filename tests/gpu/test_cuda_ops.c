@@ -1056,8 +1056,10 @@ Test(cuda, kv_shift) {
             struct dbuf bf = dbuf_new(ff, (size_t)(c->n_rot / 2) * sizeof(float));
             const struct rope_params rpc = rope_params_for(c, c->factors ? bf.c : NULL);
             const struct rope_params rpg = rope_params_for(c, c->factors ? bf.g : NULL);
-            OK(cpu, cpu->ops->kv_shift(cpu, bk.c, tk, bd.c, n_layer, n_ctx, n_kv_heads, hd, &rpc));
-            OK(gpu, gpu->ops->kv_shift(gpu, bk.g, tk, bd.g, n_layer, n_ctx, n_kv_heads, hd, &rpg));
+            OK(cpu,
+               cpu->ops->kv_shift(cpu, bk.c, tk, bd.c, n_layer, n_ctx, n_kv_heads, hd, &rpc, 0));
+            OK(gpu,
+               gpu->ops->kv_shift(gpu, bk.g, tk, bd.g, n_layer, n_ctx, n_kv_heads, hd, &rpg, 0));
             void *rc, *rg;
             dbuf_get(&bk, &rc, &rg);
             float *fc = cache_as_f32(rc, tk, n), *fg = cache_as_f32(rg, tk, n);
