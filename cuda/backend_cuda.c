@@ -889,11 +889,16 @@ static int cu_sample(struct backend *be, int32_t *out, const float *logits, int 
 static int cu_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits,
                         int n_tok, int n_expert, int k, enum moe_gating gating) {
     CU_ENTER(be);
-    if (gating != MOE_GATING_SOFTMAX && gating != MOE_GATING_SOFTMAX_RENORM)
-        return verr_set(&be->err, VERR_UNSUPPORTED, "moe_route: gating %d", (int)gating);
-    return cuda_moe_route(ids, weights, logits, n_tok, n_expert, k,
-                          gating == MOE_GATING_SOFTMAX_RENORM ? 1 : 0, cb_of(be)->stream, &be->err);
+    return cuda_moe_route(ids, weights, logits, n_tok, n_expert, k, (int)gating, cb_of(be)->stream,
+                          &be->err);
 }
+_Static_assert((int)MOE_GATING_SOFTMAX == CUDA_MOE_SOFTMAX &&
+                   (int)MOE_GATING_SOFTMAX_RENORM == CUDA_MOE_SOFTMAX_RENORM &&
+                   (int)MOE_GATING_SOFTMAX_WEIGHT == CUDA_MOE_SOFTMAX_WEIGHT,
+               "cuda_moe_route takes enum moe_gating's values");
+_Static_assert((int)MOE_ACT_SWIGLU == CUDA_MOE_SWIGLU &&
+                   (int)MOE_ACT_SWIGLU_OAI == CUDA_MOE_SWIGLU_OAI,
+               "cuda_moe_glu takes enum moe_act's values");
 
 // The host-side checks of moe_ffn (the ids are device memory: the kernels
 // clamp them instead).
@@ -922,6 +927,9 @@ static int cu_moe_check(struct backend *be, const struct moe_args *a) {
                         (long long)d->n_out, (long long)d->n_in, a->n_expert);
     if (a->n_tok > 0 && (!a->out || !a->x || !a->ids || !a->weights || !a->tmp))
         return verr_set(&be->err, VERR_RANGE, "moe_ffn: NULL pointer");
+    if (a->act != MOE_ACT_SWIGLU && a->act != MOE_ACT_SWIGLU_OAI)
+        return verr_set(&be->err, VERR_RANGE, "moe_ffn: act %d (swiglu 0 or swiglu_oai 1)",
+                        (int)a->act);
     if ((const void *)a->out == (const void *)a->x || a->out == a->tmp)
         return verr_set(&be->err, VERR_RANGE, "moe_ffn: out aliases x or tmp");
     if ((int64_t)a->n_tok * a->k > INT32_MAX / 2)
@@ -952,20 +960,64 @@ static int cu_moe_matvec(struct backend *be, const struct cuda_mv_seg *segs, int
     return rc;
 }
 
+// h = act(gate + gate_b, up + up_b) over the pairs (gate, up [n_pairs][n_ff]
+// the experts' outputs; h may be gate).
+static int cu_moe_glu(struct backend *be, const struct moe_args *a, float *h, const float *gate,
+                      const float *up) {
+    const int64_t n_ff = a->gate->n_out / a->n_expert;
+    return cuda_moe_glu(h, gate, up, a->gate_b, a->up_b, a->ids, a->n_tok * a->k, a->n_expert, n_ff,
+                        (int)a->act, a->alpha, a->limit, cb_of(be)->stream, &be->err);
+}
+
+// Whether gate and up take the fused SwiGLU epilogue of the expert mat-vec:
+// plain SwiGLU without their biases (otherwise both are stored, then
+// cu_moe_glu).
+static bool cu_moe_fused_glu(const struct moe_args *a) {
+    return a->act == MOE_ACT_SWIGLU && !a->gate_b && !a->up_b;
+}
+
+// h = act(gate_e x + gate_b, up_e x + up_b) for every pair through the
+// expert mat-vecs: the fused SwiGLU epilogue, or gate into h and up into up
+// stored, then cu_moe_glu.
+static int cu_moe_gate_up(struct backend *be, const struct moe_args *a, float *h, float *up,
+                          const struct cuda_mv_experts *ex, void *xq) {
+    const int64_t n_embd = a->gate->n_in, n_ff = a->gate->n_out / a->n_expert;
+    const enum ggml_type t = a->gate->type;
+    if (cu_moe_fused_glu(a)) {
+        const struct cuda_mv_seg gu[2] = {{h, a->gate->data, NULL, n_ff},
+                                          {h, a->up->data, NULL, n_ff}};
+        return cu_moe_matvec(be, gu, 2, t, n_embd, a->x, a->n_tok, ex, CUDA_MV_SWIGLU, xq);
+    }
+    const struct cuda_mv_seg g = {h, a->gate->data, NULL, n_ff};
+    const struct cuda_mv_seg u = {up, a->up->data, NULL, n_ff};
+    int rc = cu_moe_matvec(be, &g, 1, t, n_embd, a->x, a->n_tok, ex, CUDA_MV_STORE, xq);
+    if (!rc)
+        rc = cu_moe_matvec(be, &u, 1, t, n_embd, a->x, a->n_tok, ex, CUDA_MV_STORE, xq);
+    return rc ? rc : cu_moe_glu(be, a, h, h, up);
+}
+
 // The mat-vec path (decode batches, and prompt batches the grouped GEMM
 // does not take): every (token, slot) pair through its expert's rows.
-// tmp: h [n_pairs][n_ff], y [n_pairs][n_embd], then the q8_1 activations.
+// tmp: h [n_pairs][n_ff], y [n_pairs][n_embd], without the fused epilogue
+// up [n_pairs][n_ff], then the q8_1 activations.
 static int cu_moe_ffn_matvec(struct backend *be, const struct moe_args *a) {
     const int64_t n_embd = a->gate->n_in, n_ff = a->gate->n_out / a->n_expert;
     const int n_pairs = a->n_tok * a->k;
+    const bool fused = cu_moe_fused_glu(a);
     float *h = a->tmp;
     float *y = h + (size_t)n_pairs * n_ff;
-    void *xq =
-        (void *)((char *)a->tmp + cu_align16(((size_t)n_pairs * (n_ff + n_embd)) * sizeof(float)));
-    const struct cuda_mv_seg gu[2] = {{h, a->gate->data, NULL, n_ff}, {h, a->up->data, NULL, n_ff}};
+    float *up = y + (size_t)n_pairs * n_embd;
+    const size_t used =
+        cu_align16((size_t)n_pairs * (n_ff + n_embd + (fused ? 0 : n_ff)) * sizeof(float));
+    const int64_t xq_row = quant_q8_1_row_bytes(n_ff > n_embd ? n_ff : n_embd);
+    const size_t xq_bytes = xq_row > 0 ? (size_t)n_pairs * (size_t)xq_row : 0;
+    if (used + xq_bytes > BACKEND_MOE_TMP(a->n_tok, a->k, n_embd, n_ff) * sizeof(float))
+        return verr_set(&be->err, VERR_RANGE,
+                        "moe_ffn: n_ff %lld and n_embd %lld do not fit the mat-vec path's scratch",
+                        (long long)n_ff, (long long)n_embd);
+    void *xq = (char *)a->tmp + used;
     struct cuda_mv_experts ex = {a->ids, n_pairs, a->n_expert, a->k};
-    int rc =
-        cu_moe_matvec(be, gu, 2, a->gate->type, n_embd, a->x, a->n_tok, &ex, CUDA_MV_SWIGLU, xq);
+    int rc = cu_moe_gate_up(be, a, h, up, &ex, xq);
     if (rc)
         return rc;
     cb_of(be)->xq_offer = (struct cu_xq){0}; // h is not the norm's output
@@ -973,8 +1025,8 @@ static int cu_moe_ffn_matvec(struct backend *be, const struct moe_args *a) {
     ex.x_div = 1;
     rc = cu_moe_matvec(be, &dn, 1, a->down->type, n_ff, h, n_pairs, &ex, CUDA_MV_STORE, xq);
     if (!rc)
-        rc = cuda_moe_combine(a->out, y, a->weights, a->n_tok, a->k, n_embd, cb_of(be)->stream,
-                              &be->err);
+        rc = cuda_moe_combine(a->out, y, a->weights, a->down_b, a->ids, a->n_tok, a->k, n_embd,
+                              a->n_expert, cb_of(be)->stream, &be->err);
     return rc;
 }
 
@@ -1033,7 +1085,8 @@ static int cu_moe_ffn_grouped(struct backend *be, const struct moe_args *a, int 
                                       cb->stream, &be->err);
     const int64_t n_h = (int64_t)n_pairs * n_ff;
     if (!rc)
-        rc = cuda_swiglu_apply(A, A, U, n_h, cb->stream, &be->err);
+        rc = cu_moe_fused_glu(a) ? cuda_swiglu_apply(A, A, U, n_h, cb->stream, &be->err)
+                                 : cu_moe_glu(be, a, A, A, U);
     uint16_t *h16 = (uint16_t *)U; // U is read by the swiglu before
     if (!rc)
         rc = cuda_convert_f16(h16, A, n_h, cb->stream, &be->err);
@@ -1042,7 +1095,8 @@ static int cu_moe_ffn_grouped(struct backend *be, const struct moe_args *a, int 
         rc = cuda_matmul_q_tc_grouped(A, a->down->data, a->down->type, n_ff, n_embd, h16, &g,
                                       cb->stream, &be->err);
     if (!rc)
-        rc = cuda_moe_combine(a->out, A, a->weights, a->n_tok, a->k, n_embd, cb->stream, &be->err);
+        rc = cuda_moe_combine(a->out, A, a->weights, a->down_b, a->ids, a->n_tok, a->k, n_embd,
+                              a->n_expert, cb->stream, &be->err);
     return rc;
 }
 
@@ -1054,8 +1108,6 @@ static int cu_moe_ffn_grouped(struct backend *be, const struct moe_args *a, int 
 static int cu_moe_ffn(struct backend *be, const struct moe_args *a) {
     CU_ENTER_READING(be, a ? a->x : NULL, a ? a->n_tok : 0);
     int rc = cu_moe_check(be, a);
-    if (!rc && (a->gate_b || a->up_b || a->down_b || a->act != MOE_ACT_SWIGLU))
-        return verr_set(&be->err, VERR_UNSUPPORTED, "moe_ffn: expert biases, swiglu_oai");
     if (rc || a->n_tok == 0)
         return rc;
     if (a->n_tok > CUDA_MATVEC_MAX_TOK) {

@@ -1,7 +1,10 @@
 // The CPU backend's mixture-of-experts ops (host/backend/cpu_moe.c) against
 // their contracts in host/ops/backend.h: moe_route against softmax and top-k
-// computed here in double (hand cases, ties, k = n_expert); moe_ffn against
-// a float64 reference on F32 weights, and, on quantized weights, against the
+// computed here in double for the three gatings (hand cases, ties, k =
+// n_expert, -inf and NaN logits for softmax_weight, an unknown gating
+// refused); moe_ffn against a float64 reference on F32 weights (SwiGLU and
+// swiglu_oai, with and without per-expert biases, k = n_expert, an unknown
+// act refused), and, on quantized weights, against the
 // dense ops composed token by token (which it must equal bit for bit), with
 // batch and thread-count invariance; add_sigmoid_scaled (the qwen2moe shared
 // expert's gate) against its formula in double.
@@ -9,6 +12,7 @@
 #include <criterion/logging.h>
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,7 +38,8 @@ Test(moe, route_hand) {
     for (int renorm = 0; renorm < 2; renorm++) {
         int32_t ids[2][2];
         float w[2][2];
-        cr_assert_eq(be->ops->moe_route(be, &ids[0][0], &w[0][0], &logits[0][0], 2, 4, 2, renorm),
+        const enum moe_gating gating = renorm ? MOE_GATING_SOFTMAX_RENORM : MOE_GATING_SOFTMAX;
+        cr_assert_eq(be->ops->moe_route(be, &ids[0][0], &w[0][0], &logits[0][0], 2, 4, 2, gating),
                      0, "%s", be->err.msg);
         const int want[2][2] = {{1, 2}, {2, 3}};
         double worst = 0.0;
@@ -62,20 +67,21 @@ Test(moe, route_ties_and_all_experts) {
         eq[i] = 0.25f;
     int32_t ids[8];
     float w[8];
-    cr_assert_eq(be->ops->moe_route(be, ids, w, eq, 1, 8, 3, false), 0, "%s", be->err.msg);
+    cr_assert_eq(be->ops->moe_route(be, ids, w, eq, 1, 8, 3, MOE_GATING_SOFTMAX), 0, "%s",
+                 be->err.msg);
     for (int j = 0; j < 3; j++) {
         cr_expect_eq(ids[j], j, "equal logits: slot %d got expert %d, want the lower index", j,
                      ids[j]);
         cr_expect_float_eq(w[j], 0.125f, 1e-7f, "slot %d weight %g", j, w[j]);
     }
-    cr_assert_eq(be->ops->moe_route(be, ids, w, eq, 1, 8, 3, true), 0);
+    cr_assert_eq(be->ops->moe_route(be, ids, w, eq, 1, 8, 3, MOE_GATING_SOFTMAX_RENORM), 0);
     for (int j = 0; j < 3; j++)
         cr_expect_float_eq(w[j], 1.0f / 3.0f, 1e-7f, "renormalised slot %d weight %g", j, w[j]);
     // k = n_expert: every expert, by descending probability; renormalised,
     // the weights are the softmax itself.
     const float l[8] = {0.5f, -2.0f, 3.0f, 0.5f, 1.0f, -0.25f, 2.0f, 0.0f};
     const int order[8] = {2, 6, 4, 0, 3, 7, 5, 1};
-    cr_assert_eq(be->ops->moe_route(be, ids, w, l, 1, 8, 8, true), 0);
+    cr_assert_eq(be->ops->moe_route(be, ids, w, l, 1, 8, 8, MOE_GATING_SOFTMAX_RENORM), 0);
     double p[8];
     softmax_d(p, l, 8);
     for (int j = 0; j < 8; j++) {
@@ -86,14 +92,69 @@ Test(moe, route_ties_and_all_experts) {
     backend_destroy(be);
 }
 
-Test(moe, route_refuses_bad_k) {
+Test(moe, route_refuses_bad_k_and_gating) {
     struct backend *be = mk_backend(1);
     float l[4] = {0};
     int32_t ids[8];
     float w[8];
-    cr_expect_eq(be->ops->moe_route(be, ids, w, l, 1, 4, 5, false), VERR_RANGE);
+    cr_expect_eq(be->ops->moe_route(be, ids, w, l, 1, 4, 5, MOE_GATING_SOFTMAX), VERR_RANGE);
     cr_expect(strstr(be->err.msg, "k 5") != NULL, "message: %s", be->err.msg);
-    cr_expect_eq(be->ops->moe_route(be, ids, w, l, 1, 4, 0, false), VERR_RANGE);
+    cr_expect_eq(be->ops->moe_route(be, ids, w, l, 1, 4, 0, MOE_GATING_SOFTMAX), VERR_RANGE);
+    cr_expect_eq(be->ops->moe_route(be, ids, w, l, 1, 4, 2, (enum moe_gating)3), VERR_RANGE);
+    cr_expect(strstr(be->err.msg, "gating 3") != NULL, "message: %s", be->err.msg);
+    cr_expect_eq(be->ops->moe_route(be, ids, w, l, 1, 4, 2, (enum moe_gating) - 1), VERR_RANGE);
+    backend_destroy(be);
+}
+
+// SOFTMAX_WEIGHT: the k largest logits (ties to the lower index, NaN
+// last), then a softmax over those k computed here in double.
+static void expect_weight_route(struct backend *be, const float *l, int n, int k, const int *want) {
+    int32_t ids[16];
+    float w[16];
+    cr_assert_eq(be->ops->moe_route(be, ids, w, l, 1, n, k, MOE_GATING_SOFTMAX_WEIGHT), 0, "%s",
+                 be->err.msg);
+    float chosen[16];
+    double p[16], worst = 0.0;
+    for (int j = 0; j < k; j++) {
+        cr_expect_eq(ids[j], want[j], "softmax_weight %d of %d: slot %d expert %d, want %d", k, n,
+                     j, ids[j], want[j]);
+        chosen[j] = l[want[j]];
+    }
+    softmax_d(p, chosen, k);
+    for (int j = 0; j < k; j++) {
+        const double e = fabs(w[j] - p[j]);
+        worst = e > worst ? e : worst;
+    }
+    // float exps and one float scale: a few ulps of 1
+    cr_expect_lt(worst, 1e-6, "softmax_weight %d of %d: worst weight error %g", k, n, worst);
+}
+
+Test(moe, route_softmax_weight) {
+    struct backend *be = mk_backend(1);
+    const float l[8] = {0.5f, -2.0f, 3.0f, 0.5f, 1.0f, -0.25f, 2.0f, 0.0f};
+    expect_weight_route(be, l, 8, 2, (const int[]){2, 6});
+    expect_weight_route(be, l, 8, 4, (const int[]){2, 6, 4, 0});             // 0 and 3 tie: 0 first
+    expect_weight_route(be, l, 8, 8, (const int[]){2, 6, 4, 0, 3, 7, 5, 1}); // k = n_expert
+    float eq[8];
+    for (int i = 0; i < 8; i++)
+        eq[i] = -3.5f;
+    expect_weight_route(be, eq, 8, 3, (const int[]){0, 1, 2}); // each 1/3
+    const float inf[4] = {-INFINITY, NAN, 1.0f, -INFINITY};
+    int32_t ids[4];
+    float w[4];
+    cr_assert_eq(be->ops->moe_route(be, ids, w, inf, 1, 4, 4, MOE_GATING_SOFTMAX_WEIGHT), 0);
+    const int want[4] = {2, 0, 3, 1}; // -inf before NaN, NaN last
+    for (int j = 0; j < 4; j++)
+        cr_expect_eq(ids[j], want[j], "-inf and NaN logits: slot %d expert %d, want %d", j, ids[j],
+                     want[j]);
+    cr_expect(isnan(w[0]), "a NaN among the chosen logits makes every weight NaN (got %g)", w[0]);
+    // The weights do not depend on the other logits: hand values of
+    // softmax({1, 0}) = {e / (e + 1), 1 / (e + 1)}.
+    const float two[5] = {-9.0f, 1.0f, -7.0f, 0.0f, -8.0f};
+    cr_assert_eq(be->ops->moe_route(be, ids, w, two, 1, 5, 2, MOE_GATING_SOFTMAX_WEIGHT), 0);
+    cr_expect(ids[0] == 1 && ids[1] == 3, "ids %d %d, want 1 3", ids[0], ids[1]);
+    cr_expect_lt(fabs(w[0] - 0.7310585786300049), 1e-7, "weight 0: %.9g", w[0]);
+    cr_expect_lt(fabs(w[1] - 0.2689414213699951), 1e-7, "weight 1: %.9g", w[1]);
     backend_destroy(be);
 }
 
@@ -151,7 +212,9 @@ static void case_make(struct ffn_case *c, enum ggml_type t, int n_expert, int k,
     for (int i = 0; i < n_tok * n_expert; i++)
         logits[i] = 2.0f * frand();
     struct backend *be = mk_backend(1);
-    cr_assert_eq(be->ops->moe_route(be, c->ids, c->weights, logits, n_tok, n_expert, k, true), 0);
+    cr_assert_eq(be->ops->moe_route(be, c->ids, c->weights, logits, n_tok, n_expert, k,
+                                    MOE_GATING_SOFTMAX_RENORM),
+                 0);
     backend_destroy(be);
     free(logits);
 }
@@ -189,14 +252,55 @@ static void run_ffn(struct backend *be, const struct ffn_case *c, int t0, int n,
     free(tmp);
 }
 
-Test(moe, ffn_f32_vs_float64) {
+// Per-expert biases for a case (moe_args.gate_b, up_b, down_b): random,
+// of the size of the matmuls' outputs.
+struct biases {
+    float *g, *u, *d;
+};
+
+static struct biases biases_make(const struct ffn_case *c) {
+    struct biases b = {malloc((size_t)c->n_expert * c->n_ff * sizeof(float)),
+                       malloc((size_t)c->n_expert * c->n_ff * sizeof(float)),
+                       malloc((size_t)c->n_expert * c->n_embd * sizeof(float))};
+    cr_assert(b.g && b.u && b.d);
+    for (int i = 0; i < c->n_expert * c->n_ff; i++) {
+        b.g[i] = 0.5f * frand();
+        b.u[i] = 0.5f * frand();
+    }
+    for (int i = 0; i < c->n_expert * c->n_embd; i++)
+        b.d[i] = 0.5f * frand();
+    return b;
+}
+
+// swiglu_oai in double (its float steps: tests/test_ops_moe.c's callers
+// bound the difference).
+static double swiglu_oai_d(double g, double u, double alpha, double limit, int *clamped) {
+    const double x = g < limit ? g : limit;
+    const double y = u < -limit ? -limit : u > limit ? limit : u;
+    *clamped += (g > limit) + (u != y);
+    return x / (1.0 + exp(-alpha * x)) * (y + 1.0);
+}
+
+// moe_ffn on F32 weights against the formula in double: with act, and with
+// the biases when b.
+static void expect_ffn_vs_float64(enum moe_act act, bool b, int k) {
     rng_seed(11);
     struct ffn_case c;
-    case_make(&c, GGML_TYPE_F32, 8, 2, 64, 96, 5);
+    case_make(&c, GGML_TYPE_F32, 8, k, 64, 96, 5);
     struct backend *be = mk_backend(0);
+    const float alpha = 1.702f, limit = 0.4f; // gpt-oss's alpha; a limit the values cross
     float *out = malloc((size_t)c.n_tok * c.n_embd * sizeof(float));
-    run_ffn(be, &c, 0, c.n_tok, out);
-    double worst = 0.0, h[96];
+    float *tmp = malloc(BACKEND_MOE_TMP(c.n_tok, c.k, c.n_embd, c.n_ff) * sizeof(float));
+    struct moe_args a = args_of(&c, 0, c.n_tok, out, tmp);
+    a.act = act, a.alpha = alpha, a.limit = limit;
+    struct biases bb = {0};
+    if (b) {
+        bb = biases_make(&c);
+        a.gate_b = bb.g, a.up_b = bb.u, a.down_b = bb.d;
+    }
+    cr_assert_eq(be->ops->moe_ffn(be, &a), 0, "%s", be->err.msg);
+    double worst = 0.0, h[96], ha[96];
+    int clamped = 0;
     for (int t = 0; t < c.n_tok; t++) {
         const float *x = c.x + (size_t)t * c.n_embd;
         for (int i = 0; i < c.n_embd; i++) {
@@ -204,20 +308,24 @@ Test(moe, ffn_f32_vs_float64) {
             for (int j = 0; j < c.k; j++) {
                 const int e = c.ids[t * c.k + j];
                 for (int f = 0; f < c.n_ff; f++) {
-                    double g = 0.0, u = 0.0;
+                    double g = b ? bb.g[e * c.n_ff + f] : 0.0, u = b ? bb.u[e * c.n_ff + f] : 0.0;
+                    double ga = fabs(g) + fabs(u);
                     const float *gr = c.gate.f + ((size_t)e * c.n_ff + f) * c.n_embd;
                     const float *ur = c.up.f + ((size_t)e * c.n_ff + f) * c.n_embd;
                     for (int d = 0; d < c.n_embd; d++) {
                         g += (double)gr[d] * x[d];
                         u += (double)ur[d] * x[d];
+                        ga += fabs((double)gr[d] * x[d]) + fabs((double)ur[d] * x[d]);
                     }
-                    h[f] = g / (1.0 + exp(-g)) * u;
+                    h[f] = act == MOE_ACT_SWIGLU_OAI ? swiglu_oai_d(g, u, alpha, limit, &clamped)
+                                                     : g / (1.0 + exp(-g)) * u;
+                    ha[f] = fabs(h[f]) + ga; // the gate's and up's rounding reach h
                 }
                 const float *dr = c.down.f + ((size_t)e * c.n_embd + i) * c.n_ff;
-                double y = 0.0, ya = 0.0;
+                double y = b ? bb.d[e * c.n_embd + i] : 0.0, ya = fabs(y);
                 for (int f = 0; f < c.n_ff; f++) {
                     y += (double)dr[f] * h[f];
-                    ya += fabs((double)dr[f] * h[f]);
+                    ya += fabs((double)dr[f]) * ha[f];
                 }
                 ref += y * c.weights[t * c.k + j];
                 scale += ya * c.weights[t * c.k + j];
@@ -226,12 +334,33 @@ Test(moe, ffn_f32_vs_float64) {
             worst = e > worst ? e : worst;
         }
     }
+    if (act == MOE_ACT_SWIGLU_OAI) // both clamps ran
+        cr_expect_gt(clamped, 0, "no value reached the limit %g", limit);
     // float32 dots of 64 and 96 terms: ~1e-6 of the sum of magnitudes
-    cr_expect_lt(worst, 1e-5, "worst error relative to the terms' magnitudes: %g", worst);
-    cr_log_info("moe_ffn F32 vs float64: worst %.3g", worst);
+    cr_expect_lt(worst, 1e-5,
+                 "act %d, biases %d, k %d: worst error relative to the terms' "
+                 "magnitudes: %g",
+                 act, b, k, worst);
+    cr_log_info("moe_ffn F32 act %d biases %d k %d vs float64: worst %.3g (%d clamped)", act, b, k,
+                worst, clamped);
+    if (b)
+        free(bb.g), free(bb.u), free(bb.d);
     free(out);
+    free(tmp);
     backend_destroy(be);
     case_free(&c);
+}
+
+Test(moe, ffn_f32_vs_float64) {
+    expect_ffn_vs_float64(MOE_ACT_SWIGLU, false, 2);
+}
+Test(moe, ffn_f32_biases_vs_float64) {
+    expect_ffn_vs_float64(MOE_ACT_SWIGLU, true, 2);
+}
+Test(moe, ffn_f32_swiglu_oai_vs_float64) {
+    expect_ffn_vs_float64(MOE_ACT_SWIGLU_OAI, false, 2);
+    expect_ffn_vs_float64(MOE_ACT_SWIGLU_OAI, true, 2);
+    expect_ffn_vs_float64(MOE_ACT_SWIGLU_OAI, true, 8); // k = n_expert
 }
 
 // On quantized weights the op is the dense ops composed expert by expert:
@@ -313,6 +442,10 @@ Test(moe, ffn_refuses_bad_ids_and_shapes) {
     a.n_expert = 3; // 32 * 4 rows do not split into 3 experts
     cr_expect_eq(be->ops->moe_ffn(be, &a), VERR_RANGE);
     cr_expect(strstr(be->err.msg, "do not fit 3 experts") != NULL, "message: %s", be->err.msg);
+    a.n_expert = 4;
+    a.act = (enum moe_act)2;
+    cr_expect_eq(be->ops->moe_ffn(be, &a), VERR_RANGE);
+    cr_expect(strstr(be->err.msg, "act 2") != NULL, "message: %s", be->err.msg);
     backend_destroy(be);
     case_free(&c);
 }

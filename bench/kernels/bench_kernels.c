@@ -370,7 +370,7 @@ static int run_case(struct bench *b, const struct kcase *k) {
         return op_rc(b, be->ops->argmax(be, k->amax, k->x, k->n_tok, k->sm->n_vocab));
     case FAM_MOE_ROUTE:
         return op_rc(b, be->ops->moe_route(be, k->amax, k->out, k->x, k->n_tok, k->sm->n_expert,
-                                           k->sm->k_expert, true));
+                                           k->sm->k_expert, MOE_GATING_SOFTMAX_RENORM));
     case FAM_MOE_FFN:
         return op_rc(b, be->ops->moe_ffn(be, &k->moe));
     case FAM_SAMPLE: {

@@ -394,8 +394,9 @@ struct backend_ops {
     // MOE_GATING_SOFTMAX(_RENORM): p = softmax(logits[t]) over all n_expert
     // (max subtracted, sum in double, then multiplied by 1/sum); ids[t][0..k)
     // are the k largest p in descending order, the lower index first among
-    // equal p; weights[t][j] = p[ids[t][j]], and with _RENORM each divided by
-    // max(sum_j weights[t][j], 2^-14) (summed in float, j ascending). With
+    // equal p, NaN after every number; weights[t][j] = p[ids[t][j]], and
+    // with _RENORM each divided by max(sum_j weights[t][j], 2^-14) (summed
+    // in float, j ascending). With
     // MOE_GATING_SOFTMAX_WEIGHT: ids[t] are the k largest logits in the same
     // order and weights[t] the softmax (as above) of those k logits.
     // 1 <= k <= n_expert.

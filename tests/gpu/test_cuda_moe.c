@@ -1,15 +1,17 @@
 // The mixture-of-experts ops of the CUDA backend (cuda/moe.cu and the
 // expert modes of the mat-vec and tensor-core kernels) against the CPU
-// backend's (host/backend/cpu_moe.c), through the op table: moe_route and
-// moe_ffn with n_expert 8 and 128, k 2 and 8, k = n_expert, equal router
-// logits (every token in the same k groups), decode batches (the expert
+// backend's (host/backend/cpu_moe.c), through the op table: moe_route
+// (all three gatings) and moe_ffn with n_expert 8 and 128, k 2 and 8, k =
+// n_expert, equal router logits (every token in the same k groups),
+// swiglu_oai and per-expert biases (gpt-oss), decode batches (the expert
 // mat-vecs) and prompt batches (grouped by expert on the device, the
 // grouped tensor-core GEMM), F32/F16/Q8_0/Q4_0/Q4_K stacks (and a Q6_K down
 // stack under Q4_K gate/up, as Q4_K_M files have), act_q8 on and off.
 // Besides the CPU comparison (stated tolerances, worst error logged):
 // moe_ffn equals the dense CUDA ops composed expert by expert bit for bit,
 // and a token's output does not depend on what else is in its batch
-// (bit for bit within the decode shapes and within the prompt shapes).
+// (bit for bit within the decode shapes and within the prompt shapes), and
+// zero biases (the unfused path) give the fused path's bits.
 // add_sigmoid_scaled against its formula in double.
 // Without a CUDA device every test skips itself.
 #include <criterion/criterion.h>
@@ -46,7 +48,7 @@ static void *dl(struct backend *be, const void *src, size_t bytes) {
 // moe_route
 
 // Random logits (sigma 2), or all equal (every p equal: the k lowest ids).
-static void run_route_case(int n_tok, int n_expert, int k, bool renorm, bool equal) {
+static void run_route_case(int n_tok, int n_expert, int k, enum moe_gating gating, bool equal) {
     float *logits = nrand_array((size_t)n_tok * n_expert, 2.0f);
     if (equal)
         for (size_t i = 0; i < (size_t)n_tok * n_expert; i++)
@@ -54,8 +56,8 @@ static void run_route_case(int n_tok, int n_expert, int k, bool renorm, bool equ
     struct dbuf bl = dbuf_new(logits, (size_t)n_tok * n_expert * sizeof(float));
     struct dbuf bi = dbuf_new(NULL, (size_t)n_tok * k * sizeof(int32_t));
     struct dbuf bw = dbuf_new(NULL, (size_t)n_tok * k * sizeof(float));
-    OK(cpu, cpu->ops->moe_route(cpu, bi.c, bw.c, bl.c, n_tok, n_expert, k, renorm));
-    OK(gpu, gpu->ops->moe_route(gpu, bi.g, bw.g, bl.g, n_tok, n_expert, k, renorm));
+    OK(cpu, cpu->ops->moe_route(cpu, bi.c, bw.c, bl.c, n_tok, n_expert, k, gating));
+    OK(gpu, gpu->ops->moe_route(gpu, bi.g, bw.g, bl.g, n_tok, n_expert, k, gating));
     int32_t *ic = dl(cpu, bi.c, bi.bytes), *ig = dl(gpu, bi.g, bi.bytes);
     float *wc = dl(cpu, bw.c, bw.bytes), *wg = dl(gpu, bw.g, bw.bytes);
     // ids: equal. Random logits leave gaps between neighbouring p far above
@@ -81,8 +83,9 @@ static void run_route_case(int n_tok, int n_expert, int k, bool renorm, bool equ
         if (equal)
             cr_expect_eq(ig[i], i % k, "equal logits: pair %d has expert %d", i, ig[i]);
     }
-    cr_log_info("route %d tokens x %d experts, k %d%s%s: ids equal %s, worst |weight err| %.3g",
-                n_tok, n_expert, k, renorm ? ", renorm" : "", equal ? ", equal logits" : "",
+    cr_log_info("route %d tokens x %d experts, k %d, gating %d%s: ids equal %s, worst |weight "
+                "err| %.3g",
+                n_tok, n_expert, k, (int)gating, equal ? ", equal logits" : "",
                 id_fail ? "NO" : "yes", worst);
     cr_expect_eq(id_fail, 0, "route: %d ids differ", id_fail);
     cr_expect_eq(w_fail, 0, "route: %d weights outside the tolerance", w_fail);
@@ -102,11 +105,43 @@ Test(cuda_moe, route) {
     static const int shapes[][3] = {{8, 2, 1},    {8, 8, 5},  {128, 8, 1}, {128, 2, 37},
                                     {128, 8, 40}, {64, 6, 3}, {1, 1, 2},   {300, 4, 3}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (int renorm = 0; renorm < 2; renorm++)
-            run_route_case(shapes[i][2], shapes[i][0], shapes[i][1], renorm, false);
-    run_route_case(3, 8, 2, true, true);
-    run_route_case(2, 128, 8, false, true);
-    run_route_case(1, 8, 8, true, true);
+        for (int gating = MOE_GATING_SOFTMAX; gating <= MOE_GATING_SOFTMAX_WEIGHT; gating++)
+            run_route_case(shapes[i][2], shapes[i][0], shapes[i][1], (enum moe_gating)gating,
+                           false);
+    run_route_case(3, 8, 2, MOE_GATING_SOFTMAX_RENORM, true);
+    run_route_case(2, 128, 8, MOE_GATING_SOFTMAX, true);
+    run_route_case(1, 8, 8, MOE_GATING_SOFTMAX_RENORM, true);
+    run_route_case(3, 8, 2, MOE_GATING_SOFTMAX_WEIGHT, true);
+    run_route_case(1, 8, 8, MOE_GATING_SOFTMAX_WEIGHT, true);
+    run_route_case(2, 4096, 4, MOE_GATING_SOFTMAX_WEIGHT, false);
+}
+
+// SOFTMAX_WEIGHT with -inf and NaN logits: the same ids on both (-inf
+// taken before NaN, NaN last, the lower index first), and an unknown gating
+// refused.
+Test(cuda_moe, route_weight_inf_nan) {
+    REQUIRE_GPU();
+    const float l[2][6] = {{-INFINITY, NAN, 1.0f, -INFINITY, NAN, 0.5f},
+                           {NAN, -INFINITY, NAN, -INFINITY, -INFINITY, NAN}};
+    struct dbuf bl = dbuf_new(l, sizeof l);
+    struct dbuf bi = dbuf_new(NULL, 2 * 6 * sizeof(int32_t));
+    struct dbuf bw = dbuf_new(NULL, 2 * 6 * sizeof(float));
+    OK(cpu, cpu->ops->moe_route(cpu, bi.c, bw.c, bl.c, 2, 6, 6, MOE_GATING_SOFTMAX_WEIGHT));
+    OK(gpu, gpu->ops->moe_route(gpu, bi.g, bw.g, bl.g, 2, 6, 6, MOE_GATING_SOFTMAX_WEIGHT));
+    int32_t *ic = dl(cpu, bi.c, bi.bytes), *ig = dl(gpu, bi.g, bi.bytes);
+    const int want[2][6] = {{2, 5, 0, 3, 1, 4}, {1, 3, 4, 0, 2, 5}};
+    for (int i = 0; i < 12; i++) {
+        cr_expect_eq(ic[i], want[i / 6][i % 6], "cpu: pair %d expert %d", i, ic[i]);
+        cr_expect_eq(ig[i], want[i / 6][i % 6], "cuda: pair %d expert %d", i, ig[i]);
+    }
+    cr_expect_eq(gpu->ops->moe_route(gpu, bi.g, bw.g, bl.g, 2, 6, 6, (enum moe_gating)3),
+                 VERR_RANGE);
+    cr_expect(strstr(gpu->err.msg, "gating 3") != NULL, "message: %s", gpu->err.msg);
+    free(ic);
+    free(ig);
+    dbuf_free(&bl);
+    dbuf_free(&bi);
+    dbuf_free(&bw);
 }
 
 // ---------------------------------------------------------------------------
@@ -129,7 +164,15 @@ struct moe_in {
     int32_t *ids;
     float *weights;
     struct dbuf bg, bu, bd, bx, bi, bw;
+    // gpt-oss's extensions (moe_in_oai): act, and the per-expert biases
+    // (gb, ub [n_expert][n_ff], db [n_expert][n_embd]) or NULL.
+    enum moe_act act;
+    float *gb, *ub, *db;
+    struct dbuf bgb, bub, bdb;
 };
+
+#define OAI_ALPHA 1.702f // gpt-oss's
+#define OAI_LIMIT 0.5f   // below gpt-oss's 7: a limit the test's values cross
 
 static void moe_in_make(struct moe_in *in, const struct moe_case *c) {
     memset(in, 0, sizeof *in);
@@ -152,7 +195,8 @@ static void moe_in_make(struct moe_in *in, const struct moe_case *c) {
     struct dbuf bl = dbuf_new(logits, (size_t)c->n_tok * c->n_expert * sizeof(float));
     struct dbuf bi = dbuf_new(NULL, (size_t)c->n_tok * c->k * sizeof(int32_t));
     struct dbuf bw = dbuf_new(NULL, (size_t)c->n_tok * c->k * sizeof(float));
-    OK(cpu, cpu->ops->moe_route(cpu, bi.c, bw.c, bl.c, c->n_tok, c->n_expert, c->k, true));
+    OK(cpu, cpu->ops->moe_route(cpu, bi.c, bw.c, bl.c, c->n_tok, c->n_expert, c->k,
+                                MOE_GATING_SOFTMAX_RENORM));
     in->ids = dl(cpu, bi.c, bi.bytes);
     in->weights = dl(cpu, bw.c, bw.bytes);
     OK(gpu, gpu->ops->upload(gpu, bi.g, in->ids, bi.bytes));
@@ -161,6 +205,29 @@ static void moe_in_make(struct moe_in *in, const struct moe_case *c) {
     in->bw = bw;
     dbuf_free(&bl);
     free(logits);
+}
+
+// gpt-oss's values: rows of normal floats of sigma amp, or zeros (amp 0).
+static float *bias_array(size_t n, float amp) {
+    float *v = amp > 0.0f ? nrand_array(n, amp) : calloc(n, sizeof(float));
+    cr_assert_not_null(v);
+    return v;
+}
+
+// Switches a case's inputs to swiglu_oai (oai) and per-expert biases of
+// sigma bias_amp (0: zeros; negative: none).
+static void moe_in_oai(struct moe_in *in, bool oai, float bias_amp) {
+    const struct moe_case *c = in->c;
+    in->act = oai ? MOE_ACT_SWIGLU_OAI : MOE_ACT_SWIGLU;
+    if (bias_amp < 0.0f)
+        return;
+    const size_t n_gu = (size_t)c->n_expert * c->n_ff, n_dn = (size_t)c->n_expert * c->n_embd;
+    in->gb = bias_array(n_gu, bias_amp);
+    in->ub = bias_array(n_gu, bias_amp);
+    in->db = bias_array(n_dn, bias_amp);
+    in->bgb = dbuf_new(in->gb, n_gu * sizeof(float));
+    in->bub = dbuf_new(in->ub, n_gu * sizeof(float));
+    in->bdb = dbuf_new(in->db, n_dn * sizeof(float));
 }
 
 static void moe_in_free(struct moe_in *in) {
@@ -176,6 +243,14 @@ static void moe_in_free(struct moe_in *in) {
     free(in->x);
     free(in->ids);
     free(in->weights);
+    if (in->gb) {
+        dbuf_free(&in->bgb);
+        dbuf_free(&in->bub);
+        dbuf_free(&in->bdb);
+        free(in->gb);
+        free(in->ub);
+        free(in->db);
+    }
 }
 
 // moe_ffn on one backend over n_tok tokens starting at token t0 of the
@@ -194,7 +269,7 @@ static float *moe_run(struct backend *be, const struct moe_in *in, int t0, int n
     OK(be, be->ops->alloc(be, out_bytes, (void **)&out));
     OK(be, be->ops->alloc(be, BACKEND_MOE_TMP(n_tok, c->k, c->n_embd, c->n_ff) * sizeof(float),
                           (void **)&tmp));
-    const struct moe_args a = {
+    struct moe_args a = {
         .out = out,
         .x = (const float *)(g ? in->bx.g : in->bx.c) + (size_t)t0 * c->n_embd,
         .ids = (const int32_t *)(g ? in->bi.g : in->bi.c) + (size_t)t0 * c->k,
@@ -206,7 +281,15 @@ static float *moe_run(struct backend *be, const struct moe_in *in, int t0, int n
         .k = c->k,
         .n_tok = n_tok,
         .tmp = tmp,
+        .act = in->act,
+        .alpha = OAI_ALPHA,
+        .limit = OAI_LIMIT,
     };
+    if (in->gb) {
+        a.gate_b = g ? in->bgb.g : in->bgb.c;
+        a.up_b = g ? in->bub.g : in->bub.c;
+        a.down_b = g ? in->bdb.g : in->bdb.c;
+    }
     OK(be, be->ops->moe_ffn(be, &a));
     float *h = dl(be, out, out_bytes);
     be->ops->free(be, out);
@@ -226,19 +309,42 @@ static double amax32(const float *v, int64_t i) {
     return m;
 }
 
+// The activation h = act(g, u) and its slopes dh/dg, dh/du, for g and u
+// known within eg and eu. swiglu_oai: a value cut by a limit with a margin
+// above its error has slope 0; one within its error of a limit the slope on
+// the inner side (the larger). *clamped counts the values a limit cut.
+static double act_slopes(enum moe_act act, double g, double u, double eg, double eu, double *dg,
+                         double *du, int *clamped) {
+    if (act == MOE_ACT_SWIGLU) {
+        const double sg = 1.0 / (1.0 + exp(-g));
+        *dg = sg * (1.0 + g * (1.0 - sg)) * u;
+        *du = silu(g);
+        return silu(g) * u;
+    }
+    const double a = OAI_ALPHA, l = OAI_LIMIT;
+    const double x = g < l ? g : l, y = u < -l ? -l : u > l ? l : u;
+    *clamped += (g > l) + (y != u);
+    const double s = 1.0 / (1.0 + exp(-a * x));
+    *dg = g < l + eg ? (s + a * x * s * (1.0 - s)) * (y + 1.0) : 0.0;
+    *du = fabs(u) < l + eu ? x * s : 0.0;
+    return x * s * (y + 1.0);
+}
+
 // Per output: the condition M (sum over slots of |w| times the absolute
-// down-projection dot, plus the first-order effect of |gate| and |up|
-// dot magnitudes through swiglu) and Q, the same sum with each matmul's
-// magnitudes replaced by the worst q8_1 rounding of its activations (half a
-// step, amax/254, per element, all aligned).
-static void moe_bounds(const struct moe_in *in, const float *gd, const float *ud, const float *dd,
-                       double *M, double *Q) {
+// down-projection dot and bias, plus the first-order effect of |gate| and
+// |up| dot and bias magnitudes through the activation) and Q, the same sum
+// with each matmul's magnitudes replaced by the worst q8_1 rounding of its
+// activations (half a step, amax/254, per element, all aligned). Returns the
+// number of values swiglu_oai's limits cut.
+static int moe_bounds(const struct moe_in *in, const float *gd, const float *ud, const float *dd,
+                      double *M, double *Q) {
     const struct moe_case *c = in->c;
     const int E = c->n_embd, F = c->n_ff;
     double *h = malloc(sizeof(double) * F), *hm = malloc(sizeof(double) * F),
            *hq = malloc(sizeof(double) * F);
     float *hf = malloc(sizeof(float) * ((size_t)F + 32));
     double *xa = malloc(sizeof(double) * E), *ha = malloc(sizeof(double) * F);
+    int clamped = 0;
     for (int t = 0; t < c->n_tok; t++) {
         const float *x = in->x + (size_t)t * E;
         for (int i = 0; i < E; i++)
@@ -250,7 +356,9 @@ static void moe_bounds(const struct moe_in *in, const float *gd, const float *ud
             const double w = fabs(in->weights[t * c->k + j]);
             for (int f = 0; f < F; f++) {
                 const float *gr = gd + ((size_t)e * F + f) * E, *ur = ud + ((size_t)e * F + f) * E;
-                double gs = 0, us = 0, gm = 0, um = 0, gq = 0, uq = 0;
+                double gs = in->gb ? in->gb[(size_t)e * F + f] : 0.0;
+                double us = in->ub ? in->ub[(size_t)e * F + f] : 0.0;
+                double gm = fabs(gs), um = fabs(us), gq = 0, uq = 0;
                 for (int i = 0; i < E; i++) {
                     gs += (double)gr[i] * x[i];
                     us += (double)ur[i] * x[i];
@@ -259,17 +367,20 @@ static void moe_bounds(const struct moe_in *in, const float *gd, const float *ud
                     gq += fabs((double)gr[i]) * xa[i];
                     uq += fabs((double)ur[i]) * xa[i];
                 }
-                const double sg = 1.0 / (1.0 + exp(-gs)), dsilu = sg * (1.0 + gs * (1.0 - sg));
-                h[f] = silu(gs) * us;
+                double dg, du;
+                // g and u within f16 rounding (the grouped GEMM) and 4x
+                // the q8_1 bound of their dots
+                h[f] = act_slopes(in->act, gs, us, 2e-3 * gm + 4.0 * gq, 2e-3 * um + 4.0 * uq, &dg,
+                                  &du, &clamped);
                 hf[f] = (float)h[f];
-                hm[f] = fabs(dsilu * us) * gm + fabs(silu(gs)) * um + fabs(h[f]);
-                hq[f] = fabs(dsilu * us) * gq + fabs(silu(gs)) * uq;
+                hm[f] = fabs(dg) * gm + fabs(du) * um + fabs(h[f]);
+                hq[f] = fabs(dg) * gq + fabs(du) * uq;
             }
             for (int f = 0; f < F; f++)
                 ha[f] = F % 32 ? 0.0 : amax32(hf, f) / 254.0;
             for (int o = 0; o < E; o++) {
                 const float *dr = dd + ((size_t)e * E + o) * F;
-                double m = 0, q = 0;
+                double m = in->db ? fabs(in->db[(size_t)e * E + o]) : 0.0, q = 0;
                 for (int f = 0; f < F; f++) {
                     m += fabs((double)dr[f]) * hm[f];
                     q += fabs((double)dr[f]) * (hq[f] + ha[f]);
@@ -285,15 +396,19 @@ static void moe_bounds(const struct moe_in *in, const float *gd, const float *ud
     free(hf);
     free(xa);
     free(ha);
+    return clamped;
 }
 
 static bool q8_type(enum ggml_type t) {
     return t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16;
 }
 
-static void run_ffn_case(const struct moe_case *c) {
+// One case against the CPU, with swiglu_oai (oai) and biases of sigma
+// bias_amp (negative: none).
+static void run_ffn_case_oai(const struct moe_case *c, bool oai, float bias_amp) {
     struct moe_in in;
     moe_in_make(&in, c);
+    moe_in_oai(&in, oai, bias_amp);
     cpu->act_q8 = gpu->act_q8 = c->act_q8;
     float *rc = moe_run(cpu, &in, 0, c->n_tok);
     float *rg = moe_run(gpu, &in, 0, c->n_tok);
@@ -302,7 +417,7 @@ static void run_ffn_case(const struct moe_case *c) {
     float *gd = dequant_all(c->t_gu, in.wg, c->n_embd, (int64_t)c->n_expert * c->n_ff);
     float *ud = dequant_all(c->t_gu, in.wu, c->n_embd, (int64_t)c->n_expert * c->n_ff);
     float *dd = dequant_all(c->t_down, in.wd, c->n_ff, (int64_t)c->n_expert * c->n_embd);
-    moe_bounds(&in, gd, ud, dd, M, Q);
+    const int clamped = moe_bounds(&in, gd, ud, dd, M, Q);
     // Tolerance per output, tol = rel * M + q * Q:
     //  - f32 accumulation on both sides in different orders (the two mat-vec
     //    chains, the slot sum): a random walk of ~sqrt(n) roundings of
@@ -335,14 +450,18 @@ static void run_ffn_case(const struct moe_case *c) {
     }
     char what[200];
     snprintf(what, sizeof what,
-             "moe_ffn %s/%s n_embd %d n_ff %d, %d experts, k %d, %d tokens%s%s (%s)",
+             "moe_ffn %s/%s n_embd %d n_ff %d, %d experts, k %d, %d tokens%s%s%s%s (%s)",
              ggml_type_name(c->t_gu), ggml_type_name(c->t_down), c->n_embd, c->n_ff, c->n_expert,
              c->k, c->n_tok, c->equal ? ", equal logits" : "", c->act_q8 ? ", act_q8" : "",
+             oai ? ", swiglu_oai" : "", in.gb ? ", biases" : "",
              c->n_tok <= CUDA_MATVEC_MAX_TOK ? "expert mat-vec"
              : grouped                       ? "grouped GEMM"
                                              : "mat-vec over pairs");
-    cr_log_info("%s: worst |err| %.3g, worst err/tol %.3g", what, worst, worst_ratio);
+    cr_log_info("%s: worst |err| %.3g, worst err/tol %.3g, %d values clamped", what, worst,
+                worst_ratio, clamped);
     cr_expect_eq(fails, 0, "%s: %d of %zu outside the tolerance", what, fails, n);
+    if (oai)
+        cr_expect_gt(clamped, 0, "%s: no value reached the limit", what);
 
     // Batch invariance: a token's output is the same bits in a batch of
     // another size (the same path: decode shapes stay decode, prompt shapes
@@ -364,6 +483,10 @@ static void run_ffn_case(const struct moe_case *c) {
     free(rc);
     free(rg);
     moe_in_free(&in);
+}
+
+static void run_ffn_case(const struct moe_case *c) {
+    run_ffn_case_oai(c, false, -1.0f);
 }
 
 #define F32 GGML_TYPE_F32
@@ -398,6 +521,59 @@ Test(cuda_moe, ffn_prompt) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_ffn_case(&cases[i]);
+}
+
+// gpt-oss's experts: per-expert biases and swiglu_oai, each alone and
+// together, on every path (expert mat-vec, grouped GEMM, mat-vec over
+// pairs), k = n_expert among them.
+Test(cuda_moe, ffn_oai_biases) {
+    REQUIRE_GPU();
+    rng_seed(3206);
+    static const struct moe_case cases[] = {
+        {F32, F32, 64, 96, 8, 2, 3, false, false},  {Q80, Q80, 64, 96, 8, 4, 2, false, true},
+        {Q40, Q40, 64, 64, 4, 4, 1, false, false},  {Q4K, Q6K, 256, 256, 8, 2, 5, false, true},
+        {Q40, Q40, 64, 96, 8, 2, 20, false, true},  {Q80, Q80, 64, 64, 8, 8, 12, false, false},
+        {F16, F16, 32, 64, 8, 2, 10, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_ffn_case_oai(&cases[i], true, -1.0f);
+        run_ffn_case_oai(&cases[i], false, 0.5f);
+        run_ffn_case_oai(&cases[i], true, 0.5f);
+    }
+}
+
+// Zero biases take the unfused path (gate and up stored, then the
+// activation kernel; the down bias in the combine) and give the bits of the
+// fused path without biases, decode and prompt.
+Test(cuda_moe, ffn_zero_biases_are_the_fused_path) {
+    REQUIRE_GPU();
+    rng_seed(3207);
+    static const struct moe_case cases[] = {
+        {Q80, Q80, 64, 96, 8, 2, 3, false, true},
+        {Q4K, Q6K, 256, 256, 8, 2, 2, false, false},
+        {Q40, Q40, 64, 96, 8, 2, 20, false, true},
+        {F32, F32, 64, 32, 8, 2, 12, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const struct moe_case *c = &cases[i];
+        struct moe_in in;
+        moe_in_make(&in, c);
+        gpu->act_q8 = c->act_q8;
+        float *fused = moe_run(gpu, &in, 0, c->n_tok);
+        moe_in_oai(&in, false, 0.0f);
+        float *split = moe_run(gpu, &in, 0, c->n_tok);
+        int diff = 0;
+        for (size_t j = 0; j < (size_t)c->n_tok * c->n_embd; j++)
+            diff += memcmp(&fused[j], &split[j], sizeof(float)) != 0;
+        cr_log_info("moe_ffn %s, %d tokens: zero biases vs none: %d elements differ",
+                    ggml_type_name(c->t_gu), c->n_tok, diff);
+        cr_expect_eq(diff, 0, "%s, %d tokens: zero biases change %d elements",
+                     ggml_type_name(c->t_gu), c->n_tok, diff);
+        gpu->act_q8 = false;
+        free(fused);
+        free(split);
+        moe_in_free(&in);
+    }
 }
 
 // Expert e's matrix of a stack as a dense weight.
