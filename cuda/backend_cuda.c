@@ -341,7 +341,7 @@ static int cu_attn_sync_reserve(struct backend *be, int n) {
 static int cu_check_weight(struct backend *be, const struct backend_weight *w, const char *what) {
     if (!w || !w->data)
         return verr_set(&be->err, VERR_RANGE, "%s: weight is NULL", what);
-    // MXFP4 has a decoder in the f32 mat-vec but no q8_1 mat-vec or GEMM yet
+    // MXFP4 has decoders in the f32 and q8_1 mat-vecs but no GEMM yet
     if (!quant_type_supported(w->type) || w->type == GGML_TYPE_MXFP4)
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "%s: weight type %s is not supported by the "
