@@ -46,7 +46,8 @@ struct lc_case {
     // overrides of mkmodel_config_default (0: keep the default)
     enum mkmodel_arch arch;
     int n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, n_rot, n_ctx;
-    enum ggml_type type; // every matrix; omitted: 0, GGML_TYPE_F32
+    enum ggml_type type;     // every matrix; omitted: 0, GGML_TYPE_F32
+    enum ggml_type type_ffn; // the feed-forward's matrices where not 0 (F32): --type-ffn
     enum mkmodel_mix mix;
     bool tied;
     enum mkmodel_rope_scaling scaling;
@@ -179,6 +180,20 @@ static const struct lc_case lc_cases[] = {
     // attn_k / attn_v and Q5_K attn_output
     {"qwen3moe_q4_k_m", "--arch qwen3moe " LC_WIDE_FLAGS " --n-expert 8 --mix q4_k_m", LC_W_QK,
      GGML_TYPE_F32, false, LC_ARCH(QWEN3MOE), LC_WIDE, .mix = MKMODEL_MIX_Q4_K_M, .n_expert = 8},
+    // gpt-oss (issue #35): attention sinks, layer 0 local (window 8 < 32
+    // tokens, the global layers' RoPE), Q/K/V/output biases, the router's
+    // bias and a softmax over its top-k logits, experts with biases and
+    // swiglu_oai; heads of 64 as the real model's (4 x 64 != n_embd). The
+    // second: MXFP4 experts (llama.cpp's Q8_0 activations), YaRN.
+    {"gptoss_f32",
+     "--arch gpt-oss " LC_SMALL_FLAGS(4, 2) " --head-dim 64 --n-expert 8 --sliding-window 8",
+     LC_EXACT_F32, GGML_TYPE_F32, false, LC_ARCH(GPTOSS), LC_SMALL(4, 2), .head_dim = 64,
+     .sliding_window = 8, .n_expert = 8},
+    {"gptoss_yarn_mxfp4",
+     "--arch gpt-oss " LC_WIDE_FLAGS " --head-dim 64 --n-expert 8 --sliding-window 8 "
+     "--type-ffn mxfp4 " LC_YARN_FLAGS,
+     LC_W_Q8, GGML_TYPE_F32, false, LC_ARCH(GPTOSS), LC_WIDE, .head_dim = 64,
+     .type_ffn = GGML_TYPE_MXFP4, LC_YARN, .sliding_window = 8, .n_expert = 8},
 };
 #define LC_N_CASES ((int)(sizeof lc_cases / sizeof lc_cases[0]))
 
@@ -196,6 +211,8 @@ static inline void lc_case_config(const struct lc_case *c, struct mkmodel_config
     if (c->n_ctx)
         cfg->n_ctx = c->n_ctx;
     cfg->type = c->type;
+    if (c->type_ffn != GGML_TYPE_F32)
+        cfg->type_ffn = (int)c->type_ffn;
     cfg->mix = c->mix;
     cfg->tied = c->tied;
     cfg->rope_scaling = c->scaling;
