@@ -811,8 +811,7 @@ static const struct flag rows[] = {
      "tokens per forward pass when processing a prompt (default: 512)", "VELA_ARG_BATCH",
      INT(am.n_batch, 1, 1L << 20)},
     {CLI_MODEL, SEC_MODEL, "-ctk, --cache-type-k", "T",
-     "KV cache type for K: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (default: f16; "
-     "the quantized ones on the CPU backend so far)",
+     "KV cache type for K: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (default: f16)",
      "VELA_ARG_CACHE_TYPE_K",
      ENUM(am.type_k, cache_types,
           "a cache type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)")},
