@@ -36,9 +36,6 @@
 // the GPU, blockIdx.z splits the cells into n_split ranges; each writes its
 // unnormalized accumulators with (m, l) to scratch and attn_combine_kernel
 // merges them. A row with no visible cell gets zeros (l == 0).
-// Sinks (cuda_attn.sinks): every kernel joins a row's sink to its softmax
-// once, where it normalizes the row (unsplit: at the end of the kernel;
-// split: in the combine), cuda/attention_sink.cuh.
 // The plan (chunk) is a function of round_up(n_kv, CUDA_ATTN_PLAN_CELLS), not
 // of n_kv: two calls whose n_kv round to the same value and whose extra cells
 // are empty walk the same tiles in the same order (extra splits find nothing
@@ -63,7 +60,6 @@
 
 #include "cuda/attention.h"
 #include "cuda/attention_decode.h"
-#include "cuda/attention_sink.cuh"
 #include "cuda/kv_quant.cuh"
 #include "cuda/q8_1.cuh"
 
@@ -393,9 +389,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS, SE ? 4 : 0)
         const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
         const size_t th = (size_t)t * a.n_head + h;
         if (n_split == 1) {
-            float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
-            if (a.sinks && l[k] > 0.0f)
-                inv = attn_sink_inv<false>(m[k], l[k], a.sinks[h]);
+            const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
 #pragma unroll
             for (int i = 0; i < ATTN_DV_LANE; i++) {
                 const int d = lane + VELA_WARP * i;
@@ -423,14 +417,12 @@ __global__ static void __launch_bounds__(ATTN_THREADS, SE ? 4 : 0)
     }
 }
 
-// One block per (token, head): merges the n_split partial results, then
-// joins the head's sink (sinks: [n_head] or NULL).
+// One block per (token, head): merges the n_split partial results.
 // xq (or NULL, DV % 32 == 0): the output also as q8_1 blocks, as attn_kernel.
 __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
     attn_combine_kernel(float *__restrict__ out /* [n_tok*n_head][DV] */,
                         const float *__restrict__ part_acc, const float *__restrict__ part_ml,
-                        int n_split, int DV, uint8_t *__restrict__ xq,
-                        const float *__restrict__ sinks, int n_head) {
+                        int n_split, int DV, uint8_t *__restrict__ xq) {
     const size_t th = blockIdx.x;
     const float *ml = part_ml + th * n_split * 2;
     float mx = -INFINITY;
@@ -441,9 +433,7 @@ __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
         for (int s = 0; s < n_split; s++)
             if (ml[2 * s] != -INFINITY)
                 sum += ml[2 * s + 1] * expf(ml[2 * s] - mx);
-    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    if (sinks && sum > 0.0f)
-        inv = attn_sink_inv<false>(mx, sum, sinks[th % n_head]);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int d = threadIdx.x; d < DV; d += ATTN_COMBINE_THREADS) {
         float o = 0.0f;
         if (sum > 0.0f)
@@ -817,9 +807,7 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS, (SE && BK == 32) ? 4 :
     if (gr < n_rows) {
         const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
         const size_t th = (size_t)t * a.n_head + h;
-        float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        if (a.sinks && l > 0.0f)
-            inv = attn_sink_inv<false>(m, l, a.sinks[h]);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int d = hf; d < DV; d += 2)
             a.out[th * DV + d] = oRow[d] * inv;
     }
@@ -1099,7 +1087,7 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
         return rc;
     attn_combine_kernel<<<(unsigned int)((int64_t)a->n_tok * a->n_head), ATTN_COMBINE_THREADS, 0,
                           stream>>>(a->out, part_acc, part_ml, p.n_split, a->head_dim_v,
-                                    (uint8_t *)a->xq, a->sinks, a->n_head);
+                                    (uint8_t *)a->xq);
     VELA_CHECK_LAUNCH(err, "attn_combine_kernel");
     return VERR_OK;
 }

@@ -47,10 +47,6 @@ struct cuda_attn {
     // rotates its K tile once per distinct G.
     const int32_t *q_se; // [n_tok][2] or NULL
     struct cuda_rope rope;
-    // NULL, or one logit per query head in every row's softmax denominator
-    // (device memory; struct attn_args.sinks): joined where a row's output
-    // is normalized (cuda/attention_sink.cuh), after any split's combine.
-    const float *sinks; // [n_head] or NULL
     // Split-K plan of the SIMT kernel (decode): aim for split_blocks_per_sm
     // blocks per multiprocessor, each split at least split_min_cells cells
     // (a multiple of 8); 0: CUDA_ATTN_SPLIT_BLOCKS_PER_SM and

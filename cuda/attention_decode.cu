@@ -46,14 +46,12 @@
 // split's acc / l equals its combine with empty ones. So calls whose n_kv
 // round to the same value and whose extra cells are empty give the same bits.
 // Mask: as attn_kernel (attention.cu's top comment). A row with no visible
-// cell gets zeros. Sinks: joined in attn_dec_store, once per row (unsplit,
-// or after the splits' combine).
+// cell gets zeros.
 #include <atomic>
 #include <limits.h>
 
 #include "cuda/attention_args.h"
 #include "cuda/attention_decode.h"
-#include "cuda/attention_sink.cuh"
 #include "cuda/attention_widen.cuh"
 #include "cuda/kv_quant.cuh"
 #include "cuda/q8_1.cuh"
@@ -99,13 +97,12 @@ static __device__ __forceinline__ void attn_dec_merge(float &m, float &l, float 
 
 // Element d of row th (token * n_head + head) merged over the n_split
 // partial results in split order, empty splits (m -inf) skipped; the
-// splits' max in *m_out and the weights' sum (relative to it) in *l_out.
-// Every split's results are read through L2 (__ldcg): other blocks wrote
-// them in this launch.
+// weights' sum in *l_out. Every split's results are read through L2
+// (__ldcg): other blocks wrote them in this launch.
 static __device__ __forceinline__ float attn_dec_combine_row(const float *part_acc,
                                                              const float *part_ml, size_t th,
                                                              int n_split, int DV, int d,
-                                                             float *m_out, float *l_out) {
+                                                             float *l_out) {
     // unrolled so that several splits' loads are in flight at once
     const float *ml = part_ml + th * n_split * 2;
     float mx = -INFINITY;
@@ -127,18 +124,14 @@ static __device__ __forceinline__ float attn_dec_combine_row(const float *part_a
             first = false;
         }
     }
-    *m_out = mx;
     *l_out = l;
     return o;
 }
 
-// One output element: out (and the q8_1 copy, whole warps: DV % 32 == 0)
-// from the row's merged state (m in base 2), with its head's sink joined.
+// One output element: out (and the q8_1 copy, whole warps: DV % 32 == 0).
 static __device__ __forceinline__ void attn_dec_store(const struct cuda_attn &a, size_t th, int DV,
-                                                      int d, float o, float m, float l) {
-    float v = l > 0.0f ? o * (1.0f / l) : 0.0f;
-    if (a.sinks && l > 0.0f)
-        v = o * attn_sink_inv<true>(m, l, a.sinks[th % a.n_head] * ATTN_DEC_LOG2E);
+                                                      int d, float o, float l) {
+    const float v = l > 0.0f ? o * (1.0f / l) : 0.0f;
     a.out[th * DV + d] = v;
     if (a.xq)
         q8_1_store_warp((uint8_t *)a.xq + (th * DV + d) / 32 * Q8_1_BLOCK_BYTES, v,
@@ -372,7 +365,7 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
             attn_dec_merge<1>(mx, lw, o, sM[w][r], sL[w][r], ob);
         }
         if (n_split == 1) {
-            attn_dec_store(a, th0 + r, D, d, o[0], mx, lw);
+            attn_dec_store(a, th0 + r, D, d, o[0], lw);
         } else {
             const size_t ps = (th0 + r) * n_split + split;
             part_acc[ps * D + d] = o[0];
@@ -398,9 +391,9 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
         atomicExch(ctr, 0u); // zero again for the next launch
     for (int idx = tid; idx < nr * D; idx += ATTN_DEC_THREADS) {
         const int r = idx / D, d = idx % D;
-        float mw, lw;
-        const float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &mw, &lw);
-        attn_dec_store(a, th0 + r, D, d, o, mw, lw);
+        float lw;
+        const float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
+        attn_dec_store(a, th0 + r, D, d, o, lw);
     }
 }
 
@@ -416,9 +409,9 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
     const size_t th0 = (size_t)t * a.n_head + h0;
     for (int idx = threadIdx.x; idx < nr * D; idx += ATTN_DEC_THREADS) {
         const int r = idx / D, d = idx % D;
-        float mw, lw;
-        const float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &mw, &lw);
-        attn_dec_store(a, th0 + r, D, d, o, mw, lw);
+        float lw;
+        const float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
+        attn_dec_store(a, th0 + r, D, d, o, lw);
     }
 }
 

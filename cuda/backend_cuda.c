@@ -341,7 +341,7 @@ static int cu_attn_sync_reserve(struct backend *be, int n) {
 static int cu_check_weight(struct backend *be, const struct backend_weight *w, const char *what) {
     if (!w || !w->data)
         return verr_set(&be->err, VERR_RANGE, "%s: weight is NULL", what);
-    // MXFP4 has decoders in the f32 and q8_1 mat-vecs but no GEMM yet
+    // MXFP4 has a decoder in the f32 mat-vec but no q8_1 mat-vec or GEMM yet
     if (!quant_type_supported(w->type) || w->type == GGML_TYPE_MXFP4)
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "%s: weight type %s is not supported by the "
@@ -711,6 +711,8 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
+    if (a->sinks)
+        return verr_set(&be->err, VERR_UNSUPPORTED, "attention: sinks");
     if (!cu_is_cache_type(a->type_k) || !cu_is_cache_type(a->type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "attention: cache types %s/%s (a float or quantized cache type)",
@@ -745,7 +747,6 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
         .head_dim_v = a->head_dim_v,
         .scale = a->scale,
         .window = a->window,
-        .sinks = a->sinks,
         .split_blocks_per_sm = cb->attn_split_blocks_per_sm,
         .split_min_cells = cb->attn_split_min_cells,
         .decode = cb->attn_decode,

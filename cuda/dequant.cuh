@@ -126,17 +126,17 @@ static __host__ __device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32
 #endif
 }
 
-// The int8 levels of the 8 nibbles of a word q of qs bytes from a 16-entry
-// table t (levels 0..3 in t0's bytes 0..3, ... 12..15 in t3's), as two
-// words of 4 signed bytes: lo holds the levels of the low nibbles of q's
-// bytes 0..3, hi those of the high nibbles. The table is 4 immediate words
-// (registers on the device, no table in local or constant memory);
-// llama.cpp's get_int_from_table_16: nibble n picks level n & 7 from each
-// half of the table (__byte_perm uses 3 bits of a selector nibble), and its
-// bit 3 which of the two.
-static __host__ __device__ __forceinline__ void levels8(uint32_t q, uint32_t t0, uint32_t t1,
-                                                        uint32_t t2, uint32_t t3, uint32_t *lo,
-                                                        uint32_t *hi) {
+// IQ4_NL / IQ4_XS: the int8 levels (gguf/quant.h, quant_iq4_levels) of the 8
+// nibbles of a word q of qs bytes, as two words of 4 signed bytes: lo holds
+// the levels of the low nibbles of q's bytes 0..3, hi those of the high
+// nibbles. The 16 levels are 4 immediate words (registers on the device, no
+// table in local or constant memory); llama.cpp's get_int_from_table_16:
+// nibble n picks level n & 7 from each half of the table (__byte_perm uses 3
+// bits of a selector nibble), and its bit 3 which of the two.
+static __host__ __device__ __forceinline__ void iq4_levels8(uint32_t q, uint32_t *lo,
+                                                            uint32_t *hi) {
+    // -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113
+    const uint32_t t0 = 0xbfad9881u, t1 = 0xf6eaddcfu, t2 = 0x26190d01u, t3 = 0x71594535u;
     // Per nibble i of q: byte i % 4 of the low half's pick (0..3) or of the
     // high half's (4..7).
     const uint32_t sel = 0x32103210u | ((q & 0x88888888u) >> 1);
@@ -146,21 +146,6 @@ static __host__ __device__ __forceinline__ void levels8(uint32_t q, uint32_t t0,
     const uint32_t b = byte_perm(byte_perm(t0, t1, q >> 16), byte_perm(t2, t3, q >> 16), sel >> 16);
     *lo = byte_perm(a, b, 0x6420u);
     *hi = byte_perm(a, b, 0x7531u);
-}
-
-// IQ4_NL / IQ4_XS: levels8 with gguf/quant.h's quant_iq4_levels.
-static __host__ __device__ __forceinline__ void iq4_levels8(uint32_t q, uint32_t *lo,
-                                                            uint32_t *hi) {
-    // -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113
-    levels8(q, 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u, lo, hi);
-}
-
-// MXFP4: levels8 with the doubled E2M1 values (gguf/quant.h's
-// quant_mxfp4_levels).
-static __host__ __device__ __forceinline__ void mxfp4_levels8(uint32_t q, uint32_t *lo,
-                                                              uint32_t *hi) {
-    // 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12
-    levels8(q, 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu, lo, hi);
 }
 
 // IQ4_XS group g's (0..7) signed scale (gguf/quant.h, quant_iq4_xs_scale)
@@ -288,8 +273,7 @@ __host__ __device__ __forceinline__ void dequant_sub32<GGML_TYPE_Q2_K>(const uin
     const float d = f16_bits_to_f32((uint16_t)(dm & 0xffffu));
     const float dmin = f16_bits_to_f32((uint16_t)(dm >> 16));
     const uint32_t sc2 = ld_u16(b + 2 * j); // the scale bytes of groups 2j, 2j + 1
-    const float d0 = mul_rn(d, (float)(sc2 & 0x0fu)),
-                m0 = mul_rn(dmin, (float)((sc2 >> 4) & 0x0fu));
+    const float d0 = mul_rn(d, (float)(sc2 & 0x0fu)), m0 = mul_rn(dmin, (float)((sc2 >> 4) & 0x0fu));
     const float d1 = mul_rn(d, (float)((sc2 >> 8) & 0x0fu)), m1 = mul_rn(dmin, (float)(sc2 >> 12));
     uint32_t q[8];
     ld_words_a4<8>(b + 16 + 32 * h, q);
@@ -397,7 +381,8 @@ VELA_UNROLL
 
 // A group of 32 of IQ4_NL's layout, its 16 quant bytes in q[4]: element l
 // (< 16) is dl * level[byte l & 15], element l + 16 dl * level[byte l >> 4].
-static __host__ __device__ __forceinline__ void iq4_sub32(const uint32_t q[4], float dl, float *v) {
+static __host__ __device__ __forceinline__ void iq4_sub32(const uint32_t q[4], float dl,
+                                                          float *v) {
 VELA_UNROLL
     for (int k = 0; k < 4; k++) {
         uint32_t lo, hi;

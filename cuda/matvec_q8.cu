@@ -61,9 +61,7 @@
 // IQ4_NL / IQ4_XS: each nibble becomes its int8 level (-127..113) by byte
 // permutes of the 16 levels held in 4 registers (dequant.cuh, iq4_levels8:
 // 8 nibbles in 8 __byte_perm), so __dp4a sees the levels themselves; signed,
-// no activation sum. MXFP4 the same with its doubled E2M1 levels (-12..12,
-// mxfp4_levels8) and the E8M0 scale; its 17-byte blocks are staged and read
-// a byte at a time where they are not 2-byte aligned.
+// no activation sum.
 #include "cuda/dequant.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/matvec_q8.h"
@@ -124,10 +122,9 @@ extern "C" int cuda_quantize_q8_1(void *xq, const float *x, int n_tok, int64_t n
 // ---------------------------------------------------------------------------
 // shared helpers
 
-// Copies nbytes from global src to shared dst (16-byte aligned) with the
-// warp: the widest unit that src and nbytes allow (bytes for MXFP4's odd
-// rows), lanes on consecutive units (coalesced), up to 4 loads in flight per
-// lane.
+// Copies nbytes (even) from global src (2-byte aligned) to shared dst
+// (16-byte aligned) with the warp: the widest unit that src and nbytes allow,
+// lanes on consecutive units (coalesced), up to 4 loads in flight per lane.
 template <typename U>
 static __device__ __forceinline__ void
 warp_copy_units(uint8_t *__restrict__ dst, const uint8_t *__restrict__ src, int n, int lane) {
@@ -155,10 +152,8 @@ static __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *sr
         warp_copy_units<uint2>(dst, src, nbytes / 8, lane);
     else if ((a & 3u) == 0)
         warp_copy_units<uint32_t>(dst, src, nbytes / 4, lane);
-    else if ((a & 1u) == 0)
-        warp_copy_units<uint16_t>(dst, src, nbytes / 2, lane);
     else
-        warp_copy_units<uint8_t>(dst, src, nbytes, lane);
+        warp_copy_units<uint16_t>(dst, src, nbytes / 2, lane);
 }
 
 // NW little-endian words starting at a 2-byte aligned shared address: aligned
@@ -208,7 +203,7 @@ template <int T> struct mvq_traits {
         T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1 ||
         T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q2_K || T == GGML_TYPE_Q3_K || T == GGML_TYPE_Q4_K ||
         T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K || T == GGML_TYPE_IQ4_NL ||
-        T == GGML_TYPE_IQ4_XS || T == GGML_TYPE_MXFP4;
+        T == GGML_TYPE_IQ4_XS;
     // Sub-blocks per weight block.
     static constexpr int subs = qtype<T>::block / 32;
     static constexpr bool has_min =
@@ -262,21 +257,13 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w
         sh_words<8>(p + 2, (uint32_t *)o->v);
         o->a = sh_f16(p);
         o->b = 0.0f;
-    } else if (T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS || T == GGML_TYPE_MXFP4) {
+    } else if (T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS) {
         // Group j's 16 quant bytes: words k of elements 4k..4k+3 (low
         // nibbles) and 16 + 4k.. (high nibbles).
         uint32_t q[4];
         if (T == GGML_TYPE_IQ4_NL) {
             sh_words<4>(p + 2, q);
             o->a = sh_f16(p);
-        } else if (T == GGML_TYPE_MXFP4) {
-            // e@0, qs[16]@1: 17-byte blocks sit at any byte offset of the
-            // staged chunk, so byte loads.
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                q[k] = (uint32_t)p[1 + 4 * k] | (uint32_t)p[2 + 4 * k] << 8 |
-                       (uint32_t)p[3 + 4 * k] << 16 | (uint32_t)p[4 + 4 * k] << 24;
-            o->a = e8m0_half_to_f32(p[0]);
         } else { // a super-block starts at 0 or 8 mod 16 in the staged chunk
             const uint2 h = *(const uint2 *)p; // d | scales_h << 16, scales_l[4]
             const uint2 q01 = *(const uint2 *)(p + 8 + 16 * j);
@@ -292,10 +279,7 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             uint32_t lo, hi;
-            if (T == GGML_TYPE_MXFP4)
-                mxfp4_levels8(q[k], &lo, &hi);
-            else
-                iq4_levels8(q[k], &lo, &hi);
+            iq4_levels8(q[k], &lo, &hi);
             o->v[k] = (int)lo;
             o->v[k + 4] = (int)hi;
         }
@@ -1038,8 +1022,7 @@ extern "C" int cuda_matvec_q8_kernel(enum ggml_type type, int64_t n_in, int n_to
         else
             return mvq_kernel_for<T>(n_tok, n_in, plan);
     };
-    return type == GGML_TYPE_MXFP4 ? pick(std::integral_constant<int, GGML_TYPE_MXFP4>())
-                                   : VELA_DISPATCH_QTYPE(type, pick, CUDA_MVQ_PASS);
+    return VELA_DISPATCH_QTYPE(type, pick, CUDA_MVQ_PASS);
 }
 
 // Row pairs per block of the pipelined kernel: the pairs spread over
@@ -1230,9 +1213,7 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
             return VERR_OK;
         }
     };
-    // MXFP4 is in no other kernel's VELA_DISPATCH_QTYPE yet (cuda/matvec.cu).
-    return type == GGML_TYPE_MXFP4 ? run(std::integral_constant<int, GGML_TYPE_MXFP4>())
-                                   : VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);
+    return VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);
 }
 
 extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,

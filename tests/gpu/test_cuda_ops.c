@@ -1126,11 +1126,6 @@ struct attn_case {
     int window; // sliding window (attn_args.window); 0: none
 };
 
-// Sinks of attn_check_sinks' calls (head h takes [h % 8]): one far above any
-// score (the row is almost all sink), ones near the log of a row's weight
-// sum, zero, ones far below.
-static const float attn_sink_logits[8] = {6.0f, 2.0f, 0.0f, -1.5f, -30.0f, 20.0f, 3.25f, 1.0f};
-
 // Added to the f32 tolerance for cases that run on tensor cores (see
 // attn_check_case), relative to max|v|.
 #define ATTN_TC_REL_TOL 2e-3
@@ -1227,9 +1222,8 @@ static void attn_q8_follow(const struct attn_case *c, const struct attn_args *ag
 }
 
 // Runs one case on both backends and checks the outputs; returns the worst
-// error relative to max|v|. q8_follow: also attn_q8_follow where it applies;
-// with_sinks: the calls take attn_sink_logits as their sinks.
-static double attn_check_sinks(const struct attn_case *c, bool q8_follow, bool with_sinks) {
+// error relative to max|v|. q8_follow: also attn_q8_follow where it applies.
+static double attn_check_case(const struct attn_case *c, bool q8_follow) {
     {
         const int n_tok = c->n_tok, n_kv = c->n_kv;
         const int seq_words = (c->n_seq + 63) / 64;
@@ -1283,10 +1277,6 @@ static double attn_check_sinks(const struct attn_case *c, bool q8_follow, bool w
         struct dbuf bqs = dbuf_new(q_seq, (size_t)n_tok * sizeof(int32_t));
         const size_t no = (size_t)n_tok * c->n_head * c->head_dim_v;
         struct dbuf bo = dbuf_new(NULL, no * sizeof(float));
-        float *sinks = malloc((size_t)c->n_head * sizeof *sinks);
-        for (int h = 0; h < c->n_head; h++)
-            sinks[h] = attn_sink_logits[h % 8];
-        struct dbuf bsk = dbuf_new(sinks, (size_t)c->n_head * sizeof *sinks);
         struct attn_args ac = {
             .out = bo.c,
             .q = bq.c,
@@ -1307,10 +1297,8 @@ static double attn_check_sinks(const struct attn_case *c, bool q8_follow, bool w
             .head_dim_v = c->head_dim_v,
             .scale = 1.0f / sqrtf((float)c->head_dim),
             .window = c->window,
-            .sinks = with_sinks ? bsk.c : NULL,
         };
         struct attn_args ag = ac;
-        ag.sinks = with_sinks ? bsk.g : NULL;
         ag.out = bo.g;
         ag.q = bq.g;
         ag.k = bk.g;
@@ -1336,10 +1324,6 @@ static double attn_check_sinks(const struct attn_case *c, bool q8_follow, bool w
         // 3e-5 max|v|. The n_kv-term sums of weights and of weighted V rows
         // add a random walk of sqrt(n_kv) roundings: 8 sqrt(n_kv) 2^-24 max|v|.
         // A mask, GQA or split-merge error moves outputs by O(max|v| / #vis).
-        // With sinks the output is that combination times a factor <= 1 (the
-        // sink's share of the denominator taken out), the same bounds; a sink
-        // missed, joined once per split or of another head moves it by far
-        // more where the sink is near the log of the row's weight sum.
         float vmax = 0.0f;
         for (size_t i = 0; i < nv; i++) {
             const float a = c->tv == GGML_TYPE_F16 ? fabsf(quant_fp16_to_f32(((uint16_t *)v)[i]))
@@ -1363,10 +1347,10 @@ static double attn_check_sinks(const struct attn_case *c, bool q8_follow, bool w
         if (attn_case_on_tensor_cores(c))
             atol += ATTN_TC_REL_TOL * vmax;
         char what[160];
-        snprintf(
-            what, sizeof what, "attention %s: toks %d kv %d heads %d/%d hd %d/%d %s/%s window %d%s",
-            c->note, n_tok, n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v,
-            ggml_type_name(c->tk), ggml_type_name(c->tv), c->window, with_sinks ? " sinks" : "");
+        snprintf(what, sizeof what,
+                 "attention %s: toks %d kv %d heads %d/%d hd %d/%d %s/%s window %d", c->note, n_tok,
+                 n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v, ggml_type_name(c->tk),
+                 ggml_type_name(c->tv), c->window);
         check_close(what, rc, rg, no, NULL, atol, 0.0);
         if (q8_follow && n_tok <= CUDA_MATVEC_MAX_TOK && c->head_dim_v % 32 == 0)
             attn_q8_follow(c, &ag);
@@ -1386,8 +1370,6 @@ static double attn_check_sinks(const struct attn_case *c, bool q8_follow, bool w
         dbuf_free(&bqp);
         dbuf_free(&bqs);
         dbuf_free(&bo);
-        dbuf_free(&bsk);
-        free(sinks);
         free(q);
         free(kf);
         free(vf);
@@ -1399,10 +1381,6 @@ static double attn_check_sinks(const struct attn_case *c, bool q8_follow, bool w
         free(q_seq);
         return worst;
     }
-}
-
-static double attn_check_case(const struct attn_case *c, bool q8_follow) {
-    return attn_check_sinks(c, q8_follow, false);
 }
 
 Test(cuda, attention) {
@@ -1606,49 +1584,6 @@ Test(cuda, attention_decode_kernels) {
     gpu->act_q8 = true;
     for (size_t ci = 0; ci < sizeof attn_dec_cases / sizeof attn_dec_cases[0]; ci++)
         attn_check_case(&attn_dec_cases[ci], true);
-    gpu->act_q8 = false;
-}
-
-// Attention sinks (attn_args.sinks) on every kernel: attn_dec_kernel
-// unsplit and split (its fused combine), attn_kernel unsplit, split (its
-// combine kernel) and in prefill, attn_tc_kernel; GQA and MHA, windows,
-// rows that see nothing (the random layouts), against the CPU backend
-// (itself checked against a float64 formula in tests/test_attention_sinks.c)
-// through each decode kernel (the variant switch).
-static const struct attn_case attn_sink_cases[] = {
-    {1, 1, 8, 8, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "sinks one cell", 0},
-    {1, 100, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "sinks decode gqa4", 0},
-    {1, 3000, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "sinks decode split window",
-     700},
-    {2, 2000, 14, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 3, "sinks decode gqa7 3 seqs", 0},
-    {3, 777, 6, 3, 80, 80, GGML_TYPE_F32, GGML_TYPE_F32, false, 2, "sinks hd80 (attn_kernel)", 0},
-    {20, 200, 4, 2, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "sinks prefill f32 window", 7},
-    {33, 300, 8, 4, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "sinks prefill tc window", 50},
-    {45, 250, 4, 1, 96, 96, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "sinks tc mqa 2 seqs", 0},
-};
-
-Test(cuda, attention_sinks) {
-    REQUIRE_GPU();
-    struct verr err = {0};
-    const int kernels[] = {CUDA_ATTN_DECODE_DEC, CUDA_ATTN_DECODE_SPLITK};
-    for (size_t ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++) {
-        cr_assert_eq(backend_cuda_set_attn_decode(gpu, kernels[ki], &err), 0, "%s", err.msg);
-        rng_seed(74);
-        double worst = 0.0;
-        for (size_t ci = 0; ci < sizeof attn_sink_cases / sizeof attn_sink_cases[0]; ci++) {
-            if (ki > 0 && attn_sink_cases[ci].n_tok > CUDA_ATTN_DEC_MAX_TOK)
-                continue; // the switch changes decode calls only
-            const double w = attn_check_sinks(&attn_sink_cases[ci], false, true);
-            worst = w > worst ? w : worst;
-        }
-        cr_log_info("attention sinks, decode kernel %d: worst |cuda - cpu| = %.3g max|v|",
-                    kernels[ki], worst);
-    }
-    cr_assert_eq(backend_cuda_set_attn_decode(gpu, CUDA_ATTN_DECODE_AUTO, &err), 0, "%s", err.msg);
-    gpu->act_q8 = true; // the q8_1 copy of a decode output with sinks
-    for (size_t ci = 0; ci < sizeof attn_sink_cases / sizeof attn_sink_cases[0]; ci++)
-        if (attn_sink_cases[ci].n_tok <= 2 && attn_sink_cases[ci].n_kv > 1)
-            attn_check_sinks(&attn_sink_cases[ci], true, true);
     gpu->act_q8 = false;
 }
 
