@@ -709,6 +709,27 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
                            cb_of(be)->stream, &be->err);
 }
 
+static int cu_rope_kv_store_rot(struct backend *be, float *q, int n_head, float *k, float *v,
+                                void *k_cache, enum ggml_type type_k, void *v_cache,
+                                enum ggml_type type_v, const int32_t *pos, const int32_t *cells,
+                                int n_tok, int n_head_kv, int head_dim, int head_dim_v,
+                                const struct rope_params *rp, int rot_k, int rot_v) {
+    CU_ENTER(be);
+    if (!cu_is_cache_type(type_k) || !cu_is_cache_type(type_v))
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "rope_kv_store_rot: cache types %s/%s (a float or quantized cache type)",
+                        ggml_type_name(type_k), ggml_type_name(type_v));
+    if (!k || !k_cache || !v_cache || !cells || !v || !pos)
+        return verr_set(&be->err, VERR_RANGE, "rope_kv_store_rot: NULL k, v, cache, pos or cells");
+    struct cuda_rope c = {0}; // rp NULL: n_rot 0, no RoPE (the unrotated cache)
+    int rc = rp ? cu_rope_prepare(be, &c, rp, head_dim, true, "rope_kv_store_rot") : VERR_OK;
+    if (rc)
+        return rc;
+    return cuda_rope_store_rotated(k, pos, n_tok, n_head_kv, head_dim, &c, v, k_cache, type_k,
+                                   v_cache, type_v, cells, head_dim_v, q, n_head, rot_k, rot_v,
+                                   cb_of(be)->stream, &be->err);
+}
+
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
     if (a->sinks)
@@ -1266,6 +1287,7 @@ static const struct backend_ops cuda_ops = {
     .matmul_geglu = cu_matmul_geglu,
     .rope = cu_rope,
     .rope_kv_store = cu_rope_kv_store,
+    .rope_kv_store_rot = cu_rope_kv_store_rot,
     .attention = cu_attention,
     .kv_shift = cu_kv_shift,
     .hadamard = cu_hadamard,

@@ -120,6 +120,57 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
                   ROPE_THREADS);
 }
 
+// The store of a cache that keeps K and V Hadamard-rotated
+// (backend_ops.rope_kv_store_rot): one block per (token, head) as
+// rope_kvq_kernel, the head staged in shared memory (s [head_dim +
+// head_dim_v]): RoPE'd there, Hadamard-rotated with block rot_k (q, K) or
+// rot_v (V) (hadamard_shared, scale rot_scale_*), written back in place and,
+// for K and V, encoded into cell cells[t]. The arithmetic of the op-by-op
+// sequence (rope_kernel, hadamard_kernel, rope_kvq_kernel), so the same bits.
+__global__ static void __launch_bounds__(ROPE_THREADS)
+    rope_kvq_rot_kernel(float *__restrict__ x /* [n_tok][n_head][head_dim] */,
+                        const int32_t *__restrict__ pos /* [n_tok] */, int n_head, int head_dim,
+                        const struct cuda_rope c, float *__restrict__ v /* [n_tok][n_head][hdv] */,
+                        uint8_t *__restrict__ k_cache /* [n_ctx][n_head] rows of head_dim */,
+                        int type_k, uint8_t *__restrict__ v_cache /* [n_ctx][n_head] rows of hdv */,
+                        int type_v, const int32_t *__restrict__ cells /* [n_tok] */, int head_dim_v,
+                        float *__restrict__ q /* [n_tok][n_head_q][head_dim] or NULL */,
+                        int n_head_q, int64_t n_qblk, int rot_k, float rot_scale_k, int rot_v,
+                        float rot_scale_v) {
+    extern __shared__ float s[];                    // [head_dim + head_dim_v]
+    const bool is_q = (int64_t)blockIdx.x < n_qblk; // uniform per block
+    const int64_t th = is_q ? (int64_t)blockIdx.x : (int64_t)blockIdx.x - n_qblk;
+    const int nh = is_q ? n_head_q : n_head;
+    const int64_t t = th / nh, h = th % nh;
+    float *xh = (is_q ? q : x) + (size_t)th * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += ROPE_THREADS)
+        s[d] = xh[d];
+    __syncthreads();
+    rope_head<float>(s, (float)pos[t], c, nullptr);
+    if (rot_k)
+        hadamard_shared(s, head_dim, rot_k, rot_scale_k, threadIdx.x, ROPE_THREADS);
+    else
+        __syncthreads();
+    for (int d = threadIdx.x; d < head_dim; d += ROPE_THREADS)
+        xh[d] = s[d];
+    if (is_q)
+        return;
+    const size_t row = (size_t)cells[t] * n_head + h;
+    kvq_store_row(type_k, s, k_cache + row * kvq_row_bytes(type_k, head_dim), head_dim, threadIdx.x,
+                  ROPE_THREADS);
+    float *sv = s + head_dim, *vh = v + (size_t)th * head_dim_v;
+    for (int d = threadIdx.x; d < head_dim_v; d += ROPE_THREADS)
+        sv[d] = vh[d];
+    if (rot_v)
+        hadamard_shared(sv, head_dim_v, rot_v, rot_scale_v, threadIdx.x, ROPE_THREADS);
+    else
+        __syncthreads();
+    for (int d = threadIdx.x; d < head_dim_v; d += ROPE_THREADS)
+        vh[d] = sv[d];
+    kvq_store_row(type_v, sv, v_cache + row * kvq_row_bytes(type_v, head_dim_v), head_dim_v,
+                  threadIdx.x, ROPE_THREADS);
+}
+
 // Grid (n_ctx, n_layer): the block of cell c rotates all heads of that cell in
 // one layer by delta[c] positions; blocks of cells with delta 0 exit at once.
 template <typename KT>
@@ -260,6 +311,54 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
                                                 stream, err);
     return rope_launch_store<float, float>(x, pos, n_tok, n_head, head_dim, c, v, k_cache, v_cache,
                                            cells, head_dim_v, q, n_head_q, pdl, stream, err);
+}
+
+extern "C" int cuda_rope_store_rotated(float *x, const int32_t *pos, int n_tok, int n_head,
+                                       int head_dim, const struct cuda_rope *c, float *v,
+                                       void *k_cache, enum ggml_type type_k, void *v_cache,
+                                       enum ggml_type type_v, const int32_t *cells, int head_dim_v,
+                                       float *q, int n_head_q, int rot_k, int rot_v,
+                                       cudaStream_t stream, struct verr *err) {
+    if (n_tok <= 0 || n_head <= 0)
+        return VERR_OK;
+    const auto block_ok = [](int n, int b) {
+        return b == 0 || (b >= 2 && b <= 1024 && (b & (b - 1)) == 0 && n % b == 0);
+    };
+    if (!block_ok(head_dim, rot_k) || !block_ok(head_dim_v, rot_v))
+        return verr_set(err, VERR_RANGE,
+                        "rope_kv_store_rot: rotation blocks %d/%d for head dims %d/%d (0 or a "
+                        "power of two in [2, 1024] dividing the head dim)",
+                        rot_k, rot_v, head_dim, head_dim_v);
+    if (q && n_head_q <= 0)
+        return verr_set(err, VERR_RANGE, "rope_kv_store_rot: q with %d heads", n_head_q);
+    if (c->n_rot % 2 || c->n_rot < 0 || c->n_rot > head_dim)
+        return verr_set(err, VERR_RANGE, "rope_kv_store_rot: n_rot %d must be even and in [0, %d]",
+                        c->n_rot, head_dim);
+    if (!kvq_is_cache_type(type_k) || !kvq_is_cache_type(type_v) || head_dim % kvq_block(type_k) ||
+        head_dim_v % kvq_block(type_v))
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "rope_kv_store_rot: cache types %s/%s with head dims %d/%d (f32, f16, "
+                        "bf16, or q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl with head dims multiples "
+                        "of 32)",
+                        ggml_type_name(type_k), ggml_type_name(type_v), head_dim, head_dim_v);
+    const size_t smem = (size_t)(head_dim + head_dim_v) * sizeof(float);
+    if (smem > 48 * 1024)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "rope_kv_store_rot: head dims %d + %d (at most %d floats of shared memory)",
+                        head_dim, head_dim_v, 48 * 1024 / 4);
+    const int64_t n_qblk = q ? (int64_t)n_tok * n_head_q : 0;
+    const int64_t blocks = n_qblk + (int64_t)n_tok * n_head;
+    if (blocks > INT32_MAX)
+        return verr_set(err, VERR_RANGE, "rope_kv_store_rot: %lld (token, head) blocks",
+                        (long long)blocks);
+    // the hadamard op's scales (host sqrtf), so both give the same bits
+    const float sk = rot_k ? 1.0f / sqrtf((float)rot_k) : 1.0f;
+    const float sv = rot_v ? 1.0f / sqrtf((float)rot_v) : 1.0f;
+    rope_kvq_rot_kernel<<<(unsigned int)blocks, ROPE_THREADS, smem, stream>>>(
+        x, pos, n_head, head_dim, *c, v, (uint8_t *)k_cache, type_k, (uint8_t *)v_cache, type_v,
+        cells, head_dim_v, q, n_head_q, n_qblk, rot_k, sk, rot_v, sv);
+    VELA_CHECK_LAUNCH(err, "rope_kvq_rot_kernel");
+    return VERR_OK;
 }
 
 extern "C" int cuda_rope_shift_kv(void *k_cache, enum ggml_type type_k, const int32_t *delta,

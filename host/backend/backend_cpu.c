@@ -833,6 +833,37 @@ static void kv_shift_range(void *ctx, int64_t c0, int64_t c1, int thread) {
     }
 }
 
+// The contract's sequence op by op: the CPU has no launches to save.
+static int cpu_rope_kv_store_rot(struct backend *be, float *q, int n_head, float *k, float *v,
+                                 void *k_cache, enum ggml_type type_k, void *v_cache,
+                                 enum ggml_type type_v, const int32_t *pos, const int32_t *cells,
+                                 int n_tok, int n_head_kv, int head_dim, int head_dim_v,
+                                 const struct rope_params *rp, int rot_k, int rot_v) {
+    if ((rot_k && !backend_hadamard_block_ok(head_dim, rot_k)) ||
+        (rot_v && !backend_hadamard_block_ok(head_dim_v, rot_v)))
+        return verr_set(&be->err, VERR_RANGE,
+                        "cpu rope_kv_store_rot: rotation blocks %d/%d for head dims %d/%d (0 or a "
+                        "power of two in [2, %d] dividing the head dim)",
+                        rot_k, rot_v, head_dim, head_dim_v, BACKEND_HADAMARD_MAX);
+    if (q && n_head <= 0)
+        return verr_set(&be->err, VERR_RANGE, "cpu rope_kv_store_rot: q with %d heads", n_head);
+    int rc = VERR_OK;
+    if (rp && q)
+        rc = cpu_rope(be, q, pos, n_tok, n_head, head_dim, rp);
+    if (!rc && rp)
+        rc = cpu_rope(be, k, pos, n_tok, n_head_kv, head_dim, rp);
+    if (!rc && rot_k && q)
+        rc = cpu_hadamard(be, q, (int64_t)n_tok * n_head, head_dim, rot_k);
+    if (!rc && rot_k)
+        rc = cpu_hadamard(be, k, (int64_t)n_tok * n_head_kv, head_dim, rot_k);
+    if (!rc && rot_v)
+        rc = cpu_hadamard(be, v, (int64_t)n_tok * n_head_kv, head_dim_v, rot_v);
+    if (!rc)
+        rc = cpu_rope_kv_store(be, NULL, n_head, k, v, k_cache, type_k, v_cache, type_v, pos, cells,
+                               n_tok, n_head_kv, head_dim, head_dim_v, NULL);
+    return rc;
+}
+
 static int cpu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
                         const int32_t *delta, int n_layer, int n_ctx, int n_head_kv, int head_dim,
                         const struct rope_params *rp, int rot_block) {
@@ -1141,6 +1172,7 @@ static const struct backend_ops cpu_ops = {
     .matmul_geglu = cpu_matmul_geglu,
     .rope = cpu_rope,
     .rope_kv_store = cpu_rope_kv_store,
+    .rope_kv_store_rot = cpu_rope_kv_store_rot,
     .attention = cpu_attention,
     .hadamard = cpu_hadamard,
     .kv_shift = cpu_kv_shift,

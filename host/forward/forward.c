@@ -214,7 +214,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
                     ? 0
                     : backend_attn_rot_block(cfg->type_k, hp->head_dim, true);
     fc->rot_v = rot_off ? 0 : backend_attn_rot_block(cfg->type_v, hp->head_dim_v, false);
-    if ((fc->rot_k || fc->rot_v) && !fc->be->ops->hadamard)
+    if ((fc->rot_k || fc->rot_v) && (!fc->be->ops->hadamard || !fc->be->ops->rope_kv_store_rot))
         return verr_set(err, VERR_UNSUPPORTED,
                         "forward: the %s backend has no hadamard op for the rotation of a "
                         "quantized cache (turn it off with --no-attn-rot)",
@@ -698,31 +698,27 @@ static int proj_residual(struct forward_ctx *fc, int il, float *x /* [n_tok][n_e
 
 // RoPE on q and k and the K/V store of one layer's tokens; with the
 // attention rotation (forward_ctx.rot_k / rot_v), q and k are rotated after
-// RoPE and v before the store.
+// RoPE and v before the store, in the same fused op.
 static int qkv_rotate_store(struct forward_ctx *fc, int kl, const struct rope_params *rp,
                             const int32_t *d_pos /* [n_tok] */,
                             const int32_t *d_cells /* [n_tok] */, int n_tok, struct verr *err) {
     const struct model_hparams *hp = &fc->m->hp;
     struct backend *be = fc->be;
     const int il = kl + fc->m->layer_begin;
-    if (fc->rot_v)
-        OP("v rotation",
-           be->ops->hadamard(be, fc->v, (int64_t)n_tok * hp->n_head_kv, hp->head_dim_v, fc->rot_v));
-    if (fc->rot_k) {
-        OP("rope q", be->ops->rope(be, fc->q, d_pos, n_tok, hp->n_head, hp->head_dim, rp));
-        OP("rope k", be->ops->rope(be, fc->k, d_pos, n_tok, hp->n_head_kv, hp->head_dim, rp));
-        OP("q rotation",
-           be->ops->hadamard(be, fc->q, (int64_t)n_tok * hp->n_head, hp->head_dim, fc->rot_k));
-        OP("k rotation",
-           be->ops->hadamard(be, fc->k, (int64_t)n_tok * hp->n_head_kv, hp->head_dim, fc->rot_k));
-    }
-    // rp NULL stores K as it is: unrotated (the unrotated cache mode) or
-    // already rotated and Hadamard-rotated above
-    OP("rope q, k + kv store",
-       be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
-                              fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v, d_pos,
-                              d_cells, n_tok, hp->n_head_kv, hp->head_dim, hp->head_dim_v,
-                              fc->cfg.k_unrotated || fc->rot_k ? NULL : rp));
+    // rp NULL stores K as it is (the unrotated cache mode): attention rotates it
+    const struct rope_params *store_rp = fc->cfg.k_unrotated ? NULL : rp;
+    if (fc->rot_k || fc->rot_v)
+        OP("rope q, k + rotation + kv store",
+           be->ops->rope_kv_store_rot(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
+                                      fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v,
+                                      d_pos, d_cells, n_tok, hp->n_head_kv, hp->head_dim,
+                                      hp->head_dim_v, store_rp, fc->rot_k, fc->rot_v));
+    else
+        OP("rope q, k + kv store",
+           be->ops->rope_kv_store(be, fc->q, hp->n_head, fc->k, fc->v, kv_layer_k(&fc->kv, kl),
+                                  fc->kv.cfg.type_k, kv_layer_v(&fc->kv, kl), fc->kv.cfg.type_v,
+                                  d_pos, d_cells, n_tok, hp->n_head_kv, hp->head_dim,
+                                  hp->head_dim_v, store_rp));
     return 0;
 }
 

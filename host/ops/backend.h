@@ -318,6 +318,25 @@ struct backend_ops {
                          const int32_t *pos /* [n_tok] */, const int32_t *cells /* [n_tok] */,
                          int n_tok, int n_head_kv, int head_dim, int head_dim_v,
                          const struct rope_params *rp);
+    // Fused: rope_kv_store for a cache that keeps K and V Hadamard-rotated
+    // (the attention rotation of a quantized cache): exactly the sequence
+    //   rope(q), rope(k)             (rp non-NULL; q may be NULL),
+    //   hadamard(q, rot_k), hadamard(k, rot_k)   (rot_k > 0),
+    //   hadamard(v, rot_v)                       (rot_v > 0),
+    //   rope_kv_store(..., rp = NULL)
+    // with q, k and v left as that sequence leaves them (rotated in place),
+    // in one launch on CUDA instead of up to six. rot_k / rot_v: 0 or a
+    // hadamard block dividing head_dim / head_dim_v.
+    int (*rope_kv_store_rot)(struct backend *be, float *q /* [n_tok][n_head][head_dim] or NULL */,
+                             int n_head, float *k /* [n_tok][n_head_kv][head_dim] */,
+                             float *v /* [n_tok][n_head_kv][head_dim_v] */,
+                             void *k_cache /* [n_ctx][n_head_kv][head_dim] */,
+                             enum ggml_type type_k,
+                             void *v_cache /* [n_ctx][n_head_kv][head_dim_v] */,
+                             enum ggml_type type_v, const int32_t *pos /* [n_tok] */,
+                             const int32_t *cells /* [n_tok] */, int n_tok, int n_head_kv,
+                             int head_dim, int head_dim_v, const struct rope_params *rp, int rot_k,
+                             int rot_v);
 
     int (*attention)(struct backend *be, const struct attn_args *a);
 

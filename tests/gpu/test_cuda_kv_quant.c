@@ -549,3 +549,163 @@ Test(cuda_kvq, hadamard_bit_exact) {
     cr_expect(strstr(gpu->err.msg, "power of two"), "%s", gpu->err.msg);
     gpu->ops->free(gpu, z);
 }
+
+// ---------------------------------------------------------------------------
+// rope_kv_store_rot
+
+struct rot_case {
+    enum ggml_type tk, tv;
+    int hd, hdv, n_rot; // n_rot 0: no RoPE (rp NULL, the unrotated cache mode)
+    int rot_k, rot_v;
+    bool with_q;
+};
+
+// The fused op against the op-by-op sequence its contract names, both on
+// the GPU: q, k, v and both caches the same bits. Against the CPU's fused
+// op: V and the V cache the same bits (no RoPE on V, the same butterflies);
+// q and k within the rotations' difference spread by H over the block
+// (2^-20 sqrt(rot_k) max|row|, as kv_shift_rotated_like_the_cpu), and the
+// GPU's K cache the CPU quantizer applied to the GPU's rotated K.
+static void rot_case(const struct rot_case *rc) {
+    const int n_tok = 5, nh = 3, nq = 6, n_ctx = 9;
+    const int32_t pos[5] = {0, 7, 300, 4095, 12}, cells[5] = {3, 0, 8, 6, 7};
+    const size_t nqv = (size_t)n_tok * nq * rc->hd, nk = (size_t)n_tok * nh * rc->hd;
+    const size_t nv = (size_t)n_tok * nh * rc->hdv;
+    float *q = nrand_array(nqv, 1.0f), *k = nrand_array(nk, 1.5f), *v = nrand_array(nv, 0.7f);
+    k[3] = 30.0f, v[5] = -20.0f; // outliers: what the rotation spreads
+    const size_t kc_bytes = ggml_row_bytes(rc->tk, (int64_t)n_ctx * nh * rc->hd);
+    const size_t vc_bytes = ggml_row_bytes(rc->tv, (int64_t)n_ctx * nh * rc->hdv);
+    struct dbuf bq = dbuf_new(q, nqv * 4), bk = dbuf_new(k, nk * 4), bv = dbuf_new(v, nv * 4);
+    struct dbuf sq = dbuf_new(q, nqv * 4), sk = dbuf_new(k, nk * 4), sv = dbuf_new(v, nv * 4);
+    struct dbuf bkc = dbuf_new(NULL, kc_bytes), bvc = dbuf_new(NULL, vc_bytes);
+    struct dbuf skc = dbuf_new(NULL, kc_bytes), svc = dbuf_new(NULL, vc_bytes);
+    struct dbuf bpos = dbuf_new(pos, sizeof pos), bcell = dbuf_new(cells, sizeof cells);
+    struct rope_params rp = store_rope();
+    rp.n_rot = rc->n_rot;
+    const struct rope_params *r = rc->n_rot ? &rp : NULL;
+    const char *tk = ggml_type_name(rc->tk), *tv = ggml_type_name(rc->tv);
+    OK(gpu, gpu->ops->rope_kv_store_rot(gpu, rc->with_q ? bq.g : NULL, nq, bk.g, bv.g, bkc.g,
+                                        rc->tk, bvc.g, rc->tv, bpos.g, bcell.g, n_tok, nh, rc->hd,
+                                        rc->hdv, r, rc->rot_k, rc->rot_v));
+    OK(cpu, cpu->ops->rope_kv_store_rot(cpu, rc->with_q ? bq.c : NULL, nq, bk.c, bv.c, bkc.c,
+                                        rc->tk, bvc.c, rc->tv, bpos.c, bcell.c, n_tok, nh, rc->hd,
+                                        rc->hdv, r, rc->rot_k, rc->rot_v));
+    // the sequence, op by op, on the GPU
+    if (rc->rot_v)
+        OK(gpu, gpu->ops->hadamard(gpu, sv.g, (int64_t)n_tok * nh, rc->hdv, rc->rot_v));
+    if (r && rc->with_q)
+        OK(gpu, gpu->ops->rope(gpu, sq.g, bpos.g, n_tok, nq, rc->hd, r));
+    if (r)
+        OK(gpu, gpu->ops->rope(gpu, sk.g, bpos.g, n_tok, nh, rc->hd, r));
+    if (rc->rot_k && rc->with_q)
+        OK(gpu, gpu->ops->hadamard(gpu, sq.g, (int64_t)n_tok * nq, rc->hd, rc->rot_k));
+    if (rc->rot_k)
+        OK(gpu, gpu->ops->hadamard(gpu, sk.g, (int64_t)n_tok * nh, rc->hd, rc->rot_k));
+    OK(gpu, gpu->ops->rope_kv_store(gpu, NULL, 0, sk.g, sv.g, skc.g, rc->tk, svc.g, rc->tv, bpos.g,
+                                    bcell.g, n_tok, nh, rc->hd, rc->hdv, NULL));
+    struct {
+        const char *what;
+        struct dbuf *fused, *seq;
+        size_t bytes;
+    } same[] = {{"q", &bq, &sq, nqv * 4},
+                {"k", &bk, &sk, nk * 4},
+                {"v", &bv, &sv, nv * 4},
+                {"K cache", &bkc, &skc, kc_bytes},
+                {"V cache", &bvc, &svc, vc_bytes}};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        uint8_t *a = download(gpu, same[i].fused->g, same[i].bytes);
+        uint8_t *b = download(gpu, same[i].seq->g, same[i].bytes);
+        cr_expect_eq(memcmp(a, b, same[i].bytes), 0,
+                     "%s/%s hd %d/%d n_rot %d rot %d/%d q %d: fused %s is not the sequence's", tk,
+                     tv, rc->hd, rc->hdv, rc->n_rot, rc->rot_k, rc->rot_v, rc->with_q,
+                     same[i].what);
+        free(a), free(b);
+    }
+    // against the CPU's fused op
+    float *vg = download(gpu, bv.g, nv * 4), *vc = download(cpu, bv.c, nv * 4);
+    uint8_t *vcg = download(gpu, bvc.g, vc_bytes), *vcc = download(cpu, bvc.c, vc_bytes);
+    cr_expect_eq(memcmp(vg, vc, nv * 4), 0, "%s/%s: rotated v differs from the cpu's", tk, tv);
+    cr_expect_eq(memcmp(vcg, vcc, vc_bytes), 0, "%s/%s: V cache differs from the cpu's", tk, tv);
+    double worst = 0.0;
+    const float *xs[2][2] = {{download(gpu, bq.g, nqv * 4), download(cpu, bq.c, nqv * 4)},
+                             {download(gpu, bk.g, nk * 4), download(cpu, bk.c, nk * 4)}};
+    const size_t rows[2] = {(size_t)n_tok * nq, (size_t)n_tok * nh};
+    for (int w = 0; w < 2; w++) {
+        for (size_t row = 0; row < rows[w]; row++) {
+            const float *g = xs[w][0] + row * rc->hd, *c = xs[w][1] + row * rc->hd;
+            double row_max = 0.0;
+            for (int d = 0; d < rc->hd; d++)
+                row_max = fmax(row_max, fabs(c[d]));
+            const double tol = (rc->rot_k ? sqrt(rc->rot_k) : 1.0) * row_max / 1048576.0 + 1e-30;
+            for (int d = 0; d < rc->hd; d++)
+                worst = fmax(worst, fabs(g[d] - c[d]) / tol);
+        }
+    }
+    cr_expect(worst <= 1.0, "%s/%s: rotated q/k |cuda - cpu| / tol = %.3g", tk, tv, worst);
+    uint8_t *kcg = download(gpu, bkc.g, kc_bytes);
+    const size_t krow = ggml_row_bytes(rc->tk, rc->hd);
+    int bad = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < nh; h++) {
+            const size_t th = (size_t)t * nh + h, row = (size_t)cells[t] * nh + h;
+            void *enc = encode(xs[1][0] + th * rc->hd, rc->tk, (size_t)rc->hd, NULL);
+            bad += memcmp(kcg + row * krow, enc, krow) != 0;
+            free(enc);
+        }
+    cr_expect_eq(bad, 0, "%s: %d K rows are not the cpu quantizer's of the gpu's rotated k", tk,
+                 bad);
+    cr_log_info("rope_kv_store_rot %s/%s hd %d/%d n_rot %d rot %d/%d q %d: fused == sequence; "
+                "worst |cuda - cpu| / tol %.3g\n",
+                tk, tv, rc->hd, rc->hdv, rc->n_rot, rc->rot_k, rc->rot_v, rc->with_q, worst);
+    struct dbuf *bs[] = {&bq, &bk, &bv, &sq, &sk, &sv, &bkc, &bvc, &skc, &svc, &bpos, &bcell};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+        dbuf_free(bs[i]);
+    for (int w = 0; w < 2; w++)
+        free((void *)xs[w][0]), free((void *)xs[w][1]);
+    free(q), free(k), free(v), free(vg), free(vc), free(vcg), free(vcc), free(kcg);
+}
+
+Test(cuda_kvq, rope_kv_store_rot_is_the_sequence) {
+    REQUIRE_GPU();
+    rng_seed(363);
+    const struct rot_case cases[] = {
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 128, 128, 128, 128, 64, true},
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 64, 64, 32, 64, 64, true},     // partial rotary
+        {GGML_TYPE_Q8_0, GGML_TYPE_F16, 128, 128, 128, 128, 0, true},   // V not rotated
+        {GGML_TYPE_F16, GGML_TYPE_Q4_1, 64, 128, 64, 0, 64, true},      // K not rotated
+        {GGML_TYPE_IQ4_NL, GGML_TYPE_Q5_0, 64, 64, 0, 0, 64, false},    // no RoPE, V only
+        {GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, 256, 64, 256, 256, 64, false}, // no q
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 128, 32, 32, true},  // blocks below a head
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        rot_case(&cases[i]);
+}
+
+Test(cuda_kvq, rope_kv_store_rot_refuses_bad_blocks) {
+    REQUIRE_GPU();
+    const int n_tok = 1, nh = 1, hd = 64;
+    const int32_t pos[1] = {0}, cells[1] = {0};
+    struct dbuf bk = dbuf_new(NULL, hd * 4), bv = dbuf_new(NULL, hd * 4);
+    struct dbuf bkc = dbuf_new(NULL, ggml_row_bytes(GGML_TYPE_Q8_0, hd));
+    struct dbuf bvc = dbuf_new(NULL, ggml_row_bytes(GGML_TYPE_Q8_0, hd));
+    struct dbuf bpos = dbuf_new(pos, sizeof pos), bcell = dbuf_new(cells, sizeof cells);
+    const int bad[][2] = {{48, 64}, {64, 3}, {128, 64}, {64, 2048}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct backend *bes[2] = {cpu, gpu};
+        for (int b = 0; b < 2; b++) {
+            struct backend *be = bes[b];
+            void *k = b ? bk.g : bk.c, *v = b ? bv.g : bv.c;
+            void *kc = b ? bkc.g : bkc.c, *vc = b ? bvc.g : bvc.c;
+            const int32_t *p = b ? bpos.g : bpos.c, *c = b ? bcell.g : bcell.c;
+            cr_expect_eq(be->ops->rope_kv_store_rot(be, NULL, 0, k, v, kc, GGML_TYPE_Q8_0, vc,
+                                                    GGML_TYPE_Q8_0, p, c, n_tok, nh, hd, hd, NULL,
+                                                    bad[i][0], bad[i][1]),
+                         VERR_RANGE, "%s: rotation blocks %d/%d for head dim %d", be->ops->name,
+                         bad[i][0], bad[i][1], hd);
+            cr_expect(strstr(be->err.msg, "rotation blocks"), "%s", be->err.msg);
+        }
+    }
+    struct dbuf *bs[] = {&bk, &bv, &bkc, &bvc, &bpos, &bcell};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+        dbuf_free(bs[i]);
+}
