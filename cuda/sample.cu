@@ -81,10 +81,15 @@ extern "C" int cuda_argmax_rows(int32_t *out, const float *logits, int n_rows, i
 // cumulative sum; tests/gpu/test_cuda_sample.c detects and allows those.
 //
 // Rows go one of three ways (decided on the host from the parameters):
-// greedy (argmax); top_k in [1, CUDA_SAMPLE_MAX_K] (one block per row: radix
-// select, sort of the k, then the chain in shared memory); anything else (top_k
-// off or larger) sorts whole rows with cub's radix sort in chunks, then runs
-// the chain over the sorted row in global memory.
+// greedy (argmax); top_k in [1, CUDA_SAMPLE_MAX_K] (two stages: a block per
+// SAMPLE_CHUNK logits of the row keeps the chunk's own best k by radix
+// select, then one block per row selects the row's k from those candidates,
+// sorts them and runs the chain in shared memory; greedy rows take the same
+// two stages with the chunk's argmax); anything else (top_k off or larger)
+// sorts whole rows with cub's radix sort in chunks, then runs the chain over
+// the sorted row in global memory. The row's k are among its chunks' k (the
+// order is total: logit, then id), so both stages select what one pass over
+// the row would.
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -95,6 +100,7 @@ extern "C" int cuda_argmax_rows(int32_t *out, const float *logits, int n_rows, i
 #define SAMPLE_SORT_ITEMS (1 << 22) // keys sorted per chunk of sort-path rows (2 x 32 MiB)
 #define SAMPLE_SORT_MAX_ROWS 1024   // rows per chunk (the row index sits in the key)
 #define SAMPLE_KEYS_THREADS 256
+#define SAMPLE_CHUNK 4096 // logits of a row one block of the first stage reads
 
 enum sample_mode {
     SAMPLE_GREEDY = 0,
@@ -297,58 +303,112 @@ static __device__ __forceinline__ uint64_t sample_key(uint32_t ord, int id) {
     return ((uint64_t)(uint32_t)~ord << 32) | (uint32_t)id;
 }
 
-struct sample_topk_smem {
-    uint64_t key[SAMPLE_MAX_K]; // the k selected, unordered
-    float lg[SAMPLE_MAX_K];     // sorted
-    int id[SAMPLE_MAX_K];       // sorted
-    float p[SAMPLE_MAX_K];
+// A greedy row's chunk result in a candidate slot: the largest logit's bits
+// and its index (INT_MAX: none, every value NaN).
+static __device__ __forceinline__ uint64_t sample_pack_best(float v, int i) {
+    return ((uint64_t)__float_as_uint(v) << 32) | (uint32_t)i;
+}
+
+// Block-wide argmax of (bv, bi) (argmax_merge's order); thread 0 gets it.
+static __device__ __forceinline__ void sample_block_argmax(float *bv, int *bi, float *s_val,
+                                                           int *s_idx) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(VELA_FULL_MASK, *bv, o);
+        const int i = __shfl_xor_sync(VELA_FULL_MASK, *bi, o);
+        argmax_merge(v, i, bv, bi);
+    }
+    if (tid % VELA_WARP == 0) {
+        s_val[tid / VELA_WARP] = *bv;
+        s_idx[tid / VELA_WARP] = *bi;
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int w = 1; w < SAMPLE_WARPS; w++)
+            argmax_merge(s_val[w], s_idx[w], bv, bi);
+}
+
+// Warp 0 finds, in hist[256] counted in digit order `up` (ascending digits)
+// or down (descending), the digit whose run holds rank kk (1-based) and the
+// count before that run: *bucket, *before.
+static __device__ __forceinline__ void sample_hist_pick(const int *hist, bool up, int kk,
+                                                        int *bucket, int *before) {
+    const int lane = threadIdx.x % VELA_WARP;
+    // lane l owns 8 digits in walk order, from 8l
+    int c[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        c[j] = hist[up ? 8 * lane + j : 255 - 8 * lane - j];
+        sum += c[j];
+    }
+    int incl = sum;
+#pragma unroll
+    for (int o = 1; o < VELA_WARP; o <<= 1) {
+        const int y = __shfl_up_sync(VELA_FULL_MASK, incl, o);
+        if (lane >= o)
+            incl += y;
+    }
+    int above = incl - sum;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (above < kk && kk <= above + c[j]) {
+            *bucket = up ? 8 * lane + j : 255 - 8 * lane - j;
+            *before = above;
+        }
+        above += c[j];
+    }
+}
+
+struct sample_local_smem {
+    uint32_t ord[SAMPLE_CHUNK];
     int hist[256];
     int sel_bucket, sel_above, n_gt;
     float am_val[SAMPLE_WARPS];
     int am_idx[SAMPLE_WARPS];
     sample_scan_i::TempStorage iscan;
-    sample_chain_smem chain;
 };
 
-// One block per row; rows of the sort path are left to the kernels below.
+// Stage 1, grid (n_rows, n_chunks): the block of chunk c of row r writes
+// into cand[r][c] (stride slots) the keys (sample_key) of the chunk's best
+// min(k, chunk length) logits, unordered; a greedy row's block writes its
+// argmax (sample_pack_best) into slot 0. Rows of the sort path are left
+// alone.
 __global__ static void __launch_bounds__(SAMPLE_THREADS)
-    sample_topk_kernel(int32_t *__restrict__ out /* [n_rows] */,
-                       const float *__restrict__ logits /* [n_rows][n_vocab] */, int n_vocab,
-                       const sample_row_dev *__restrict__ rows /* [n_rows] */) {
-    __shared__ sample_topk_smem sm;
+    sample_local_kernel(uint64_t *__restrict__ cand /* [n_rows][n_chunks][stride] */,
+                        const float *__restrict__ logits /* [n_rows][n_vocab] */, int n_vocab,
+                        const sample_row_dev *__restrict__ rows /* [n_rows] */, int stride) {
+    __shared__ sample_local_smem sm;
     const int tid = threadIdx.x, lane = tid % VELA_WARP;
     const sample_row_dev p = rows[blockIdx.x];
     if (p.mode != SAMPLE_GREEDY && p.mode != SAMPLE_TOPK)
         return;
-    const float *row = logits + (size_t)blockIdx.x * n_vocab;
+    const int i0 = (int)blockIdx.y * SAMPLE_CHUNK;
+    const int n = min(SAMPLE_CHUNK, n_vocab - i0);
+    const float *row = logits + (size_t)blockIdx.x * n_vocab + i0;
+    uint64_t *out = cand + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * stride;
 
     if (p.mode == SAMPLE_GREEDY) {
         float bv = -INFINITY;
         int bi = INT_MAX;
-        for (int i = tid; i < n_vocab; i += SAMPLE_THREADS)
-            argmax_merge(row[i], i, &bv, &bi);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float v = __shfl_xor_sync(VELA_FULL_MASK, bv, o);
-            const int i = __shfl_xor_sync(VELA_FULL_MASK, bi, o);
-            argmax_merge(v, i, &bv, &bi);
-        }
-        if (lane == 0) {
-            sm.am_val[tid / VELA_WARP] = bv;
-            sm.am_idx[tid / VELA_WARP] = bi;
-        }
-        __syncthreads();
-        if (tid == 0) {
-            for (int w = 1; w < SAMPLE_WARPS; w++)
-                argmax_merge(sm.am_val[w], sm.am_idx[w], &bv, &bi);
-            out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
-        }
+        for (int i = tid; i < n; i += SAMPLE_THREADS)
+            argmax_merge(row[i], i0 + i, &bv, &bi);
+        sample_block_argmax(&bv, &bi, sm.am_val, sm.am_idx);
+        if (tid == 0)
+            out[0] = sample_pack_best(bv, bi);
         return;
     }
+    const int k = min(p.k, n);
+    if (k == n) { // the whole chunk
+        for (int i = tid; i < n; i += SAMPLE_THREADS)
+            out[i] = sample_key(sample_ord(row[i]), i0 + i);
+        return;
+    }
+    for (int i = tid; i < n; i += SAMPLE_THREADS)
+        sm.ord[i] = sample_ord(row[i]);
 
     // Radix select of the k-th largest ord, 8 bits a pass from the top:
     // `prefix` holds its decided bits, kk its rank among the candidates left.
-    const int k = p.k;
     uint32_t prefix = 0, mask = 0;
     int kk = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -356,11 +416,11 @@ __global__ static void __launch_bounds__(SAMPLE_THREADS)
             sm.hist[b] = 0;
         __syncthreads();
         // Whole warps iterate together so lanes of one digit add once.
-        for (int base = 0; base < n_vocab; base += SAMPLE_THREADS) {
+        for (int base = 0; base < n; base += SAMPLE_THREADS) {
             const int i = base + tid;
             int digit = 256; // none
-            if (i < n_vocab) {
-                const uint32_t o = sample_ord(row[i]);
+            if (i < n) {
+                const uint32_t o = sm.ord[i];
                 if ((o & mask) == prefix)
                     digit = (int)((o >> shift) & 255u);
             }
@@ -369,31 +429,8 @@ __global__ static void __launch_bounds__(SAMPLE_THREADS)
                 atomicAdd(&sm.hist[digit], __popc(peers));
         }
         __syncthreads();
-        if (tid < VELA_WARP) {
-            // lane l owns digits 255-8l down to 248-8l: the scan runs from the top
-            int c[8], sum = 0;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                c[j] = sm.hist[255 - 8 * lane - j];
-                sum += c[j];
-            }
-            int incl = sum;
-#pragma unroll
-            for (int o = 1; o < VELA_WARP; o <<= 1) {
-                const int y = __shfl_up_sync(VELA_FULL_MASK, incl, o);
-                if (lane >= o)
-                    incl += y;
-            }
-            int above = incl - sum;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                if (above < kk && kk <= above + c[j]) {
-                    sm.sel_bucket = 255 - 8 * lane - j;
-                    sm.sel_above = above;
-                }
-                above += c[j];
-            }
-        }
+        if (tid < VELA_WARP)
+            sample_hist_pick(sm.hist, false, kk, &sm.sel_bucket, &sm.sel_above);
         __syncthreads();
         prefix |= (uint32_t)sm.sel_bucket << shift;
         mask |= 255u << shift;
@@ -409,30 +446,114 @@ __global__ static void __launch_bounds__(SAMPLE_THREADS)
         sm.n_gt = 0;
     __syncthreads();
     int eq_base = 0;
-    for (int base = 0; base < n_vocab; base += SAMPLE_THREADS) {
+    for (int base = 0; base < n; base += SAMPLE_THREADS) {
         const int i = base + tid;
         uint32_t o = 0;
         bool gt = false, eq = false;
-        if (i < n_vocab) {
-            o = sample_ord(row[i]);
+        if (i < n) {
+            o = sm.ord[i];
             gt = o > kth;
             eq = o == kth;
         }
         if (gt) {
             const int s = atomicAdd(&sm.n_gt, 1);
             if (s < n_gt)
-                sm.key[s] = sample_key(o, i);
+                out[s] = sample_key(o, i0 + i);
         }
         const int n_eq = __syncthreads_count(eq);
         if (n_eq > 0 && eq_base < kk) {
             int rank;
             sample_scan_i(sm.iscan).ExclusiveSum(eq ? 1 : 0, rank);
             if (eq && eq_base + rank < kk)
-                sm.key[n_gt + eq_base + rank] = sample_key(o, i);
+                out[n_gt + eq_base + rank] = sample_key(o, i0 + i);
             __syncthreads(); // iscan is reused by the next tile
         }
         eq_base += n_eq;
     }
+}
+
+struct sample_topk_smem {
+    uint64_t key[SAMPLE_MAX_K]; // the k selected, unordered
+    float lg[SAMPLE_MAX_K];     // sorted
+    int id[SAMPLE_MAX_K];       // sorted
+    float p[SAMPLE_MAX_K];
+    int hist[256];
+    int sel_bucket, sel_above, n_sel;
+    float am_val[SAMPLE_WARPS];
+    int am_idx[SAMPLE_WARPS];
+    sample_chain_smem chain;
+};
+
+// Stage 2, one block per row: the row's pick from its chunks' candidates
+// (sample_local_kernel). Rows of the sort path are left to the kernels below.
+__global__ static void __launch_bounds__(SAMPLE_THREADS)
+    sample_topk_kernel(int32_t *__restrict__ out /* [n_rows] */,
+                       const float *__restrict__ logits /* [n_rows][n_vocab] */, int n_vocab,
+                       const sample_row_dev *__restrict__ rows /* [n_rows] */,
+                       const uint64_t *__restrict__ cand /* [n_rows][n_chunks][stride] */,
+                       int n_chunks, int stride) {
+    __shared__ sample_topk_smem sm;
+    const int tid = threadIdx.x;
+    const sample_row_dev p = rows[blockIdx.x];
+    if (p.mode != SAMPLE_GREEDY && p.mode != SAMPLE_TOPK)
+        return;
+    const float *row = logits + (size_t)blockIdx.x * n_vocab;
+    const uint64_t *cr = cand + (size_t)blockIdx.x * n_chunks * stride;
+
+    if (p.mode == SAMPLE_GREEDY) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+        for (int c = tid; c < n_chunks; c += SAMPLE_THREADS) {
+            const uint64_t b = cr[(size_t)c * stride];
+            argmax_merge(__uint_as_float((uint32_t)(b >> 32)), (int)(uint32_t)b, &bv, &bi);
+        }
+        sample_block_argmax(&bv, &bi, sm.am_val, sm.am_idx);
+        if (tid == 0)
+            out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
+        return;
+    }
+
+    // The k smallest keys among the candidates: chunk c holds
+    // min(k, its length) of them. Keys are distinct (the id is in them), so
+    // a radix select over all 64 bits, 8 a pass from the top, ends on the
+    // k-th key itself and the k are the keys up to it.
+    const int k = p.k;
+    const int n_cand = n_chunks * stride;
+#define SAMPLE_CAND_OK(f)                                                                          \
+    ((f) % stride < min(k, min(SAMPLE_CHUNK, n_vocab - (f) / stride * SAMPLE_CHUNK)))
+    uint64_t prefix = 0, mask = 0;
+    int kk = k;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += SAMPLE_THREADS)
+            sm.hist[b] = 0;
+        __syncthreads();
+        for (int f = tid; f < n_cand; f += SAMPLE_THREADS) {
+            if (!SAMPLE_CAND_OK(f))
+                continue;
+            const uint64_t key = cr[f];
+            if ((key & mask) == prefix)
+                atomicAdd(&sm.hist[(int)((key >> shift) & 255u)], 1);
+        }
+        __syncthreads();
+        if (tid < VELA_WARP)
+            sample_hist_pick(sm.hist, true, kk, &sm.sel_bucket, &sm.sel_above);
+        __syncthreads();
+        prefix |= (uint64_t)sm.sel_bucket << shift;
+        mask |= (uint64_t)255u << shift;
+        kk -= sm.sel_above;
+        __syncthreads(); // hist and sel_* are rewritten by the next pass
+    }
+    if (tid == 0)
+        sm.n_sel = 0;
+    __syncthreads();
+    for (int f = tid; f < n_cand; f += SAMPLE_THREADS) {
+        if (!SAMPLE_CAND_OK(f))
+            continue;
+        const uint64_t key = cr[f];
+        if (key <= prefix)
+            sm.key[atomicAdd(&sm.n_sel, 1)] = key;
+    }
+#undef SAMPLE_CAND_OK
     __syncthreads();
 
     // Sort the k by rank (keys are distinct: the id is in them).
@@ -515,7 +636,9 @@ struct sample_plan {
     int n_sort; // rows on the sort path
     int chunk;  // of them per sort
     int id_bits;
-    size_t off_list, off_keys0, off_keys1, off_temp, temp_bytes, total;
+    int n_block;          // greedy and top-k rows (the two stages)
+    int n_chunks, stride; // the first stage's chunks per row, candidate slots per chunk
+    size_t off_list, off_cand, off_keys0, off_keys1, off_temp, temp_bytes, total;
 };
 
 static int sample_mode_of(const struct cuda_sample_row *q, int n_vocab, int *k) {
@@ -542,13 +665,26 @@ static int sample_sort_temp_bytes(int n_items, int end_bit, size_t *bytes, struc
 static int sample_plan_make(int n_rows, int n_vocab, const struct cuda_sample_row *rows,
                             struct sample_plan *pl, struct verr *err) {
     memset(pl, 0, sizeof *pl);
+    pl->stride = 1; // a greedy row's argmax
     for (int r = 0; r < n_rows; r++) {
         int k;
-        pl->n_sort += sample_mode_of(&rows[r], n_vocab, &k) >= SAMPLE_SORT_RAW;
+        const int mode = sample_mode_of(&rows[r], n_vocab, &k);
+        pl->n_sort += mode >= SAMPLE_SORT_RAW;
+        pl->n_block += mode < SAMPLE_SORT_RAW;
+        if (mode == SAMPLE_TOPK && (k < SAMPLE_CHUNK ? k : SAMPLE_CHUNK) > pl->stride)
+            pl->stride = k < SAMPLE_CHUNK ? k : SAMPLE_CHUNK;
     }
+    pl->n_chunks = (int)(((int64_t)n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK);
+    if (pl->n_block > 0 && pl->n_chunks > 65535)
+        return verr_set(err, VERR_RANGE,
+                        "sample: n_vocab %d (greedy and top-k rows take at most %d)", n_vocab,
+                        65535 * SAMPLE_CHUNK);
     size_t off = sample_align((size_t)n_rows * sizeof(struct sample_row_dev));
     pl->off_list = off;
     off += sample_align((size_t)(pl->n_sort > 0 ? pl->n_sort : 1) * sizeof(int));
+    pl->off_cand = off;
+    if (pl->n_block > 0)
+        off += sample_align((size_t)n_rows * pl->n_chunks * pl->stride * sizeof(uint64_t));
     if (pl->n_sort > 0) {
         int chunk = SAMPLE_SORT_ITEMS / n_vocab;
         chunk = chunk < 1 ? 1 : chunk > SAMPLE_SORT_MAX_ROWS ? SAMPLE_SORT_MAX_ROWS : chunk;
@@ -609,7 +745,7 @@ extern "C" int cuda_sample_rows(int32_t *out, const float *logits, int n_rows, i
 
     // The rows and the sort path's row list, staged on the host and copied:
     // a pageable source is read before cudaMemcpyAsync returns.
-    char *host = (char *)malloc(pl.off_keys0 ? pl.off_keys0 : pl.total);
+    char *host = (char *)malloc(pl.off_cand);
     if (!host)
         return verr_set(err, VERR_NOMEM, "sample: out of host memory");
     struct sample_row_dev *hr = (struct sample_row_dev *)host;
@@ -636,8 +772,13 @@ extern "C" int cuda_sample_rows(int32_t *out, const float *logits, int n_rows, i
                         cudaGetErrorString(e), __FILE__, __LINE__);
 
     if (n_block > 0) {
-        sample_topk_kernel<<<(unsigned int)n_rows, SAMPLE_THREADS, 0, stream>>>(out, logits,
-                                                                                n_vocab, d_rows);
+        uint64_t *d_cand = (uint64_t *)(dev + pl.off_cand);
+        const dim3 grid((unsigned int)n_rows, (unsigned int)pl.n_chunks);
+        sample_local_kernel<<<grid, SAMPLE_THREADS, 0, stream>>>(d_cand, logits, n_vocab, d_rows,
+                                                                 pl.stride);
+        VELA_CHECK_LAUNCH(err, "sample_local_kernel");
+        sample_topk_kernel<<<(unsigned int)n_rows, SAMPLE_THREADS, 0, stream>>>(
+            out, logits, n_vocab, d_rows, d_cand, pl.n_chunks, pl.stride);
         VELA_CHECK_LAUNCH(err, "sample_topk_kernel");
     }
     for (int c0 = 0; c0 < n_sort; c0 += pl.chunk) {

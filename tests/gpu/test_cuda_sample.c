@@ -233,6 +233,11 @@ Test(cuda_sample, block_path_random) {
     random_case(32000, 16, 4, true, 2, "block path");
     random_case(151936, 8, 4, true, 3, "block path");
     random_case(3, 16, 8, true, 4, "block path, n_vocab < top_k");
+    // the first stage's chunks of 4096 logits: a last chunk of one logit,
+    // of fewer logits than top_k, and exactly whole chunks
+    random_case(4097, 8, 4, true, 11, "block path, a chunk of one");
+    random_case(8192 + 700, 8, 4, true, 12, "block path, a short last chunk");
+    random_case(3 * 4096, 8, 4, true, 13, "block path, whole chunks");
 }
 
 Test(cuda_sample, sort_path_random) {
