@@ -54,6 +54,10 @@ N_GEN=${N_GEN:-128}
 # (tg128 from an empty cache hides it). DEPTH=0 skips it.
 DEPTH=${DEPTH:-4096}
 DEPTH_MODEL=${DEPTH_MODEL:-} # default: PARALLEL_MODEL (below, after --quick)
+# The same decode at depth with quantized KV caches (-ctk T -ctv T on both
+# engines; vela's attention rotation on, as llama.cpp's): rows
+# "tg128 @ d4096@kv-T". Empty skips them.
+KV_TYPES=${KV_TYPES-q8_0 q4_0}
 # BACKEND=cpu and VELA_BENCH_BUILD=<a CPU build dir> dry-run the models, vela
 # and summary stages on a machine without a GPU (with small --models).
 BACKEND=${BACKEND:-cuda}
@@ -213,6 +217,13 @@ stage_vela() {
     timed "$BUILD/vela" bench -m "$MODELS_DIR/$DEPTH_MODEL.gguf" --backend "$BACKEND" -p 0 \
       -n "$N_GEN" -d "$DEPTH" -r "$REPS" --json >"$RAW/vela-$DEPTH_MODEL-depth.json" \
       2>>"$RAW/run.log" || log "vela: bench -d $DEPTH failed on $DEPTH_MODEL"
+    for kv in $KV_TYPES; do
+      log "vela: bench $DEPTH_MODEL tg$N_GEN at depth $DEPTH, KV cache $kv"
+      timed "$BUILD/vela" bench -m "$MODELS_DIR/$DEPTH_MODEL.gguf" --backend "$BACKEND" -p 0 \
+        -n "$N_GEN" -d "$DEPTH" -ctk "$kv" -ctv "$kv" -r "$REPS" --json \
+        >"$RAW/vela-$DEPTH_MODEL-depth-kv-$kv.json" 2>>"$RAW/run.log" \
+        || log "vela: bench -d $DEPTH -ctk/-ctv $kv failed on $DEPTH_MODEL"
+    done
   fi
   if model_names | grep -qx "$PARALLEL_MODEL"; then
     log "vela: bench $PARALLEL_MODEL --parallel $PARALLEL"
@@ -347,6 +358,14 @@ stage_llama() {
     timed "$lb" -m "$MODELS_DIR/$DEPTH_MODEL.gguf" -p 0 -n "$N_GEN" -d "$DEPTH" -r "$REPS" \
       $LLAMA_BENCH_ARGS -o json >"$RAW/llamacpp-$DEPTH_MODEL-depth.json" 2>>"$RAW/llama-run.log" \
       || log "llama: llama-bench -d $DEPTH failed on $DEPTH_MODEL"
+    for kv in $KV_TYPES; do
+      log "llama: llama-bench $DEPTH_MODEL tg$N_GEN at depth $DEPTH, KV cache $kv"
+      # shellcheck disable=SC2086
+      timed "$lb" -m "$MODELS_DIR/$DEPTH_MODEL.gguf" -p 0 -n "$N_GEN" -d "$DEPTH" -ctk "$kv" \
+        -ctv "$kv" -r "$REPS" $LLAMA_BENCH_ARGS -o json \
+        >"$RAW/llamacpp-$DEPTH_MODEL-depth-kv-$kv.json" 2>>"$RAW/llama-run.log" \
+        || log "llama: llama-bench -d $DEPTH -ctk/-ctv $kv failed on $DEPTH_MODEL"
+    done
   fi
   if model_names | grep -qx "$PARALLEL_MODEL" && [ -x "$bb" ]; then
     local maxpl bargs=$LLAMA_BATCHED_ARGS
@@ -369,9 +388,10 @@ stage_summary() {
   log "summary: $OUT"
   local names
   mapfile -t names < <(model_names)
-  python3 - "$RAW" "$OUT" "$PARALLEL_MODEL" "${names[@]}" <<'EOF'
+  KV_TYPES="$KV_TYPES" python3 - "$RAW" "$OUT" "$PARALLEL_MODEL" "${names[@]}" <<'EOF'
 import glob, json, os, re, sys
 raw, out, par_model, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+kv_types = os.environ.get("KV_TYPES", "").split()
 
 def load(path):
     try:
@@ -430,6 +450,12 @@ for n in names:
     vd, ld = depth[n]
     for t in (vd or {}).get("tests", []):
         add(n, t, llama_tps(n, t, ld or []))
+    # at depth with quantized KV caches, beside llama-bench with the same types
+    for kv in kv_types:
+        vk = load(f"{raw}/vela-{n}-depth-kv-{kv}.json")
+        lk = load(f"{raw}/llamacpp-{n}-depth-kv-{kv}.json")
+        for t in (vk or {}).get("tests", []):
+            add(n, dict(t, test=t["test"] + "@kv-" + kv), llama_tps(n, t, lk or []))
 def par_tps(t):
     return next((r.get("speed_tg") for r in llama_par
                  if r.get("pl") == t["n_parallel"] and r.get("tg") == t["n_gen"]), None)

@@ -367,7 +367,7 @@ static int mk_type(void *opts, const struct flag *f, const char *where, const ch
 static const struct flag_choice backends[] = {
     {"cpu", LOAD_BACKEND_CPU}, {"cuda", LOAD_BACKEND_CUDA}, {"auto", LOAD_BACKEND_AUTO}, {0}};
 // llama.cpp's --cache-type-k/-v names (backend_cache_type_quantized beside
-// the floats); the CUDA backend refuses the quantized ones at setup so far.
+// the floats).
 static const struct flag_choice cache_types[] = {
     {"f16", GGML_TYPE_F16},       {"f32", GGML_TYPE_F32},
     {"bf16", GGML_TYPE_BF16},     {"q8_0", GGML_TYPE_Q8_0},
