@@ -7,6 +7,7 @@
 // allocation, grown on demand) serves the GEMM path (f16 activations and
 // decoded weight slices) and split-K attention (partial results); ops run
 // one after another on the stream, so they never use it at the same time.
+#include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -112,11 +113,12 @@ static int cu_enter(struct backend *be, const float *x, int n_tok, const char *o
     cb->xq_left = (struct cu_xq){0};
     const struct cu_xq *o = &cb->xq_offer;
     if (o->strict && (x != o->src || n_tok != o->rows))
-        return verr_set(&be->err, VERR_RANGE,
-                        "%s right after an op that hands its output to a mat-vec (rms_norm_q8, "
-                        "attention with out_q8): the op after it must be a mat-vec reading its "
-                        "output [%d][%lld]",
-                        op, o->rows, (long long)o->n);
+        return verr_set(
+            &be->err, VERR_RANGE,
+            "%s right after an op that hands its output to a mat-vec (rms_norm_q8, "
+            "hadamard_q8, attention with out_q8): the op after it must be a mat-vec reading its "
+            "output [%d][%lld]",
+            op, o->rows, (long long)o->n);
     CU_CHECK(be, cudaSetDevice(be->device));
     return VERR_OK;
 }
@@ -817,7 +819,22 @@ static int cu_kv_shift(struct backend *be, void *k_cache, enum ggml_type type_k,
 
 static int cu_hadamard(struct backend *be, float *x, int64_t n_rows, int n, int block) {
     CU_ENTER(be);
-    return cuda_hadamard_apply(x, n_rows, n, block, cb_of(be)->stream, &be->err);
+    return cuda_hadamard_apply(x, n_rows, n, block, NULL, cb_of(be)->stream, &be->err);
+}
+
+// The fused op: the rotated rows' q8_1 copy offered to the mat-vec op that
+// must come next (cu_enter), as cu_rms_norm_q8's.
+static int cu_hadamard_q8(struct backend *be, float *x, int64_t n_rows, int n, int block) {
+    CU_ENTER(be);
+    if (n_rows > INT_MAX)
+        return verr_set(&be->err, VERR_RANGE, "hadamard_q8: %lld rows", (long long)n_rows);
+    void *xq = NULL;
+    int rc = cu_xq_for(be, (int)n_rows, n, &xq);
+    if (!rc)
+        rc = cuda_hadamard_apply(x, n_rows, n, block, xq, cb_of(be)->stream, &be->err);
+    if (!rc)
+        cb_of(be)->xq_left = (struct cu_xq){x, (int)n_rows, n, xq != NULL, true};
+    return rc;
 }
 
 static int cu_swiglu(struct backend *be, float *out, const float *gate, const float *up,
@@ -1291,6 +1308,7 @@ static const struct backend_ops cuda_ops = {
     .attention = cu_attention,
     .kv_shift = cu_kv_shift,
     .hadamard = cu_hadamard,
+    .hadamard_q8 = cu_hadamard_q8,
     .cache_type_supported = cu_is_cache_type,
     .swiglu = cu_swiglu,
     .geglu = cu_geglu,

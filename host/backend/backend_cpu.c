@@ -1175,6 +1175,7 @@ static const struct backend_ops cpu_ops = {
     .rope_kv_store_rot = cpu_rope_kv_store_rot,
     .attention = cpu_attention,
     .hadamard = cpu_hadamard,
+    .hadamard_q8 = cpu_hadamard, // its matmuls quantize x themselves (act_q8)
     .kv_shift = cpu_kv_shift,
     .swiglu = cpu_swiglu,
     .geglu = cpu_geglu,

@@ -214,7 +214,7 @@ static int init(struct forward_ctx *fc, const struct model *m, const struct forw
                     ? 0
                     : backend_attn_rot_block(cfg->type_k, hp->head_dim, true);
     fc->rot_v = rot_off ? 0 : backend_attn_rot_block(cfg->type_v, hp->head_dim_v, false);
-    if ((fc->rot_k || fc->rot_v) && (!fc->be->ops->hadamard || !fc->be->ops->rope_kv_store_rot))
+    if ((fc->rot_k || fc->rot_v) && (!fc->be->ops->hadamard_q8 || !fc->be->ops->rope_kv_store_rot))
         return verr_set(err, VERR_UNSUPPORTED,
                         "forward: the %s backend has no hadamard op for the rotation of a "
                         "quantized cache (turn it off with --no-attn-rot)",
@@ -781,9 +781,9 @@ static int layer_attention(struct forward_ctx *fc, int il, float *x, int t0, int
         .out_q8 = !fc->rot_v, // the output projection reads it next (else the rotation)
     };
     OP("attention", be->ops->attention(be, &a));
-    if (fc->rot_v)
-        OP("attention output rotation",
-           be->ops->hadamard(be, fc->attn, (int64_t)n_tok * hp->n_head, hp->head_dim_v, fc->rot_v));
+    if (fc->rot_v) // each head's blocks: rows of n_head heads are the same runs
+        OP("attention output rotation + q8_1 for attn_output",
+           be->ops->hadamard_q8(be, fc->attn, n_tok, hp->n_head * hp->head_dim_v, fc->rot_v));
     return proj_residual(fc, il, x, &L->wo, fc->attn, L->bo, L->attn_post_norm, n_tok,
                          "attn_output", err);
 }

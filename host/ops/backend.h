@@ -354,6 +354,12 @@ struct backend_ops {
     // row is spread over its block instead of sitting on its outliers.
     int (*hadamard)(struct backend *be, float *x /* [n_rows][n] */, int64_t n_rows, int n,
                     int block);
+    // Fused: hadamard, and a q8_1 copy of x's rows for the mat-vec right
+    // after it, on the terms of rms_norm_q8 (the next op must read x with
+    // n_tok = n_rows; the CPU backend's is its hadamard). The forward rotates
+    // the attention output back with it before the output projection.
+    int (*hadamard_q8)(struct backend *be, float *x /* [n_rows][n] */, int64_t n_rows, int n,
+                       int block);
 
     // The pending KV shift, one call over all layers: every cell c with
     // delta[c] != 0 has its K rows rotated by delta[c] positions with rp's

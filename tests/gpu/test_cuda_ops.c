@@ -712,6 +712,59 @@ Test(cuda, rms_norm_q8_feeds_the_next_matvec) {
     gpu->act_q8 = false;
 }
 
+// hadamard_q8 (the attention output's rotation back before the output
+// projection) on rms_norm_q8's terms: x rotated to the hadamard op's bits,
+// and the mat-vec after it gives, bit for bit, what it gives after a plain
+// hadamard (which makes it quantize x itself); an op between them is
+// refused. Batches past the mat-vec's (no copy) run too.
+Test(cuda, hadamard_q8_feeds_the_next_matvec) {
+    REQUIRE_GPU();
+    rng_seed(44);
+    gpu->act_q8 = true;
+    const int n = 512, n_out = 67;
+    const int blocks[2] = {64, 128};
+    for (int n_tok = 1; n_tok <= CUDA_MATVEC_MAX_TOK + 1; n_tok += 4) {
+        for (int bi = 0; bi < 2; bi++) {
+            const enum ggml_type type = bi ? GGML_TYPE_Q4_K : GGML_TYPE_Q8_0;
+            void *wh = make_weight(type, n, n_out);
+            void *wg = gpu_put(wh, ggml_row_bytes(type, n) * n_out);
+            const struct backend_weight bw = {wg, type, n, n_out};
+            const size_t xb = (size_t)n_tok * n * sizeof(float);
+            float *x = nrand_array((size_t)n_tok * n, 3.0f);
+            void *x1 = gpu_put(x, xb), *x2 = gpu_put(x, xb), *o1, *o2, *dummy;
+            OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n_out * sizeof(float), &o1));
+            OK(gpu, gpu->ops->alloc(gpu, (size_t)n_tok * n_out * sizeof(float), &o2));
+            OK(gpu, gpu->ops->alloc(gpu, 64, &dummy));
+            OK(gpu, gpu->ops->memset_zero(gpu, dummy, 64)); // the add reads it (initcheck)
+            OK(gpu, gpu->ops->hadamard_q8(gpu, x1, n_tok, n, blocks[bi]));
+            OK(gpu, gpu->ops->matmul(gpu, o1, &bw, x1, NULL, n_tok)); // the q8 copy
+            OK(gpu, gpu->ops->hadamard(gpu, x2, n_tok, n, blocks[bi]));
+            OK(gpu, gpu->ops->matmul(gpu, o2, &bw, x2, NULL, n_tok)); // quantizes x itself
+            float *r1 = gpu_fetch(x1, (size_t)n_tok * n), *r2 = gpu_fetch(x2, (size_t)n_tok * n);
+            cr_expect_eq(memcmp(r1, r2, xb), 0,
+                         "hadamard_q8 n_tok %d block %d: x is not hadamard's", n_tok, blocks[bi]);
+            OK(gpu, gpu->ops->hadamard_q8(gpu, x1, n_tok, n, blocks[bi]));
+            cr_expect_eq(gpu->ops->add(gpu, dummy, dummy, 4), VERR_RANGE,
+                         "an op between hadamard_q8 and its mat-vec");
+            cr_expect(strstr(gpu->err.msg, "hadamard_q8"), "%s", gpu->err.msg);
+            OK(gpu, gpu->ops->add(gpu, dummy, dummy, 4)); // the refusal left nothing pending
+            float *a = gpu_fetch(o1, (size_t)n_tok * n_out),
+                  *b = gpu_fetch(o2, (size_t)n_tok * n_out);
+            char what[96];
+            snprintf(what, sizeof what, "hadamard q8 -> matmul %s n_tok %d block %d",
+                     ggml_type_name(type), n_tok, blocks[bi]);
+            count_bit_diffs(what, a, b, (size_t)n_tok * n_out);
+            free(a), free(b), free(r1), free(r2);
+            void *gf[] = {wg, x1, x2, o1, o2, dummy};
+            for (size_t i = 0; i < sizeof gf / sizeof gf[0]; i++)
+                gpu->ops->free(gpu, gf[i]);
+            free(wh);
+            free(x);
+        }
+    }
+    gpu->act_q8 = false;
+}
+
 Test(cuda, matmul_fused_rejects_bad_shapes) {
     REQUIRE_GPU();
     void *p = NULL;
