@@ -79,6 +79,8 @@ struct cuda_backend {
     int attn_decode;
     unsigned int *attn_sync;
     int attn_sync_n;
+    // the quantized K/V store's error word (cu_kvq_bad_word) and its host copy
+    int *kvq_bad, *kvq_bad_host;
     // the dp4a mat-vec's kernel (cuda_matvec_q8_segs); the one-pass kernel
     // unless backend_cuda_set_matvec_q8 picked another. mvq.pdl: whether the
     // decode chain's kernels (norm, quantize, mat-vecs, RoPE/KV store,
@@ -212,10 +214,26 @@ static int cu_memset_zero(struct backend *be, void *dst, size_t bytes) {
     return VERR_OK;
 }
 
+// With a block-quantized KV cache in use, also reads the stores' error word
+// (cu_kvq_bad_word): a K or V value they could not encode fails the sync,
+// once, and clears the word.
 static int cu_sync(struct backend *be) {
     CU_NOT_RECORDING(be, "sync");
     CU_ENTER(be);
-    CU_CHECK(be, cudaStreamSynchronize(cb_of(be)->stream));
+    struct cuda_backend *cb = cb_of(be);
+    if (cb->kvq_bad)
+        CU_CHECK(be, cudaMemcpyAsync(cb->kvq_bad_host, cb->kvq_bad, sizeof(int),
+                                     cudaMemcpyDeviceToHost, cb->stream));
+    CU_CHECK(be, cudaStreamSynchronize(cb->stream));
+    if (cb->kvq_bad && *cb->kvq_bad_host) {
+        const int t = INT_MAX - *cb->kvq_bad_host;
+        *cb->kvq_bad_host = 0;
+        CU_CHECK(be, cudaMemsetAsync(cb->kvq_bad, 0, sizeof(int), cb->stream));
+        return verr_set(&be->err, VERR_RANGE,
+                        "rope_kv_store: token %d of a batch has a K or V value that is not finite: "
+                        "a block-quantized KV cache cannot hold it",
+                        t);
+    }
     return VERR_OK;
 }
 
@@ -677,8 +695,8 @@ static int cu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, 
     if (rc)
         return rc;
     return cuda_rope_apply(x, pos, n_tok, n_head, head_dim, &c, NULL, NULL, GGML_TYPE_F32, NULL,
-                           GGML_TYPE_F32, NULL, 0, NULL, 0, cb_of(be)->mvq.pdl, cb_of(be)->stream,
-                           &be->err);
+                           GGML_TYPE_F32, NULL, 0, NULL, 0, NULL, cb_of(be)->mvq.pdl,
+                           cb_of(be)->stream, &be->err);
 }
 
 // The cache types the CUDA ops take: the floats and every quantized one
@@ -686,6 +704,30 @@ static int cu_rope(struct backend *be, float *x, const int32_t *pos, int n_tok, 
 // attention decodes them (cuda/kv_quant.cuh).
 static bool cu_is_cache_type(enum ggml_type t) {
     return backend_cache_type_ok(t) || backend_cache_type_quantized(t);
+}
+
+// The word a K/V store into a block-quantized cache marks when it meets a
+// non-finite value (cuda_rope_apply's `bad`), for cu_sync to report as the
+// CPU store does at once (*bad NULL for float caches). Allocated at the
+// first such store, outside graph recording (a recorded step has run
+// eagerly before, which allocated it).
+static int cu_kvq_bad_word(struct backend *be, enum ggml_type tk, enum ggml_type tv, void **bad) {
+    struct cuda_backend *cb = cb_of(be);
+    *bad = NULL;
+    const bool block_k = tk != GGML_TYPE_F32 && tk != GGML_TYPE_F16 && tk != GGML_TYPE_BF16;
+    const bool block_v = tv != GGML_TYPE_F32 && tv != GGML_TYPE_F16 && tv != GGML_TYPE_BF16;
+    if (!block_k && !block_v)
+        return VERR_OK;
+    if (!cb->kvq_bad) {
+        CU_NOT_RECORDING(be, "allocating the quantized K/V store's error word");
+        CU_CHECK(be, cudaHostAlloc((void **)&cb->kvq_bad_host, sizeof(int), cudaHostAllocDefault));
+        *cb->kvq_bad_host = 0;
+        CU_CHECK(be, cudaMallocAsync((void **)&cb->kvq_bad, sizeof(int), cb->stream));
+        CU_CHECK(be, cudaMemsetAsync(cb->kvq_bad, 0, sizeof(int), cb->stream));
+        cb->scratch_gen++; // graphs recorded before stored without it
+    }
+    *bad = cb->kvq_bad;
+    return VERR_OK;
 }
 
 static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, const float *v,
@@ -704,11 +746,14 @@ static int cu_rope_kv_store(struct backend *be, float *q, int n_head, float *k, 
         return verr_set(&be->err, VERR_RANGE, "rope_kv_store: q with %d heads", n_head);
     struct cuda_rope c = {0}; // rp NULL: n_rot 0, a plain store (the unrotated cache)
     int rc = rp ? cu_rope_prepare(be, &c, rp, head_dim, true, "rope_kv_store") : VERR_OK;
+    void *bad = NULL;
+    if (!rc)
+        rc = cu_kvq_bad_word(be, type_k, type_v, &bad);
     if (rc)
         return rc;
     return cuda_rope_apply(k, pos, n_tok, n_head_kv, head_dim, &c, v, k_cache, type_k, v_cache,
-                           type_v, cells, head_dim_v, rp ? q : NULL, n_head, cb_of(be)->mvq.pdl,
-                           cb_of(be)->stream, &be->err);
+                           type_v, cells, head_dim_v, rp ? q : NULL, n_head, bad,
+                           cb_of(be)->mvq.pdl, cb_of(be)->stream, &be->err);
 }
 
 static int cu_rope_kv_store_rot(struct backend *be, float *q, int n_head, float *k, float *v,
@@ -725,10 +770,13 @@ static int cu_rope_kv_store_rot(struct backend *be, float *q, int n_head, float 
         return verr_set(&be->err, VERR_RANGE, "rope_kv_store_rot: NULL k, v, cache, pos or cells");
     struct cuda_rope c = {0}; // rp NULL: n_rot 0, no RoPE (the unrotated cache)
     int rc = rp ? cu_rope_prepare(be, &c, rp, head_dim, true, "rope_kv_store_rot") : VERR_OK;
+    void *bad = NULL;
+    if (!rc)
+        rc = cu_kvq_bad_word(be, type_k, type_v, &bad);
     if (rc)
         return rc;
     return cuda_rope_store_rotated(k, pos, n_tok, n_head_kv, head_dim, &c, v, k_cache, type_k,
-                                   v_cache, type_v, cells, head_dim_v, q, n_head, rot_k, rot_v,
+                                   v_cache, type_v, cells, head_dim_v, q, n_head, rot_k, rot_v, bad,
                                    cb_of(be)->stream, &be->err);
 }
 
@@ -1265,6 +1313,10 @@ static void cu_release(struct cuda_backend *cb) {
         (void)cudaFree(cb->xq);
     if (cb->attn_sync)
         (void)cudaFree(cb->attn_sync);
+    if (cb->kvq_bad)
+        (void)cudaFree(cb->kvq_bad);
+    if (cb->kvq_bad_host)
+        (void)cudaFreeHost(cb->kvq_bad_host);
     for (int k = 0; k < BACKEND_UPLOAD_SLOTS; k++)
         if (cb->upload_ev[k])
             (void)cudaEventDestroy(cb->upload_ev[k]);

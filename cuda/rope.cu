@@ -8,6 +8,8 @@
 // contract them; theta_scale, the corr dims and mscale come from the host.
 // What remains different is cosf/sinf (CUDA's are within 2 ulp, glibc's
 // within 1), so results agree to a few float ulps of |x|.
+#include <limits.h>
+
 #include "cuda/hadamard.cuh"
 #include "cuda/kv_quant.cuh"
 #include "cuda/launch.cuh"
@@ -87,6 +89,21 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
     }
 }
 
+// A block-quantized cache has no encoding for inf or NaN (the CPU store
+// refuses them): a block that meets one in x [n] of token t marks *bad with
+// INT_MAX - t (atomicMax: the lowest t wins), which the backend reads at its
+// next sync. Float caches store them as they are.
+static __device__ __forceinline__ void kvq_flag_nonfinite(int type, const float *x, int n,
+                                                          int64_t t, int *bad) {
+    if (!bad || type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16)
+        return;
+    bool ok = true;
+    for (int i = threadIdx.x; i < n; i += ROPE_THREADS)
+        ok &= isfinite(x[i]);
+    if (!ok)
+        atomicMax(bad, INT_MAX - (int)t);
+}
+
 // rope_kernel<true, ...> for caches of any type (cuda/kv_quant.cuh; the
 // quantized ones and bf16, which the float kernels do not take): K is
 // rotated in place in x first, then the block encodes the rotated K row and
@@ -101,7 +118,7 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
                     int type_k, uint8_t *__restrict__ v_cache /* [n_ctx][n_head] rows of hdv */,
                     int type_v, const int32_t *__restrict__ cells /* [n_tok] */, int head_dim_v,
                     float *__restrict__ q /* [n_tok][n_head_q][head_dim] or NULL */, int n_head_q,
-                    int64_t n_qblk) {
+                    int64_t n_qblk, int *__restrict__ bad) {
     if ((int64_t)blockIdx.x < n_qblk) { // uniform per block
         const int64_t t = blockIdx.x / n_head_q;
         rope_head<float>(q + (size_t)blockIdx.x * head_dim, (float)pos[t], c, nullptr);
@@ -113,6 +130,8 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
     rope_head<float>(xh, (float)pos[t], c, nullptr);
     __syncthreads(); // the rotated row, written by every thread, before it is encoded
     const size_t row = (size_t)cells[t] * n_head + h;
+    kvq_flag_nonfinite(type_k, xh, head_dim, t, bad);
+    kvq_flag_nonfinite(type_v, v + (size_t)th * head_dim_v, head_dim_v, t, bad);
     kvq_store_row(type_k, xh, k_cache + row * kvq_row_bytes(type_k, head_dim), head_dim,
                   threadIdx.x, ROPE_THREADS);
     kvq_store_row(type_v, v + (size_t)th * head_dim_v,
@@ -136,7 +155,7 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
                         int type_v, const int32_t *__restrict__ cells /* [n_tok] */, int head_dim_v,
                         float *__restrict__ q /* [n_tok][n_head_q][head_dim] or NULL */,
                         int n_head_q, int64_t n_qblk, int rot_k, float rot_scale_k, int rot_v,
-                        float rot_scale_v) {
+                        float rot_scale_v, int *__restrict__ bad) {
     extern __shared__ float s[];                    // [head_dim + head_dim_v]
     const bool is_q = (int64_t)blockIdx.x < n_qblk; // uniform per block
     const int64_t th = is_q ? (int64_t)blockIdx.x : (int64_t)blockIdx.x - n_qblk;
@@ -156,6 +175,7 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
     if (is_q)
         return;
     const size_t row = (size_t)cells[t] * n_head + h;
+    kvq_flag_nonfinite(type_k, s, head_dim, t, bad);
     kvq_store_row(type_k, s, k_cache + row * kvq_row_bytes(type_k, head_dim), head_dim, threadIdx.x,
                   ROPE_THREADS);
     float *sv = s + head_dim, *vh = v + (size_t)th * head_dim_v;
@@ -167,6 +187,7 @@ __global__ static void __launch_bounds__(ROPE_THREADS)
         __syncthreads();
     for (int d = threadIdx.x; d < head_dim_v; d += ROPE_THREADS)
         vh[d] = sv[d];
+    kvq_flag_nonfinite(type_v, sv, head_dim_v, t, bad);
     kvq_store_row(type_v, sv, v_cache + row * kvq_row_bytes(type_v, head_dim_v), head_dim_v,
                   threadIdx.x, ROPE_THREADS);
 }
@@ -260,7 +281,7 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
                                const struct cuda_rope *c, const float *v, void *k_cache,
                                enum ggml_type type_k, void *v_cache, enum ggml_type type_v,
                                const int32_t *cells, int head_dim_v, float *q, int n_head_q,
-                               bool pdl, cudaStream_t stream, struct verr *err) {
+                               void *bad, bool pdl, cudaStream_t stream, struct verr *err) {
     if (n_tok <= 0 || n_head <= 0)
         return VERR_OK;
     if (q && (!k_cache || n_head_q <= 0))
@@ -292,7 +313,7 @@ extern "C" int cuda_rope_apply(float *x, const int32_t *pos, int n_tok, int n_he
                             (long long)blocks);
         rope_kvq_kernel<<<(unsigned int)blocks, ROPE_THREADS, 0, stream>>>(
             x, pos, n_head, head_dim, *c, v, (uint8_t *)k_cache, type_k, (uint8_t *)v_cache, type_v,
-            cells, head_dim_v, q, n_head_q, n_qblk);
+            cells, head_dim_v, q, n_head_q, n_qblk, (int *)bad);
         VELA_CHECK_LAUNCH(err, "rope_kvq_kernel");
         return VERR_OK;
     }
@@ -317,7 +338,7 @@ extern "C" int cuda_rope_store_rotated(float *x, const int32_t *pos, int n_tok, 
                                        int head_dim, const struct cuda_rope *c, float *v,
                                        void *k_cache, enum ggml_type type_k, void *v_cache,
                                        enum ggml_type type_v, const int32_t *cells, int head_dim_v,
-                                       float *q, int n_head_q, int rot_k, int rot_v,
+                                       float *q, int n_head_q, int rot_k, int rot_v, void *bad,
                                        cudaStream_t stream, struct verr *err) {
     if (n_tok <= 0 || n_head <= 0)
         return VERR_OK;
@@ -356,7 +377,7 @@ extern "C" int cuda_rope_store_rotated(float *x, const int32_t *pos, int n_tok, 
     const float sv = rot_v ? 1.0f / sqrtf((float)rot_v) : 1.0f;
     rope_kvq_rot_kernel<<<(unsigned int)blocks, ROPE_THREADS, smem, stream>>>(
         x, pos, n_head, head_dim, *c, v, (uint8_t *)k_cache, type_k, (uint8_t *)v_cache, type_v,
-        cells, head_dim_v, q, n_head_q, n_qblk, rot_k, sk, rot_v, sv);
+        cells, head_dim_v, q, n_head_q, n_qblk, rot_k, sk, rot_v, sv, (int *)bad);
     VELA_CHECK_LAUNCH(err, "rope_kvq_rot_kernel");
     return VERR_OK;
 }

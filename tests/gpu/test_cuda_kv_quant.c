@@ -709,3 +709,65 @@ Test(cuda_kvq, rope_kv_store_rot_refuses_bad_blocks) {
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         dbuf_free(bs[i]);
 }
+
+// A non-finite K or V value cannot be encoded in a block-quantized cache:
+// the CPU store refuses it at once; the CUDA store marks it and the next
+// sync fails with the lowest such token, once. Float caches (f16 here)
+// store it as it is; q is not stored, so a NaN there marks nothing.
+Test(cuda_kvq, store_of_non_finite_fails_the_sync) {
+    REQUIRE_GPU();
+    const int n_tok = 3, nh = 2, hd = 64;
+    const int32_t pos[3] = {0, 1, 2}, cells[3] = {0, 1, 2};
+    struct dbuf bpos = dbuf_new(pos, sizeof pos), bcell = dbuf_new(cells, sizeof cells);
+    struct rope_params rp = store_rope();
+    const struct {
+        enum ggml_type tk, tv;
+        int bad_at;   // index into k (>= 0), v (< 0: -1 - index), or q (nq + ...)
+        int rot;      // through rope_kv_store_rot with blocks of 64
+        int want_tok; // -1: no error
+    } cases[] = {
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 2 * nh * hd + 5, 0, 2},         // K of token 2
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, -1 - (1 * nh * hd + 70), 0, 1}, // V of token 1
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 1 * nh * hd, 64, 1},            // rotated K of token 1
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, -1 - 3, 64, 0},                 // rotated V of token 0
+        {GGML_TYPE_F16, GGML_TYPE_F16, 5, 0, -1},                        // a float cache holds it
+        {GGML_TYPE_F16, GGML_TYPE_Q8_0, 5, 0, -1},                       // K is f16: stored as is
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const size_t nk = (size_t)n_tok * nh * hd;
+        float *k = nrand_array(nk, 1.0f), *v = nrand_array(nk, 1.0f), *q = nrand_array(nk, 1.0f);
+        if (cases[i].bad_at >= 0)
+            k[cases[i].bad_at] = i % 2 ? INFINITY : NAN;
+        else
+            v[-1 - cases[i].bad_at] = NAN;
+        q[7] = NAN; // never stored
+        struct dbuf bk = dbuf_new(k, nk * 4), bv = dbuf_new(v, nk * 4), bq = dbuf_new(q, nk * 4);
+        struct dbuf bkc = dbuf_new(NULL, ggml_row_bytes(cases[i].tk, (int64_t)4 * nh * hd));
+        struct dbuf bvc = dbuf_new(NULL, ggml_row_bytes(cases[i].tv, (int64_t)4 * nh * hd));
+        if (cases[i].rot)
+            OK(gpu, gpu->ops->rope_kv_store_rot(gpu, bq.g, nh, bk.g, bv.g, bkc.g, cases[i].tk,
+                                                bvc.g, cases[i].tv, bpos.g, bcell.g, n_tok, nh, hd,
+                                                hd, &rp, cases[i].rot, cases[i].rot));
+        else
+            OK(gpu, gpu->ops->rope_kv_store(gpu, bq.g, nh, bk.g, bv.g, bkc.g, cases[i].tk, bvc.g,
+                                            cases[i].tv, bpos.g, bcell.g, n_tok, nh, hd, hd, &rp));
+        const int rc = gpu->ops->sync(gpu);
+        if (cases[i].want_tok < 0) {
+            cr_expect_eq(rc, 0, "case %zu: %s", i, gpu->err.msg);
+        } else {
+            cr_expect_eq(rc, VERR_RANGE, "case %zu: the sync after a non-finite store", i);
+            char want[32];
+            snprintf(want, sizeof want, "token %d ", cases[i].want_tok);
+            cr_expect(strstr(gpu->err.msg, want) && strstr(gpu->err.msg, "not finite"),
+                      "case %zu: %s (want %s)", i, gpu->err.msg, want);
+            cr_log_info("%s", gpu->err.msg);
+        }
+        OK(gpu, gpu->ops->sync(gpu)); // reported once
+        struct dbuf *bs[] = {&bk, &bv, &bq, &bkc, &bvc};
+        for (size_t j = 0; j < sizeof bs / sizeof bs[0]; j++)
+            dbuf_free(bs[j]);
+        free(k), free(v), free(q);
+    }
+    dbuf_free(&bpos);
+    dbuf_free(&bcell);
+}
