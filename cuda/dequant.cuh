@@ -445,6 +445,21 @@ static __host__ __device__ __forceinline__ int mxfp4_level(uint32_t c) {
     return (c & 8u) ? -mag : mag;
 }
 
+// MXFP4's mxfp4_level of the 8 nibbles of a word q of qs bytes, as
+// iq4_levels8 gives IQ4_NL's (lo: the low nibbles of q's bytes 0..3, hi the
+// high ones; the same byte permutes), from its own table: kept apart so that
+// iq4_levels8's users compile as they did.
+static __host__ __device__ __forceinline__ void mxfp4_levels8(uint32_t q, uint32_t *lo,
+                                                              uint32_t *hi) {
+    // 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12
+    const uint32_t t0 = 0x03020100u, t1 = 0x0c080604u, t2 = 0xfdfeff00u, t3 = 0xf4f8fafcu;
+    const uint32_t sel = 0x32103210u | ((q & 0x88888888u) >> 1);
+    const uint32_t a = byte_perm(byte_perm(t0, t1, q), byte_perm(t2, t3, q), sel);
+    const uint32_t b = byte_perm(byte_perm(t0, t1, q >> 16), byte_perm(t2, t3, q >> 16), sel >> 16);
+    *lo = byte_perm(a, b, 0x6420u);
+    *hi = byte_perm(a, b, 0x7531u);
+}
+
 // MXFP4: e@0, qs[16]@1; element l (< 16) is level[qs[l] & 15] * 2^(e-128),
 // element l + 16 level[qs[l] >> 4] * 2^(e-128).
 template <>

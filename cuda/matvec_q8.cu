@@ -61,7 +61,10 @@
 // IQ4_NL / IQ4_XS: each nibble becomes its int8 level (-127..113) by byte
 // permutes of the 16 levels held in 4 registers (dequant.cuh, iq4_levels8:
 // 8 nibbles in 8 __byte_perm), so __dp4a sees the levels themselves; signed,
-// no activation sum.
+// no activation sum. MXFP4 the same with its doubled E2M1 levels (-12..12,
+// mxfp4_levels8) and the E8M0 scale; its 17-byte blocks are staged and read
+// a byte at a time. Its paths are compile-time branches on the type, so the
+// other types' instantiations compile as they would without it.
 #include "cuda/dequant.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/matvec_q8.h"
@@ -156,6 +159,21 @@ static __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *sr
         warp_copy_units<uint16_t>(dst, src, nbytes / 2, lane);
 }
 
+// warp_copy of a weight chunk of type T: MXFP4's 17-byte blocks put a row
+// (and a chunk's length) at odd byte counts, copied a byte at a time; the
+// other types take warp_copy as it is.
+template <int T>
+static __device__ __forceinline__ void warp_copy_w(uint8_t *dst, const uint8_t *src, int nbytes,
+                                                   int lane) {
+    if constexpr (T == GGML_TYPE_MXFP4) {
+        if ((((uintptr_t)src | (uintptr_t)nbytes) & 1u) != 0) {
+            warp_copy_units<uint8_t>(dst, src, nbytes, lane);
+            return;
+        }
+    }
+    warp_copy(dst, src, nbytes, lane);
+}
+
 // NW little-endian words starting at a 2-byte aligned shared address: aligned
 // 4-byte loads, shifted by 16 bits when p is 2 mod 4. Reads one word past the
 // last (the shared slices are padded for it).
@@ -191,7 +209,7 @@ static __device__ __forceinline__ uint32_t spread_bit4(uint32_t x) {
 // as bytes (signed for the offset types), plus the factors of its term.
 struct mvq_w {
     int v[8];
-    float a, b;   // dw, m (legacy) / d, dmin (K) / d (Q3_K, Q6_K, IQ4_NL, IQ4_XS)
+    float a, b;   // dw, m (legacy) / d, dmin (K) / d (Q3_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)
     int sc0, sc1; // Q4_K/Q5_K: scale, min; Q2_K/Q3_K/Q6_K: scales of elements 0..15, 16..31;
                   // IQ4_XS: sc0 the group's scale
     int m0, m1;   // Q2_K: mins of elements 0..15, 16..31
@@ -203,7 +221,7 @@ template <int T> struct mvq_traits {
         T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1 ||
         T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q2_K || T == GGML_TYPE_Q3_K || T == GGML_TYPE_Q4_K ||
         T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K || T == GGML_TYPE_IQ4_NL ||
-        T == GGML_TYPE_IQ4_XS;
+        T == GGML_TYPE_IQ4_XS || T == GGML_TYPE_MXFP4;
     // Sub-blocks per weight block.
     static constexpr int subs = qtype<T>::block / 32;
     static constexpr bool has_min =
@@ -257,13 +275,21 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w
         sh_words<8>(p + 2, (uint32_t *)o->v);
         o->a = sh_f16(p);
         o->b = 0.0f;
-    } else if (T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS) {
+    } else if (T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS || T == GGML_TYPE_MXFP4) {
         // Group j's 16 quant bytes: words k of elements 4k..4k+3 (low
         // nibbles) and 16 + 4k.. (high nibbles).
         uint32_t q[4];
         if (T == GGML_TYPE_IQ4_NL) {
             sh_words<4>(p + 2, q);
             o->a = sh_f16(p);
+        } else if (T == GGML_TYPE_MXFP4) {
+            // e@0, qs[16]@1: 17-byte blocks sit at any byte offset of the
+            // staged chunk, so byte loads.
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                q[k] = (uint32_t)p[1 + 4 * k] | (uint32_t)p[2 + 4 * k] << 8 |
+                       (uint32_t)p[3 + 4 * k] << 16 | (uint32_t)p[4 + 4 * k] << 24;
+            o->a = e8m0_half_to_f32(p[0]);
         } else { // a super-block starts at 0 or 8 mod 16 in the staged chunk
             const uint2 h = *(const uint2 *)p; // d | scales_h << 16, scales_l[4]
             const uint2 q01 = *(const uint2 *)(p + 8 + 16 * j);
@@ -279,7 +305,10 @@ static __device__ __forceinline__ void mvq_decode(const uint8_t *p, int j, mvq_w
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             uint32_t lo, hi;
-            iq4_levels8(q[k], &lo, &hi);
+            if constexpr (T == GGML_TYPE_MXFP4)
+                mxfp4_levels8(q[k], &lo, &hi);
+            else
+                iq4_levels8(q[k], &lo, &hi);
             o->v[k] = (int)lo;
             o->v[k + 4] = (int)hi;
         }
@@ -610,8 +639,8 @@ __global__ static void __launch_bounds__(MVQ_WARPS *VELA_WARP) matvec_q8_kernel(
         const int jb = lane / tr::subs, j = lane % tr::subs;
 #pragma unroll
         for (int r = 0; r < MVQ_ROWS; r++)
-            warp_copy(ws + r * (tr::chunk + 16), rows[r] + blk0 * qtype<T>::bytes,
-                      nsb / tr::subs * qtype<T>::bytes, lane);
+            warp_copy_w<T>(ws + r * (tr::chunk + 16), rows[r] + blk0 * qtype<T>::bytes,
+                           nsb / tr::subs * qtype<T>::bytes, lane);
 #pragma unroll
         for (int t = 0; t < NT; t++)
             if (t < a.n_tok)
@@ -699,7 +728,7 @@ static __device__ __forceinline__ void mvq_pipe_fetch(const mvq_args &a, unsigne
     for (int r = 0; r < MVQ_ROWS; r++) {
         uint8_t *dst = slot + r * (tr::chunk + 16);
         if (!copy_async(dst, rows[r] + off, nbytes, lane, VELA_WARP))
-            warp_copy(dst, rows[r] + off, nbytes, lane);
+            warp_copy_w<T>(dst, rows[r] + off, nbytes, lane);
     }
 }
 
@@ -1022,7 +1051,8 @@ extern "C" int cuda_matvec_q8_kernel(enum ggml_type type, int64_t n_in, int n_to
         else
             return mvq_kernel_for<T>(n_tok, n_in, plan);
     };
-    return VELA_DISPATCH_QTYPE(type, pick, CUDA_MVQ_PASS);
+    return type == GGML_TYPE_MXFP4 ? pick(std::integral_constant<int, GGML_TYPE_MXFP4>())
+                                   : VELA_DISPATCH_QTYPE(type, pick, CUDA_MVQ_PASS);
 }
 
 // Row pairs per block of the pipelined kernel: the pairs spread over
@@ -1213,7 +1243,9 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
             return VERR_OK;
         }
     };
-    return VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);
+    // MXFP4 is not in VELA_DISPATCH_QTYPE (every kernel instantiates that).
+    return type == GGML_TYPE_MXFP4 ? run(std::integral_constant<int, GGML_TYPE_MXFP4>())
+                                   : VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);
 }
 
 extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,

@@ -21,7 +21,7 @@ int cuda_quantize_q8_1(void *xq /* [n_tok][n_in/32] blocks */, const float *x /*
 // (+ bias, epilogues STORE / ADD / SWIGLU as documented for
 // cuda_matvec_segs; silu is g / (1.0f + expf(-g)) as in cuda_swiglu_apply).
 // Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
-// IQ4_XS (else VERR_UNSUPPORTED). Weights 16-byte aligned, outputs/bias
+// IQ4_XS, MXFP4 (else VERR_UNSUPPORTED). Weights 16-byte aligned, outputs/bias
 // 4-byte aligned, xq 4-byte aligned (VERR_RANGE otherwise); n_tok in
 // [1, CUDA_MATVEC_MAX_TOK]. plan: which kernel and how it spreads its work
 // (NULL: the one-pass kernel). The one-pass and pipelined kernels give the

@@ -1,7 +1,7 @@
-// cuda/matvec.cu's f32-activation mat-vec on MXFP4 weights (the only kernel
-// that runs them so far), called directly: plain segments (STORE, ADD with a
-// bias, fused SwiGLU) for 1, 3 and 8 tokens, and the expert mode, against a
-// float64 dot of the weights gguf/quant.c decodes.
+// cuda/matvec.cu's f32-activation mat-vec on MXFP4 weights, called
+// directly: plain segments (STORE, ADD with a bias, fused SwiGLU) for 1, 3
+// and 8 tokens, and the expert mode, against a float64 dot of the weights
+// gguf/quant.c decodes.
 //
 // Bound: the kernel sums n_in float products in its own order, so each
 // output is within n_in * 2^-24 * sum |w_i x_i| of the exact dot (the gamma_n

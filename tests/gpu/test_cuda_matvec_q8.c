@@ -439,6 +439,13 @@ Test(matvec_q8, iq4_xs) {
     check_type(GGML_TYPE_IQ4_XS);
 }
 
+// MXFP4: 17-byte blocks, so rows of an odd number of blocks start at odd
+// addresses (the byte copy) and the rest only 2-byte aligned.
+Test(matvec_q8, mxfp4) {
+    REQUIRE_GPU();
+    check_type(GGML_TYPE_MXFP4);
+}
+
 Test(matvec_q8, rejects_what_it_cannot_do) {
     REQUIRE_GPU();
     uint8_t *dw = dev_upload(NULL, 4096);
