@@ -12,6 +12,9 @@
 //                 columns of out (ldc = n_out); activations f16. Both read
 //                 the same f16 activations (matmul_convert_kernel) and
 //                 accumulate in f32: they agree to f32 rounding.
+//                 MXFP4 always takes the decode + cuBLAS path: the fused
+//                 kernel's aligned async copies do not fit its 17-byte
+//                 blocks (it is not among cuda_matmul_tc_takes' types).
 // Scratch layout: [activations, 256-aligned][weight slice (cuBLAS path)].
 #include "cuda/dequant.cuh"
 #include "cuda/matmul.h"
@@ -190,7 +193,11 @@ extern "C" int cuda_matmul_apply(cublasHandle_t cublas, float *out, const void *
                     VELA_CHECK_LAUNCH(err, "matmul_dequant_f16_kernel");
                     return VERR_OK;
                 };
-                const int rc = VELA_DISPATCH_QTYPE(type, decode, 1);
+                // MXFP4 is not in VELA_DISPATCH_QTYPE (every kernel
+                // instantiates that; dequant_sub32 reads it by bytes).
+                const int rc = type == GGML_TYPE_MXFP4
+                                   ? decode(std::integral_constant<int, GGML_TYPE_MXFP4>())
+                                   : VELA_DISPATCH_QTYPE(type, decode, 1);
                 if (rc == 1)
                     return verr_set(err, VERR_UNSUPPORTED,
                                     "matmul: weight type %s is not supported",
