@@ -361,8 +361,11 @@ static int cu_attn_sync_reserve(struct backend *be, int n) {
 static int cu_check_weight(struct backend *be, const struct backend_weight *w, const char *what) {
     if (!w || !w->data)
         return verr_set(&be->err, VERR_RANGE, "%s: weight is NULL", what);
-    // MXFP4 has a decoder in the f32 mat-vec but no q8_1 mat-vec or GEMM yet
-    if (!quant_type_supported(w->type) || w->type == GGML_TYPE_MXFP4)
+    // Every matmul form and moe_ffn take every type quant_type_supported
+    // names (MXFP4: the mat-vecs, the decode + cuBLAS GEMM, the expert
+    // mat-vecs over pairs for prompt batches); embed refuses MXFP4 tables
+    // itself (cuda_embed_rows).
+    if (!quant_type_supported(w->type))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "%s: weight type %s is not supported by the "
                         "CUDA backend",

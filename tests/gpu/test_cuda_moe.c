@@ -6,7 +6,8 @@
 // swiglu_oai and per-expert biases (gpt-oss), decode batches (the expert
 // mat-vecs) and prompt batches (grouped by expert on the device, the
 // grouped tensor-core GEMM), F32/F16/Q8_0/Q4_0/Q4_K stacks (and a Q6_K down
-// stack under Q4_K gate/up, as Q4_K_M files have), act_q8 on and off.
+// stack under Q4_K gate/up, as Q4_K_M files have), MXFP4 stacks (gpt-oss's:
+// the expert mat-vecs at every batch size), act_q8 on and off.
 // Besides the CPU comparison (stated tolerances, worst error logged):
 // moe_ffn equals the dense CUDA ops composed expert by expert bit for bit,
 // and a token's output does not depend on what else is in its batch
@@ -403,6 +404,12 @@ static bool q8_type(enum ggml_type t) {
     return t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16;
 }
 
+// The stack types the grouped tensor-core GEMM takes (MXFP4 prompt batches
+// take the mat-vec over pairs).
+static bool grouped_type(enum ggml_type t) {
+    return q8_type(t) && t != GGML_TYPE_MXFP4;
+}
+
 // One case against the CPU, with swiglu_oai (oai) and biases of sigma
 // bias_amp (negative: none).
 static void run_ffn_case_oai(const struct moe_case *c, bool oai, float bias_amp) {
@@ -433,7 +440,8 @@ static void run_ffn_case_oai(const struct moe_case *c, bool oai, float bias_amp)
     //    values (decode, act_q8) only elements of h whose f32 values differ
     //    across a rounding boundary differ: Q covers that too.
     // A wrong expert, row, slot or weight changes outputs by O(M).
-    const bool grouped = c->n_tok > CUDA_MATVEC_MAX_TOK && q8_type(c->t_gu) && q8_type(c->t_down);
+    const bool grouped =
+        c->n_tok > CUDA_MATVEC_MAX_TOK && grouped_type(c->t_gu) && grouped_type(c->t_down);
     const bool q8 = c->act_q8 && (q8_type(c->t_gu) || q8_type(c->t_down));
     const int nmax = c->n_embd > c->n_ff ? c->n_embd : c->n_ff;
     const double rel = 16.0 * sqrt((double)nmax) / 16777216.0 + (grouped ? 1.0 / 1024 : 0.0);
@@ -495,6 +503,7 @@ static void run_ffn_case(const struct moe_case *c) {
 #define Q40 GGML_TYPE_Q4_0
 #define Q4K GGML_TYPE_Q4_K
 #define Q6K GGML_TYPE_Q6_K
+#define MX GGML_TYPE_MXFP4
 
 Test(cuda_moe, ffn_decode) {
     REQUIRE_GPU();
@@ -521,6 +530,24 @@ Test(cuda_moe, ffn_prompt) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_ffn_case(&cases[i]);
+}
+
+// MXFP4 stacks (gpt-oss's experts; rows of 3 and 5 blocks are 51 and 85
+// bytes, so odd addresses) on the expert mat-vecs of decode batches and the
+// mat-vec over pairs of prompt batches, f32 and q8_1 activations, plain and
+// with swiglu_oai and biases.
+Test(cuda_moe, ffn_mxfp4) {
+    REQUIRE_GPU();
+    rng_seed(3208);
+    static const struct moe_case cases[] = {
+        {MX, MX, 64, 96, 8, 2, 1, false, true},   {MX, MX, 96, 64, 8, 4, 3, false, false},
+        {MX, MX, 96, 160, 32, 4, 8, false, true}, {MX, MX, 64, 96, 8, 2, 20, false, true},
+        {MX, MX, 96, 64, 8, 4, 12, true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_ffn_case(&cases[i]);
+        run_ffn_case_oai(&cases[i], true, 0.5f);
+    }
 }
 
 // gpt-oss's experts: per-expert biases and swiglu_oai, each alone and
@@ -646,9 +673,15 @@ Test(cuda_moe, ffn_equals_dense) {
     REQUIRE_GPU();
     rng_seed(3204);
     static const struct moe_case cases[] = {
-        {Q4K, Q6K, 256, 256, 8, 2, 3, false, true}, {Q40, Q40, 64, 96, 128, 8, 2, false, true},
-        {F16, F32, 64, 32, 8, 2, 2, false, false},  {Q40, Q40, 64, 96, 8, 2, 12, true, true},
+        {Q4K, Q6K, 256, 256, 8, 2, 3, false, true},
+        {Q40, Q40, 64, 96, 128, 8, 2, false, true},
+        {F16, F32, 64, 32, 8, 2, 2, false, false},
+        {Q40, Q40, 64, 96, 8, 2, 12, true, true},
         {Q4K, Q4K, 256, 256, 8, 8, 9, true, false},
+        // MXFP4 decode: the q8_1 expert mat-vec equals the dense one
+        // (test_cuda_matvec_q8 holds that one to the CPU's q8_1 dot)
+        {MX, MX, 96, 64, 8, 2, 3, false, true},
+        {MX, MX, 64, 160, 32, 4, 5, false, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_dense_case(&cases[i]);

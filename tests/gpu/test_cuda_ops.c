@@ -374,6 +374,13 @@ Test(cuda, matmul_iq4_xs) {
     rng_seed(25);
     run_matmul_type(GGML_TYPE_IQ4_XS);
 }
+// MXFP4 (17-byte blocks: rows of an odd number of blocks, 96 and 1184, start
+// at odd addresses): the f32 mat-vec and the decode + cuBLAS GEMM path.
+Test(cuda, matmul_mxfp4) {
+    REQUIRE_GPU();
+    rng_seed(26);
+    run_matmul_type(GGML_TYPE_MXFP4);
+}
 
 // More rows than one decoded f16 slice of the GEMM path holds (64 Mi
 // elements): the second GEMM writes the columns after the first slice.
@@ -395,6 +402,12 @@ Test(cuda, matmul_rejects_what_it_cannot_do) {
     const struct backend_weight odd = {p, GGML_TYPE_Q4_0, 33, 4};
     cr_expect_eq(gpu->ops->matmul(gpu, (float *)p, &odd, (const float *)p + 1024, NULL, 1),
                  VERR_RANGE);
+    // MXFP4 tables have no embed decoder (llama.cpp's MXFP4_MOE keeps
+    // token_embd in Q8_0); refused by name before anything is launched.
+    const struct backend_weight mx = {p, GGML_TYPE_MXFP4, 32, 4};
+    cr_expect_eq(gpu->ops->embed(gpu, (float *)p + 1024, &mx, (const int32_t *)p + 2048, 1),
+                 VERR_UNSUPPORTED);
+    cr_expect(strstr(gpu->err.msg, "mxfp4") != NULL, "%s", gpu->err.msg);
     gpu->ops->free(gpu, p);
 }
 
@@ -566,7 +579,7 @@ Test(cuda, matmul_fused_equal_unfused) {
     rng_seed(31);
     const enum ggml_type F32 = GGML_TYPE_F32, F16 = GGML_TYPE_F16, BF = GGML_TYPE_BF16,
                          Q40 = GGML_TYPE_Q4_0, Q80 = GGML_TYPE_Q8_0, Q51 = GGML_TYPE_Q5_1,
-                         Q4K = GGML_TYPE_Q4_K, Q6K = GGML_TYPE_Q6_K;
+                         Q4K = GGML_TYPE_Q4_K, Q6K = GGML_TYPE_Q6_K, MX = GGML_TYPE_MXFP4;
     const struct fused_case cases[] = {
         // one launch each (shared types), decode batches of 1, 3 and 8
         {Q40, Q40, Q40, Q40, Q40, Q40, 256, 96, 33, 160, 1},
@@ -580,6 +593,9 @@ Test(cuda, matmul_fused_equal_unfused) {
         // GEMM batches
         {Q40, Q40, Q40, Q40, Q40, Q40, 256, 96, 33, 160, 9},
         {F16, F16, F16, F16, F16, F16, 128, 64, 32, 96, 20},
+        // MXFP4 (odd rows of 3 and 5 blocks) beside Q8_0, decode and GEMM
+        {Q80, MX, MX, MX, MX, MX, 96, 64, 32, 160, 3},
+        {MX, Q80, MX, MX, MX, MX, 96, 64, 32, 160, 9},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_fused_case(&cases[i]);
@@ -594,9 +610,10 @@ Test(cuda, matmul_act_q8) {
     REQUIRE_GPU();
     rng_seed(41);
     cpu->act_q8 = gpu->act_q8 = true;
-    static const enum ggml_type types[] = {
-        GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,   GGML_TYPE_Q5_1,
-        GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS};
+    static const enum ggml_type types[] = {GGML_TYPE_Q8_0,   GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+                                           GGML_TYPE_Q5_0,   GGML_TYPE_Q5_1, GGML_TYPE_Q4_K,
+                                           GGML_TYPE_Q5_K,   GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL,
+                                           GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const bool k = ggml_type_get(types[ti])->block_size == 256;
         const struct mm_case cases[] = {
@@ -607,10 +624,12 @@ Test(cuda, matmul_act_q8) {
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
             run_matmul_case(types[ti], &cases[ci]);
     }
-    const enum ggml_type Q40 = GGML_TYPE_Q4_0, Q4K = GGML_TYPE_Q4_K, Q6K = GGML_TYPE_Q6_K;
+    const enum ggml_type Q40 = GGML_TYPE_Q4_0, Q4K = GGML_TYPE_Q4_K, Q6K = GGML_TYPE_Q6_K,
+                         Q80 = GGML_TYPE_Q8_0, MX = GGML_TYPE_MXFP4;
     const struct fused_case fcs[] = {
         {Q40, Q40, Q40, Q40, Q40, Q40, 256, 96, 33, 160, 1},
         {Q4K, Q4K, Q6K, Q4K, Q6K, Q6K, 256, 64, 16, 256, 3},
+        {Q80, MX, MX, MX, MX, MX, 96, 64, 32, 160, 5},
     };
     for (size_t i = 0; i < sizeof fcs / sizeof fcs[0]; i++)
         run_fused_case(&fcs[i]);
