@@ -80,6 +80,10 @@ VELA_PDL_RUNS=${VELA_PDL_RUNS:-1}
 # kernels stage times (rows matvec*@pipe:B, @stream:B). Empty skips them.
 # The product (vela bench) runs the default kernel only.
 MVQ_PIPE_PLANS=${MVQ_PIPE_PLANS-pipe:4 pipe:8 stream:2 stream:4 stream:8}
+# The F16/BF16 mat-vec's streaming kernel (a variant under test,
+# vela-bench-kernels --matvec-f16 stream:B) beside the default one warp per
+# row: rows matvec*@stream:B of the f16 and bf16 types. Empty skips them.
+MVF_PLANS=${MVF_PLANS-stream:2 stream:4 stream:8}
 LLAMA_JOBS=${LLAMA_JOBS:-}
 LLAMA_NICE=${LLAMA_NICE:-0}
 # Extra CMake arguments for the llama.cpp build, after ours (a later -D
@@ -286,6 +290,26 @@ stage_kernels() {
   done
   merge_plans "$RAW/kernels.json" matvec_q8 "$RAW"/kernels-mvq-*.json \
     || log "kernels: merging the mat-vec plans failed"
+  # The same mat-vecs of F16/BF16 weights through the streaming kernel
+  # (--matvec-f16 stream:B; the default kernel's f16 rows are in the first
+  # run, bf16 in none before): rows "matvec@stream:B" of those types.
+  for plan in $MVF_PLANS; do
+    log "kernels: decode mat-vecs, --matvec-f16 $plan"
+    timed "$BUILD/bench/vela-bench-kernels" --matvec-f16 "$plan" \
+      --filter matvec,matvec_qkv,matvec_swiglu,matvec_add --models "$mvq_models" \
+      --types f16,bf16 --matvec-tok 1,2,8 "${reps[@]}" \
+      --json "$RAW/kernels-mvf-$plan.json" >"$RAW/kernels-mvf-$plan.md" 2>>"$RAW/run.log" \
+      || log "kernels: --matvec-f16 $plan: some cases failed"
+  done
+  [ -n "$MVF_PLANS" ] && {
+    timed "$BUILD/bench/vela-bench-kernels" --matvec-f16 pass \
+      --filter matvec,matvec_qkv,matvec_swiglu,matvec_add --models "$mvq_models" \
+      --types f16,bf16 --matvec-tok 1,2,8 "${reps[@]}" \
+      --json "$RAW/kernels-mvf-pass.json" >"$RAW/kernels-mvf-pass.md" 2>>"$RAW/run.log" \
+      || log "kernels: --matvec-f16 pass: some cases failed"
+  }
+  merge_plans "$RAW/kernels.json" matvec_f16 "$RAW"/kernels-mvf-*.json \
+    || log "kernels: merging the F16 mat-vec plans failed"
 }
 
 # merge_plans MAIN KEY FILE...: the results of each FILE (a vela-bench-kernels
@@ -309,7 +333,10 @@ for p in rest:
     plan = d.get("params", {}).get(key)
     if not plan:
         continue
-    main["results"] = [r for r in main["results"] if not r["kernel"].endswith("@" + plan)]
+    # rows of the types this file has (the dp4a and F16 variants share plan names)
+    types = {r.get("type") for r in d.get("results", [])}
+    main["results"] = [r for r in main["results"]
+                       if not (r["kernel"].endswith("@" + plan) and r.get("type") in types)]
     for r in d.get("results", []):
         main["results"].append(dict(r, kernel=f"{r['kernel']}@{plan}"))
 json.dump(main, open(path, "w"), indent=1)

@@ -88,6 +88,10 @@ struct cuda_backend {
     // attention, MoE and the rest launch without, which is safe beside them
     // (cuda/launch.cuh).
     struct cuda_mvq_plan mvq;
+    // the f32-activation mat-vec's kernel for F16/BF16 weights
+    // (cuda_matvec_plan_segs): the one-warp-per-row kernel unless
+    // backend_cuda_set_matvec_f16 picked the streaming one.
+    struct cuda_mv_plan mvf;
     int cc_major, cc_minor; // compute capability: PDL needs 9.0
 };
 
@@ -522,8 +526,8 @@ static int cu_matvec(struct backend *be, const struct cuda_mv_seg *segs, int n_s
                      enum cuda_mv_epilogue epi) {
     struct cuda_backend *cb = cb_of(be);
     if (!be->act_q8 || !quant_q8_1_dot_supported(type))
-        return cuda_matvec_segs(segs, n_seg, type, n_in, x, n_tok, epi, cb->mvq.pdl, cb->stream,
-                                &be->err);
+        return cuda_matvec_plan_segs(segs, n_seg, type, n_in, x, n_tok, epi, &cb->mvf, cb->mvq.pdl,
+                                     cb->stream, &be->err);
     int rc = xq ? VERR_OK : cu_xq_of(be, x, n_tok, n_in, &xq);
     if (!rc)
         rc = cuda_matvec_q8_segs(segs, n_seg, type, n_in, xq, n_tok, epi, &cb->mvq, cb->stream,
@@ -1041,7 +1045,8 @@ static int cu_moe_matvec(struct backend *be, const struct cuda_mv_seg *segs, int
                          void *xq_buf) {
     struct cuda_backend *cb = cb_of(be);
     if (!be->act_q8 || !quant_q8_1_dot_supported(type))
-        return cuda_matvec_experts(segs, n_seg, type, n_in, x, ex, epi, cb->stream, &be->err);
+        return cuda_matvec_plan_experts(segs, n_seg, type, n_in, x, ex, epi, &cb->mvf, cb->stream,
+                                        &be->err);
     const void *xq = NULL;
     int rc = cu_xq_into(be, x, n_x_rows, n_in, xq_buf, &xq);
     if (!rc)
@@ -1463,6 +1468,9 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
                                              device)) != cudaSuccess)
         what = "cudaDeviceGetAttribute(ComputeCapabilityMinor)";
     cb->mvq.sm_count = cb->sm_count;
+    cb->mvf.sm_count = cb->sm_count;
+    cb->mvf.smem_per_sm = cb->mvq.smem_per_sm;
+    cb->mvf.smem_per_block = cb->mvq.smem_per_block;
     if (what) {
         int rc = verr_set(err, VERR_BACKEND, "CUDA device %d: %s: %s (%s:%d)", device, what,
                           cudaGetErrorString(e), __FILE__, __LINE__);
@@ -1571,5 +1579,21 @@ int backend_cuda_set_matvec_q8(struct backend *be, int kernel, int blocks_per_sm
                         kernel, blocks_per_sm);
     cb_of(be)->mvq.kernel = kernel;
     cb_of(be)->mvq.blocks_per_sm = blocks_per_sm;
+    return VERR_OK;
+}
+
+int backend_cuda_set_matvec_f16(struct backend *be, int kernel, int blocks_per_sm,
+                                struct verr *err) {
+    int rc = cu_variant_backend(be, "backend_cuda_set_matvec_f16", err);
+    if (rc)
+        return rc;
+    if (kernel < CUDA_MV_PASS || kernel > CUDA_MV_STREAM || blocks_per_sm < 0 ||
+        blocks_per_sm > 64 || (kernel == CUDA_MV_PASS && blocks_per_sm))
+        return verr_set(err, VERR_RANGE,
+                        "F16/BF16 mat-vec kernel %d (0 one warp per row, 1 streaming), blocks "
+                        "per multiprocessor %d (streaming: 0..64, 0 the default; otherwise 0)",
+                        kernel, blocks_per_sm);
+    cb_of(be)->mvf.kernel = kernel;
+    cb_of(be)->mvf.blocks_per_sm = blocks_per_sm;
     return VERR_OK;
 }

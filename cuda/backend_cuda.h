@@ -33,6 +33,14 @@ int backend_cuda_set_attn_decode(struct backend *be, int kernel, struct verr *er
 // multiprocessor, 1..64; 0: their default).
 int backend_cuda_set_matvec_q8(struct backend *be, int kernel, int blocks_per_sm, struct verr *err);
 
+// The f32-activation mat-vec's kernel for F16/BF16 weights (enum
+// cuda_mv_kernel, cuda/matvec.h): CUDA_MV_PASS (one warp per row, the
+// default; blocks_per_sm 0) or CUDA_MV_STREAM (the streaming kernel where it
+// applies, aiming at blocks_per_sm blocks per multiprocessor, 1..64; 0: its
+// default).
+int backend_cuda_set_matvec_f16(struct backend *be, int kernel, int blocks_per_sm,
+                                struct verr *err);
+
 // Programmatic dependent launch (cuda/launch.cuh) for the decode chain's
 // kernels (norm, q8_1 quantize, mat-vecs, RoPE/KV store, argmax): 1 on, 0
 // off (the default). On needs compute capability 9.0 (else

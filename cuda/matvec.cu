@@ -17,6 +17,10 @@
 #include "cuda/launch.cuh"
 #include "cuda/matvec.h"
 
+#include <atomic>
+
+#include <cuda_pipeline_primitives.h>
+
 #define MATVEC_WARPS 4 // rows per block
 
 // Kernel arguments (by value): the segments and where their rows end in the
@@ -265,11 +269,308 @@ static int matvec_launch_nt(const mv_args &a, enum cuda_mv_epilogue epi, size_t 
                                                        stream, err);
 }
 
-// cuda_matvec_segs, and with ex its expert mode (cuda_matvec_experts).
+// ---------------------------------------------------------------------------
+// streaming mat-vec of 2-byte plain weights (CUDA_MV_STREAM)
+//
+// A persistent grid of a few blocks per multiprocessor. Warp g of the grid's
+// G owns the rows g, g + G, ... whole (gated: row g of both matrices). A row
+// is cut into items of U 16-byte units per lane (lane l the units l, l + 32,
+// ... of the item: every load a contiguous 512 bytes across the warp); the
+// warp walks its items in order, rows one after another, with two register
+// buffers: the item after the current one is requested before the current
+// one is used, so a warp keeps one item of weights in flight from its first
+// row to its last. Every token's activations are copied into shared memory
+// once per block, at the start: the block's one barrier. Unit c of a row
+// (elements 8c .. 8c + 7) meets x as two float4, staged as two planes
+// (elements 8c .. 8c + 3 at [0][c], 8c + 4 .. 8c + 7 at [1][c]) so that the
+// lanes' 16-byte shared loads are consecutive. A row's sums are the warp's
+// own (each lane's terms in row order, then the butterfly); lane t stores
+// token t with the epilogue.
+
+// Warps per block: one token's activations are small enough for several
+// blocks per SM; 8 tokens of a 4096-wide row take 128 KiB, one block per SM,
+// which then needs more warps of its own.
+template <int NT> struct mvf_shape { static constexpr int warps = NT == 1 ? 8 : 16; };
+// 16-byte units per lane of an item of R rows (R = 2: gate and up): 2 KiB of
+// weights per warp in flight for one token, 4 KiB for a batch.
+template <int NT, int R> struct mvf_units { static constexpr int u = (NT == 1 ? 4 : 8) / R; };
+
+template <int T, int NT, bool GATED>
+__global__ static void __launch_bounds__(mvf_shape<NT>::warps *VELA_WARP)
+    matvec_stream_kernel(const mv_args a, size_t row_bytes,
+                         const float *__restrict__ x /* [n_tok][n_in] */, int64_t n_in, int n_tok,
+                         int epi) {
+    constexpr int W = mvf_shape<NT>::warps, R = GATED ? 2 : 1, U = mvf_units<NT, R>::u;
+    extern __shared__ __align__(16) float4 mvf_xs[]; // [n_tok][2][n_in / 8]
+    const int warp = threadIdx.x / VELA_WARP, lane = threadIdx.x % VELA_WARP;
+    const int64_t n8 = n_in / 8; // 16-byte units of a row
+    const int n_items = (int)((n8 + U * VELA_WARP - 1) / (U * VELA_WARP));
+    const int64_t n_rows = GATED ? a.n_out[0] : a.n_rows;
+    const int64_t stride = (int64_t)gridDim.x * W;
+    const int64_t g = (int64_t)blockIdx.x * W + warp;
+
+    // Row gr's weights: matrix r of a gated pair, else its segment's.
+    size_t w_off = 0;
+    auto row_of = [&](int64_t gr, int r) -> const uint4 * {
+        if (GATED)
+            return (const uint4 *)((r == 0 ? a.w[0] : a.w[1]) + w_off + (size_t)gr * row_bytes);
+        const int s = gr < a.row_end[0] ? 0 : gr < a.row_end[1] ? 1 : 2;
+        const int64_t o = s == 0 ? gr : gr - MV_PICK(a, row_end, s - 1);
+        return (const uint4 *)(MV_PICK(a, w, s) + w_off + (size_t)o * row_bytes);
+    };
+    // The fetch cursor: item fi of row fr (fr >= n_rows: nothing left).
+    int64_t fr = g;
+    int fi = 0;
+    auto fetch = [&](uint4(&buf)[R][U]) {
+        if (fr >= n_rows)
+            return;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint4 *row = row_of(fr, r);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t c = ((int64_t)fi * U + u) * VELA_WARP + lane;
+                buf[r][u] = c < n8 ? row[c] : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        if (++fi == n_items) {
+            fi = 0;
+            fr += stride;
+        }
+    };
+
+    // Weights are no earlier kernel's output: the first item goes out before
+    // the wait, except in expert mode (its ids are).
+    uint4 b0[R][U], b1[R][U];
+    if (!a.ids)
+        fetch(b0);
+    cuda_pdl_wait();
+    size_t out_off = 0;
+    if (a.ids) {
+        const int p = a.pair0 + (int)blockIdx.y;
+        w_off = (size_t)min(max(a.ids[p], 0), a.n_expert - 1) * a.expert_bytes;
+        x += (size_t)(p / a.x_div) * n_in;
+        out_off = (size_t)p * a.n_out[0];
+        fetch(b0);
+    }
+    for (int t = 0; t < n_tok; t++) {
+        const float4 *src = (const float4 *)(x + (size_t)t * n_in);
+        float4 *dst = mvf_xs + (size_t)t * 2 * n8;
+        for (int64_t k = threadIdx.x; k < 2 * n8; k += W * VELA_WARP)
+            __pipeline_memcpy_async(dst + (k & 1) * n8 + (k >> 1), src + k, 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+
+    // The compute cursor: item ci of row cr, sums acc[r][t].
+    int64_t cr = g;
+    int ci = 0;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = 0.0f;
+    auto store = [&]() {
+        float v[R] = {};
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < n_tok) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float s = warp_sum(acc[r][t]);
+                    if (lane == t)
+                        v[r] = s;
+                }
+            }
+        }
+        if (lane < n_tok) {
+            if constexpr (GATED) {
+                a.out[0][out_off + (size_t)lane * a.n_out[0] + cr] =
+                    epi == CUDA_MV_GEGLU ? vela_gelu_mul(v[0], v[1]) : vela_silu_mul(v[0], v[1]);
+            } else {
+                const int s = cr < a.row_end[0] ? 0 : cr < a.row_end[1] ? 1 : 2;
+                const int64_t o = s == 0 ? cr : cr - MV_PICK(a, row_end, s - 1);
+                const int64_t n_out = MV_PICK(a, n_out, s);
+                const float *bias = MV_PICK(a, bias, s);
+                const float r = bias ? v[0] + bias[o] : v[0];
+                float *dst = MV_PICK(a, out, s) + out_off + (size_t)lane * n_out + o;
+                *dst = epi == CUDA_MV_ADD ? *dst + r : r;
+            }
+        }
+    };
+    // Uses the item in buf (the next one is on its way), then stores the row
+    // where it was its last item.
+    auto use = [&](const uint4(&buf)[R][U]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t c = ((int64_t)ci * U + u) * VELA_WARP + lane;
+            if (c < n8) {
+                // widened once, used by every token
+                float wv[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const uint32_t q[4] = {buf[r][u].x, buf[r][u].y, buf[r][u].z, buf[r][u].w};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        wv[r][2 * j] = mv_half<T>(q[j] & 0xffffu);
+                        wv[r][2 * j + 1] = mv_half<T>(q[j] >> 16);
+                    }
+                }
+                const float4 *xc = mvf_xs + c;
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < n_tok) {
+                        const float4 p0 = xc[0], p1 = xc[n8];
+                        xc += 2 * n8;
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            float s = acc[r][t];
+                            s = fmaf(wv[r][0], p0.x, s);
+                            s = fmaf(wv[r][1], p0.y, s);
+                            s = fmaf(wv[r][2], p0.z, s);
+                            s = fmaf(wv[r][3], p0.w, s);
+                            s = fmaf(wv[r][4], p1.x, s);
+                            s = fmaf(wv[r][5], p1.y, s);
+                            s = fmaf(wv[r][6], p1.z, s);
+                            acc[r][t] = fmaf(wv[r][7], p1.w, s);
+                        }
+                    }
+                }
+            }
+        }
+        if (++ci == n_items) {
+            store();
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    acc[r][t] = 0.0f;
+            ci = 0;
+            cr += stride;
+        }
+    };
+    while (cr < n_rows) {
+        fetch(b1);
+        use(b0);
+        if (cr >= n_rows)
+            break;
+        fetch(b0);
+        use(b1);
+    }
+}
+
+// Shared memory of the streaming kernel: every token's activations.
+static size_t mvf_smem(int n_tok, int64_t n_in) {
+    return (size_t)n_tok * (size_t)n_in * sizeof(float);
+}
+
+// The most shared memory a streaming block may take under plan.
+static size_t mvf_smem_limit(const struct cuda_mv_plan *plan) {
+    return plan->smem_per_block > 0 ? (size_t)plan->smem_per_block : 96 * 1024;
+}
+
+// Whether the streaming kernel serves type at n_tok x n_in under plan (x
+// 16-byte aligned: its rows then are too, n_in being a multiple of 8).
+static bool mvf_applies(enum ggml_type type, int64_t n_in, int n_tok,
+                        const struct cuda_mv_plan *plan) {
+    return plan && plan->kernel == CUDA_MV_STREAM &&
+           (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) && n_in > 0 && n_in % 8 == 0 &&
+           n_tok >= 1 && n_tok <= CUDA_MATVEC_MAX_TOK &&
+           mvf_smem(n_tok, n_in) <= mvf_smem_limit(plan);
+}
+
+// Blocks of the streaming kernel: sm_count * blocks_per_sm at most (no more
+// per multiprocessor than its shared memory holds at once, 1 KiB of it
+// reserved per block; shared by the n_y blocks of an expert launch's y), so
+// k = ceil(rows / their warps) rows per warp, and just enough blocks that
+// every warp gets k rows, the last ones k - 1: the warps end together.
+static unsigned int mvf_blocks(const struct cuda_mv_plan *plan, int64_t rows, unsigned int n_y,
+                               size_t smem, int warps_per_block) {
+    int64_t bps = plan->blocks_per_sm > 0 ? plan->blocks_per_sm : CUDA_MV_STREAM_BLOCKS_PER_SM;
+    const int64_t fit = plan->smem_per_sm > 0 ? plan->smem_per_sm / (int64_t)(smem + 1024) : bps;
+    if (bps > fit)
+        bps = fit > 0 ? fit : 1;
+    int64_t blocks = (plan->sm_count > 0 ? plan->sm_count : 1) * bps / (n_y > 0 ? n_y : 1);
+    if (blocks < 1)
+        blocks = 1;
+    int64_t k = (rows + blocks * warps_per_block - 1) / (blocks * warps_per_block);
+    if (k < 1)
+        k = 1;
+    const int64_t warps = (rows + k - 1) / k;
+    return (unsigned int)((warps + warps_per_block - 1) / warps_per_block);
+}
+
+// Raises kernel's dynamic shared memory limit to limit bytes on the current
+// device, once per device and value reached (raised[d]: the limit set on
+// device d; devices >= 64 set it every time).
+template <typename K>
+static int mvf_raise_smem(K kernel, std::atomic<int> *raised, size_t smem, size_t limit,
+                          struct verr *err) {
+    if (smem <= 47 * 1024)
+        return VERR_OK;
+    int dev = 0;
+    VELA_CUDA_CALL(err, cudaGetDevice(&dev));
+    if (dev < 64 && raised[dev].load() >= (int)limit)
+        return VERR_OK;
+    VELA_CUDA_CALL(
+        err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit));
+    if (dev < 64)
+        raised[dev].store((int)limit);
+    return VERR_OK;
+}
+
+template <int T, int NT, bool GATED>
+static int matvec_stream_launch(const mv_args &a, enum cuda_mv_epilogue epi, size_t row_bytes,
+                                const float *x, int64_t n_in, int n_tok,
+                                const struct cuda_mv_plan *plan, bool pdl, cudaStream_t stream,
+                                struct verr *err) {
+    constexpr int W = mvf_shape<NT>::warps;
+    const int64_t rows = GATED ? a.n_out[0] : a.n_rows;
+    const size_t smem = mvf_smem(n_tok, n_in);
+    static std::atomic<int> raised[64];
+    const int rc =
+        mvf_raise_smem(matvec_stream_kernel<T, NT, GATED>, raised, smem, mvf_smem_limit(plan), err);
+    if (rc)
+        return rc;
+    // Expert mode: the grid's y walks the pairs, at most 65535 per launch.
+    const int n_y_all = a.ids ? a.n_pairs : 1;
+    const unsigned int n_blocks =
+        mvf_blocks(plan, rows, (unsigned int)(n_y_all < 65535 ? n_y_all : 65535), smem, W);
+    for (int p0 = 0; p0 < n_y_all; p0 += 65535) {
+        const dim3 grid(n_blocks, (unsigned int)(n_y_all - p0 < 65535 ? n_y_all - p0 : 65535));
+        mv_args ap = a;
+        ap.pair0 = p0;
+        cuda_launch(pdl, matvec_stream_kernel<T, NT, GATED>, grid, dim3(W * VELA_WARP), smem,
+                    stream, ap, row_bytes, x, n_in, n_tok, (int)epi);
+        VELA_CHECK_LAUNCH(err, "matvec_stream_kernel");
+    }
+    return VERR_OK;
+}
+
+template <int T>
+static int matvec_stream_nt(const mv_args &a, enum cuda_mv_epilogue epi, size_t row_bytes,
+                            const float *x, int64_t n_in, int n_tok,
+                            const struct cuda_mv_plan *plan, bool pdl, cudaStream_t stream,
+                            struct verr *err) {
+    const bool gated = CUDA_MV_GATED(epi);
+    if (n_tok == 1)
+        return gated ? matvec_stream_launch<T, 1, true>(a, epi, row_bytes, x, n_in, n_tok, plan,
+                                                        pdl, stream, err)
+                     : matvec_stream_launch<T, 1, false>(a, epi, row_bytes, x, n_in, n_tok, plan,
+                                                         pdl, stream, err);
+    return gated ? matvec_stream_launch<T, CUDA_MATVEC_MAX_TOK, true>(a, epi, row_bytes, x, n_in,
+                                                                      n_tok, plan, pdl, stream, err)
+                 : matvec_stream_launch<T, CUDA_MATVEC_MAX_TOK, false>(
+                       a, epi, row_bytes, x, n_in, n_tok, plan, pdl, stream, err);
+}
+
+// cuda_matvec_plan_segs, and with ex its expert mode (cuda_matvec_plan_experts).
 static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type, int64_t n_in,
                    const float *x, int n_tok, enum cuda_mv_epilogue epi,
-                   const struct cuda_mv_experts *ex, bool pdl, cudaStream_t stream,
-                   struct verr *err) {
+                   const struct cuda_mv_experts *ex, const struct cuda_mv_plan *plan, bool pdl,
+                   cudaStream_t stream, struct verr *err) {
     if (ex && (n_tok != 1 || !ex->ids || ex->n_pairs < 0 || ex->n_expert < 1 || ex->x_div < 1 ||
                n_seg != (CUDA_MV_GATED(epi) ? 2 : 1)))
         return verr_set(err, VERR_RANGE,
@@ -296,6 +597,14 @@ static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type typ
     if (row_bytes == 0)
         return verr_set(err, VERR_RANGE, "matvec: %s row of %lld elements is not whole blocks",
                         ggml_type_name(type), (long long)n_in);
+    if (plan &&
+        (plan->kernel < CUDA_MV_PASS || plan->kernel > CUDA_MV_STREAM || plan->sm_count < 0 ||
+         plan->smem_per_sm < 0 || plan->smem_per_block < 0 || plan->blocks_per_sm < 0))
+        return verr_set(err, VERR_RANGE,
+                        "matvec: plan {kernel %d, sm_count %d, smem_per_sm %d, smem_per_block %d, "
+                        "blocks_per_sm %d}: need kernel 0..1 and no negative counts",
+                        plan->kernel, plan->sm_count, plan->smem_per_sm, plan->smem_per_block,
+                        plan->blocks_per_sm);
     mv_args a;
     memset(&a, 0, sizeof a);
     int64_t end = 0;
@@ -326,6 +635,14 @@ static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type typ
         a.x_div = ex->x_div;
         a.n_pairs = ex->n_pairs;
     }
+    // The streaming kernel where plan asks for it and it applies (its weight
+    // rows are 16-byte aligned: checked above, n_in % 8 == 0).
+    if (mvf_applies(type, n_in, n_tok, plan) && ((uintptr_t)x & 15u) == 0)
+        return type == GGML_TYPE_F16
+                   ? matvec_stream_nt<GGML_TYPE_F16>(a, epi, row_bytes, x, n_in, n_tok, plan, pdl,
+                                                     stream, err)
+                   : matvec_stream_nt<GGML_TYPE_BF16>(a, epi, row_bytes, x, n_in, n_tok, plan, pdl,
+                                                      stream, err);
     auto run_q = [&](auto tc) -> int {
         constexpr int T = decltype(tc)::value;
         // float4 reads of x need 16-byte aligned rows: n_in is a multiple of
@@ -363,15 +680,38 @@ static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type typ
 extern "C" int cuda_matvec_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
                                 int64_t n_in, const float *x, int n_tok, enum cuda_mv_epilogue epi,
                                 bool pdl, cudaStream_t stream, struct verr *err) {
-    return mv_segs(segs, n_seg, type, n_in, x, n_tok, epi, NULL, pdl, stream, err);
+    return mv_segs(segs, n_seg, type, n_in, x, n_tok, epi, NULL, NULL, pdl, stream, err);
 }
 
 extern "C" int cuda_matvec_experts(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
                                    int64_t n_in, const float *x, const struct cuda_mv_experts *ex,
                                    enum cuda_mv_epilogue epi, cudaStream_t stream,
                                    struct verr *err) {
+    return cuda_matvec_plan_experts(segs, n_seg, type, n_in, x, ex, epi, NULL, stream, err);
+}
+
+extern "C" int cuda_matvec_plan_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
+                                     int64_t n_in, const float *x, int n_tok,
+                                     enum cuda_mv_epilogue epi, const struct cuda_mv_plan *plan,
+                                     bool pdl, cudaStream_t stream, struct verr *err) {
+    return mv_segs(segs, n_seg, type, n_in, x, n_tok, epi, NULL, plan, pdl, stream, err);
+}
+
+extern "C" int cuda_matvec_plan_experts(const struct cuda_mv_seg *segs, int n_seg,
+                                        enum ggml_type type, int64_t n_in, const float *x,
+                                        const struct cuda_mv_experts *ex, enum cuda_mv_epilogue epi,
+                                        const struct cuda_mv_plan *plan, cudaStream_t stream,
+                                        struct verr *err) {
     if (!ex)
         return verr_set(err, VERR_RANGE, "matvec experts: no expert ids");
     // The expert mode (MoE decode, cuda/moe.cu beside it) launches without pdl.
-    return mv_segs(segs, n_seg, type, n_in, x, 1, epi, ex, false, stream, err);
+    return mv_segs(segs, n_seg, type, n_in, x, 1, epi, ex, plan, false, stream, err);
+}
+
+extern "C" int cuda_matvec_kernel(enum ggml_type type, int64_t n_in, int n_tok,
+                                  const struct cuda_mv_plan *plan) {
+    if (plan && (plan->sm_count < 0 || plan->smem_per_sm < 0 || plan->smem_per_block < 0 ||
+                 plan->blocks_per_sm < 0))
+        return CUDA_MV_PASS;
+    return mvf_applies(type, n_in, n_tok, plan) ? CUDA_MV_STREAM : CUDA_MV_PASS;
 }

@@ -65,6 +65,48 @@ int cuda_matvec_experts(const struct cuda_mv_seg *segs /* [n_seg], host memory *
                         const struct cuda_mv_experts *ex /* host memory */,
                         enum cuda_mv_epilogue epi, cudaStream_t stream, struct verr *err);
 
+// The streaming mat-vec of 2-byte plain weights (F16, BF16), a variant under
+// test beside the kernel above (cuda_matvec_segs): a persistent grid of a few
+// blocks per multiprocessor, each warp owning whole output rows (interleaved
+// over the grid's warps) and streaming them with 16-byte loads issued one
+// item ahead of use, every token's activations staged in shared memory once
+// per block. plan picks it and spreads its work; a call it does not apply to
+// (another type, n_in not a multiple of 8, x not 16-byte aligned, the
+// activations over the shared memory a block may take) runs the kernel above.
+// Its results are its own (each lane's terms in row order, then the warp's
+// butterfly), the same for every plan; against the kernel above they differ
+// by the order of f32 additions only.
+enum cuda_mv_kernel {
+    CUDA_MV_PASS = 0,   // cuda_matvec_segs' kernel, one warp per row
+    CUDA_MV_STREAM = 1, // the streaming kernel where it applies
+};
+struct cuda_mv_plan {
+    int kernel;         // enum cuda_mv_kernel
+    int sm_count;       // multiprocessors (0: unknown, 1 assumed)
+    int smem_per_sm;    // their shared memory in bytes (0: unknown)
+    int smem_per_block; // the most one block may opt in to (0: unknown, 96 KiB assumed)
+    int blocks_per_sm;  // blocks aimed at per multiprocessor, at most as many as
+                        // fit in smem_per_sm; 0: CUDA_MV_STREAM_BLOCKS_PER_SM
+};
+#define CUDA_MV_STREAM_BLOCKS_PER_SM 4
+// cuda_matvec_segs / cuda_matvec_experts under plan (NULL: as they are).
+int cuda_matvec_plan_segs(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
+                          enum ggml_type type, int64_t n_in, const float *x /* [n_tok][n_in] */,
+                          int n_tok, enum cuda_mv_epilogue epi,
+                          const struct cuda_mv_plan *plan /* or NULL */, bool pdl,
+                          cudaStream_t stream, struct verr *err);
+int cuda_matvec_plan_experts(const struct cuda_mv_seg *segs /* [n_seg], host memory */, int n_seg,
+                             enum ggml_type type, int64_t n_in, const float *x /* [*][n_in] */,
+                             const struct cuda_mv_experts *ex /* host memory */,
+                             enum cuda_mv_epilogue epi,
+                             const struct cuda_mv_plan *plan /* or NULL */, cudaStream_t stream,
+                             struct verr *err);
+// The kernel (enum cuda_mv_kernel) cuda_matvec_plan_segs runs for these
+// sizes under plan with 16-byte aligned x (CUDA_MV_PASS also for a call it
+// would refuse).
+int cuda_matvec_kernel(enum ggml_type type, int64_t n_in, int n_tok,
+                       const struct cuda_mv_plan *plan /* or NULL */);
+
 VELA_CUDA_END
 
 #endif

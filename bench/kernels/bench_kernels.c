@@ -59,6 +59,7 @@
 #include "cuda/attention.h"
 #include "cuda/backend_cuda.h"
 #include "cuda/matmul_tc.h"
+#include "cuda/matvec.h"
 #include "cuda/matvec_q8.h"
 #include "gguf/quant.h"
 #include "gguf/quant_q8.h"
@@ -121,12 +122,14 @@ struct options {
     bool act[2];     // mat-vec activations to time: [0] f32, [1] q8 (backend.act_q8)
     bool tc_path[2]; // matmul_tc paths: [0] fused, [1] dequant + cuBLAS
     // The kernel variants under test (cuda/backend_cuda.h), as given
-    // (--attn-kernel dec|splitk, --attn-split BxC, --matvec-q8 pass|pipe[:B]|stream[:B])
-    // and parsed; attn_split names both: "dec", "4x64", "splitk", "splitk:4x64".
-    char attn_split[48], matvec_q8[32];
+    // (--attn-kernel dec|splitk, --attn-split BxC, --matvec-q8 pass|pipe[:B]|stream[:B],
+    // --matvec-f16 pass|stream[:B]) and parsed; attn_split names both: "dec",
+    // "4x64", "splitk", "splitk:4x64".
+    char attn_split[48], matvec_q8[32], matvec_f16[32];
     int split_blocks_per_sm, split_min_cells; // 0, 0: the default plan
     int attn_decode;                          // CUDA_ATTN_DECODE_*; 0: the default
     int mvq_kernel, mvq_blocks_per_sm;        // enum cuda_mvq_kernel; 0: its default
+    int mvf_kernel, mvf_blocks_per_sm;        // enum cuda_mv_kernel; 0: its default
 };
 
 // --- context --------------------------------------------------------------------
@@ -1130,6 +1133,10 @@ static void usage(FILE *out) {
         "                         (the default: one block per row pair), pipe[:B]\n"
         "                         (pipelined) or stream[:B] (persistent blocks, a warp\n"
         "                         per row pair); B blocks per SM, 1..64, default 4\n"
+        "  --matvec-f16 KERNEL    the F16/BF16 mat-vec's kernel, a variant under test:\n"
+        "                         pass (the default: one warp per row) or stream[:B]\n"
+        "                         (persistent blocks, a warp streams whole rows); B\n"
+        "                         blocks per SM, 1..64, default 4\n"
         "  --attn-kernel KERNEL   decode attention's kernel, a variant under test: dec\n"
         "                         (the default: cells split for >= 2 blocks per SM,\n"
         "                         combine fused) or splitk (attn_kernel + combine)\n"
@@ -1199,6 +1206,19 @@ static int parse_matvec_q8(struct options *o, const char *s) {
     return 0;
 }
 
+// --matvec-f16 pass|stream|stream:B
+static int parse_matvec_f16(struct options *o, const char *s) {
+    const bool st = !strncmp(s, "stream", 6);
+    o->mvf_kernel = st ? CUDA_MV_STREAM : CUDA_MV_PASS;
+    o->mvf_blocks_per_sm = 0;
+    if (!strcmp(s, "pass") || (st && s[6] == '\0'))
+        ;
+    else if (!st || s[6] != ':' || parse_pos_int(s + 7, 64, &o->mvf_blocks_per_sm))
+        return -1;
+    snprintf(o->matvec_f16, sizeof o->matvec_f16, "%s", s);
+    return 0;
+}
+
 static int add_model(struct options *o, const char *s) {
     for (int i = 0; i < N_SHAPE_MODELS; i++)
         if (!strcmp(s, shape_models[i].name)) {
@@ -1242,6 +1262,7 @@ static int parse_args(struct options *o, int argc, char **argv) {
     o->tc_path[0] = o->tc_path[1] = true;
     snprintf(o->attn_split, sizeof o->attn_split, "dec");
     snprintf(o->matvec_q8, sizeof o->matvec_q8, "pass");
+    snprintf(o->matvec_f16, sizeof o->matvec_f16, "pass");
 #ifdef VELA_EMU
     o->reps = 1; // emulated: counted, not timed
     o->warmup = 0;
@@ -1335,6 +1356,9 @@ static int parse_args(struct options *o, int argc, char **argv) {
         } else if (!strcmp(a, "--matvec-q8")) {
             NEED_VALUE;
             rc = parse_matvec_q8(o, v);
+        } else if (!strcmp(a, "--matvec-f16")) {
+            NEED_VALUE;
+            rc = parse_matvec_f16(o, v);
         } else if (!strcmp(a, "--prefill-tokens")) {
             NEED_VALUE;
             rc = parse_pos_int(v, 1 << 16, &o->prefill_tok);
@@ -1448,7 +1472,8 @@ int main(int argc, char **argv) {
         backend_cuda_create(&b.be, b.opt.device, &err) ||
         backend_cuda_set_attn_split(b.be, b.opt.split_blocks_per_sm, b.opt.split_min_cells, &err) ||
         backend_cuda_set_attn_decode(b.be, b.opt.attn_decode, &err) ||
-        backend_cuda_set_matvec_q8(b.be, b.opt.mvq_kernel, b.opt.mvq_blocks_per_sm, &err)) {
+        backend_cuda_set_matvec_q8(b.be, b.opt.mvq_kernel, b.opt.mvq_blocks_per_sm, &err) ||
+        backend_cuda_set_matvec_f16(b.be, b.opt.mvf_kernel, b.opt.mvf_blocks_per_sm, &err)) {
         fprintf(stderr, "vela-bench-kernels: %s\n", err.msg);
         cJSON_Delete(root);
         return 1;
@@ -1491,9 +1516,10 @@ int main(int argc, char **argv) {
     cJSON_AddNumberToObject(par, "warmup", b.opt.warmup);
     cJSON_AddNumberToObject(par, "flush_bytes", (double)b.flush_bytes);
     cJSON_AddNumberToObject(par, "prefill_tokens", b.opt.prefill_tok);
-    // the kernel variants timed (--attn-kernel, --attn-split, --matvec-q8)
+    // the kernel variants timed (--attn-kernel, --attn-split, --matvec-q8, --matvec-f16)
     cJSON_AddStringToObject(par, "attn_split", b.opt.attn_split);
     cJSON_AddStringToObject(par, "matvec_q8", b.opt.matvec_q8);
+    cJSON_AddStringToObject(par, "matvec_f16", b.opt.matvec_f16);
     b.results = cJSON_AddArrayToObject(root, "results");
 
     printf("device: %s, %d SMs, L2 %.0f MiB, peak bandwidth %.0f GB/s, driver %d, runtime %d\n\n",

@@ -21,6 +21,7 @@
 #include "cuda/matvec.h"
 #include "gguf/quant.h"
 #include "gguf/types.h"
+#include "tests/gpu/dot64_check.h"
 #include "tests/gpu/raw_cuda.h"
 #include "tests/rand_blocks.h"
 #include "tests/rng_splitmix.h"
@@ -30,35 +31,6 @@ static void setup(void) {
 }
 
 TestSuite(matvec_mxfp4, .init = setup, .timeout = 600);
-
-static float *rand_vec(size_t n) {
-    float *v = malloc(n * sizeof *v);
-    cr_assert_not_null(v);
-    for (size_t i = 0; i < n; i++)
-        v[i] = nrand();
-    return v;
-}
-
-// exact dot of decoded row w and x, and sum |w x|
-static double dot64(const float *w, const float *x, int64_t n, double *mag) {
-    double s = 0.0, m = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        s += (double)w[i] * x[i];
-        m += fabs((double)w[i] * x[i]);
-    }
-    *mag = m;
-    return s;
-}
-
-// |got - want| in units of 2 n 2^-24 mag; fails the test above 1.
-static double check_out(double got, double want, double mag, int64_t n, const char *what, int t,
-                        int64_t o) {
-    const double unit = 2.0 * (double)n * 0x1p-24 * mag + 1e-30;
-    const double e = fabs(got - want) / unit;
-    cr_expect(e <= 1.0, "%s n_in %lld token %d row %lld: %.9g, float64 %.9g (%.2f units)", what,
-              (long long)n, t, (long long)o, got, want, e);
-    return e;
-}
 
 // One STORE segment, an ADD segment with a bias, or a SwiGLU pair.
 static double run_plain(enum cuda_mv_epilogue epi, int n_tok, int64_t n_in, int64_t n_out) {

@@ -676,6 +676,51 @@ Test(cuda, matvec_q8_variant) {
     backend_destroy(piped);
 }
 
+// backend_cuda_set_matvec_f16 picks the F16/BF16 mat-vec's kernel of a CUDA
+// backend (a variant under test, cuda/backend_cuda.h); values it cannot take
+// are refused, and refused on the CPU backend. With the streaming kernel the
+// decode matmuls (1, 2, 3 and 8 tokens, rows not a multiple of a block's
+// warps, a bias, n_in with partial 16-byte items; widths it does not take,
+// odd or not a multiple of 8, and x off 16-byte alignment, fall back) match
+// the CPU within the tolerance above, and the fused ops (Q/K/V segments,
+// add, swiglu) equal the unfused ones bit for bit, as with the default
+// kernel (test_cuda_matvec_f16 checks the kernel itself against float64).
+Test(cuda, matvec_f16_variant) {
+    REQUIRE_GPU();
+    struct backend *streamed = NULL;
+    struct verr err = {0};
+    cr_assert_eq(backend_cuda_create(&streamed, 0, &err), 0, "%s", err.msg);
+    const int bad[][2] = {{1, -1}, {1, 65}, {0, 4}, {2, 0}, {-1, 0}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_expect_eq(backend_cuda_set_matvec_f16(streamed, bad[i][0], bad[i][1], &err), VERR_RANGE,
+                     "kernel %d, %d blocks per SM accepted", bad[i][0], bad[i][1]);
+    cr_expect_eq(backend_cuda_set_matvec_f16(cpu, 1, 4, &err), VERR_RANGE, "the CPU backend");
+    cr_assert_eq(backend_cuda_set_matvec_f16(streamed, 1, 2, &err), 0, "%s", err.msg);
+    struct backend *const saved = gpu;
+    gpu = streamed;
+    rng_seed(44);
+    static const struct mm_case cases[] = {
+        {8, 3, 1, false, false},     {200, 67, 2, true, false},   {200, 67, 3, false, true},
+        {1000, 300, 8, true, false}, {2056, 65, 1, false, false}, {4096, 257, 2, false, false},
+        {4096, 131, 8, true, false}, {4099, 65, 1, false, false}, {1004, 33, 5, true, false},
+        {37, 5, 1, true, false},
+    };
+    const enum ggml_type types[] = {GGML_TYPE_F16, GGML_TYPE_BF16};
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            run_matmul_case(types[ti], &cases[ci]);
+    const enum ggml_type F16 = GGML_TYPE_F16, BF = GGML_TYPE_BF16;
+    const struct fused_case fcs[] = {
+        {F16, F16, F16, F16, F16, F16, 200, 65, 9, 136, 2},
+        {BF, BF, BF, BF, BF, BF, 256, 33, 17, 96, 8},
+        {F16, F16, F16, F16, F16, F16, 512, 131, 7, 96, 1},
+    };
+    for (size_t i = 0; i < sizeof fcs / sizeof fcs[0]; i++)
+        run_fused_case(&fcs[i]);
+    gpu = saved;
+    backend_destroy(streamed);
+}
+
 // act_q8: rms_norm_q8 of a decode batch also writes its output as q8_1, and
 // the mat-vec right after it reads those blocks instead of quantizing again.
 // Its results must equal those of the same mat-vec after a plain rms_norm
