@@ -418,23 +418,37 @@ __global__ static void __launch_bounds__(mvf_shape<NT>::warps *VELA_WARP)
                         wv[r][2 * j + 1] = mv_half<T>(q[j] >> 16);
                     }
                 }
+                // token t's terms (its activations at xt): 8 dependent FMAs,
+                // in element order
+                auto dot = [&](const float4 *xt, int t) {
+                    const float4 p0 = xt[0], p1 = xt[n8];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float s = acc[r][t];
+                        s = fmaf(wv[r][0], p0.x, s);
+                        s = fmaf(wv[r][1], p0.y, s);
+                        s = fmaf(wv[r][2], p0.z, s);
+                        s = fmaf(wv[r][3], p0.w, s);
+                        s = fmaf(wv[r][4], p1.x, s);
+                        s = fmaf(wv[r][5], p1.y, s);
+                        s = fmaf(wv[r][6], p1.z, s);
+                        acc[r][t] = fmaf(wv[r][7], p1.w, s);
+                    }
+                };
                 const float4 *xc = mvf_xs + c;
+                // Two tokens without a branch between them, so that their
+                // chains interleave (eight that way need more registers than
+                // a 16-warp block has: ptxas spills).
+                if (NT == 2 && n_tok == NT) {
 #pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    if (t < n_tok) {
-                        const float4 p0 = xc[0], p1 = xc[n8];
-                        xc += 2 * n8;
+                    for (int t = 0; t < NT; t++, xc += 2 * n8)
+                        dot(xc, t);
+                } else {
 #pragma unroll
-                        for (int r = 0; r < R; r++) {
-                            float s = acc[r][t];
-                            s = fmaf(wv[r][0], p0.x, s);
-                            s = fmaf(wv[r][1], p0.y, s);
-                            s = fmaf(wv[r][2], p0.z, s);
-                            s = fmaf(wv[r][3], p0.w, s);
-                            s = fmaf(wv[r][4], p1.x, s);
-                            s = fmaf(wv[r][5], p1.y, s);
-                            s = fmaf(wv[r][6], p1.z, s);
-                            acc[r][t] = fmaf(wv[r][7], p1.w, s);
+                    for (int t = 0; t < NT; t++) {
+                        if (t < n_tok) {
+                            dot(xc, t);
+                            xc += 2 * n8;
                         }
                     }
                 }
@@ -559,6 +573,11 @@ static int matvec_stream_nt(const mv_args &a, enum cuda_mv_epilogue epi, size_t 
         return gated ? matvec_stream_launch<T, 1, true>(a, epi, row_bytes, x, n_in, n_tok, plan,
                                                         pdl, stream, err)
                      : matvec_stream_launch<T, 1, false>(a, epi, row_bytes, x, n_in, n_tok, plan,
+                                                         pdl, stream, err);
+    if (n_tok == 2)
+        return gated ? matvec_stream_launch<T, 2, true>(a, epi, row_bytes, x, n_in, n_tok, plan,
+                                                        pdl, stream, err)
+                     : matvec_stream_launch<T, 2, false>(a, epi, row_bytes, x, n_in, n_tok, plan,
                                                          pdl, stream, err);
     return gated ? matvec_stream_launch<T, CUDA_MATVEC_MAX_TOK, true>(a, epi, row_bytes, x, n_in,
                                                                       n_tok, plan, pdl, stream, err)
