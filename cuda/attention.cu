@@ -36,6 +36,11 @@
 // the GPU, blockIdx.z splits the cells into n_split ranges; each writes its
 // unnormalized accumulators with (m, l) to scratch and attn_combine_kernel
 // merges them. A row with no visible cell gets zeros (l == 0).
+// Sinks (cuda_attention_apply's sinks): calls with them run the kernels'
+// SINK instances, which join a row's sink to its softmax once, where they
+// normalize the row (unsplit: at the end of the kernel; split: in the
+// combine), cuda/attention_sink.cuh; every other instance has no sink code.
+// No instance takes sinks with RoPE inside (rope_on): refused.
 // The plan (chunk) is a function of round_up(n_kv, CUDA_ATTN_PLAN_CELLS), not
 // of n_kv: two calls whose n_kv round to the same value and whose extra cells
 // are empty walk the same tiles in the same order (extra splits find nothing
@@ -60,6 +65,7 @@
 
 #include "cuda/attention.h"
 #include "cuda/attention_decode.h"
+#include "cuda/attention_sink.cuh"
 #include "cuda/kv_quant.cuh"
 #include "cuda/q8_1.cuh"
 
@@ -222,11 +228,13 @@ attn_se_later_passes(const struct cuda_attn &a, float (&s)[ATTN_ROWS_PER_WARP], 
 // without it ptxas gave the F16/F16 VEC instance 96 registers and 88 bytes
 // of spills once G per token was added (122..128 registers, no spills with
 // it; CUDA 13.0, sm_90). The other instances are as without SE.
-template <typename KT, typename VT, bool VEC, bool SE>
+// SINK: the call's sinks ([n_head]; unread without SINK) joined per row.
+template <typename KT, typename VT, bool VEC, bool SE, bool SINK>
 __global__ static void __launch_bounds__(ATTN_THREADS, SE ? 4 : 0)
     attn_kernel(const struct cuda_attn a, int chunk, int n_split,
                 float *__restrict__ part_acc /* [n_tok*n_head][n_split][head_dim_v] */,
-                float *__restrict__ part_ml /* [n_tok*n_head][n_split][2] */) {
+                float *__restrict__ part_ml /* [n_tok*n_head][n_split][2] */,
+                const float *__restrict__ sinks) {
     extern __shared__ float smem[];
     const int D = a.head_dim, DV = a.head_dim_v;
     float *sQ = smem;                       // [ATTN_ROWS][D], pre-scaled
@@ -389,7 +397,11 @@ __global__ static void __launch_bounds__(ATTN_THREADS, SE ? 4 : 0)
         const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
         const size_t th = (size_t)t * a.n_head + h;
         if (n_split == 1) {
-            const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+            float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+            if constexpr (SINK) {
+                if (l[k] > 0.0f)
+                    inv = attn_sink_inv<false>(m[k], l[k], sinks[h]);
+            }
 #pragma unroll
             for (int i = 0; i < ATTN_DV_LANE; i++) {
                 const int d = lane + VELA_WARP * i;
@@ -417,12 +429,15 @@ __global__ static void __launch_bounds__(ATTN_THREADS, SE ? 4 : 0)
     }
 }
 
-// One block per (token, head): merges the n_split partial results.
+// One block per (token, head): merges the n_split partial results; SINK:
+// then joins the head's sink (sinks: [n_head]; unread without SINK).
 // xq (or NULL, DV % 32 == 0): the output also as q8_1 blocks, as attn_kernel.
+template <bool SINK>
 __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
     attn_combine_kernel(float *__restrict__ out /* [n_tok*n_head][DV] */,
                         const float *__restrict__ part_acc, const float *__restrict__ part_ml,
-                        int n_split, int DV, uint8_t *__restrict__ xq) {
+                        int n_split, int DV, uint8_t *__restrict__ xq,
+                        const float *__restrict__ sinks, int n_head) {
     const size_t th = blockIdx.x;
     const float *ml = part_ml + th * n_split * 2;
     float mx = -INFINITY;
@@ -433,7 +448,11 @@ __global__ static void __launch_bounds__(ATTN_COMBINE_THREADS)
         for (int s = 0; s < n_split; s++)
             if (ml[2 * s] != -INFINITY)
                 sum += ml[2 * s + 1] * expf(ml[2 * s] - mx);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    if constexpr (SINK) {
+        if (sum > 0.0f)
+            inv = attn_sink_inv<false>(mx, sum, sinks[th % n_head]);
+    }
     for (int d = threadIdx.x; d < DV; d += ATTN_COMBINE_THREADS) {
         float o = 0.0f;
         if (sum > 0.0f)
@@ -632,9 +651,12 @@ attn_tc_se_later_passes(const struct cuda_attn &a, const struct attn_tc_layout &
 // itself, ptxas kept it at 96 and spilled 52 bytes a thread (sm_90, after
 // attn_se_walk); with the bound it takes 116 and spills none. BK 64 takes
 // 128 without spilling as it is, and spills 12 bytes under the bound.
-template <int BK, bool SE>
+// sinks: none, or the call's sinks ([n_head], const float *) joined per row.
+// A pack so that the instances without sinks take `a` alone: a second
+// parameter moves the RoPE-inside instances' machine code (nvcc, sm_90).
+template <int BK, bool SE, typename... Sinks>
 __global__ static void __launch_bounds__(ATTN_TC_THREADS, (SE && BK == 32) ? 4 : 0)
-    attn_tc_kernel(const struct cuda_attn a) {
+    attn_tc_kernel(const struct cuda_attn a, Sinks... sinks) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char attn_tc_smem[];
@@ -807,7 +829,12 @@ __global__ static void __launch_bounds__(ATTN_TC_THREADS, (SE && BK == 32) ? 4 :
     if (gr < n_rows) {
         const int64_t t = gr / n_group, h = (int64_t)g * n_group + gr % n_group;
         const size_t th = (size_t)t * a.n_head + h;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        if constexpr (sizeof...(Sinks) > 0) {
+            const float *const sink[] = {sinks...};
+            if (l > 0.0f)
+                inv = attn_sink_inv<false>(m, l, sink[0][h]);
+        }
         for (int d = hf; d < DV; d += 2)
             a.out[th * DV + d] = oRow[d] * inv;
     }
@@ -894,9 +921,9 @@ extern "C" int cuda_attention_sync_count(const struct cuda_attn *a, int sm_count
     return cuda_attention_decode_sync_count(a, sm_count);
 }
 
-template <typename KT, typename VT, bool VEC, bool SE>
-static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, float *part_acc,
-                       float *part_ml, cudaStream_t stream, struct verr *err) {
+template <typename KT, typename VT, bool VEC, bool SE, bool SINK>
+static int attn_launch(const struct cuda_attn *a, const float *sinks, const struct attn_plan *p,
+                       float *part_acc, float *part_ml, cudaStream_t stream, struct verr *err) {
     // Raised once per device to the most any call can ask for, so a call
     // recorded into a CUDA graph makes no attribute call (devices >= 64 set
     // it every time).
@@ -919,21 +946,21 @@ static int attn_launch(const struct cuda_attn *a, const struct attn_plan *p, flo
                 (SE ? sizeof(float) * ((size_t)ATTN_ROWS * CUDA_ATTN_MAX_HEAD_DIM +
                                        (size_t)ATTN_BK * (CUDA_ATTN_MAX_HEAD_DIM + 1))
                     : 0);
-            if (cudaFuncSetAttribute(attn_kernel<KT, VT, VEC, SE>,
+            if (cudaFuncSetAttribute(attn_kernel<KT, VT, VEC, SE, SINK>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)most) == cudaSuccess) {
                 raised.fetch_or(bit);
             } else { // a GPU with less shared memory: ask for this call's need only
                 (void)cudaGetLastError();
                 VELA_CUDA_CALL(err, cudaFuncSetAttribute(
-                                        attn_kernel<KT, VT, VEC, SE>,
+                                        attn_kernel<KT, VT, VEC, SE, SINK>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p->smem));
             }
         }
     }
     const dim3 grid(p->row_blocks, (unsigned int)a->n_head_kv, (unsigned int)p->n_split);
-    attn_kernel<KT, VT, VEC, SE>
-        <<<grid, ATTN_THREADS, p->smem, stream>>>(*a, p->chunk, p->n_split, part_acc, part_ml);
+    attn_kernel<KT, VT, VEC, SE, SINK><<<grid, ATTN_THREADS, p->smem, stream>>>(
+        *a, p->chunk, p->n_split, part_acc, part_ml, sinks);
     VELA_CHECK_LAUNCH(err, "attn_kernel");
     return VERR_OK;
 }
@@ -958,9 +985,10 @@ static int attn_tc_bk(const struct cuda_attn *a, int cc_major, int smem_optin) {
     return attn_tc_make_layout(D, DV, bk, a->rope_on).bytes <= (size_t)smem_optin ? bk : 0;
 }
 
-template <int BK, bool SE>
+// sinks: none or the call's (attn_tc_kernel).
+template <int BK, bool SE, typename... Sinks>
 static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin, cudaStream_t stream,
-                          struct verr *err) {
+                          struct verr *err, Sinks... sinks) {
     const size_t smem = attn_tc_make_layout(a->head_dim, a->head_dim_v, BK, SE).bytes;
     // Raised once per device (as attn_launch does, for CUDA graph capture) to
     // the most any head dims ask for, capped by the device's opt-in limit.
@@ -972,7 +1000,7 @@ static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin, cu
                 attn_tc_make_layout(CUDA_ATTN_MAX_HEAD_DIM, CUDA_ATTN_MAX_HEAD_DIM, BK, SE).bytes;
             if (most > (size_t)smem_optin)
                 most = (size_t)smem_optin;
-            VELA_CUDA_CALL(err, cudaFuncSetAttribute(attn_tc_kernel<BK, SE>,
+            VELA_CUDA_CALL(err, cudaFuncSetAttribute(attn_tc_kernel<BK, SE, Sinks...>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                      (int)most));
             raised.fetch_or(bit);
@@ -980,35 +1008,55 @@ static int attn_tc_launch(const struct cuda_attn *a, int dev, int smem_optin, cu
     }
     const int64_t n_rows = (int64_t)a->n_tok * (a->n_head / a->n_head_kv);
     const dim3 grid(ceil_div_u(n_rows, ATTN_TC_ROWS), (unsigned int)a->n_head_kv);
-    attn_tc_kernel<BK, SE><<<grid, ATTN_TC_THREADS, smem, stream>>>(*a);
+    attn_tc_kernel<BK, SE, Sinks...><<<grid, ATTN_TC_THREADS, smem, stream>>>(*a, sinks...);
     VELA_CHECK_LAUNCH(err, "attn_tc_kernel");
     return VERR_OK;
 }
 
 // attn_launch for the cache types and tile loads of this call (a call
 // with a type other than f16 / f32: the any-cache instance, vec).
-template <bool SE>
-static int attn_launch_types(const struct cuda_attn *a, const struct attn_plan *p, bool vec,
-                             float *part_acc, float *part_ml, cudaStream_t stream,
-                             struct verr *err) {
+template <bool SE, bool SINK>
+static int attn_launch_types(const struct cuda_attn *a, const float *sinks,
+                             const struct attn_plan *p, bool vec, float *part_acc, float *part_ml,
+                             cudaStream_t stream, struct verr *err) {
     if (cuda_attn_kvq(a))
-        return attn_launch<kvq_any, kvq_any, true, SE>(a, p, part_acc, part_ml, stream, err);
+        return attn_launch<kvq_any, kvq_any, true, SE, SINK>(a, sinks, p, part_acc, part_ml, stream,
+                                                             err);
     const bool k16 = a->type_k == GGML_TYPE_F16, v16 = a->type_v == GGML_TYPE_F16;
     if (k16 && v16)
-        return vec ? attn_launch<__half, __half, true, SE>(a, p, part_acc, part_ml, stream, err)
-                   : attn_launch<__half, __half, false, SE>(a, p, part_acc, part_ml, stream, err);
+        return vec ? attn_launch<__half, __half, true, SE, SINK>(a, sinks, p, part_acc, part_ml,
+                                                                 stream, err)
+                   : attn_launch<__half, __half, false, SE, SINK>(a, sinks, p, part_acc, part_ml,
+                                                                  stream, err);
     if (k16)
-        return vec ? attn_launch<__half, float, true, SE>(a, p, part_acc, part_ml, stream, err)
-                   : attn_launch<__half, float, false, SE>(a, p, part_acc, part_ml, stream, err);
+        return vec ? attn_launch<__half, float, true, SE, SINK>(a, sinks, p, part_acc, part_ml,
+                                                                stream, err)
+                   : attn_launch<__half, float, false, SE, SINK>(a, sinks, p, part_acc, part_ml,
+                                                                 stream, err);
     if (v16)
-        return vec ? attn_launch<float, __half, true, SE>(a, p, part_acc, part_ml, stream, err)
-                   : attn_launch<float, __half, false, SE>(a, p, part_acc, part_ml, stream, err);
-    return vec ? attn_launch<float, float, true, SE>(a, p, part_acc, part_ml, stream, err)
-               : attn_launch<float, float, false, SE>(a, p, part_acc, part_ml, stream, err);
+        return vec ? attn_launch<float, __half, true, SE, SINK>(a, sinks, p, part_acc, part_ml,
+                                                                stream, err)
+                   : attn_launch<float, __half, false, SE, SINK>(a, sinks, p, part_acc, part_ml,
+                                                                 stream, err);
+    return vec ? attn_launch<float, float, true, SE, SINK>(a, sinks, p, part_acc, part_ml, stream,
+                                                           err)
+               : attn_launch<float, float, false, SE, SINK>(a, sinks, p, part_acc, part_ml, stream,
+                                                            err);
 }
 
-extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, void *scratch,
-                                    size_t scratch_bytes, cudaStream_t stream, struct verr *err) {
+// attn_tc_launch for the call's mode: RoPE inside, sinks (never both) or neither.
+template <int BK>
+static int attn_tc_launch_mode(const struct cuda_attn *a, const float *sinks, int dev,
+                               int smem_optin, cudaStream_t stream, struct verr *err) {
+    if (a->rope_on)
+        return attn_tc_launch<BK, true>(a, dev, smem_optin, stream, err);
+    return sinks ? attn_tc_launch<BK, false>(a, dev, smem_optin, stream, err, sinks)
+                 : attn_tc_launch<BK, false>(a, dev, smem_optin, stream, err);
+}
+
+extern "C" int cuda_attention_apply(const struct cuda_attn *a, const float *sinks, int sm_count,
+                                    void *scratch, size_t scratch_bytes, cudaStream_t stream,
+                                    struct verr *err) {
     if (a->n_tok <= 0 || a->n_head <= 0)
         return VERR_OK;
     if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv != 0)
@@ -1047,8 +1095,12 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
         (se_bad || a->rope.n_rot < 2 || a->rope.n_rot % 2 || a->rope.n_rot > a->head_dim))
         return verr_set(err, VERR_RANGE, "attention: RoPE inside: n_rot %d, G %d, W %d",
                         a->rope.n_rot, a->se_g, a->se_w);
+    if (sinks && a->rope_on)
+        return verr_set(err, VERR_UNSUPPORTED,
+                        "attention: sinks with RoPE inside (the unrotated cache of self-extend): "
+                        "no CUDA kernel joins the two");
     if (cuda_attention_decode_eligible(a))
-        return cuda_attention_decode_apply(a, sm_count, scratch, scratch_bytes, stream, err);
+        return cuda_attention_decode_apply(a, sinks, sm_count, scratch, scratch_bytes, stream, err);
     if (((k16 && v16) || kvq) && a->n_tok >= ATTN_TC_MIN_TOK) {
         int dev = 0, cc_major = 0, smem_optin = 0;
         VELA_CUDA_CALL(err, cudaGetDevice(&dev));
@@ -1058,11 +1110,9 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
             err, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         const int bk = attn_tc_bk(a, cc_major, smem_optin);
         if (bk == 64)
-            return a->rope_on ? attn_tc_launch<64, true>(a, dev, smem_optin, stream, err)
-                              : attn_tc_launch<64, false>(a, dev, smem_optin, stream, err);
+            return attn_tc_launch_mode<64>(a, sinks, dev, smem_optin, stream, err);
         if (bk == 32)
-            return a->rope_on ? attn_tc_launch<32, true>(a, dev, smem_optin, stream, err)
-                              : attn_tc_launch<32, false>(a, dev, smem_optin, stream, err);
+            return attn_tc_launch_mode<32>(a, sinks, dev, smem_optin, stream, err);
     }
     const struct attn_plan p = attn_make_plan(a, sm_count);
     if (p.row_blocks > INT_MAX || a->n_head_kv > 65535)
@@ -1080,14 +1130,23 @@ extern "C" int cuda_attention_apply(const struct cuda_attn *a, int sm_count, voi
     // 16-byte tile loads when every K and V row is 16-byte aligned.
     const bool vec = ((uintptr_t)a->k & 15) == 0 && ((uintptr_t)a->v & 15) == 0 &&
                      a->head_dim % (k16 ? 8 : 4) == 0 && a->head_dim_v % (v16 ? 8 : 4) == 0;
-    const int rc = a->rope_on
-                       ? attn_launch_types<true>(a, &p, vec, part_acc, part_ml, stream, err)
-                       : attn_launch_types<false>(a, &p, vec, part_acc, part_ml, stream, err);
+    const int rc =
+        a->rope_on
+            ? attn_launch_types<true, false>(a, nullptr, &p, vec, part_acc, part_ml, stream, err)
+        : sinks
+            ? attn_launch_types<false, true>(a, sinks, &p, vec, part_acc, part_ml, stream, err)
+            : attn_launch_types<false, false>(a, nullptr, &p, vec, part_acc, part_ml, stream, err);
     if (rc || p.n_split == 1)
         return rc;
-    attn_combine_kernel<<<(unsigned int)((int64_t)a->n_tok * a->n_head), ATTN_COMBINE_THREADS, 0,
-                          stream>>>(a->out, part_acc, part_ml, p.n_split, a->head_dim_v,
-                                    (uint8_t *)a->xq);
+    const unsigned int rows = (unsigned int)((int64_t)a->n_tok * a->n_head);
+    if (sinks)
+        attn_combine_kernel<true><<<rows, ATTN_COMBINE_THREADS, 0, stream>>>(
+            a->out, part_acc, part_ml, p.n_split, a->head_dim_v, (uint8_t *)a->xq, sinks,
+            a->n_head);
+    else
+        attn_combine_kernel<false><<<rows, ATTN_COMBINE_THREADS, 0, stream>>>(
+            a->out, part_acc, part_ml, p.n_split, a->head_dim_v, (uint8_t *)a->xq, nullptr,
+            a->n_head);
     VELA_CHECK_LAUNCH(err, "attn_combine_kernel");
     return VERR_OK;
 }

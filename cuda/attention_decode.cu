@@ -47,11 +47,17 @@
 // round to the same value and whose extra cells are empty give the same bits.
 // Mask: as attn_kernel (attention.cu's top comment). A row with no visible
 // cell gets zeros.
+// Sinks: calls with them run SINK instances of their own (the R = 8 ones at
+// every group size: attn_dec_launch_rows), which join the head's sink to a
+// row's merged state before it is stored, once (unsplit, or after the
+// splits' combine: attn_dec_join_sink). The instances without SINK have no
+// sink code.
 #include <atomic>
 #include <limits.h>
 
 #include "cuda/attention_args.h"
 #include "cuda/attention_decode.h"
+#include "cuda/attention_sink.cuh"
 #include "cuda/attention_widen.cuh"
 #include "cuda/kv_quant.cuh"
 #include "cuda/q8_1.cuh"
@@ -138,14 +144,42 @@ static __device__ __forceinline__ void attn_dec_store(const struct cuda_attn &a,
                         threadIdx.x % VELA_WARP);
 }
 
+// Row th's sink (sinks: [n_head]) joined to its merged state (max m in base
+// 2, weights' sum l, one output element o): o and l move to the joined max,
+// l takes the sink's weight, so that attn_dec_store's o / l has the sink in
+// its denominator. A row that saw nothing (l 0) stays zeros.
+static __device__ __forceinline__ void attn_dec_join_sink(const struct cuda_attn &a,
+                                                          const float *sinks, size_t th, float m,
+                                                          float &o, float &l) {
+    if (l > 0.0f) {
+        float f;
+        l = attn_sink_join<true>(m, l, sinks[th % a.n_head] * ATTN_DEC_LOG2E, &f);
+        o *= f;
+    }
+}
+
+// The max of row th's n_split partial results (-inf: all empty), read as
+// attn_dec_combine_row reads them: the m of its merged state.
+static __device__ __forceinline__ float attn_dec_split_max(const float *part_ml, size_t th,
+                                                           int n_split) {
+    const float *ml = part_ml + th * n_split * 2;
+    float mx = -INFINITY;
+#pragma unroll 8
+    for (int s = 0; s < n_split; s++)
+        mx = fmaxf(mx, __ldcg(ml + 2 * s));
+    return mx;
+}
+
 // Occupancy (sm_90, ptxas): see bench/results/kernels-sm90-resources.json.
 // grid (n_tok * row_chunks, n_head_kv, n_split), ATTN_DEC_THREADS threads.
-template <typename T, int D, int R, int NC>
+// SINK: the call's sinks ([n_head]; unread without SINK) joined per row.
+template <typename T, int D, int R, int NC, bool SINK>
 __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
     attn_dec_kernel(const struct cuda_attn a, int chunk, int n_split, int row_chunks,
                     float *__restrict__ part_acc /* [n_tok*n_head][n_split][D] */,
                     float *__restrict__ part_ml /* [n_tok*n_head][n_split][2] */,
-                    unsigned int *__restrict__ sync /* [n_tok*row_chunks*n_head_kv] or NULL */) {
+                    unsigned int *__restrict__ sync /* [n_tok*row_chunks*n_head_kv] or NULL */,
+                    const float *__restrict__ sinks) {
     using S = attn_dec_shape<T, D>;
     constexpr int LPC = S::LPC, EPL = S::EPL, CPW = S::CPW, NV = S::NV;
     constexpr bool KVQ = std::is_same<T, kvq_any>::value;
@@ -365,6 +399,8 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
             attn_dec_merge<1>(mx, lw, o, sM[w][r], sL[w][r], ob);
         }
         if (n_split == 1) {
+            if constexpr (SINK)
+                attn_dec_join_sink(a, sinks, th0 + r, mx, o[0], lw);
             attn_dec_store(a, th0 + r, D, d, o[0], lw);
         } else {
             const size_t ps = (th0 + r) * n_split + split;
@@ -392,17 +428,21 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
     for (int idx = tid; idx < nr * D; idx += ATTN_DEC_THREADS) {
         const int r = idx / D, d = idx % D;
         float lw;
-        const float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
+        float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
+        if constexpr (SINK)
+            attn_dec_join_sink(a, sinks, th0 + r, attn_dec_split_max(part_ml, th0 + r, n_split), o,
+                               lw);
         attn_dec_store(a, th0 + r, D, d, o, lw);
     }
 }
 
 // Without counters: one block per (token, row chunk, KV head) merges the
 // splits, as the last block of attn_dec_kernel would (the same bits).
-template <int D, int R>
+template <int D, int R, bool SINK>
 __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
     attn_dec_combine_kernel(const struct cuda_attn a, int n_split, int row_chunks,
-                            const float *__restrict__ part_acc, const float *__restrict__ part_ml) {
+                            const float *__restrict__ part_acc, const float *__restrict__ part_ml,
+                            const float *__restrict__ sinks) {
     const int t = blockIdx.x / row_chunks, rc = blockIdx.x % row_chunks, g = blockIdx.y;
     const int n_group = a.n_head / a.n_head_kv;
     const int h0 = g * n_group + rc * R, nr = min(R, n_group - rc * R);
@@ -410,7 +450,10 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
     for (int idx = threadIdx.x; idx < nr * D; idx += ATTN_DEC_THREADS) {
         const int r = idx / D, d = idx % D;
         float lw;
-        const float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
+        float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
+        if constexpr (SINK)
+            attn_dec_join_sink(a, sinks, th0 + r, attn_dec_split_max(part_ml, th0 + r, n_split), o,
+                               lw);
         attn_dec_store(a, th0 + r, D, d, o, lw);
     }
 }
@@ -490,50 +533,56 @@ extern "C" int cuda_attention_decode_sync_count(const struct cuda_attn *a, int s
     return p.n_split == 1 ? 0 : a->n_tok * p.row_chunks * a->n_head_kv;
 }
 
-template <typename T, int D, int R>
-static int attn_dec_launch(const struct cuda_attn *a, const struct attn_dec_plan *p,
-                           float *part_acc, float *part_ml, unsigned int *sync, cudaStream_t stream,
-                           struct verr *err) {
+template <typename T, int D, int R, bool SINK>
+static int attn_dec_launch(const struct cuda_attn *a, const float *sinks,
+                           const struct attn_dec_plan *p, float *part_acc, float *part_ml,
+                           unsigned int *sync, cudaStream_t stream, struct verr *err) {
     // any cache type: 2 cells a step (its decoded runs are floats in registers)
     constexpr int NC = R >= 8 || std::is_same<T, kvq_any>::value ? 2 : 4;
     const dim3 grid((unsigned int)(a->n_tok * p->row_chunks), (unsigned int)a->n_head_kv,
                     (unsigned int)p->n_split);
-    attn_dec_kernel<T, D, R, NC><<<grid, ATTN_DEC_THREADS, 0, stream>>>(
-        *a, p->chunk, p->n_split, p->row_chunks, part_acc, part_ml, sync);
+    attn_dec_kernel<T, D, R, NC, SINK><<<grid, ATTN_DEC_THREADS, 0, stream>>>(
+        *a, p->chunk, p->n_split, p->row_chunks, part_acc, part_ml, sync, sinks);
     VELA_CHECK_LAUNCH(err, "attn_dec_kernel");
     if (p->n_split > 1 && !sync) {
-        attn_dec_combine_kernel<D, R><<<dim3(grid.x, grid.y), ATTN_DEC_THREADS, 0, stream>>>(
-            *a, p->n_split, p->row_chunks, part_acc, part_ml);
+        attn_dec_combine_kernel<D, R, SINK><<<dim3(grid.x, grid.y), ATTN_DEC_THREADS, 0, stream>>>(
+            *a, p->n_split, p->row_chunks, part_acc, part_ml, sinks);
         VELA_CHECK_LAUNCH(err, "attn_dec_combine_kernel");
     }
     return VERR_OK;
 }
 
+// With sinks the R = 8 instance serves every group size, one SINK instance
+// per cache type and head dim: its plan is the same (the plan's row chunks,
+// ceil(n_group / rows), are 1 wherever rows < 8, so are ceil(n_group / 8)),
+// rows past the group's are masked (nr).
 template <typename T, int D>
-static int attn_dec_launch_rows(const struct cuda_attn *a, const struct attn_dec_plan *p,
-                                float *part_acc, float *part_ml, unsigned int *sync,
-                                cudaStream_t stream, struct verr *err) {
+static int attn_dec_launch_rows(const struct cuda_attn *a, const float *sinks,
+                                const struct attn_dec_plan *p, float *part_acc, float *part_ml,
+                                unsigned int *sync, cudaStream_t stream, struct verr *err) {
+    if (sinks)
+        return attn_dec_launch<T, D, 8, true>(a, sinks, p, part_acc, part_ml, sync, stream, err);
     if (p->rows == 1)
-        return attn_dec_launch<T, D, 1>(a, p, part_acc, part_ml, sync, stream, err);
+        return attn_dec_launch<T, D, 1, false>(a, nullptr, p, part_acc, part_ml, sync, stream, err);
     if (p->rows == 4)
-        return attn_dec_launch<T, D, 4>(a, p, part_acc, part_ml, sync, stream, err);
-    return attn_dec_launch<T, D, 8>(a, p, part_acc, part_ml, sync, stream, err);
+        return attn_dec_launch<T, D, 4, false>(a, nullptr, p, part_acc, part_ml, sync, stream, err);
+    return attn_dec_launch<T, D, 8, false>(a, nullptr, p, part_acc, part_ml, sync, stream, err);
 }
 
 template <typename T>
-static int attn_dec_launch_dim(const struct cuda_attn *a, const struct attn_dec_plan *p,
-                               float *part_acc, float *part_ml, unsigned int *sync,
-                               cudaStream_t stream, struct verr *err) {
+static int attn_dec_launch_dim(const struct cuda_attn *a, const float *sinks,
+                               const struct attn_dec_plan *p, float *part_acc, float *part_ml,
+                               unsigned int *sync, cudaStream_t stream, struct verr *err) {
     if (a->head_dim == 64)
-        return attn_dec_launch_rows<T, 64>(a, p, part_acc, part_ml, sync, stream, err);
+        return attn_dec_launch_rows<T, 64>(a, sinks, p, part_acc, part_ml, sync, stream, err);
     if (a->head_dim == 128)
-        return attn_dec_launch_rows<T, 128>(a, p, part_acc, part_ml, sync, stream, err);
-    return attn_dec_launch_rows<T, 256>(a, p, part_acc, part_ml, sync, stream, err);
+        return attn_dec_launch_rows<T, 128>(a, sinks, p, part_acc, part_ml, sync, stream, err);
+    return attn_dec_launch_rows<T, 256>(a, sinks, p, part_acc, part_ml, sync, stream, err);
 }
 
-extern "C" int cuda_attention_decode_apply(const struct cuda_attn *a, int sm_count, void *scratch,
-                                           size_t scratch_bytes, cudaStream_t stream,
-                                           struct verr *err) {
+extern "C" int cuda_attention_decode_apply(const struct cuda_attn *a, const float *sinks,
+                                           int sm_count, void *scratch, size_t scratch_bytes,
+                                           cudaStream_t stream, struct verr *err) {
     const struct attn_dec_plan p = attn_dec_make_plan(a, sm_count);
     if ((int64_t)a->n_tok * p.row_chunks > INT_MAX)
         return verr_set(err, VERR_RANGE, "attention: grid too large");
@@ -550,11 +599,11 @@ extern "C" int cuda_attention_decode_apply(const struct cuda_attn *a, int sm_cou
             sync = a->sync;
     }
     if (cuda_attn_kvq(a))
-        return a->head_dim == 64
-                   ? attn_dec_launch_rows<kvq_any, 64>(a, &p, part_acc, part_ml, sync, stream, err)
-                   : attn_dec_launch_rows<kvq_any, 128>(a, &p, part_acc, part_ml, sync, stream,
-                                                        err);
+        return a->head_dim == 64 ? attn_dec_launch_rows<kvq_any, 64>(a, sinks, &p, part_acc,
+                                                                     part_ml, sync, stream, err)
+                                 : attn_dec_launch_rows<kvq_any, 128>(a, sinks, &p, part_acc,
+                                                                      part_ml, sync, stream, err);
     return a->type_k == GGML_TYPE_F16
-               ? attn_dec_launch_dim<__half>(a, &p, part_acc, part_ml, sync, stream, err)
-               : attn_dec_launch_dim<float>(a, &p, part_acc, part_ml, sync, stream, err);
+               ? attn_dec_launch_dim<__half>(a, sinks, &p, part_acc, part_ml, sync, stream, err)
+               : attn_dec_launch_dim<float>(a, sinks, &p, part_acc, part_ml, sync, stream, err);
 }

@@ -17,8 +17,10 @@ VELA_CUDA_BEGIN
 bool cuda_attention_decode_eligible(const struct cuda_attn *a);
 size_t cuda_attention_decode_scratch_bytes(const struct cuda_attn *a, int sm_count);
 int cuda_attention_decode_sync_count(const struct cuda_attn *a, int sm_count);
-int cuda_attention_decode_apply(const struct cuda_attn *a, int sm_count, void *scratch,
-                                size_t scratch_bytes, cudaStream_t stream, struct verr *err);
+// sinks: as cuda_attention_apply's.
+int cuda_attention_decode_apply(const struct cuda_attn *a, const float *sinks, int sm_count,
+                                void *scratch, size_t scratch_bytes, cudaStream_t stream,
+                                struct verr *err);
 
 VELA_CUDA_END
 

@@ -789,8 +789,9 @@ static int cu_rope_kv_store_rot(struct backend *be, float *q, int n_head, float 
 
 static int cu_attention(struct backend *be, const struct attn_args *a) {
     CU_ENTER(be);
-    if (a->sinks)
-        return verr_set(&be->err, VERR_UNSUPPORTED, "attention: sinks");
+    if (a->sinks && a->rope)
+        return verr_set(&be->err, VERR_UNSUPPORTED,
+                        "attention: sinks with RoPE inside (the unrotated cache of self-extend)");
     if (!cu_is_cache_type(a->type_k) || !cu_is_cache_type(a->type_v))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "attention: cache types %s/%s (a float or quantized cache type)",
@@ -849,8 +850,8 @@ static int cu_attention(struct backend *be, const struct attn_args *a) {
     // Attention launches without PDL (cuda/launch.cuh): it waits for the
     // mat-vec or RoPE before it, and the op after it waits for it.
     if (!rc)
-        rc = cuda_attention_apply(&ca, cb->sm_count, cb->scratch, cb->scratch_bytes, cb->stream,
-                                  &be->err);
+        rc = cuda_attention_apply(&ca, a->sinks, cb->sm_count, cb->scratch, cb->scratch_bytes,
+                                  cb->stream, &be->err);
     if (!rc && a->out_q8)
         cb->xq_left = (struct cu_xq){a->out, a->n_tok, n_out, ca.xq != NULL, true};
     return rc;

@@ -218,9 +218,17 @@ static void kvq_layout(const struct kvq_case *c, int32_t *cell_pos, uint64_t *ce
     }
 }
 
-// Case c with K of type tk and V of type tv on both backends; returns the
-// worst |cuda - cpu| / max|v| and checks it against the tolerance.
-static double kvq_attention(const struct kvq_case *c, enum ggml_type tk, enum ggml_type tv) {
+// Sinks of kvq_attention's calls with them: head h takes [h % 4] (one far
+// above any score, one near the log of a row's weight sum, zero, one below).
+static const float kvq_sink_logits[4] = {12.0f, 3.0f, 0.0f, -4.0f};
+
+// Case c with K of type tk and V of type tv on both backends, with sinks
+// (attn_args.sinks) or without; returns the worst |cuda - cpu| / max|v| and
+// checks it against the tolerance (the same with sinks: the output is the
+// same convex combination times a factor <= 1). Sinks with RoPE inside (the
+// self-extend cases): the CUDA backend must refuse them by name (0 returned).
+static double kvq_attention(const struct kvq_case *c, enum ggml_type tk, enum ggml_type tv,
+                            bool sinks) {
     const size_t nq = (size_t)c->n_tok * c->n_head * c->head_dim;
     const size_t nk = (size_t)c->n_kv * c->n_head_kv * c->head_dim;
     const size_t nv = (size_t)c->n_kv * c->n_head_kv * c->head_dim_v;
@@ -246,6 +254,10 @@ static double kvq_attention(const struct kvq_case *c, enum ggml_type tk, enum gg
         qse[2 * t + 1] = 8;
     }
     struct dbuf bse = dbuf_new(qse, 8 * (size_t)c->n_tok);
+    float *sink = malloc(4 * (size_t)c->n_head);
+    for (int h = 0; h < c->n_head; h++)
+        sink[h] = kvq_sink_logits[h % 4];
+    struct dbuf bsk = dbuf_new(sink, 4 * (size_t)c->n_head);
     struct dbuf bcp = dbuf_new(cell_pos, 4 * (size_t)c->n_kv),
                 bcs = dbuf_new(cell_seq, 8 * (size_t)c->n_kv);
     struct dbuf bqp = dbuf_new(q_pos, 4 * (size_t)c->n_tok),
@@ -277,19 +289,28 @@ static double kvq_attention(const struct kvq_case *c, enum ggml_type tk, enum gg
         .se_g = c->se_g > 0 ? c->se_g : 1,
         .se_w = 8,
         .q_se = c->se_g < 0 ? bse.c : NULL,
+        .sinks = sinks ? bsk.c : NULL,
     };
     struct attn_args ag = ac;
+    ag.sinks = sinks ? bsk.g : NULL;
     ag.out = bo.g, ag.q = bq.g, ag.k = (char *)bk.g + sk, ag.v = (char *)bv.g + sv;
     ag.q_se = c->se_g < 0 ? bse.g : NULL;
     ag.cell_pos = bcp.g, ag.cell_seq = bcs.g, ag.q_pos = bqp.g, ag.q_seq = bqs.g;
     OK(cpu, cpu->ops->attention(cpu, &ac));
-    OK(gpu, gpu->ops->attention(gpu, &ag));
+    const bool refused = sinks && ag.rope; // no CUDA kernel joins the two
+    if (refused) {
+        cr_expect_eq(gpu->ops->attention(gpu, &ag), VERR_UNSUPPORTED,
+                     "attention %s sinks: not refused", c->note);
+        cr_expect_neq(strstr(gpu->err.msg, "sinks with RoPE inside"), NULL, "%s", gpu->err.msg);
+    } else {
+        OK(gpu, gpu->ops->attention(gpu, &ag));
+    }
     float *oc = download(cpu, bo.c, no * 4), *og = download(gpu, bo.g, no * 4);
     float vmax = 0.0f;
     for (size_t i = cv; i < nv + cv; i++)
         vmax = fmaxf(vmax, fabsf(vdec[i]));
     double worst = 0.0;
-    for (size_t i = 0; i < no; i++) {
+    for (size_t i = 0; i < no && !refused; i++) {
         const double e = isfinite(og[i]) ? fabs((double)oc[i] - og[i]) : INFINITY;
         worst = e > worst ? e : worst;
     }
@@ -297,15 +318,20 @@ static double kvq_attention(const struct kvq_case *c, enum ggml_type tk, enum gg
     const bool tc = c->n_tok >= 16;
     const double tol = (c->se_g != 0 ? 1e-4 : 3e-5) + 8.0 * sqrt((double)c->n_kv) / 16777216.0 +
                        (tc ? (c->se_g != 0 ? 3e-3 : 2e-3) : 0.0);
-    cr_expect_leq(worst, tol, "attention %s %s/%s: worst %.3g > tol %.3g", c->note,
-                  ggml_type_name(tk), ggml_type_name(tv), worst, tol);
-    cr_log_info("attention %s %s/%s: worst |cuda - cpu| / max|v| = %.3g (tol %.3g)\n", c->note,
-                ggml_type_name(tk), ggml_type_name(tv), worst, tol);
-    struct dbuf *bs[] = {&bq, &bk, &bv, &bcp, &bcs, &bqp, &bqs, &bo, &bse};
+    cr_expect_leq(worst, tol, "attention %s %s/%s%s: worst %.3g > tol %.3g", c->note,
+                  ggml_type_name(tk), ggml_type_name(tv), sinks ? " sinks" : "", worst, tol);
+    if (refused)
+        cr_log_info("attention %s %s/%s sinks: refused (%s)\n", c->note, ggml_type_name(tk),
+                    ggml_type_name(tv), gpu->err.msg);
+    else
+        cr_log_info("attention %s %s/%s%s: worst |cuda - cpu| / max|v| = %.3g (tol %.3g)\n",
+                    c->note, ggml_type_name(tk), ggml_type_name(tv), sinks ? " sinks" : "", worst,
+                    tol);
+    struct dbuf *bs[] = {&bq, &bk, &bv, &bcp, &bcs, &bqp, &bqs, &bo, &bse, &bsk};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         dbuf_free(bs[i]);
     free(q), free(kf), free(vf), free(kf2), free(vf2), free(vdec), free(k), free(v), free(oc);
-    free(og), free(qse);
+    free(og), free(qse), free(sink);
     free(cell_pos), free(cell_seq), free(q_pos), free(q_seq);
     return worst;
 }
@@ -316,7 +342,7 @@ static void kvq_attention_type(enum ggml_type t) {
     rng_seed(341 + (uint64_t)t);
     double worst = 0.0;
     for (size_t i = 0; i < sizeof kvq_cases / sizeof kvq_cases[0]; i++) {
-        const double w = kvq_attention(&kvq_cases[i], t, t);
+        const double w = kvq_attention(&kvq_cases[i], t, t, false);
         worst = w > worst ? w : worst;
     }
     cr_log_info("attention %s/%s: worst |cuda - cpu| / max|v| over %zu cases = %.3g\n",
@@ -358,7 +384,7 @@ Test(cuda_kvq, attention_mixed_types) {
     double worst = 0.0;
     for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            const double w = kvq_attention(&kvq_cases[cases[i]], pairs[p][0], pairs[p][1]);
+            const double w = kvq_attention(&kvq_cases[cases[i]], pairs[p][0], pairs[p][1], false);
             worst = w > worst ? w : worst;
         }
     cr_log_info("attention mixed K/V types: worst |cuda - cpu| / max|v| = %.3g\n", worst);
@@ -377,11 +403,34 @@ Test(cuda_kvq, attention_decode_splitk_variant) {
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t i = 0; i < sizeof kvq_cases / sizeof kvq_cases[0]; i++)
             if (kvq_cases[i].n_tok <= 8) {
-                const double w = kvq_attention(&kvq_cases[i], types[ti], types[ti]);
+                const double w = kvq_attention(&kvq_cases[i], types[ti], types[ti], false);
                 worst = w > worst ? w : worst;
             }
     cr_assert_eq(backend_cuda_set_attn_decode(gpu, CUDA_ATTN_DECODE_AUTO, &err), 0, "%s", err.msg);
     cr_log_info("split-k decode variant: worst |cuda - cpu| / max|v| = %.3g\n", worst);
+}
+
+// Attention sinks (attn_args.sinks) over a quantized cache on every kernel
+// the cases reach (attn_dec_kernel, attn_kernel, attn_tc_kernel; windows;
+// the self-extend cases refused), then the decode cases again through the
+// split-K variant (attn_kernel's combine).
+Test(cuda_kvq, attention_sinks) {
+    REQUIRE_GPU();
+    struct verr err = {0};
+    rng_seed(360);
+    double worst = 0.0;
+    for (int variant = 0; variant < 2; variant++) {
+        cr_assert_eq(backend_cuda_set_attn_decode(
+                         gpu, variant ? CUDA_ATTN_DECODE_SPLITK : CUDA_ATTN_DECODE_AUTO, &err),
+                     0, "%s", err.msg);
+        for (size_t i = 0; i < sizeof kvq_cases / sizeof kvq_cases[0]; i++)
+            if (!variant || kvq_cases[i].n_tok <= 8) {
+                const double w = kvq_attention(&kvq_cases[i], GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, true);
+                worst = w > worst ? w : worst;
+            }
+    }
+    cr_assert_eq(backend_cuda_set_attn_decode(gpu, CUDA_ATTN_DECODE_AUTO, &err), 0, "%s", err.msg);
+    cr_log_info("attention sinks q8_0/q4_0: worst |cuda - cpu| / max|v| = %.3g\n", worst);
 }
 
 // A bf16 cache (block 1) whose head dim is not a multiple of 8: refused with

@@ -1243,6 +1243,11 @@ struct attn_case {
     int window; // sliding window (attn_args.window); 0: none
 };
 
+// Sinks of attn_check_sinks' calls (head h takes [h % 8]): one far above any
+// score (the row is almost all sink), ones near the log of a row's weight
+// sum, zero, ones far below.
+static const float attn_sink_logits[8] = {6.0f, 2.0f, 0.0f, -1.5f, -30.0f, 20.0f, 3.25f, 1.0f};
+
 // Added to the f32 tolerance for cases that run on tensor cores (see
 // attn_check_case), relative to max|v|.
 #define ATTN_TC_REL_TOL 2e-3
@@ -1339,8 +1344,9 @@ static void attn_q8_follow(const struct attn_case *c, const struct attn_args *ag
 }
 
 // Runs one case on both backends and checks the outputs; returns the worst
-// error relative to max|v|. q8_follow: also attn_q8_follow where it applies.
-static double attn_check_case(const struct attn_case *c, bool q8_follow) {
+// error relative to max|v|. q8_follow: also attn_q8_follow where it applies;
+// with_sinks: the calls take attn_sink_logits as their sinks.
+static double attn_check_sinks(const struct attn_case *c, bool q8_follow, bool with_sinks) {
     {
         const int n_tok = c->n_tok, n_kv = c->n_kv;
         const int seq_words = (c->n_seq + 63) / 64;
@@ -1394,6 +1400,10 @@ static double attn_check_case(const struct attn_case *c, bool q8_follow) {
         struct dbuf bqs = dbuf_new(q_seq, (size_t)n_tok * sizeof(int32_t));
         const size_t no = (size_t)n_tok * c->n_head * c->head_dim_v;
         struct dbuf bo = dbuf_new(NULL, no * sizeof(float));
+        float *sinks = malloc((size_t)c->n_head * sizeof *sinks);
+        for (int h = 0; h < c->n_head; h++)
+            sinks[h] = attn_sink_logits[h % 8];
+        struct dbuf bsk = dbuf_new(sinks, (size_t)c->n_head * sizeof *sinks);
         struct attn_args ac = {
             .out = bo.c,
             .q = bq.c,
@@ -1414,8 +1424,10 @@ static double attn_check_case(const struct attn_case *c, bool q8_follow) {
             .head_dim_v = c->head_dim_v,
             .scale = 1.0f / sqrtf((float)c->head_dim),
             .window = c->window,
+            .sinks = with_sinks ? bsk.c : NULL,
         };
         struct attn_args ag = ac;
+        ag.sinks = with_sinks ? bsk.g : NULL;
         ag.out = bo.g;
         ag.q = bq.g;
         ag.k = bk.g;
@@ -1441,6 +1453,10 @@ static double attn_check_case(const struct attn_case *c, bool q8_follow) {
         // 3e-5 max|v|. The n_kv-term sums of weights and of weighted V rows
         // add a random walk of sqrt(n_kv) roundings: 8 sqrt(n_kv) 2^-24 max|v|.
         // A mask, GQA or split-merge error moves outputs by O(max|v| / #vis).
+        // With sinks the output is that combination times a factor <= 1 (the
+        // sink's share of the denominator taken out), the same bounds; a sink
+        // missed, joined once per split or of another head moves it by far
+        // more where the sink is near the log of the row's weight sum.
         float vmax = 0.0f;
         for (size_t i = 0; i < nv; i++) {
             const float a = c->tv == GGML_TYPE_F16 ? fabsf(quant_fp16_to_f32(((uint16_t *)v)[i]))
@@ -1464,10 +1480,10 @@ static double attn_check_case(const struct attn_case *c, bool q8_follow) {
         if (attn_case_on_tensor_cores(c))
             atol += ATTN_TC_REL_TOL * vmax;
         char what[160];
-        snprintf(what, sizeof what,
-                 "attention %s: toks %d kv %d heads %d/%d hd %d/%d %s/%s window %d", c->note, n_tok,
-                 n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v, ggml_type_name(c->tk),
-                 ggml_type_name(c->tv), c->window);
+        snprintf(
+            what, sizeof what, "attention %s: toks %d kv %d heads %d/%d hd %d/%d %s/%s window %d%s",
+            c->note, n_tok, n_kv, c->n_head, c->n_head_kv, c->head_dim, c->head_dim_v,
+            ggml_type_name(c->tk), ggml_type_name(c->tv), c->window, with_sinks ? " sinks" : "");
         check_close(what, rc, rg, no, NULL, atol, 0.0);
         if (q8_follow && n_tok <= CUDA_MATVEC_MAX_TOK && c->head_dim_v % 32 == 0)
             attn_q8_follow(c, &ag);
@@ -1487,6 +1503,8 @@ static double attn_check_case(const struct attn_case *c, bool q8_follow) {
         dbuf_free(&bqp);
         dbuf_free(&bqs);
         dbuf_free(&bo);
+        dbuf_free(&bsk);
+        free(sinks);
         free(q);
         free(kf);
         free(vf);
@@ -1498,6 +1516,10 @@ static double attn_check_case(const struct attn_case *c, bool q8_follow) {
         free(q_seq);
         return worst;
     }
+}
+
+static double attn_check_case(const struct attn_case *c, bool q8_follow) {
+    return attn_check_sinks(c, q8_follow, false);
 }
 
 Test(cuda, attention) {
@@ -1704,13 +1726,56 @@ Test(cuda, attention_decode_kernels) {
     gpu->act_q8 = false;
 }
 
+// Attention sinks (attn_args.sinks) on every kernel: attn_dec_kernel
+// unsplit and split (its fused combine), attn_kernel unsplit, split (its
+// combine kernel) and in prefill, attn_tc_kernel; GQA and MHA, windows,
+// rows that see nothing (the random layouts), against the CPU backend
+// (itself checked against a float64 formula in tests/test_attention_sinks.c)
+// through each decode kernel (the variant switch).
+static const struct attn_case attn_sink_cases[] = {
+    {1, 1, 8, 8, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "sinks one cell", 0},
+    {1, 100, 32, 8, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "sinks decode gqa4", 0},
+    {1, 3000, 8, 2, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "sinks decode split window",
+     700},
+    {2, 2000, 14, 2, 64, 64, GGML_TYPE_F16, GGML_TYPE_F16, false, 3, "sinks decode gqa7 3 seqs", 0},
+    {3, 777, 6, 3, 80, 80, GGML_TYPE_F32, GGML_TYPE_F32, false, 2, "sinks hd80 (attn_kernel)", 0},
+    {20, 200, 4, 2, 64, 64, GGML_TYPE_F32, GGML_TYPE_F32, true, 1, "sinks prefill f32 window", 7},
+    {33, 300, 8, 4, 128, 128, GGML_TYPE_F16, GGML_TYPE_F16, true, 1, "sinks prefill tc window", 50},
+    {45, 250, 4, 1, 96, 96, GGML_TYPE_F16, GGML_TYPE_F16, false, 2, "sinks tc mqa 2 seqs", 0},
+};
+
+Test(cuda, attention_sinks) {
+    REQUIRE_GPU();
+    struct verr err = {0};
+    const int kernels[] = {CUDA_ATTN_DECODE_DEC, CUDA_ATTN_DECODE_SPLITK};
+    for (size_t ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++) {
+        cr_assert_eq(backend_cuda_set_attn_decode(gpu, kernels[ki], &err), 0, "%s", err.msg);
+        rng_seed(74);
+        double worst = 0.0;
+        for (size_t ci = 0; ci < sizeof attn_sink_cases / sizeof attn_sink_cases[0]; ci++) {
+            if (ki > 0 && attn_sink_cases[ci].n_tok > CUDA_ATTN_DEC_MAX_TOK)
+                continue; // the switch changes decode calls only
+            const double w = attn_check_sinks(&attn_sink_cases[ci], false, true);
+            worst = w > worst ? w : worst;
+        }
+        cr_log_info("attention sinks, decode kernel %d: worst |cuda - cpu| = %.3g max|v|",
+                    kernels[ki], worst);
+    }
+    cr_assert_eq(backend_cuda_set_attn_decode(gpu, CUDA_ATTN_DECODE_AUTO, &err), 0, "%s", err.msg);
+    gpu->act_q8 = true; // the q8_1 copy of a decode output with sinks
+    for (size_t ci = 0; ci < sizeof attn_sink_cases / sizeof attn_sink_cases[0]; ci++)
+        if (attn_sink_cases[ci].n_tok <= 2 && attn_sink_cases[ci].n_kv > 1)
+            attn_check_sinks(&attn_sink_cases[ci], true, true);
+    gpu->act_q8 = false;
+}
+
 // Decode output of the 32/8-head, head dim 128, F16 call below over n_kv
 // cells of which the first n_used hold positions 0.. of sequence 0 and the
 // rest are empty. how: 0 through the backend (counters: one launch); 1 and
 // 2 a direct cuda_attention_apply without counters (a second launch merges
-// the splits) and with fresh ones.
+// the splits) and with fresh ones. sinks: NULL or [32] (attn_args.sinks).
 static float *attn_dec_run(const float *q, const uint16_t *k, const uint16_t *v, int n_used,
-                           int n_kv, int how) {
+                           int n_kv, int how, const float *sinks) {
     const int n_head = 32, n_head_kv = 8, D = 128;
     int32_t *cell_pos = malloc((size_t)n_kv * sizeof *cell_pos);
     uint64_t *cell_seq = calloc((size_t)n_kv, sizeof *cell_seq);
@@ -1719,8 +1784,12 @@ static float *attn_dec_run(const float *q, const uint16_t *k, const uint16_t *v,
         cell_seq[i] = i < n_used ? 1 : 0;
     }
     const int32_t q_pos = n_used - 1, q_seq = 0;
-    void *bq, *bk, *bv, *bcp, *bcs, *bqp, *bqs, *bo;
+    void *bq, *bk, *bv, *bcp, *bcs, *bqp, *bqs, *bo, *bsk = NULL;
     const size_t nkv = (size_t)n_kv * n_head_kv * D;
+    if (sinks) {
+        OK(gpu, gpu->ops->alloc(gpu, (size_t)n_head * 4, &bsk));
+        OK(gpu, gpu->ops->upload(gpu, bsk, sinks, (size_t)n_head * 4));
+    }
     OK(gpu, gpu->ops->alloc(gpu, (size_t)n_head * D * 4, &bq));
     OK(gpu, gpu->ops->alloc(gpu, nkv * 2, &bk));
     OK(gpu, gpu->ops->alloc(gpu, nkv * 2, &bv));
@@ -1755,7 +1824,8 @@ static float *attn_dec_run(const float *q, const uint16_t *k, const uint16_t *v,
                                .n_head_kv = n_head_kv,
                                .head_dim = D,
                                .head_dim_v = D,
-                               .scale = scale};
+                               .scale = scale,
+                               .sinks = bsk};
         OK(gpu, gpu->ops->attention(gpu, &ag));
     } else {
         struct cuda_attn ca = {.out = bo,
@@ -1792,7 +1862,7 @@ static float *attn_dec_run(const float *q, const uint16_t *k, const uint16_t *v,
         }
         OK(gpu, gpu->ops->sync(gpu));
         struct verr err = {0};
-        cr_assert_eq(cuda_attention_apply(&ca, sm, scratch, sb, NULL, &err), 0, "%s", err.msg);
+        cr_assert_eq(cuda_attention_apply(&ca, bsk, sm, scratch, sb, NULL, &err), 0, "%s", err.msg);
         cr_assert_eq(cudaDeviceSynchronize(), 0);
         if (scratch)
             gpu->ops->free(gpu, scratch);
@@ -1805,6 +1875,8 @@ static float *attn_dec_run(const float *q, const uint16_t *k, const uint16_t *v,
     void *bufs[] = {bq, bk, bv, bcp, bcs, bqp, bqs, bo};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         gpu->ops->free(gpu, bufs[i]);
+    if (bsk)
+        gpu->ops->free(gpu, bsk);
     free(cell_pos);
     free(cell_seq);
     return out;
@@ -1813,9 +1885,9 @@ static float *attn_dec_run(const float *q, const uint16_t *k, const uint16_t *v,
 // The determinism rule (BACKEND_KV_BUCKET): attn_dec_kernel's output does
 // not change when n_kv grows inside its 256-cell bucket with empty cells
 // (1 cell: one split written directly, against 256: the combine of 32), nor
-// between its one-launch combine (counters) and the two-launch one.
-Test(cuda, attention_decode_bits) {
-    REQUIRE_GPU();
+// between its one-launch combine (counters) and the two-launch one; with
+// sinks (sinks: NULL or [32]) as without.
+static void attn_dec_bits(const float *sinks) {
     cr_assert_eq(backend_cuda_set_attn_decode(gpu, CUDA_ATTN_DECODE_DEC, &gpu->err), 0);
     rng_seed(74);
     const int n_max = 512, n_head = 32, n_head_kv = 8, D = 128;
@@ -1828,19 +1900,21 @@ Test(cuda, attention_decode_bits) {
         int n_used, n_a, n_b;
     } pairs[] = {{1, 1, 256}, {300, 300, 512}, {200, 201, 256}};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
-        float *a = attn_dec_run(q, k, v, pairs[i].n_used, pairs[i].n_a, 0);
-        float *b = attn_dec_run(q, k, v, pairs[i].n_used, pairs[i].n_b, 0);
+        float *a = attn_dec_run(q, k, v, pairs[i].n_used, pairs[i].n_a, 0, sinks);
+        float *b = attn_dec_run(q, k, v, pairs[i].n_used, pairs[i].n_b, 0, sinks);
         cr_expect_eq(memcmp(a, b, (size_t)n_head * D * 4), 0,
-                     "%d used cells: n_kv %d and %d differ", pairs[i].n_used, pairs[i].n_a,
-                     pairs[i].n_b);
+                     "%d used cells: n_kv %d and %d differ%s", pairs[i].n_used, pairs[i].n_a,
+                     pairs[i].n_b, sinks ? " (sinks)" : "");
         free(a);
         free(b);
     }
-    float *a = attn_dec_run(q, k, v, 450, 500, 0);
-    float *b = attn_dec_run(q, k, v, 450, 500, 1);
-    float *c = attn_dec_run(q, k, v, 450, 500, 2);
-    cr_expect_eq(memcmp(a, b, (size_t)n_head * D * 4), 0, "one launch and two launches differ");
-    cr_expect_eq(memcmp(a, c, (size_t)n_head * D * 4), 0, "backend and direct call differ");
+    float *a = attn_dec_run(q, k, v, 450, 500, 0, sinks);
+    float *b = attn_dec_run(q, k, v, 450, 500, 1, sinks);
+    float *c = attn_dec_run(q, k, v, 450, 500, 2, sinks);
+    cr_expect_eq(memcmp(a, b, (size_t)n_head * D * 4), 0, "one launch and two launches differ%s",
+                 sinks ? " (sinks)" : "");
+    cr_expect_eq(memcmp(a, c, (size_t)n_head * D * 4), 0, "backend and direct call differ%s",
+                 sinks ? " (sinks)" : "");
     free(a);
     free(b);
     free(c);
@@ -1850,6 +1924,21 @@ Test(cuda, attention_decode_bits) {
     free(k);
     free(v);
     cr_assert_eq(backend_cuda_set_attn_decode(gpu, CUDA_ATTN_DECODE_AUTO, &gpu->err), 0);
+}
+
+Test(cuda, attention_decode_bits) {
+    REQUIRE_GPU();
+    attn_dec_bits(NULL);
+}
+
+// The same with sinks: the standalone attn_dec_combine_kernel joins them as
+// the fused combine does (attention_sinks checks the values).
+Test(cuda, attention_decode_bits_sinks) {
+    REQUIRE_GPU();
+    float sinks[32];
+    for (int h = 0; h < 32; h++)
+        sinks[h] = attn_sink_logits[h % 8];
+    attn_dec_bits(sinks);
 }
 
 Test(cuda, attention_rejects_large_heads) {
