@@ -6,7 +6,7 @@
 // base). Models come from mkmodel (seed 42); the 20 tokens run as one batch
 // (GEMM path) and one token at a time (mat-vec path, CUDA graphs, which
 // every one-token step must replay). The mixture-of-experts architectures
-// (qwen3moe, qwen2moe with its gated shared expert, Mixtral) run the same
+// (qwen3moe, qwen2moe with its gated shared expert, Mixtral, gpt-oss) run the same
 // way with F32 and Q4_0 stacks (the 20-token Q4_0 batch takes the grouped
 // tensor-core GEMM). Skips itself without a CUDA device.
 //
@@ -163,21 +163,29 @@ Test(forward_cuda_arch, q4_0_act_q8) {
 }
 
 // The mixture-of-experts architectures (host/model/arch_qwen3moe.c,
-// arch_qwen2moe.c, Mixtral in arch_llama.c): 2 layers of 128, 8 experts of
-// 64, k = 2 (qwen3moe: k = 8 = n_expert, every expert), weights of type t.
-// gpt-oss is not here: the CUDA backend refuses attention sinks.
+// arch_qwen2moe.c, Mixtral in arch_llama.c, gpt-oss): 2 layers of 128, 8
+// experts of 64, k = 2 (qwen3moe: k = 8 = n_expert, every expert), weights
+// of type t; gpt-oss with heads of 64, its sinks and biases and a window of
+// 5 over the 20 tokens on layer 0.
 // Decode batches run the router, the expert mat-vecs and the qwen2moe
 // shared expert's gate inside CUDA graphs; the 20-token batch with
 // quantized stacks runs the grouped tensor-core GEMM (F32 stacks: the
 // expert mat-vecs over every pair).
+static void gptoss_shape(struct mkmodel_config *c) {
+    c->head_dim = 64;
+    c->sliding_window = 5;
+}
+
 static void arch_compare_moe(enum ggml_type t, bool act_q8, double tol, double tol_batch,
                              const char *label) {
     static const enum model_arch archs[] = {MODEL_ARCH_QWEN3MOE, MODEL_ARCH_QWEN2MOE,
-                                            MODEL_ARCH_LLAMA};
+                                            MODEL_ARCH_LLAMA, MODEL_ARCH_GPTOSS};
     for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
         struct mkmodel_config c;
         const int k = archs[a] == MODEL_ARCH_QWEN3MOE ? 8 : 2;
         arch_test_moe_config(&c, archs[a], 128, 2, 64, 8, k, t);
+        if (archs[a] == MODEL_ARCH_GPTOSS)
+            gptoss_shape(&c);
         char what[64];
         snprintf(what, sizeof what, "%s %s",
                  archs[a] == MODEL_ARCH_LLAMA ? "mixtral" : model_arch_name(archs[a]), label);
@@ -191,4 +199,16 @@ Test(forward_cuda_arch, moe_f32) {
 
 Test(forward_cuda_arch, moe_q4_0) {
     arch_compare_moe(GGML_TYPE_Q4_0, false, 1e-4, 2e-2, "q4_0");
+}
+
+// gpt-oss as its files come (llama.cpp's MXFP4_MOE: MXFP4 expert stacks,
+// Q8_0 elsewhere): the expert mat-vecs in MXFP4 with q8_1 activations for
+// decode, and for the 20-token batch the experts' mat-vecs over every pair;
+// the tolerances of the Q4_0 act_q8 cases.
+Test(forward_cuda_arch, gptoss_mxfp4) {
+    struct mkmodel_config c;
+    arch_test_moe_config(&c, MODEL_ARCH_GPTOSS, 128, 2, 64, 8, 2, GGML_TYPE_Q8_0);
+    c.type_ffn = GGML_TYPE_MXFP4;
+    gptoss_shape(&c);
+    arch_compare(&c, true, 2e-2, 2e-2, "gpt-oss mxfp4 act_q8");
 }
