@@ -50,8 +50,10 @@ LLAMA_PKG=""
 PICK=""
 W=$ROOT/build-gpu-session
 DRY=""
-# name|mkmodel flags|extra: the issue's eight, most used first; "f32act" also
-# times decode with f32 activations, "par" adds 8 and 64 parallel sequences.
+# name|mkmodel flags|extra: the issue's eight, most used first, then the
+# mixtures of experts of issues #32 and #35 (reached when time is left, or
+# picked with --models); "f32act" also times decode with f32 activations,
+# "par" adds 8 and 64 parallel sequences.
 MODELS=(
   "llama3-8b-q4_k_m|--preset llama3-8b --type q4_k_m|f32act par"
   "llama2-7b-q4_0|--preset llama2-7b --type q4_0|f32act"
@@ -61,6 +63,8 @@ MODELS=(
   "llama3-8b-q8_0|--preset llama3-8b --type q8_0|"
   "llama2-7b-q4_k_m|--preset llama2-7b --type q4_k_m|"
   "llama3-8b-f16|--preset llama3-8b --type f16|"
+  "qwen3-30b-a3b-q4_k_m|--preset qwen3-30b-a3b --mix q4_k_m|"
+  "gpt-oss-20b-mxfp4|--preset gpt-oss-20b|"
 )
 usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
 while [ $# -gt 0 ]; do
