@@ -871,6 +871,10 @@ REPORT_RUNS = [
     ('stream4', 'stream:4', MV_FAMILIES,
      ['--matvec-q8', 'stream:4', '--types', MEASURED_TYPES, '--matvec-tok', '1,8',
       '--matvec-act', 'q8']),
+    # the F16/BF16 streaming mat-vec (--matvec-f16), rows of type f16 beside
+    # the q8 kernels' stream:4
+    ('f16stream4', 'stream:4', MV_FAMILIES,
+     ['--matvec-f16', 'stream:4', '--types', 'f16', '--matvec-tok', '1,2,8']),
     # decode attention: the split-K attn_kernel (the default before
     # attn_dec_kernel) and attn_dec_kernel under other split plans
     ('splitk', 'splitk', 'attn_decode', ['--attn-kernel', 'splitk', '--ctx', ATTN_CTX]),
