@@ -366,9 +366,7 @@ static int cu_check_weight(struct backend *be, const struct backend_weight *w, c
     if (!w || !w->data)
         return verr_set(&be->err, VERR_RANGE, "%s: weight is NULL", what);
     // Every matmul form and moe_ffn take every type quant_type_supported
-    // names (MXFP4: the mat-vecs, the decode + cuBLAS GEMM, the expert
-    // mat-vecs over pairs for prompt batches); embed refuses MXFP4 tables
-    // itself (cuda_embed_rows).
+    // names; embed refuses MXFP4 tables itself (cuda_embed_rows).
     if (!quant_type_supported(w->type))
         return verr_set(&be->err, VERR_UNSUPPORTED,
                         "%s: weight type %s is not supported by the "

@@ -12,9 +12,6 @@
 //                 columns of out (ldc = n_out); activations f16. Both read
 //                 the same f16 activations (matmul_convert_kernel) and
 //                 accumulate in f32: they agree to f32 rounding.
-//                 MXFP4 always takes the decode + cuBLAS path: the fused
-//                 kernel's aligned async copies do not fit its 17-byte
-//                 blocks (it is not among cuda_matmul_tc_takes' types).
 // Scratch layout: [activations, 256-aligned][weight slice (cuBLAS path)].
 #include "cuda/dequant.cuh"
 #include "cuda/matmul.h"

@@ -21,8 +21,9 @@
 //     anywhere mod 16: the copy starts at the aligned address below and the
 //     decoder reads at the same offset mod 16 inside the 16-byte aligned
 //     smem row, so dequant.cuh's alignment contract holds as in global
-//     memory); TC_WSTAGES = 3 stages, two tiles in flight ahead of the one
-//     being decoded;
+//     memory; MXFP4's 17-byte blocks, at any byte, are read by bytes);
+//     TC_WSTAGES = 3 stages, two tiles in flight ahead of the one being
+//     decoded;
 //   activation stage: the tile's f16 activations of the block's tokens
 //     ([tok][TC_LDH] halves, cp.async, 2 stages, one tile ahead);
 //   decode: every thread decodes whole 32-element sub-blocks
@@ -285,6 +286,15 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
 // ---------------------------------------------------------------------------
 // launcher
 
+// f(std::integral_constant<int, T>) for the types this kernel decodes:
+// VELA_DISPATCH_QTYPE's and MXFP4 (which that macro leaves out because every
+// kernel instantiates it); else unsupported.
+template <class F> static int tc_dispatch(enum ggml_type type, F &&f, int unsupported) {
+    if (type == GGML_TYPE_MXFP4)
+        return f(std::integral_constant<int, GGML_TYPE_MXFP4>());
+    return VELA_DISPATCH_QTYPE(type, f, unsupported);
+}
+
 struct tc_plan {
     int mt;      // 2 or 4: BM = 32 or 64 rows per block
     int tpb;     // tokens per block
@@ -452,7 +462,7 @@ extern "C" int cuda_matmul_q_tc(float *out, const void *w, enum ggml_type type, 
         return tc_launch_plan<T>(&p, out, w, row_bytes, n_in, n_out, x16, bias, n_tok, accumulate,
                                  none, gy, dev, smem_optin, stream, err);
     };
-    rc = VELA_DISPATCH_QTYPE(type, run, 1);
+    rc = tc_dispatch(type, run, 1);
     if (rc == 1)
         return verr_set(err, VERR_UNSUPPORTED, "matmul_tc: weight type %s is not supported",
                         ggml_type_name(type));
@@ -460,10 +470,10 @@ extern "C" int cuda_matmul_q_tc(float *out, const void *w, enum ggml_type type, 
 }
 
 // The types the fused kernel decodes (cuda_matmul_tc_takes without the
-// batch threshold): dequant.cuh's quantized types.
+// batch threshold): tc_dispatch's.
 static bool tc_type_ok(enum ggml_type type) {
     auto yes = [](auto) -> int { return 1; };
-    return VELA_DISPATCH_QTYPE(type, yes, 0) == 1;
+    return tc_dispatch(type, yes, 0) == 1;
 }
 
 extern "C" int cuda_matmul_tc_group_tpb(enum ggml_type type, int want) {
@@ -489,7 +499,7 @@ extern "C" int cuda_matmul_tc_group_tpb(enum ggml_type type, int want) {
         }
         return 0;
     };
-    return VELA_DISPATCH_QTYPE(type, fits, 0);
+    return tc_dispatch(type, fits, 0);
 }
 
 extern "C" int cuda_matmul_q_tc_grouped(float *out, const void *w, enum ggml_type type,
@@ -526,7 +536,7 @@ extern "C" int cuda_matmul_q_tc_grouped(float *out, const void *w, enum ggml_typ
         return tc_launch_plan<T>(&p, out, w, row_bytes, n_in, n_out, x16, NULL, 0, 0, grp, gy, dev,
                                  smem_optin, stream, err);
     };
-    rc = tc_type_ok(type) ? VELA_DISPATCH_QTYPE(type, run, 1) : 1;
+    rc = tc_dispatch(type, run, 1);
     if (rc == 1)
         return verr_set(err, VERR_UNSUPPORTED, "matmul_tc grouped: weight type %s is not supported",
                         ggml_type_name(type));

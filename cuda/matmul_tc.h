@@ -23,7 +23,7 @@ VELA_CUDA_BEGIN
 int cuda_matmul_tc_max_tok(void);
 void cuda_matmul_tc_set_max_tok(int n);
 // 1 when cuda_matmul_apply serves (type, n_tok) with the fused kernel: Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, 1 <= n_tok <= the
+// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4, 1 <= n_tok <= the
 // threshold, a device with tensor cores (compute capability >= 7.0).
 int cuda_matmul_tc_takes(enum ggml_type type, int n_tok);
 // out[t][o] = sum_i W[o][i] * xh[t][i] (+ bias[o]), or out += W xh

@@ -2,7 +2,7 @@
 // cuda_matmul_apply, against a CPU reference of its exact arithmetic and
 // against the dequant + cuBLAS path of the same call:
 //   - every type it takes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL,
-//     IQ4_XS);
+//     IQ4_XS, MXFP4: rows of 17-byte blocks start at any byte);
 //   - odd shapes: n_out 1, 17, 130, 300 (partial row tiles), n_tok 9, 16, 33,
 //     77 (partial token tiles; 16, 64 and 128 tokens per block), n_in from
 //     one block to 4352 (32-element types with a last K tile shorter than
@@ -291,6 +291,11 @@ Test(matmul_tc, iq4_xs) {
     rng_seed(113);
     run_type(GGML_TYPE_IQ4_XS);
 }
+Test(matmul_tc, mxfp4) {
+    REQUIRE_GPU();
+    rng_seed(114);
+    run_type(GGML_TYPE_MXFP4);
+}
 
 // More than 128 tokens: blockIdx.y walks token chunks (the last partial),
 // each re-reading the weights; and a matrix tall enough that the launcher
@@ -321,6 +326,7 @@ Test(matmul_tc, threshold) {
     cr_expect_eq(cuda_matmul_tc_max_tok(), 64);
     cr_expect(cuda_matmul_tc_takes(GGML_TYPE_Q4_K, 64));
     cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_Q4_K, 65));
+    cr_expect(cuda_matmul_tc_takes(GGML_TYPE_MXFP4, 64));
     cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_F16, 32));
     cr_expect(!cuda_matmul_tc_takes(GGML_TYPE_IQ3_S, 32));
     const size_t act = ((size_t)64 * 4096 * 2 + 255) & ~(size_t)255;

@@ -404,12 +404,6 @@ static bool q8_type(enum ggml_type t) {
     return t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16;
 }
 
-// The stack types the grouped tensor-core GEMM takes (MXFP4 prompt batches
-// take the mat-vec over pairs).
-static bool grouped_type(enum ggml_type t) {
-    return q8_type(t) && t != GGML_TYPE_MXFP4;
-}
-
 // One case against the CPU, with swiglu_oai (oai) and biases of sigma
 // bias_amp (negative: none).
 static void run_ffn_case_oai(const struct moe_case *c, bool oai, float bias_amp) {
@@ -441,7 +435,7 @@ static void run_ffn_case_oai(const struct moe_case *c, bool oai, float bias_amp)
     //    across a rounding boundary differ: Q covers that too.
     // A wrong expert, row, slot or weight changes outputs by O(M).
     const bool grouped =
-        c->n_tok > CUDA_MATVEC_MAX_TOK && grouped_type(c->t_gu) && grouped_type(c->t_down);
+        c->n_tok > CUDA_MATVEC_MAX_TOK && q8_type(c->t_gu) && q8_type(c->t_down); // quantized
     const bool q8 = c->act_q8 && (q8_type(c->t_gu) || q8_type(c->t_down));
     const int nmax = c->n_embd > c->n_ff ? c->n_embd : c->n_ff;
     const double rel = 16.0 * sqrt((double)nmax) / 16777216.0 + (grouped ? 1.0 / 1024 : 0.0);
@@ -534,8 +528,8 @@ Test(cuda_moe, ffn_prompt) {
 
 // MXFP4 stacks (gpt-oss's experts; rows of 3 and 5 blocks are 51 and 85
 // bytes, so odd addresses) on the expert mat-vecs of decode batches and the
-// mat-vec over pairs of prompt batches, f32 and q8_1 activations, plain and
-// with swiglu_oai and biases.
+// grouped GEMM of prompt batches, f32 and q8_1 activations, plain and with
+// swiglu_oai and biases.
 Test(cuda_moe, ffn_mxfp4) {
     REQUIRE_GPU();
     rng_seed(3208);
@@ -682,6 +676,9 @@ Test(cuda_moe, ffn_equals_dense) {
         // (test_cuda_matvec_q8 holds that one to the CPU's q8_1 dot)
         {MX, MX, 96, 64, 8, 2, 3, false, true},
         {MX, MX, 64, 160, 32, 4, 5, false, true},
+        // MXFP4 prompt: the grouped GEMM equals the dense tensor-core GEMM
+        {MX, MX, 96, 64, 8, 2, 12, true, true},
+        {MX, MX, 64, 160, 8, 4, 20, true, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_dense_case(&cases[i]);
