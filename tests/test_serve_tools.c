@@ -42,7 +42,7 @@ static char *prompt_of(enum chat_template t, const char *body) {
     char *out = NULL;
     size_t len = 0;
     struct verr err = {0};
-    cr_assert_eq(chat_format(t, msgs, (size_t)n, true, &out, &len, &err), 0, "%s", err.msg);
+    cr_assert_eq(chat_format(t, msgs, (size_t)n, NULL, true, &out, &len, &err), 0, "%s", err.msg);
     toolcall_strs_free(&keep);
     api_request_free(&r);
     return out;
@@ -390,9 +390,10 @@ Test(serve_tools, raw_text_only_where_the_template_takes_it) {
     char *out = NULL;
     size_t len = 0;
     struct verr err = {0};
-    cr_expect_eq(chat_format(CHAT_TMPL_CHATML, m, 2, true, &out, &len, &err), VERR_RANGE);
+    cr_expect_eq(chat_format(CHAT_TMPL_CHATML, m, 2, NULL, true, &out, &len, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "'chatml' has no place for raw text") != NULL, "%s", err.msg);
-    cr_assert_eq(chat_format(CHAT_TMPL_MISTRAL_V3, m, 2, true, &out, &len, &err), 0, "%s", err.msg);
+    cr_assert_eq(chat_format(CHAT_TMPL_MISTRAL_V3, m, 2, NULL, true, &out, &len, &err), 0, "%s",
+                 err.msg);
     cr_expect_str_eq(out, "[X][INST] hi[/INST]");
     free(out);
 }

@@ -202,12 +202,13 @@ static void today(char out[16]) {
     strftime(out, 16, "%Y-%m-%d", &tm);
 }
 
-static char *fmt(enum chat_template t, const struct chat_msg *m, size_t n, bool add_ass) {
+static char *fmt_opts(enum chat_template t, const struct chat_msg *m, size_t n,
+                      const struct chat_opts *o, bool add_ass) {
     char *out = NULL, before[16], after[16];
     size_t len = 0;
     struct verr err = {0};
     today(before);
-    int rc = chat_format(t, m, n, add_ass, &out, &len, &err);
+    int rc = chat_format(t, m, n, o, add_ass, &out, &len, &err);
     today(after);
     cr_assert_eq(rc, 0, "%s: %s", chat_template_name(t), err.msg);
     cr_assert_eq(len, strlen(out));
@@ -222,6 +223,10 @@ static char *fmt(enum chat_template t, const struct chat_msg *m, size_t n, bool 
         memcpy(d, "YYYY-MM-DD", 10);
     }
     return out;
+}
+
+static char *fmt(enum chat_template t, const struct chat_msg *m, size_t n, bool add_ass) {
+    return fmt_opts(t, m, n, NULL, add_ass);
 }
 
 Test(chat, every_template_on_the_conversation) {
@@ -268,18 +273,21 @@ Test(chat, next_message) {
     char *s = NULL;
     size_t len = 0;
     struct verr err = {0};
-    cr_assert_eq(chat_format_next(CHAT_TMPL_CHATML, conversation, 2, true, &s, &len, &err), 0);
+    cr_assert_eq(chat_format_next(CHAT_TMPL_CHATML, conversation, 2, NULL, true, &s, &len, &err),
+                 0);
     cr_expect_str_eq(s, "\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
     free(s);
-    cr_assert_eq(chat_format_next(CHAT_TMPL_LLAMA3, conversation, 4, true, &s, &len, &err), 0);
+    cr_assert_eq(chat_format_next(CHAT_TMPL_LLAMA3, conversation, 4, NULL, true, &s, &len, &err),
+                 0);
     cr_expect_str_eq(s, "<|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|>"
                         "<|start_header_id|>assistant<|end_header_id|>\n\n");
     free(s);
     // The first message: the whole formatted text.
-    cr_assert_eq(chat_format_next(CHAT_TMPL_CHATML, conversation + 1, 1, true, &s, &len, &err), 0);
+    cr_assert_eq(
+        chat_format_next(CHAT_TMPL_CHATML, conversation + 1, 1, NULL, true, &s, &len, &err), 0);
     cr_expect_str_eq(s, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
     free(s);
-    cr_expect_eq(chat_format_next(CHAT_TMPL_CHATML, conversation, 0, true, &s, &len, &err),
+    cr_expect_eq(chat_format_next(CHAT_TMPL_CHATML, conversation, 0, NULL, true, &s, &len, &err),
                  VERR_RANGE);
 }
 
@@ -401,8 +409,8 @@ Test(chat, unknown_names_list_the_built_ins) {
     const struct chat_msg bad[] = {{"user", NULL}};
     char *out;
     size_t len;
-    cr_expect_eq(chat_format(CHAT_TMPL_CHATML, bad, 1, true, &out, &len, &err), VERR_RANGE);
-    cr_expect_eq(chat_format((enum chat_template)99, conversation, 1, true, &out, &len, &err),
+    cr_expect_eq(chat_format(CHAT_TMPL_CHATML, bad, 1, NULL, true, &out, &len, &err), VERR_RANGE);
+    cr_expect_eq(chat_format((enum chat_template)99, conversation, 1, NULL, true, &out, &len, &err),
                  VERR_RANGE);
     cr_expect_null(chat_template_name(CHAT_TMPL_COUNT));
 }
@@ -463,10 +471,85 @@ Test(chat, gpt_oss_cases) {
     // The next message: what the conversation adds to what the cache holds.
     size_t len = 0;
     struct verr err = {0};
-    cr_assert_eq(chat_format_next(CHAT_TMPL_GPT_OSS, conversation, 4, true, &s, &len, &err), 0);
+    cr_assert_eq(chat_format_next(CHAT_TMPL_GPT_OSS, conversation, 4, NULL, true, &s, &len, &err),
+                 0);
     cr_expect_str_eq(s, "<|start|>user<|message|>Who are you<|end|><|start|>assistant");
     free(s);
     cr_expect_str_eq(chat_template_eot(CHAT_TMPL_GPT_OSS), "<|return|>");
+}
+
+// gpt-oss's template variables (llama.cpp's chat_template_kwargs): each
+// expected string is what jinja2 renders from
+// tests/data/chat_templates/gpt-oss--openai-gpt-oss-120b.jinja (trim_blocks,
+// lstrip_blocks, strftime_now giving YYYY-MM-DD) for [system "Be brief.",
+// user "Hi"] with add_generation_prompt and the variables beside it.
+#define GPT_OSS_SYS(identity, effort)                                                              \
+    "<|start|>system<|message|>" identity "\nKnowledge cutoff: 2024-06\nCurrent date: "            \
+    "YYYY-MM-DD\n\nReasoning: " effort "\n\n# Valid channels: analysis, commentary, final. "       \
+    "Channel must be included for every message.<|end|><|start|>developer<|message|># "            \
+    "Instructions\n\nBe brief.\n\n<|end|><|start|>user<|message|>Hi<|end|><|start|>assistant"
+#define CHATGPT "You are ChatGPT, a large language model trained by OpenAI."
+
+Test(chat, gpt_oss_variables) {
+    const struct chat_msg m[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    static const struct {
+        struct chat_opts o;
+        const char *want;
+    } cases[] = {
+        {{0}, GPT_OSS_SYS(CHATGPT, "medium")},
+        {{.reasoning_effort = "low"}, GPT_OSS_SYS(CHATGPT, "low")},
+        {{.reasoning_effort = "medium"}, GPT_OSS_SYS(CHATGPT, "medium")},
+        {{.reasoning_effort = "high"}, GPT_OSS_SYS(CHATGPT, "high")},
+        {{.model_identity = "You are Vela, a helpful assistant."},
+         GPT_OSS_SYS("You are Vela, a helpful assistant.", "medium")},
+        {{.reasoning_effort = "high", .model_identity = "I am \"Q\" \xc3\xa9\nline2"},
+         GPT_OSS_SYS("I am \"Q\" \xc3\xa9\nline2", "high")},
+    };
+    for (size_t i = 0; i < LEN(cases); i++) {
+        char *s = fmt_opts(CHAT_TMPL_GPT_OSS, m, 2, &cases[i].o, true);
+        cr_expect_str_eq(s, cases[i].want, "case %zu", i);
+        free(s);
+    }
+    // The next message carries the variables too (its history is formatted
+    // with them, so the difference is the new turn alone).
+    const struct chat_opts high = {.reasoning_effort = "high"};
+    char *s = NULL;
+    size_t len = 0;
+    struct verr err = {0};
+    cr_assert_eq(chat_format_next(CHAT_TMPL_GPT_OSS, m, 2, &high, true, &s, &len, &err), 0, "%s",
+                 err.msg);
+    cr_expect_str_eq(s, "<|start|>user<|message|>Hi<|end|><|start|>assistant");
+    free(s);
+}
+
+Test(chat, template_variables_refused) {
+    const struct chat_msg m[] = {{"user", "Hi"}};
+    char *s = NULL;
+    size_t len = 0;
+    struct verr err = {0};
+    const struct chat_opts bad[] = {
+        {.reasoning_effort = "none"}, {.reasoning_effort = "High"}, {.reasoning_effort = ""}};
+    for (size_t i = 0; i < LEN(bad); i++) {
+        cr_expect_eq(chat_format(CHAT_TMPL_GPT_OSS, m, 1, &bad[i], true, &s, &len, &err),
+                     VERR_RANGE);
+        cr_expect_null(s);
+    }
+    cr_expect_str_eq(err.msg, "reasoning_effort '' is not one of \"low\", \"medium\", \"high\"");
+    // Templates that read no variable refuse them rather than drop them.
+    const struct chat_opts effort = {.reasoning_effort = "high"};
+    cr_expect_eq(chat_format(CHAT_TMPL_CHATML, m, 1, &effort, true, &s, &len, &err),
+                 VERR_UNSUPPORTED);
+    cr_expect_str_eq(err.msg, "the chat template 'chatml' has no variable reasoning_effort (only "
+                              "gpt-oss's reads reasoning_effort and model_identity)");
+    const struct chat_opts id = {.model_identity = "x"};
+    cr_expect_eq(chat_opts_check(CHAT_TMPL_LLAMA3, &id, &err), VERR_UNSUPPORTED);
+    cr_expect(strstr(err.msg, "'llama3' has no variable model_identity"), "%s", err.msg);
+    const struct chat_opts none = {0};
+    cr_expect_eq(chat_opts_check(CHAT_TMPL_CHATML, &none, &err), 0);
+    cr_expect(chat_template_reads(CHAT_TMPL_GPT_OSS, CHAT_VAR_REASONING_EFFORT));
+    cr_expect(chat_template_reads(CHAT_TMPL_GPT_OSS, CHAT_VAR_MODEL_IDENTITY));
+    cr_expect(!chat_template_reads(CHAT_TMPL_GPT_OSS, "enable_thinking"));
+    cr_expect(!chat_template_reads(CHAT_TMPL_CHATML, CHAT_VAR_REASONING_EFFORT));
 }
 
 Test(chat, from_gguf) {

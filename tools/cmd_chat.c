@@ -144,7 +144,7 @@ static int render(struct chat *c, int32_t **toks, int *n, struct verr *err) {
         msgs[i] = (struct chat_msg){c->turns[i].role, c->turns[i].content};
     char *text = NULL;
     size_t len = 0;
-    int rc = chat_format(c->tmpl, msgs, (size_t)c->n_turns, true, &text, &len, err);
+    int rc = chat_format(c->tmpl, msgs, (size_t)c->n_turns, NULL, true, &text, &len, err);
     if (!rc)
         rc = tokenizer_encode_alloc(c->e->tok, text, len, true, true, toks, n, err);
     free(text);
@@ -160,7 +160,7 @@ static int system_tokens(struct chat *c) {
     size_t len = 0;
     int32_t *t = NULL;
     int n = 0;
-    if (!chat_format(c->tmpl, &m, 1, false, &text, &len, NULL))
+    if (!chat_format(c->tmpl, &m, 1, NULL, false, &text, &len, NULL))
         tokenizer_encode_alloc(c->e->tok, text, len, true, true, &t, &n, NULL);
     free(text);
     free(t);

@@ -267,7 +267,7 @@ static int chat_prompt(const char *model_path, const char *tmpl_name, const char
     msgs[n++] = (struct chat_msg){"user", *prompt};
     char *text = NULL;
     size_t len = 0;
-    if (chat_format(*tmpl, msgs, n, true, &text, &len, &err)) {
+    if (chat_format(*tmpl, msgs, n, NULL, true, &text, &len, &err)) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         return 1;
     }

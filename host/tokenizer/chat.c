@@ -585,7 +585,8 @@ static void fmt_minicpm(struct sbuf *b, const struct chat_msg *m, size_t n) {
 // gpt-oss: the harmony format as openai-gpt-oss's template renders it for
 // inference (chat.h). Roles the template drops (a system message after the
 // first, a developer message there) are dropped.
-static void fmt_gpt_oss(struct sbuf *b, const struct chat_msg *m, size_t n, bool add_ass) {
+static void fmt_gpt_oss(struct sbuf *b, const struct chat_msg *m, size_t n,
+                        const struct chat_opts *o, bool add_ass) {
     char date[32] = "";
     time_t now = time(NULL);
     struct tm tm;
@@ -595,9 +596,11 @@ static void fmt_gpt_oss(struct sbuf *b, const struct chat_msg *m, size_t n, bool
     for (size_t i = 0; i < n; i++)
         if (role_is(&m[i], CHAT_ROLE_TOOLS))
             tools = m[i].content;
-    SB(b, "<|start|>system<|message|>",
-       HARMONY_IDENTITY "\nKnowledge cutoff: 2024-06\nCurrent date: ", date,
-       "\n\nReasoning: medium\n\n" HARMONY_CHANNELS);
+    const char *identity = o->model_identity ? o->model_identity : HARMONY_IDENTITY;
+    const char *effort = o->reasoning_effort ? o->reasoning_effort : "medium";
+    SB(b, "<|start|>system<|message|>", identity,
+       "\nKnowledge cutoff: 2024-06\nCurrent date: ", date, "\n\nReasoning: ", effort,
+       "\n\n" HARMONY_CHANNELS);
     if (tools)
         sb_put(b, "\nCalls to these tools must go to the commentary channel: 'functions'.");
     sb_put(b, "<|end|>");
@@ -626,7 +629,7 @@ static void fmt_gpt_oss(struct sbuf *b, const struct chat_msg *m, size_t n, bool
 }
 
 static void fmt_dispatch(struct sbuf *b, enum chat_template t, const struct chat_msg *m, size_t n,
-                         bool add_ass) {
+                         const struct chat_opts *o, bool add_ass) {
     for (size_t i = 0; i < LEN(simple_fmts); i++)
         if (simple_fmts[i].t == t)
             return fmt_simple(b, &simple_fmts[i], m, n, add_ass);
@@ -660,7 +663,7 @@ static void fmt_dispatch(struct sbuf *b, enum chat_template t, const struct chat
     case CHAT_TMPL_MINICPM:
         return fmt_minicpm(b, m, n);
     case CHAT_TMPL_GPT_OSS:
-        return fmt_gpt_oss(b, m, n, add_ass);
+        return fmt_gpt_oss(b, m, n, o, add_ass);
     default:
         return;
     }
@@ -671,12 +674,40 @@ bool chat_template_takes_raw(enum chat_template t) {
            t == CHAT_TMPL_MISTRAL_V7 || t == CHAT_TMPL_MISTRAL_V7_TEKKEN || t == CHAT_TMPL_GPT_OSS;
 }
 
-int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,
-                bool add_generation_prompt, char **out, size_t *len, struct verr *err) {
-    *out = NULL;
-    *len = 0;
+bool chat_template_reads(enum chat_template t, const char *var) {
+    return t == CHAT_TMPL_GPT_OSS && var &&
+           (!strcmp(var, CHAT_VAR_REASONING_EFFORT) || !strcmp(var, CHAT_VAR_MODEL_IDENTITY));
+}
+
+int chat_opts_check(enum chat_template t, const struct chat_opts *o, struct verr *err) {
     if ((unsigned)t >= CHAT_TMPL_COUNT)
         return verr_set(err, VERR_RANGE, "chat template %d out of range", (int)t);
+    if (!o)
+        return 0;
+    const char *given[] = {o->reasoning_effort ? CHAT_VAR_REASONING_EFFORT : NULL,
+                           o->model_identity ? CHAT_VAR_MODEL_IDENTITY : NULL};
+    for (size_t i = 0; i < LEN(given); i++)
+        if (given[i] && !chat_template_reads(t, given[i]))
+            return verr_set(err, VERR_UNSUPPORTED,
+                            "the chat template '%s' has no variable %s (only gpt-oss's reads "
+                            "reasoning_effort and model_identity)",
+                            chat_template_name(t), given[i]);
+    const char *e = o->reasoning_effort;
+    if (e && strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high"))
+        return verr_set(err, VERR_RANGE,
+                        "reasoning_effort '%.64s' is not one of \"low\", \"medium\", \"high\"", e);
+    return 0;
+}
+
+int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,
+                const struct chat_opts *opts, bool add_generation_prompt, char **out, size_t *len,
+                struct verr *err) {
+    *out = NULL;
+    *len = 0;
+    int rc = chat_opts_check(t, opts, err);
+    if (rc)
+        return rc;
+    const struct chat_opts none = {0};
     for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content)
             return verr_set(err, VERR_RANGE, "chat message %zu has no %s", i,
@@ -688,7 +719,7 @@ int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,
     }
     struct sbuf b = {0};
     sb_put(&b, ""); // an empty conversation is "", not NULL
-    fmt_dispatch(&b, t, msgs, n, add_generation_prompt);
+    fmt_dispatch(&b, t, msgs, n, opts ? opts : &none, add_generation_prompt);
     if (b.oom) {
         free(b.p);
         return verr_set(err, VERR_NOMEM, "out of memory formatting a chat of %zu messages", n);
@@ -699,16 +730,17 @@ int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,
 }
 
 int chat_format_next(enum chat_template t, const struct chat_msg *msgs, size_t n,
-                     bool add_generation_prompt, char **out, size_t *len, struct verr *err) {
+                     const struct chat_opts *opts, bool add_generation_prompt, char **out,
+                     size_t *len, struct verr *err) {
     *out = NULL;
     *len = 0;
     if (n == 0)
         return verr_set(err, VERR_RANGE, "chat_format_next needs at least one message");
     char *past = NULL, *all = NULL;
     size_t past_len = 0, all_len = 0;
-    int rc = chat_format(t, msgs, n - 1, false, &past, &past_len, err);
+    int rc = chat_format(t, msgs, n - 1, opts, false, &past, &past_len, err);
     if (!rc)
-        rc = chat_format(t, msgs, n, add_generation_prompt, &all, &all_len, err);
+        rc = chat_format(t, msgs, n, opts, add_generation_prompt, &all, &all_len, err);
     if (!rc) {
         // The history formatted alone may differ from its prefix in the whole
         // (llama.cpp takes the tail by length all the same).

@@ -19,13 +19,15 @@
 //
 // gpt-oss (harmony) is formatted as its Jinja template renders for inference,
 // not as llama.cpp's legacy formatter: the system message with the
-// template's default text (model identity, knowledge cutoff, the current
-// date, "Reasoning: medium", the valid channels), a first system or
+// template's text (model identity, knowledge cutoff, the current
+// date, the reasoning effort, the valid channels), a first system or
 // developer message as the developer message's instructions, earlier
 // assistant turns as their final channel closed by <|end|> (llama.cpp's
 // inference form; <|return|> only ends a generation). The answer opens with
 // <|start|>assistant and ends at <|return|> (or <|call|>): the generated
-// channels are split by chat_harmony.h.
+// channels are split by chat_harmony.h. The identity and the effort are the
+// template's variables model_identity and reasoning_effort (struct
+// chat_opts).
 //
 // Contract: everything here is thread-safe and pure (no global state) but
 // for gpt-oss's current date, read from the clock (local time, as the
@@ -133,21 +135,45 @@ int chat_template_from_gguf(const struct gguf_file *f, const char *override,
 #define CHAT_ROLE_TOOLS "tools"
 bool chat_template_takes_raw(enum chat_template t);
 
+// The variables of a Jinja template that vela's formatters read (llama.cpp's
+// chat_template_kwargs): only gpt-oss's template reads any. NULL: the
+// template's default.
+struct chat_opts {
+    const char *reasoning_effort; // "low", "medium" or "high"; default "medium"
+    const char *model_identity;   // any text; default "You are ChatGPT, a large
+                                  // language model trained by OpenAI."
+};
+
+// The variable names struct chat_opts holds, as the templates spell them.
+#define CHAT_VAR_REASONING_EFFORT "reasoning_effort"
+#define CHAT_VAR_MODEL_IDENTITY "model_identity"
+
+// Whether template t reads the variable named var (CHAT_VAR_*).
+bool chat_template_reads(enum chat_template t, const char *var);
+
+// Checks o (NULL: no variables) for template t: a variable t does not read
+// is VERR_UNSUPPORTED, a reasoning effort other than low, medium or high is
+// VERR_RANGE; the message names the variable and what was expected.
+int chat_opts_check(enum chat_template t, const struct chat_opts *o, struct verr *err);
+
 // Formats msgs[0..n) into a malloc'd NUL-terminated string (*len bytes, the
-// NUL not counted). add_generation_prompt appends what opens the assistant's
-// reply (for templates that have such a marker; llama2 and mistral end the
-// user turn with [/INST] and add nothing). A raw message for a template that
-// does not take it: VERR_RANGE.
+// NUL not counted) with the template's variables opts (NULL: the defaults;
+// checked by chat_opts_check). add_generation_prompt appends what opens the
+// assistant's reply (for templates that have such a marker; llama2 and
+// mistral end the user turn with [/INST] and add nothing). A raw message for
+// a template that does not take it: VERR_RANGE.
 int chat_format(enum chat_template t, const struct chat_msg *msgs, size_t n,
-                bool add_generation_prompt, char **out, size_t *len, struct verr *err);
+                const struct chat_opts *opts, bool add_generation_prompt, char **out, size_t *len,
+                struct verr *err);
 
 // The text one more message adds to a conversation already in the cache:
 // llama.cpp's common_chat_format_single. Formats msgs[0..n-1) without a
 // generation prompt and msgs[0..n) with add_generation_prompt, and returns
 // the difference (with the newline a formatted history ends with kept when
-// a generation prompt is added). n >= 1.
+// a generation prompt is added). n >= 1; opts as chat_format's.
 int chat_format_next(enum chat_template t, const struct chat_msg *msgs, size_t n,
-                     bool add_generation_prompt, char **out, size_t *len, struct verr *err);
+                     const struct chat_opts *opts, bool add_generation_prompt, char **out,
+                     size_t *len, struct verr *err);
 
 // The text the template writes after an assistant message ("<|im_end|>",
 // "<|eot_id|>", "</s>", ...): where the model writes it, its turn is over.

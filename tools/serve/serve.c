@@ -497,7 +497,7 @@ static int format_chat(const struct serve *s, const struct api_request *a, char 
         return -1;
     }
     struct verr err = {0};
-    int rc = chat_format(s->cfg.tmpl, msgs, (size_t)n, true, text, len, &err);
+    int rc = chat_format(s->cfg.tmpl, msgs, (size_t)n, NULL, true, text, len, &err);
     toolcall_strs_free(&keep);
     if (rc)
         return api_fail(e, 400, "invalid_request_error", "invalid_value", "%s", err.msg);
