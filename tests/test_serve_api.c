@@ -802,3 +802,148 @@ Test(serve_api, reasoning_content_and_format) {
     cr_expect_eq(r.reasoning, CHAT_REASONING_NONE, "the server's --reasoning-format");
     api_request_free(&r);
 }
+
+// A chat body with the messages and extra fields (", ..." or "").
+static int parse_chat(const char *extra, const struct api_defaults *d, struct api_request *r,
+                      struct api_error *e) {
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]%s}",
+             extra);
+    memset(e, 0, sizeof *e);
+    return api_parse_request(API_CHAT, body, strlen(body), d, r, e);
+}
+
+// The chat template's variables: llama-server's chat_template_kwargs and
+// OpenAI's reasoning_effort, over the server's --chat-template-kwargs, in
+// llama-server's order (server, then the request's kwargs, then
+// reasoning_effort); where each came from is kept for the server's check
+// against the model's template.
+Test(serve_api, chat_template_kwargs_and_reasoning_effort) {
+    struct api_request r;
+    struct api_error e;
+    // The extra fields, then the variables and where each came from (NULL: not given).
+    static const struct {
+        const char *extra, *effort, *effort_from, *identity, *identity_from;
+    } good[] = {
+        {"", NULL, NULL, NULL, NULL},
+        {", \"chat_template_kwargs\": {\"reasoning_effort\": \"low\", \"model_identity\": "
+         "\"You are Vela.\"}",
+         "low", "chat_template_kwargs", "You are Vela.", "chat_template_kwargs"},
+        // the top-level field wins over the kwargs, as in llama-server
+        {", \"reasoning_effort\": \"high\", \"chat_template_kwargs\": {\"reasoning_effort\": "
+         "\"low\"}",
+         "high", "reasoning_effort", NULL, NULL},
+        // null: not given; {}: nothing
+        {", \"reasoning_effort\": null, \"chat_template_kwargs\": {}", NULL, NULL, NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        cr_assert_eq(parse_chat(good[i].extra, NULL, &r, &e), 0, "%s: %s", good[i].extra,
+                     e.message);
+        const char *got[] = {r.kwargs.reasoning_effort, r.kwargs.effort_from,
+                             r.kwargs.model_identity, r.kwargs.identity_from};
+        const char *want[] = {good[i].effort, good[i].effort_from, good[i].identity,
+                              good[i].identity_from};
+        for (int j = 0; j < 4; j++)
+            cr_expect(got[j] && want[j] ? !strcmp(got[j], want[j]) : got[j] == want[j],
+                      "%s: field %d is '%s', expected '%s'", good[i].extra, j,
+                      got[j] ? got[j] : "(null)", want[j] ? want[j] : "(null)");
+        api_request_free(&r);
+    }
+    // Completions have no template: the fields are not read there.
+    cr_assert_eq(parse(API_COMPLETION, "{\"prompt\": \"x\", \"reasoning_effort\": 3}", &r, &e), 0,
+                 "%s", e.message);
+    api_request_free(&r);
+
+    static const struct {
+        const char *extra, *msg;
+    } bad[] = {
+        {", \"reasoning_effort\": \"max\"",
+         "'reasoning_effort' is \"max\"; expected \"low\", \"medium\" or \"high\""},
+        {", \"reasoning_effort\": \"none\"",
+         "'reasoning_effort' is \"none\"; expected \"low\", \"medium\" or \"high\""},
+        {", \"reasoning_effort\": 2", "'reasoning_effort' must be a string"},
+        {", \"chat_template_kwargs\": \"{}\"", "'chat_template_kwargs' must be a JSON object"},
+        {", \"chat_template_kwargs\": [1]", "'chat_template_kwargs' must be a JSON object"},
+        {", \"chat_template_kwargs\": {\"reasoning_effort\": true}",
+         "'chat_template_kwargs.reasoning_effort' must be a string"},
+        {", \"chat_template_kwargs\": {\"model_identity\": 7}",
+         "'chat_template_kwargs.model_identity' must be a string"},
+        {", \"chat_template_kwargs\": {\"reasoning_effort\": \"HIGH\"}",
+         "'chat_template_kwargs.reasoning_effort' is \"HIGH\"; expected \"low\", \"medium\" or "
+         "\"high\""},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": false}",
+         "'chat_template_kwargs': unknown key 'enable_thinking' (vela has no Jinja and reads only "
+         "reasoning_effort and model_identity, gpt-oss's variables)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_expect_eq(parse_chat(bad[i].extra, NULL, &r, &e), -1, "%s", bad[i].extra);
+        cr_expect_eq(e.status, 400);
+        cr_expect_str_eq(e.message, bad[i].msg, "%s", bad[i].extra);
+        cr_expect_null(r.kwargs.reasoning_effort, "a refused request is freed");
+    }
+
+    // The server's --chat-template-kwargs: the default a request overrides key by key.
+    struct chat_kwargs srv = {0};
+    struct verr err = {0};
+    cr_assert_eq(chat_kwargs_parse("{\"reasoning_effort\": \"high\", \"model_identity\": \"S\"}",
+                                   "--chat-template-kwargs", &srv, &err),
+                 0, "%s", err.msg);
+    struct api_defaults d;
+    api_defaults_openai(&d);
+    d.kwargs = &srv;
+    cr_assert_eq(parse_chat("", &d, &r, &e), 0, "%s", e.message);
+    cr_expect_str_eq(r.kwargs.reasoning_effort, "high");
+    cr_expect_str_eq(r.kwargs.effort_from, "--chat-template-kwargs");
+    cr_expect_str_eq(r.kwargs.model_identity, "S");
+    api_request_free(&r);
+    cr_assert_eq(parse_chat(", \"chat_template_kwargs\": {\"model_identity\": null}, "
+                            "\"reasoning_effort\": \"low\"",
+                            &d, &r, &e),
+                 0, "%s", e.message);
+    cr_expect_str_eq(r.kwargs.reasoning_effort, "low");
+    cr_expect_null(r.kwargs.model_identity, "null takes the server's identity away");
+    cr_expect_null(r.kwargs.identity_from);
+    api_request_free(&r);
+    cr_expect_str_eq(srv.reasoning_effort, "high", "the server's own are untouched");
+    chat_kwargs_free(&srv);
+}
+
+// The flag's JSON text, and the check against the model's template (the
+// server's 400 and the CLI's error say the same).
+Test(serve_api, chat_kwargs_text_and_template_check) {
+    struct chat_kwargs k = {0};
+    struct verr err = {0};
+    cr_expect_eq(
+        chat_kwargs_parse("{\"reasoning_effort\": \"low\"", "--chat-template-kwargs", &k, &err),
+        VERR_FORMAT);
+    cr_expect_str_eq(err.msg, "'--chat-template-kwargs': '{\"reasoning_effort\": \"low\"' is not "
+                              "valid JSON; expected an object such as "
+                              "'{\"reasoning_effort\":\"high\"}'");
+    cr_expect_eq(chat_kwargs_parse("{} x", "--chat-template-kwargs", &k, &err), VERR_FORMAT);
+    cr_expect_eq(chat_kwargs_parse("\"high\"", "--chat-template-kwargs", &k, &err), VERR_TYPE);
+    cr_expect_str_eq(err.msg, "'--chat-template-kwargs' must be a JSON object");
+    cr_assert_eq(
+        chat_kwargs_parse("{\"reasoning_effort\": \"low\"}", "--chat-template-kwargs", &k, &err), 0,
+        "%s", err.msg);
+    // A later flag adds its keys; a bad one leaves what was there.
+    cr_assert_eq(
+        chat_kwargs_parse("{\"model_identity\": \"I\"}", "--chat-template-kwargs", &k, &err), 0,
+        "%s", err.msg);
+    cr_expect_eq(chat_kwargs_parse("{\"model_identity\": \"J\", \"reasoning_effort\": \"x\"}",
+                                   "--chat-template-kwargs", &k, &err),
+                 VERR_RANGE);
+    cr_expect_str_eq(k.reasoning_effort, "low");
+    cr_expect_str_eq(k.model_identity, "I");
+    cr_expect_eq(chat_kwargs_check(&k, CHAT_TMPL_GPT_OSS, &err), 0, "%s", err.msg);
+    cr_expect_eq(chat_kwargs_check(&k, CHAT_TMPL_CHATML, &err), VERR_UNSUPPORTED);
+    cr_expect_str_eq(err.msg, "'--chat-template-kwargs': the chat template 'chatml' has no "
+                              "variable reasoning_effort (only gpt-oss's reads reasoning_effort "
+                              "and model_identity)");
+    struct chat_opts o = chat_kwargs_opts(&k);
+    cr_expect_str_eq(o.reasoning_effort, "low");
+    cr_expect_str_eq(o.model_identity, "I");
+    chat_kwargs_free(&k);
+    cr_expect_eq(chat_kwargs_check(&k, CHAT_TMPL_CHATML, &err), 0,
+                 "nothing given, nothing to "
+                 "check");
+}

@@ -20,6 +20,7 @@
 #include "tools/flags.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "tools/quantize.h"
+#include "tools/serve/chat_kwargs.h"
 #include "tools/serve/log.h"
 #include "tools/serve/serve.h"
 
@@ -87,13 +88,14 @@ struct cli {
     // serve takes it as the grammar of requests that give none.
     char *grammar;
 
-    struct engine_eval_params ep; // eval (its ga_n / ga_w come from gp)
-    const char *prompt;           // -p: run, eval
-    const char *prompt_file;      // -f: run, eval
-    const char *system_msg;       // -sys: run --chat, chat
-    const char *chat_template;    // --chat-template: run --chat, chat, serve
-    int reasoning;                // --reasoning-format: enum chat_reasoning (run --chat, chat,
-                                  // serve)
+    struct engine_eval_params ep;   // eval (its ga_n / ga_w come from gp)
+    const char *prompt;             // -p: run, eval
+    const char *prompt_file;        // -f: run, eval
+    const char *system_msg;         // -sys: run --chat, chat
+    const char *chat_template;      // --chat-template: run --chat, chat, serve
+    struct chat_kwargs chat_kwargs; // --chat-template-kwargs: run --chat, chat, serve
+    int reasoning;                  // --reasoning-format: enum chat_reasoning (run --chat, chat,
+                                    // serve)
     struct {
         bool display_prompt, escape, chat; // --no-display-prompt, --[no-]escape, --chat
         bool n_given, shift_given;         // -n, --[no-]context-shift were given

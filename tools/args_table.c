@@ -13,6 +13,8 @@
 #include "tools/args.h"
 #include "tools/common.h"
 #include "tools/mkmodel/ftype.h"
+#include "tools/serve/api.h"
+#include "tools/serve/chat_kwargs.h"
 #include "tools/serve/json_schema.h"
 
 // --help's sections, in its order.
@@ -195,6 +197,23 @@ static int grammar_flag(void *opts, const struct flag *f, const char *where, con
     if (file)
         free(text);
     return rc ? rc : 1;
+}
+
+// --chat-template-kwargs JSON (llama.cpp's): an object of the template's
+// variables; a later one adds its keys to the earlier's.
+static int template_kwargs(void *opts, const struct flag *f, const char *where,
+                           const char *const *v, int n, struct verr *err) {
+    (void)f, (void)n;
+    static const char flag[] = "--chat-template-kwargs";
+    struct cli *c = opts;
+    struct verr e2 = {0};
+    if (!api_utf8_valid(v[0], strlen(v[0])))
+        return verr_set(err, VERR_RANGE, "%s: the value is not valid UTF-8", where);
+    if (chat_kwargs_parse(v[0], flag, &c->chat_kwargs, &e2)) {
+        bool env = strcmp(where, flag) != 0; // the message names the flag; add the variable
+        return verr_set(err, VERR_RANGE, "%s%s%s", env ? where : "", env ? ": " : "", e2.msg);
+    }
+    return 1;
 }
 
 static int seed(void *opts, const struct flag *f, const char *where, const char *const *v, int n,
@@ -450,6 +469,13 @@ static const struct flag rows[] = {
      "serve: the default of requests' reasoning_format",
      "VELA_ARG_REASONING_FORMAT",
      ENUM(reasoning, reasoning_formats, "a reasoning format (auto, deepseek, none)")},
+    {CLI_RUN | CLI_CHAT | CLI_SERVE, SEC_RUN, "--chat-template-kwargs", "JSON",
+     "the chat template's variables, a JSON object as llama.cpp's (vela reads gpt-oss's: "
+     "'{\"reasoning_effort\":\"high\"}' (low, medium, high; default medium) and "
+     "\"model_identity\"); any other key, or a variable the model's template does not read, is "
+     "an error; serve: the default a request's chat_template_kwargs and reasoning_effort "
+     "override; run: with --chat",
+     "VELA_ARG_CHAT_TEMPLATE_KWARGS", FN(chat_kwargs, 1, template_kwargs)},
     {CLI_RUN | CLI_CHAT, SEC_RUN, "-sys, --system", "TEXT",
      "a system message before the user's (run: with --chat)", NULL, STR(system_msg)},
     {CLI_RUN, SEC_RUN, "-np, --parallel", "N",

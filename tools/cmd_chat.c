@@ -26,6 +26,7 @@
 #include "tools/line_input.h"
 #include "tools/progress.h"
 #include "tools/serve/buf.h"
+#include "tools/serve/chat_kwargs.h"
 #include "tools/think_print.h"
 
 #define CHAT_MAX_TURNS 4096
@@ -66,6 +67,7 @@ struct turn {
 struct chat {
     struct engine *e;
     enum chat_template tmpl;
+    struct chat_opts opts;     // --chat-template-kwargs (pointing into the flags)
     int32_t eot;               // the template's end-of-turn token, or -1
     struct stop_matcher *stop; // the end-of-turn text, when it has no token
     struct turn turns[CHAT_MAX_TURNS];
@@ -144,7 +146,7 @@ static int render(struct chat *c, int32_t **toks, int *n, struct verr *err) {
         msgs[i] = (struct chat_msg){c->turns[i].role, c->turns[i].content};
     char *text = NULL;
     size_t len = 0;
-    int rc = chat_format(c->tmpl, msgs, (size_t)c->n_turns, NULL, true, &text, &len, err);
+    int rc = chat_format(c->tmpl, msgs, (size_t)c->n_turns, &c->opts, true, &text, &len, err);
     if (!rc)
         rc = tokenizer_encode_alloc(c->e->tok, text, len, true, true, toks, n, err);
     free(text);
@@ -160,7 +162,7 @@ static int system_tokens(struct chat *c) {
     size_t len = 0;
     int32_t *t = NULL;
     int n = 0;
-    if (!chat_format(c->tmpl, &m, 1, NULL, false, &text, &len, NULL))
+    if (!chat_format(c->tmpl, &m, 1, &c->opts, false, &text, &len, NULL))
         tokenizer_encode_alloc(c->e->tok, text, len, true, true, &t, &n, NULL);
     free(text);
     free(t);
@@ -277,18 +279,20 @@ static int chat_loop(struct chat *c, struct line_input *in) {
     return 0;
 }
 
-static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_name,
-                     const char *system_msg, enum chat_reasoning reasoning) {
+static int open_chat(struct chat *c, struct args_model *am, const struct cli *flags) {
+    const char *system_msg = flags->system_msg;
     struct verr err = {0};
     struct gguf_file *f = NULL;
     const char *source = NULL;
     if (gguf_open(&f, am->model_path, &err) ||
-        chat_template_from_gguf(f, tmpl_name, &c->tmpl, &source, &err)) {
+        chat_template_from_gguf(f, flags->chat_template, &c->tmpl, &source, &err) ||
+        chat_kwargs_check(&flags->chat_kwargs, c->tmpl, &err)) {
         gguf_close(f);
         fprintf(stderr, "vela chat: %s\n", err.msg);
         return 1; // the model file (or its template) failed: a runtime error, as in run
     }
     gguf_close(f);
+    c->opts = chat_kwargs_opts(&flags->chat_kwargs);
     struct engine_config ec;
     args_engine_config(am, &ec);
     ec.ctx.n_seq_max = 1;
@@ -313,7 +317,8 @@ static int open_chat(struct chat *c, struct args_model *am, const char *tmpl_nam
     if (system_msg && add_turn(c, "system", system_msg, strlen(system_msg)))
         return 1;
     c->n_system = system_msg ? 1 : 0;
-    c->split_reasoning = c->tmpl == CHAT_TMPL_GPT_OSS && reasoning != CHAT_REASONING_NONE;
+    c->split_reasoning = c->tmpl == CHAT_TMPL_GPT_OSS &&
+                         (enum chat_reasoning)flags->reasoning != CHAT_REASONING_NONE;
     fprintf(stderr, "vela chat: %s, chat template %s (%s), context %d tokens; /exit to leave\n",
             am->model_path, chat_template_name(c->tmpl), source, context_config(c->e->ctx)->n_ctx);
     return 0;
@@ -329,7 +334,6 @@ int cmd_chat(int argc, char **argv) {
     if (!c)
         return 1;
     struct args_model am = f.am;
-    const char *tmpl_name = f.chat_template, *system_msg = f.system_msg;
     c->sp = f.gp.sp;
     c->n_predict = f.gp.n_predict;
     c->ignore_eos = f.gp.ignore_eos;
@@ -338,7 +342,7 @@ int cmd_chat(int argc, char **argv) {
         goto out;
     tools_note_synthetic("chat", am.model_path);
     c->verbose = am.verbose;
-    if ((status = open_chat(c, &am, tmpl_name, system_msg, (enum chat_reasoning)f.reasoning)) ||
+    if ((status = open_chat(c, &am, &f)) ||
         (status = tools_grammar_attach("chat", &f, c->e, &c->sp, &c->gvocab)))
         goto out;
     struct sigaction sa = {0};

@@ -17,6 +17,7 @@
 #include "tools/common.h"
 #include "tools/default_model.h"
 #include "tools/progress.h"
+#include "tools/serve/chat_kwargs.h"
 #include "tools/think_print.h"
 
 static void usage(FILE *out) {
@@ -246,28 +247,30 @@ static void say_seed(struct sampler_params *sp, int n_seq) {
 // --chat: replaces *prompt (the user's message) by the conversation
 // [system,] user formatted with the model's template (or --chat-template)
 // and a generation prompt. Prints the error and returns non-zero on failure.
-static int chat_prompt(const char *model_path, const char *tmpl_name, const char *system_msg,
-                       bool verbose, char **prompt, size_t *prompt_len, enum chat_template *tmpl) {
+static int chat_prompt(const struct cli *c, char **prompt, size_t *prompt_len,
+                       enum chat_template *tmpl) {
     struct verr err = {0};
     struct gguf_file *f = NULL;
     const char *source = NULL;
-    if (gguf_open(&f, model_path, &err) ||
-        chat_template_from_gguf(f, tmpl_name, tmpl, &source, &err)) {
+    if (gguf_open(&f, c->am.model_path, &err) ||
+        chat_template_from_gguf(f, c->chat_template, tmpl, &source, &err) ||
+        chat_kwargs_check(&c->chat_kwargs, *tmpl, &err)) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         gguf_close(f);
         return 1;
     }
     gguf_close(f);
-    if (verbose)
+    if (c->am.verbose)
         fprintf(stderr, "vela: chat template %s (%s)\n", chat_template_name(*tmpl), source);
     struct chat_msg msgs[2];
     size_t n = 0;
-    if (system_msg)
-        msgs[n++] = (struct chat_msg){"system", system_msg};
+    if (c->system_msg)
+        msgs[n++] = (struct chat_msg){"system", c->system_msg};
     msgs[n++] = (struct chat_msg){"user", *prompt};
     char *text = NULL;
     size_t len = 0;
-    if (chat_format(*tmpl, msgs, n, NULL, true, &text, &len, &err)) {
+    struct chat_opts opts = chat_kwargs_opts(&c->chat_kwargs);
+    if (chat_format(*tmpl, msgs, n, &opts, true, &text, &len, &err)) {
         fprintf(stderr, "vela run: %s\n", err.msg);
         return 1;
     }
@@ -280,8 +283,10 @@ static int chat_prompt(const char *model_path, const char *tmpl_name, const char
 // Flags that exclude each other; 0 or the usage status 2 (printed).
 static int check_run_flags(struct cli *f) {
     const char *msg = NULL;
-    if ((f->chat_template || f->system_msg) && !f->run.chat)
-        msg = "--chat-template and --system go with --chat";
+    if ((f->chat_template || f->system_msg || f->chat_kwargs.reasoning_effort ||
+         f->chat_kwargs.model_identity) &&
+        !f->run.chat)
+        msg = "--chat-template, --chat-template-kwargs and --system go with --chat";
     else if (f->run.chat && f->gp.n_parallel != 1)
         msg = "--chat answers one question: drop --parallel";
     else if (f->prompt && f->prompt_file)
@@ -348,8 +353,7 @@ static char *read_prompt(const struct cli *f, size_t *len, enum chat_template *t
         fprintf(stderr, "vela run: out of memory\n");
         return NULL;
     }
-    if (f->run.chat && chat_prompt(f->am.model_path, f->chat_template, f->system_msg, f->am.verbose,
-                                   &prompt, len, tmpl)) {
+    if (f->run.chat && chat_prompt(f, &prompt, len, tmpl)) {
         free(prompt);
         return NULL;
     }

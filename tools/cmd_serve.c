@@ -17,6 +17,7 @@
 #include "tools/common.h"
 #include "tools/default_model.h"
 #include "tools/progress.h"
+#include "tools/serve/chat_kwargs.h"
 #include "tools/serve/log.h"
 #include "tools/serve/serve.h"
 
@@ -183,7 +184,8 @@ static int serve_defaults(const struct cli *f, struct api_defaults *d, struct ve
                                .seed = p->seed == SAMPLER_SEED_RANDOM ? -1 : (int64_t)p->seed,
                                .n_predict = f->gp.n_predict,
                                .spec = f->gp.spec,
-                               .reasoning = (enum chat_reasoning)f->reasoning};
+                               .reasoning = (enum chat_reasoning)f->reasoning,
+                               .kwargs = &f->chat_kwargs};
     return 0;
 }
 
@@ -197,6 +199,7 @@ static int run_server(struct args_model *am, struct cli *f) {
         f->sc.model_id = id;
     }
     if (pick_template(am->model_path, f->chat_template, &f->sc, &err) ||
+        (f->sc.have_tmpl && chat_kwargs_check(&f->chat_kwargs, f->sc.tmpl, &err)) ||
         pick_ctx(am, f->sc.n_parallel, &err)) {
         srv_log(SRV_LOG_ERROR, "%s", err.msg);
         return 1; // the model file (or its template) failed: a runtime error, as in run

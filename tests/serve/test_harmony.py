@@ -12,6 +12,7 @@ for harmony: <|end|>, <|channel|>, ... user-defined) for the parser to
 see them."""
 import json
 import os
+import re
 import struct
 import subprocess
 
@@ -203,6 +204,109 @@ def test_prompt_is_the_harmony_template(server):
                            "<|start|>user<|message|>Hi<|end|><|start|>assistant")
 
 
+def apply_template(port, **fields):
+    """The prompt /apply-template renders for a user's "Hi" with the fields given."""
+    status, body = request(port, "POST", "/apply-template",
+                           dict(messages=[{"role": "user", "content": "Hi"}], **fields))
+    assert status == 200, body
+    return json.loads(body)["prompt"]
+
+
+def n_tokens(port, text):
+    """The tokens the server makes of text as it tokenizes a prompt (BOS as the vocabulary
+    asks)."""
+    status, body = request(port, "POST", "/tokenize", {"content": text, "add_special": True})
+    assert status == 200, body
+    return len(json.loads(body)["tokens"])
+
+
+def test_reasoning_effort_reaches_the_prompt(server):
+    """OpenAI's reasoning_effort and llama-server's chat_template_kwargs become the template's
+    reasoning_effort and model_identity (the rendering itself is checked against jinja2 in
+    tests/test_tokenizer_chat.c); the chat the engine runs has that prompt: as many prompt
+    tokens as the rendered text has."""
+    port, client = server
+    medium = apply_template(port)
+    assert "\n\nReasoning: medium\n\n" in medium
+    high = apply_template(port, reasoning_effort="high")
+    assert high == medium.replace("Reasoning: medium", "Reasoning: high")
+    low = apply_template(port, chat_template_kwargs={"reasoning_effort": "low",
+                                                     "model_identity": "You are Vela."})
+    assert low.startswith("<|start|>system<|message|>You are Vela.\nKnowledge cutoff: 2024-06\n")
+    assert low == medium.replace("Reasoning: medium", "Reasoning: low").replace(
+        "You are ChatGPT, a large language model trained by OpenAI.", "You are Vela.")
+    # the top-level field wins over the kwargs, as in llama-server
+    assert apply_template(port, reasoning_effort="high",
+                          chat_template_kwargs={"reasoning_effort": "low"}) == high
+    for effort, text in (("high", high), ("low", low)):
+        kw = ({"reasoning_effort": effort} if effort == "high" else
+              {"extra": {"chat_template_kwargs": {"reasoning_effort": "low",
+                                                  "model_identity": "You are Vela."}}})
+        r = ask(client, HARMONY, max_tokens=4, **kw)
+        assert r.usage.prompt_tokens == n_tokens(port, text)
+    assert n_tokens(port, high) != n_tokens(port, low)
+
+
+def test_bad_template_kwargs_are_a_400(server):
+    port, _ = server
+    cases = [
+        ({"reasoning_effort": "max"},
+         "'reasoning_effort' is \"max\"; expected \"low\", \"medium\" or \"high\""),
+        ({"reasoning_effort": 1}, "'reasoning_effort' must be a string"),
+        ({"chat_template_kwargs": "high"}, "'chat_template_kwargs' must be a JSON object"),
+        ({"chat_template_kwargs": {"reasoning_effort": ["high"]}},
+         "'chat_template_kwargs.reasoning_effort' must be a string"),
+        ({"chat_template_kwargs": {"enable_thinking": False}},
+         "'chat_template_kwargs': unknown key 'enable_thinking'"),
+    ]
+    for fields, msg in cases:
+        status, body = request(port, "POST", "/v1/chat/completions",
+                               dict(messages=[{"role": "user", "content": "Hi"}], **fields))
+        assert status == 400, fields
+        assert msg in json.loads(body)["error"]["message"], body
+
+
+def test_server_template_kwargs_are_the_default(tmp_path):
+    """--chat-template-kwargs: what a request without the fields gets; a request's own win."""
+    gen = serve("harmony-kwargs-server", tiny_model(2048), "--chat-template", "gpt-oss",
+                "--chat-template-kwargs", '{"reasoning_effort":"low","model_identity":"Srv."}')
+    port, _ = next(gen)
+    try:
+        text = apply_template(port)
+        assert text.startswith("<|start|>system<|message|>Srv.\nKnowledge cutoff")
+        assert "\n\nReasoning: low\n\n" in text
+        text = apply_template(port, reasoning_effort="high",
+                              chat_template_kwargs={"model_identity": None})
+        assert text.startswith("<|start|>system<|message|>You are ChatGPT, a large language")
+        assert "\n\nReasoning: high\n\n" in text
+    finally:
+        next(gen, None)
+
+
+def test_template_kwargs_a_template_does_not_read():
+    """A template without the variable (chatml here) refuses it: at start for
+    --chat-template-kwargs, with a 400 for a request, never dropped."""
+    model = tiny_model(2048)
+    p = subprocess.run([VELA, "serve", "-m", model, "--backend", "cpu", "--port", "0",
+                        "--no-progress", "--chat-template", "chatml",
+                        "--chat-template-kwargs", '{"reasoning_effort":"high"}'],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert ("'--chat-template-kwargs': the chat template 'chatml' has no variable "
+            "reasoning_effort") in p.stdout + p.stderr
+    gen = serve("chatml-kwargs-server", model, "--chat-template", "chatml")
+    port, _ = next(gen)
+    try:
+        status, body = request(port, "POST", "/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": "Hi"}],
+                                "reasoning_effort": "high"})
+        assert status == 400
+        assert ("'reasoning_effort': the chat template 'chatml' has no variable reasoning_effort"
+                in json.loads(body)["error"]["message"]), body
+    finally:
+        next(gen, None)
+
+
 def token_grammar(*parts):
     """GBNF of parts in a row: markers as token elements, other text as literals."""
     return "root ::= " + " ".join(p if p in MARKERS else json.dumps(p) for p in parts)
@@ -259,6 +363,48 @@ def test_chat_shows_reasoning_and_keeps_the_answer():
                           "--temp", "0", "--no-history", "--grammar", terminal_grammar()],
                          input="Hi\nAgain\n", check=True, capture_output=True, text=True).stdout
     assert out == (SHOWN + "\n") * 2
+
+
+def run_chat_prompt_tokens(*flags):
+    """The prompt tokens `vela run --chat` reports for "Hi" on the tiny model as gpt-oss."""
+    p = subprocess.run([VELA, "run", "-m", tiny_model(2048), "--backend", "cpu", "-t", "2",
+                        "--chat", "--chat-template", "gpt-oss", "-p", "Hi", "-n", "1",
+                        "--no-progress", *flags], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return int(re.search(r"prompt eval: .* / +(\d+) tokens", p.stderr).group(1))
+
+
+def test_run_and_chat_take_template_kwargs(server):
+    """run --chat renders the flag's variables (its prompt has the tokens of the server's
+    rendering with the same fields); bad values are errors naming the flag."""
+    port, _ = server
+    kw = '{"reasoning_effort":"high","model_identity":"You are Vela."}'
+    text = apply_template(port, chat_template_kwargs=json.loads(kw))
+    assert run_chat_prompt_tokens("--chat-template-kwargs", kw) == n_tokens(port, text)
+    assert run_chat_prompt_tokens() == n_tokens(port, apply_template(port))
+    bad = [
+        (["run", "--chat", "-p", "Hi", "--chat-template-kwargs", "{reasoning_effort: high}"], 2,
+         "vela run: '--chat-template-kwargs': '{reasoning_effort: high}' is not valid JSON; "
+         "expected an object such as '{\"reasoning_effort\":\"high\"}'"),
+        (["run", "--chat", "-p", "Hi", "--chat-template-kwargs", '{"reasoning_effort":"xhigh"}'],
+         2, "'--chat-template-kwargs.reasoning_effort' is \"xhigh\"; expected"),
+        (["run", "-p", "Hi", "--chat-template-kwargs", '{"reasoning_effort":"low"}'], 2,
+         "--chat-template-kwargs and --system go with --chat"),
+        (["run", "--chat", "-p", "Hi", "--chat-template", "chatml", "--chat-template-kwargs",
+          '{"reasoning_effort":"low"}'], 1,
+         "the chat template 'chatml' has no variable reasoning_effort"),
+        (["chat", "--chat-template", "chatml", "--chat-template-kwargs",
+          '{"model_identity":"X"}'], 1,
+         "the chat template 'chatml' has no variable model_identity"),
+        (["chat", "--chat-template-kwargs", '{"enable_thinking":true}'], 2,
+         "unknown key 'enable_thinking'"),
+    ]
+    for args, rc, msg in bad:
+        p = subprocess.run([VELA, *args[:1], "-m", tiny_model(2048), "--backend", "cpu",
+                            "--no-progress", *args[1:]], capture_output=True, text=True,
+                           input="", timeout=120)
+        assert p.returncode == rc, (args, p.returncode, p.stderr)
+        assert msg in p.stderr, (args, p.stderr)
 
 
 WEATHER = {"type": "function", "function": {

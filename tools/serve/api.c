@@ -80,6 +80,7 @@ cJSON *api_json_parse(const char *s, size_t len) {
 
 void api_request_free(struct api_request *r) {
     api_tools_free(&r->tools);
+    chat_kwargs_free(&r->kwargs);
     free(r->grammar);
     free(r->model);
     free(r->prompt);
@@ -655,6 +656,22 @@ static int parse_reasoning(const cJSON *o, struct api_request *r, struct api_err
     return 0;
 }
 
+// A chat's template variables: the server's, then chat_template_kwargs, then
+// reasoning_effort.
+static int parse_kwargs(const cJSON *o, const struct api_defaults *d, struct api_request *r,
+                        struct api_error *e) {
+    struct verr err = {0};
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(o, "chat_template_kwargs");
+    if ((d->kwargs && chat_kwargs_copy(&r->kwargs, d->kwargs, &err)) ||
+        (kw && !cJSON_IsNull(kw) &&
+         chat_kwargs_read(kw, "chat_template_kwargs", &r->kwargs, &err)) ||
+        chat_kwargs_read_effort(cJSON_GetObjectItemCaseSensitive(o, "reasoning_effort"), &r->kwargs,
+                                &err))
+        return err.code == VERR_NOMEM ? api_fail(e, 500, "server_error", NULL, "out of memory")
+                                      : BAD("%s", err.msg);
+    return 0;
+}
+
 // r->grammar from the JSON schema at `where` (a field's name, for errors).
 static int schema_grammar(const cJSON *schema, const char *where, struct api_request *r,
                           struct api_error *e) {
@@ -765,7 +782,8 @@ int api_parse_request(enum api_kind k, const char *body, size_t len, const struc
              parse_tools(o, r, e) || parse_sampling(o, r, e) || parse_logit_bias(o, r, e) ||
              parse_unsupported(o, e) || parse_grammar(o, r, e) || parse_limits(o, d, r, e) ||
              parse_stop(o, r, e) || parse_stream(o, r, e) || parse_logprobs(o, r, e) ||
-             parse_self_extend(o, r, e) || parse_speculative(o, r, e) || parse_reasoning(o, r, e))
+             parse_self_extend(o, r, e) || parse_speculative(o, r, e) || parse_reasoning(o, r, e) ||
+             (k == API_CHAT && parse_kwargs(o, d, r, e)))
         rc = -1;
     else if (k == API_NATIVE && (r->n > 1 || r->logprobs))
         rc = BAD("'%s' is not supported by /completion (use /v1/completions)",

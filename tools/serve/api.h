@@ -19,6 +19,7 @@
 #include "host/engine/spec.h"
 #include "host/tokenizer/chat_harmony.h"
 #include "tools/serve/api_tools.h"
+#include "tools/serve/chat_kwargs.h"
 
 #define API_MAX_STOP 8          // stop strings per request (OpenAI: 4; llama-server: more)
 #define API_MAX_STOP_LEN 256    // bytes per stop string
@@ -108,6 +109,11 @@ struct api_request {
     // template's analysis channel as reasoning_content; "none": the
     // generated text, markers included, as the content)
     enum chat_reasoning reasoning;
+    // chat: the chat template's variables: the server's (api_defaults.kwargs),
+    // then llama-server's chat_template_kwargs {"reasoning_effort",
+    // "model_identity"}, then OpenAI's reasoning_effort (tools/serve/chat_kwargs.h;
+    // the server checks them against the model's template)
+    struct chat_kwargs kwargs;
 };
 
 void api_request_free(struct api_request *r);
@@ -130,8 +136,9 @@ struct api_defaults {
     int64_t seed;  // -1: random
     int n_predict; // -1: none given (OpenAI's max_tokens: 16 for completions, until a stop
                    // for chat); >= 0: the default of max_tokens / n_predict and their cap
-    struct engine_spec spec;       // --spec-type, --draft-*: the speculation of requests
-    enum chat_reasoning reasoning; // --reasoning-format (auto)
+    struct engine_spec spec;          // --spec-type, --draft-*: the speculation of requests
+    enum chat_reasoning reasoning;    // --reasoning-format (auto)
+    const struct chat_kwargs *kwargs; // --chat-template-kwargs; NULL: none
 };
 // OpenAI's: temperature 1, top_p 1, no top_k / min_p / penalties, random seed, no -n;
 // no speculation.

@@ -21,6 +21,7 @@
 #include "host/ops/selfextend.h"
 #include "host/tokenizer/tokenizer.h"
 #include "tools/serve/api.h"
+#include "tools/serve/chat_kwargs.h"
 #include "tools/serve/log.h"
 #include "tools/serve/toolcall.h"
 #include "tools/serve/webui.h"
@@ -497,7 +498,10 @@ static int format_chat(const struct serve *s, const struct api_request *a, char 
         return -1;
     }
     struct verr err = {0};
-    int rc = chat_format(s->cfg.tmpl, msgs, (size_t)n, NULL, true, text, len, &err);
+    struct chat_opts opts = chat_kwargs_opts(&a->kwargs);
+    int rc = chat_kwargs_check(&a->kwargs, s->cfg.tmpl, &err);
+    if (!rc)
+        rc = chat_format(s->cfg.tmpl, msgs, (size_t)n, &opts, true, text, len, &err);
     toolcall_strs_free(&keep);
     if (rc)
         return api_fail(e, 400, "invalid_request_error", "invalid_value", "%s", err.msg);
