@@ -8,6 +8,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <cjson/cJSON.h>
+
 #include "host/split/plan.h"
 #include "host/tokenizer/chat_harmony.h"
 #include "tools/args.h"
@@ -213,6 +215,31 @@ static int template_kwargs(void *opts, const struct flag *f, const char *where,
         bool env = strcmp(where, flag) != 0; // the message names the flag; add the variable
         return verr_set(err, VERR_RANGE, "%s%s%s", env ? where : "", env ? ": " : "", e2.msg);
     }
+    return 1;
+}
+
+// --reasoning-effort LEVEL (llama.cpp's): the template's reasoning_effort,
+// or "default" for the template's own.
+static int reasoning_effort(void *opts, const struct flag *f, const char *where,
+                            const char *const *v, int n, struct verr *err) {
+    (void)f, (void)n;
+    struct cli *c = opts;
+    if (!strcmp(v[0], "default")) {
+        free(c->chat_kwargs.reasoning_effort);
+        c->chat_kwargs.reasoning_effort = NULL;
+        c->chat_kwargs.effort_from = NULL;
+        return 1;
+    }
+    cJSON *s = cJSON_CreateString(v[0]);
+    struct verr e2 = {0};
+    int rc = s ? chat_kwargs_read_effort(s, "--reasoning-effort", &c->chat_kwargs, &e2)
+               : verr_set(&e2, VERR_NOMEM, "out of memory");
+    cJSON_Delete(s);
+    if (rc)
+        return verr_set(err, VERR_RANGE,
+                        "%s: '%s' is not a reasoning effort (low, medium, high, "
+                        "default)",
+                        where, v[0]);
     return 1;
 }
 
@@ -476,6 +503,10 @@ static const struct flag rows[] = {
      "an error; serve: the default a request's chat_template_kwargs and reasoning_effort "
      "override; run: with --chat",
      "VELA_ARG_CHAT_TEMPLATE_KWARGS", FN(chat_kwargs, 1, template_kwargs)},
+    {CLI_RUN | CLI_CHAT | CLI_SERVE, SEC_RUN, "--reasoning-effort", "LEVEL",
+     "the chat template's reasoning_effort (gpt-oss): low, medium or high, or default (the "
+     "template's, medium); as the key of --chat-template-kwargs (the later flag wins)",
+     "VELA_ARG_REASONING_EFFORT", FN(chat_kwargs, 1, reasoning_effort)},
     {CLI_RUN | CLI_CHAT, SEC_RUN, "-sys, --system", "TEXT",
      "a system message before the user's (run: with --chat)", NULL, STR(system_msg)},
     {CLI_RUN, SEC_RUN, "-np, --parallel", "N",

@@ -286,7 +286,8 @@ static int check_run_flags(struct cli *f) {
     if ((f->chat_template || f->system_msg || f->chat_kwargs.reasoning_effort ||
          f->chat_kwargs.model_identity) &&
         !f->run.chat)
-        msg = "--chat-template, --chat-template-kwargs and --system go with --chat";
+        msg = "--chat-template, --chat-template-kwargs, --reasoning-effort and --system go with "
+              "--chat";
     else if (f->run.chat && f->gp.n_parallel != 1)
         msg = "--chat answers one question: drop --parallel";
     else if (f->prompt && f->prompt_file)

@@ -375,13 +375,20 @@ def run_chat_prompt_tokens(*flags):
 
 
 def test_run_and_chat_take_template_kwargs(server):
-    """run --chat renders the flag's variables (its prompt has the tokens of the server's
+    """run --chat renders the flags' variables (its prompt has the tokens of the server's
     rendering with the same fields); bad values are errors naming the flag."""
     port, _ = server
     kw = '{"reasoning_effort":"high","model_identity":"You are Vela."}'
     text = apply_template(port, chat_template_kwargs=json.loads(kw))
     assert run_chat_prompt_tokens("--chat-template-kwargs", kw) == n_tokens(port, text)
     assert run_chat_prompt_tokens() == n_tokens(port, apply_template(port))
+    # llama.cpp's --reasoning-effort: the same variable; the later flag wins, default resets
+    high = n_tokens(port, apply_template(port, reasoning_effort="high"))
+    assert run_chat_prompt_tokens("--reasoning-effort", "high") == high
+    assert run_chat_prompt_tokens("--chat-template-kwargs", '{"reasoning_effort":"low"}',
+                                  "--reasoning-effort", "high") == high
+    assert run_chat_prompt_tokens("--reasoning-effort", "high", "--reasoning-effort",
+                                  "default") == run_chat_prompt_tokens()
     bad = [
         (["run", "--chat", "-p", "Hi", "--chat-template-kwargs", "{reasoning_effort: high}"], 2,
          "vela run: '--chat-template-kwargs': '{reasoning_effort: high}' is not valid JSON; "
@@ -389,7 +396,12 @@ def test_run_and_chat_take_template_kwargs(server):
         (["run", "--chat", "-p", "Hi", "--chat-template-kwargs", '{"reasoning_effort":"xhigh"}'],
          2, "'--chat-template-kwargs.reasoning_effort' is \"xhigh\"; expected"),
         (["run", "-p", "Hi", "--chat-template-kwargs", '{"reasoning_effort":"low"}'], 2,
-         "--chat-template-kwargs and --system go with --chat"),
+         "--chat-template-kwargs, --reasoning-effort and --system go with --chat"),
+        (["run", "--chat", "-p", "Hi", "--reasoning-effort", "xhigh"], 2,
+         "vela run: --reasoning-effort: 'xhigh' is not a reasoning effort (low, medium, high, "
+         "default)"),
+        (["chat", "--chat-template", "chatml", "--reasoning-effort", "low"], 1,
+         "'--reasoning-effort': the chat template 'chatml' has no variable reasoning_effort"),
         (["run", "--chat", "-p", "Hi", "--chat-template", "chatml", "--chat-template-kwargs",
           '{"reasoning_effort":"low"}'], 1,
          "the chat template 'chatml' has no variable reasoning_effort"),

@@ -665,8 +665,8 @@ static int parse_kwargs(const cJSON *o, const struct api_defaults *d, struct api
     if ((d->kwargs && chat_kwargs_copy(&r->kwargs, d->kwargs, &err)) ||
         (kw && !cJSON_IsNull(kw) &&
          chat_kwargs_read(kw, "chat_template_kwargs", &r->kwargs, &err)) ||
-        chat_kwargs_read_effort(cJSON_GetObjectItemCaseSensitive(o, "reasoning_effort"), &r->kwargs,
-                                &err))
+        chat_kwargs_read_effort(cJSON_GetObjectItemCaseSensitive(o, "reasoning_effort"),
+                                "reasoning_effort", &r->kwargs, &err))
         return err.code == VERR_NOMEM ? api_fail(e, 500, "server_error", NULL, "out of memory")
                                       : BAD("%s", err.msg);
     return 0;

@@ -83,12 +83,13 @@ int chat_kwargs_parse(const char *json, const char *where, struct chat_kwargs *k
     return rc;
 }
 
-int chat_kwargs_read_effort(const cJSON *v, struct chat_kwargs *k, struct verr *err) {
+int chat_kwargs_read_effort(const cJSON *v, const char *where, struct chat_kwargs *k,
+                            struct verr *err) {
     if (!v || cJSON_IsNull(v))
         return 0;
-    int rc = read_var(v, CHAT_VAR_REASONING_EFFORT, true, &k->reasoning_effort, err);
+    int rc = read_var(v, where, true, &k->reasoning_effort, err);
     if (!rc)
-        k->effort_from = CHAT_VAR_REASONING_EFFORT;
+        k->effort_from = where;
     return rc;
 }
 

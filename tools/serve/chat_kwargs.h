@@ -27,7 +27,8 @@ struct chat_kwargs {
     char *reasoning_effort; // owned; NULL: not given
     char *model_identity;   // owned; NULL: not given
     // Where each was given (static strings, for errors): "reasoning_effort",
-    // "chat_template_kwargs", "--chat-template-kwargs"; NULL: not given.
+    // "chat_template_kwargs", "--chat-template-kwargs", "--reasoning-effort";
+    // NULL: not given.
     const char *effort_from, *identity_from;
 };
 
@@ -45,9 +46,12 @@ int chat_kwargs_read(const struct cJSON *v, const char *where, struct chat_kwarg
 // caller checks the UTF-8); text that is not one JSON value is VERR_FORMAT.
 int chat_kwargs_parse(const char *json, const char *where, struct chat_kwargs *k, struct verr *err);
 
-// OpenAI's top-level reasoning_effort (v: the field's value, NULL when
-// absent): a string, low, medium or high, into k->reasoning_effort.
-int chat_kwargs_read_effort(const struct cJSON *v, struct chat_kwargs *k, struct verr *err);
+// OpenAI's top-level reasoning_effort or llama.cpp's --reasoning-effort
+// (where: "reasoning_effort", "--reasoning-effort"; static): v, the value
+// (NULL or null: not given), a string, low, medium or high, into
+// k->reasoning_effort.
+int chat_kwargs_read_effort(const struct cJSON *v, const char *where, struct chat_kwargs *k,
+                            struct verr *err);
 
 // A deep copy of src into *dst (zeroed first); VERR_NOMEM.
 int chat_kwargs_copy(struct chat_kwargs *dst, const struct chat_kwargs *src, struct verr *err);
