@@ -268,31 +268,43 @@ def find(rows, model, family, type_=None, shape=None, n_tok=None, n_ctx=None):
     return None
 
 
-def decode_parts(rows, model, quant, ctx):
-    """The op calls of one decode token as [(calls, row)], or None if a case
-    is missing.
+def decode_parts_handed(rows, model, quant, ctx):
+    """The op calls of one decode token as [(calls, row, handed)], or None if
+    a case is missing.
 
     Per layer, as host/forward/forward.c runs it: attn_norm, Q/K/V in one
     mat-vec, RoPE + K/V store, attention over ctx cells, attn_output with the
     residual add, ffn_norm, gate/up + SwiGLU, ffn_down with the residual add;
     then the output norm, the output head and argmax (greedy). The token's
     embedding row (a few KiB) is left out.
+
+    handed: the forward hands this mat-vec its q8_1 activations from the op
+    before (rms_norm_q8 before Q/K/V, gate/up and the output head; the
+    attention's q8_1 output before attn_output), so the quantize launch its
+    bench row records does not run in a decode step; ffn_down quantizes the
+    SwiGLU output itself.
     """
     n_layer = MODELS[model][1]
     out_t = OUTPUT_TYPE[quant]
     parts = [
-        (n_layer * 2, find(rows, model, 'rms_norm', n_tok=1)),
-        (n_layer, find(rows, model, 'matvec_qkv', quant, n_tok=1)),
-        (n_layer, find(rows, model, 'rope_kv_store', n_tok=1)),
-        (n_layer, find(rows, model, 'attn_decode', n_ctx=ctx)),
-        (n_layer, find(rows, model, 'matvec_add', quant, shape='add 4096x4096')),
-        (n_layer, find(rows, model, 'matvec_swiglu', quant, n_tok=1)),
-        (n_layer, find(rows, model, 'matvec_add', quant, shape='add 1')),  # n_ff x n_embd
-        (1, find(rows, model, 'rms_norm', n_tok=1)),
-        (1, find(rows, model, 'matvec', out_t, shape='output', n_tok=1)),
-        (1, find(rows, model, 'argmax', n_tok=1)),
+        (n_layer * 2, find(rows, model, 'rms_norm', n_tok=1), False),
+        (n_layer, find(rows, model, 'matvec_qkv', quant, n_tok=1), True),
+        (n_layer, find(rows, model, 'rope_kv_store', n_tok=1), False),
+        (n_layer, find(rows, model, 'attn_decode', n_ctx=ctx), False),
+        (n_layer, find(rows, model, 'matvec_add', quant, shape='add 4096x4096'), True),
+        (n_layer, find(rows, model, 'matvec_swiglu', quant, n_tok=1), True),
+        (n_layer, find(rows, model, 'matvec_add', quant, shape='add 1'), False),  # n_ff x n_embd
+        (1, find(rows, model, 'rms_norm', n_tok=1), False),
+        (1, find(rows, model, 'matvec', out_t, shape='output', n_tok=1), True),
+        (1, find(rows, model, 'argmax', n_tok=1), False),
     ]
-    return None if any(r is None for _, r in parts) else parts
+    return None if any(r is None for _, r, _ in parts) else parts
+
+
+def decode_parts(rows, model, quant, ctx):
+    """decode_parts_handed's op calls as [(calls, row)]."""
+    parts = decode_parts_handed(rows, model, quant, ctx)
+    return None if parts is None else [(n, r) for n, r, _ in parts]
 
 
 def decode_step(rows, model, quant, ctx):

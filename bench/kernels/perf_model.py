@@ -537,16 +537,40 @@ STEP_CTX = 256  # tg128 from an empty cache: at most 128 cells; the nearest reco
 T_PDL_US = 1.0
 
 
-def launch_count(r):
-    """Launches of one op call: a predicted row's, or a report row's (its
-    kernel names joined by ' + ')."""
-    return len(r['launches']) if 'launches' in r else len(r['kernel'].split(' + '))
+QUANTIZE_KERNEL = 'quantize_q8_1_kernel'
+# A persistent decode kernel (calm's design: one launch per token, a grid-wide
+# barrier where each launch boundary of today's chain is): assumed cost of
+# one barrier across the H200's 132 SMs (an arrive on a global counter and a
+# spin on it: about two L2 round trips plus the skew of the last block). An
+# assumption, not a fit: nothing on the GPU has timed one yet.
+T_GRID_SYNC_US = 1.5
+
+
+def handed_names(names, handed):
+    """A recorded op call's kernel names as the forward runs it: without the
+    q8_1 quantize launch where the op before hands its activations over
+    (emu_report.decode_parts_handed)."""
+    return [k for k in names if not (handed and k.startswith(QUANTIZE_KERNEL))]
+
+
+def launch_count(r, handed=False):
+    """Launches of one op call in a decode step: a predicted row's, or a
+    report row's (its kernel names joined by ' + ')."""
+    names = [x['kernel'] for x in r['launches']] if 'launches' in r else r['kernel'].split(' + ')
+    return len(handed_names(names, handed))
+
+
+def work_us(r, handed):
+    """The time of one op call's launches as the forward runs them, without
+    the cost of launching them."""
+    keep = set(handed_names([x['kernel'] for x in r['launches']], handed))
+    return sum(x['us_total'] - r['t_launch_us'] for x in r['launches'] if x['kernel'] in keep)
 
 
 def serial_launches(parts):
     """The launches of a decode step that PDL leaves at the graph's cost:
     attention's, and the one after each attention call."""
-    return sum(n * (launch_count(r) + 1) for n, r in parts if r['family'].startswith('attn'))
+    return sum(n * (launch_count(r) + 1) for n, r, _ in parts if r['family'].startswith('attn'))
 
 
 def pdl_fields(s, parts, g):
@@ -557,12 +581,35 @@ def pdl_fields(s, parts, g):
             'tps_pdl': round(1e6 / us, 1)}
 
 
+def best_rows(rows):
+    """Per decode case, the recorded variant predicted fastest (the default
+    included): [rows], one per row_key."""
+    best = {}
+    for r in rows:
+        if r['act'] not in ('q8', ''):
+            continue
+        k = row_key(r)
+        if k not in best or r['us'] < best[k]['us']:
+            best[k] = r
+    return list(best.values())
+
+
+def step_sums(parts):
+    """(work µs, launches, bytes necessary) of a decode step's op calls."""
+    return (sum(n * work_us(r, h) for n, r, h in parts),
+            sum(n * launch_count(r, h) for n, r, h in parts),
+            sum(n * r['bytes_necessary'] for n, r, _ in parts))
+
+
 def decode_steps(rows, summary_path):
-    """One decode token per model and quant (emu_report.decode_parts' op
-    calls), predicted: inside a CUDA graph a launch costs t_graph_us, not the
-    t_launch_us that CUDA events around a lone op call measure. t_graph_us is
-    fitted on the GPU run's measured tg128 (SUMMARY.json), the one constant
-    of this sum; each row's error is listed beside it."""
+    """One decode token per model and quant (emu_report.decode_parts_handed's
+    op calls, with the launches the forward runs), predicted: inside a CUDA
+    graph a launch costs t_graph_us, not the t_launch_us that CUDA events
+    around a lone op call measure. t_graph_us is fitted on the GPU run's
+    measured tg128 (SUMMARY.json), the one constant of this sum; each row's
+    error is listed beside it. Beside the default kernels: the mat-vecs
+    through pipe:4, every op through its fastest recorded variant with PDL,
+    and that work in one persistent kernel (T_GRID_SYNC_US per boundary)."""
     base = [r for r in rows if not r['variant'] and r['act'] in ('q8', '')]
     # the same step with the mat-vecs through the pipelined kernel where recorded
     piped = {row_key(r): r for r in base}
@@ -570,6 +617,7 @@ def decode_steps(rows, summary_path):
         if r['variant'] == 'pipe:4' and row_key(r) in piped:
             piped[row_key(r)] = r
     piped = list(piped.values())
+    best = best_rows(rows)
     tg = {}
     if summary_path and os.path.exists(summary_path):
         with open(summary_path, encoding='utf-8') as f:
@@ -579,37 +627,45 @@ def decode_steps(rows, summary_path):
     steps = []
     for model in emu_report.MODELS:
         for quant in emu_report.QUANTS:
-            parts = emu_report.decode_parts(base, model, quant, STEP_CTX)
+            parts = emu_report.decode_parts_handed(base, model, quant, STEP_CTX)
             if not parts:
                 continue
-            work = sum(n * (r['us'] - len(r['launches']) * r['t_launch_us']) for n, r in parts)
-            launches = sum(n * len(r['launches']) for n, r in parts)
-            need = sum(n * r['bytes_necessary'] for n, r in parts)
-            pp = emu_report.decode_parts(piped, model, quant, STEP_CTX)
-            work_pipe = sum(n * (r['us'] - len(r['launches']) * r['t_launch_us'])
-                            for n, r in pp) if pp else None
+            work, launches, need = step_sums(parts)
+            pp = emu_report.decode_parts_handed(piped, model, quant, STEP_CTX)
+            bp = emu_report.decode_parts_handed(best, model, quant, STEP_CTX)
+            work_best, launches_best, _ = step_sums(bp)
             steps.append({'model': model, 'quant': quant, 'ctx': STEP_CTX, 'work_us': work,
                           'parts': parts,
-                          'work_us_pipe4': work_pipe, 'launches': launches,
-                          'bytes_necessary': need,
+                          'work_us_pipe4': step_sums(pp)[0] if pp else None,
+                          'launches': launches, 'bytes_necessary': need,
+                          'work_us_best': round(work_best, 1), 'launches_best': launches_best,
+                          'best_parts': bp,
                           'measured_tps': tg.get(STEP_FILES.get((model, quant)))})
     timed = [s for s in steps if s['measured_tps']]
-    best = None
-    for g in [x / 4 for x in range(0, 25)]:
+    best_fit = None
+    for g in [x / 4 for x in range(0, 41)]:
         errs = sorted(abs(math.log((s['work_us'] + g * s['launches']) * 1e-6 *
                                    s['measured_tps'])) for s in timed)
-        if errs and (best is None or statistics.median(errs) < best[0]):
-            best = (statistics.median(errs), g)
-    g = best[1] if best else 1.0
+        if errs and (best_fit is None or statistics.median(errs) < best_fit[0]):
+            best_fit = (statistics.median(errs), g)
+    g = best_fit[1] if best_fit else 1.0
     for s in steps:
         us = s['work_us'] + g * s['launches']
+        bw = lambda t: round(s['bytes_necessary'] / (t * 1e-6) / H200['peak_bw'], 3)
         s.update({'t_graph_us': g, 'step_us': round(us, 1), 'tps': round(1e6 / us, 1),
                   'tps_no_launch_cost': round(1e6 / s['work_us'], 1),
                   'tps_pipe4': round(1e6 / (s['work_us_pipe4'] + g * s['launches']), 1)
                   if s['work_us_pipe4'] and s['quant'] in MEASURED_TYPES.split(',') else None,
-                  'bw_frac': round(s['bytes_necessary'] / (us * 1e-6) / H200['peak_bw'], 3),
+                  'bw_frac': bw(us),
                   'work_us': round(s['work_us'], 1)})
         s.update(pdl_fields(s, s.pop('parts'), g))
+        bp = s.pop('best_parts')
+        serial = serial_launches(bp)
+        us_best = s['work_us_best'] + g * serial + T_PDL_US * (s['launches_best'] - serial)
+        us_pers = s['work_us_best'] + T_GRID_SYNC_US * s['launches_best']
+        s.update({'tps_best_pdl': round(1e6 / us_best, 1), 'bw_frac_best_pdl': bw(us_best),
+                  't_grid_sync_us': T_GRID_SYNC_US, 'tps_persistent': round(1e6 / us_pers, 1),
+                  'bw_frac_persistent': bw(us_pers)})
         if s['measured_tps']:
             s['err'] = round(s['measured_tps'] / s['tps'] - 1, 4)
     return steps
@@ -633,7 +689,7 @@ def cmd_steps_pdl(a):
         doc = json.load(f)
     base = [r for r in doc['rows'] if not r['variant'] and r['act'] in ('q8', '')]
     for s in doc['decode_steps']:
-        parts = emu_report.decode_parts(base, s['model'], s['quant'], s['ctx'])
+        parts = emu_report.decode_parts_handed(base, s['model'], s['quant'], s['ctx'])
         if not parts:
             raise SystemExit('perf_model: %s %s: a decode op is missing from %s' %
                              (s['model'], s['quant'], a.json))
@@ -699,21 +755,30 @@ def markdown(doc):
                                      if doc['decode_steps'] else 0),
         '',
         '| model | quant | launches | µs/token | t/s predicted | %BW | t/s measured (H200) | '
-        'error | t/s, launches free | t/s, PDL | t/s, pipe:4 mat-vecs |',
-        '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|'] + [
-        '| %s | %s | %d | %.0f | %.0f | %.0f%% | %s | %s | %.0f | %s | %s |' % (
+        'error | t/s, launches free | t/s, PDL | t/s, pipe:4 mat-vecs | t/s, best + PDL (%BW) '
+        '| t/s, persistent (%BW) |',
+        '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|'] + [
+        '| %s | %s | %d | %.0f | %.0f | %.0f%% | %s | %s | %.0f | %s | %s | %s | %s |' % (
             s_['model'], s_['quant'], s_['launches'], s_['step_us'], s_['tps'],
             100 * s_['bw_frac'], '%.0f' % s_['measured_tps'] if s_['measured_tps'] else '',
             '%+.0f%%' % (100 * s_['err']) if 'err' in s_ else '', s_['tps_no_launch_cost'],
             '%.0f' % s_['tps_pdl'] if s_.get('tps_pdl') else '',
-            '%.0f' % s_['tps_pipe4'] if s_['tps_pipe4'] else '')
+            '%.0f' % s_['tps_pipe4'] if s_['tps_pipe4'] else '',
+            '%.0f (%.0f%%)' % (s_['tps_best_pdl'], 100 * s_['bw_frac_best_pdl'])
+            if s_.get('tps_best_pdl') else '',
+            '%.0f (%.0f%%)' % (s_['tps_persistent'], 100 * s_['bw_frac_persistent'])
+            if s_.get('tps_persistent') else '')
         for s_ in doc['decode_steps']] + [
         '',
-        '"Launches free": the same kernels with no cost between them, what a persistent '
-        'decode kernel (one launch per token) or full fusion could reach at best with '
-        'today\'s kernels. ' + pdl_note(doc['decode_steps']) + ' "pipe:4": the mat-vecs '
-        'through the pipelined kernel '
-        '(--matvec-q8 pipe:4, recorded for Q4_0, Q4_K, Q6_K, Q8_0), untimed on a GPU.',
+        'Launches as the forward runs them: the mat-vecs whose q8_1 activations the op '
+        'before hands over (rms_norm_q8, the attention\'s q8_1 output) launch no quantize '
+        'kernel. "Launches free": the same kernels with no cost between them. ' +
+        pdl_note(doc['decode_steps']) + ' "pipe:4": the mat-vecs through the pipelined '
+        'kernel (--matvec-q8 pipe:4, recorded for Q4_0, Q4_K, Q6_K, Q8_0), untimed on a GPU. '
+        '"Best + PDL": every op through its fastest recorded variant (mat-vec pipe/stream, '
+        'attention split plans), launched with PDL. "Persistent": that work in one launch '
+        'per token, a grid-wide barrier of an assumed %.1f µs (perf_model.py, '
+        'T_GRID_SYNC_US) where each launch boundary is.' % T_GRID_SYNC_US,
         '',
         'Llama-3-8B shapes (the full set, Llama-2-7B too, is in the JSON): ffn_up stands '
         'for the mat-vecs, decode attention at three lengths, the small kernels; each '
@@ -856,15 +921,22 @@ MV_FAMILIES = 'matvec,matvec_qkv,matvec_swiglu,matvec_add'
 ALL_TYPES = 'f16,q4_0,q4_K,q5_K,q6_K,q8_0,q2_K,q3_K,iq4_nl,iq4_xs'
 MEASURED_TYPES = 'q4_0,q4_K,q6_K,q8_0'
 ATTN_CTX = '256,512,4096,32768'
-# (traffic file, variant, families, arguments): a variant under test is
-# picked by vela-bench-kernels' --matvec-q8 / --attn-kernel / --attn-split
+# (traffic file, variant, families, arguments[, blocks emulated per launch]):
+# a variant under test is picked by vela-bench-kernels' --matvec-q8 /
+# --attn-kernel / --attn-split; blocks per launch default to record's
+# (VELA_EMU_SAMPLE_BLOCKS), SAMPLE_ALL runs every block
+SAMPLE_ALL = 0
 REPORT_RUNS = [
     ('mv', '', MV_FAMILIES,
      ['--types', ALL_TYPES, '--matvec-tok', '1,2,4,8', '--matvec-act', 'q8']),
     ('mvf32', '', MV_FAMILIES,
      ['--types', MEASURED_TYPES, '--matvec-tok', '1,8', '--matvec-act', 'f32']),
     ('attn', '', 'attn_decode,attn_se_decode', ['--ctx', ATTN_CTX]),
-    ('small', '', 'rope,rope_kv_store,rms_norm,argmax,sample', ['--ctx', '4096']),
+    ('small', '', 'rope,rope_kv_store,rms_norm,argmax', ['--ctx', '4096']),
+    # every block emulated (SAMPLE_ALL): the second stage reads candidate
+    # keys that each first-stage block writes, and a block the emulator
+    # skips leaves them unwritten
+    ('sample', '', 'sample', ['--ctx', '4096'], SAMPLE_ALL),
     ('pipe4', 'pipe:4', MV_FAMILIES,
      ['--matvec-q8', 'pipe:4', '--types', MEASURED_TYPES, '--matvec-tok', '1,8',
       '--matvec-act', 'q8']),
@@ -892,11 +964,13 @@ CI_RUNS = [
 def cmd_record(a, runs, models, sample):
     files = []
     os.makedirs(a.dir, exist_ok=True)
-    for name, variant, fams, args in runs:
+    for run in runs:
+        name, variant, fams, args = run[:4]
+        blocks = run[4] if len(run) > 4 else sample
         path = os.path.abspath(os.path.join(a.dir, 'traffic-%s.jsonl' % name))
         if os.path.exists(path):
             os.remove(path)
-        e = dict(os.environ, VELA_EMU_TRAFFIC=path, VELA_EMU_SAMPLE_BLOCKS=str(sample))
+        e = dict(os.environ, VELA_EMU_TRAFFIC=path, VELA_EMU_SAMPLE_BLOCKS=str(blocks))
         cmd = [a.bench, '--models', models, '--filter', fams] + args
         t0 = time.time()
         r = subprocess.run(cmd, env=e, capture_output=True, text=True)
