@@ -26,7 +26,8 @@
 # VELA_STEP_MAX (seconds, default 300) bounds each one, so that a hang costs
 # that much and no more;
 # VELA_F32ACT=0 skips the --matvec-act f32 decode runs; VELA_PDL_RUNS=0
-# the decode runs with programmatic dependent launch (VELA_PDL=1); MVQ_PIPE_PLANS
+# the decode runs with programmatic dependent launch (VELA_PDL=1);
+# VELA_STREAM_RUNS=0 those with the streaming mat-vecs under PDL; MVQ_PIPE_PLANS
 # (below) the pipelined mat-vec's runs; LLAMA_JOBS (default
 # all cores) and LLAMA_NICE (default 0) for the llama.cpp build.
 set -euo pipefail
@@ -74,6 +75,12 @@ VELA_F32ACT=${VELA_F32ACT:-1}
 # "tg128@pdl": programmatic dependent launch inside the decode graph
 # (cuda/launch.cuh), a variant under test until these rows decide it.
 VELA_PDL_RUNS=${VELA_PDL_RUNS:-1}
+# Decode with the streaming mat-vecs (VELA_MATVEC_Q8=stream:4,
+# VELA_MATVEC_F16=stream:4) under PDL on every model, rows
+# "tg128@stream4+pdl": the decode the performance model predicts fastest
+# ("best + PDL" in bench/results/kernels-predicted.md), end to end, beside
+# the default and @pdl; variants under test until these rows decide them.
+VELA_STREAM_RUNS=${VELA_STREAM_RUNS:-1}
 # The dp4a mat-vec's other kernels (variants under test, vela-bench-kernels
 # --matvec-q8 pipe:B or stream:B, B blocks per SM) beside the default
 # one-pass kernel, before a GPU decides: MVQ_PIPE_PLANS are the plans the
@@ -215,6 +222,12 @@ stage_vela() {
     VELA_PDL=1 timed "$BUILD/vela" bench -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p 0 \
       -n "$N_GEN" -r "$REPS" --json >"$RAW/vela-$name-pdl.json" 2>>"$RAW/run.log" \
       || log "vela: bench with VELA_PDL=1 failed on $name"
+    # and with the streaming mat-vecs under PDL
+    [ "$VELA_STREAM_RUNS" = 0 ] ||
+    VELA_PDL=1 VELA_MATVEC_Q8=stream:4 VELA_MATVEC_F16=stream:4 timed "$BUILD/vela" bench \
+      -m "$MODELS_DIR/$name.gguf" --backend "$BACKEND" -p 0 -n "$N_GEN" -r "$REPS" --json \
+      >"$RAW/vela-$name-stream4pdl.json" 2>>"$RAW/run.log" \
+      || log "vela: bench with VELA_MATVEC_Q8/F16=stream:4 VELA_PDL=1 failed on $name"
   done
   if [ "$DEPTH" != 0 ] && model_names | grep -qx "$DEPTH_MODEL"; then
     log "vela: bench $DEPTH_MODEL tg$N_GEN at depth $DEPTH"
@@ -474,6 +487,9 @@ for n in names:
     # and with programmatic dependent launch (VELA_PDL=1), tg128@pdl
     for t in (load(f"{raw}/vela-{n}-pdl.json") or {}).get("tests", []):
         add(n, dict(t, test=t["test"] + "@pdl"), llama_tps(n, t))
+    # and with the streaming mat-vecs under PDL, tg128@stream4+pdl
+    for t in (load(f"{raw}/vela-{n}-stream4pdl.json") or {}).get("tests", []):
+        add(n, dict(t, test=t["test"] + "@stream4+pdl"), llama_tps(n, t))
     vd, ld = depth[n]
     for t in (vd or {}).get("tests", []):
         add(n, t, llama_tps(n, t, ld or []))

@@ -1426,10 +1426,54 @@ static int cu_pdl_env(bool *on, struct verr *err) {
                     "VELA_PDL=%.40s: expected 0 or 1 (programmatic dependent launch off or on)", s);
 }
 
+int backend_cuda_parse_matvec(const char *s, bool q8, int *kernel, int *blocks_per_sm) {
+    const size_t n = q8 && !strncmp(s, "pipe", 4) ? 4 : !strncmp(s, "stream", 6) ? 6 : 0;
+    *kernel = n == 4   ? CUDA_MVQ_PIPE
+              : n == 6 ? (q8 ? CUDA_MVQ_STREAM : CUDA_MV_STREAM)
+                       : (q8 ? CUDA_MVQ_PASS : CUDA_MV_PASS);
+    *blocks_per_sm = 0;
+    if (!strcmp(s, "pass") || (n && s[n] == '\0'))
+        return 0;
+    if (!n || s[n] != ':' || s[n + 1] < '1' || s[n + 1] > '9')
+        return -1;
+    char *end = NULL;
+    const long b = strtol(s + n + 1, &end, 10);
+    if (*end || b < 1 || b > 64)
+        return -1;
+    *blocks_per_sm = (int)b;
+    return 0;
+}
+
+// The mat-vec variants under test that the environment picks for `vela
+// bench` (VELA_MATVEC_Q8, VELA_MATVEC_F16: backend_cuda_parse_matvec's
+// names; unset or empty: the default kernel), as VELA_PDL.
+struct cu_mv_env {
+    int q8_kernel, q8_blocks, f16_kernel, f16_blocks;
+};
+
+static int cu_matvec_env(struct cu_mv_env *e, struct verr *err) {
+    *e = (struct cu_mv_env){CUDA_MVQ_PASS, 0, CUDA_MV_PASS, 0};
+    const char *q = getenv("VELA_MATVEC_Q8"), *f = getenv("VELA_MATVEC_F16");
+    if (q && *q && backend_cuda_parse_matvec(q, true, &e->q8_kernel, &e->q8_blocks))
+        return verr_set(err, VERR_RANGE,
+                        "VELA_MATVEC_Q8=%.40s: expected pass, pipe, pipe:B, stream or stream:B "
+                        "(B blocks per multiprocessor, 1..64)",
+                        q);
+    if (f && *f && backend_cuda_parse_matvec(f, false, &e->f16_kernel, &e->f16_blocks))
+        return verr_set(err, VERR_RANGE,
+                        "VELA_MATVEC_F16=%.40s: expected pass, stream or stream:B (B blocks per "
+                        "multiprocessor, 1..64)",
+                        f);
+    return VERR_OK;
+}
+
 int backend_cuda_create(struct backend **out, int device, struct verr *err) {
     *out = NULL;
     bool pdl = false;
+    struct cu_mv_env mv_env;
     int rc_env = cu_pdl_env(&pdl, err);
+    if (!rc_env)
+        rc_env = cu_matvec_env(&mv_env, err);
     if (rc_env)
         return rc_env;
     const int n = backend_cuda_device_count();
@@ -1496,6 +1540,10 @@ int backend_cuda_create(struct backend **out, int device, struct verr *err) {
     // bandwidth outruns their float issue rate; --matvec-act f32 turns it off.
     be->act_q8 = true;
     be->impl = cb;
+    cb->mvq.kernel = mv_env.q8_kernel;
+    cb->mvq.blocks_per_sm = mv_env.q8_blocks;
+    cb->mvf.kernel = mv_env.f16_kernel;
+    cb->mvf.blocks_per_sm = mv_env.f16_blocks;
     if (pdl && cb->cc_major >= 9) {
         cb->mvq.pdl = true;
     } else if (pdl) {

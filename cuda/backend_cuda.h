@@ -3,12 +3,16 @@
 // backend_cuda_create (host/ops/backend.h), to time or check a variant
 // beside the default before the default moves. Not product settings: the
 // forward pass and the vela command never call these, and a backend starts
-// with the defaults. Each returns 0, or VERR_RANGE with err filled (not a
+// with the defaults unless the environment's VELA_PDL, VELA_MATVEC_Q8 or
+// VELA_MATVEC_F16 (read by backend_cuda_create, for `vela bench` runs that
+// time a variant end to end) names another. Each returns 0, or VERR_RANGE with err filled (not a
 // CUDA backend, or a value the kernels cannot take; nothing changed then).
 // Call between ops, not while a graph is recorded: graphs recorded before
 // keep the variant they were recorded with.
 #ifndef VELA_CUDA_BACKEND_CUDA_H
 #define VELA_CUDA_BACKEND_CUDA_H
+
+#include <stdbool.h>
 
 #include "gguf/verr.h"
 
@@ -40,6 +44,16 @@ int backend_cuda_set_matvec_q8(struct backend *be, int kernel, int blocks_per_sm
 // default).
 int backend_cuda_set_matvec_f16(struct backend *be, int kernel, int blocks_per_sm,
                                 struct verr *err);
+
+// A mat-vec kernel by name, as vela-bench-kernels' --matvec-q8 /
+// --matvec-f16 and the environment's VELA_MATVEC_Q8 / VELA_MATVEC_F16 give
+// it: "pass", "stream" or "stream:B", and for the dp4a mat-vec (q8) also
+// "pipe" or "pipe:B" (B blocks per multiprocessor, 1..64; none: the
+// kernel's default) into the setters' kernel and blocks_per_sm. -1 for
+// anything else. backend_cuda_create applies VELA_MATVEC_Q8 and
+// VELA_MATVEC_F16 (unset or empty: the default kernels; a bad value is
+// refused with VERR_RANGE) so that `vela bench` can time the variants.
+int backend_cuda_parse_matvec(const char *s, bool q8, int *kernel, int *blocks_per_sm);
 
 // Programmatic dependent launch (cuda/launch.cuh) for the decode chain's
 // kernels (norm, q8_1 quantize, mat-vecs, RoPE/KV store, argmax): 1 on, 0

@@ -1195,12 +1195,7 @@ static int parse_attn_split(struct options *o, const char *s) {
 
 // --matvec-q8 pass|pipe|pipe:B|stream|stream:B
 static int parse_matvec_q8(struct options *o, const char *s) {
-    const size_t n = !strncmp(s, "pipe", 4) ? 4 : !strncmp(s, "stream", 6) ? 6 : 0;
-    o->mvq_kernel = n == 4 ? CUDA_MVQ_PIPE : n == 6 ? CUDA_MVQ_STREAM : CUDA_MVQ_PASS;
-    o->mvq_blocks_per_sm = 0;
-    if (!strcmp(s, "pass") || (n && s[n] == '\0'))
-        ;
-    else if (!n || s[n] != ':' || parse_pos_int(s + n + 1, 64, &o->mvq_blocks_per_sm))
+    if (backend_cuda_parse_matvec(s, true, &o->mvq_kernel, &o->mvq_blocks_per_sm))
         return -1;
     snprintf(o->matvec_q8, sizeof o->matvec_q8, "%s", s);
     return 0;
@@ -1208,12 +1203,7 @@ static int parse_matvec_q8(struct options *o, const char *s) {
 
 // --matvec-f16 pass|stream|stream:B
 static int parse_matvec_f16(struct options *o, const char *s) {
-    const bool st = !strncmp(s, "stream", 6);
-    o->mvf_kernel = st ? CUDA_MV_STREAM : CUDA_MV_PASS;
-    o->mvf_blocks_per_sm = 0;
-    if (!strcmp(s, "pass") || (st && s[6] == '\0'))
-        ;
-    else if (!st || s[6] != ':' || parse_pos_int(s + 7, 64, &o->mvf_blocks_per_sm))
+    if (backend_cuda_parse_matvec(s, false, &o->mvf_kernel, &o->mvf_blocks_per_sm))
         return -1;
     snprintf(o->matvec_f16, sizeof o->matvec_f16, "%s", s);
     return 0;

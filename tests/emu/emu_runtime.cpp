@@ -1235,9 +1235,23 @@ extern "C" unsigned long long emu_pdl_launches(void) {
     return g_pdl_launches.load();
 }
 
+// Runs per kernel name (emu_kernel_runs), under g_mu.
+static std::map<std::string, unsigned long long> g_runs;
+
+extern "C" unsigned long long emu_kernel_runs(const char *prefix) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    unsigned long long n = 0;
+    const size_t len = strlen(prefix);
+    for (const auto &kv : g_runs)
+        if (!kv.first.compare(0, len, prefix))
+            n += kv.second;
+    return n;
+}
+
 static void run_kernel_now(const char *name, const void *fn, dim3 grid, dim3 block, size_t shmem,
                            const std::function<void()> &body) {
     std::lock_guard<std::mutex> lk(g_mu);
+    g_runs[name ? name : ""]++;
     if (!g_stacks) {
         const size_t per = EMU_STACK + 4096;
         g_stacks = (char *)mmap(NULL, per * EMU_MAX_THREADS, PROT_READ | PROT_WRITE,

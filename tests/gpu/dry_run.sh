@@ -27,7 +27,7 @@ d = json.load(open(sys.argv[1]))
 for k in ("commit", "date", "device", "llamacpp_commit", "rows"):
     assert k in d, "SUMMARY.json has no '%s'" % k
 tests = {r["test"] for r in d["rows"]}
-assert {"pp16", "tg4", "tg4 x2", "tg4 @ d32"} <= tests, tests
+assert {"pp16", "tg4", "tg4 x2", "tg4 @ d32", "tg4@pdl", "tg4@stream4+pdl"} <= tests, tests
 for r in d["rows"]:
     assert set(r) >= {"model", "test", "vela_tps", "llamacpp_tps", "ratio", "bw_frac"}, r
     assert r["vela_tps"] and r["vela_tps"] > 0, r

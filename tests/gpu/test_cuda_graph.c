@@ -11,7 +11,8 @@
 // self-extend G and W (forward_batch.se, uploaded before every replay).
 // Programmatic dependent launch (backend_cuda_set_pdl, cuda/launch.cuh) must
 // not change a bit either: with graphs on, the script with PDL on against
-// the same script with it off.
+// the same script with it off. The environment's variant picks (VELA_PDL,
+// VELA_MATVEC_Q8, VELA_MATVEC_F16) are checked against the setters.
 // Skips itself without a CUDA device.
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -19,6 +20,8 @@
 #include <string.h>
 
 #include "cuda/backend_cuda.h" // backend_cuda_set_pdl, a variant under test
+#include "cuda/matvec.h"       // CUDA_MV_STREAM
+#include "cuda/matvec_q8.h"    // CUDA_MVQ_PIPE, CUDA_MVQ_STREAM
 #include "host/forward/forward.h"
 #include "host/model/model.h"
 #include "host/ops/backend.h"
@@ -26,7 +29,7 @@
 #include "tests/context_helpers.h"
 #include "tests/tiny_model.h"
 #ifdef VELA_EMU
-#include <cuda_runtime_api.h> // the emulator's emu_pdl_launches
+#include <cuda_runtime_api.h> // the emulator's emu_pdl_launches, emu_kernel_runs
 #endif
 
 #define N_STEPS 480
@@ -247,6 +250,18 @@ Test(cuda_graph, self_extend_per_sequence_on_off_identical) {
     compare_modes(MODE_LOGITS, se);
 }
 
+// The tiny model at path loaded on gpu (*m) and a context of 64 cells on it.
+static struct context *tiny_ctx(struct backend *gpu, const char *path, struct model **m) {
+    struct verr err = {0};
+    cr_assert_eq(model_load_file(m, path, gpu, &err), 0, "%s", err.msg);
+    struct forward_config cfg;
+    forward_config_default(&cfg);
+    cfg.n_ctx = 64;
+    struct context *ctx;
+    cr_assert_eq(test_ctx_wrap(&ctx, *m, &cfg, &err), 0, "%s", err.msg);
+    return ctx;
+}
+
 Test(cuda_graph, env_turns_graphs_off) {
     if (backend_cuda_device_count() == 0)
         cr_skip_test("no CUDA device present");
@@ -260,12 +275,10 @@ Test(cuda_graph, env_turns_graphs_off) {
     struct backend *gpu;
     cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s", err.msg);
     struct model *m;
-    cr_assert_eq(model_load_file(&m, path, gpu, &err), 0, "%s", err.msg);
+    struct context *ctx = tiny_ctx(gpu, path, &m);
     struct forward_config cfg;
     forward_config_default(&cfg);
     cfg.n_ctx = 64;
-    struct context *ctx;
-    cr_assert_eq(test_ctx_wrap(&ctx, m, &cfg, &err), 0, "%s", err.msg);
     cr_expect(context_stage(ctx, 0)->graphs_on, "graphs are on by default on the CUDA backend");
     context_free(ctx);
     setenv("VELA_NO_CUDA_GRAPH", "1", 1);
@@ -343,12 +356,7 @@ Test(cuda_graph, vela_pdl_env) {
         cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "VELA_PDL=%s: %s", good[i], err.msg);
         // one decode step: its launches carry PDL with "1" only
         struct model *m;
-        cr_assert_eq(model_load_file(&m, path, gpu, &err), 0, "%s", err.msg);
-        struct forward_config cfg;
-        forward_config_default(&cfg);
-        cfg.n_ctx = 64;
-        struct context *ctx;
-        cr_assert_eq(test_ctx_wrap(&ctx, m, &cfg, &err), 0, "%s", err.msg);
+        struct context *ctx = tiny_ctx(gpu, path, &m);
         int32_t tok = 3, pos = 0, seq = 0;
         struct forward_batch b = {1, &tok, &pos, &seq, NULL, NULL};
         struct context_result res;
@@ -375,4 +383,120 @@ Test(cuda_graph, vela_pdl_env) {
     cr_expect_eq(backend_cuda_set_pdl(gpu, 2, &err), VERR_RANGE);
     cr_expect(strstr(err.msg, "expected 0 (off) or 1 (on)"), "%s", err.msg);
     backend_destroy(gpu);
+}
+
+// The logits of a short decode (a 4-token prompt, then 3 steps of one token)
+// of the tiny model at path on gpu, into out [7][n_vocab] (every row the
+// decode returns); returns the number of rows.
+static int short_decode(struct backend *gpu, const char *path, float *out) {
+    struct model *m;
+    struct context *ctx = tiny_ctx(gpu, path, &m);
+    const int V = m->hp.n_vocab;
+    int32_t tok[4] = {3, 7, 11, 5}, pos[4] = {0, 1, 2, 3}, seq[4] = {0, 0, 0, 0};
+    int rows = 0;
+    for (int step = 0; step < 4; step++) {
+        const int n = step == 0 ? 4 : 1;
+        int32_t t1 = (step * 5 + 2) % V, p1 = 3 + step;
+        struct forward_batch b = {n, step == 0 ? tok : &t1, step == 0 ? pos : &p1, seq, NULL, NULL};
+        struct context_result res;
+        decode_or_die(ctx, MODE_LOGITS, &b, NULL, &res);
+        for (int o = 0; o < res.n_rows; o++) {
+            cr_assert_lt(rows, 7);
+            memcpy(out + (size_t)rows++ * V, context_row_logits(&res, o), sizeof(float) * V);
+        }
+    }
+    cr_assert_geq(rows, 4, "a row per step at least");
+    context_free(ctx);
+    model_free(m);
+    return rows;
+}
+
+// VELA_MATVEC_Q8 / VELA_MATVEC_F16 (read by backend_cuda_create, for `vela
+// bench` runs of a variant): a value picks the kernel as the setters do, bit
+// for bit the same logits (and, emulated, the streaming kernels run); unset
+// or empty is the default kernel; anything else is refused, naming what was
+// expected.
+static void check_matvec_env(enum ggml_type wtype, const char *var, const char *value, int kernel,
+                             int blocks, const char *kernel_name) {
+    char path[128];
+    tiny_temp_path(path, sizeof path, "cugraphmvenv");
+    struct tiny_cfg c;
+    tiny_cfg_default(&c, "llama");
+    c.wtype = wtype;
+    struct tiny_weights w;
+    struct verr err = {0};
+    cr_assert_eq(tiny_write(&c, path, &w, &err), 0, "%s", err.msg);
+    const size_t n = (size_t)7 * c.n_vocab;
+    float *by_env = malloc(n * sizeof(float)), *by_set = malloc(n * sizeof(float));
+    float *plain = malloc(n * sizeof(float));
+    cr_assert(by_env && by_set && plain);
+    struct backend *gpu;
+    setenv(var, value, 1);
+    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s=%s: %s", var, value, err.msg);
+    unsetenv(var);
+#ifdef VELA_EMU
+    const unsigned long long runs0 = emu_kernel_runs(kernel_name);
+#endif
+    const int rows = short_decode(gpu, path, by_env);
+#ifdef VELA_EMU
+    const unsigned long long runs = emu_kernel_runs(kernel_name) - runs0;
+    cr_log_info("%s=%s: %llu runs of %s", var, value, runs, kernel_name);
+    cr_expect_gt(runs, 0, "%s=%s: %s never ran", var, value, kernel_name);
+#else
+    (void)kernel_name;
+#endif
+    backend_destroy(gpu);
+
+    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(short_decode(gpu, path, plain), rows);
+    const int rc = !strcmp(var, "VELA_MATVEC_Q8")
+                       ? backend_cuda_set_matvec_q8(gpu, kernel, blocks, &err)
+                       : backend_cuda_set_matvec_f16(gpu, kernel, blocks, &err);
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    cr_assert_eq(short_decode(gpu, path, by_set), rows);
+    backend_destroy(gpu);
+    const size_t n_out = (size_t)rows * c.n_vocab;
+    cr_expect_eq(memcmp(by_env, by_set, n_out * sizeof(float)), 0,
+                 "%s=%s and the setter give different logits", var, value);
+    size_t differ = 0;
+    for (size_t i = 0; i < n_out; i++)
+        differ += memcmp(&by_env[i], &plain[i], sizeof(float)) != 0;
+    cr_log_info("%s=%s: %zu of %zu logits differ from the default kernel's", var, value, differ,
+                n_out);
+    free(by_env);
+    free(by_set);
+    free(plain);
+    tiny_weights_free(&w);
+    unlink(path);
+}
+
+Test(cuda_graph, vela_matvec_env) {
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA device present");
+    static const struct {
+        const char *var, *value;
+    } bad[] = {
+        {"VELA_MATVEC_Q8", "streams"}, {"VELA_MATVEC_Q8", "stream:0"},
+        {"VELA_MATVEC_Q8", "pipe:65"}, {"VELA_MATVEC_Q8", "pipe:"},
+        {"VELA_MATVEC_Q8", "pass:2"},  {"VELA_MATVEC_Q8", "stream:4x"},
+        {"VELA_MATVEC_F16", "pipe"},   {"VELA_MATVEC_F16", "stream:-1"},
+        {"VELA_MATVEC_F16", "1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv(bad[i].var, bad[i].value, 1);
+        struct verr err = {0};
+        struct backend *gpu = NULL;
+        cr_expect_eq(backend_cuda_create(&gpu, 0, &err), VERR_RANGE, "%s=%s accepted", bad[i].var,
+                     bad[i].value);
+        cr_expect_null(gpu);
+        cr_expect(strstr(err.msg, bad[i].var) && strstr(err.msg, "expected pass"), "%s=%s: '%s'",
+                  bad[i].var, bad[i].value, err.msg);
+        unsetenv(bad[i].var);
+    }
+    check_matvec_env(GGML_TYPE_Q8_0, "VELA_MATVEC_Q8", "stream:4", CUDA_MVQ_STREAM, 4,
+                     "matvec_q8_stream_kernel");
+    check_matvec_env(GGML_TYPE_Q8_0, "VELA_MATVEC_Q8", "pipe", CUDA_MVQ_PIPE, 0,
+                     "matvec_q8_pipe_kernel");
+    check_matvec_env(GGML_TYPE_F16, "VELA_MATVEC_F16", "stream:2", CUDA_MV_STREAM, 2,
+                     "matvec_stream_kernel");
 }

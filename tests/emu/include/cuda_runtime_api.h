@@ -229,6 +229,9 @@ cudaError_t emu_func_set_attribute(const void *fn, enum cudaFuncAttribute attr, 
 // Kernel launches so far (cudaLaunchKernelEx calls, each capture of one
 // included) whose attributes allowed programmatic stream serialization.
 unsigned long long emu_pdl_launches(void);
+// Kernels run so far (graph replays included) whose name (the kernel as the
+// launch spells it, template arguments included) starts with prefix.
+unsigned long long emu_kernel_runs(const char *prefix);
 
 #ifdef __cplusplus
 }
