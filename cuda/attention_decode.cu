@@ -172,6 +172,25 @@ static __device__ __forceinline__ float attn_dec_split_max(const float *part_ml,
 
 // Occupancy (sm_90, ptxas): see bench/results/kernels-sm90-resources.json.
 // grid (n_tok * row_chunks, n_head_kv, n_split), ATTN_DEC_THREADS threads.
+// The merge of the splits of rows th0 .. th0 + nr - 1 (D values each) and
+// its store, the sink joined per row with SINK: what attn_dec_kernel's last
+// block and attn_dec_combine_kernel both run, so both give the same bits.
+// tid: the thread among the block's ATTN_DEC_THREADS.
+template <int D, bool SINK>
+static __device__ __forceinline__ void
+attn_dec_combine_rows(const struct cuda_attn &a, const float *part_acc, const float *part_ml,
+                      const float *sinks, size_t th0, int nr, int n_split, int tid) {
+    for (int idx = tid; idx < nr * D; idx += ATTN_DEC_THREADS) {
+        const int r = idx / D, d = idx % D;
+        float lw;
+        float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
+        if constexpr (SINK)
+            attn_dec_join_sink(a, sinks, th0 + r, attn_dec_split_max(part_ml, th0 + r, n_split), o,
+                               lw);
+        attn_dec_store(a, th0 + r, D, d, o, lw);
+    }
+}
+
 // SINK: the call's sinks ([n_head]; unread without SINK) joined per row.
 template <typename T, int D, int R, int NC, bool SINK>
 __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
@@ -425,15 +444,7 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
     __threadfence(); // every other split's results before they are read
     if (tid == 0)
         atomicExch(ctr, 0u); // zero again for the next launch
-    for (int idx = tid; idx < nr * D; idx += ATTN_DEC_THREADS) {
-        const int r = idx / D, d = idx % D;
-        float lw;
-        float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
-        if constexpr (SINK)
-            attn_dec_join_sink(a, sinks, th0 + r, attn_dec_split_max(part_ml, th0 + r, n_split), o,
-                               lw);
-        attn_dec_store(a, th0 + r, D, d, o, lw);
-    }
+    attn_dec_combine_rows<D, SINK>(a, part_acc, part_ml, sinks, th0, nr, n_split, tid);
 }
 
 // Without counters: one block per (token, row chunk, KV head) merges the
@@ -447,15 +458,7 @@ __global__ static void __launch_bounds__(ATTN_DEC_THREADS)
     const int n_group = a.n_head / a.n_head_kv;
     const int h0 = g * n_group + rc * R, nr = min(R, n_group - rc * R);
     const size_t th0 = (size_t)t * a.n_head + h0;
-    for (int idx = threadIdx.x; idx < nr * D; idx += ATTN_DEC_THREADS) {
-        const int r = idx / D, d = idx % D;
-        float lw;
-        float o = attn_dec_combine_row(part_acc, part_ml, th0 + r, n_split, D, d, &lw);
-        if constexpr (SINK)
-            attn_dec_join_sink(a, sinks, th0 + r, attn_dec_split_max(part_ml, th0 + r, n_split), o,
-                               lw);
-        attn_dec_store(a, th0 + r, D, d, o, lw);
-    }
+    attn_dec_combine_rows<D, SINK>(a, part_acc, part_ml, sinks, th0, nr, n_split, threadIdx.x);
 }
 
 struct attn_dec_plan {
