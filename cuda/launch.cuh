@@ -26,7 +26,11 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <stdint.h>
 #include <utility>
+
+#include "cuda/cuda_common.cuh"
 
 // Every thread of a kernel cuda_launch may launch with pdl, before its first
 // read of an earlier kernel's output (contract above). Then it lets the next
@@ -54,6 +58,55 @@ static inline cudaError_t cuda_launch(bool pdl, void (*kernel)(P...), dim3 grid,
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
+
+// --- persistent (streaming) grids ---------------------------------------------
+
+// Blocks of a persistent grid whose warps stream n items each (the mat-vecs'
+// streaming kernels): sm_count * blocks_per_sm blocks at most (no more per
+// multiprocessor than its shared memory holds at once with smem per block, 1
+// KiB of it reserved per block; shared by the n_y blocks of an expert
+// launch's y), so k = ceil(n / their warps) items per warp (at most k_max
+// where > 0), and just enough blocks that every warp gets k items, the last
+// ones k - 1: the warps end together. sm_count or smem_per_sm <= 0: unknown
+// (1 multiprocessor, no shared-memory cap).
+static inline unsigned int cuda_stream_blocks(int sm_count, int64_t smem_per_sm,
+                                              int64_t blocks_per_sm, int64_t n, unsigned int n_y,
+                                              size_t smem, int warps_per_block, int64_t k_max) {
+    int64_t bps = blocks_per_sm;
+    const int64_t fit = smem_per_sm > 0 ? smem_per_sm / (int64_t)(smem + 1024) : bps;
+    if (bps > fit)
+        bps = fit > 0 ? fit : 1;
+    int64_t blocks = (sm_count > 0 ? sm_count : 1) * bps / (n_y > 0 ? n_y : 1);
+    if (blocks < 1)
+        blocks = 1;
+    int64_t k = (n + blocks * warps_per_block - 1) / (blocks * warps_per_block);
+    if (k_max > 0 && k > k_max)
+        k = k_max;
+    if (k < 1)
+        k = 1;
+    const int64_t warps = (n + k - 1) / k;
+    return (unsigned int)((warps + warps_per_block - 1) / warps_per_block);
+}
+
+// Raises kernel's dynamic shared memory limit to limit bytes on the current
+// device when a launch takes smem > 47 KiB, once per device and value
+// reached (raised[d]: the limit set on device d; devices >= 64 set it every
+// time).
+template <typename K>
+static int cuda_raise_smem(K kernel, std::atomic<int> *raised, size_t smem, size_t limit,
+                           struct verr *err) {
+    if (smem <= 47 * 1024)
+        return VERR_OK;
+    int dev = 0;
+    VELA_CUDA_CALL(err, cudaGetDevice(&dev));
+    if (dev < 64 && raised[dev].load() >= (int)limit)
+        return VERR_OK;
+    VELA_CUDA_CALL(
+        err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit));
+    if (dev < 64)
+        raised[dev].store((int)limit);
+    return VERR_OK;
 }
 
 #endif

@@ -495,44 +495,13 @@ static bool mvf_applies(enum ggml_type type, int64_t n_in, int n_tok,
            mvf_smem(n_tok, n_in) <= mvf_smem_limit(plan);
 }
 
-// Blocks of the streaming kernel: sm_count * blocks_per_sm at most (no more
-// per multiprocessor than its shared memory holds at once, 1 KiB of it
-// reserved per block; shared by the n_y blocks of an expert launch's y), so
-// k = ceil(rows / their warps) rows per warp, and just enough blocks that
-// every warp gets k rows, the last ones k - 1: the warps end together.
+// Blocks of the streaming kernel (cuda_stream_blocks): rows streamed.
 static unsigned int mvf_blocks(const struct cuda_mv_plan *plan, int64_t rows, unsigned int n_y,
                                size_t smem, int warps_per_block) {
-    int64_t bps = plan->blocks_per_sm > 0 ? plan->blocks_per_sm : CUDA_MV_STREAM_BLOCKS_PER_SM;
-    const int64_t fit = plan->smem_per_sm > 0 ? plan->smem_per_sm / (int64_t)(smem + 1024) : bps;
-    if (bps > fit)
-        bps = fit > 0 ? fit : 1;
-    int64_t blocks = (plan->sm_count > 0 ? plan->sm_count : 1) * bps / (n_y > 0 ? n_y : 1);
-    if (blocks < 1)
-        blocks = 1;
-    int64_t k = (rows + blocks * warps_per_block - 1) / (blocks * warps_per_block);
-    if (k < 1)
-        k = 1;
-    const int64_t warps = (rows + k - 1) / k;
-    return (unsigned int)((warps + warps_per_block - 1) / warps_per_block);
-}
-
-// Raises kernel's dynamic shared memory limit to limit bytes on the current
-// device, once per device and value reached (raised[d]: the limit set on
-// device d; devices >= 64 set it every time).
-template <typename K>
-static int mvf_raise_smem(K kernel, std::atomic<int> *raised, size_t smem, size_t limit,
-                          struct verr *err) {
-    if (smem <= 47 * 1024)
-        return VERR_OK;
-    int dev = 0;
-    VELA_CUDA_CALL(err, cudaGetDevice(&dev));
-    if (dev < 64 && raised[dev].load() >= (int)limit)
-        return VERR_OK;
-    VELA_CUDA_CALL(
-        err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit));
-    if (dev < 64)
-        raised[dev].store((int)limit);
-    return VERR_OK;
+    return cuda_stream_blocks(plan->sm_count, plan->smem_per_sm,
+                              plan->blocks_per_sm > 0 ? plan->blocks_per_sm
+                                                      : CUDA_MV_STREAM_BLOCKS_PER_SM,
+                              rows, n_y, smem, warps_per_block, 0);
 }
 
 template <int T, int NT, bool GATED>
@@ -544,8 +513,8 @@ static int matvec_stream_launch(const mv_args &a, enum cuda_mv_epilogue epi, siz
     const int64_t rows = GATED ? a.n_out[0] : a.n_rows;
     const size_t smem = mvf_smem(n_tok, n_in);
     static std::atomic<int> raised[64];
-    const int rc =
-        mvf_raise_smem(matvec_stream_kernel<T, NT, GATED>, raised, smem, mvf_smem_limit(plan), err);
+    const int rc = cuda_raise_smem(matvec_stream_kernel<T, NT, GATED>, raised, smem,
+                                   mvf_smem_limit(plan), err);
     if (rc)
         return rc;
     // Expert mode: the grid's y walks the pairs, at most 65535 per launch.

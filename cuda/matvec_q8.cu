@@ -968,25 +968,6 @@ __global__ static void __launch_bounds__(MVS_WARPS *VELA_WARP)
     __pipeline_wait_prior(0);
 }
 
-// Raises kernel's dynamic shared memory limit to limit bytes on the current
-// device, once per device and value reached (raised[d]: the limit set on
-// device d; devices >= 64 set it every time).
-template <typename K>
-static int mvq_raise_smem(K kernel, std::atomic<int> *raised, size_t smem, size_t limit,
-                          struct verr *err) {
-    if (smem <= 47 * 1024)
-        return VERR_OK;
-    int dev = 0;
-    VELA_CUDA_CALL(err, cudaGetDevice(&dev));
-    if (dev < 64 && raised[dev].load() >= (int)limit)
-        return VERR_OK;
-    VELA_CUDA_CALL(
-        err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit));
-    if (dev < 64)
-        raised[dev].store((int)limit);
-    return VERR_OK;
-}
-
 template <int T, int NT>
 static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, unsigned int n_y, int kernel,
                             size_t smem_limit, bool pdl, cudaStream_t stream, struct verr *err) {
@@ -1000,9 +981,9 @@ static int matvec_q8_launch(const mvq_args &a, unsigned int n_blocks, unsigned i
         // limit or 96 KiB. raised[0]: pipelined, [1]: streaming.
         static std::atomic<int> raised[2][64];
         const int rc =
-            st ? mvq_raise_smem(matvec_q8_stream_kernel<T, NT>, raised[1], smem, smem_limit, err)
-               : mvq_raise_smem(matvec_q8_pipe_kernel<T, NT>, raised[0], smem, MVQ_PIPE_MAX_SMEM,
-                                err);
+            st ? cuda_raise_smem(matvec_q8_stream_kernel<T, NT>, raised[1], smem, smem_limit, err)
+               : cuda_raise_smem(matvec_q8_pipe_kernel<T, NT>, raised[0], smem, MVQ_PIPE_MAX_SMEM,
+                                 err);
         if (rc)
             return rc;
         if (st)
@@ -1073,28 +1054,14 @@ static int mvq_pairs_per_block(const struct cuda_mvq_plan *plan, unsigned int n_
     return (int)(k > 0 ? k : 1);
 }
 
-// Blocks of the streaming kernel: sm_count * blocks_per_sm blocks at most
-// (no more per multiprocessor than its shared memory holds at once, 1 KiB
-// of it reserved per block; shared by the n_y blocks of an expert launch's
-// y), so k = ceil(n_pairs / their warps) row pairs per warp (at most
-// plan->pairs_per_block where set), and just enough blocks that every warp
-// gets k pairs, the last ones k - 1: the warps end together.
+// Blocks of the streaming kernel (cuda_stream_blocks): row pairs streamed,
+// at most plan->pairs_per_block per warp where set.
 static unsigned int mvs_blocks(const struct cuda_mvq_plan *plan, unsigned int n_pairs,
                                unsigned int n_y, size_t smem) {
-    int64_t bps = plan->blocks_per_sm > 0 ? plan->blocks_per_sm : CUDA_MVQ_STREAM_BLOCKS_PER_SM;
-    const int64_t fit = plan->smem_per_sm > 0 ? plan->smem_per_sm / (int64_t)(smem + 1024) : bps;
-    if (bps > fit)
-        bps = fit > 0 ? fit : 1;
-    int64_t blocks = (plan->sm_count > 0 ? plan->sm_count : 1) * bps / (n_y > 0 ? n_y : 1);
-    if (blocks < 1)
-        blocks = 1;
-    int64_t k = ((int64_t)n_pairs + blocks * MVS_WARPS - 1) / (blocks * MVS_WARPS);
-    if (plan->pairs_per_block > 0 && k > plan->pairs_per_block)
-        k = plan->pairs_per_block;
-    if (k < 1)
-        k = 1;
-    const int64_t warps = ((int64_t)n_pairs + k - 1) / k;
-    return (unsigned int)((warps + MVS_WARPS - 1) / MVS_WARPS);
+    return cuda_stream_blocks(plan->sm_count, plan->smem_per_sm,
+                              plan->blocks_per_sm > 0 ? plan->blocks_per_sm
+                                                      : CUDA_MVQ_STREAM_BLOCKS_PER_SM,
+                              n_pairs, n_y, smem, MVS_WARPS, plan->pairs_per_block);
 }
 
 // cuda_matvec_q8_segs, and with ex its expert mode (cuda_matvec_q8_experts).
