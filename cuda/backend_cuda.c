@@ -719,9 +719,7 @@ static bool cu_is_cache_type(enum ggml_type t) {
 static int cu_kvq_bad_word(struct backend *be, enum ggml_type tk, enum ggml_type tv, void **bad) {
     struct cuda_backend *cb = cb_of(be);
     *bad = NULL;
-    const bool block_k = tk != GGML_TYPE_F32 && tk != GGML_TYPE_F16 && tk != GGML_TYPE_BF16;
-    const bool block_v = tv != GGML_TYPE_F32 && tv != GGML_TYPE_F16 && tv != GGML_TYPE_BF16;
-    if (!block_k && !block_v)
+    if (!backend_cache_type_blocks(tk) && !backend_cache_type_blocks(tv))
         return VERR_OK;
     if (!cb->kvq_bad) {
         CU_NOT_RECORDING(be, "allocating the quantized K/V store's error word");

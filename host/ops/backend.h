@@ -203,6 +203,12 @@ static inline bool backend_cache_type_quantized(enum ggml_type t) {
            t == GGML_TYPE_IQ4_NL;
 }
 
+// The cache types of backend_cache_type_quantized stored in blocks (all but
+// BF16): no encoding for inf or NaN, the attention rotation applies.
+static inline bool backend_cache_type_blocks(enum ggml_type t) {
+    return backend_cache_type_quantized(t) && t != GGML_TYPE_BF16;
+}
+
 // The largest block of backend_ops.hadamard.
 #define BACKEND_HADAMARD_MAX 1024
 
@@ -218,7 +224,7 @@ static inline bool backend_hadamard_block_ok(int n, int block) {
 // of 64; then for K the largest power of two dividing hd (at most
 // BACKEND_HADAMARD_MAX), for V 64.
 static inline int backend_attn_rot_block(enum ggml_type t, int hd, bool is_k) {
-    if (!backend_cache_type_quantized(t) || t == GGML_TYPE_BF16 || hd <= 0 || hd % 64)
+    if (!backend_cache_type_blocks(t) || hd <= 0 || hd % 64)
         return 0;
     int b = 64;
     while (is_k && b < BACKEND_HADAMARD_MAX && hd % (2 * b) == 0)
