@@ -92,6 +92,37 @@ assert not os.listdir(f"{w}/bench/models"), "models left on disk"
 print("session dry run: %d rows, %d steps, OUT: %s" % (len(rows), n_steps, " ".join(sorted(out))))
 PY
 
+# --run decide (issue #29's run 1): its time plan fits the default budget
+# (and one too small is refused), and a dry run of it runs no GPU tests,
+# sanitizers or profile and gives each model's variant rows.
+bash "$root/tests/gpu/session.sh" --run decide --plan >"$work/plan.json"
+! bash "$root/tests/gpu/session.sh" --run decide --plan --budget 300 >/dev/null
+! bash "$root/tests/gpu/session.sh" --run decide --budget 300 --dry-run "$build" \
+  --work "$work/decide-small" 2>"$work/decide-small.err"
+grep -q "pick fewer --models" "$work/decide-small.err"
+bash "$root/tests/gpu/session.sh" --run decide --dry-run "$build" --work "$work/decide"
+python3 - "$work/plan.json" "$work/decide" "$build" <<'PY'
+import json, os, sys
+plan, w, build = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+assert plan["budget_s"] == 450 and plan["total_s"] <= plan["budget_s"], plan
+assert sum(s for _, s in plan["steps"]) == plan["total_s"], plan
+names = [n for n, _ in plan["steps"]]
+assert names[0] == "build" and names[-2:] == ["kernels", "summary"] and len(names) == 7, names
+s = json.load(open(f"{w}/out/session.json"))
+assert s["run"] == "decide" and s["plan_s"] <= s["budget_s"], s
+ran = [x["step"] for x in s["steps"]]
+assert not [x for x in ran if x.startswith(("gpu-tests", "sanitizer", "profile"))], ran
+if os.path.exists(f"{build}/bench/vela-bench-kernels"):
+    assert "kernels" in ran, ran
+got = {(r["model"], r["test"]) for r in json.load(open(f"{w}/out/SUMMARY.json"))["rows"]}
+for m in ("tiny", "tiny-q8"):
+    for t in ("tg4", "tg4@pdl", "tg4@stream4+pdl"):
+        assert (m, t) in got, f"no {m} {t}: {sorted(got)}"
+assert not [t for _, t in got if t.endswith("@f32act") or " x" in t], sorted(got)
+print("session dry run, --run decide: plan %d of %d s, steps %s" % (plan["total_s"],
+      plan["budget_s"], " ".join(ran)))
+PY
+
 # A build that failed from other sources is tried again: a third call, with
 # a failed-build mark left from another tree, runs the GPU tests again.
 echo "other sources" >"$work/session/state/test-build-failed.done"

@@ -21,18 +21,30 @@
 # SUMMARY.md name them); the next model is written meanwhile by two
 # low-priority threads (mkmodel is mostly disk writes).
 #
-# usage: VELA_COMMIT=<sha> bash tests/gpu/session.sh [--out DIR] [--budget S]
-#          [--llama-pkg DIR | --llama-src DIR | --llama-build DIR]
-#          [--models LIST] [--work DIR] [--dry-run BUILD_DIR]
-#   --budget S       seconds for this call, summary included (default 540:
-#                    a device command may run 600)
+# usage: VELA_COMMIT=<sha> bash tests/gpu/session.sh [--run all|decide] [--out DIR]
+#          [--budget S] [--llama-pkg DIR | --llama-src DIR | --llama-build DIR]
+#          [--models LIST] [--work DIR] [--dry-run BUILD_DIR] [--plan]
+#   --run decide     a session's first call (issue #29's run 1): only what
+#                    decides the variants under test, planned to fit the
+#                    budget (default 450): vela and vela-bench-kernels built
+#                    alone, then per model of DECIDE_MODELS vela bench
+#                    (default, @pdl, @stream4+pdl) and llama-bench when a
+#                    prebuilt one runs here, and the kernels stage after the
+#                    first; no GPU tests, sanitizers or profile, no llama.cpp
+#                    build (it would run beside the timings). --run all (the
+#                    default): everything below, most important first
+#   --plan           print the time plan of --run decide (JSON) and exit:
+#                    1 when it does not fit the budget
+#   --budget S       seconds for this call, summary included (default 540,
+#                    450 with --run decide: a device command may run 600)
 #   --llama-pkg DIR  llama.cpp packed by bench/llamacpp_pkg.sh: its prebuilt
 #                    binaries when they run here, else its sources, built
 #                    as with --llama-src
 #   --llama-src DIR  llama.cpp sources (bench/llamacpp_src.sh makes them)
 #   --llama-build D  a llama.cpp build with bin/llama-bench (no build step)
 #   --models LIST    comma list of names from MODELS below (default: all)
-#   --work DIR       work dir, kept between calls (default build-gpu-session)
+#   --work DIR       work dir, kept between calls (default build-gpu-session;
+#                    build-gpu-decide with --run decide)
 #   --dry-run B      no GPU: CPU backend, two tiny models, B's build as it is
 #                    (CI runs this; GPU tests there report skipped); no
 #                    sanitizer unless VELA_SANITIZER names one to run
@@ -42,13 +54,15 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 T0=$(date +%s)
-BUDGET=540
+BUDGET=""
+RUN=all
+PLAN_ONLY=""
 OUTDIR=${OUT:-}
 LLAMA_SRC=""
 LLAMA_BUILT=""
 LLAMA_PKG=""
 PICK=""
-W=$ROOT/build-gpu-session
+W=""
 DRY=""
 # name|mkmodel flags|extra: the issue's eight, most used first, then the
 # mixtures of experts of issues #32 and #35 (reached when time is left, or
@@ -71,6 +85,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUTDIR=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
+    --run) RUN=$2; shift 2 ;;
+    --plan) PLAN_ONLY=1; shift ;;
     --llama-pkg) LLAMA_PKG=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --llama-src) LLAMA_SRC=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --llama-build) LLAMA_BUILT=$(cd "$2" && pwd) || exit 2; shift 2 ;;
@@ -81,9 +97,24 @@ while [ $# -gt 0 ]; do
     *) echo "session.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
+case "$RUN" in all|decide) ;; *) echo "session.sh: --run '$RUN': all or decide expected" >&2; exit 2 ;; esac
+[ -n "$BUDGET" ] || { [ "$RUN" = decide ] && BUDGET=450 || BUDGET=540; }
+# run 1 keeps its own work dir: run 2, after the defaults moved, measures again
+[ -n "$W" ] || { [ "$RUN" = decide ] && W=$ROOT/build-gpu-decide || W=$ROOT/build-gpu-session; }
 case "$BUDGET" in ''|*[!0-9]*) echo "session.sh: --budget '$BUDGET': seconds expected" >&2; exit 2 ;; esac
+# --run decide's models: one per weight family whose kernel variants are
+# undecided (the dp4a mat-vec on Q4_K, Q4_0 and Q8_0, the F16 mat-vec), no
+# extra runs (f32 activations and parallel sequences are run 2's).
+DECIDE_MODELS=(
+  "llama3-8b-q4_k_m|--preset llama3-8b --type q4_k_m|"
+  "llama2-7b-q4_0|--preset llama2-7b --type q4_0|"
+  "llama3-8b-q8_0|--preset llama3-8b --type q8_0|"
+  "llama3-8b-f16|--preset llama3-8b --type f16|"
+)
+[ "$RUN" = decide ] && MODELS=("${DECIDE_MODELS[@]}")
 if [ -n "$DRY" ]; then
   MODELS=("tiny|--preset tiny|f32act par" "tiny-q8|--preset tiny --type q8_0|")
+  [ "$RUN" = decide ] && MODELS=("tiny|--preset tiny|" "tiny-q8|--preset tiny --type q8_0|")
 fi
 if [ -n "$PICK" ]; then
   kept=()
@@ -101,6 +132,31 @@ m_extra() { echo "${1##*|}"; }
 spec_of() { printf '%s\n' "${MODELS[@]}" | grep "^$1|"; }
 DEADLINE=$((T0 + BUDGET))
 RESERVE=25 # seconds kept for the summary and packing
+# --run decide's time plan on an H200, in seconds (assumed; session.json
+# records what each step took, to plan the next run by): vela and
+# vela-bench-kernels built alone on all cores, per model its mkmodel, vela
+# bench (pp512 and tg128, then tg128 @pdl and @stream4+pdl) and llama-bench,
+# the kernels stage once, and RESERVE for the summary.
+PLAN_BUILD=150
+PLAN_MODEL=45
+PLAN_KERNELS=60
+plan_total() { echo $((PLAN_BUILD + ${#MODELS[@]} * PLAN_MODEL + PLAN_KERNELS + RESERVE)); }
+if [ -n "$PLAN_ONLY" ]; then
+  python3 -c 'import json, sys; a = sys.argv; n = int(a[3])
+print(json.dumps({"run": "decide", "budget_s": int(a[1]), "total_s": int(a[2]),
+                  "steps": [["build", int(a[4])]] + [[m, int(a[5])] for m in a[8:8 + n]]
+                  + [["kernels", int(a[6])], ["summary", int(a[7])]]}))' \
+    "$BUDGET" "$(plan_total)" "${#MODELS[@]}" "$PLAN_BUILD" "$PLAN_MODEL" "$PLAN_KERNELS" \
+    "$RESERVE" $(for m in "${MODELS[@]}"; do m_name "$m"; done)
+  [ "$(plan_total)" -le "$BUDGET" ]
+  exit
+fi
+if [ "$RUN" = decide ] && [ "$(plan_total)" -gt "$BUDGET" ]; then
+  echo "session.sh: --run decide plans $(plan_total) s (build $PLAN_BUILD, ${#MODELS[@]} models" \
+    "x $PLAN_MODEL, kernels $PLAN_KERNELS, summary $RESERVE) but --budget is $BUDGET s:" \
+    "pick fewer --models" >&2
+  exit 2
+fi
 mkdir -p "$W/state" "$W/logs"
 W=$(cd "$W" && pwd)
 [ -n "$OUTDIR" ] || OUTDIR=$W/out
@@ -172,7 +228,13 @@ if [ -n "$LLAMA_PKG" ]; then
   fi
 fi
 
+if [ "$RUN" = decide ] && [ -n "$LLAMA_SRC" ] && [ -z "$LLAMA_BUILT" ]; then
+  log "run decide: llama.cpp from sources is not built here (it would run beside the timings):" \
+    "vela only; --run all builds it"
+  LLAMA_SRC=""
+fi
 B=$W/build
+[ "$RUN" = decide ] && B=$W/build-bench
 [ -n "$DRY" ] && B=$DRY
 DEV=(bash tests/gpu/run_device.sh --build-dir "$B" --out "$W/device-out" --gpu-only)
 [ -n "$DRY" ] && DEV+=(--no-build)
@@ -197,9 +259,10 @@ publish() {
   for s in "${MODELS[@]}"; do mnames+="$(m_name "$s"):$(m_flags "$s");"; done
   env "${BENCH_ENV[@]}" VELA_DEADLINE= PARALLEL_MODEL="$(m_name "${MODELS[0]}")" "${RUN_GPU[@]}" \
     --models "$mnames" summary >"$W/logs/summary.out" 2>&1 || log "summary failed (logs/summary.out)"
-  python3 - "$W" "$OUTDIR" "$T0" "$BUDGET" "$1" <<'PY'
+  python3 - "$W" "$OUTDIR" "$T0" "$BUDGET" "$1" "$RUN" "$(plan_total)" <<'PY'
 import glob, json, os, sys, tarfile, time
 w, out, t0, budget, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+run, plan_s = sys.argv[6], int(sys.argv[7])
 def load(p):
     try: return json.load(open(p))
     except (OSError, ValueError): return None
@@ -210,7 +273,8 @@ if os.path.exists(f"{w}/state/steps.tsv"):
     for line in open(f"{w}/state/steps.tsv"):
         name, secs, rc = line.rstrip("\n").split("\t")
         steps.append({"step": name, "seconds": int(secs), "rc": int(rc)})
-session = {"commit": tests.get("commit"), "date": tests.get("date"), "device": tests.get("device"),
+session = {"commit": tests.get("commit") or os.environ.get("VELA_COMMIT"), "date": tests.get("date"), "device": tests.get("device"),
+           "run": run, "plan_s": plan_s if run == "decide" else None,
            "budget_s": budget, "elapsed_s": int(time.time()) - t0, "steps": steps,
            "done": sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{w}/state/*.done")),
            # vela benches timed while llama.cpp was still building (nice 10)
@@ -228,12 +292,16 @@ fmt = lambda v, f: (f % v) if isinstance(v, (int, float)) else "-"
 md = [f"# GPU session: {tests.get('device') or 'no GPU'}", "",
       f"commit {tests.get('commit')}, {tests.get('date')}, driver {tests.get('driver')}, "
       f"CUDA {tests.get('cuda')}, llama.cpp {summ.get('llamacpp_commit')}", "",
-      ("**The build failed** (logs.tar.gz: build-logs/build.log); the counts are of the "
-       "binaries it made. " if tests.get("build_ok") is False else "")
-      + f"GPU tests: {tests.get('passed')} passed, {tests.get('failed')} failed, "
-      f"{tests.get('skipped')} skipped. Sanitizer: {json.dumps(tests.get('sanitizer'))}"
-      + (" (compute-sanitizer refused the device: 'Device not supported')"
-         if any(r.get("unsupported") for r in (tests.get("sanitizer_runs") or {}).values()) else ""),
+      (f"Run 1 (--run decide, planned {plan_s} s of {budget}): the variants' rows only; no GPU "
+       "tests or sanitizers in this call. " if run == "decide" else "")
+      + ("**The build failed** (logs.tar.gz: build-logs/build.log); the counts are of the "
+         "binaries it made. " if tests.get("build_ok") is False else "")
+      + ("" if run == "decide" else
+         f"GPU tests: {tests.get('passed')} passed, {tests.get('failed')} failed, "
+         f"{tests.get('skipped')} skipped. Sanitizer: {json.dumps(tests.get('sanitizer'))}"
+         + (" (compute-sanitizer refused the device: 'Device not supported')"
+            if any(r.get("unsupported") for r in (tests.get("sanitizer_runs") or {}).values())
+            else "")),
       "",
       "| model | test | vela t/s | llama.cpp t/s | ratio | bw |", "|---|---|---:|---:|---:|---:|"]
 for r in summ.get("rows", []):
@@ -284,19 +352,20 @@ if is_done test-build-failed && [ "$(cat "$W/state/test-build-failed.done")" != 
   rm -f "$W/state/test-build-failed.done" "$W/state/gpu-tests.done"
   [ -z "$DRY" ] && rm -f "$B/CMakeCache.txt" "$W/build-bench/CMakeCache.txt"
 fi
-if ! is_done gpu-tests && ! is_done test-build-failed; then
+if [ "$RUN" = all ] && ! is_done gpu-tests && ! is_done test-build-failed; then
   step gpu-tests timeout $(($(left) > 0 ? $(left) : 1)) env VELA_COMMIT="${VELA_COMMIT:-}" \
     "${DEV[@]}" --no-sanitizer
   [ -f "$B/ctest.log" ] && done_mark gpu-tests
   [ -x "$B/vela" ] || tree_id >"$W/state/test-build-failed.done"
   publish quiet
 fi
-# The test build failed (Criterion, say): the benches still run, on a build
-# of vela and vela-bench-kernels alone.
+# The test build failed (Criterion, say), or --run decide: the benches run
+# on a build of vela and vela-bench-kernels alone.
 if [ ! -x "$B/vela" ] && [ -z "$DRY" ]; then
   B=$W/build-bench
   BENCH_ENV[0]=VELA_BENCH_BUILD=$B
-  log "no vela from the test build (logs.tar.gz: build-logs/build.log): vela alone in $B"
+  [ "$RUN" = decide ] && log "run decide: vela and vela-bench-kernels alone in $B" ||
+    log "no vela from the test build (logs.tar.gz: build-logs/build.log): vela alone in $B"
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
   [ -x "$B/vela" ] || step build-bench quiet "$W/logs/build-bench.err" bash -c \
     'cmake -S . -B "$1" "${@:2}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -320,7 +389,7 @@ sanitize() { # TOOLS SECONDS (--sanitizer-only needs the tests' log: it would bu
     "${DEV[@]}" --sanitizer-only --sanitizer-tools "$1" --sanitizer-budget "$s" \
     --sanitizer-timeout 60
 }
-sanitize memcheck 120
+[ "$RUN" = all ] && sanitize memcheck 120
 publish quiet
 while llama_building && [ "$(left)" -gt 300 ]; do
   before=$(ls "$B/sanitizer" 2>/dev/null | wc -l)
@@ -394,7 +463,8 @@ names=()
 for s in "${MODELS[@]}"; do names+=("$(m_name "$s")"); done
 for i in "${!names[@]}"; do
   n=${names[$i]}
-  [ "$i" = 4 ] && run_kernels
+  # the kernel rows decide variants too: after the first model in run 1
+  [ "$i" = "$([ "$RUN" = decide ] && echo 1 || echo 4)" ] && run_kernels
   needs_work "$n" || continue
   [ "$(left)" -gt 40 ] || { log "models: no time left for $n and after"; break; }
   [ -n "$prefetch_pid" ] && wait "$prefetch_pid"
@@ -464,7 +534,9 @@ run_kernel_detail() {
     --models llama3-8b --types q4_K --matvec-tok 1 --matvec-act q8 -r 1 --warmup 0
   return 0
 }
-if command -v "${VELA_NCU:-ncu}" >/dev/null; then
+if [ "$RUN" = decide ]; then
+  log "run decide: no profile, no sanitizers (--run all)"
+elif command -v "${VELA_NCU:-ncu}" >/dev/null; then
   run_kernel_detail
   run_profile
 else
@@ -473,7 +545,7 @@ fi
 publish quiet
 
 # --- 4. the sanitizer runs still missing ------------------------------------
-sanitize memcheck,racecheck,synccheck,initcheck $(($(left) - 5))
+[ "$RUN" = all ] && sanitize memcheck,racecheck,synccheck,initcheck $(($(left) - 5))
 
 # --- summary --------------------------------------------------------------------
 llama_building && { log "llama-build: still running at the deadline: stopped"; kill "$llama_pid" 2>/dev/null; }
