@@ -529,6 +529,13 @@ __host__ __device__ __forceinline__ float load_plain<GGML_TYPE_BF16>(const void 
         }                                                                                          \
     }())
 
+// VELA_DISPATCH_QTYPE's types and MXFP4, for the callers whose kernels decode
+// MXFP4 (VELA_DISPATCH_QTYPE leaves it out: every kernel instantiates its
+// types).
+#define VELA_DISPATCH_QTYPE_MX(type, F, unsupported)                                               \
+    ((type) == GGML_TYPE_MXFP4 ? F(std::integral_constant<int, GGML_TYPE_MXFP4>())                 \
+                               : VELA_DISPATCH_QTYPE(type, F, unsupported))
+
 #define VELA_DISPATCH_PLAIN(type, F, unsupported)                                                  \
     ([&]() -> int {                                                                                \
         switch (type) {                                                                            \

@@ -38,11 +38,8 @@ extern "C" int cuda_dequant_row_host(enum ggml_type type, const void *row, int64
         dequant_host_row<decltype(tc)::value>(r, n, out);
         return VERR_OK;
     };
-    // MXFP4 has a decoder but no kernel yet, so it is not in VELA_DISPATCH_QTYPE
-    // (which every kernel instantiates).
-    const int rc = vela_is_plain(type)       ? VELA_DISPATCH_PLAIN(type, plain, 1)
-                   : type == GGML_TYPE_MXFP4 ? quant(std::integral_constant<int, GGML_TYPE_MXFP4>())
-                                             : VELA_DISPATCH_QTYPE(type, quant, 1);
+    const int rc = vela_is_plain(type) ? VELA_DISPATCH_PLAIN(type, plain, 1)
+                                       : VELA_DISPATCH_QTYPE_MX(type, quant, 1);
     if (rc == 1)
         return verr_set(err, VERR_UNSUPPORTED, "dequant: type %s is not supported",
                         ggml_type_name(type));

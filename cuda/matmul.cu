@@ -190,11 +190,7 @@ extern "C" int cuda_matmul_apply(cublasHandle_t cublas, float *out, const void *
                     VELA_CHECK_LAUNCH(err, "matmul_dequant_f16_kernel");
                     return VERR_OK;
                 };
-                // MXFP4 is not in VELA_DISPATCH_QTYPE (every kernel
-                // instantiates that; dequant_sub32 reads it by bytes).
-                const int rc = type == GGML_TYPE_MXFP4
-                                   ? decode(std::integral_constant<int, GGML_TYPE_MXFP4>())
-                                   : VELA_DISPATCH_QTYPE(type, decode, 1);
+                const int rc = VELA_DISPATCH_QTYPE_MX(type, decode, 1);
                 if (rc == 1)
                     return verr_set(err, VERR_UNSUPPORTED,
                                     "matmul: weight type %s is not supported",

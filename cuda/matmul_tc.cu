@@ -286,15 +286,6 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
 // ---------------------------------------------------------------------------
 // launcher
 
-// f(std::integral_constant<int, T>) for the types this kernel decodes:
-// VELA_DISPATCH_QTYPE's and MXFP4 (which that macro leaves out because every
-// kernel instantiates it); else unsupported.
-template <class F> static int tc_dispatch(enum ggml_type type, F &&f, int unsupported) {
-    if (type == GGML_TYPE_MXFP4)
-        return f(std::integral_constant<int, GGML_TYPE_MXFP4>());
-    return VELA_DISPATCH_QTYPE(type, f, unsupported);
-}
-
 struct tc_plan {
     int mt;      // 2 or 4: BM = 32 or 64 rows per block
     int tpb;     // tokens per block
@@ -462,7 +453,7 @@ extern "C" int cuda_matmul_q_tc(float *out, const void *w, enum ggml_type type, 
         return tc_launch_plan<T>(&p, out, w, row_bytes, n_in, n_out, x16, bias, n_tok, accumulate,
                                  none, gy, dev, smem_optin, stream, err);
     };
-    rc = tc_dispatch(type, run, 1);
+    rc = VELA_DISPATCH_QTYPE_MX(type, run, 1);
     if (rc == 1)
         return verr_set(err, VERR_UNSUPPORTED, "matmul_tc: weight type %s is not supported",
                         ggml_type_name(type));
@@ -470,10 +461,10 @@ extern "C" int cuda_matmul_q_tc(float *out, const void *w, enum ggml_type type, 
 }
 
 // The types the fused kernel decodes (cuda_matmul_tc_takes without the
-// batch threshold): tc_dispatch's.
+// batch threshold): VELA_DISPATCH_QTYPE_MX's.
 static bool tc_type_ok(enum ggml_type type) {
     auto yes = [](auto) -> int { return 1; };
-    return tc_dispatch(type, yes, 0) == 1;
+    return VELA_DISPATCH_QTYPE_MX(type, yes, 0) == 1;
 }
 
 extern "C" int cuda_matmul_tc_group_tpb(enum ggml_type type, int want) {
@@ -499,7 +490,7 @@ extern "C" int cuda_matmul_tc_group_tpb(enum ggml_type type, int want) {
         }
         return 0;
     };
-    return tc_dispatch(type, fits, 0);
+    return VELA_DISPATCH_QTYPE_MX(type, fits, 0);
 }
 
 extern "C" int cuda_matmul_q_tc_grouped(float *out, const void *w, enum ggml_type type,
@@ -536,7 +527,7 @@ extern "C" int cuda_matmul_q_tc_grouped(float *out, const void *w, enum ggml_typ
         return tc_launch_plan<T>(&p, out, w, row_bytes, n_in, n_out, x16, NULL, 0, 0, grp, gy, dev,
                                  smem_optin, stream, err);
     };
-    rc = tc_dispatch(type, run, 1);
+    rc = VELA_DISPATCH_QTYPE_MX(type, run, 1);
     if (rc == 1)
         return verr_set(err, VERR_UNSUPPORTED, "matmul_tc grouped: weight type %s is not supported",
                         ggml_type_name(type));

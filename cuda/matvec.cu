@@ -655,10 +655,8 @@ static int mv_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type typ
     };
     if (vela_is_plain(type))
         return VELA_DISPATCH_PLAIN(type, run_plain, VERR_UNSUPPORTED);
-    // MXFP4 runs here (dequant_sub32's byte loads need no row alignment) but
-    // in no other kernel yet, so it is not in VELA_DISPATCH_QTYPE.
-    const int rc = type == GGML_TYPE_MXFP4 ? run_q(std::integral_constant<int, GGML_TYPE_MXFP4>())
-                                           : VELA_DISPATCH_QTYPE(type, run_q, 1);
+    // MXFP4 too (dequant_sub32's byte loads need no row alignment)
+    const int rc = VELA_DISPATCH_QTYPE_MX(type, run_q, 1);
     if (rc == 1)
         return verr_set(err, VERR_UNSUPPORTED, "matvec: weight type %s is not supported",
                         ggml_type_name(type));

@@ -1032,8 +1032,7 @@ extern "C" int cuda_matvec_q8_kernel(enum ggml_type type, int64_t n_in, int n_to
         else
             return mvq_kernel_for<T>(n_tok, n_in, plan);
     };
-    return type == GGML_TYPE_MXFP4 ? pick(std::integral_constant<int, GGML_TYPE_MXFP4>())
-                                   : VELA_DISPATCH_QTYPE(type, pick, CUDA_MVQ_PASS);
+    return VELA_DISPATCH_QTYPE_MX(type, pick, CUDA_MVQ_PASS);
 }
 
 // Row pairs per block of the pipelined kernel: the pairs spread over
@@ -1210,9 +1209,7 @@ static int mvq_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type ty
             return VERR_OK;
         }
     };
-    // MXFP4 is not in VELA_DISPATCH_QTYPE (every kernel instantiates that).
-    return type == GGML_TYPE_MXFP4 ? run(std::integral_constant<int, GGML_TYPE_MXFP4>())
-                                   : VELA_DISPATCH_QTYPE(type, run, VERR_UNSUPPORTED);
+    return VELA_DISPATCH_QTYPE_MX(type, run, VERR_UNSUPPORTED);
 }
 
 extern "C" int cuda_matvec_q8_segs(const struct cuda_mv_seg *segs, int n_seg, enum ggml_type type,
